@@ -1,0 +1,21 @@
+"""stochround: stochastic rounding and low-precision number formats on PyTorch."""
+
+from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
+from .reference import MODES, SATURATIONS, VARIANTS
+from .rounding import cast, decode, encode, pack, round, unpack  # noqa: A004
+
+__all__ = [
+    "FORMATS",
+    "MODES",
+    "SATURATIONS",
+    "VARIANTS",
+    "Format",
+    "cast",
+    "decode",
+    "encode",
+    "format",
+    "pack",
+    "round",
+    "unpack",
+]
+__version__ = "0.1.0"
