@@ -1,0 +1,1 @@
+"""Triton kernels, each bit-identical to the PyTorch path it accelerates."""

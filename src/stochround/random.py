@@ -1,0 +1,294 @@
+"""Counter-based random bits: ``(seed, offset, global element index) -> 32-bit word``.
+
+Every word is a pure function of its inputs, so the PyTorch path here and the Triton
+kernels (:mod:`stochround.kernels.philox`) produce the same bits on every device, for
+every sharding, eager or compiled.
+
+The mapping (the definition both paths implement)::
+
+    g                  = index >> 2                     # one Philox call per 4 elements
+    lane               = index & 3
+    (c0, c1, c2, c3)   = (g mod 2**32, g >> 32, offset mod 2**32, offset >> 32)
+    (k0, k1)           = (seed mod 2**32, seed >> 32)
+    word(index)        = philox4x32_10((c0, c1, c2, c3), (k0, k1))[lane]
+
+with ``seed, offset`` in ``[0, 2**64)`` and ``index`` read modulo ``2**64``. Philox4x32-10
+is the generator of Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC11),
+exactly as Triton's ``tl.philox(seed, c0, c1, c2, c3)`` computes it for 32-bit counters
+(which also matches the Random123 known-answer vectors). Elements ``4g .. 4g+3`` share
+one Philox block, and since ``offset`` fills the upper half of the counter, the streams
+of two different ``(seed, offset)`` pairs never share a counter block.
+
+Besides the PRNG, :func:`data_words` is a state-free, data-derived source: a hash of a
+value's bit pattern and its global index.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PHILOX_KEY_A",
+    "PHILOX_KEY_B",
+    "PHILOX_ROUND_A",
+    "PHILOX_ROUND_B",
+    "data_words",
+    "default_seed",
+    "philox4x32",
+    "random_words",
+    "random_words_like",
+]
+
+PHILOX_ROUND_A = 0xD2511F53
+PHILOX_ROUND_B = 0xCD9E8D57
+PHILOX_KEY_A = 0x9E3779B9
+PHILOX_KEY_B = 0xBB67AE85
+
+# murmur3's 32-bit finalizer constants, and the constants data_words folds with.
+FMIX_MULTIPLIER_1 = 0x85EBCA6B
+FMIX_MULTIPLIER_2 = 0xC2B2AE35
+DATA_INDEX_KEY = 0x9E3779B9
+DATA_HIGH_MULTIPLIER = 0x27D4EB2F
+
+MASK32 = 0xFFFFFFFF
+MASK16 = 0xFFFF
+TWO_POW_64 = 1 << 64
+INT64_MAX = (1 << 63) - 1
+
+IntLike = int | Tensor
+
+
+# --------------------------------------------------------------------------------------
+# exact 32-bit arithmetic in int64 tensors
+# --------------------------------------------------------------------------------------
+
+
+def _mulhilo32(constant: int, x: Tensor) -> tuple[Tensor, Tensor]:
+    """``(hi, lo)`` of the exact 64-bit product ``constant * x`` (both in ``[0, 2**32)``).
+
+    ``constant = b1 * 2**16 + b0``, so ``constant * x = x*b0 + (t1 * 2**16 + t0) * 2**16``
+    with ``t = x*b1``; every intermediate stays below ``2**49``, so int64 never wraps.
+    """
+    high_part = x * (constant >> 16)  # < 2**48
+    partial = x * (constant & MASK16) + ((high_part & MASK16) << 16)  # < 2**49
+    hi = (partial >> 32) + (high_part >> 16)
+    lo = partial & MASK32
+    return hi, lo
+
+
+def _mullo32(x: Tensor, constant: int) -> Tensor:
+    """``(x * constant) mod 2**32`` for ``x, constant`` in ``[0, 2**32)``, without int64 wrap."""
+    high_part = (x * (constant >> 16)) & MASK16
+    return (x * (constant & MASK16) + (high_part << 16)) & MASK32
+
+
+def _fmix32(h: Tensor) -> Tensor:
+    """murmur3's finalizer, a bijection of ``[0, 2**32)``:
+    ``h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16``."""
+    h = h ^ (h >> 16)
+    h = _mullo32(h, FMIX_MULTIPLIER_1)
+    h = h ^ (h >> 13)
+    h = _mullo32(h, FMIX_MULTIPLIER_2)
+    return h ^ (h >> 16)
+
+
+def _as_word_tensor(value: IntLike, device: torch.device | None) -> Tensor:
+    if isinstance(value, Tensor):
+        return (value.to(torch.int64) if value.dtype != torch.int64 else value) & MASK32
+    return torch.tensor(int(value) & MASK32, dtype=torch.int64, device=device)
+
+
+# --------------------------------------------------------------------------------------
+# Philox4x32
+# --------------------------------------------------------------------------------------
+
+
+def philox4x32(
+    c0: IntLike,
+    c1: IntLike,
+    c2: IntLike,
+    c3: IntLike,
+    k0: IntLike,
+    k1: IntLike,
+    rounds: int = 10,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Philox4x32 with ``rounds`` rounds on counter ``(c0, c1, c2, c3)`` and key ``(k0, k1)``.
+
+    One round, with ``A = 0xD2511F53``, ``B = 0xCD9E8D57`` and ``hi, lo`` the halves of
+    the exact 64-bit product::
+
+        (c0, c1, c2, c3) <- (hi(B*c2) ^ c1 ^ k0,  lo(B*c2),  hi(A*c0) ^ c3 ^ k1,  lo(A*c0))
+        (k0, k1)         <- (k0 + 0x9E3779B9,  k1 + 0xBB67AE85)  mod 2**32
+
+    Inputs are int64 tensors (or Python ints) read modulo ``2**32`` and broadcast together;
+    the four outputs are int64 tensors of the broadcast shape holding values in
+    ``[0, 2**32)``. This is Triton's ``philox_impl`` for uint32 counters, bit for bit.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral):
+        raise TypeError(f"rounds must be an int, got {type(rounds).__name__}")
+    if rounds < 0:
+        raise ValueError(f"rounds must be non-negative, got {rounds}")
+    inputs = (c0, c1, c2, c3, k0, k1)
+    device = next((v.device for v in inputs if isinstance(v, Tensor)), None)
+    x0, x1, x2, x3, key0, key1 = (_as_word_tensor(v, device) for v in inputs)
+    shape = torch.broadcast_shapes(*(v.shape for v in (x0, x1, x2, x3, key0, key1)))
+    for _ in range(rounds):
+        hi_b, lo_b = _mulhilo32(PHILOX_ROUND_B, x2)
+        hi_a, lo_a = _mulhilo32(PHILOX_ROUND_A, x0)
+        x0, x1, x2, x3 = hi_b ^ x1 ^ key0, lo_b, hi_a ^ x3 ^ key1, lo_a
+        key0 = (key0 + PHILOX_KEY_A) & MASK32
+        key1 = (key1 + PHILOX_KEY_B) & MASK32
+    return tuple(v.expand(shape) if v.shape != shape else v for v in (x0, x1, x2, x3))  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------------------
+# seeds and offsets
+# --------------------------------------------------------------------------------------
+
+
+def _split_u64(value: int | Tensor, name: str, device: torch.device) -> tuple[IntLike, IntLike]:
+    """Validate a 64-bit seed/offset and return its ``(low, high)`` 32-bit halves.
+
+    Ints stay Python ints; a tensor (0-d or one element, int64, two's complement for values
+    at or above ``2**63``) is split on ``device`` without a host synchronization.
+    """
+    if isinstance(value, Tensor):
+        if value.dtype != torch.int64:
+            raise TypeError(f"{name} must be an int or an int64 tensor, got a {value.dtype} tensor")
+        if value.numel() != 1:
+            raise ValueError(
+                f"{name} must be a 0-d (single-element) tensor, got shape {tuple(value.shape)}"
+            )
+        value = value.reshape(()).to(device)
+        return value & MASK32, (value >> 32) & MASK32
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or a 0-d int64 tensor, got {type(value).__name__}")
+    value = int(value)
+    if not 0 <= value < TWO_POW_64:
+        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    return value & MASK32, value >> 32
+
+
+def _check_index(index: Tensor) -> Tensor:
+    if not isinstance(index, Tensor):
+        raise TypeError(f"index must be an integer tensor, got {type(index).__name__}")
+    if index.dtype == torch.bool or index.dtype.is_floating_point or index.dtype.is_complex:
+        raise TypeError(f"index must be an integer tensor, got a {index.dtype} tensor")
+    return index if index.dtype == torch.int64 else index.to(torch.int64)
+
+
+def random_words(index: Tensor, seed: int | Tensor, offset: int | Tensor = 0) -> Tensor:
+    """The 32-bit words of global element indices ``index`` in stream ``(seed, offset)``.
+
+    ``word = philox4x32_10((g mod 2**32, g >> 32, offset mod 2**32, offset >> 32),
+    (seed mod 2**32, seed >> 32))[index & 3]`` with ``g = index >> 2`` (module docstring).
+
+    Returns an int64 tensor shaped like ``index``, on its device, with values in
+    ``[0, 2**32)``. ``seed`` and ``offset`` are ints in ``[0, 2**64)`` or single-element
+    int64 tensors (values ``>= 2**63`` as two's complement) that may live on the device.
+    """
+    index = _check_index(index)
+    key0, key1 = _split_u64(seed, "seed", index.device)
+    counter2, counter3 = _split_u64(offset, "offset", index.device)
+    group_low = (index >> 2) & MASK32
+    group_high = (index >> 34) & (MASK32 >> 2)  # logical shift: index read mod 2**64
+    outputs = philox4x32(group_low, group_high, counter2, counter3, key0, key1)
+    stacked = torch.stack(outputs, dim=-1)
+    lane = (index & 3).unsqueeze(-1)
+    return torch.gather(stacked, -1, lane).squeeze(-1)
+
+
+def random_words_like(
+    x: Tensor, seed: int | Tensor, offset: int | Tensor = 0, index_offset: int = 0
+) -> Tensor:
+    """Words for a contiguous logical tensor shaped like ``x``: row-major element ``i`` gets
+    ``random_words(index_offset + i, seed, offset)``.
+
+    A shard covering global elements ``[start, start + x.numel())`` passes
+    ``index_offset=start`` and so draws the words the unsharded tensor would. Computes one
+    Philox block per four elements. Returns an int64 tensor shaped like ``x``, on its device.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    if isinstance(index_offset, bool) or not isinstance(index_offset, numbers.Integral):
+        raise TypeError(f"index_offset must be an int, got {type(index_offset).__name__}")
+    index_offset = int(index_offset)
+    count = x.numel()
+    if index_offset < 0 or index_offset + count - 1 > INT64_MAX:
+        raise ValueError(
+            f"index_offset must be in [0, 2**63 - x.numel()], got {index_offset} "
+            f"for x.numel() = {count}"
+        )
+    device = x.device
+    key0, key1 = _split_u64(seed, "seed", device)
+    counter2, counter3 = _split_u64(offset, "offset", device)
+    if count == 0:
+        return torch.empty(x.shape, dtype=torch.int64, device=device)
+    first_group = index_offset >> 2
+    last_group = (index_offset + count - 1) >> 2
+    groups = torch.arange(first_group, last_group + 1, dtype=torch.int64, device=device)
+    outputs = philox4x32(groups & MASK32, groups >> 32, counter2, counter3, key0, key1)
+    words = torch.stack(outputs, dim=-1).reshape(-1)
+    start = index_offset & 3
+    return words[start : start + count].reshape(x.shape)
+
+
+def default_seed() -> int:
+    """A seed in ``[0, 2**64)`` drawn from torch's default CPU generator (two 32-bit draws,
+    ``low + 2**32 * high``), so ``torch.manual_seed`` makes runs reproducible."""
+    halves = torch.randint(0, 1 << 32, (2,), dtype=torch.int64, device="cpu")
+    low, high = (int(v) for v in halves)
+    return low | (high << 32)
+
+
+# --------------------------------------------------------------------------------------
+# data-derived words
+# --------------------------------------------------------------------------------------
+
+
+_UNSIGNED_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bit_pattern(bits: Tensor) -> Tensor:
+    """The unsigned bit pattern of ``bits`` as int64 (read modulo 2**64 for 64-bit dtypes)."""
+    if not isinstance(bits, Tensor):
+        raise TypeError(f"bits must be a tensor, got {type(bits).__name__}")
+    if bits.dtype == torch.bool or bits.dtype.is_complex:
+        raise TypeError(f"bits must be an integer or floating tensor, got a {bits.dtype} tensor")
+    width = bits.element_size()
+    if width not in _UNSIGNED_VIEW:
+        raise TypeError(f"bits must have a 1, 2, 4 or 8 byte dtype, got {bits.dtype}")
+    if bits.dtype.is_floating_point:
+        bits = bits.view(_UNSIGNED_VIEW[width])
+    if width == 8:
+        return bits.to(torch.int64)
+    return bits.to(torch.int64) & ((1 << (8 * width)) - 1)
+
+
+def data_words(bits: Tensor, index: Tensor) -> Tensor:
+    """State-free, data-derived 32-bit words hashed from each value's bits and global index.
+
+    With ``fmix32`` murmur3's finalizer (a bijection of ``[0, 2**32)``), all arithmetic
+    modulo ``2**32``, ``(b_lo, b_hi)`` and ``(i_lo, i_hi)`` the 32-bit halves of the
+    value's bit pattern and of the index::
+
+        u    = fmix32(i_lo ^ (i_hi * 0x27D4EB2F) ^ 0x9E3779B9)      # index hash
+        word = fmix32(fmix32(b_lo ^ (b_hi * 0x27D4EB2F) ^ u) ^ u)
+
+    ``bits`` holds raw bit patterns: an integer tensor is read as unsigned of its own
+    width (int64 modulo ``2**64``, so pass ``x.view(torch.int32)`` or its zero-extension,
+    not a sign-extended int64, for 32-bit values) and a floating tensor is reinterpreted
+    (``x.view`` as the same-width integer). For a fixed index, distinct 32-bit patterns
+    always give distinct words. ``bits`` and ``index`` broadcast; the result is int64 in
+    ``[0, 2**32)`` on their device.
+    """
+    pattern = _bit_pattern(bits)
+    index = _check_index(index)
+    index_hash = _fmix32(
+        (index & MASK32) ^ _mullo32((index >> 32) & MASK32, DATA_HIGH_MULTIPLIER) ^ DATA_INDEX_KEY
+    )
+    folded = (pattern & MASK32) ^ _mullo32((pattern >> 32) & MASK32, DATA_HIGH_MULTIPLIER)
+    return _fmix32(_fmix32(folded ^ index_hash) ^ index_hash)
