@@ -1,5 +1,6 @@
 """stochround: stochastic rounding and low-precision number formats on PyTorch."""
 
+from . import hardware
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .reference import MODES, SATURATIONS, VARIANTS
 from .rounding import cast, decode, encode, pack, round, unpack  # noqa: A004
@@ -14,6 +15,7 @@ __all__ = [
     "decode",
     "encode",
     "format",
+    "hardware",
     "pack",
     "round",
     "unpack",

@@ -198,6 +198,15 @@ class Format:
         """True for integer grids (no exponent bits and an ulp of 1)."""
         return self.ebits == 0 and self.ulp_at_emin == 1
 
+    def fits_in(self, other: Format) -> bool:
+        """Whether every value of this format is a value of ``other``: no more mantissa
+        bits, no larger maximum, no finer spacing at the bottom."""
+        return (
+            self.mbits <= other.mbits
+            and self.max <= other.max
+            and self.min_subnormal >= other.min_subnormal
+        )
+
     @property
     def torch_dtype(self) -> torch.dtype | None:
         """The torch dtype holding exactly this format's values, where torch has one."""

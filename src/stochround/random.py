@@ -40,6 +40,7 @@ __all__ = [
     "philox4x32",
     "random_words",
     "random_words_like",
+    "seed_tensor",
 ]
 
 PHILOX_ROUND_A = 0xD2511F53
@@ -234,6 +235,28 @@ def random_words_like(
     words = torch.stack(outputs, dim=-1).reshape(-1)
     start = index_offset & 3
     return words[start : start + count].reshape(x.shape)
+
+
+def seed_tensor(value: int | Tensor, name: str, device: torch.device) -> Tensor:
+    """A one-element int64 tensor on ``device`` holding a seed or offset in [0, 2**64)
+    (two's complement above 2**63); a tensor is checked and moved, not copied twice."""
+    if isinstance(value, Tensor):
+        if value.dtype != torch.int64:
+            raise TypeError(f"{name} must be an int or an int64 tensor, got a {value.dtype} tensor")
+        if value.numel() != 1:
+            raise ValueError(
+                f"{name} must be a 0-d (single-element) tensor, got shape {tuple(value.shape)}"
+            )
+        return value.reshape(1).to(device)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or a 0-d int64 tensor, got {type(value).__name__}")
+    value = int(value)
+    if not 0 <= value < TWO_POW_64:
+        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    if value >= TWO_POW_64 // 2:
+        value -= TWO_POW_64
+    # a fill, not a host-to-device copy: no synchronization, and CUDA graphs can capture it
+    return torch.full((1,), value, dtype=torch.int64, device=device)
 
 
 def default_seed() -> int:

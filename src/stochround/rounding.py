@@ -1,15 +1,23 @@
-"""The vectorized PyTorch path: `round`, `cast`, `encode`, `decode`, `pack`, `unpack`.
+"""The vectorized PyTorch path and the public entry points: `round`, `cast`, `encode`,
+`decode`, `pack`, `unpack`.
 
-It runs on any device and is the executable definition the kernels are tested against;
-`reference.py` is the definition it is tested against.  The rounding contract is the one
-of DESIGN.md, evaluated in float64, where every step is exact for fp64/fp32/bf16/fp16
-inputs and formats of at most 53 significand bits:
+The PyTorch path runs on any device and is the executable definition the Triton kernels
+are tested against; `reference.py` is the definition it is tested against.  It evaluates
+the rounding contract of DESIGN.md in floating point where every step is exact — float32
+for fp32/bf16/fp16 inputs and formats whose values fp32 holds, float64 otherwise:
 
     |x| = f 2**k (frexp),  e = max(k - 1, emin),  q = e - m,  s = f 2**(k - q),
     kept = floor(s),  nu = s - kept,  magnitude = (kept + away) 2**q.
+
+One dispatch point, `_round_to`, picks the backend: ``backend="auto"`` uses the Triton
+kernel for CUDA tensors the kernel supports and the PyTorch path otherwise.
 """
 
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -19,43 +27,54 @@ from .formats import Format, format_of_dtype
 from .formats import format as find_format
 from .reference import MODES, SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
 
-BACKENDS = ("auto", "torch")
+BACKENDS = ("auto", "torch", "triton")
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+OUTPUTS = ("value", "codes", "fp4x2", "fp6x4")
 # Below 2**-100 a fraction's only property that matters is being nonzero (n <= 32 bits).
 _MIN_SCALE_EXPONENT = -100
+# CPU tensors are rounded in pieces that stay in cache (~30 elementwise passes each) and
+# below torch's parallel grain size (32768), so the pieces, not the ops, run in parallel.
+_CPU_CHUNK = 2**15
+# (exponent bias, mantissa bits, largest biased exponent, integer dtype of the same width)
+_FLOAT_LAYOUT = {
+    torch.float64: (1023, 52, 2046, torch.int64),
+    torch.float32: (127, 23, 254, torch.int32),
+}
+_FP32 = format_of_dtype(torch.float32)
 
 
-def _pow2(exponent: Tensor) -> Tensor:
-    """2**exponent as float64, built from its bits: exact for exponents in [-1022, 1023]."""
-    return ((exponent + 1023).clamp(1, 2046) << 52).view(torch.float64)
+def _pow2(exponent: Tensor, dtype: torch.dtype) -> Tensor:
+    """2**exponent in float32/float64, built from its bits: exact in the normal range."""
+    bias, mbits, top, integer = _FLOAT_LAYOUT[dtype]
+    return ((exponent.to(integer) + bias).clamp(1, top) << mbits).view(dtype)
 
 
 def scale_by_power_of_two(value: Tensor, exponent: Tensor) -> Tensor:
-    """value * 2**exponent in float64, exact whenever the result is representable.
+    """value * 2**exponent in value's dtype, exact whenever the result is representable.
 
-    Two factors keep each power of two in the normal range (|exponent| up to 2044).
+    Two factors keep each power of two in the normal range.
     """
     half = torch.div(exponent, 2, rounding_mode="floor")
-    return value * _pow2(half) * _pow2(exponent - half)
+    return value * _pow2(half, value.dtype) * _pow2(exponent - half, value.dtype)
 
 
 def _nearest_integer(value: Tensor, ties_to_odd: bool) -> Tensor:
-    """Round a float64 tensor of nonnegative values to the nearest integer, ties to even or odd."""
+    """Nonnegative floats to the nearest integer (int64), ties to even or to odd."""
     floor = torch.floor(value)
     rest = value - floor
-    floor_is_odd = torch.fmod(floor, 2) == 1
-    tie_up = floor_is_odd != ties_to_odd  # ties go to the even (or odd) neighbour
-    return floor + ((rest > 0.5) | ((rest == 0.5) & tie_up)).to(value.dtype)
+    floor = floor.to(torch.int64)
+    tie_up = ((floor & 1) == 1) != ties_to_odd  # ties go to the even (or odd) neighbour
+    return floor + ((rest > 0.5) | ((rest == 0.5) & tie_up))
 
 
 def _sr_rounds_away(nu: Tensor, r: Tensor, n: int, variant: str) -> Tensor:
-    """DESIGN.md's table; every quantity is an integer below 2**34, exact in float64."""
-    scale = float(2**n)
+    """DESIGN.md's table.  nu has at most 53 significant bits, so nu 2**n and its floor are
+    exact; the comparison with the random integer r (int64) is made in int64."""
     if variant == "a":
-        return torch.floor(nu * scale) + r >= scale
+        return torch.floor(nu * 2.0**n).to(torch.int64) + r >= 2**n
     if variant == "b":
-        return torch.floor(nu * (2 * scale)) + 2 * r + 1 >= 2 * scale
-    return _nearest_integer(nu * scale, ties_to_odd=variant == "odd") + r >= scale
+        return torch.floor(nu * 2.0 ** (n + 1)).to(torch.int64) + 2 * r + 1 >= 2 ** (n + 1)
+    return _nearest_integer(nu * 2.0**n, ties_to_odd=variant == "odd") + r >= 2**n
 
 
 def _rounds_away(
@@ -94,7 +113,13 @@ def _overflow_value(negative: bool, infinite: bool, fmt: Format, mode: str, sat:
     return float("nan")
 
 
-def round_to_float64(
+def compute_dtype(x_dtype: torch.dtype, fmt: Format) -> torch.dtype:
+    """float32 where every step of the contract is exact in it, float64 otherwise."""
+    exact_in_float32 = x_dtype != torch.float64 and fmt.fits_in(_FP32)
+    return torch.float32 if exact_in_float32 else torch.float64
+
+
+def round_values(
     x: Tensor,
     fmt: Format,
     mode: str,
@@ -103,23 +128,25 @@ def round_to_float64(
     variant: str,
     r: Tensor | None,
 ) -> Tensor:
-    """The rounded values as float64 (arguments already checked); r: random integers < 2**n."""
-    xd = x.to(torch.float64)
+    """The rounded values in `compute_dtype` (arguments already checked); r: random int64
+    integers below 2**n, shaped like x."""
+    xd = x.to(compute_dtype(x.dtype, fmt))
     negative = xd < 0
     magnitude = xd.abs()
     regular = torch.isfinite(xd) & (xd != 0)
     fraction, exponent = torch.frexp(torch.where(regular, magnitude, 1.0))
-    exponent = exponent.to(torch.int64)
     e = torch.clamp(exponent - 1, min=fmt.emin)
     q = e - fmt.mbits
     s = scale_by_power_of_two(fraction, torch.clamp(exponent - q, min=_MIN_SCALE_EXPONENT))
     kept = torch.floor(s)
-    if fmt.mbits > 0:
-        odd = torch.fmod(kept, 2) == 1
-    else:  # p = 1: the code's last bit is the exponent field's
-        odd = (kept != 0) & (torch.remainder(e + fmt.bias, 2) == 1)
+    # the code's last bit: the significand's, or with p = 1 the exponent field's
+    odd = (
+        (kept.to(torch.int64) & 1) == 1
+        if fmt.mbits > 0
+        else (kept != 0) & (((e + fmt.bias) & 1) == 1)
+    )
     away = _rounds_away(s - kept, odd, negative, mode, n, variant, r)
-    rounded = scale_by_power_of_two(kept + away.to(torch.float64), q)
+    rounded = scale_by_power_of_two(kept + away.to(xd.dtype), q)
     if not fmt.has_zero:
         rounded = torch.clamp(rounded, min=fmt.min_normal)
     value = torch.where(negative, -rounded, rounded)
@@ -151,21 +178,27 @@ def _check_input(x: object) -> Tensor:
     return x
 
 
-def _random_integers(
-    x: Tensor,
-    n: int,
-    seed: int | Tensor | None,
-    offset: int | Tensor,
-    rand: Tensor | None,
-) -> Tensor:
-    """r in [0, 2**n) for every element: ``rand`` checked, or the top n bits of the stream."""
-    if rand is None:
-        words = streams.random_words_like(
-            x, streams.default_seed() if seed is None else seed, offset
-        )
-        return (words >> (WORD_BITS - n)).to(torch.float64)
+@dataclass(frozen=True)
+class Request:
+    """The checked arguments of one rounding call."""
+
+    fmt: Format
+    mode: str
+    sat: str
+    n: int
+    variant: str
+    source: str  # "stream", "rand" (explicit integers) or "data" (hashed from the values)
+    seed: int | Tensor
+    offset: int | Tensor
+    index_offset: int
+    rand: Tensor | None
+
+
+def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
     if not isinstance(rand, Tensor):
-        raise TypeError(f"rand must be an integer torch.Tensor, got {type(rand).__name__}")
+        raise TypeError(
+            f"rand must be an integer torch.Tensor or 'data', got {type(rand).__name__}"
+        )
     if rand.dtype.is_floating_point or rand.dtype.is_complex or rand.dtype == torch.bool:
         raise TypeError(f"rand must have an integer dtype, got {rand.dtype}")
     try:
@@ -182,7 +215,297 @@ def _random_integers(
             f"rand must hold integers in [0, 2**{n}) (rbits={n}); got values in "
             f"[{int(rand.min())}, {int(rand.max())}]"
         )
-    return rand.to(torch.float64)
+    return rand
+
+
+def check_request(
+    x: Tensor,
+    fmt: Format | str,
+    mode: str,
+    rbits: int | None,
+    variant: str,
+    sat: str,
+    seed: int | Tensor | None,
+    offset: int | Tensor,
+    rand: Tensor | str | None,
+    index_offset: int,
+) -> Request:
+    """Check every argument (ValueError/TypeError naming it); draw the seed if None."""
+    _check_input(x)
+    fmt = find_format(fmt)
+    check_choice("mode", mode, MODES)
+    check_choice("variant", variant, VARIANTS)
+    check_choice("sat", sat, SATURATIONS)
+    n = check_rbits(rbits)
+    if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
+        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
+    if mode != "sr":
+        if rbits is not None or rand is not None:
+            raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
+        return Request(fmt, mode, sat, n, variant, "stream", 0, 0, index_offset, None)
+    if isinstance(rand, str):
+        if rand != "data":
+            raise ValueError(f"rand must be an integer tensor or 'data'; got {rand!r}")
+        return Request(fmt, mode, sat, n, variant, "data", 0, 0, index_offset, None)
+    if rand is not None:
+        checked = _check_rand(x, rand, n).expand(x.shape)
+        return Request(fmt, mode, sat, n, variant, "rand", 0, 0, index_offset, checked)
+    seed = streams.default_seed() if seed is None else seed
+    for name, value in (("seed", seed), ("offset", offset)):  # checked where they live
+        streams.seed_tensor(value, name, value.device if isinstance(value, Tensor) else "cpu")
+    return Request(fmt, mode, sat, n, variant, "stream", seed, offset, index_offset, None)
+
+
+def random_integers(x: Tensor, request: Request, start: int = 0) -> Tensor:
+    """r in [0, 2**n) (int64) for the elements of x, which sit at flat positions
+    ``start ..`` of the rounded tensor: explicit, from the stream, or hashed from x."""
+    if request.source == "rand":
+        assert request.rand is not None
+        return request.rand.reshape(-1)[start : start + x.numel()].reshape(x.shape)
+    index_offset = request.index_offset + start
+    if request.source == "data":
+        index = torch.arange(x.numel(), device=x.device).reshape(x.shape) + index_offset
+        words = streams.data_words(x, index)
+    else:
+        words = streams.random_words_like(x, request.seed, request.offset, index_offset)
+    return words >> (WORD_BITS - request.n)
+
+
+# Quiet NaNs with a positive sign and no payload: torch's own casts disagree on NaN bits
+# (CPU fp32 -> bf16 gives 0xFFFF), so the outputs are normalized to these.
+CANONICAL_NAN_BITS = {
+    torch.float64: (0x7FF8000000000000, torch.int64),
+    torch.float32: (0x7FC00000, torch.int32),
+    torch.bfloat16: (0x7FC0, torch.int16),
+    torch.float16: (0x7E00, torch.int16),
+}
+
+
+def canonical_nan(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A 0-d tensor holding the canonical quiet NaN of a float dtype."""
+    bits, integer = CANONICAL_NAN_BITS[dtype]
+    return torch.tensor(bits, dtype=integer, device=device).view(dtype)
+
+
+def _finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype) -> Tensor:
+    """Rounded values (compute dtype) to the requested output."""
+    if output == "value":
+        narrowed = values.to(out_dtype)
+        return torch.where(torch.isnan(values), canonical_nan(out_dtype, values.device), narrowed)
+    codes = encode_values(values, fmt)
+    if output == "codes":
+        return codes.to(_code_dtype(fmt.bits))
+    return pack(codes.to(torch.uint8), 4 if output == "fp4x2" else 6)
+
+
+def _round_torch(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> Tensor:
+    """The PyTorch path.  On the CPU in cache-sized pieces, small enough that each op runs
+    on one thread, spread over torch's threads (exact: a piece draws the random words of
+    its own flat positions)."""
+    flat = x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)
+    shape = _output_shape(x.shape, output)
+    if flat.numel() == 0:
+        return x.new_empty(shape, dtype=out_dtype if output == "value" else torch.uint8)
+
+    def piece(start: int) -> Tensor:
+        values = flat[start : start + chunk]
+        r = random_integers(values, request, start) if request.mode == "sr" else None
+        rounded = round_values(
+            values, request.fmt, request.mode, request.sat, request.n, request.variant, r
+        )
+        return _finish(rounded, request.fmt, output, out_dtype)
+
+    if x.device.type != "cpu" or flat.numel() <= _CPU_CHUNK:
+        chunk = flat.numel()
+        return piece(0).reshape(shape)
+    chunk = _CPU_CHUNK
+    starts = range(0, flat.numel(), chunk)
+    with ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
+        return torch.cat(list(pool.map(piece, starts))).reshape(shape)
+
+
+def _output_shape(shape: torch.Size, output: str) -> tuple[int, ...]:
+    if output == "fp4x2":
+        return (*shape[:-1], shape[-1] // 2)
+    if output == "fp6x4":
+        return (*shape[:-1], shape[-1] // 4 * 3)
+    return tuple(shape)
+
+
+def _triton_unsupported(x: Tensor, request: Request, output: str) -> str | None:
+    """Why the Triton kernel cannot round this call (None if it can)."""
+    try:
+        from .kernels import rounding as kernels
+    except ImportError as error:  # triton not installed
+        return f"triton is not importable ({error})"
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return "x is not a CUDA tensor (set TRITON_INTERPRET=1 to run kernels on the CPU)"
+    if x.dtype not in kernels.INPUT_DTYPES:
+        return f"the kernels read fp32/bf16/fp16 inputs, not {x.dtype}"
+    if not kernels.kernel_supports(request.fmt):
+        return f"format {request.fmt.name} is wider than the kernels' fp32 arithmetic"
+    if output != "value" and not kernels.codes_supported(request.fmt):
+        return f"the kernels write codes of formats of at most 8 bits, not {request.fmt.name}"
+    return None
+
+
+def _round_to(
+    x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
+) -> Tensor:
+    """Round through the `stochround::round` custom op (DTensors shard by shard), so
+    `torch.compile(fullgraph=True)` sees one opaque op and autograd passes gradients
+    straight through."""
+    check_choice("backend", backend, BACKENDS)
+    if _is_dtensor(x):
+        return _round_dtensor(x, request, backend, output, out_dtype)
+    fmt = request.fmt
+    seed, offset = request.seed, request.offset
+    return torch.ops.stochround.round(
+        x,
+        seed if isinstance(seed, Tensor) else None,
+        offset if isinstance(offset, Tensor) else None,
+        # ints travel as text: seeds span [0, 2**64), beyond an op schema's int64
+        f"{0 if isinstance(seed, Tensor) else seed}:{0 if isinstance(offset, Tensor) else offset}",
+        request.rand,
+        [fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.inf, fmt.subnormals, fmt.twos_complement],
+        f"{fmt.nan}:{fmt.name}",
+        f"{request.mode}:{request.sat}:{request.variant}:{request.source}:{backend}:{output}",
+        request.n,
+        request.index_offset,
+        out_dtype,
+    )
+
+
+@torch.library.custom_op("stochround::round", mutates_args=())
+def _round_op(
+    x: Tensor,
+    seed: Tensor | None,
+    offset: Tensor | None,
+    seed_and_offset: str,
+    rand: Tensor | None,
+    format_fields: list[int],
+    format_names: str,
+    choices: str,
+    n: int,
+    index_offset: int,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """The op behind every entry point (arguments flattened to types an op schema takes)."""
+    request, backend, output = _unflatten(
+        seed if seed is not None else int(seed_and_offset.split(":")[0]),
+        offset if offset is not None else int(seed_and_offset.split(":")[1]),
+        rand,
+        format_fields,
+        format_names,
+        choices,
+        n,
+        index_offset,
+    )
+    return _dispatch(x, request, backend, output, out_dtype)
+
+
+@_round_op.register_fake
+def _(
+    x,
+    seed,
+    offset,
+    seed_and_offset,
+    rand,
+    format_fields,
+    format_names,
+    choices,
+    n,
+    index_offset,
+    out_dtype,
+):
+    output = choices.split(":")[5]
+    dtype = out_dtype if output == "value" else torch.uint8
+    return x.new_empty(_output_shape(x.shape, output), dtype=dtype)
+
+
+def _straight_through(ctx, grad: Tensor) -> tuple:
+    """d round(x) / dx := 1 (the straight-through estimator), for value outputs."""
+    return (grad.to(ctx.x_dtype) if ctx.is_value else None,) + (None,) * 10
+
+
+def _save_for_backward(ctx, inputs: tuple, output: Tensor) -> None:
+    ctx.x_dtype = inputs[0].dtype
+    ctx.is_value = inputs[7].split(":")[5] == "value"
+
+
+_round_op.register_autograd(_straight_through, setup_context=_save_for_backward)
+
+
+def _unflatten(
+    seed: int | Tensor,
+    offset: int | Tensor,
+    rand: Tensor | None,
+    format_fields: list[int],
+    format_names: str,
+    choices: str,
+    n: int,
+    index_offset: int,
+) -> tuple[Request, str, str]:
+    ebits, mbits, bias, signed, inf, subnormals, twos_complement = format_fields
+    nan, name = format_names.split(":", 1)
+    fmt = Format(
+        ebits=ebits,
+        mbits=mbits,
+        bias=bias,
+        signed=bool(signed),
+        inf=bool(inf),
+        nan=nan,
+        subnormals=bool(subnormals),
+        twos_complement=bool(twos_complement),
+        name=name,
+    )
+    mode, sat, variant, source, backend, output = choices.split(":")
+    request = Request(fmt, mode, sat, n, variant, source, seed, offset, index_offset, rand)
+    return request, backend, output
+
+
+def _dispatch(
+    x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
+) -> Tensor:
+    """The one dispatch point between the PyTorch path and the Triton kernel."""
+    reason = _triton_unsupported(x, request, output) if backend != "torch" else "torch"
+    if reason is None:
+        from .kernels.rounding import round_triton
+
+        return round_triton(x, request, output, out_dtype)
+    if backend == "triton":
+        raise ValueError(f"backend='triton' cannot round this call: {reason}")
+    return _round_torch(x, request, output, out_dtype)
+
+
+def _is_dtensor(x: Tensor) -> bool:
+    return type(x).__name__ == "DTensor"
+
+
+def _round_dtensor(
+    x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
+) -> Tensor:
+    """Round each rank's local shard with the random words of its global indices, so the
+    result does not depend on the sharding; replicated placements round identically."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if output != "value":
+        raise ValueError("DTensor inputs support output values (round, cast to float dtypes)")
+    for placement in x.placements:
+        sharded_rows = isinstance(placement, Shard) and placement.dim == 0
+        if not (isinstance(placement, Replicate) or sharded_rows):
+            raise ValueError(
+                f"DTensor placements must be Replicate or Shard(0) for SR; got {x.placements}"
+            )
+    _, global_offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
+    row = 1
+    for size in x.shape[1:]:
+        row *= size
+    start = global_offset[0] * row if global_offset else 0
+    local_request = Request(**{**request.__dict__, "index_offset": request.index_offset + start})
+    local = _round_to(x.to_local(), local_request, backend, output, out_dtype)
+    return DTensor.from_local(local, x.device_mesh, x.placements, shape=x.shape, stride=x.stride())
 
 
 def round_float64(
@@ -195,26 +518,17 @@ def round_float64(
     sat: str = "none",
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
-    rand: Tensor | None = None,
-    backend: str = "auto",
+    rand: Tensor | str | None = None,
+    index_offset: int = 0,
 ) -> Tensor:
-    """`round` with the result in float64, which holds every value of every format exactly."""
-    x = _check_input(x)
-    fmt = find_format(fmt)
-    check_choice("mode", mode, MODES)
-    check_choice("variant", variant, VARIANTS)
-    check_choice("sat", sat, SATURATIONS)
-    check_choice("backend", backend, BACKENDS)
-    n = check_rbits(rbits)
-    if mode != "sr" and (rbits is not None or rand is not None):
-        raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
-    r = _random_integers(x, n, seed, offset, rand) if mode == "sr" else None
-    return round_to_float64(x, fmt, mode, sat, n, variant, r)
+    """The PyTorch path's rounded values as float64, which holds every format exactly."""
+    request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
+    return _round_torch(x, request, "value", torch.float64)
 
 
 def round(  # noqa: A001 - the public name DESIGN.md gives
     x: Tensor,
-    fmt: Format | str,
+    fmt: Format | str | None = None,
     mode: str = "rne",
     *,
     rbits: int | None = None,
@@ -222,32 +536,61 @@ def round(  # noqa: A001 - the public name DESIGN.md gives
     sat: str = "none",
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
-    rand: Tensor | None = None,
+    rand: Tensor | str | None = None,
+    index_offset: int = 0,
     backend: str = "auto",
+    hardware: str | None = None,
 ) -> Tensor:
     """Round every element of ``x`` to a value of ``fmt``; the result has x's dtype and shape.
 
     ``mode``: rne, rna, rz, ru, rd, ro (round to odd) or sr.  For ``sr``, ``rbits`` random
     bits (1..32; None: exact SR with 32-bit words) and ``variant`` a/b/c/odd decide, per
-    DESIGN.md's table; the random integers come from the counter-based stream
-    ``(seed, offset, element index)`` (seed None: drawn from torch's default generator)
-    unless ``rand`` gives them (integers in [0, 2**rbits), broadcastable to x).
-    ``sat``: finite, propagate or none (P3109).  A rounded value outside x's dtype's range
-    (fp16 inputs rounded to a wider-range format) becomes infinite or zero in that dtype.
+    DESIGN.md's table.  The random integers are the top ``rbits`` bits of the word of
+    ``(seed, offset, index_offset + flat index)`` in the Philox stream (seed None: drawn
+    from torch's default generator), or ``rand``: integers in [0, 2**rbits) broadcastable
+    to x, or ``"data"``: words hashed from each value and its index (no state at all).
+    ``sat``: finite, propagate or none (P3109).  ``backend``: auto, torch or triton.
+    A rounded value outside x's dtype's range becomes infinite or zero in that dtype.
+    ``hardware``: the name of a `stochround.hardware` preset (``"amd-mi300-fp8"``, ...),
+    which sets the format, variant, rbits and saturation of a documented SR unit.
     """
-    result = round_float64(
-        x,
-        fmt,
-        mode,
-        rbits=rbits,
-        variant=variant,
-        sat=sat,
-        seed=seed,
-        offset=offset,
-        rand=rand,
-        backend=backend,
-    )
-    return result.to(x.dtype)
+    if hardware is not None:
+        return _round_hardware(x, fmt, mode, rbits, variant, sat, seed, offset, rand, hardware)
+    if fmt is None:
+        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
+    request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
+    return _round_to(x, request, backend, "value", x.dtype)
+
+
+def _round_hardware(
+    x: Tensor,
+    fmt: Format | str | None,
+    mode: str,
+    rbits: int | None,
+    variant: str,
+    sat: str,
+    seed: int | Tensor | None,
+    offset: int | Tensor,
+    rand: Tensor | str | None,
+    name: str,
+) -> Tensor:
+    """`round(x, hardware=name)`: the preset fixes everything but the random bits."""
+    from . import hardware  # the presets are built on this module
+
+    if (
+        fmt is not None
+        or mode not in ("rne", "sr")
+        or rbits is not None
+        or variant != "c"
+        or (sat != "none")
+    ):
+        raise ValueError(
+            f"hardware={name!r} sets the format, mode, rbits, variant and sat; pass only x, "
+            "seed, offset and rand"
+        )
+    if isinstance(rand, str):
+        raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
+    return hardware.round_hardware(x, name, seed=seed, offset=offset, rand=rand)
 
 
 def _code_dtype(bits: int) -> torch.dtype:
@@ -259,7 +602,7 @@ def _code_dtype(bits: int) -> torch.dtype:
 
 
 def encode_values(values: Tensor, fmt: Format) -> Tensor:
-    """The codes of float64 values of the format, as int64 in [0, 2**bits)."""
+    """The codes of values of the format (float32 or float64), as int64 in [0, 2**bits)."""
     if fmt.nan == "none" and bool(torch.isnan(values).any()):
         raise ValueError(
             f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN "
@@ -309,7 +652,8 @@ def encode(
     sat: str = "none",
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
-    rand: Tensor | None = None,
+    rand: Tensor | str | None = None,
+    index_offset: int = 0,
     backend: str = "auto",
 ) -> Tensor:
     """Round x to ``fmt`` (as `round`) and return the bit patterns.
@@ -318,20 +662,8 @@ def encode(
     pattern as `Tensor.view` would (``encode(x, "bf16") == x.to(bf16).view(int16)``).
     NaN becomes the canonical quiet NaN code; a format without NaN raises ValueError.
     """
-    fmt = find_format(fmt)
-    values = round_float64(
-        x,
-        fmt,
-        mode,
-        rbits=rbits,
-        variant=variant,
-        sat=sat,
-        seed=seed,
-        offset=offset,
-        rand=rand,
-        backend=backend,
-    )
-    return encode_values(values, fmt).to(_code_dtype(fmt.bits))
+    request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
+    return _round_to(x, request, backend, "codes", torch.uint8)
 
 
 def _fits(fmt: Format, dtype: torch.dtype) -> bool:
@@ -455,26 +787,27 @@ def cast(
     sat: str = "none",
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
-    rand: Tensor | None = None,
+    rand: Tensor | str | None = None,
+    index_offset: int = 0,
     backend: str = "auto",
 ) -> Tensor:
     """Round x to the format of a torch dtype and return the result in that dtype.
 
-    ``float4_e2m1fn_x2`` packs two e2m1 codes per byte along the last dimension (which
-    must be even), the first in the low nibble.
+    8-bit float dtypes hold the format's codes (`encode`); ``float4_e2m1fn_x2`` packs two
+    e2m1 codes per byte along the last dimension (which must be even), the first in the
+    low nibble.
     """
     if dtype not in CAST_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(str, CAST_DTYPES))}; got {dtype}")
     fmt = format_of_dtype(dtype)
-    options = dict(
-        rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand, backend=backend
-    )
+    request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
     if fmt.bits == 4:
-        _check_input(x)
-        if x.shape[-1:] == () or x.shape[-1] % 2:
+        if x.dim() == 0 or x.shape[-1] % 2:
             raise ValueError("float4_e2m1fn_x2 packs pairs: x's last dimension must be even")
-        return pack(encode(x, fmt, mode, **options), 4).view(dtype)
-    return round_float64(x, fmt, mode, **options).to(dtype)
+        return _round_to(x, request, backend, "fp4x2", dtype).view(dtype)
+    if fmt.bits == 8:
+        return _round_to(x, request, backend, "codes", dtype).view(dtype)
+    return _round_to(x, request, backend, "value", dtype)
 
 
 __all__ = [
@@ -486,5 +819,6 @@ __all__ = [
     "pack",
     "round",
     "round_float64",
+    "round_values",
     "unpack",
 ]

@@ -17,15 +17,13 @@ int64 or uint64, a kernel argument or a value loaded from a device tensor); ``in
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language import core as triton_core  # to_tensor; a global so the interpreter patches it
 
-from ..random import _bit_pattern, _check_index
+from ..random import _bit_pattern, _check_index, seed_tensor
 
 __all__ = [
     "data_word",
@@ -34,8 +32,6 @@ __all__ = [
     "random_word",
     "random_words_triton",
 ]
-
-INT64_WRAP = 1 << 64
 
 
 @triton.jit
@@ -148,26 +144,6 @@ def _data_words_kernel(bits_ptr, index_ptr, out_ptr, count, BLOCK: tl.constexpr)
     tl.store(out_ptr + positions, data_word(bits, index).to(tl.int64), mask=in_range)
 
 
-def _u64_tensor(value: int | Tensor, name: str, device: torch.device) -> Tensor:
-    """A one-element int64 tensor on ``device`` holding ``value`` (two's complement)."""
-    if isinstance(value, Tensor):
-        if value.dtype != torch.int64:
-            raise TypeError(f"{name} must be an int or an int64 tensor, got a {value.dtype} tensor")
-        if value.numel() != 1:
-            raise ValueError(
-                f"{name} must be a 0-d (single-element) tensor, got shape {tuple(value.shape)}"
-            )
-        return value.reshape(1).to(device)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int or a 0-d int64 tensor, got {type(value).__name__}")
-    value = int(value)
-    if not 0 <= value < INT64_WRAP:
-        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
-    if value >= INT64_WRAP // 2:
-        value -= INT64_WRAP
-    return torch.tensor([value], dtype=torch.int64, device=device)
-
-
 def random_words_triton(
     index: Tensor, seed: int | Tensor, offset: int | Tensor = 0, block: int = 1024
 ) -> Tensor:
@@ -176,14 +152,14 @@ def random_words_triton(
     Returns an int64 tensor shaped like ``index`` with values in ``[0, 2**32)``.
     """
     index = _check_index(index)
-    seed_tensor = _u64_tensor(seed, "seed", index.device)
-    offset_tensor = _u64_tensor(offset, "offset", index.device)
+    seed_value = seed_tensor(seed, "seed", index.device)
+    offset_value = seed_tensor(offset, "offset", index.device)
     flat = index.contiguous().reshape(-1)
     out = torch.empty_like(flat)
     count = flat.numel()
     if count:
         grid = (triton.cdiv(count, block),)
-        _random_words_kernel[grid](flat, out, seed_tensor, offset_tensor, count, BLOCK=block)
+        _random_words_kernel[grid](flat, out, seed_value, offset_value, count, BLOCK=block)
     return out.reshape(index.shape)
 
 

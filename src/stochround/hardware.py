@@ -1,0 +1,615 @@
+"""Named presets that reproduce the stochastic-rounding units of shipping hardware.
+
+Every unit documented here does the same thing at heart: it adds a random integer to the
+bits of the significand that the narrower format drops and keeps the bits above (the carry
+is the rounding decision). With ``d`` discarded bits, ``n`` random bits aligned with the
+top of them and ``nu`` the discarded fraction in target ulps, the carry happens when
+
+    floor(nu * 2**n) + r >= 2**n,        r uniform in [0, 2**n)
+
+which is DESIGN.md's variant ``a`` (P3109 StochasticA) with ``n`` random bits: exact SR
+when ``n >= d``, and otherwise biased toward zero by less than ``2**-n`` ulp, because the
+``d - n`` lowest bits are truncated before the addition. A preset therefore names a
+source format (what the instruction reads: a wider input is first rounded to it, to
+nearest-even, as a program must do to feed the instruction), the target format, the
+variant and ``rbits``, the saturation, and the steps the unit adds around the contract:
+only Graphcore's flush to zero below half the smallest subnormal so far.
+
+Random bits: ``rand=`` gives each element's random integer in ``[0, 2**rbits)``, exactly
+as the instruction's random operand would hold it after the unit selects its bits; with a
+``seed`` the integer is the top ``rbits`` bits of the element's 32-bit counter-based word
+(DESIGN.md), which for the AMD instructions is literally the bit field the hardware reads
+from its seed operand (``S1[31:12]`` / ``S1[31:11]``).
+
+Presets: ``amd-mi300-fp8`` / ``amd-mi300-bf8`` (FNUZ) and ``amd-mi350-fp8`` /
+``amd-mi350-bf8`` (OCP), ``nvidia-cvt-rs-{fp16,bf16,e4m3,e5m2,e2m3,e3m2,e2m1}``,
+``graphcore-ipu-fp16``, ``intel-fp16`` and ``intel-e5m2``. Each preset's ``description``
+says what the unit does, ``source`` which documents say so, ``decisions`` what was chosen
+where they disagree or are silent, and ``exact_domain`` where the preset equals
+``sr.round(x, target, "sr", rbits=rbits, variant=variant, sat=sat)`` bit for bit.
+tests/test_hardware.py checks every preset against a bit-level model of its unit and
+against that contract: for every random integer where the count fits the test budget
+(rbits 13 and 16), around the decision threshold otherwise, and the differences outside
+the domain exactly. A variant other than ``a`` or other steps can be tried with
+``dataclasses.replace`` (a frozen preset is a value).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from fractions import Fraction
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .formats import Format
+from .formats import format as find_format
+from .rounding import FLOAT_DTYPES, round_float64
+
+__all__ = [
+    "PRESETS",
+    "HardwarePreset",
+    "bias_against_exact",
+    "expected_value",
+    "operand_values",
+    "preset",
+    "round_hardware",
+    "round_hardware_float64",
+    "ulp",
+]
+
+# Expected values are computed by enumerating every random integer up to this many bits
+# (2**16 evaluations of the vectorized path); above it, by the closed form.
+ENUMERATE_MAX_RBITS = 16
+_ENUMERATION_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class HardwarePreset:
+    """A documented hardware SR conversion, expressed as the stochround contract plus the
+    unit's own steps.
+
+    ``round_hardware`` computes: ``xs = round(x, source_format, "rne")`` (the instruction's
+    operand), then ``round(xs, target_format, "sr", rbits=rbits, variant=variant,
+    sat=sat)``, then sets to zero (keeping the sign) every element with
+    ``|xs| < flush_below``.  ``description`` states what the hardware does, ``source`` the
+    documents it comes from, ``decisions`` what was chosen where they are silent or
+    disagree, ``exact_domain`` where the preset equals the plain contract.
+    """
+
+    name: str
+    source_format: str
+    target_format: str
+    variant: str
+    rbits: int
+    description: str
+    source: str
+    sat: str = "none"
+    flush_below: float | None = None
+    decisions: str = ""
+    exact_domain: str = ""
+
+    def __post_init__(self) -> None:
+        find_format(self.source_format)
+        find_format(self.target_format)
+        reference.check_choice("variant", self.variant, reference.VARIANTS)
+        reference.check_choice("sat", self.sat, reference.SATURATIONS)
+        reference.check_rbits(self.rbits)
+        if self.flush_below is not None and not self.flush_below > 0:
+            raise ValueError(f"flush_below must be None or positive, got {self.flush_below!r}")
+
+    @property
+    def target(self) -> Format:
+        """The target format."""
+        return find_format(self.target_format)
+
+    @property
+    def operand(self) -> Format:
+        """The format the instruction reads its input in."""
+        return find_format(self.source_format)
+
+    def contract_arguments(self) -> dict[str, object]:
+        """Keyword arguments of ``sr.round`` for the contract part of this preset."""
+        return {
+            "fmt": self.target_format,
+            "mode": "sr",
+            "rbits": self.rbits,
+            "variant": self.variant,
+            "sat": self.sat,
+        }
+
+
+_PTX = "NVIDIA PTX ISA (9.x), cvt instruction: the .rs rounding modifier and the rbits operand"
+_PTX_DESTINATIONS = {
+    # destination: (stochround format, PTX type, random bits per value, saturation, note)
+    "fp16": ("binary16", ".f16x2", 13, "none", "the 13 LSBs of its 16-bit half of rbits"),
+    "bf16": ("bfloat16", ".bf16x2", 16, "none", "its whole 16-bit half of rbits"),
+    "e4m3": ("e4m3fn", ".e4m3x4", 16, "finite", "the 16-bit half of rbits its pair shares"),
+    "e5m2": ("e5m2", ".e5m2x4", 16, "finite", "the 16-bit half of rbits its pair shares"),
+    "e2m3": ("e2m3", ".e2m3x4", 16, "finite", "the 16-bit half of rbits its pair shares"),
+    "e3m2": ("e3m2", ".e3m2x4", 16, "finite", "the 16-bit half of rbits its pair shares"),
+    "e2m1": ("e2m1", ".e2m1x4", 16, "finite", "the two bytes of rbits its pair shares"),
+}
+
+
+def _nvidia_preset(destination: str) -> HardwarePreset:
+    fmt_name, ptx_type, bits, sat, layout = _PTX_DESTINATIONS[destination]
+    fmt = find_format(fmt_name)
+    dropped = 23 - fmt.mbits
+    packed = ptx_type.endswith("x4")
+    exactness = (
+        "exact SR for every fp32 input, subnormals included: bf16 shares fp32's exponent "
+        "range, so 16 bits are dropped at every magnitude"
+        if destination == "bf16"
+        else f"exact SR for fp32 inputs with a normal {destination} result ({dropped} bits "
+        f"dropped, {bits} random)"
+        if bits >= dropped
+        else f"SR with {bits} of the {dropped} dropped bits (variant a truncates the lowest "
+        f"{dropped - bits}: bias toward zero below 2**-{bits} ulp)"
+    )
+    description = (
+        f"cvt.rs{'.satfinite' if sat == 'finite' else ''}{ptx_type}.f32 (sm_100a and later): "
+        f"each fp32 operand is rounded to {destination} by adding {bits} random bits, "
+        f"{layout}, to the bits below the {destination} ulp and truncating; the carry rounds "
+        f"away from zero. {exactness}."
+        + (
+            " .satfinite is mandatory for this destination: overflow and infinities give "
+            + ("+-MAX_NORM, NaN stays NaN." if fmt.has_nan else "+-MAX_NORM (NaN: see decisions).")
+            if sat == "finite"
+            else " Without .satfinite an overflow gives +-inf (the preset's sat='none'); "
+            "with it, use dataclasses.replace(preset, sat='finite')."
+        )
+    )
+    decisions = (
+        "Subnormal results: the PTX ISA does not say how the random bits align when the "
+        f"result is subnormal; the preset keeps them aligned with the top of the {destination} "
+        "ulp (variant a with the same n), the behaviour established from GPU captures for "
+        "AMD's equivalent instruction, so extra dropped bits are truncated. "
+        "Random bits: seed mode gives each element its own word; the instruction's bit "
+        "selection from one rbits register (and the correlation it creates between the "
+        "values sharing it) is not modelled: pass rand= with the bits you extracted."
+    )
+    if packed:
+        decisions += (
+            " Bit count: the ISA gives a 16-bit field to each pair of operands (a, b: upper; "
+            "e, f: lower); a public measurement on sm_100a (cvt.rs.satfinite.e4m3x4.f32) "
+            "found 16 random bits per value, P(up) = floor(frac20 / 16) / 2**16, one operand "
+            "of the pair seeing the field bit-reversed. The preset uses 16 random bits per "
+            f"value for every x4 destination; for {destination} that is "
+            + ("measured." if destination == "e4m3" else "carried over from the e4m3 measurement.")
+        )
+    if not fmt.has_nan:
+        decisions += (
+            f" NaN inputs: {destination} has no NaN code and the ISA text available did not "
+            "say which code .satfinite writes for NaN; the emulation returns NaN to flag it."
+        )
+    exact_domain = (
+        f"fp32 inputs (and any input, after its rounding to fp32): equal to sr.round(x, "
+        f"'{fmt_name}', 'sr', rbits={bits}, variant='a', sat='{sat}') everywhere, subnormal "
+        "results included (a consequence of the decision above)"
+    )
+    return HardwarePreset(
+        name=f"nvidia-cvt-rs-{destination}",
+        source_format="binary32",
+        target_format=fmt_name,
+        variant="a",
+        rbits=bits,
+        sat=sat,
+        description=description,
+        source=(
+            f"{_PTX}, section on cvt ({ptx_type}: how rbits feeds each operand); "
+            "measured per-value behaviour of cvt.rs.satfinite.e4m3x4.f32 on sm_100a recorded "
+            "in public kernel code (16 random bits per value)."
+        ),
+        decisions=decisions,
+        exact_domain=exact_domain,
+    )
+
+
+_AMD_SOURCE = (
+    "AMD Instinct MI300 (CDNA3) and MI350 (CDNA4) ISA reference guides, V_CVT_SR_FP8_F32 / "
+    "V_CVT_SR_BF8_F32 (src0 the fp32 value, src1 the 32-bit seed whose high bits, S1[31:12] "
+    "for fp8, are added to the fp32 mantissa); ROCm's host reference for the MI300 "
+    "conversion (hip_f8_impl cast_to_f8: denormalize, add the random bits under a mask of "
+    "the bits a normal result drops, truncate); an open-source RDNA4 instruction emulator "
+    "whose NaN, infinity and subnormal stochastic behaviour was established from GPU "
+    "captures (align to the minimum normal exponent first, no sticky bit, add seed >> 12 "
+    "for fp8 or seed >> 11 for bf8, truncate); LLVM/MLIR AMDGPU notes that gfx942 (MI300) "
+    "converts to the FNUZ fp8 types and gfx950 (MI350) to the OCP ones (LLVM lowers an "
+    "SR conversion to Float8E4M3FN to v_cvt_sr_fp8_f32 on gfx950)."
+)
+
+
+def _amd_preset(chip: str, kind: str) -> HardwarePreset:
+    fnuz = chip == "mi300"
+    fmt_name = {
+        ("fp8", True): "e4m3fnuz",
+        ("bf8", True): "e5m2fnuz",
+        ("fp8", False): "e4m3fn",
+        ("bf8", False): "e5m2",
+    }[kind, fnuz]
+    fmt = find_format(fmt_name)
+    bits = 23 - fmt.mbits
+    field_bits = f"[31:{32 - bits}]"
+    instruction = f"V_CVT_SR_{kind.upper()}_F32"
+    description = (
+        f"{instruction} on {chip.upper()}: fp32 src0 to {fmt_name} with the 32-bit seed in "
+        f"src1. Bits {field_bits} of the seed ({bits} bits, the number of fp32 mantissa bits "
+        f"a normal {fmt_name} result drops) are added to the dropped bits and the result is "
+        "truncated; the carry rounds away from zero and propagates into the exponent. Exact "
+        f"SR for every fp32 input with a normal {fmt_name} result. A subnormal result drops "
+        f"{bits} + k bits: the unit first shifts the significand right by k (those bits are "
+        f"lost, no sticky bit), then adds the same {bits} random bits: variant a with "
+        f"n = {bits}, biased toward zero by less than 2**-{bits} ulp there."
+    )
+    decisions = (
+        "Seed bits: the ISA pseudocode adds the seed's high bits (S1[31:12] for fp8); ROCm's "
+        "host reference masks the low bits (rng & drop_mask). Both give a uniform integer; "
+        "the preset follows the ISA (r = seed >> "
+        f"{32 - bits}), which is also stochround's word convention, so seed= words are the "
+        "src1 values bit for bit. "
+        "Subnormal results: the ISA pseudocode adds the seed to the mantissa at fixed fp32 "
+        "positions and says nothing about denormalization; the host reference and the "
+        "capture-based emulator both denormalize first and add the random bits below the "
+        "target ulp, so the preset does (variant a with n = "
+        f"{bits} everywhere). "
+        "Overflow: without the clamp (MODE.FP16_OVFL clear) a finite overflow gives "
+        + ("NaN (FNUZ formats have no infinity)" if fnuz else "NaN (e4m3fn) or inf (e5m2)")
+        + ", the preset's sat='none'; with the clamp set, finite overflow saturates and "
+        "infinity and NaN keep their special result: use "
+        "dataclasses.replace(preset, sat='propagate')."
+    )
+    return HardwarePreset(
+        name=f"amd-{chip}-{kind}",
+        source_format="binary32",
+        target_format=fmt_name,
+        variant="a",
+        rbits=bits,
+        sat="none",
+        description=description,
+        source=_AMD_SOURCE,
+        decisions=decisions,
+        exact_domain=(
+            f"every input (after rounding to fp32): equal to sr.round(x, '{fmt_name}', 'sr', "
+            f"rbits={bits}, variant='a'), which is exact SR wherever the result is normal"
+        ),
+    )
+
+
+_GRAPHCORE_FLUSH = float(find_format("binary16").min_subnormal) / 2  # 2**-25
+
+_GRAPHCORE = HardwarePreset(
+    name="graphcore-ipu-fp16",
+    source_format="binary32",
+    target_format="binary16",
+    variant="a",
+    rbits=24,
+    sat="propagate",
+    flush_below=_GRAPHCORE_FLUSH,
+    description=(
+        "Graphcore IPU fp32 -> fp16 conversion with stochastic rounding enabled (FP_CTL.ESR): "
+        "arithmetic is fp32, so the operand is fp32 (a wider value is rounded to fp32 first). "
+        "A random number is masked to the bits fp16 drops and added to the fp32 mantissa; the "
+        "carry goes into the kept bits and the rest is truncated. The mask is 13 bits for a "
+        "normal fp16 result and grows by one bit per binade below 2**-14, so every fp32 input "
+        "down to 2**-25 gets exact SR (13 to 24 random bits); magnitudes below 2**-25, half "
+        "the smallest fp16 subnormal, become zero. The preset draws a 24-bit r and the unit "
+        "uses its top 13 + k bits: for a value with d <= 24 dropped bits, variant a with 24 "
+        "bits equals variant a with the top d bits of r, so one 24-bit r per element "
+        "reproduces the whole range."
+    ),
+    source=(
+        "Graphcore, 'AI-Float' white paper (IPU mixed precision: fp32 results rounded back "
+        "to fp16 by round-to-nearest-even or stochastic rounding) and the IPU TensorFlow user "
+        "guides ('Half-precision floating point and stochastic rounding': the esr bit enables "
+        "the SR unit, nanoo selects clipping or NaN on fp16 overflow); Graphcore patent "
+        "'Converting floating point numbers to reduce the precision' (US 11,169,778 B2, "
+        "GB 2580153): random bits masked to a length set by the difference between the "
+        "exponent and fp16's minimum exponent, added to the mantissa, carry into the "
+        "truncated result."
+    ),
+    decisions=(
+        "Random bits: the documents give no count; 13 for normal results is the number of "
+        "dropped bits (the patent sizes the random number by the precision difference), and "
+        "the subnormal mask growing one bit per binade reaches the whole 24-bit significand "
+        "at 2**-25, hence 24 at most. Below 2**-25 the preset flushes to zero, the "
+        "behaviour the project's specification gives for the unit (the stored documents "
+        "did not include the text of that rule; it is where the mask would have to exceed "
+        "the significand). "
+        "Overflow: the default (nanoo off) clips a finite overflow to +-65504; an infinite "
+        "operand stays infinite (it is not an overflow), hence sat='propagate'. With nanoo "
+        "on, overflow gives NaN, which the preset does not model. Flushed values keep their "
+        "sign."
+    ),
+    exact_domain=(
+        "fp32 inputs with |x| >= 2**-25: equal to sr.round(x, 'binary16', 'sr', rbits=24, "
+        "variant='a', sat='propagate'), which is exact SR there. Below 2**-25 the hardware "
+        "gives +-0 for every r, while the contract rounds away with probability "
+        "floor(nu 2**24) / 2**24 (nonzero from 2**-48 up)"
+    ),
+)
+
+_INTEL_PATENT = (
+    "Intel patent family 'Instructions to convert from FP16 to BF8' (Heinecke, Mellempudi "
+    "et al.; US 2022/0206805 A1, US 12,423,102 B2, continuations US 12,367,045 B2 and "
+    "US 2025/0117218 A1): packed fp16 converted to bf8 'using bias terms' from a third "
+    "operand"
+)
+
+_INTEL_E5M2 = HardwarePreset(
+    name="intel-e5m2",
+    source_format="binary16",
+    target_format="e5m2",
+    variant="a",
+    rbits=8,
+    sat="none",
+    description=(
+        "fp16 -> bf8 (e5m2) with a per-element 8-bit bias (AVX10.2 VCVTBIASPH2BF8): bf8 is the "
+        "upper byte of fp16 (same sign, 5-bit exponent with bias 15, top 2 mantissa bits), so "
+        "the unit adds the 8-bit bias to the fp16 bit pattern as an integer and keeps the "
+        "upper byte. With a uniform random bias that is SR with 8 random bits for the 8 "
+        "dropped bits at every magnitude, subnormals included: exact SR for every fp16 input. "
+        "A carry out of the largest finite value gives infinity; infinities stay infinite "
+        "and NaN stays NaN (quieted)."
+    ),
+    source=(
+        f"{_INTEL_PATENT}; Intel AVX10.2 Architecture Specification, VCVTBIASPH2BF8 / "
+        "VCVTBIASPH2BF8S; the GCC test-suite reference model of the conversion (integer add "
+        "of the bias byte to the fp16 pattern, upper byte kept, saturating form clamping an "
+        "overflow to the largest finite code)."
+    ),
+    decisions=(
+        "Saturation: the preset models the non-saturating form (overflow to infinity, "
+        "sat='none'); the S form saturates finite overflow and keeps infinities: "
+        "dataclasses.replace(preset, sat='propagate'). An input wider than fp16 is rounded "
+        "to fp16 (nearest-even) first, as a program must do to feed the instruction."
+    ),
+    exact_domain=(
+        "every fp16 input: equal to sr.round(x, 'e5m2', 'sr', rbits=8, variant='a'), which "
+        "is exact SR for all of them"
+    ),
+)
+
+_INTEL_FP16 = HardwarePreset(
+    name="intel-fp16",
+    source_format="binary32",
+    target_format="binary16",
+    variant="a",
+    rbits=13,
+    sat="none",
+    description=(
+        "fp32 -> fp16 with a per-element 13-bit random bias added to the 13 mantissa bits "
+        "fp16 drops, then truncation (the bias-add-truncate scheme of Intel's FP16 -> BF8 "
+        "conversion, one level up): exact SR for every fp32 input with a normal fp16 result; "
+        "overflow to infinity."
+    ),
+    source=(
+        f"{_INTEL_PATENT}, as the scheme; the fp32 -> fp16 width (13 random bits) as the "
+        "project's specification attributes it to the Intel patent."
+    ),
+    decisions=(
+        "The text of an Intel document for an fp32 -> fp16 biased conversion was not "
+        "available to check; the preset encodes the specification's 13 random bits and "
+        "the same add-and-truncate rule. Unlike fp16 -> bf8, the exponent ranges differ, so "
+        "subnormal fp16 results need a decision: the random bits stay aligned with the top "
+        "of the dropped bits (variant a with n = 13, as AMD's unit does), extra dropped bits "
+        "are truncated. Overflow: infinity (sat='none')."
+    ),
+    exact_domain=(
+        "fp32 inputs (any input, after rounding to fp32): equal to sr.round(x, 'binary16', "
+        "'sr', rbits=13, variant='a') everywhere; exact SR wherever the fp16 result is normal"
+    ),
+)
+
+
+def _build_presets() -> dict[str, HardwarePreset]:
+    presets = [
+        _amd_preset("mi300", "fp8"),
+        _amd_preset("mi300", "bf8"),
+        _amd_preset("mi350", "fp8"),
+        _amd_preset("mi350", "bf8"),
+        *(_nvidia_preset(destination) for destination in _PTX_DESTINATIONS),
+        _GRAPHCORE,
+        _INTEL_FP16,
+        _INTEL_E5M2,
+    ]
+    return {p.name: p for p in presets}
+
+
+PRESETS: dict[str, HardwarePreset] = _build_presets()
+
+
+def preset(name: str | HardwarePreset) -> HardwarePreset:
+    """Find a preset by name (case-insensitive); a `HardwarePreset` is returned as is."""
+    if isinstance(name, HardwarePreset):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(
+            f"preset must be a name (str) or a HardwarePreset, got {type(name).__name__}"
+        )
+    key = name.strip().lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    close = difflib.get_close_matches(key, sorted(PRESETS), n=5, cutoff=0.5)
+    hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(sorted(PRESETS))}"
+    raise ValueError(f"unknown hardware preset {name!r}; {hint}")
+
+
+def _check_input(x: object) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        allowed = ", ".join(str(dtype) for dtype in FLOAT_DTYPES)
+        raise TypeError(f"x must have a floating dtype ({allowed}); got {x.dtype}")
+    return x
+
+
+def operand_values(x: Tensor, name_or_preset: str | HardwarePreset) -> Tensor:
+    """The instruction's operand: x rounded to nearest-even in the preset's source format
+    (the identity when x already has that format), in that format's torch dtype when it
+    has one (float64 otherwise), which holds it exactly."""
+    p = preset(name_or_preset)
+    dtype = p.operand.torch_dtype
+    if _check_input(x).dtype == dtype:
+        return x
+    operand = round_float64(x, p.source_format, "rne")
+    return operand if dtype is None else operand.to(dtype)
+
+
+def _broadcast_rand(rand: Tensor | None, shape: torch.Size) -> Tensor | None:
+    """rand expanded to x's shape (round_float64 reports a shape that does not broadcast)."""
+    if not isinstance(rand, Tensor):
+        return rand
+    try:
+        return torch.broadcast_to(rand, shape)
+    except RuntimeError:
+        return rand
+
+
+def _apply(
+    p: HardwarePreset,
+    operand: Tensor,
+    seed: int | Tensor | None,
+    offset: int | Tensor,
+    rand: Tensor | None,
+    variant: str | None = None,
+    rbits: int | None = None,
+) -> Tensor:
+    """The preset on operand values (already in the source format), as float64."""
+    result = round_float64(
+        operand,
+        p.target_format,
+        "sr",
+        rbits=p.rbits if rbits is None else rbits,
+        variant=p.variant if variant is None else variant,
+        sat=p.sat,
+        seed=seed,
+        offset=offset,
+        rand=_broadcast_rand(rand, operand.shape),
+    )
+    return _flush(p, operand.to(torch.float64), result)
+
+
+def _flush(p: HardwarePreset, operand: Tensor, result: Tensor) -> Tensor:
+    if p.flush_below is None:
+        return result
+    zero = torch.zeros_like(operand)
+    if p.target.has_negative_zero:
+        zero = torch.copysign(zero, operand)
+    return torch.where(operand.abs() < p.flush_below, zero, result)
+
+
+def round_hardware(
+    x: Tensor,
+    name_or_preset: str | HardwarePreset,
+    *,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor = 0,
+    rand: Tensor | None = None,
+) -> Tensor:
+    """Round x as the preset's hardware unit does; the result has x's dtype and shape.
+
+    x is first rounded to nearest-even in the preset's source format (the instruction's
+    operand), then stochastically rounded per the preset (its docstring fields say how).
+    ``rand``: each element's random integer in ``[0, 2**rbits)``, broadcastable to x;
+    otherwise the top ``rbits`` bits of the counter-based word ``(seed, offset, index)``.
+    Values outside x's dtype's range become infinite or zero in it, as in ``sr.round``.
+    """
+    p = preset(name_or_preset)
+    operand = operand_values(x, p)
+    return _apply(p, operand, seed, offset, rand).to(x.dtype)
+
+
+def round_hardware_float64(
+    x: Tensor,
+    name_or_preset: str | HardwarePreset,
+    *,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor = 0,
+    rand: Tensor | None = None,
+) -> Tensor:
+    """`round_hardware` with the result in float64, which holds every target value."""
+    p = preset(name_or_preset)
+    return _apply(p, operand_values(x, p), seed, offset, rand)
+
+
+def expected_value(x: Tensor, name_or_preset: str | HardwarePreset) -> Tensor:
+    """E[round_hardware(x)] over a uniform random integer, as float64: exact, by
+    enumerating every random integer when rbits <= 16, else by the closed form."""
+    p = preset(name_or_preset)
+    operand = operand_values(x, p)
+    if p.rbits <= ENUMERATE_MAX_RBITS:
+        return _expected_by_enumeration(p, operand)
+    return _expected_by_closed_form(p, operand)
+
+
+def _expected_by_enumeration(p: HardwarePreset, operand: Tensor) -> Tensor:
+    flat = operand.reshape(-1)
+    count = 1 << p.rbits
+    total = torch.zeros(flat.shape, dtype=torch.float64, device=flat.device)
+    rows = max(1, _ENUMERATION_CHUNK_ELEMENTS // max(1, flat.numel()))
+    first = None
+    for start in range(0, count, rows):
+        r = torch.arange(start, min(start + rows, count), dtype=torch.int64, device=flat.device)
+        block = flat.unsqueeze(0).expand(r.numel(), -1)
+        results = _apply(p, block, None, 0, r.unsqueeze(1).expand_as(block))
+        first = results[0] if first is None else first
+        total = total + results.sum(dim=0)
+    # Every sum is of at most 2**16 values of the target's grid: exact in float64. A zero
+    # mean comes from zeros only, which share the sign of the one at r = 0.
+    mean = total / count
+    return torch.where(mean == 0, first, mean).reshape(operand.shape)
+
+
+def _expected_by_closed_form(p: HardwarePreset, operand: Tensor) -> Tensor:
+    """down + P(away) (away - down), with P(away) from reference.away_probability."""
+    never_away = torch.zeros(operand.shape, dtype=torch.int64, device=operand.device)
+    # Variant a never rounds away with r = 0, whatever the preset's variant: the value kept.
+    down = _apply(p, operand, None, 0, never_away, variant="a")
+    up = round_float64(operand, p.target_format, "ru", sat=p.sat)
+    up_negative = round_float64(operand, p.target_format, "rd", sat=p.sat)
+    exact = operand.to(torch.float64)
+    up = _flush(p, exact, torch.where(exact < 0, up_negative, up))
+    probability = [_away_probability(value, p) for value in exact.reshape(-1).tolist()]
+    chance = torch.tensor(probability, dtype=torch.float64, device=operand.device).reshape(
+        operand.shape
+    )
+    # Where the candidates coincide (zero chance, or both infinite) keep `down`: no 0 * inf.
+    moves = (chance > 0) & (up != down)
+    return torch.where(moves, down + chance * (up - down), down)
+
+
+def _away_probability(value: float, p: HardwarePreset) -> float:
+    """reference.away_probability of one operand value (0 for zero, NaN and infinities)."""
+    if value != value or value in (0.0, float("inf"), float("-inf")):
+        return 0.0
+    nu = reference.discarded_fraction(Fraction(value), p.target)
+    return float(reference.away_probability(nu, p.rbits, p.variant))
+
+
+def ulp(x: Tensor, fmt: Format | str) -> Tensor:
+    """The spacing of ``fmt``'s grid at x, 2**(max(floor(log2|x|), emin) - mbits), as float64
+    (the subnormal spacing at zero; NaN for non-finite x)."""
+    fmt = find_format(fmt)
+    xd = x.to(torch.float64)
+    regular = torch.isfinite(xd) & (xd != 0)
+    _, exponent = torch.frexp(torch.where(regular, xd.abs(), 1.0))
+    e = torch.clamp(exponent.to(torch.int64) - 1, min=fmt.emin)
+    e = torch.where(regular, e, torch.full_like(e, fmt.emin))
+    spacing = torch.ldexp(torch.ones_like(xd), e - fmt.mbits)
+    return torch.where(torch.isfinite(xd), spacing, float("nan"))
+
+
+def bias_against_exact(name: str | HardwarePreset, x: Tensor) -> Tensor:
+    """E[round_hardware(x)] - x in ulps of the target format at x (float64, x's shape).
+
+    Exact SR gives 0; variant a with too few random bits gives a value in (-2**-n, 0] for
+    positive x; flushing and rounding x to the source format show up here too.
+    """
+    p = preset(name)
+    x = _check_input(x)
+    expected = expected_value(x, p)
+    xd = x.to(torch.float64)
+    return (expected - xd) / ulp(xd, p.target)

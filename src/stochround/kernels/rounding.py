@@ -1,0 +1,563 @@
+"""Triton rounding kernels, bit-identical to `stochround.rounding`'s PyTorch path.
+
+The PyTorch path evaluates the contract in float64; these kernels evaluate it on the bits
+of fp32 (bf16 and fp16 inputs are widened exactly).  With |x| = m 2**(e_in - 23), m the
+24-bit significand (e_in = -126 for fp32 subnormals, which every supported format clamps
+to emin >= -126 anyway):
+
+    e = max(e_in, emin),  d = e - e_in + 23 - mbits  (bits discarded from m),
+    kept = m >> d,  rem = m mod 2**d,  nu = rem / 2**d,  magnitude = (kept + away) 2**(e - mbits).
+
+The fraction is carried as a 40-bit fixed-point integer F = floor(nu 2**40) plus a sticky
+bit, enough for every decision with n <= 32 random bits.  The result's fp32 bits are built
+with integer operations only (no float multiply, so no flush-to-zero of subnormals).
+
+`round_fp32_to_bf16_sr` is the fast path for any SR variant with n >= 16 bits (and
+variant "a" with fewer) from fp32 to bf16, where exactly 16 bits are discarded: adding the
+random bits below the kept ones and truncating decides exactly as the contract does.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..formats import Format, format_of_dtype
+from ..random import seed_tensor
+from ..reference import MODES, VARIANTS
+from ..rounding import Request, _nan_code, _overflow_value
+from .philox import data_word, four_words, random_word
+
+MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
+VARIANT_CODES = {variant: code for code, variant in enumerate(VARIANTS)}
+RNE, RNA, RZ, RU, RD, RO, SR = range(7)
+VARIANT_A, VARIANT_B, VARIANT_C, VARIANT_ODD = range(4)
+SOURCES = ("stream", "rand", "data")
+SOURCE_STREAM, SOURCE_RAND, SOURCE_DATA = range(3)
+OUTPUTS = ("value", "codes", "fp4x2", "fp6x4")
+OUTPUT_VALUE, OUTPUT_CODES, OUTPUT_FP4X2, OUTPUT_FP6X4 = range(4)
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Each program rounds ROWS x 4 elements; a row is one Philox block.  The interpreter runs
+# programs one after another, so there large blocks cost far less.
+ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 256
+FP32_NAN_BITS = 0x7FC00000
+NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+
+def fp32_bits(value: float) -> int:
+    """The fp32 bit pattern of a float that fp32 holds exactly (NaN: 0x7FC00000), as the
+    signed int32 the kernels compare and select."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def kernel_supports(fmt: Format) -> bool:
+    """Formats the kernels round exactly: values exact in fp32 and emin >= -126."""
+    fp32 = format_of_dtype(torch.float32)
+    return fmt.fits_in(fp32) and fmt.emin >= fp32.emin
+
+
+def codes_supported(fmt: Format) -> bool:
+    """Formats whose codes the kernels write: at most 8 bits, values normal in fp32."""
+    return kernel_supports(fmt) and fmt.bits <= 8 and fmt.min_subnormal >= 2.0**-126
+
+
+@triton.jit
+def _words(
+    seed,
+    offset,
+    index,
+    lane,
+    group,
+    rand_ptr,
+    position,
+    x,
+    mask,
+    SOURCE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+):
+    """The 32-bit random word (or explicit integer) of each element, as int64."""
+    if SOURCE == 1:
+        return tl.load(rand_ptr + position, mask=mask, other=0).to(tl.int64)
+    elif SOURCE == 2:
+        return data_word(x, index).to(tl.int64)
+    else:
+        if ALIGNED:
+            word0, word1, word2, word3 = four_words(seed, offset, group)
+            word = tl.where(lane == 0, word0[:, None], word1[:, None])
+            word = tl.where(lane == 2, word2[:, None], word)
+            word = tl.where(lane == 3, word3[:, None], word)
+            return word.to(tl.int64)
+        else:
+            return random_word(seed, offset, index).to(tl.int64)
+
+
+@triton.jit
+def _sr_count(rem, d, NBITS: tl.constexpr, VARIANT: tl.constexpr):
+    """The integer each SR variant adds to r (int64): floor, half-up, half-even or half-odd
+    of nu 2**n for nu = rem / 2**d (rem < 2**24, int32)."""
+    exact = d <= NBITS  # nu 2**n = rem 2**(n - d) is an integer
+    up_shift = tl.minimum(tl.maximum(NBITS - d, 0), 31)  # d >= 1 when rem != 0
+    down_shift = tl.minimum(tl.maximum(d - NBITS, 1), 31)  # rem < 2**24: 31 clears it
+    floor = rem >> down_shift
+    below = rem - (floor << down_shift)
+    half = 1 << (down_shift - 1)
+    if VARIANT == 0:
+        up = below < 0  # never: variant a floors
+    elif VARIANT == 1:
+        up = below >= half
+    elif VARIANT == 2:
+        up = (below > half) | ((below == half) & ((floor & 1) == 1))
+    else:
+        up = (below > half) | ((below == half) & ((floor & 1) == 0))
+    rounded = (floor + up.to(tl.int32)).to(tl.int64)
+    return tl.where(exact, rem.to(tl.int64) << up_shift, rounded)
+
+
+@triton.jit
+def _rounded_fp32_bits(
+    bits,
+    r,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    HAS_NEGATIVE_ZERO: tl.constexpr,
+    MAX_BITS: tl.constexpr,
+    NEGATIVE_LIMIT_BITS: tl.constexpr,
+    MIN_NORMAL_BITS: tl.constexpr,
+    OVERFLOW_POSITIVE: tl.constexpr,
+    OVERFLOW_NEGATIVE: tl.constexpr,
+    INFINITY_POSITIVE: tl.constexpr,
+    INFINITY_NEGATIVE: tl.constexpr,
+    MODE: tl.constexpr,
+    VARIANT: tl.constexpr,
+    NBITS: tl.constexpr,
+):
+    """fp32 bit patterns (int32) of x (its fp32 bits, int32) rounded per the contract;
+    r: the random integers (int64).  Everything but the final SR comparison is int32."""
+    magnitude = bits & 0x7FFFFFFF
+    is_nan = magnitude > 0x7F800000
+    is_infinite = magnitude == 0x7F800000
+    is_zero = magnitude == 0
+    negative = (bits < 0) & (magnitude != 0)
+    exponent_field = magnitude >> 23
+    m = (magnitude & 0x7FFFFF) | tl.where(exponent_field > 0, 0x800000, 0)
+    e_in = tl.maximum(exponent_field, 1) - 127
+    e = tl.maximum(e_in, EMIN)
+    d = e - e_in + (23 - MBITS)  # bits discarded from m
+    shift = tl.minimum(d, 31)  # m < 2**24: a shift of 31 clears it, and nu < 1/2 stays so
+    kept = m >> shift
+    rem = m - (kept << shift)
+    if MBITS > 0:
+        odd = (kept & 1) == 1
+    else:  # p = 1: the code's last bit is the exponent field's
+        odd = (kept != 0) & (((e + BIAS) & 1) == 1)
+    if MODE == 6:
+        count = _sr_count(rem, d, NBITS, VARIANT)
+        away = ((count + r) >> NBITS) != 0
+    else:
+        half = 1 << tl.maximum(shift - 1, 0)
+        above_half = (rem > half) & (shift > 0)
+        at_half = (rem == half) & (shift > 0)
+        inexact = rem != 0
+        if MODE == 0:
+            away = above_half | (at_half & odd)
+        elif MODE == 1:
+            away = above_half | at_half
+        elif MODE == 2:
+            away = is_zero & ~is_zero
+        elif MODE == 3:
+            away = inexact & ~negative
+        elif MODE == 4:
+            away = inexact & negative
+        else:
+            away = inexact & ~odd
+    total = kept + away.to(tl.int32)  # <= 2**24
+    q = e - MBITS
+    total_bits = total.to(tl.float32).to(tl.int32, bitcast=True)
+    normal = (total_bits >> 23) - 127 + q >= -126
+    result = tl.where(normal, total_bits + (q << 23), total << tl.minimum(q + 149, 31))
+    result = tl.where(total == 0, 0, result)
+    if not HAS_ZERO:
+        result = tl.maximum(result, MIN_NORMAL_BITS)
+    overflow_positive = ~negative & (result > MAX_BITS)
+    overflow_negative = negative & (result > NEGATIVE_LIMIT_BITS)
+    if HAS_NEGATIVE_ZERO:
+        result = tl.where(negative, result | -0x80000000, result)
+    else:
+        result = tl.where(negative & (result != 0), result | -0x80000000, result)
+    result = tl.where(overflow_positive, OVERFLOW_POSITIVE, result)
+    result = tl.where(overflow_negative, OVERFLOW_NEGATIVE, result)
+    if HAS_ZERO:
+        if HAS_NEGATIVE_ZERO:
+            zero = bits & -0x80000000
+        else:
+            zero = bits * 0
+    else:
+        zero = bits * 0 + MIN_NORMAL_BITS
+    result = tl.where(is_zero, zero, result)
+    result = tl.where(is_infinite, tl.where(bits < 0, INFINITY_NEGATIVE, INFINITY_POSITIVE), result)
+    return tl.where(is_nan, 0x7FC00000, result)
+
+
+@triton.jit
+def _encode(
+    value_bits,
+    EBITS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    SIGNED: tl.constexpr,
+    TWOS_COMPLEMENT: tl.constexpr,
+    INFINITY_CODE: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    CODE_MASK: tl.constexpr,
+):
+    """Codes of fp32 bit patterns of format values (normal in fp32): magnitude code
+    (max(e, emin) + bias - 1) 2**mbits + K, K the significand at the ulp 2**(max(e, emin) - m)."""
+    magnitude = value_bits & 0x7FFFFFFF
+    e = (magnitude >> 23) - 127
+    e_clamped = tl.maximum(e, EMIN)
+    significand = (magnitude & 0x7FFFFF) | 0x800000
+    k = significand >> tl.minimum(23 - MBITS + e_clamped - e, 31)
+    code = ((e_clamped + BIAS - 1) << MBITS) + k
+    code = tl.where(magnitude == 0, 0, code)
+    code = tl.where(magnitude == 0x7F800000, INFINITY_CODE, code)
+    negative = value_bits < 0
+    if TWOS_COMPLEMENT:
+        code = tl.where(negative, (CODE_MASK + 1 - code) & CODE_MASK, code)
+    elif SIGNED:
+        code = code | tl.where(negative, 1 << (EBITS + MBITS), 0)
+    return tl.where(magnitude > 0x7F800000, NAN_CODE, code)
+
+
+@triton.jit
+def _fp32_bits_of(x):
+    """The fp32 bit pattern (int32) of fp32/bf16/fp16 values; bf16 widened with integer
+    operations (the interpreter's bf16 -> fp32 conversion flushes subnormals)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16
+    else:
+        return x.to(tl.float32).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _narrow_to_16_bits(result, dtype: tl.constexpr, NAN16: tl.constexpr):
+    """fp32 bit patterns (int64) to bf16 or fp16 values, round to nearest even, NaN to the
+    canonical NaN.  bf16 is narrowed with integer operations (keeps subnormals everywhere)."""
+    if dtype == tl.bfloat16:
+        wide = result.to(tl.uint32, bitcast=True)
+        narrow = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).to(tl.int32, bitcast=True)
+    else:
+        value = result.to(tl.float32, bitcast=True)
+        narrow = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    narrow = tl.where((result & 0x7FFFFFFF) > 0x7F800000, NAN16, narrow)
+    return narrow.to(tl.int16).to(dtype, bitcast=True)
+
+
+@triton.jit
+def _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS: tl.constexpr):
+    """Seed and offset: loaded from device tensors (CUDA graphs replay them) or as given."""
+    if FROM_TENSORS:
+        return tl.load(seed_ptr), tl.load(offset_ptr)
+    else:
+        return seed_value, offset_value
+
+
+@triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
+def _round_kernel(
+    x_ptr,
+    out_ptr,
+    rand_ptr,
+    seed_ptr,
+    offset_ptr,
+    seed_value,
+    offset_value,
+    count,
+    index_offset,
+    FROM_TENSORS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    HAS_ZERO: tl.constexpr,
+    HAS_NEGATIVE_ZERO: tl.constexpr,
+    MAX_BITS: tl.constexpr,
+    NEGATIVE_LIMIT_BITS: tl.constexpr,
+    MIN_NORMAL_BITS: tl.constexpr,
+    OVERFLOW_POSITIVE: tl.constexpr,
+    OVERFLOW_NEGATIVE: tl.constexpr,
+    INFINITY_POSITIVE: tl.constexpr,
+    INFINITY_NEGATIVE: tl.constexpr,
+    MODE: tl.constexpr,
+    VARIANT: tl.constexpr,
+    NBITS: tl.constexpr,
+    SOURCE: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    NAN16: tl.constexpr,
+    EBITS: tl.constexpr,
+    SIGNED: tl.constexpr,
+    TWOS_COMPLEMENT: tl.constexpr,
+    INFINITY_CODE: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    CODE_MASK: tl.constexpr,
+    ROWS: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    program = tl.program_id(0)
+    if WIDE:  # positions beyond int32
+        program = program.to(tl.int64)
+    row = tl.arange(0, ROWS)[:, None]
+    lane = tl.arange(0, 4)[None, :]
+    position = program * ROWS * 4 + row * 4 + lane
+    mask = position < count
+    x = tl.load(x_ptr + position, mask=mask, other=0.0)
+    index = position + index_offset
+    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
+    if MODE == 6:
+        seed, offset = _seed_and_offset(
+            seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS
+        )
+        word = _words(
+            seed, offset, index, lane, group, rand_ptr, position, x, mask, SOURCE, ALIGNED
+        )
+        if SOURCE == 1:
+            r = word
+        else:
+            r = word >> (32 - NBITS)
+    else:
+        r = position.to(tl.int64) * 0
+    result = _rounded_fp32_bits(
+        _fp32_bits_of(x),
+        r,
+        MBITS,
+        EMIN,
+        BIAS,
+        HAS_ZERO,
+        HAS_NEGATIVE_ZERO,
+        MAX_BITS,
+        NEGATIVE_LIMIT_BITS,
+        MIN_NORMAL_BITS,
+        OVERFLOW_POSITIVE,
+        OVERFLOW_NEGATIVE,
+        INFINITY_POSITIVE,
+        INFINITY_NEGATIVE,
+        MODE,
+        VARIANT,
+        NBITS,
+    )
+    if OUTPUT == 0:
+        if NAN16 == 0:
+            tl.store(out_ptr + position, result.to(tl.float32, bitcast=True), mask=mask)
+        else:
+            narrow = _narrow_to_16_bits(result, out_ptr.dtype.element_ty, NAN16)
+            tl.store(out_ptr + position, narrow, mask=mask)
+    else:
+        code = _encode(
+            result,
+            EBITS,
+            MBITS,
+            EMIN,
+            BIAS,
+            SIGNED,
+            TWOS_COMPLEMENT,
+            INFINITY_CODE,
+            NAN_CODE,
+            CODE_MASK,
+        )
+        if OUTPUT == 1:
+            tl.store(out_ptr + position, code.to(tl.uint8), mask=mask)
+        elif OUTPUT == 2:  # two 4-bit codes a byte, the first in the low nibble
+            pair = tl.reshape(code, (ROWS * 2, 2))
+            packed = tl.sum(pair << (tl.arange(0, 2)[None, :] * 4), axis=1)
+            byte_position = program * ROWS * 2 + tl.arange(0, ROWS * 2)
+            tl.store(out_ptr + byte_position, packed.to(tl.uint8), mask=byte_position * 2 < count)
+        else:  # four 6-bit codes in three bytes, little-endian
+            word24 = tl.sum(code << (lane * 6), axis=1)
+            byte_lane = tl.arange(0, 4)[None, :]
+            byte = (word24[:, None] >> (byte_lane * 8)) & 0xFF
+            byte_position = (program * ROWS + tl.arange(0, ROWS))[:, None] * 3 + byte_lane
+            byte_mask = (byte_lane < 3) & ((byte_position // 3) * 4 < count)
+            tl.store(out_ptr + byte_position, byte.to(tl.uint8), mask=byte_mask)
+
+
+@triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
+def _bf16_sr_kernel(
+    x_ptr,
+    out_ptr,
+    seed_ptr,
+    offset_ptr,
+    seed_value,
+    offset_value,
+    count,
+    index_offset,
+    FROM_TENSORS: tl.constexpr,
+    SATURATION: tl.constexpr,
+    NBITS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ROWS: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    """fp32 -> bf16 SR: add the random bits just below bit 16, truncate (module docstring).
+    SATURATION: 0 none, 1 propagate (finite overflow to +-max), 2 finite (infinities too)."""
+    program = tl.program_id(0)
+    if WIDE:  # positions beyond int32
+        program = program.to(tl.int64)
+    row = tl.arange(0, ROWS)[:, None]
+    lane = tl.arange(0, 4)[None, :]
+    position = program * ROWS * 4 + row * 4 + lane
+    mask = position < count
+    x = tl.load(x_ptr + position, mask=mask, other=0.0).to(tl.float32)
+    seed, offset = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
+    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
+    word = _words(
+        seed, offset, position + index_offset, lane, group, seed_ptr, position, x, mask, 0, ALIGNED
+    ).to(tl.uint32)
+    if NBITS >= 16:  # n >= 16 bits: every variant is exact SR, the top 16 bits decide
+        noise = word >> 16
+    else:  # variant a with n bits: r placed just below the kept bits
+        noise = (word >> (32 - NBITS)) << (16 - NBITS)
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + noise) >> 16
+    magnitude = bits & 0x7FFFFFFF
+    if SATURATION > 0:
+        limit = 0x7F800000 if SATURATION == 1 else 0x7F800001
+        overflowed = ((rounded & 0x7FFF) == 0x7F80) & (magnitude < limit)
+        rounded = tl.where(overflowed, rounded - 1, rounded)
+    rounded = tl.where(magnitude > 0x7F800000, 0x7FC0, rounded)
+    tl.store(out_ptr + position, rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+
+
+def _overflow_bits(fmt: Format, mode: str, sat: str) -> dict[str, int]:
+    return {
+        "OVERFLOW_POSITIVE": fp32_bits(_overflow_value(False, False, fmt, mode, sat)),
+        "OVERFLOW_NEGATIVE": fp32_bits(_overflow_value(True, False, fmt, mode, sat)),
+        "INFINITY_POSITIVE": fp32_bits(_overflow_value(False, True, fmt, mode, sat)),
+        "INFINITY_NEGATIVE": fp32_bits(_overflow_value(True, True, fmt, mode, sat)),
+    }
+
+
+def _format_constants(fmt: Format) -> dict[str, int]:
+    return {
+        "MBITS": fmt.mbits,
+        "EMIN": fmt.emin,
+        "BIAS": fmt.bias,
+        "HAS_ZERO": fmt.has_zero,
+        "HAS_NEGATIVE_ZERO": fmt.has_negative_zero,
+        "MAX_BITS": fp32_bits(fmt.max),
+        # negative results beyond this magnitude overflow; -1: every negative value does
+        "NEGATIVE_LIMIT_BITS": fp32_bits(abs(fmt.lowest)) if fmt.lowest <= 0 else -1,
+        "MIN_NORMAL_BITS": fp32_bits(fmt.min_normal),
+        "EBITS": fmt.ebits,
+        "SIGNED": fmt.signed,
+        "TWOS_COMPLEMENT": fmt.twos_complement,
+        "INFINITY_CODE": fmt.max_magnitude_code + 1,
+        "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
+        "CODE_MASK": fmt.num_codes - 1,
+    }
+
+
+def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> Tensor:
+    shape = tuple(x.shape)
+    if output == "value":
+        return torch.empty(shape, dtype=out_dtype, device=x.device)
+    if output == "fp4x2":
+        shape = (*shape[:-1], shape[-1] // 2)
+    elif output == "fp6x4":
+        shape = (*shape[:-1], shape[-1] // 4 * 3)
+    return torch.empty(shape, dtype=torch.uint8, device=x.device)
+
+
+def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> Tensor:
+    """Round with a Triton kernel (a checked request; see `stochround.rounding._round_to`).
+
+    ``output``: "value" (in ``out_dtype``: fp32, bf16 or fp16), "codes" (uint8), "fp4x2"
+    (two 4-bit codes per byte) or "fp6x4" (four 6-bit codes per three bytes), packing along
+    the last dimension.
+    """
+    x = x.contiguous()
+    out = _output_tensor(x, output, out_dtype)
+    count = x.numel()
+    if count == 0:
+        return out
+    fmt, n, variant = request.fmt, request.n, request.variant
+    device = x.device
+    seed, offset = request.seed, request.offset
+    from_tensors = isinstance(seed, Tensor) or isinstance(offset, Tensor)
+    if from_tensors:
+        seed, offset = seed_tensor(seed, "seed", device), seed_tensor(offset, "offset", device)
+        seed_value = offset_value = 0
+    else:  # two's complement above 2**63: the kernels read seeds as unsigned 64-bit
+        seed_value, offset_value = _as_int64(seed), _as_int64(offset)
+        seed = offset = x
+    rand = request.rand
+    if rand is not None:
+        rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
+    aligned = request.index_offset % 4 == 0
+    wide = count + request.index_offset + ROWS * 4 >= 2**31
+    grid = (triton.cdiv(count, ROWS * 4),)
+    if _bf16_fast_path(x, request, output, out_dtype):
+        _bf16_sr_kernel[grid](
+            x,
+            out,
+            seed,
+            offset,
+            seed_value,
+            offset_value,
+            count,
+            request.index_offset,
+            FROM_TENSORS=from_tensors,
+            SATURATION=("none", "propagate", "finite").index(request.sat),
+            NBITS=n,
+            ALIGNED=aligned,
+            ROWS=ROWS,
+            WIDE=wide,
+        )
+        return out
+    _round_kernel[grid](
+        x,
+        out,
+        rand if rand is not None else x,
+        seed,
+        offset,
+        seed_value,
+        offset_value,
+        count,
+        request.index_offset,
+        FROM_TENSORS=from_tensors,
+        **_format_constants(fmt),
+        **_overflow_bits(fmt, request.mode, request.sat),
+        MODE=MODE_CODES[request.mode],
+        VARIANT=VARIANT_CODES[variant],
+        NBITS=n,
+        SOURCE=SOURCES.index(request.source),
+        ALIGNED=aligned,
+        OUTPUT=OUTPUTS.index(output),
+        NAN16=NAN16_BITS.get(out_dtype, 0),
+        ROWS=ROWS,
+        WIDE=wide,
+    )
+    return out
+
+
+def _as_int64(value: int) -> int:
+    return value - 2**64 if value >= 2**63 else value
+
+
+def _bf16_fast_path(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> bool:
+    """fp32 -> bf16 SR (bf16 output) from the stream with n >= 16 bits (any variant) or
+    variant a: exactly 16 bits are discarded, so adding and truncating is the contract."""
+    return (
+        x.dtype == torch.float32
+        and out_dtype == torch.bfloat16
+        and output == "value"
+        and request.fmt.name == "bfloat16"
+        and request.mode == "sr"
+        and request.source == "stream"
+        and (request.n >= 16 or request.variant == "a")
+    )

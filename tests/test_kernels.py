@@ -1,0 +1,258 @@
+"""The Triton kernels against the PyTorch path, bit for bit.
+
+Without a GPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET=1);
+on the GPU machine the same tests run compiled on CUDA tensors, plus the GPU-only tests
+at the end (torch.compile, CUDA graphs, CPU == CUDA).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import TEST_FORMATS, all_bit_patterns
+
+import stochround as sr
+from stochround import reference
+from stochround.kernels.rounding import codes_supported, kernel_supports
+from stochround.rounding import check_request
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+KERNEL_FORMATS = [name for name in TEST_FORMATS if kernel_supports(sr.format(name))]
+ON_GPU = DEVICE == "cuda"
+
+
+def _on_gpu_only(everything: list, representative: list) -> list:
+    """Compiling a kernel per (format, mode, sat, ...) takes a second on a GPU, where the
+    interpreter takes none: there the tests sweep a representative subset."""
+    return representative if ON_GPU else everything
+
+
+SWEEP_FORMATS = _on_gpu_only(KERNEL_FORMATS, ["bfloat16", "e4m3fn", "e2m1", "p3109_k8p1se"])
+SWEEP_SATURATIONS = _on_gpu_only(list(reference.SATURATIONS), ["none", "finite"])
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit patterns (NaN payloads included)."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
+
+
+def _both(x: torch.Tensor, fmt: str, mode: str, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    kernel = sr.round(x, fmt, mode, backend="triton", **options)
+    torch_path = sr.round(x, fmt, mode, backend="torch", **options)
+    return kernel, torch_path
+
+
+def test_the_formats_the_kernels_cover() -> None:
+    """Every registered format but the float64-wide ones and e8m0 (emin below fp32's)."""
+    assert set(sr.FORMATS) - set(KERNEL_FORMATS) == {"binary64", "e8m0"}
+
+
+@pytest.mark.parametrize("fmt_name", SWEEP_FORMATS)
+def test_every_bf16_pattern_every_mode_and_sat(fmt_name: str) -> None:
+    x = all_bit_patterns(torch.bfloat16).to(DEVICE)
+    for mode in reference.MODES:
+        for sat in SWEEP_SATURATIONS:
+            options = {"seed": 17} if mode == "sr" else {}
+            kernel, torch_path = _both(x, fmt_name, mode, sat=sat, **options)
+            assert _same_bits(kernel, torch_path), (fmt_name, mode, sat)
+
+
+def _wide_fp32(count: int, seed: int) -> torch.Tensor:
+    """fp32 values over the whole exponent range, subnormals, zeros, infinities, NaN."""
+    generator = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-(2**31), 2**31, (count,), generator=generator, dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32)
+    special = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, 1e-45, -3e-39, 448.0])
+    return torch.cat([x, special, torch.randn(count, generator=generator) * 100]).to(DEVICE)
+
+
+@pytest.mark.parametrize("fmt_name", SWEEP_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fp32_and_fp16_inputs(fmt_name: str, dtype: torch.dtype) -> None:
+    x = _wide_fp32(8192, 1).to(dtype)
+    for mode in ("rne", "rz", "ro", "sr"):
+        options = {"seed": 2**40 + 3, "offset": 5} if mode == "sr" else {}
+        kernel, torch_path = _both(x, fmt_name, mode, sat="none", **options)
+        assert _same_bits(kernel, torch_path), (fmt_name, mode, dtype)
+
+
+@pytest.mark.parametrize(
+    "fmt_name", _on_gpu_only(["bfloat16", "e4m3fn", "e2m1", "p3109_k8p1se", "int8"], ["e4m3fn"])
+)
+def test_limited_bit_variants_from_the_stream_from_rand_and_from_data(fmt_name: str) -> None:
+    x = _wide_fp32(2048, 3)
+    generator = torch.Generator().manual_seed(4)
+    for rbits in _on_gpu_only([1, 5, 16, 32], [1, 16, 32]):
+        rand = torch.randint(0, 2**rbits, x.shape, generator=generator).to(DEVICE)
+        for variant in reference.VARIANTS:
+            for source in ({"seed": 9}, {"rand": rand}, {"rand": "data"}):
+                kernel, torch_path = _both(
+                    x, fmt_name, "sr", rbits=rbits, variant=variant, **source
+                )
+                assert _same_bits(kernel, torch_path), (rbits, variant, list(source))
+
+
+def test_bf16_fast_path_equals_the_generic_path() -> None:
+    x = _wide_fp32(20000, 5)
+    for rbits, variant in ((None, "c"), (16, "b"), (20, "odd"), (8, "a"), (1, "a")):
+        for sat in ("none", "finite", "propagate"):
+            options = {"rbits": rbits, "variant": variant, "sat": sat, "seed": 12}
+            fast = sr.cast(x, torch.bfloat16, "sr", backend="triton", **options)
+            reference_path = sr.cast(x, torch.bfloat16, "sr", backend="torch", **options)
+            assert _same_bits(fast, reference_path), (rbits, variant, sat)
+
+
+@pytest.mark.parametrize(
+    "fmt_name",
+    _on_gpu_only(
+        [n for n in KERNEL_FORMATS if codes_supported(sr.format(n))],
+        ["e4m3fn", "e5m2", "e2m1", "int8"],
+    ),
+)
+def test_codes_written_by_the_kernel(fmt_name: str) -> None:
+    x = _wide_fp32(4096, 6) / 1000
+    if not sr.format(fmt_name).has_nan:  # NaN has no code there (encode raises; tested)
+        x = x[~torch.isnan(x)]
+    for mode, options in (("rne", {}), ("sr", {"seed": 3}), ("rd", {})):
+        kernel = sr.encode(x, fmt_name, mode, sat="finite", backend="triton", **options)
+        torch_path = sr.encode(x, fmt_name, mode, sat="finite", backend="torch", **options)
+        assert torch.equal(kernel, torch_path), (fmt_name, mode)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "sat"),
+    [
+        (torch.float8_e4m3fn, "none"),
+        (torch.float8_e5m2, "none"),
+        (torch.float8_e4m3fnuz, "none"),
+        (torch.float8_e5m2fnuz, "finite"),
+        (torch.float4_e2m1fn_x2, "finite"),
+        (torch.float16, "none"),
+        (torch.bfloat16, "propagate"),
+    ],
+)
+def test_cast_to_torch_dtypes(dtype: torch.dtype, sat: str) -> None:
+    x = _wide_fp32(4096, 7)[:8192] / 100
+    x = torch.where(torch.isnan(x), 1.0, x).reshape(64, -1)  # e2m1 has no NaN code
+    for options in ({"seed": 1}, {"seed": 2, "rbits": 5, "variant": "a"}):
+        kernel = sr.cast(x, dtype, "sr", sat=sat, backend="triton", **options)
+        torch_path = sr.cast(x, dtype, "sr", sat=sat, backend="torch", **options)
+        assert kernel.dtype == dtype and _same_bits(kernel, torch_path)
+
+
+def test_fp6_packing_by_the_kernel() -> None:
+    x = (torch.randn(32, 40, generator=torch.Generator().manual_seed(8)) * 4).to(DEVICE)
+    for fmt_name in ("e2m3", "e3m2"):
+        requests = [check_request(x, fmt_name, "sr", 6, "c", "finite", 3, 0, None, 0)] * 2
+        kernel = sr.rounding._round_to(x, requests[0], "triton", "fp6x4", torch.uint8)
+        torch_path = sr.rounding._round_to(x, requests[1], "torch", "fp6x4", torch.uint8)
+        assert kernel.shape == (32, 30) and torch.equal(kernel, torch_path)
+        assert torch.equal(
+            sr.unpack(kernel, 6), sr.encode(x, fmt_name, "sr", rbits=6, sat="finite", seed=3)
+        )
+
+
+def test_shards_draw_the_words_of_their_global_indices() -> None:
+    x = _wide_fp32(3001, 9)
+    whole = sr.round(x, "e4m3fn", "sr", seed=21, backend="triton")
+    bounds = [0, 1001, 1002, x.numel()]  # uneven, and not multiples of four
+    pieces = [
+        sr.round(x[a:b], "e4m3fn", "sr", seed=21, index_offset=a, backend="triton")
+        for a, b in itertools.pairwise(bounds)
+    ]
+    assert _same_bits(whole, torch.cat(pieces))
+    torch_pieces = [
+        sr.round(x[a:b], "e4m3fn", "sr", seed=21, index_offset=a, backend="torch")
+        for a, b in itertools.pairwise(bounds)
+    ]
+    assert _same_bits(whole, torch.cat(torch_pieces))
+
+
+def test_seeds_and_offsets_as_device_tensors() -> None:
+    x = _wide_fp32(1000, 10)
+    seed = torch.tensor(2**63 + 5, dtype=torch.uint64).to(torch.int64).to(DEVICE)
+    as_tensor = sr.round(
+        x, "bf16", "sr", seed=seed, offset=torch.tensor(7, device=DEVICE), backend="triton"
+    )
+    as_int = sr.round(x, "bf16", "sr", seed=2**63 + 5, offset=7, backend="torch")
+    assert _same_bits(as_tensor, as_int)
+    assert not _same_bits(as_tensor, sr.round(x, "bf16", "sr", seed=2**63 + 5, offset=8))
+
+
+def test_backend_triton_refuses_what_it_cannot_do() -> None:
+    with pytest.raises(ValueError, match=r"backend='triton' cannot round this call: .*float64"):
+        sr.round(torch.ones(4, dtype=torch.float64, device=DEVICE), "bf16", backend="triton")
+    with pytest.raises(ValueError, match="wider than the kernels"):
+        sr.round(torch.ones(4, device=DEVICE), "e8m0", backend="triton")
+
+
+def test_straight_through_gradient() -> None:
+    x = torch.randn(16, device=DEVICE, requires_grad=True)
+    sr.round(x, "e2m1", "sr", seed=1, sat="finite").mul(3).sum().backward()
+    assert torch.equal(x.grad, torch.full_like(x, 3.0))
+
+
+# --- GPU only ----------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cpu_and_cuda_give_the_same_bits() -> None:
+    x = _wide_fp32(100000, 11).cpu()
+    for fmt_name, mode, options in (
+        ("bf16", "sr", {"seed": 3}),
+        ("e4m3fn", "sr", {"rbits": 7}),
+        ("e2m1", "rne", {}),
+        ("p3109_k8p4se", "ro", {}),
+    ):
+        if mode == "sr":
+            options = {"seed": 3, **options}
+        on_cpu = sr.round(x, fmt_name, mode, **options)
+        on_cuda = sr.round(x.cuda(), fmt_name, mode, **options)
+        cuda_torch = sr.round(x.cuda(), fmt_name, mode, backend="torch", **options)
+        assert _same_bits(on_cpu, on_cuda.cpu()) and _same_bits(on_cpu, cuda_torch.cpu())
+
+
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_traces_and_still_rounds_stochastically() -> None:
+    x = torch.randn(4096, device="cuda") * 3
+
+    def step(x: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+        return sr.cast(x * 2, torch.bfloat16, "sr", seed=seed) + 1
+
+    compiled = torch.compile(step, fullgraph=True)
+    seed = torch.tensor(5, device="cuda")
+    assert _same_bits(compiled(x, seed), step(x, seed))
+    other = compiled(x, torch.tensor(6, device="cuda"))
+    assert not _same_bits(other, step(x, seed))
+    # not fused into a plain cast: the results are bf16 values that differ from rne
+    assert not _same_bits(other, (x * 2).to(torch.bfloat16) + 1)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_advances_the_offset() -> None:
+    x = torch.randn(8192, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    out = torch.empty(8192, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up compiles the kernel outside the capture
+            out.copy_(sr.cast(x, torch.bfloat16, "sr", seed=3, offset=offset))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(sr.cast(x, torch.bfloat16, "sr", seed=3, offset=offset))
+        offset.add_(1)
+    results = []
+    for _ in range(3):
+        graph.replay()
+        results.append(out.clone())
+    torch.cuda.synchronize()
+    for step, result in enumerate(results):
+        expected = sr.cast(x, torch.bfloat16, "sr", seed=3, offset=step, backend="torch")
+        assert _same_bits(result, expected), step
