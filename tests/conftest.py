@@ -11,6 +11,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Each pytest-xdist worker is a process of its own: with torch's default of one intra-op
+# thread per core, `pytest -n 2` on two cores runs four spinning threads (measured: twice
+# the wall time and three times the CPU time of one thread per worker).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 import pytest
 
 import stochround as sr

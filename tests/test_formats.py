@@ -148,14 +148,20 @@ def test_properties_match_torch_finfo(name):
     assert fmt.max == info.max
     assert fmt.lowest == info.min
     assert fmt.min_normal == info.smallest_normal == info.tiny
-    # torch.finfo(float8_e5m2fnuz).eps is 0.125, but 1 + 0.125 is not an e5m2fnuz value
-    # (two mantissa bits): torch rounds it to 1.0.  ml_dtypes (test below) says 0.25.
-    if name == "e5m2fnuz":
-        assert info.eps == 0.125
-        assert torch.tensor([1.125]).to(dtype).item() == 1.0
-        assert fmt.eps == 0.25
+    # eps is the distance from 1 to the next value: torch's own cast must keep 1 + eps
+    one_plus_eps = torch.tensor([1 + fmt.eps], dtype=torch.float64)
+    assert one_plus_eps.to(dtype).item() == 1 + fmt.eps
+    if fmt.bits < 64:  # and nothing between 1 and 1 + eps (exact in float64 below 64 bits)
+        one_plus_half_eps = torch.tensor([1 + fmt.eps / 2], dtype=torch.float64)
+        assert one_plus_half_eps.to(dtype).item() != 1 + fmt.eps / 2
     else:
-        assert fmt.eps == info.eps
+        one = torch.tensor(1.0, dtype=dtype)
+        assert torch.nextafter(one, torch.tensor(2.0, dtype=dtype)).item() == 1 + fmt.eps
+    if fmt.eps != info.eps:
+        # torch.finfo(float8_e5m2fnuz).eps is 0.125 (torch 2.13), but 1 + 0.125 is not an
+        # e5m2fnuz value (two mantissa bits): torch's cast rounds it to 1.0
+        assert name == "e5m2fnuz"
+        assert torch.tensor([1 + info.eps], dtype=torch.float64).to(dtype).item() == 1.0
 
 
 @pytest.mark.parametrize("name", sorted(TORCH_FLOATS))
@@ -216,7 +222,7 @@ def test_every_code_matches_ml_dtypes(name):
     codes = np.arange(fmt.num_codes, dtype=storage)
     ml_values = codes.view(ML_FLOATS[name]).astype(np.float64)
     if fmt.bits <= 8:
-        assert_same_values(reference_values(fmt), ml_values, codes, f"{name}: reference.decode_code")
+        assert_same_values(reference_values(fmt), ml_values, codes, f"{name}: reference")
     assert_same_values(rounding_values(fmt), ml_values, codes, f"{name}: rounding.decode")
     negative_zero_code = 1 << (fmt.bits - 1)
     ml_negative_zero = float(ml_values[negative_zero_code])
@@ -374,12 +380,14 @@ def test_encode_decode_round_trip(fmt):
         with pytest.raises(ValueError, match="NaN"):
             reference.encode_value(math.nan, fmt)
     expected_codes = np.array(
-        [canonical_nan if math.isnan(v) else reference.encode_value(v, fmt) for v in values.tolist()]
+        [
+            canonical_nan if math.isnan(v) else reference.encode_value(v, fmt)
+            for v in values.tolist()
+        ]
     )
-    round_trips = expected_codes == np.arange(fmt.num_codes)
-    assert (round_trips | nan).all(), [
-        (hex(c), values[c], hex(expected_codes[c])) for c in np.flatnonzero(~(round_trips | nan))[:10]
-    ]
+    round_trips = (expected_codes == np.arange(fmt.num_codes)) | nan
+    bad = np.flatnonzero(~round_trips)[:10]
+    assert round_trips.all(), [(hex(c), values[c], hex(expected_codes[c])) for c in bad]
 
     # the vectorized decode and encode agree with the reference on every code
     assert_same_values(rounding_values(fmt), values, range(fmt.num_codes), "rounding.decode")
@@ -493,23 +501,36 @@ def test_p3109_k8p4se_is_the_default_p3109():
     fmt = sr.format("p3109_k8p4se")
     assert fmt == Format.p3109(8, 4)
     assert (fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.inf, fmt.nan) == (
-        4, 3, 8, True, True, "fnuz",
+        4,
+        3,
+        8,
+        True,
+        True,
+        "fnuz",
     )
     assert fmt.max == 224.0  # 0x7E: 1.110 * 2**7; 0x7F is +inf, 0x80 NaN
     assert math.isinf(reference.decode_code(0x7F, fmt))
     assert math.isnan(reference.decode_code(0x80, fmt))
 
 
-@pytest.mark.parametrize(("name", "ebits", "mbits", "bias"), [
-    ("cfloat8_e4m3_b20", 4, 3, 20),
-    ("cfloat8_e5m2_b0", 5, 2, 0),
-    ("CFloat8_E1M6_B63", 1, 6, 63),
-])
+@pytest.mark.parametrize(
+    ("name", "ebits", "mbits", "bias"),
+    [
+        ("cfloat8_e4m3_b20", 4, 3, 20),
+        ("cfloat8_e5m2_b0", 5, 2, 0),
+        ("CFloat8_E1M6_B63", 1, 6, 63),
+    ],
+)
 def test_cfloat8_names_parse(name, ebits, mbits, bias):
     fmt = sr.format(name)
     assert fmt == Format.cfloat8(ebits, mbits, bias)
     assert (fmt.ebits, fmt.mbits, fmt.bias, fmt.inf, fmt.nan, fmt.signed) == (
-        ebits, mbits, bias, False, "none", True,
+        ebits,
+        mbits,
+        bias,
+        False,
+        "none",
+        True,
     )
     assert fmt.bits == 8
     assert fmt.max == (2 - 2.0**-mbits) * 2.0 ** (2**ebits - 1 - bias)
@@ -520,7 +541,7 @@ def test_unknown_name_suggests_close_names():
     with pytest.raises(ValueError, match="e4m3fn") as info:
         sr.format("e4m3fm")
     assert "unknown format 'e4m3fm'" in str(info.value)
-    with pytest.raises(ValueError, match="bfloat16|bf16"):
+    with pytest.raises(ValueError, match=r"bfloat16|bf16"):
         sr.format("bfloat61")
     with pytest.raises(ValueError, match="unknown format"):
         sr.format("zzzzzz")
@@ -530,28 +551,31 @@ def test_unknown_name_suggests_close_names():
         sr.format(8)
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda: Format(ebits=4, mbits=3, inf=False, nan="ieee"), "nan='ieee'.*inf=True"),
-    (lambda: Format(ebits=0, mbits=3, bias=0, nan="ieee"), "nan='ieee'.*ebits >= 1"),
-    (lambda: Format(ebits=4, mbits=3, signed=False, nan="fnuz", inf=False), "fnuz.*signed"),
-    (lambda: Format(ebits=4, mbits=3, subnormals=False, nan="fn", inf=False), "subnormals"),
-    (lambda: Format(ebits=16, mbits=3), "ebits"),
-    (lambda: Format(ebits=-1, mbits=3), "ebits"),
-    (lambda: Format(ebits=2.0, mbits=3), "ebits"),
-    (lambda: Format(ebits=4, mbits=53), "mbits"),
-    (lambda: Format(ebits=4, mbits=-1), "mbits"),
-    (lambda: Format(ebits=0, mbits=0, bias=0, nan="none", inf=False), "at least one"),
-    (lambda: Format(ebits=4, mbits=3, nan="sometimes"), "nan must be one of"),
-    (lambda: Format(ebits=4, mbits=3, bias=2000), "bias"),
-    (lambda: Format(ebits=1, mbits=0, signed=False, nan="fn", inf=True), "no finite"),
-    (lambda: Format(ebits=4, mbits=3, twos_complement=True), "twos_complement"),
-    (lambda: Format.cfloat8(4, 3, 64), "bias"),
-    (lambda: Format.cfloat8(4, 3, -1), "bias"),
-    (lambda: Format.cfloat8(4, 4, 7), "ebits \\+ mbits"),
-    (lambda: Format.p3109(8, 9), "p must be"),
-    (lambda: Format.p3109(1, 1), "k must be"),
-    (lambda: Format.integer(1), "bits"),
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Format(ebits=4, mbits=3, inf=False, nan="ieee"), "nan='ieee'.*inf=True"),
+        (lambda: Format(ebits=0, mbits=3, bias=0, nan="ieee"), "nan='ieee'.*ebits >= 1"),
+        (lambda: Format(ebits=4, mbits=3, signed=False, nan="fnuz", inf=False), "fnuz.*signed"),
+        (lambda: Format(ebits=4, mbits=3, subnormals=False, nan="fn", inf=False), "subnormals"),
+        (lambda: Format(ebits=16, mbits=3), "ebits"),
+        (lambda: Format(ebits=-1, mbits=3), "ebits"),
+        (lambda: Format(ebits=2.0, mbits=3), "ebits"),
+        (lambda: Format(ebits=4, mbits=53), "mbits"),
+        (lambda: Format(ebits=4, mbits=-1), "mbits"),
+        (lambda: Format(ebits=0, mbits=0, bias=0, nan="none", inf=False), "at least one"),
+        (lambda: Format(ebits=4, mbits=3, nan="sometimes"), "nan must be one of"),
+        (lambda: Format(ebits=4, mbits=3, bias=2000), "bias"),
+        (lambda: Format(ebits=1, mbits=0, signed=False, nan="fn", inf=True), "no finite"),
+        (lambda: Format(ebits=4, mbits=3, twos_complement=True), "twos_complement"),
+        (lambda: Format.cfloat8(4, 3, 64), "bias"),
+        (lambda: Format.cfloat8(4, 3, -1), "bias"),
+        (lambda: Format.cfloat8(4, 4, 7), "ebits \\+ mbits"),
+        (lambda: Format.p3109(8, 9), "p must be"),
+        (lambda: Format.p3109(1, 1), "k must be"),
+        (lambda: Format.integer(1), "bits"),
+    ],
+)
 def test_invalid_formats_raise(make, message):
     with pytest.raises(ValueError, match=message):
         make()
@@ -599,9 +623,8 @@ def test_pack_4_bit_layout():
     codes = torch.tensor([0x1, 0x2, 0xA, 0xB, 0xF, 0x0, 0x0, 0xC], dtype=torch.uint8)
     packed = rounding.pack(codes, 4)
     assert packed.tolist() == [0x21, 0xBA, 0x0F, 0xC0]
-    assert rounding.unpack(torch.tensor([0x21, 0xBA, 0x0F, 0xC0], dtype=torch.uint8), 4).tolist() == [
-        0x1, 0x2, 0xA, 0xB, 0xF, 0x0, 0x0, 0xC,
-    ]
+    packed_bytes = torch.tensor([0x21, 0xBA, 0x0F, 0xC0], dtype=torch.uint8)
+    assert rounding.unpack(packed_bytes, 4).tolist() == [0x1, 0x2, 0xA, 0xB, 0xF, 0x0, 0x0, 0xC]
     two_rows = torch.tensor([[1, 2], [3, 4]], dtype=torch.uint8)
     assert rounding.pack(two_rows, 4).tolist() == [[0x21], [0x43]]
 
@@ -609,7 +632,8 @@ def test_pack_4_bit_layout():
 def test_pack_6_bit_layout():
     # word = c0 | c1 << 6 | c2 << 12 | c3 << 18, stored little-endian in three bytes
     # [1, 2, 3, 4]: 1 + 128 + 12288 + 1048576 = 0x103081
-    codes = torch.tensor([1, 2, 3, 4, 0x3F, 0, 0, 0, 0, 0, 0, 0x3F, 0, 0x3F, 0, 0], dtype=torch.uint8)
+    codes = [1, 2, 3, 4, 0x3F, 0, 0, 0, 0, 0, 0, 0x3F, 0, 0x3F, 0, 0]
+    codes = torch.tensor(codes, dtype=torch.uint8)
     expected = [0x81, 0x30, 0x10, 0x3F, 0x00, 0x00, 0x00, 0x00, 0xFC, 0xC0, 0x0F, 0x00]
     assert rounding.pack(codes, 6).tolist() == expected
     assert rounding.unpack(torch.tensor(expected, dtype=torch.uint8), 6).tolist() == codes.tolist()
@@ -647,5 +671,11 @@ def test_public_names():
     assert sr.encode is rounding.encode and sr.decode is rounding.decode
     assert sr.FORMATS is FORMATS
     assert set(itertools.chain(FORMATS)) >= {
-        "binary16", "bfloat16", "e4m3fn", "e5m2", "e2m1", "e8m0", "int8",
+        "binary16",
+        "bfloat16",
+        "e4m3fn",
+        "e5m2",
+        "e2m1",
+        "e8m0",
+        "int8",
     }

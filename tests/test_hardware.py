@@ -82,9 +82,7 @@ def grid(x: torch.Tensor, rand: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 # --- bit-level models of the documented units ----------------------------------------------
 
 
-def _special_or(
-    x: torch.Tensor, value: torch.Tensor, fmt: Format, sat: str
-) -> torch.Tensor:
+def _special_or(x: torch.Tensor, value: torch.Tensor, fmt: Format, sat: str) -> torch.Tensor:
     """Zeros, infinities and NaN of fp32 input x, and overflow of the rounded magnitude
     `value` (>= 0), with the sign restored: the parts the units handle beside the carry."""
     xd = x.to(torch.float64)
@@ -196,7 +194,11 @@ def test_registry_holds_the_documented_presets() -> None:
     for name, (source, target, rbits, sat) in EXPECTED_PRESETS.items():
         p = hardware.preset(name)
         assert (p.name, p.source_format, p.target_format, p.rbits, p.sat) == (
-            name, source, target, rbits, sat,
+            name,
+            source,
+            target,
+            rbits,
+            sat,
         )
         assert p.variant == "a"
         assert p.description and p.source and p.exact_domain and p.decisions
@@ -381,8 +383,9 @@ def test_intel_e5m2_every_fp16_pattern_matches_the_byte_add() -> None:
     generator = torch.Generator().manual_seed(8)
     some = patterns[torch.randint(0, 65536, (96,), generator=generator)]
     edges = torch.tensor([1.0, 2.0**-24, 2.0**-14 * 1.7, 65504.0, 57344.0, 61440.0 - 16])
-    x, r = grid(torch.cat([some, edges.to(torch.float16), -edges.to(torch.float16)]),
-                torch.arange(256))
+    x, r = grid(
+        torch.cat([some, edges.to(torch.float16), -edges.to(torch.float16)]), torch.arange(256)
+    )
     actual = hardware.round_hardware(x, name, rand=r)
     assert_bitwise(actual, intel_e5m2_model(x, r), "every bias byte")
     assert_bitwise(actual, contract(x, name, r), "every bias byte vs sr.round")

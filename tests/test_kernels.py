@@ -256,3 +256,23 @@ def test_cuda_graph_replay_advances_the_offset() -> None:
     for step, result in enumerate(results):
         expected = sr.cast(x, torch.bfloat16, "sr", seed=3, offset=step, backend="torch")
         assert _same_bits(result, expected), step
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_formats_without_nan_refuse_nan_on_both_backends(backend: str) -> None:
+    x = torch.tensor([1.0, math.nan, 2.0, 3.0], device=DEVICE)
+    for mode, options in (("sr", {"seed": 1}), ("rne", {})):
+        with pytest.raises(ValueError, match="no NaN code"):
+            sr.encode(x, "e2m1", mode, sat="finite", backend=backend, **options)
+    with pytest.raises(ValueError, match="no NaN code"):
+        sr.cast(x * 100, torch.float4_e2m1fn_x2, "sr", seed=1, backend=backend)
+
+
+def test_codes_fast_path_far_below_the_smallest_subnormal() -> None:
+    """Values whose discarded fraction spans more than 32 bits: exact SR rounds nu 2**32 to
+    even before adding the word; variant a floors it."""
+    tiny = torch.tensor([2.0**-40, 3 * 2.0**-45, 2.0**-60, 1e-44, -(2.0**-38)] * 800, device=DEVICE)
+    for options in ({"seed": 4}, {"seed": 4, "rbits": 32, "variant": "a"}):
+        kernel = sr.encode(tiny, "e4m3fn", "sr", backend="triton", **options)
+        torch_path = sr.encode(tiny, "e4m3fn", "sr", backend="torch", **options)
+        assert torch.equal(kernel, torch_path)

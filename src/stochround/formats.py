@@ -61,8 +61,8 @@ class Format:
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if self.bias is None:
-            object.__setattr__(self, "bias", 2 ** (self.ebits - 1) - 1)
+        if self.bias is None:  # IEEE's 2**(ebits-1) - 1; 0 for integer-like grids
+            object.__setattr__(self, "bias", 2 ** max(self.ebits - 1, 0) - 1)
         self._validate()
         if not self.name:
             object.__setattr__(self, "name", self._default_name())

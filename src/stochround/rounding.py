@@ -468,14 +468,16 @@ def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
     """The one dispatch point between the PyTorch path and the Triton kernel."""
-    reason = _triton_unsupported(x, request, output) if backend != "torch" else "torch"
+    if backend == "torch" or (backend == "auto" and not x.is_cuda):
+        return _round_torch(x, request, output, out_dtype)
+    reason = _triton_unsupported(x, request, output)
     if reason is None:
         from .kernels.rounding import round_triton
 
         return round_triton(x, request, output, out_dtype)
     if backend == "triton":
         raise ValueError(f"backend='triton' cannot round this call: {reason}")
-    return _round_torch(x, request, output, out_dtype)
+    return _round_torch(x, request, output, out_dtype)  # auto: what the kernels cannot do
 
 
 def _is_dtensor(x: Tensor) -> bool:
@@ -703,7 +705,7 @@ def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32)
     value = torch.where(magnitude_code == fmt.max_magnitude_code + 1, float("inf"), value)
     nan = magnitude_code > fmt.max_magnitude_code + int(fmt.inf)
     if fmt.signed:
-        negative = (code >> magnitude_bits) == 1
+        negative = ((code >> magnitude_bits) & 1) == 1  # 64-bit codes arrive negative
         value = torch.where(negative, -value, value)
         if fmt.nan == "fnuz":
             nan = nan | (negative & (magnitude_code == 0))

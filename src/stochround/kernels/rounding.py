@@ -30,7 +30,7 @@ from torch import Tensor
 from ..formats import Format, format_of_dtype
 from ..random import seed_tensor
 from ..reference import MODES, VARIANTS
-from ..rounding import Request, _nan_code, _overflow_value
+from ..rounding import Request, _nan_code, _output_shape, _overflow_value
 from .philox import data_word, four_words, random_word
 
 MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
@@ -273,6 +273,7 @@ def _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSOR
 def _round_kernel(
     x_ptr,
     out_ptr,
+    flag_ptr,
     rand_ptr,
     seed_ptr,
     offset_ptr,
@@ -281,6 +282,7 @@ def _round_kernel(
     count,
     index_offset,
     FROM_TENSORS: tl.constexpr,
+    CHECK_NAN: tl.constexpr,
     MBITS: tl.constexpr,
     EMIN: tl.constexpr,
     BIAS: tl.constexpr,
@@ -370,20 +372,134 @@ def _round_kernel(
             NAN_CODE,
             CODE_MASK,
         )
-        if OUTPUT == 1:
-            tl.store(out_ptr + position, code.to(tl.uint8), mask=mask)
-        elif OUTPUT == 2:  # two 4-bit codes a byte, the first in the low nibble
-            pair = tl.reshape(code, (ROWS * 2, 2))
-            packed = tl.sum(pair << (tl.arange(0, 2)[None, :] * 4), axis=1)
-            byte_position = program * ROWS * 2 + tl.arange(0, ROWS * 2)
-            tl.store(out_ptr + byte_position, packed.to(tl.uint8), mask=byte_position * 2 < count)
-        else:  # four 6-bit codes in three bytes, little-endian
-            word24 = tl.sum(code << (lane * 6), axis=1)
-            byte_lane = tl.arange(0, 4)[None, :]
-            byte = (word24[:, None] >> (byte_lane * 8)) & 0xFF
-            byte_position = (program * ROWS + tl.arange(0, ROWS))[:, None] * 3 + byte_lane
-            byte_mask = (byte_lane < 3) & ((byte_position // 3) * 4 < count)
-            tl.store(out_ptr + byte_position, byte.to(tl.uint8), mask=byte_mask)
+        _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
+        if CHECK_NAN:
+            _flag_nan(flag_ptr, (result & 0x7FFFFFFF) > 0x7F800000, mask)
+
+
+@triton.jit
+def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS: tl.constexpr):
+    """Store a [ROWS, 4] tile of codes: one 32-bit word a row (four byte codes), one 16-bit
+    word a row (four 4-bit codes, the first in the low nibble), or three bytes a row (four
+    6-bit codes, little-endian).  Word stores need the padded buffers of `_output_tensor`."""
+    row = program * ROWS + tl.arange(0, ROWS)
+    rows = (count + 3) // 4
+    if OUTPUT == 1:
+        word = tl.sum(code << (lane * 8), axis=1)
+        tl.store(out_ptr + row, word.to(tl.int32), mask=row < rows)
+    elif OUTPUT == 2:
+        word = tl.sum(code << (lane * 4), axis=1)
+        tl.store(out_ptr + row, word.to(tl.int16), mask=row < rows)
+    else:
+        word24 = tl.sum(code << (lane * 6), axis=1)
+        byte_position = row[:, None] * 3 + lane
+        byte = (word24[:, None] >> (lane * 8)) & 0xFF
+        tl.store(
+            out_ptr + byte_position, byte.to(tl.uint8), mask=(lane < 3) & (row[:, None] < rows)
+        )
+
+
+@triton.jit
+def _flag_nan(flag_ptr, is_nan, mask):
+    """Raise the flag when a format without a NaN code would have to hold NaN: an atomic
+    from each such element only (no block-wide reduction on the common path)."""
+    tl.atomic_max(flag_ptr + is_nan.to(tl.int32) * 0, 1, mask=is_nan & mask)
+
+
+@triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
+def _sr_codes_kernel(
+    x_ptr,
+    out_ptr,
+    flag_ptr,
+    seed_ptr,
+    offset_ptr,
+    seed_value,
+    offset_value,
+    count,
+    index_offset,
+    FROM_TENSORS: tl.constexpr,
+    NBITS: tl.constexpr,
+    EXACT_C: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    SIGN_SHIFT: tl.constexpr,
+    HAS_NEGATIVE_ZERO: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    OVERFLOW_CODE: tl.constexpr,
+    INFINITY_CODE: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    CHECK_NAN: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ROWS: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    """SR straight to codes of a signed format of at most 8 bits (module docstring): the
+    random bits are added below the kept bits of the significand and the sum truncated.
+    That is variant a with n bits, and with n = 32 exact SR (variant c) wherever at most
+    32 bits are discarded; beyond that (EXACT_C) c rounds nu 2**32 half to even first.
+    OVERFLOW_CODE / INFINITY_CODE: magnitude codes for overflow and infinite inputs
+    (-1: NaN); NAN_CODE: the whole NaN code."""
+    program = tl.program_id(0)
+    if WIDE:
+        program = program.to(tl.int64)
+    row = tl.arange(0, ROWS)[:, None]
+    lane = tl.arange(0, 4)[None, :]
+    position = program * ROWS * 4 + row * 4 + lane
+    mask = position < count
+    x = tl.load(x_ptr + position, mask=mask, other=0.0)
+    seed, offset = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
+    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
+    word = _words(
+        seed, offset, position + index_offset, lane, group, seed_ptr, position, x, mask, 0, ALIGNED
+    ).to(tl.uint32)
+    bits = _fp32_bits_of(x)
+    magnitude = bits & 0x7FFFFFFF
+    exponent_field = magnitude >> 23
+    # fp32 subnormal inputs lie more than 56 bits below every such format's ulp, where
+    # both rules below give 0: their missing implicit bit does not matter
+    m = ((magnitude & 0x7FFFFF) | 0x800000).to(tl.uint32)
+    below_emin = tl.maximum(EMIN + 127 - exponent_field, 0)
+    d = below_emin + (23 - MBITS)  # discarded bits
+    short = tl.minimum(d, 31).to(tl.uint32)
+    if NBITS == 32:  # the word's bits just below bit d
+        noise = word >> (32 - short)
+    else:
+        r = word >> (32 - NBITS)
+        noise = tl.where(
+            short >= NBITS, r << (short - NBITS), r >> (NBITS - tl.minimum(short, NBITS))
+        )
+    total = ((m + noise) >> short).to(tl.int32)  # exact where d <= 31
+    # d > 31: kept is 0; away iff count + r >= 2**n, count = floor (a) or half-even (c)
+    # rounding of nu 2**n = m 2**(n - d), at most 2**24
+    tail_shift = tl.minimum(tl.maximum(d - NBITS, 0), 31).to(tl.uint32)
+    tail_count = m >> tail_shift
+    if EXACT_C:
+        below = m - (tail_count << tail_shift)
+        half = (1 << tail_shift) >> 1
+        up = (below > half) | ((below == half) & ((tail_count & 1) == 1) & (tail_shift > 0))
+        tail_count = tail_count + up.to(tl.uint32)
+    r_tail = word >> (32 - NBITS)
+    total_tail = r_tail + tail_count  # < 2**33: the carry out of bit n (or the wrap) decides
+    if NBITS == 32:
+        tail = (total_tail < r_tail).to(tl.int32)
+    else:
+        tail = (total_tail >> NBITS).to(tl.int32)
+    total = tl.where(d > 31, tail, total)
+    code = ((tl.maximum(exponent_field, EMIN + 127) + (BIAS - 128)) << MBITS) + total
+    code = tl.where(code > MAX_CODE, OVERFLOW_CODE, code)
+    code = tl.where(magnitude == 0x7F800000, INFINITY_CODE, code)
+    is_nan = magnitude > 0x7F800000
+    if OVERFLOW_CODE < 0 or INFINITY_CODE < 0:
+        is_nan = is_nan | (code < 0)
+    sign = (bits >> (31 - SIGN_SHIFT)) & (1 << SIGN_SHIFT)
+    if not HAS_NEGATIVE_ZERO:
+        sign = tl.where(code != 0, sign, 0)
+    code = tl.where(is_nan, NAN_CODE, code | sign)
+    _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
+    if CHECK_NAN:
+        _flag_nan(flag_ptr, is_nan, mask)
 
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
@@ -462,15 +578,21 @@ def _format_constants(fmt: Format) -> dict[str, int]:
     }
 
 
-def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> Tensor:
+def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(the result, the buffer the kernel writes): code outputs are written a row of four
+    codes at a time, into a buffer padded to whole rows and viewed as words."""
     shape = tuple(x.shape)
     if output == "value":
-        return torch.empty(shape, dtype=out_dtype, device=x.device)
-    if output == "fp4x2":
-        shape = (*shape[:-1], shape[-1] // 2)
-    elif output == "fp6x4":
-        shape = (*shape[:-1], shape[-1] // 4 * 3)
-    return torch.empty(shape, dtype=torch.uint8, device=x.device)
+        out = torch.empty(shape, dtype=out_dtype, device=x.device)
+        return out, out
+    rows = (x.numel() + 3) // 4
+    row_bytes, word = {"codes": (4, torch.int32), "fp4x2": (2, torch.int16), "fp6x4": (3, None)}[
+        output
+    ]
+    buffer = torch.empty(rows * row_bytes, dtype=torch.uint8, device=x.device)
+    used = {"codes": x.numel(), "fp4x2": x.numel() // 2, "fp6x4": x.numel() // 4 * 3}[output]
+    out = buffer[:used].view(_output_shape(x.shape, output))
+    return out, buffer if word is None else buffer.view(word)
 
 
 def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> Tensor:
@@ -481,7 +603,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     the last dimension.
     """
     x = x.contiguous()
-    out = _output_tensor(x, output, out_dtype)
+    out, buffer = _output_tensor(x, output, out_dtype)
     count = x.numel()
     if count == 0:
         return out
@@ -498,51 +620,93 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     rand = request.rand
     if rand is not None:
         rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
-    aligned = request.index_offset % 4 == 0
-    wide = count + request.index_offset + ROWS * 4 >= 2**31
+    check_nan = output != "value" and not fmt.has_nan
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    common = dict(
+        FROM_TENSORS=from_tensors,
+        ALIGNED=request.index_offset % 4 == 0,
+        ROWS=ROWS,
+        WIDE=count + request.index_offset + ROWS * 4 >= 2**31,
+    )
+    stream = (seed, offset, seed_value, offset_value, count, request.index_offset)
     grid = (triton.cdiv(count, ROWS * 4),)
     if _bf16_fast_path(x, request, output, out_dtype):
         _bf16_sr_kernel[grid](
             x,
             out,
-            seed,
-            offset,
-            seed_value,
-            offset_value,
-            count,
-            request.index_offset,
-            FROM_TENSORS=from_tensors,
+            *stream,
             SATURATION=("none", "propagate", "finite").index(request.sat),
             NBITS=n,
-            ALIGNED=aligned,
-            ROWS=ROWS,
-            WIDE=wide,
+            **common,
         )
-        return out
-    _round_kernel[grid](
-        x,
-        out,
-        rand if rand is not None else x,
-        seed,
-        offset,
-        seed_value,
-        offset_value,
-        count,
-        request.index_offset,
-        FROM_TENSORS=from_tensors,
-        **_format_constants(fmt),
-        **_overflow_bits(fmt, request.mode, request.sat),
-        MODE=MODE_CODES[request.mode],
-        VARIANT=VARIANT_CODES[variant],
-        NBITS=n,
-        SOURCE=SOURCES.index(request.source),
-        ALIGNED=aligned,
-        OUTPUT=OUTPUTS.index(output),
-        NAN16=NAN16_BITS.get(out_dtype, 0),
-        ROWS=ROWS,
-        WIDE=wide,
-    )
+    elif _codes_fast_path(request, output):
+        _sr_codes_kernel[grid](
+            x,
+            buffer,
+            flag,
+            *stream,
+            NBITS=n,
+            EXACT_C=variant == "c",
+            CHECK_NAN=check_nan,
+            OUTPUT=OUTPUTS.index(output),
+            **_fast_code_constants(fmt, request.sat),
+            **common,
+        )
+    else:
+        _round_kernel[grid](
+            x,
+            buffer,
+            flag,
+            rand if rand is not None else x,
+            *stream,
+            CHECK_NAN=check_nan,
+            **_format_constants(fmt),
+            **_overflow_bits(fmt, request.mode, request.sat),
+            MODE=MODE_CODES[request.mode],
+            VARIANT=VARIANT_CODES[variant],
+            NBITS=n,
+            SOURCE=SOURCES.index(request.source),
+            OUTPUT=OUTPUTS.index(output),
+            NAN16=NAN16_BITS.get(out_dtype, 0),
+            **common,
+        )
+    if check_nan and bool(flag.item()):
+        raise ValueError(
+            f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN "
+            "input or an overflow); use sat='finite' or filter the input"
+        )
     return out
+
+
+def _codes_fast_path(request: Request, output: str) -> bool:
+    """SR from the stream to codes of a signed sign-magnitude format with zero: variant a
+    with any n, or exact SR (variant c, n = 32)."""
+    fmt = request.fmt
+    return (
+        output in ("codes", "fp4x2")
+        and request.mode == "sr"
+        and request.source == "stream"
+        and (request.variant == "a" or (request.variant == "c" and request.n == 32))
+        and fmt.signed
+        and not fmt.twos_complement
+        and fmt.has_zero
+    )
+
+
+def _fast_code_constants(fmt: Format, sat: str) -> dict[str, int]:
+    """Magnitude codes for overflow and infinite inputs (-1 where the result is NaN)."""
+    infinity = fmt.max_magnitude_code + 1 if fmt.inf else -1
+    return {
+        "MBITS": fmt.mbits,
+        "EMIN": fmt.emin,
+        "BIAS": fmt.bias,
+        "SIGN_SHIFT": fmt.ebits + fmt.mbits,
+        "HAS_NEGATIVE_ZERO": fmt.has_negative_zero,
+        "MAX_CODE": fmt.max_magnitude_code,
+        "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
+        "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
+        "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
+    }
 
 
 def _as_int64(value: int) -> int:
