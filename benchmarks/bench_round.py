@@ -335,7 +335,7 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
             float_values,
             Check("sr", "bfloat16"),
             ours=True,
-            note="diagnostic: int seeds are copied to the device on every call (a host sync)",
+            note="seed and offset as device tensors, loaded by the kernel",
         ),
         Case(
             "naive_bf16_sr",

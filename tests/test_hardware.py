@@ -498,3 +498,17 @@ def test_bias_shows_flushing_and_saturation() -> None:
     assert saturated.item() == (448.0 - 1000.0) / 64.0
     assert math.isnan(hardware.bias_against_exact("amd-mi300-fp8", torch.tensor([1e6])).item())
     assert math.isinf(hardware.bias_against_exact("intel-fp16", torch.tensor([65520.0])).item())
+
+
+def test_round_takes_a_hardware_preset_by_name() -> None:
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(3)) * 10
+    assert torch.equal(
+        sr.round(x, hardware="amd-mi300-fp8", seed=5),
+        hardware.round_hardware(x, "amd-mi300-fp8", seed=5),
+    )
+    with pytest.raises(ValueError, match="sets the format"):
+        sr.round(x, "e4m3fn", hardware="amd-mi300-fp8")
+    with pytest.raises(ValueError, match="unknown hardware preset"):
+        sr.round(x, hardware="amd-mi999")
+    with pytest.raises(ValueError, match="fmt is required"):
+        sr.round(x)
