@@ -46,7 +46,7 @@ from torch import Tensor
 from . import reference
 from .formats import Format
 from .formats import format as find_format
-from .rounding import FLOAT_DTYPES, round_float64
+from .rounding import check_input, round_float64
 
 __all__ = [
     "PRESETS",
@@ -437,22 +437,13 @@ def preset(name: str | HardwarePreset) -> HardwarePreset:
     raise ValueError(f"unknown hardware preset {name!r}; {hint}")
 
 
-def _check_input(x: object) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        allowed = ", ".join(str(dtype) for dtype in FLOAT_DTYPES)
-        raise TypeError(f"x must have a floating dtype ({allowed}); got {x.dtype}")
-    return x
-
-
 def operand_values(x: Tensor, name_or_preset: str | HardwarePreset) -> Tensor:
     """The instruction's operand: x rounded to nearest-even in the preset's source format
     (the identity when x already has that format), in that format's torch dtype when it
     has one (float64 otherwise), which holds it exactly."""
     p = preset(name_or_preset)
     dtype = p.operand.torch_dtype
-    if _check_input(x).dtype == dtype:
+    if check_input(x).dtype == dtype:
         return x
     operand = round_float64(x, p.source_format, "rne")
     return operand if dtype is None else operand.to(dtype)
@@ -609,7 +600,7 @@ def bias_against_exact(name: str | HardwarePreset, x: Tensor) -> Tensor:
     positive x; flushing and rounding x to the source format show up here too.
     """
     p = preset(name)
-    x = _check_input(x)
+    x = check_input(x)
     expected = expected_value(x, p)
     xd = x.to(torch.float64)
     return (expected - xd) / ulp(xd, p.target)

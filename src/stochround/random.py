@@ -35,6 +35,7 @@ __all__ = [
     "PHILOX_KEY_B",
     "PHILOX_ROUND_A",
     "PHILOX_ROUND_B",
+    "check_seed",
     "data_words",
     "default_seed",
     "philox4x32",
@@ -150,12 +151,9 @@ def philox4x32(
 # --------------------------------------------------------------------------------------
 
 
-def _split_u64(value: int | Tensor, name: str, device: torch.device) -> tuple[IntLike, IntLike]:
-    """Validate a 64-bit seed/offset and return its ``(low, high)`` 32-bit halves.
-
-    Ints stay Python ints; a tensor (0-d or one element, int64, two's complement for values
-    at or above ``2**63``) is split on ``device`` without a host synchronization.
-    """
+def check_seed(value: int | Tensor, name: str) -> int | Tensor:
+    """A seed or offset, checked: an int in ``[0, 2**64)``, or a single-element int64 tensor
+    (two's complement for values at or above ``2**63``); ValueError/TypeError name it."""
     if isinstance(value, Tensor):
         if value.dtype != torch.int64:
             raise TypeError(f"{name} must be an int or an int64 tensor, got a {value.dtype} tensor")
@@ -163,13 +161,24 @@ def _split_u64(value: int | Tensor, name: str, device: torch.device) -> tuple[In
             raise ValueError(
                 f"{name} must be a 0-d (single-element) tensor, got shape {tuple(value.shape)}"
             )
-        value = value.reshape(()).to(device)
-        return value & MASK32, (value >> 32) & MASK32
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int or a 0-d int64 tensor, got {type(value).__name__}")
     value = int(value)
     if not 0 <= value < TWO_POW_64:
         raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    return value
+
+
+def _split_u64(value: int | Tensor, name: str, device: torch.device) -> tuple[IntLike, IntLike]:
+    """Validate a 64-bit seed/offset and return its ``(low, high)`` 32-bit halves.
+
+    Ints stay Python ints; a tensor is split on ``device`` without a host synchronization.
+    """
+    value = check_seed(value, name)
+    if isinstance(value, Tensor):
+        value = value.reshape(()).to(device)
+        return value & MASK32, (value >> 32) & MASK32
     return value & MASK32, value >> 32
 
 
@@ -240,19 +249,9 @@ def random_words_like(
 def seed_tensor(value: int | Tensor, name: str, device: torch.device) -> Tensor:
     """A one-element int64 tensor on ``device`` holding a seed or offset in [0, 2**64)
     (two's complement above 2**63); a tensor is checked and moved, not copied twice."""
+    value = check_seed(value, name)
     if isinstance(value, Tensor):
-        if value.dtype != torch.int64:
-            raise TypeError(f"{name} must be an int or an int64 tensor, got a {value.dtype} tensor")
-        if value.numel() != 1:
-            raise ValueError(
-                f"{name} must be a 0-d (single-element) tensor, got shape {tuple(value.shape)}"
-            )
         return value.reshape(1).to(device)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int or a 0-d int64 tensor, got {type(value).__name__}")
-    value = int(value)
-    if not 0 <= value < TWO_POW_64:
-        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
     if value >= TWO_POW_64 // 2:
         value -= TWO_POW_64
     # a fill, not a host-to-device copy: no synchronization, and CUDA graphs can capture it

@@ -195,7 +195,8 @@ def _special_values(x: Tensor, fmt: Format, mode: str, sat: str) -> Tensor:
     return torch.where(torch.isnan(x), float("nan"), infinity)
 
 
-def _check_input(x: object) -> Tensor:
+def check_input(x: object) -> Tensor:
+    """x, if it is a tensor of a floating dtype the rounding functions take."""
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
@@ -257,7 +258,7 @@ def check_request(
     index_offset: int,
 ) -> Request:
     """Check every argument (ValueError/TypeError naming it); draw the seed if None."""
-    _check_input(x)
+    check_input(x)
     fmt = find_format(fmt)
     check_choice("mode", mode, MODES)
     check_choice("variant", variant, VARIANTS)
@@ -277,8 +278,8 @@ def check_request(
         checked = _check_rand(x, rand, n).expand(x.shape)
         return Request(fmt, mode, sat, n, variant, "rand", 0, 0, index_offset, checked)
     seed = streams.default_seed() if seed is None else seed
-    for name, value in (("seed", seed), ("offset", offset)):  # checked where they live
-        streams.seed_tensor(value, name, value.device if isinstance(value, Tensor) else "cpu")
+    streams.check_seed(seed, "seed")
+    streams.check_seed(offset, "offset")
     return Request(fmt, mode, sat, n, variant, "stream", seed, offset, index_offset, None)
 
 
