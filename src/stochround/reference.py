@@ -74,11 +74,6 @@ def _sr_count(rem: int, den: int, n: int, variant: str) -> int:
     return divide_half_odd(rem << n, den)
 
 
-def sr_rounds_away(nu: Fraction, r: int, n: int, variant: str) -> bool:
-    """Whether SR with n random bits and random integer r rounds the fraction nu away."""
-    return _sr_count(nu.numerator, nu.denominator, n, variant) + r >= 2**n
-
-
 def away_probability(nu: Fraction, n: int, variant: str) -> Fraction:
     """P(away) over uniform r in [0, 2**n): the closed forms of DESIGN.md's table."""
     return Fraction(_sr_count(nu.numerator, nu.denominator, n, variant), 2**n)

@@ -697,17 +697,6 @@ def encode(
     return _round_to(x, request, backend, "codes", torch.uint8)
 
 
-def _fits(fmt: Format, dtype: torch.dtype) -> bool:
-    """Whether every value of fmt is exactly representable in the float dtype: no more
-    mantissa bits, no larger maximum, no finer spacing at the bottom."""
-    target = format_of_dtype(dtype)
-    return (
-        fmt.mbits <= target.mbits
-        and fmt.max <= target.max
-        and fmt.min_subnormal >= target.min_subnormal
-    )
-
-
 def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32) -> Tensor:
     """The values of bit patterns (any integer dtype; the low ``fmt.bits`` bits are used)."""
     fmt = find_format(fmt)
@@ -715,7 +704,7 @@ def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32)
         raise TypeError("codes must be an integer torch.Tensor")
     if dtype not in FLOAT_DTYPES:
         raise ValueError(f"dtype must be one of {FLOAT_DTYPES}; got {dtype}")
-    if not _fits(fmt, dtype):
+    if not fmt.fits_in(format_of_dtype(dtype)):
         raise ValueError(f"format {fmt.name} does not fit in {dtype}; pass dtype=torch.float64")
     code = codes.to(torch.int64) & (fmt.num_codes - 1)
     if fmt.twos_complement:

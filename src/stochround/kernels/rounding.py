@@ -30,17 +30,14 @@ from torch import Tensor
 from ..formats import Format, format_of_dtype
 from ..random import seed_tensor
 from ..reference import MODES, VARIANTS
-from ..rounding import Request, _nan_code, _output_shape, _overflow_value
+from ..rounding import OUTPUTS, Request, _nan_code, _output_shape, _overflow_value
 from .philox import data_word, four_words, random_word
 
+# Kernels receive choices as their index: MODE in reference.MODES (rne, rna, rz, ru, rd,
+# ro, sr), VARIANT in VARIANTS (a, b, c, odd), SOURCE in SOURCES, OUTPUT in OUTPUTS.
 MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
 VARIANT_CODES = {variant: code for code, variant in enumerate(VARIANTS)}
-RNE, RNA, RZ, RU, RD, RO, SR = range(7)
-VARIANT_A, VARIANT_B, VARIANT_C, VARIANT_ODD = range(4)
 SOURCES = ("stream", "rand", "data")
-SOURCE_STREAM, SOURCE_RAND, SOURCE_DATA = range(3)
-OUTPUTS = ("value", "codes", "fp4x2", "fp6x4")
-OUTPUT_VALUE, OUTPUT_CODES, OUTPUT_FP4X2, OUTPUT_FP6X4 = range(4)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Each program rounds ROWS x 4 elements; a row is one Philox block.  The interpreter runs
 # programs one after another, so there large blocks cost far less.
