@@ -1,20 +1,25 @@
 """Triton rounding kernels, bit-identical to `stochround.rounding`'s PyTorch path.
 
-The PyTorch path evaluates the contract in float64; these kernels evaluate it on the bits
-of fp32 (bf16 and fp16 inputs are widened exactly).  With |x| = m 2**(e_in - 23), m the
-24-bit significand (e_in = -126 for fp32 subnormals, which every supported format clamps
-to emin >= -126 anyway):
+The PyTorch path evaluates the contract in floating point; these kernels evaluate it on
+the bits of fp32, in 32-bit integers (bf16 and fp16 inputs are widened exactly).  With
+|x| = m 2**(e_in - 23), m the 24-bit significand (e_in = -126 for fp32 subnormals, which
+every supported format clamps to emin >= -126 anyway):
 
     e = max(e_in, emin),  d = e - e_in + 23 - mbits  (bits discarded from m),
     kept = m >> d,  rem = m mod 2**d,  nu = rem / 2**d,  magnitude = (kept + away) 2**(e - mbits).
 
-The fraction is carried as a 40-bit fixed-point integer F = floor(nu 2**40) plus a sticky
-bit, enough for every decision with n <= 32 random bits.  The result's fp32 bits are built
-with integer operations only (no float multiply, so no flush-to-zero of subnormals).
+Deterministic modes compare rem with 2**(d-1); SR compares count + r with 2**n, where
+count is the floor / half-up / half-even / half-odd rounding of nu 2**n (`_sr_count`).
+The result's fp32 bits are built with integer operations only (no float multiply, so no
+flush-to-zero of subnormals).  Three kernels:
 
-`round_fp32_to_bf16_sr` is the fast path for any SR variant with n >= 16 bits (and
-variant "a" with fewer) from fp32 to bf16, where exactly 16 bits are discarded: adding the
-random bits below the kept ones and truncating decides exactly as the contract does.
+- `_round_kernel`: every mode, variant, rbits, saturation and random source; values,
+  codes, packed fp4 or fp6.
+- `_bf16_sr_kernel`: fp32 -> bf16 SR with n >= 16 bits (any variant) or variant a: exactly
+  16 bits are discarded, so adding the random bits below bit 16 and truncating decides as
+  the contract does.
+- `_sr_codes_kernel`: SR from the stream straight to fp8/fp4 codes the same way, with the
+  number of discarded bits varying below the smallest normal.
 """
 
 from __future__ import annotations
