@@ -97,8 +97,9 @@ def test_limited_bit_variants_from_the_stream_from_rand_and_from_data(fmt_name: 
                 assert _same_bits(kernel, torch_path), (rbits, variant, list(source))
 
 
-def test_bf16_fast_path_equals_the_generic_path() -> None:
-    x = _wide_fp32(20000, 5)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_bf16_fast_path_equals_the_generic_path(dtype: torch.dtype) -> None:
+    x = _wide_fp32(20000, 5).to(dtype)
     for rbits, variant in ((None, "c"), (16, "b"), (20, "odd"), (8, "a"), (1, "a")):
         for sat in ("none", "finite", "propagate"):
             options = {"rbits": rbits, "variant": variant, "sat": sat, "seed": 12}

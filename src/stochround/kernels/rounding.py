@@ -530,7 +530,7 @@ def _bf16_sr_kernel(
     lane = tl.arange(0, 4)[None, :]
     position = program * ROWS * 4 + row * 4 + lane
     mask = position < count
-    x = tl.load(x_ptr + position, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + position, mask=mask, other=0.0)
     seed, offset = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
     group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
     word = _words(
@@ -540,7 +540,7 @@ def _bf16_sr_kernel(
         noise = word >> 16
     else:  # variant a with n bits: r placed just below the kept bits
         noise = (word >> (32 - NBITS)) << (16 - NBITS)
-    bits = x.to(tl.uint32, bitcast=True)
+    bits = _fp32_bits_of(x).to(tl.uint32, bitcast=True)
     rounded = (bits + noise) >> 16
     magnitude = bits & 0x7FFFFFFF
     if SATURATION > 0:
@@ -719,11 +719,11 @@ def _as_int64(value: int) -> int:
 
 
 def _bf16_fast_path(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> bool:
-    """fp32 -> bf16 SR (bf16 output) from the stream with n >= 16 bits (any variant) or
-    variant a: exactly 16 bits are discarded, so adding and truncating is the contract."""
+    """fp32/fp16/bf16 -> bf16 SR (bf16 output) from the stream with n >= 16 bits (any
+    variant) or variant a: from the fp32 bits exactly 16 bits are discarded, so adding and
+    truncating is the contract."""
     return (
-        x.dtype == torch.float32
-        and out_dtype == torch.bfloat16
+        out_dtype == torch.bfloat16
         and output == "value"
         and request.fmt.name == "bfloat16"
         and request.mode == "sr"
