@@ -784,6 +784,42 @@ def demo_command(
     console.print(f"demo took {time.perf_counter() - started:.1f} s", markup=False)
 
 
+# --------------------------------------------------------------------------------------
+# run: the experiment suite
+# --------------------------------------------------------------------------------------
+
+
+@app.command("run")
+def run_command(
+    name: Annotated[
+        str,
+        typer.Argument(metavar="NAME", help="An experiment (stagnation, summation, ...) or all."),
+    ],
+    quick: Annotated[bool, typer.Option(help="Small sizes: seconds instead of minutes.")] = False,
+    seed: Annotated[int | None, typer.Option(help="Seed of inputs and random bits.")] = None,
+    out: Annotated[
+        Path, typer.Option(help="Folder for report.md, results.json and PNG plots.", metavar="DIR")
+    ] = Path("stochround-report"),
+) -> None:
+    """Run experiments, print their tables, write report.md, results.json and plots to DIR."""
+    from .experiments import DEFAULT_SEED, EXPERIMENTS
+    from .experiments.report import print_experiment, progress_bar, write_results
+
+    if name != "all" and name not in EXPERIMENTS:
+        _fail(f"NAME must be one of {', '.join([*EXPERIMENTS, 'all'])}; got {name!r}")
+    names = list(EXPERIMENTS) if name == "all" else [name]
+    seed = DEFAULT_SEED if seed is None else seed
+    console = _console()
+    results = []
+    for experiment_name in names:
+        with progress_bar(console, enabled=console.is_terminal) as progress:
+            result = EXPERIMENTS[experiment_name].run(quick, seed, out, progress)
+        print_experiment(result, console)
+        results.append(result)
+    json_path, report_path = write_results(results, out)
+    console.print(f"wrote {report_path} and {json_path}", markup=False, soft_wrap=True)
+
+
 def main() -> None:  # pragma: no cover - the console script calls app directly
     app()
 
