@@ -1,5 +1,6 @@
 """stochround: stochastic rounding and low-precision number formats on PyTorch."""
 
+from . import arith as ops
 from . import hardware
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .reference import MODES, SATURATIONS, VARIANTS
@@ -16,6 +17,7 @@ __all__ = [
     "encode",
     "format",
     "hardware",
+    "ops",
     "pack",
     "round",
     "unpack",
