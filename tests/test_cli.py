@@ -5,6 +5,7 @@ them with the scalar reference, so a table that prints but says the wrong thing 
 """
 
 import itertools
+import json
 import math
 import re
 from fractions import Fraction
@@ -283,22 +284,45 @@ def test_help_lists_every_command_and_each_has_help():
 # --------------------------------------------------------------------------------------
 
 
-def _demo_numbers(text: str) -> tuple[float, float, float]:
-    rne = re.search(r"bf16 round-to-nearest: (\S+)", text)
-    sr = re.search(r"bf16 SR: (\d+\.\d+) ± (\d+\.\d+) over 20 seeds", text)
-    assert rne and sr, text
-    return float(rne.group(1)), float(sr.group(1)), float(sr.group(2))
+def _rows(output: str, first_cell: str) -> list[list[str]]:
+    """Every table row (cells split on runs of 2+ spaces) starting with first_cell."""
+    found = [re.split(r"\s{2,}", line.strip()) for line in output.splitlines()]
+    return [cells for cells in found if cells[0] == first_cell]
 
 
-def test_demo_shows_sr_escaping_stagnation_and_writes_the_report(tmp_path):
+def test_demo_runs_every_quick_experiment_and_writes_one_report(tmp_path):
+    """The numbers are those of the quick experiments with the default seed; the bands are
+    the experiments' own (tests/test_experiments.py derives them)."""
+    from stochround.experiments import EXPERIMENTS
+
     output = ok("demo", "--out", str(tmp_path))
-    rne, mean, std = _demo_numbers(output)
-    assert rne == 1.0
-    assert 1.9 <= mean <= 2.1
-    assert 0 < std < 0.2  # per-step variance <= ulp^2 / 4, ulp <= 2^-6: std <= 0.25
     assert row(output, "sr")[3] == "+0.000000"  # exact SR is unbiased
     assert row(output, "rne")[1] == "1.25"
+    # stagnation: 1 + 0.001, 1000 times, bf16 (the first "bf16" row)
+    stagnation = _rows(output, "bf16")[0]
+    assert stagnation[1] == "1.0"
+    mean, std = (float(v) for v in stagnation[2].split(" ± "))
+    assert 1.9 <= mean <= 2.1
+    assert 0 < std < 0.2  # per-step variance <= ulp^2 / 4, ulp <= 2^-6: std <= 0.25
+    # summation: rne's slope ~1 (n u), SR's ~0.5 (sqrt(n) u)
+    assert 0.9 <= float(row(output, "bf16 rne")[2]) <= 1.35
+    assert 0.35 <= float(row(output, "bf16 sr")[2]) <= 0.65
+    # gradient descent: SR's final loss at least 10x below rne's in bf16
+    descent = {c[1]: float(c[2]) for c in _rows(output, "bf16") if c[1] in ("rne", "sr")}
+    assert descent["sr"] * 10 <= descent["rne"]
+    # hardware units: documented exact SR, zero bias
+    assert row(output, "amd-mi300-fp8")[3] == "0"
+    assert "demo took" in output
+    seconds = float(re.search(r"demo took (\d+\.\d) s", output).group(1))
+    assert seconds < 120
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert set(payload) == set(EXPERIMENTS)
+    assert payload["stagnation"]["key_numbers"]["add_bf16_sr_mean"] == pytest.approx(mean, 1e-4)
+    for name in EXPERIMENTS:
+        for figure in payload[name]["figures"]:
+            assert (tmp_path / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# stochround demo")
-    assert _demo_numbers(report) == (rne, mean, std)
+    assert "## Some formats" in report
+    assert f"| bf16 | 1.0 | {stagnation[2]} |" in report
     assert "| e4m3fn | 8 | 4 | 3 | 7 | 4 | -6 | 8 | 448 |" in report

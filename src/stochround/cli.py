@@ -25,7 +25,6 @@ from . import reference
 from . import rounding as rounding_module
 from .formats import ALIASES, FORMATS, Format
 from .formats import format as find_format
-from .random import random_words_like
 
 app = typer.Typer(
     name="stochround",
@@ -685,102 +684,39 @@ def demo_modes_section(x: float = DEMO_VALUE, fmt_name: str = "e4m3fn") -> Secti
     )
 
 
-@dataclass
-class StagnationResult:
-    exact: float
-    fp32: float
-    rne: float
-    sr_mean: float
-    sr_std: float
-    sr_runs: list[float]
-
-
-def stagnation(
-    start: float = 1.0, increment: float = 0.001, steps: int = 1000, seeds: int = 20
-) -> StagnationResult:
-    """start + increment, ``steps`` times, the sum held in bf16: each fp32 sum is rounded to
-    bf16 by rne, or by exact SR where run k draws its step-t word from the stream
-    (seed k, offset 0, index t).  All runs advance together as one batch."""
-    increment32 = torch.tensor(increment, dtype=torch.float32)
-    words = torch.stack(
-        [random_words_like(torch.empty(steps), seed=seed) for seed in range(seeds)]
-    )  # (seeds, steps)
-    sr_sums = torch.full((seeds,), start, dtype=torch.float32)
-    rne_sum = torch.full((1,), start, dtype=torch.float32)
-    fp32_sum = torch.full((1,), start, dtype=torch.float32)
-    for step in range(steps):
-        sr_sums = rounding_module.round(sr_sums + increment32, "bf16", "sr", rand=words[:, step])
-        rne_sum = rounding_module.round(rne_sum + increment32, "bf16", "rne")
-        fp32_sum = fp32_sum + increment32
-    runs = sr_sums.double()
-    return StagnationResult(
-        exact=start + steps * increment,
-        fp32=float(fp32_sum.item()),
-        rne=float(rne_sum.item()),
-        sr_mean=float(runs.mean()),
-        sr_std=float(runs.std()),
-        sr_runs=[float(v) for v in runs],
-    )
-
-
-def demo_stagnation_section(result: StagnationResult, seeds: int = 20) -> Section:
-    rows = [
-        ["exact (real arithmetic)", _value(result.exact)],
-        ["fp32 accumulator, round to nearest", f"{result.fp32:.6f}"],
-        ["bf16 accumulator, round to nearest", _value(result.rne)],
-        [
-            f"bf16 accumulator, SR (mean ± std, {seeds} seeds)",
-            f"{result.sr_mean:.4f} ± {result.sr_std:.4f}",
-        ],
-    ]
-    notes = [
-        f"bf16 round-to-nearest: {_value(result.rne)} (stagnates: 0.001 is below half an ulp "
-        "of 1.0, 2^-8)",
-        f"bf16 SR: {result.sr_mean:.4f} ± {result.sr_std:.4f} over {seeds} seeds "
-        f"(min {min(result.sr_runs):.4f}, max {max(result.sr_runs):.4f})",
-    ]
-    return Section(
-        "Stagnation: 1.0 + 0.001, added 1000 times, held in bf16",
-        ["accumulation", "final sum"],
-        rows,
-        notes,
-        left=("accumulation",),
-    )
-
-
-def demo_sections(seeds: int = 20) -> list[Section]:
-    """The demo's tables, in order (the later experiment suite extends this list)."""
-    return [
-        demo_formats_section(),
-        demo_modes_section(),
-        demo_stagnation_section(stagnation(seeds=seeds), seeds),
-    ]
-
-
-def write_report(sections: Sequence[Section], directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "report.md"
-    body = "\n".join(section.markdown() for section in sections)
-    path.write_text(f"# stochround demo\n\n{body}", encoding="utf-8")
-    return path
+def demo_sections() -> list[Section]:
+    """The demo's introductory tables, before the experiments."""
+    return [demo_formats_section(), demo_modes_section()]
 
 
 @app.command("demo")
 def demo_command(
     out: Annotated[
-        Path | None,
-        typer.Option(help="Also write the tables to DIR/report.md.", metavar="DIR"),
-    ] = None,
+        Path,
+        typer.Option(help="Folder for report.md, results.json and PNG plots.", metavar="DIR"),
+    ] = Path("stochround-demo"),
+    seed: Annotated[int | None, typer.Option(help="Seed of inputs and random bits.")] = None,
 ) -> None:
-    """A short tour: a few formats, one value under every mode, and SR beating stagnation."""
+    """The tour: a few formats, one value under every mode, then the quick version of every
+    experiment (about a minute on two CPU cores), written to DIR as one report."""
+    from .experiments import DEFAULT_SEED, EXPERIMENTS
+    from .experiments.report import print_experiment, progress_bar, write_results
+
     console = _console()
     started = time.perf_counter()
     sections = demo_sections()
     for section in sections:
         section.print(console)
-    if out is not None:
-        path = write_report(sections, out)
-        console.print(f"report written to {path}", markup=False, soft_wrap=True)
+    seed = DEFAULT_SEED if seed is None else seed
+    results = []
+    for module in EXPERIMENTS.values():
+        with progress_bar(console, enabled=console.is_terminal) as progress:
+            result = module.run(True, seed, out, progress)
+        print_experiment(result, console)
+        results.append(result)
+    preamble = "\n".join(section.markdown() for section in sections)
+    json_path, report_path = write_results(results, out, "stochround demo", preamble)
+    console.print(f"wrote {report_path} and {json_path}", markup=False, soft_wrap=True)
     console.print(f"demo took {time.perf_counter() - started:.1f} s", markup=False)
 
 

@@ -3,13 +3,16 @@
 
 from types import ModuleType
 
-from . import limited_bits, stagnation, summation
+from . import gradient_descent, hardware_units, limited_bits, lorenz96, stagnation, summation
 from .report import Experiment
 
 EXPERIMENTS: dict[str, ModuleType] = {
     "stagnation": stagnation,
     "summation": summation,
     "limited-bits": limited_bits,
+    "gradient-descent": gradient_descent,
+    "hardware-units": hardware_units,
+    "lorenz96": lorenz96,
 }
 DEFAULT_SEED = 2024
 

@@ -114,15 +114,22 @@ def print_experiment(experiment: Experiment, console: Console) -> None:
     console.print(f"{experiment.name} took {experiment.seconds:.1f} s", markup=False)
 
 
-def write_results(experiments: Sequence[Experiment], out: Path) -> tuple[Path, Path]:
-    """Write ``out/results.json`` (key numbers and tables) and ``out/report.md``."""
+def write_results(
+    experiments: Sequence[Experiment],
+    out: Path,
+    title: str = "stochround experiments",
+    preamble: str = "",
+) -> tuple[Path, Path]:
+    """Write ``out/results.json`` (key numbers and tables) and ``out/report.md`` (``# title``,
+    then ``preamble``, then each experiment's section)."""
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "results.json"
     payload = {experiment.name: experiment.to_json() for experiment in experiments}
     json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     report_path = out / "report.md"
     body = "\n".join(experiment.section() for experiment in experiments)
-    report_path.write_text(f"# stochround experiments\n\n{body}", encoding="utf-8")
+    head = f"# {title}\n\n" + (f"{preamble.strip()}\n\n" if preamble.strip() else "")
+    report_path.write_text(head + body, encoding="utf-8")
     return json_path, report_path
 
 
