@@ -307,15 +307,16 @@ def test_demo_runs_every_quick_experiment_and_writes_one_report(tmp_path):
     # summation: rne's slope ~1 (n u), SR's ~0.5 (sqrt(n) u)
     assert 0.9 <= float(row(output, "bf16 rne")[2]) <= 1.35
     assert 0.35 <= float(row(output, "bf16 sr")[2]) <= 0.65
-    # gradient descent: SR's final loss at least 10x below rne's in bf16
-    descent = {c[1]: float(c[2]) for c in _rows(output, "bf16") if c[1] in ("rne", "sr")}
-    assert descent["sr"] * 10 <= descent["rne"]
     # hardware units: documented exact SR, zero bias
     assert row(output, "amd-mi300-fp8")[3] == "0"
     assert "demo took" in output
     seconds = float(re.search(r"demo took (\d+\.\d) s", output).group(1))
     assert seconds < 120
     payload = json.loads((tmp_path / "results.json").read_text())
+    # gradient descent (from the JSON: its wide table wraps in a narrow terminal): SR's
+    # final loss at least 10x below rne's in bf16
+    descent = payload["gradient-descent"]["key_numbers"]
+    assert descent["bf16_sr_final_loss"] * 10 <= descent["bf16_rne_final_loss"]
     assert set(payload) == set(EXPERIMENTS)
     assert payload["stagnation"]["key_numbers"]["add_bf16_sr_mean"] == pytest.approx(mean, 1e-4)
     for name in EXPERIMENTS:

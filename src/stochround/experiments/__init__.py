@@ -3,7 +3,15 @@
 
 from types import ModuleType
 
-from . import gradient_descent, hardware_units, limited_bits, lorenz96, stagnation, summation
+from . import (
+    gradient_descent,
+    hardware_units,
+    limited_bits,
+    lorenz96,
+    stagnation,
+    summation,
+    tall_thin,
+)
 from .report import Experiment
 
 EXPERIMENTS: dict[str, ModuleType] = {
@@ -13,6 +21,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     "gradient-descent": gradient_descent,
     "hardware-units": hardware_units,
     "lorenz96": lorenz96,
+    "tall-thin": tall_thin,
 }
 DEFAULT_SEED = 2024
 
