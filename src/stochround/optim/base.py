@@ -1,0 +1,186 @@
+"""Shared machinery of the SR optimizers: argument checks, rounded stores, random streams.
+
+Random streams. Every store draws the words of stream ``(seed, offset)`` at the element
+indices ``0 .. numel - 1`` of the tensor (:mod:`stochround.random`), with::
+
+    offset = step * 2**32 + param_index * 4 + tensor_slot
+
+``step`` is the parameter's step count after this update (1, 2, ...), ``param_index``
+its position in the optimizer's parameters (all groups, in order, fewer than 2**30) and
+``tensor_slot`` 0 for the parameter, 1 and 2 for the states (``TENSOR_SLOTS``). Distinct
+offsets fill distinct upper counter halves, so no two stores of a run share a random word,
+and the mapping does not move when a parameter group is added. The step lives in the
+optimizer state (``state[p]["step"]``) and the seed in the parameter group, so a run
+restored from ``state_dict`` continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..random import check_seed, default_seed
+from ..rounding import cast
+
+ROUNDINGS: tuple[str, ...] = ("sr", "rne")
+STATE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+PARAM_DTYPES = STATE_DTYPES
+MAX_PARAMS = 1 << 30
+TENSOR_SLOTS = {"param": 0, "exp_avg": 1, "exp_avg_sq": 2, "momentum_buffer": 1}
+
+
+def stream_offset(step: int, param_index: int, tensor_slot: int) -> int:
+    """``step * 2**32 + param_index * 4 + tensor_slot``: the stream of one store."""
+    if not 0 <= param_index < MAX_PARAMS:
+        raise ValueError(f"param_index must be in [0, 2**30), got {param_index}")
+    if not 0 <= tensor_slot < 4:
+        raise ValueError(f"tensor_slot must be in [0, 4), got {tensor_slot}")
+    if not 0 <= step < 1 << 32:
+        raise ValueError(f"step must be in [0, 2**32), got {step}")
+    return (step << 32) | (param_index << 2) | tensor_slot
+
+
+def check_float(value: object, name: str, *, low: float = 0.0, below: float | None = None) -> float:
+    """A real number ``>= low`` (and ``< below`` when given), else ValueError/TypeError."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a number or a one-element tensor")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not (value >= low and (below is None or value < below)):  # also rejects NaN
+        bound = f"in [{low}, {below})" if below is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_rounding(rounding: object) -> str:
+    if rounding not in ROUNDINGS:
+        raise ValueError(
+            f"rounding must be one of {ROUNDINGS} (other modes are not supported yet); "
+            f"got {rounding!r}"
+        )
+    return str(rounding)
+
+
+def check_state_dtype(state_dtype: object) -> torch.dtype:
+    if not isinstance(state_dtype, torch.dtype):
+        raise TypeError(f"state_dtype must be a torch.dtype, got {type(state_dtype).__name__}")
+    if state_dtype not in STATE_DTYPES:
+        raise ValueError(f"state_dtype must be one of {STATE_DTYPES}; got {state_dtype}")
+    return state_dtype
+
+
+def check_seed_argument(seed: object) -> int:
+    """An int seed in [0, 2**64); None draws one from torch's default generator."""
+    if seed is None:
+        return default_seed()
+    if isinstance(seed, Tensor):
+        raise TypeError("seed must be an int in [0, 2**64) (tensor seeds are not supported yet)")
+    return int(check_seed(seed, "seed"))
+
+
+def store(
+    target: Tensor, value: Tensor, rounding: str, seed: int, step: int, index: int, slot: int
+) -> None:
+    """``target.copy_(rounded value)``: float32 ``value`` rounded to ``target``'s dtype.
+
+    float32 targets take the value as computed; "rne" is torch's round-to-nearest-even cast
+    (the same as ``stochround.cast(value, dtype, "rne")``); "sr" draws stream
+    ``(seed, stream_offset(step, index, slot))``.
+    """
+    if target.dtype == torch.float32:
+        target.copy_(value)
+    elif rounding == "rne":
+        target.copy_(value.to(target.dtype))
+    else:
+        offset = stream_offset(step, index, slot)
+        target.copy_(cast(value, target.dtype, "sr", seed=seed, offset=offset))
+
+
+class SROptimizer(torch.optim.Optimizer):
+    """Base class: groups carry ``state_dtype``, ``rounding`` and ``seed``; the step counter
+    of each parameter is ``state[p]["step"]`` (a CPU int64 tensor)."""
+
+    state_names: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        self.check_group(group)
+        for param in group["params"]:
+            if param.dtype not in PARAM_DTYPES:
+                raise TypeError(
+                    f"params must have a dtype in {PARAM_DTYPES}; got a {param.dtype} parameter"
+                )
+        if sum(len(g["params"]) for g in self.param_groups) > MAX_PARAMS:
+            raise ValueError("at most 2**30 parameters are supported")
+
+    def check_group(self, group: dict[str, Any]) -> None:
+        group["state_dtype"] = check_state_dtype(group["state_dtype"])
+        group["rounding"] = check_rounding(group["rounding"])
+        group["seed"] = check_seed_argument(group["seed"])
+
+    def indexed_params(self) -> Iterable[tuple[dict[str, Any], int, Tensor]]:
+        """(group, global parameter index, parameter) for parameters that have a gradient."""
+        index = 0
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    if param.grad.is_sparse:
+                        raise RuntimeError(
+                            f"{type(self).__name__} does not support sparse gradients"
+                        )
+                    yield group, index, param
+                index += 1
+
+    def state_count(self, group: dict[str, Any]) -> int:
+        """How many state tensors each parameter of ``group`` holds."""
+        return len(self.state_names)
+
+    def bytes_per_param(self) -> float:
+        """Bytes per parameter element: the parameter plus its states, averaged."""
+        total_bytes = 0
+        total_elements = 0
+        for group in self.param_groups:
+            state_size = torch.empty((), dtype=group["state_dtype"]).element_size()
+            for param in group["params"]:
+                total_elements += param.numel()
+                total_bytes += param.numel() * (
+                    param.element_size() + self.state_count(group) * state_size
+                )
+        return total_bytes / total_elements if total_elements else 0.0
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As torch's, except that states keep the dtype they were saved in (torch's loader
+        casts every floating state to its parameter's dtype) and are copied, not aliased."""
+        saved_state = state_dict["state"]
+        super().load_state_dict({**state_dict, "state": {}})
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, param in zip(saved_ids, params, strict=True):
+            if saved_id not in saved_state:
+                continue
+            state = {}
+            for name, value in saved_state[saved_id].items():
+                if name == "step":
+                    value = torch.as_tensor(value).to(device="cpu", dtype=torch.int64).clone()
+                elif isinstance(value, Tensor):
+                    value = value.to(device=param.device, copy=True)
+                state[name] = value
+            self.state[param] = state
+
+    def advance_step(self, param: Tensor) -> int:
+        state = self.state[param]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.int64)
+        state["step"] += 1
+        return int(state["step"])
