@@ -1,7 +1,7 @@
 """stochround: stochastic rounding and low-precision number formats on PyTorch."""
 
 from . import arith as ops
-from . import hardware
+from . import hardware, optim
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .reference import MODES, SATURATIONS, VARIANTS
 from .rounding import cast, decode, encode, pack, round, unpack  # noqa: A004
@@ -18,6 +18,7 @@ __all__ = [
     "format",
     "hardware",
     "ops",
+    "optim",
     "pack",
     "round",
     "unpack",
