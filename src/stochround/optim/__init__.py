@@ -1,10 +1,12 @@
 """Optimizers whose parameters and states may live in bf16/fp16, with SR on every store.
 
 The PyTorch path (CPU and CUDA, eager). The update is computed in float32 and each store
-into a low-precision tensor (the parameter and each state) is rounded by ``rounding``.
+into a low-precision tensor (the parameter and each state) is rounded by ``rounding``
+("sr", "rne", "kahan": compensated summation, "ecc": bf16 + int8 residual);
+``master_weights=True`` keeps an fp32 master copy instead. Optimizers: AdamW, SGD, Lion.
 """
 
 from .base import ROUNDINGS, STATE_DTYPES, stream_offset
-from .optimizers import SGD, AdamW
+from .optimizers import SGD, AdamW, Lion
 
-__all__ = ["ROUNDINGS", "SGD", "STATE_DTYPES", "AdamW", "stream_offset"]
+__all__ = ["ROUNDINGS", "SGD", "STATE_DTYPES", "AdamW", "Lion", "stream_offset"]

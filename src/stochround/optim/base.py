@@ -12,6 +12,28 @@ offsets fill distinct upper counter halves, so no two stores of a run share a ra
 and the mapping does not move when a parameter group is added. The step lives in the
 optimizer state (``state[p]["step"]``) and the seed in the parameter group, so a run
 restored from ``state_dict`` continues bit for bit.
+
+Parameter storage (``rounding`` and ``master_weights``). The update is always computed in
+float32 from the parameter's float32 value ``x``; how ``x`` is kept between steps:
+
+- ``"sr"`` / ``"rne"``: ``x`` is the stored parameter; the new value is rounded once into
+  it (stochastically on stream slot 0, or to nearest even).
+- ``"kahan"``: compensated summation. A buffer ``c`` in the parameter's dtype (state
+  ``"compensation"``) holds what the rounded store lost, ``c = rne(x_new - p)`` with
+  ``p = rne(x_new)``; the next step starts from ``x = p + c``, so updates smaller than
+  half an ulp of ``p`` accumulate in ``c`` until they move ``p``. +2 B/param for bf16.
+- ``"ecc"``: HeavyBall's error correction: ``p = rne(x_new)`` plus an int8 residual
+  (state ``"ecc_residual"``) ``q = round(254 (x_new - p) / ulp(p))`` clamped to
+  [-127, 127], ``ulp(p)`` the spacing of the parameter's dtype at ``|p|``; the next step
+  starts from ``x = p + q ulp(p) / 254``. +1 B/param.
+- ``master_weights=True`` (with "sr" or "rne"): an exact float32 copy of the parameter
+  (state ``"master"``); ``x`` is the master, the update is applied to it, and the
+  parameter is its rounded copy. +4 B/param. The master is the truth: a parameter written
+  from outside the optimizer is overwritten at the next step.
+
+All three extra states exist only for bfloat16/float16 parameters (a float32 parameter
+is exact already). States (``exp_avg`` ...) are stored by "sr" when ``rounding="sr"`` and
+to nearest even otherwise ("kahan" and "ecc" concern the parameter only).
 """
 
 from __future__ import annotations
@@ -26,7 +48,7 @@ from torch import Tensor
 from ..random import check_seed, default_seed
 from ..rounding import cast
 
-ROUNDINGS: tuple[str, ...] = ("sr", "rne")
+ROUNDINGS: tuple[str, ...] = ("sr", "rne", "kahan", "ecc")
 STATE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
 PARAM_DTYPES = STATE_DTYPES
 MAX_PARAMS = 1 << 30
@@ -61,10 +83,7 @@ def check_float(value: object, name: str, *, low: float = 0.0, below: float | No
 
 def check_rounding(rounding: object) -> str:
     if rounding not in ROUNDINGS:
-        raise ValueError(
-            f"rounding must be one of {ROUNDINGS} (other modes are not supported yet); "
-            f"got {rounding!r}"
-        )
+        raise ValueError(f"rounding must be one of {ROUNDINGS}; got {rounding!r}")
     return str(rounding)
 
 
@@ -90,17 +109,45 @@ def store(
 ) -> None:
     """``target.copy_(rounded value)``: float32 ``value`` rounded to ``target``'s dtype.
 
-    float32 targets take the value as computed; "rne" is torch's round-to-nearest-even cast
-    (the same as ``stochround.cast(value, dtype, "rne")``); "sr" draws stream
-    ``(seed, stream_offset(step, index, slot))``.
+    float32 targets take the value as computed; "sr" draws stream
+    ``(seed, stream_offset(step, index, slot))``; every other mode ("rne", and "kahan" and
+    "ecc" for states) is torch's round-to-nearest-even cast (the same as
+    ``stochround.cast(value, dtype, "rne")``).
     """
     if target.dtype == torch.float32:
         target.copy_(value)
-    elif rounding == "rne":
+    elif rounding != "sr":
         target.copy_(value.to(target.dtype))
     else:
         offset = stream_offset(step, index, slot)
         target.copy_(cast(value, target.dtype, "sr", seed=seed, offset=offset))
+
+
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
+MIN_NORMAL_EXPONENT = {torch.bfloat16: -126, torch.float16: -14}
+ECC_SCALE = 254.0  # |x - rne(x)| <= ulp / 2  ->  |q| <= 127
+
+
+def ulp(param: Tensor) -> Tensor:
+    """float32 spacing of ``param``'s dtype (bfloat16/float16) at ``|param|``: ``2**(e - m)``
+    with ``|param|`` in ``[2**e, 2**(e+1))`` and ``m`` the mantissa bits; the subnormal
+    spacing ``2**(emin - m)`` for subnormals and zero."""
+    mantissa, emin = MANTISSA_BITS[param.dtype], MIN_NORMAL_EXPONENT[param.dtype]
+    _, exponent = torch.frexp(param.float())  # |p| = f 2**exponent, f in [0.5, 1)
+    exponent = torch.where(param == 0, emin + 1, exponent).clamp_(min=emin + 1)
+    ones = torch.ones_like(exponent, dtype=torch.float32)
+    return torch.ldexp(ones, exponent - 1 - mantissa)
+
+
+def ecc_encode(value: Tensor, param: Tensor) -> Tensor:
+    """int8 ``round(254 (value - param) / ulp(param))`` clamped to [-127, 127]."""
+    residual = (value - param.float()) / ulp(param) * ECC_SCALE
+    return residual.round_().clamp_(-127, 127).to(torch.int8)
+
+
+def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
+    """float32 ``param + residual ulp(param) / 254``."""
+    return param.float() + residual.float() * (ulp(param) / ECC_SCALE)
 
 
 class SROptimizer(torch.optim.Optimizer):
@@ -128,6 +175,62 @@ class SROptimizer(torch.optim.Optimizer):
         group["state_dtype"] = check_state_dtype(group["state_dtype"])
         group["rounding"] = check_rounding(group["rounding"])
         group["seed"] = check_seed_argument(group["seed"])
+        group["master_weights"] = bool(group.get("master_weights", False))
+        if group["master_weights"] and group["rounding"] not in ("sr", "rne"):
+            raise ValueError(
+                "master_weights=True needs rounding 'sr' or 'rne' (the master is exact; "
+                f"'kahan' and 'ecc' are alternatives to it), got {group['rounding']!r}"
+            )
+
+    @staticmethod
+    def param_state_name(group: dict[str, Any], param: Tensor) -> str | None:
+        """The extra state that keeps ``param``'s exact value, if any."""
+        if param.dtype == torch.float32:
+            return None
+        if group.get("master_weights", False):
+            return "master"
+        return {"kahan": "compensation", "ecc": "ecc_residual"}.get(group["rounding"])
+
+    def load_param(self, group: dict[str, Any], param: Tensor) -> Tensor:
+        """A fresh float32 tensor: the parameter's value the update starts from (the master,
+        ``p + c`` under "kahan", ``p + q ulp(p) / 254`` under "ecc", else ``p``)."""
+        state = self.state[param]
+        name = self.param_state_name(group, param)
+        if name is not None and name not in state:
+            if name == "master":
+                state[name] = param.detach().float().clone(memory_format=torch.preserve_format)
+            else:
+                dtype = torch.int8 if name == "ecc_residual" else param.dtype
+                state[name] = torch.zeros_like(
+                    param, dtype=dtype, memory_format=torch.preserve_format
+                )
+        if name == "master":
+            return state["master"].clone()
+        if name == "compensation":
+            return param.float() + state["compensation"].float()
+        if name == "ecc_residual":
+            return ecc_decode(param, state["ecc_residual"])
+        value = param.float()
+        return value.clone() if value.data_ptr() == param.data_ptr() else value
+
+    def store_param(
+        self, group: dict[str, Any], param: Tensor, value: Tensor, step: int, index: int
+    ) -> None:
+        """Keep the float32 ``value`` as the parameter (see the module docstring)."""
+        state = self.state[param]
+        name = self.param_state_name(group, param)
+        rounding, seed = group["rounding"], group["seed"]
+        if name == "master":
+            state["master"].copy_(value)
+            store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
+        elif name == "compensation":
+            param.copy_(value.to(param.dtype))
+            state["compensation"].copy_((value - param.float()).to(param.dtype))
+        elif name == "ecc_residual":
+            param.copy_(value.to(param.dtype))
+            state["ecc_residual"].copy_(ecc_encode(value, param))
+        else:
+            store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
 
     def indexed_params(self) -> Iterable[tuple[dict[str, Any], int, Tensor]]:
         """(group, global parameter index, parameter) for parameters that have a gradient."""
@@ -147,7 +250,9 @@ class SROptimizer(torch.optim.Optimizer):
         return len(self.state_names)
 
     def bytes_per_param(self) -> float:
-        """Bytes per parameter element: the parameter plus its states, averaged."""
+        """Bytes per parameter element: the parameter, its states and the extra parameter
+        state (fp32 master 4, kahan compensation the parameter's size, ecc residual 1),
+        averaged."""
         total_bytes = 0
         total_elements = 0
         for group in self.param_groups:
@@ -157,6 +262,10 @@ class SROptimizer(torch.optim.Optimizer):
                 total_bytes += param.numel() * (
                     param.element_size() + self.state_count(group) * state_size
                 )
+                name = self.param_state_name(group, param)
+                if name is not None:
+                    extra = {"master": 4, "compensation": param.element_size(), "ecc_residual": 1}
+                    total_bytes += param.numel() * extra[name]
         return total_bytes / total_elements if total_elements else 0.0
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

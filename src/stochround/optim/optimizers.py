@@ -1,8 +1,11 @@
-"""AdamW and SGD with parameters and states in float32, bfloat16 or float16.
+"""AdamW, SGD and Lion with parameters and states in float32, bfloat16 or float16.
 
 Each step computes the update in float32, in the same order as torch's single-tensor
 (``foreach=False``) implementations, then stores the parameter and each state rounded to
-its dtype by ``rounding`` ("sr": exact stochastic rounding, "rne": round to nearest even).
+its dtype by ``rounding`` ("sr": exact stochastic rounding, "rne": round to nearest even,
+"kahan": nearest plus a compensation buffer, "ecc": nearest plus an int8 residual; see
+:mod:`stochround.optim.base`). ``master_weights=True`` keeps a float32 master copy of each
+low-precision parameter, updates it, and stores the parameter as its rounded copy.
 With float32 parameters and states the result is bit-identical to ``torch.optim``.
 """
 
@@ -39,6 +42,7 @@ class AdamW(SROptimizer):
         state_dtype: torch.dtype = torch.float32,
         rounding: str = "sr",
         seed: int | None = None,
+        master_weights: bool = False,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -49,6 +53,7 @@ class AdamW(SROptimizer):
             "state_dtype": state_dtype,
             "rounding": rounding,
             "seed": seed,
+            "master_weights": master_weights,
         }
         super().__init__(params, defaults)
 
@@ -85,9 +90,7 @@ class AdamW(SROptimizer):
             grad = param.grad.float()
             if group["maximize"]:
                 grad = -grad
-            value = param.float()  # a copy unless param is float32
-            if value.data_ptr() == param.data_ptr():
-                value = value.clone()
+            value = self.load_param(group, param)
             value.mul_(1 - lr * group["weight_decay"])
             exp_avg = state["exp_avg"].float().lerp(grad, 1 - beta1)
             exp_avg_sq = state["exp_avg_sq"].float().mul(beta2)
@@ -97,7 +100,7 @@ class AdamW(SROptimizer):
             denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
             value.addcdiv_(exp_avg, denom, value=-step_size)
             rounding, seed = group["rounding"], group["seed"]
-            store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
+            self.store_param(group, param, value, step, index)
             for name in self.state_names:
                 computed = exp_avg if name == "exp_avg" else exp_avg_sq
                 store(state[name], computed, rounding, seed, step, index, TENSOR_SLOTS[name])
@@ -128,6 +131,7 @@ class SGD(SROptimizer):
         state_dtype: torch.dtype = torch.float32,
         rounding: str = "sr",
         seed: int | None = None,
+        master_weights: bool = False,
     ) -> None:
         defaults = {
             "lr": lr,
@@ -139,6 +143,7 @@ class SGD(SROptimizer):
             "state_dtype": state_dtype,
             "rounding": rounding,
             "seed": seed,
+            "master_weights": master_weights,
         }
         super().__init__(params, defaults)
 
@@ -169,7 +174,7 @@ class SGD(SROptimizer):
             grad = param.grad.float()
             if group["maximize"]:
                 grad = -grad
-            value = param.float()
+            value = self.load_param(group, param)
             if group["weight_decay"] != 0:
                 grad = grad.add(value, alpha=group["weight_decay"])
             rounding, seed = group["rounding"], group["seed"]
@@ -186,5 +191,87 @@ class SGD(SROptimizer):
                 slot = TENSOR_SLOTS["momentum_buffer"]
                 store(state["momentum_buffer"], buffer, rounding, seed, step, index, slot)
             value = value.add(grad, alpha=-float(group["lr"]))
-            store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
+            self.store_param(group, param, value, step, index)
+        return loss
+
+
+class Lion(SROptimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms") with rounded
+    stores.
+
+    ``u = sign(b1 m + (1 - b1) g)``; ``p <- p (1 - lr wd) - lr u`` (decoupled weight decay,
+    the mathematical ``p - lr (u + wd p)``); ``m <- b2 m + (1 - b2) g``; in float32, in that
+    order (``p.mul_(1 - lr wd)``, ``p.add_(u, alpha=-lr)``, ``m.mul_(b2).add_(g,
+    alpha=1 - b2)``), then ``p`` and ``m`` (state ``exp_avg``, stream slot 1) are each
+    rounded once to their storage dtype. ``sign(0) = 0``.
+    """
+
+    state_names = ("exp_avg",)
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        *,
+        maximize: bool = False,
+        state_dtype: torch.dtype = torch.float32,
+        rounding: str = "sr",
+        seed: int | None = None,
+        master_weights: bool = False,
+    ) -> None:
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "weight_decay": weight_decay,
+            "maximize": maximize,
+            "state_dtype": state_dtype,
+            "rounding": rounding,
+            "seed": seed,
+            "master_weights": master_weights,
+        }
+        super().__init__(params, defaults)
+
+    def check_group(self, group: dict[str, Any]) -> None:
+        super().check_group(group)
+        check_float(group["lr"], "lr")
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair of floats in [0, 1), got {betas!r}")
+        group["betas"] = (
+            check_float(betas[0], "betas[0]", below=1.0),
+            check_float(betas[1], "betas[1]", below=1.0),
+        )
+        check_float(group["weight_decay"], "weight_decay")
+        group["maximize"] = bool(group["maximize"])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, index, param in self.indexed_params():
+            state = self.state[param]
+            if "exp_avg" not in state:
+                state["exp_avg"] = torch.zeros_like(
+                    param, dtype=group["state_dtype"], memory_format=torch.preserve_format
+                )
+            step = self.advance_step(param)
+            lr = float(group["lr"])
+            beta1, beta2 = group["betas"]
+            grad = param.grad.float()
+            if group["maximize"]:
+                grad = -grad
+            value = self.load_param(group, param)
+            value.mul_(1 - lr * group["weight_decay"])
+            exp_avg = state["exp_avg"].float()
+            update = exp_avg.mul(beta1).add_(grad, alpha=1 - beta1).sign_()
+            value.add_(update, alpha=-lr)
+            exp_avg = exp_avg.mul(beta2).add_(grad, alpha=1 - beta2)
+            rounding, seed = group["rounding"], group["seed"]
+            self.store_param(group, param, value, step, index)
+            slot = TENSOR_SLOTS["exp_avg"]
+            store(state["exp_avg"], exp_avg, rounding, seed, step, index, slot)
         return loss
