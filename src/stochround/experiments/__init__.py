@@ -8,6 +8,7 @@ from . import (
     hardware_units,
     limited_bits,
     lorenz96,
+    optimizer_state,
     stagnation,
     summation,
     tall_thin,
@@ -22,6 +23,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     "hardware-units": hardware_units,
     "lorenz96": lorenz96,
     "tall-thin": tall_thin,
+    "optimizer-state": optimizer_state,
 }
 DEFAULT_SEED = 2024
 
