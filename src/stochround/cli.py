@@ -23,6 +23,7 @@ from rich.text import Text
 
 from . import reference
 from . import rounding as rounding_module
+from .experiments.report import markdown_table
 from .formats import ALIASES, FORMATS, Format
 from .formats import format as find_format
 
@@ -113,17 +114,7 @@ class Section:
         console.print()
 
     def markdown(self) -> str:
-        def cell(text: str) -> str:
-            return text.replace("|", "\\|")
-
-        lines = [f"## {self.title}", ""]
-        lines.append("| " + " | ".join(cell(h) for h in self.headers) + " |")
-        lines.append("|" + "|".join("---" for _ in self.headers) + "|")
-        lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in self.rows]
-        if self.notes:
-            lines.append("")
-            lines += [f"{note}  " for note in self.notes]
-        return "\n".join(lines) + "\n"
+        return markdown_table(f"## {self.title}", self.headers, self.rows, self.notes)
 
 
 def _value(value: float) -> str:

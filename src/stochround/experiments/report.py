@@ -24,6 +24,24 @@ from rich.text import Text
 KeyNumber = float | int | str | bool
 
 
+def markdown_table(
+    heading: str, columns: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str]
+) -> str:
+    """A Markdown heading, a pipe table (| in cells escaped) and its notes as lines."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [heading, ""]
+    lines.append("| " + " | ".join(cell(c) for c in columns) + " |")
+    lines.append("|" + "|".join("---" for _ in columns) + "|")
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    if notes:
+        lines.append("")
+        lines += [f"{note}  " for note in notes]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class Table:
     """A titled table: column names and rows of already formatted cells."""
@@ -42,17 +60,7 @@ class Table:
         return table
 
     def markdown(self) -> str:
-        def cell(text: str) -> str:
-            return text.replace("|", "\\|")
-
-        lines = [f"### {self.title}", ""]
-        lines.append("| " + " | ".join(cell(c) for c in self.columns) + " |")
-        lines.append("|" + "|".join("---" for _ in self.columns) + "|")
-        lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in self.rows]
-        if self.notes:
-            lines.append("")
-            lines += [f"{note}  " for note in self.notes]
-        return "\n".join(lines) + "\n"
+        return markdown_table(f"### {self.title}", self.columns, self.rows, self.notes)
 
     def to_json(self) -> dict[str, Any]:
         return {"title": self.title, "columns": self.columns, "rows": self.rows}
