@@ -269,6 +269,97 @@ def test_formats_without_nan_refuse_nan_on_both_backends(backend: str) -> None:
         sr.cast(x * 100, torch.float4_e2m1fn_x2, "sr", seed=1, backend=backend)
 
 
+def _clean_block(fmt: sr.Format, count: int, seed: int) -> torch.Tensor:
+    """Values the wide multiply-add path rounds by itself: finite, below the largest value,
+    zero or at least 2**(emin - 9 - mbits) (at most 32 bits discarded), both signs, with
+    the edge cases: exactly 32 and 31 discarded bits, subnormal and normal results, max."""
+    generator = torch.Generator().manual_seed(seed)
+    smallest = 2.0 ** (fmt.emin - 9 - fmt.mbits)
+    magnitude = torch.exp2(
+        torch.empty(count).uniform_(math.log2(smallest), math.log2(fmt.max), generator=generator)
+    )
+    sign = torch.randint(0, 2, (count,), generator=generator) * 2 - 1
+    x = (magnitude.clamp(smallest, fmt.max) * sign).float()
+    edges = [0.0, -0.0, smallest, -smallest, 3 * smallest, 2 * smallest, fmt.max, -fmt.max]
+    edges += [fmt.min_subnormal * 0.75, fmt.min_normal * 1.0625, fmt.min_subnormal * 2.5]
+    x[: len(edges)] = torch.tensor(edges)
+    x[len(edges) :: 7] = 0.0
+    return x
+
+
+@pytest.mark.parametrize(
+    "fmt_name",
+    _on_gpu_only(
+        [
+            n
+            for n in KERNEL_FORMATS
+            if codes_supported(sr.format(n))
+            and sr.format(n).signed
+            and not sr.format(n).twos_complement
+            and sr.format(n).has_zero
+        ],
+        ["e4m3fn", "e5m2", "e2m1"],
+    ),
+)
+def test_codes_fast_path_blocks_without_special_values(fmt_name: str) -> None:
+    """Blocks of values the fast kernel rounds by itself (`_clean_block`), then blocks each
+    holding one value the fast kernel rounds by its second rule (more than 32 bits
+    discarded, an fp32 subnormal) or leaves to the exact kernel (an overflow, an infinity).
+    Last, 2**14 values with exactly 33 bits discarded (about 24 of them round up)."""
+    fmt = sr.format(fmt_name)
+    block = 4 * (4096 if not ON_GPU else 256)  # values a kernel program rounds
+    x = _clean_block(fmt, 6 * block, 11)
+    specials = [2.0 ** (fmt.emin - 10 - fmt.mbits), fmt.max * 1.75, math.inf, 1e-40]
+    for where, value in enumerate(specials, start=2):
+        x[where * block + 5] = -value
+    generator = torch.Generator().manual_seed(12)
+    just_below = torch.empty(2**14).uniform_(1, 2, generator=generator)
+    x = torch.cat([x, just_below * 2.0 ** (fmt.emin - 10 - fmt.mbits)]).to(DEVICE)
+    for options in (
+        {"seed": 5},
+        {"seed": 6, "rbits": 1, "variant": "a"},
+        {"seed": 7, "rbits": 8, "variant": "a"},
+    ):
+        for sat in ("finite", "none") if fmt.inf or fmt.has_nan else ("finite",):
+            kernel = sr.encode(x, fmt_name, "sr", sat=sat, backend="triton", **options)
+            torch_path = sr.encode(x, fmt_name, "sr", sat=sat, backend="torch", **options)
+            assert torch.equal(kernel, torch_path), (options, sat)
+
+
+@pytest.mark.parametrize("fmt_name", ["e4m3fn", "e2m1"])
+def test_codes_fast_path_rounds_nu_half_to_even_beyond_32_bits(fmt_name: str) -> None:
+    """Exact SR beyond 32 discarded bits rounds nu 2**32 half to even, variant a floors it:
+    where the stream's word is 2**32 - k (k < 2**21), x = (k - 1/4 or k - 1/2) 2**-32 ulp
+    rounds up under c exactly when k - 1/4 or k is even, and never under a."""
+    fmt = sr.format(fmt_name)
+    ulp = 2.0 ** (fmt.emin - fmt.mbits)  # the smallest subnormal
+    index = torch.arange(2**16)
+    words = sr.random.random_words(index, 21, 3)
+    k = 2**32 - words
+    lucky = (k < 2**21) & (k > 1)
+    assert lucky.sum() >= 8  # 2**16 words, each lucky with probability 2**-11
+    below = torch.where(index % 2 == 0, 0.25, 0.5)
+    x = torch.where(lucky, (k - below) * ulp * 2.0**-32, 3 * ulp).float()
+    c = sr.encode(x.to(DEVICE), fmt_name, "sr", seed=21, offset=3, sat="finite", backend="triton")
+    a = sr.encode(
+        x.to(DEVICE),
+        fmt_name,
+        "sr",
+        rbits=32,
+        variant="a",
+        seed=21,
+        offset=3,
+        sat="finite",
+        backend="triton",
+    )
+    up_c = (below == 0.25) | (k % 2 == 0)
+    assert torch.equal(c.cpu()[lucky], up_c[lucky].to(torch.uint8))
+    assert torch.equal(a.cpu()[lucky], torch.zeros_like(a.cpu()[lucky]))
+    for kernel, options in ((c, {}), (a, {"rbits": 32, "variant": "a"})):
+        torch_path = sr.encode(x, fmt_name, "sr", seed=21, offset=3, sat="finite", **options)
+        assert torch.equal(kernel.cpu(), torch_path)
+
+
 def test_codes_fast_path_far_below_the_smallest_subnormal() -> None:
     """Values whose discarded fraction spans more than 32 bits: exact SR rounds nu 2**32 to
     even before adding the word; variant a floors it."""

@@ -46,7 +46,10 @@ SOURCES = ("stream", "rand", "data")
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Each program rounds ROWS x 4 elements; a row is one Philox block.  The interpreter runs
 # programs one after another, so there large blocks cost far less.
-ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 256
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ROWS = 4096 if INTERPRETED else 256
+# (rows, warps) of the SR-to-codes kernels per output, measured on an H100 (2**28 values)
+CODES_LAUNCH = {"codes": (256, 2), "fp4x2": (128, 2)}
 FP32_NAN_BITS = 0x7FC00000
 NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
@@ -405,11 +408,192 @@ def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS
 def _flag_nan(flag_ptr, is_nan, mask):
     """Raise the flag when a format without a NaN code would have to hold NaN: an atomic
     from each such element only (no block-wide reduction on the common path)."""
-    tl.atomic_max(flag_ptr + is_nan.to(tl.int32) * 0, 1, mask=is_nan & mask)
+    tl.atomic_max(flag_ptr + is_nan.to(tl.int32) * 0, 1, mask=is_nan & mask, sem="relaxed")
+
+
+@triton.jit
+def _exact_codes(
+    bits,
+    word,
+    flag_ptr,
+    mask,
+    NBITS: tl.constexpr,
+    EXACT_C: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    SIGN_SHIFT: tl.constexpr,
+    HAS_NEGATIVE_ZERO: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    OVERFLOW_CODE: tl.constexpr,
+    INFINITY_CODE: tl.constexpr,
+    NAN_CODE: tl.constexpr,
+    CHECK_NAN: tl.constexpr,
+):
+    """Codes of every input (`_sr_codes_kernel`): NaN and infinities, overflow, and values
+    more than 32 bits below the ulp, where kept is 0 and away iff count + r >= 2**n, count
+    the floor (a) or half-even (c) rounding of nu 2**n = m 2**(n - d) <= 2**24."""
+    magnitude = bits & 0x7FFFFFFF
+    exponent_field = magnitude >> 23
+    # fp32 subnormal inputs lie more than 56 bits below every such format's ulp, where
+    # both rules below give 0: their missing implicit bit does not matter
+    m = ((magnitude & 0x7FFFFF) | 0x800000).to(tl.uint32)
+    below_emin = tl.maximum(EMIN + 127 - exponent_field, 0)
+    d = below_emin + (23 - MBITS)  # discarded bits
+    short = tl.minimum(d, 31).to(tl.uint32)
+    if NBITS == 32:  # the word's bits just below bit d
+        noise = word >> (32 - short)
+    else:
+        r = word >> (32 - NBITS)
+        noise = tl.where(
+            short >= NBITS, r << (short - NBITS), r >> (NBITS - tl.minimum(short, NBITS))
+        )
+    total = ((m + noise) >> short).to(tl.int32)  # exact where d <= 31
+    tail_shift = tl.minimum(tl.maximum(d - NBITS, 0), 31).to(tl.uint32)
+    tail_count = m >> tail_shift
+    if EXACT_C:
+        below = m - (tail_count << tail_shift)
+        half = (1 << tail_shift) >> 1
+        up = (below > half) | ((below == half) & ((tail_count & 1) == 1) & (tail_shift > 0))
+        tail_count = tail_count + up.to(tl.uint32)
+    r_tail = word >> (32 - NBITS)
+    total_tail = r_tail + tail_count  # < 2**33: the carry out of bit n (or the wrap) decides
+    if NBITS == 32:
+        tail = (total_tail < r_tail).to(tl.int32)
+    else:
+        tail = (total_tail >> NBITS).to(tl.int32)
+    total = tl.where(d > 31, tail, total)
+    code = ((tl.maximum(exponent_field, EMIN + 127) + (BIAS - 128)) << MBITS) + total
+    code = tl.where(code > MAX_CODE, OVERFLOW_CODE, code)
+    code = tl.where(magnitude == 0x7F800000, INFINITY_CODE, code)
+    is_nan = magnitude > 0x7F800000
+    if OVERFLOW_CODE < 0 or INFINITY_CODE < 0:
+        is_nan = is_nan | (code < 0)
+    if CHECK_NAN:
+        _flag_nan(flag_ptr, is_nan, mask)
+    return tl.where(is_nan, NAN_CODE, code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO))
+
+
+@triton.jit
+def _sign_bit(bits, code, SIGN_SHIFT: tl.constexpr, HAS_NEGATIVE_ZERO: tl.constexpr):
+    """The sign bit of each code: x's, except on zero in formats without -0."""
+    sign = (bits >> (31 - SIGN_SHIFT)) & (1 << SIGN_SHIFT)
+    if not HAS_NEGATIVE_ZERO:
+        sign = tl.where(code != 0, sign, 0)
+    return sign
+
+
+@triton.jit
+def _stream_tile(
+    x_ptr,
+    program,
+    seed_ptr,
+    offset_ptr,
+    seed_value,
+    offset_value,
+    count,
+    index_offset,
+    FROM_TENSORS: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """Program ``program``'s [ROWS, 4] tile: lane, mask, x's fp32 bits (int32) and the
+    elements' random words (uint32)."""
+    row = tl.arange(0, ROWS)[:, None]
+    lane = tl.arange(0, 4)[None, :]
+    position = program * ROWS * 4 + row * 4 + lane
+    mask = position < count
+    x = tl.load(x_ptr + position, mask=mask, other=0.0)
+    seed, offset = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
+    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
+    word = _words(
+        seed, offset, position + index_offset, lane, group, seed_ptr, position, x, mask, 0, ALIGNED
+    ).to(tl.uint32)
+    return lane, mask, _fp32_bits_of(x), word
 
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
 def _sr_codes_kernel(
+    x_ptr,
+    out_ptr,
+    flag_ptr,
+    seed_ptr,
+    offset_ptr,
+    seed_value,
+    offset_value,
+    count,
+    index_offset,
+    FROM_TENSORS: tl.constexpr,
+    NBITS: tl.constexpr,
+    EXACT_C: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    BIAS: tl.constexpr,
+    SIGN_SHIFT: tl.constexpr,
+    HAS_NEGATIVE_ZERO: tl.constexpr,
+    MAX_CODE: tl.constexpr,
+    FAST_MIN_BITS: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    ALIGNED: tl.constexpr,
+    ROWS: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    """SR straight to codes of a signed format of at most 8 bits (module docstring), with
+    n random bits: variant a, or exact SR (EXACT_C: variant c with n = 32).
+
+    kept + away = floor(m 2**-d + r 2**-n) with d <= 32 bits discarded, for either variant
+    (nu 2**n is an integer or floored): the high word of the 64-bit m 2**(32 - d) +
+    (r << (32 - n)), one wide multiply-add.  With d > 32 (below FAST_MIN_BITS, the fp32
+    bits of 2**(emin - 9 - mbits); zero and fp32 subnormals too) kept is 0 and away iff
+    count + r >= 2**n, count the floor (a) or half-even (c) rounding of nu 2**n: the same
+    high word of count + (r << (32 - n)), count = nu 2**32 rounded in fp32 (for a, floor
+    of nu 2**32 then floor by n bits is floor of nu 2**n).  A program whose codes do not
+    overflow (no infinity or NaN either) stores them; any other leaves its tile to
+    `_exact_codes_kernel`, appending its number to the list at ``flag_ptr + 2`` (length at
+    ``flag_ptr + 1``)."""
+    program = tl.program_id(0)
+    if WIDE:
+        program = program.to(tl.int64)
+    lane, _, bits, word = _stream_tile(
+        x_ptr,
+        program,
+        seed_ptr,
+        offset_ptr,
+        seed_value,
+        offset_value,
+        count,
+        index_offset,
+        FROM_TENSORS,
+        ALIGNED,
+        ROWS,
+    )
+    magnitude = bits & 0x7FFFFFFF
+    scale = (magnitude >> 23) - (EMIN + 127)  # exponent above emin
+    # d = 23 - mbits + below <= 32: weight 2**(32 - d); beyond, 1 (and the count below)
+    below = tl.minimum(tl.maximum(-scale, 0), 9 + MBITS)
+    weight = ((1 << (9 + MBITS)) >> below).to(tl.uint32).to(tl.uint64)
+    # d > 32: nu 2**32 = |x| 2**(32 - emin + mbits) < 2**23, exact in fp32 (two factors:
+    # one could overflow); adding 2**23 rounds it half to even (c), truncation floors (a)
+    scaled = magnitude.to(tl.float32, bitcast=True) * 2.0 ** ((32 - EMIN + MBITS) // 2)
+    scaled = scaled * 2.0 ** ((32 - EMIN + MBITS) - (32 - EMIN + MBITS) // 2)
+    if EXACT_C:
+        nu_count = (scaled + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+    else:
+        nu_count = tl.minimum(scaled, 8388608.0).to(tl.int32)
+    m = tl.where(magnitude < FAST_MIN_BITS, nu_count, (bits & 0x7FFFFF) | 0x800000)
+    noise = (word & (((1 << NBITS) - 1) << (32 - NBITS))).to(tl.uint64)  # r << (32 - n)
+    total = ((m.to(tl.uint32).to(tl.uint64) * weight + noise) >> 32).to(tl.int32)
+    code = ((tl.maximum(scale, 0) + (EMIN + BIAS - 1)) << MBITS) + total
+    if tl.max(code) <= MAX_CODE:
+        code = code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO)
+        _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
+    else:
+        slot = tl.atomic_add(flag_ptr + 1, 1, sem="relaxed")
+        tl.store(flag_ptr + 2 + slot, program.to(tl.int32))
+
+
+@triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
+def _exact_codes_kernel(
     x_ptr,
     out_ptr,
     flag_ptr,
@@ -436,72 +620,52 @@ def _sr_codes_kernel(
     ALIGNED: tl.constexpr,
     ROWS: tl.constexpr,
     WIDE: tl.constexpr,
+    ITERATIONS: tl.constexpr,
 ):
-    """SR straight to codes of a signed format of at most 8 bits (module docstring): the
-    random bits are added below the kept bits of the significand and the sum truncated.
-    That is variant a with n bits, and with n = 32 exact SR (variant c) wherever at most
-    32 bits are discarded; beyond that (EXACT_C) c rounds nu 2**32 half to even first.
-    OVERFLOW_CODE / INFINITY_CODE: magnitude codes for overflow and infinite inputs
-    (-1: NaN); NAN_CODE: the whole NaN code."""
-    program = tl.program_id(0)
-    if WIDE:
-        program = program.to(tl.int64)
-    row = tl.arange(0, ROWS)[:, None]
-    lane = tl.arange(0, 4)[None, :]
-    position = program * ROWS * 4 + row * 4 + lane
-    mask = position < count
-    x = tl.load(x_ptr + position, mask=mask, other=0.0)
-    seed, offset = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
-    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
-    word = _words(
-        seed, offset, position + index_offset, lane, group, seed_ptr, position, x, mask, 0, ALIGNED
-    ).to(tl.uint32)
-    bits = _fp32_bits_of(x)
-    magnitude = bits & 0x7FFFFFFF
-    exponent_field = magnitude >> 23
-    # fp32 subnormal inputs lie more than 56 bits below every such format's ulp, where
-    # both rules below give 0: their missing implicit bit does not matter
-    m = ((magnitude & 0x7FFFFF) | 0x800000).to(tl.uint32)
-    below_emin = tl.maximum(EMIN + 127 - exponent_field, 0)
-    d = below_emin + (23 - MBITS)  # discarded bits
-    short = tl.minimum(d, 31).to(tl.uint32)
-    if NBITS == 32:  # the word's bits just below bit d
-        noise = word >> (32 - short)
-    else:
-        r = word >> (32 - NBITS)
-        noise = tl.where(
-            short >= NBITS, r << (short - NBITS), r >> (NBITS - tl.minimum(short, NBITS))
-        )
-    total = ((m + noise) >> short).to(tl.int32)  # exact where d <= 31
-    # d > 31: kept is 0; away iff count + r >= 2**n, count = floor (a) or half-even (c)
-    # rounding of nu 2**n = m 2**(n - d), at most 2**24
-    tail_shift = tl.minimum(tl.maximum(d - NBITS, 0), 31).to(tl.uint32)
-    tail_count = m >> tail_shift
-    if EXACT_C:
-        below = m - (tail_count << tail_shift)
-        half = (1 << tail_shift) >> 1
-        up = (below > half) | ((below == half) & ((tail_count & 1) == 1) & (tail_shift > 0))
-        tail_count = tail_count + up.to(tl.uint32)
-    r_tail = word >> (32 - NBITS)
-    total_tail = r_tail + tail_count  # < 2**33: the carry out of bit n (or the wrap) decides
-    if NBITS == 32:
-        tail = (total_tail < r_tail).to(tl.int32)
-    else:
-        tail = (total_tail >> NBITS).to(tl.int32)
-    total = tl.where(d > 31, tail, total)
-    code = ((tl.maximum(exponent_field, EMIN + 127) + (BIAS - 128)) << MBITS) + total
-    code = tl.where(code > MAX_CODE, OVERFLOW_CODE, code)
-    code = tl.where(magnitude == 0x7F800000, INFINITY_CODE, code)
-    is_nan = magnitude > 0x7F800000
-    if OVERFLOW_CODE < 0 or INFINITY_CODE < 0:
-        is_nan = is_nan | (code < 0)
-    sign = (bits >> (31 - SIGN_SHIFT)) & (1 << SIGN_SHIFT)
-    if not HAS_NEGATIVE_ZERO:
-        sign = tl.where(code != 0, sign, 0)
-    code = tl.where(is_nan, NAN_CODE, code | sign)
-    _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
-    if CHECK_NAN:
-        _flag_nan(flag_ptr, is_nan, mask)
+    """The tiles `_sr_codes_kernel` left, listed at ``flag_ptr + 2``: ITERATIONS x the grid
+    covers every tile; each program walks its slots of the list and rounds every element
+    of a listed tile with `_exact_codes` (same stream, same tile).  (The trip count is a
+    constexpr: Triton 3.6's interpreter cannot loop to a tensor bound under numpy >= 2.4,
+    triton-lang/triton#9171.)"""
+    listed = tl.load(flag_ptr + 1)
+    for step in range(ITERATIONS):
+        slot = tl.program_id(0) + step * tl.num_programs(0)
+        if slot < listed:
+            program = tl.load(flag_ptr + 2 + slot)
+            if WIDE:
+                program = program.to(tl.int64)
+            lane, mask, bits, word = _stream_tile(
+                x_ptr,
+                program,
+                seed_ptr,
+                offset_ptr,
+                seed_value,
+                offset_value,
+                count,
+                index_offset,
+                FROM_TENSORS,
+                ALIGNED,
+                ROWS,
+            )
+            code = _exact_codes(
+                bits,
+                word,
+                flag_ptr,
+                mask,
+                NBITS,
+                EXACT_C,
+                MBITS,
+                EMIN,
+                BIAS,
+                SIGN_SHIFT,
+                HAS_NEGATIVE_ZERO,
+                MAX_CODE,
+                OVERFLOW_CODE,
+                INFINITY_CODE,
+                NAN_CODE,
+                CHECK_NAN,
+            )
+            _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
 
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
@@ -623,7 +787,6 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     if rand is not None:
         rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
     check_nan = output != "value" and not fmt.has_nan
-    flag = torch.zeros(1, dtype=torch.int32, device=device)
     common = dict(
         FROM_TENSORS=from_tensors,
         ALIGNED=request.index_offset % 4 == 0,
@@ -641,23 +804,36 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             NBITS=n,
             **common,
         )
-    elif _codes_fast_path(request, output):
-        # measured on an H100 (2**28 values): two warps, and half the rows for fp4x2
-        rows = ROWS if output == "codes" or ROWS > 256 else ROWS // 2
-        _sr_codes_kernel[(triton.cdiv(count, rows * 4),)](
+        return out
+    if _codes_fast_path(request, output):
+        rows, warps = (ROWS, 4) if INTERPRETED else CODES_LAUNCH[output]
+        programs = triton.cdiv(count, rows * 4)
+        # flag, then the number and the list of the tiles left to the exact kernel
+        flag = torch.zeros(2 + programs, dtype=torch.int32, device=device)
+        codes = dict(
+            NBITS=n,
+            EXACT_C=variant == "c",
+            OUTPUT=OUTPUTS.index(output),
+            **_fast_code_constants(fmt),
+            **{**common, "ROWS": rows},
+        )
+        _sr_codes_kernel[(programs,)](
+            x, buffer, flag, *stream, FAST_MIN_BITS=_fast_min_bits(fmt), **codes, num_warps=warps
+        )
+        iterations = triton.next_power_of_2(triton.cdiv(programs, _persistent_programs(device)))
+        _exact_codes_kernel[(triton.cdiv(programs, iterations),)](
             x,
             buffer,
             flag,
             *stream,
-            NBITS=n,
-            EXACT_C=variant == "c",
             CHECK_NAN=check_nan,
-            OUTPUT=OUTPUTS.index(output),
-            **_fast_code_constants(fmt, request.sat),
-            **{**common, "ROWS": rows},
-            num_warps=2,
+            **_special_code_constants(fmt, request.sat),
+            **codes,
+            ITERATIONS=iterations,
+            num_warps=warps,
         )
     else:
+        flag = torch.zeros(1, dtype=torch.int32, device=device)
         _round_kernel[grid](
             x,
             buffer,
@@ -675,7 +851,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             NAN16=NAN16_BITS.get(out_dtype, 0),
             **common,
         )
-    if check_nan and bool(flag.item()):
+    if check_nan and bool(flag[0].item()):
         raise ValueError(
             f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN "
             "input or an overflow); use sat='finite' or filter the input"
@@ -698,9 +874,8 @@ def _codes_fast_path(request: Request, output: str) -> bool:
     )
 
 
-def _fast_code_constants(fmt: Format, sat: str) -> dict[str, int]:
-    """Magnitude codes for overflow and infinite inputs (-1 where the result is NaN)."""
-    infinity = fmt.max_magnitude_code + 1 if fmt.inf else -1
+def _fast_code_constants(fmt: Format) -> dict[str, int]:
+    """What both code kernels need of a format."""
     return {
         "MBITS": fmt.mbits,
         "EMIN": fmt.emin,
@@ -708,10 +883,31 @@ def _fast_code_constants(fmt: Format, sat: str) -> dict[str, int]:
         "SIGN_SHIFT": fmt.ebits + fmt.mbits,
         "HAS_NEGATIVE_ZERO": fmt.has_negative_zero,
         "MAX_CODE": fmt.max_magnitude_code,
+    }
+
+
+def _fast_min_bits(fmt: Format) -> int:
+    """fp32 bits of 2**(emin - 9 - mbits): d = 23 - mbits + emin - e <= 32 from there up (and
+    fp32 subnormals never: their significand lacks the implicit bit)."""
+    return max(fmt.emin - 9 - fmt.mbits + 127, 1) << 23
+
+
+def _special_code_constants(fmt: Format, sat: str) -> dict[str, int]:
+    """Magnitude codes for overflow and infinite inputs (-1 where the result is NaN), and
+    the NaN code."""
+    infinity = fmt.max_magnitude_code + 1 if fmt.inf else -1
+    return {
         "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
         "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
         "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
     }
+
+
+def _persistent_programs(device: torch.device) -> int:
+    """Programs of a grid that walks a list: four per multiprocessor (four in all on CPU)."""
+    if device.type != "cuda":
+        return 4
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _as_int64(value: int) -> int:
