@@ -43,8 +43,9 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize(("ours", "theirs", "kwargs"), CONFIGS)
-def test_fp32_matches_torch_bit_for_bit(ours, theirs, kwargs):
-    # same operation order as torch's single-tensor path, so identical, not just close
+def test_fp32_matches_torch_within_float32_rounding(ours, theirs, kwargs):
+    # torch's single-tensor update, one rounding per operation where torch's CPU kernels
+    # fuse multiply-adds (stochround.optim.updates): a few ulps apart after 20 steps
     mine, reference = make_params(torch.float32), make_params(torch.float32)
     opt = ours(mine, rounding="rne", **kwargs)
     ref = theirs(reference, foreach=False, **kwargs)
@@ -58,10 +59,11 @@ def test_fp32_matches_torch_bit_for_bit(ours, theirs, kwargs):
         sched.step()
         ref_sched.step()
         for a, b in zip(mine, reference, strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            torch.testing.assert_close(a, b, rtol=2**-17, atol=2**-24)
     name = "exp_avg" if ours is AdamW else "momentum_buffer"
     if name in ref.state[reference[0]]:
-        assert torch.equal(opt.state[mine[0]][name], ref.state[reference[0]][name])
+        ours_state, torch_state = opt.state[mine[0]][name], ref.state[reference[0]][name]
+        torch.testing.assert_close(ours_state, torch_state, rtol=2**-17, atol=2**-24)
     opt.zero_grad()
     assert all(p.grad is None for p in mine)
 
@@ -280,17 +282,16 @@ def test_teacher_student_sr_matches_fp32_and_beats_rne():
 
 
 def lion_reference(params, grads_per_step, lr, betas, wd, maximize=False):
-    """Plain fp32 Lion, written out: p *= 1 - lr wd; p -= lr sign(b1 m + (1-b1) g);
-    m = b2 m + (1-b2) g. Returns the parameters after each step and the final m."""
+    """Plain fp32 Lion, written out one rounding per operation: p (1 - lr wd) - sign(m b1 +
+    g (1 - b1)) lr; m = m b2 + g (1 - b2). The parameters after each step and the final m."""
     params = [p.detach().float().clone() for p in params]
     moments = [torch.zeros_like(p) for p in params]
     history = []
     for grads in grads_per_step:
         for p, m, g in zip(params, moments, grads, strict=True):
             g = -g.float() if maximize else g.float()
-            p.mul_(1 - lr * wd)
-            p.add_((m * betas[0] + g * (1 - betas[0])).sign(), alpha=-lr)
-            m.mul_(betas[1]).add_(g, alpha=1 - betas[1])
+            p.copy_(p * (1 - lr * wd) - (m * betas[0] + g * (1 - betas[0])).sign() * lr)
+            m.copy_(m * betas[1] + g * (1 - betas[1]))
         history.append([p.clone() for p in params])
     return history, moments
 

@@ -49,7 +49,7 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ROWS = 4096 if INTERPRETED else 256
 # (rows, warps) of the SR-to-codes kernels per output, measured on an H100 (2**28 values)
-CODES_LAUNCH = {"codes": (256, 2), "fp4x2": (128, 2)}
+CODES_LAUNCH = {"codes": (512, 2), "fp4x2": (512, 2)}
 FP32_NAN_BITS = 0x7FC00000
 NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
@@ -92,13 +92,18 @@ def _words(
         return data_word(x, index).to(tl.int64)
     else:
         if ALIGNED:
-            word0, word1, word2, word3 = four_words(seed, offset, group)
-            word = tl.where(lane == 0, word0[:, None], word1[:, None])
-            word = tl.where(lane == 2, word2[:, None], word)
-            word = tl.where(lane == 3, word3[:, None], word)
-            return word.to(tl.int64)
+            return tile_words(seed, offset, group, lane).to(tl.int64)
         else:
             return random_word(seed, offset, index).to(tl.int64)
+
+
+@triton.jit
+def tile_words(seed, offset, group, lane):
+    """The uint32 words of a [ROWS, 4] tile whose row r is Philox block ``group[r]``."""
+    word0, word1, word2, word3 = four_words(seed, offset, group)
+    word = tl.where(lane == 0, word0[:, None], word1[:, None])
+    word = tl.where(lane == 2, word2[:, None], word)
+    return tl.where(lane == 3, word3[:, None], word)
 
 
 @triton.jit
@@ -700,11 +705,18 @@ def _bf16_sr_kernel(
     word = _words(
         seed, offset, position + index_offset, lane, group, seed_ptr, position, x, mask, 0, ALIGNED
     ).to(tl.uint32)
+    rounded = bf16_sr(_fp32_bits_of(x).to(tl.uint32, bitcast=True), word, NBITS, SATURATION)
+    tl.store(out_ptr + position, rounded, mask=mask)
+
+
+@triton.jit
+def bf16_sr(bits, word, NBITS: tl.constexpr, SATURATION: tl.constexpr):
+    """bf16 values of fp32 bits (uint32) rounded stochastically by their words (uint32):
+    the random bits added just below bit 16, then truncated (`_bf16_sr_kernel`)."""
     if NBITS >= 16:  # n >= 16 bits: every variant is exact SR, the top 16 bits decide
         noise = word >> 16
     else:  # variant a with n bits: r placed just below the kept bits
         noise = (word >> (32 - NBITS)) << (16 - NBITS)
-    bits = _fp32_bits_of(x).to(tl.uint32, bitcast=True)
     rounded = (bits + noise) >> 16
     magnitude = bits & 0x7FFFFFFF
     if SATURATION > 0:
@@ -712,7 +724,7 @@ def _bf16_sr_kernel(
         overflowed = ((rounded & 0x7FFF) == 0x7F80) & (magnitude < limit)
         rounded = tl.where(overflowed, rounded - 1, rounded)
     rounded = tl.where(magnitude > 0x7F800000, 0x7FC0, rounded)
-    tl.store(out_ptr + position, rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 def _overflow_bits(fmt: Format, mode: str, sat: str) -> dict[str, int]:

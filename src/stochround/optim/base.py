@@ -39,6 +39,7 @@ to nearest even otherwise ("kahan" and "ecc" concern the parameter only).
 from __future__ import annotations
 
 import numbers
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -46,7 +47,10 @@ import torch
 from torch import Tensor
 
 from ..random import check_seed, default_seed
+from ..reference import check_choice
 from ..rounding import cast
+
+BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
 ROUNDINGS: tuple[str, ...] = ("sr", "rne", "kahan", "ecc")
 STATE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -150,14 +154,95 @@ def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
     return param.float() + residual.float() * (ulp(param) / ECC_SCALE)
 
 
+def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
+    """Why the fused kernel cannot update ``param`` (None if it can)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as error:
+        return f"triton is not importable ({error})"
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if not (param.is_cuda or interpreted):
+        return "the parameter is not a CUDA tensor (TRITON_INTERPRET=1 runs kernels on CPU)"
+    if SROptimizer.param_state_name(group, param) is not None:
+        return "master_weights, 'kahan' and 'ecc' keep an extra parameter state"
+    if not (param.is_contiguous() and param.grad.is_contiguous()):
+        return "the parameter and its gradient must be contiguous"
+    if param.grad.dtype not in PARAM_DTYPES:
+        return f"gradients must be float32, bfloat16 or float16, not {param.grad.dtype}"
+    return None
+
+
 class SROptimizer(torch.optim.Optimizer):
     """Base class: groups carry ``state_dtype``, ``rounding`` and ``seed``; the step counter
-    of each parameter is ``state[p]["step"]`` (a CPU int64 tensor)."""
+    of each parameter is ``state[p]["step"]`` (a CPU int64 tensor).
+
+    ``backend``: "auto" updates CUDA parameters with one fused Triton launch per group
+    (per parameter, gradient and state dtype, and step) and others on the PyTorch path;
+    "torch" always takes the PyTorch path; "triton" always the kernel, raising ValueError
+    for a parameter it cannot update.  Both give the same bits."""
 
     state_names: tuple[str, ...] = ()
 
-    def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
+    def __init__(
+        self, params: Iterable[Any], defaults: dict[str, Any], backend: str = "auto"
+    ) -> None:
+        check_choice("backend", backend, BACKENDS)
+        self.backend = backend
         super().__init__(params, defaults)
+
+    def fused(self, group: dict[str, Any], param: Tensor) -> bool:
+        """Whether the fused kernel updates ``param`` (see the class docstring)."""
+        if self.backend == "torch" or (self.backend == "auto" and not param.is_cuda):
+            return False
+        refusal = _triton_refusal(param, group)
+        if refusal is not None and self.backend == "triton":
+            raise ValueError(f"backend='triton' cannot update this parameter: {refusal}")
+        return refusal is None
+
+    def init_states(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
+        """The parameter's state, with zero states in ``state_dtype`` on first use."""
+        state = self.state[param]
+        for name in self.state_names:
+            if name not in state:
+                state[name] = torch.zeros_like(
+                    param, dtype=group["state_dtype"], memory_format=torch.preserve_format
+                )
+        return state
+
+    def fused_steps(
+        self,
+        algorithm: str,
+        group: dict[str, Any],
+        entries: list[tuple[int, Tensor, int]],
+        scalars_of: Any,
+        names: tuple[str, ...],
+        **options: Any,
+    ) -> None:
+        """One launch per (dtypes, step) bucket of ``entries`` (index, param, step):
+        ``scalars_of(step)`` gives the kernel's scalars, ``names`` the states it updates."""
+        if not entries:
+            return
+        buckets: dict[tuple, list[tuple[int, Tensor]]] = {}
+        for index, param, step in entries:
+            key = (param.dtype, param.grad.dtype, param.device, step)
+            buckets.setdefault(key, []).append((index, param))
+        from ..kernels.optim import fused_step  # needs triton: imported only when used
+
+        for (_, _, _, step), members in buckets.items():
+            params = [param for _, param in members]
+            fused_step(
+                algorithm,
+                params,
+                [param.grad for param in params],
+                [[self.state[param][name] for param in params] for name in names],
+                [index for index, _ in members],
+                scalars_of(step),
+                seed=group["seed"],
+                step=step,
+                sr=group["rounding"] == "sr",
+                maximize=group["maximize"],
+                **options,
+            )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -232,18 +317,41 @@ class SROptimizer(torch.optim.Optimizer):
         else:
             store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
 
-    def indexed_params(self) -> Iterable[tuple[dict[str, Any], int, Tensor]]:
-        """(group, global parameter index, parameter) for parameters that have a gradient."""
+    def grouped_params(self) -> Iterable[tuple[dict[str, Any], list[tuple[int, Tensor]]]]:
+        """Each group with its (global parameter index, parameter) pairs that have a
+        gradient (indices count every parameter of every group, in order)."""
         index = 0
         for group in self.param_groups:
+            entries = []
             for param in group["params"]:
                 if param.grad is not None:
                     if param.grad.is_sparse:
                         raise RuntimeError(
                             f"{type(self).__name__} does not support sparse gradients"
                         )
-                    yield group, index, param
+                    entries.append((index, param))
                 index += 1
+            yield group, entries
+
+    @staticmethod
+    def gradient(group: dict[str, Any], param: Tensor) -> Tensor:
+        """The float32 gradient, negated under ``maximize``."""
+        grad = param.grad.float()
+        return -grad if group["maximize"] else grad
+
+    def store_states(
+        self,
+        group: dict[str, Any],
+        param: Tensor,
+        values: tuple[Tensor, ...],
+        step: int,
+        index: int,
+    ) -> None:
+        """Store the float32 ``values`` of the states ``state_names`` (in order), rounded."""
+        state = self.state[param]
+        rounding, seed = group["rounding"], group["seed"]
+        for name, value in zip(self.state_names, values, strict=False):
+            store(state[name], value, rounding, seed, step, index, TENSOR_SLOTS[name])
 
     def state_count(self, group: dict[str, Any]) -> int:
         """How many state tensors each parameter of ``group`` holds."""

@@ -1,31 +1,41 @@
 """AdamW, SGD and Lion with parameters and states in float32, bfloat16 or float16.
 
-Each step computes the update in float32, in the same order as torch's single-tensor
-(``foreach=False``) implementations, then stores the parameter and each state rounded to
-its dtype by ``rounding`` ("sr": exact stochastic rounding, "rne": round to nearest even,
+Each step computes the update in float32 (`stochround.optim.updates`: torch's single-tensor
+updates with one rounding per operation), then stores the parameter and each state
+rounded to its dtype by ``rounding`` ("sr": exact stochastic rounding, "rne": round to nearest even,
 "kahan": nearest plus a compensation buffer, "ecc": nearest plus an int8 residual; see
 :mod:`stochround.optim.base`). ``master_weights=True`` keeps a float32 master copy of each
 low-precision parameter, updates it, and stores the parameter as its rounded copy.
-With float32 parameters and states the result is bit-identical to ``torch.optim``.
+With float32 parameters and states the result agrees with ``torch.optim`` to within
+float32 rounding.  On CUDA one fused Triton launch updates all parameters of a group
+(``backend``, `stochround.optim.base.SROptimizer`), bit-identical to the PyTorch path.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from .base import TENSOR_SLOTS, SROptimizer, check_float, store
+from .base import SROptimizer, check_float
+from .updates import (
+    adamw_scalars,
+    adamw_update,
+    lion_scalars,
+    lion_update,
+    sgd_scalars,
+    sgd_update,
+)
 
 
 class AdamW(SROptimizer):
     """AdamW (Loshchilov & Hutter) with rounded stores.
 
     ``p <- p (1 - lr wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`` with
-    ``m <- lerp(m, g, 1 - b1)``, ``v <- b2 v + (1 - b2) g^2``, all in float32; ``p``, ``m``
-    and ``v`` are then each rounded once to their storage dtype.
+    ``m <- m + (g - m)(1 - b1)``, ``v <- b2 v + (1 - b2) g^2``, all in float32
+    (`stochround.optim.updates.adamw_update`); ``p``, ``m`` and ``v`` are then each rounded
+    once to their storage dtype.
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
@@ -43,6 +53,7 @@ class AdamW(SROptimizer):
         rounding: str = "sr",
         seed: int | None = None,
         master_weights: bool = False,
+        backend: str = "auto",
     ) -> None:
         defaults = {
             "lr": lr,
@@ -55,7 +66,7 @@ class AdamW(SROptimizer):
             "seed": seed,
             "master_weights": master_weights,
         }
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, backend)
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
@@ -77,33 +88,29 @@ class AdamW(SROptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group, index, param in self.indexed_params():
-            state = self.state[param]
-            if "exp_avg" not in state:
-                for name in self.state_names:
-                    state[name] = torch.zeros_like(
-                        param, dtype=group["state_dtype"], memory_format=torch.preserve_format
-                    )
-            step = self.advance_step(param)
-            lr = float(group["lr"])
-            beta1, beta2 = group["betas"]
-            grad = param.grad.float()
-            if group["maximize"]:
-                grad = -grad
-            value = self.load_param(group, param)
-            value.mul_(1 - lr * group["weight_decay"])
-            exp_avg = state["exp_avg"].float().lerp(grad, 1 - beta1)
-            exp_avg_sq = state["exp_avg_sq"].float().mul(beta2)
-            exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)
-            step_size = lr / (1 - beta1**step)
-            bias_correction2_sqrt = math.sqrt(1 - beta2**step)
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(group["eps"])
-            value.addcdiv_(exp_avg, denom, value=-step_size)
-            rounding, seed = group["rounding"], group["seed"]
-            self.store_param(group, param, value, step, index)
-            for name in self.state_names:
-                computed = exp_avg if name == "exp_avg" else exp_avg_sq
-                store(state[name], computed, rounding, seed, step, index, TENSOR_SLOTS[name])
+        for group, entries in self.grouped_params():
+
+            def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
+                lr, eps, wd = float(group["lr"]), group["eps"], group["weight_decay"]
+                return adamw_scalars(lr, group["betas"], eps, wd, step)
+
+            fused = []
+            for index, param in entries:
+                state = self.init_states(group, param)
+                step = self.advance_step(param)
+                if self.fused(group, param):
+                    fused.append((index, param, step))
+                    continue
+                value, exp_avg, exp_avg_sq = adamw_update(
+                    self.load_param(group, param),
+                    self.gradient(group, param),
+                    state["exp_avg"].float(),
+                    state["exp_avg_sq"].float(),
+                    scalars(step),
+                )
+                self.store_param(group, param, value, step, index)
+                self.store_states(group, param, (exp_avg, exp_avg_sq), step, index)
+            self.fused_steps("adamw", group, fused, scalars, self.state_names)
         return loss
 
 
@@ -132,6 +139,7 @@ class SGD(SROptimizer):
         rounding: str = "sr",
         seed: int | None = None,
         master_weights: bool = False,
+        backend: str = "auto",
     ) -> None:
         defaults = {
             "lr": lr,
@@ -145,7 +153,7 @@ class SGD(SROptimizer):
             "seed": seed,
             "master_weights": master_weights,
         }
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, backend)
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
@@ -167,31 +175,48 @@ class SGD(SROptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group, index, param in self.indexed_params():
-            step = self.advance_step(param)
-            state = self.state[param]
-            momentum = group["momentum"]
-            grad = param.grad.float()
-            if group["maximize"]:
-                grad = -grad
-            value = self.load_param(group, param)
-            if group["weight_decay"] != 0:
-                grad = grad.add(value, alpha=group["weight_decay"])
-            rounding, seed = group["rounding"], group["seed"]
-            if momentum != 0:
-                if "momentum_buffer" not in state:
-                    buffer = grad.clone()
+        for group, entries in self.grouped_params():
+
+            def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
+                lr, momentum = float(group["lr"]), group["momentum"]
+                return sgd_scalars(lr, momentum, group["dampening"], group["weight_decay"])
+
+            fused: dict[bool, list] = {True: [], False: []}  # by first momentum step
+            for index, param in entries:
+                step = self.advance_step(param)
+                state = self.state[param]
+                first = "momentum_buffer" not in state
+                if group["momentum"] != 0 and first:
                     state["momentum_buffer"] = torch.empty_like(
                         param, dtype=group["state_dtype"], memory_format=torch.preserve_format
                     )
-                else:
-                    buffer = state["momentum_buffer"].float().mul(momentum)
-                    buffer.add_(grad, alpha=1 - group["dampening"])
-                grad = grad.add(buffer, alpha=momentum) if group["nesterov"] else buffer
-                slot = TENSOR_SLOTS["momentum_buffer"]
-                store(state["momentum_buffer"], buffer, rounding, seed, step, index, slot)
-            value = value.add(grad, alpha=-float(group["lr"]))
-            self.store_param(group, param, value, step, index)
+                if self.fused(group, param):
+                    fused[first].append((index, param, step))
+                    continue
+                buffer = None if first else state.get("momentum_buffer")
+                value, buffer = sgd_update(
+                    self.load_param(group, param),
+                    self.gradient(group, param),
+                    None if buffer is None else buffer.float(),
+                    scalars(step),
+                    nesterov=group["nesterov"],
+                    first=first,
+                )
+                self.store_param(group, param, value, step, index)
+                if buffer is not None:
+                    self.store_states(group, param, (buffer,), step, index)
+            momentum = group["momentum"] != 0
+            option = 0 if not momentum else 2 if group["nesterov"] else 1
+            for first, members in fused.items():
+                self.fused_steps(
+                    "sgd",
+                    group,
+                    members,
+                    scalars,
+                    self.state_names if momentum else (),
+                    decay=group["weight_decay"] != 0,
+                    option=option + 3 if first and momentum else option,
+                )
         return loss
 
 
@@ -220,6 +245,7 @@ class Lion(SROptimizer):
         rounding: str = "sr",
         seed: int | None = None,
         master_weights: bool = False,
+        backend: str = "auto",
     ) -> None:
         defaults = {
             "lr": lr,
@@ -231,7 +257,7 @@ class Lion(SROptimizer):
             "seed": seed,
             "master_weights": master_weights,
         }
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, backend)
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
@@ -252,26 +278,26 @@ class Lion(SROptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group, index, param in self.indexed_params():
-            state = self.state[param]
-            if "exp_avg" not in state:
-                state["exp_avg"] = torch.zeros_like(
-                    param, dtype=group["state_dtype"], memory_format=torch.preserve_format
+        for group, entries in self.grouped_params():
+
+            def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
+                lr = float(group["lr"])
+                return lion_scalars(lr, group["betas"], group["weight_decay"])
+
+            fused = []
+            for index, param in entries:
+                state = self.init_states(group, param)
+                step = self.advance_step(param)
+                if self.fused(group, param):
+                    fused.append((index, param, step))
+                    continue
+                value, exp_avg = lion_update(
+                    self.load_param(group, param),
+                    self.gradient(group, param),
+                    state["exp_avg"].float(),
+                    scalars(step),
                 )
-            step = self.advance_step(param)
-            lr = float(group["lr"])
-            beta1, beta2 = group["betas"]
-            grad = param.grad.float()
-            if group["maximize"]:
-                grad = -grad
-            value = self.load_param(group, param)
-            value.mul_(1 - lr * group["weight_decay"])
-            exp_avg = state["exp_avg"].float()
-            update = exp_avg.mul(beta1).add_(grad, alpha=1 - beta1).sign_()
-            value.add_(update, alpha=-lr)
-            exp_avg = exp_avg.mul(beta2).add_(grad, alpha=1 - beta2)
-            rounding, seed = group["rounding"], group["seed"]
-            self.store_param(group, param, value, step, index)
-            slot = TENSOR_SLOTS["exp_avg"]
-            store(state["exp_avg"], exp_avg, rounding, seed, step, index, slot)
+                self.store_param(group, param, value, step, index)
+                self.store_states(group, param, (exp_avg,), step, index)
+            self.fused_steps("lion", group, fused, scalars, self.state_names)
         return loss

@@ -1,0 +1,254 @@
+"""One fused Triton launch per optimizer step: AdamW, SGD and Lion over many tensors.
+
+The launch covers every parameter in a list (multi-tensor): a table holds, per parameter,
+the addresses of the parameter, its gradient and its states, its element count and its
+global parameter index; a second table maps each program to (parameter, block).  Each
+program loads a block of ``ROWS x 4`` elements, computes the update in float32 exactly as
+`stochround.optim.updates` computes it on tensors (one rounding per operation: no fused
+multiply-adds, correctly rounded division and square root), and stores the parameter and
+each state rounded to its dtype: to nearest even ("rne"), or stochastically ("sr") with
+the words of stream ``(seed, step * 2**32 + index * 4 + slot)`` at the element indices
+(`stochround.optim.base`), as `stochround.cast(value, dtype, "sr", seed=..., offset=...)`
+does.  Bit-identical to the PyTorch path given the seed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..formats import format_of_dtype
+from .rounding import (
+    MODE_CODES,
+    VARIANT_CODES,
+    _format_constants,
+    _narrow_to_16_bits,
+    _overflow_bits,
+    _rounded_fp32_bits,
+    bf16_sr,
+    tile_words,
+)
+
+ALGORITHMS = ("adamw", "sgd", "lion")
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# a program updates ROWS x 4 elements (one Philox block a row); the interpreter runs
+# programs one after another, so there large blocks cost far less
+ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 256
+TABLE_COLUMNS = 6  # param, grad, state 1, state 2 addresses; numel; global index
+
+_FP16 = {
+    **_format_constants(format_of_dtype(torch.float16)),
+    **_overflow_bits(format_of_dtype(torch.float16), "sr", "none"),
+}
+FP16_MBITS: tl.constexpr = _FP16["MBITS"]
+FP16_EMIN: tl.constexpr = _FP16["EMIN"]
+FP16_BIAS: tl.constexpr = _FP16["BIAS"]
+FP16_MAX_BITS: tl.constexpr = _FP16["MAX_BITS"]
+FP16_NEGATIVE_LIMIT_BITS: tl.constexpr = _FP16["NEGATIVE_LIMIT_BITS"]
+FP16_MIN_NORMAL_BITS: tl.constexpr = _FP16["MIN_NORMAL_BITS"]
+FP16_OVERFLOW_POSITIVE: tl.constexpr = _FP16["OVERFLOW_POSITIVE"]
+FP16_OVERFLOW_NEGATIVE: tl.constexpr = _FP16["OVERFLOW_NEGATIVE"]
+FP16_INFINITY_POSITIVE: tl.constexpr = _FP16["INFINITY_POSITIVE"]
+FP16_INFINITY_NEGATIVE: tl.constexpr = _FP16["INFINITY_NEGATIVE"]
+SR_MODE: tl.constexpr = MODE_CODES["sr"]
+EXACT_VARIANT: tl.constexpr = VARIANT_CODES["c"]
+
+
+@triton.jit
+def _typed(address, CODE: tl.constexpr):
+    """A pointer of the dtype with code CODE (`DTYPE_CODES`) at an integer address."""
+    if CODE == 0:
+        return address.to(tl.pointer_type(tl.float32))
+    elif CODE == 1:
+        return address.to(tl.pointer_type(tl.bfloat16))
+    else:
+        return address.to(tl.pointer_type(tl.float16))
+
+
+@triton.jit
+def _store(pointer, value, mask, seed, offset, group, lane, CODE: tl.constexpr, SR: tl.constexpr):
+    """Store float32 ``value`` rounded to the dtype CODE: as is (float32), to nearest even,
+    or stochastically with the words of stream ``(seed, offset)`` (exact SR, n = 32)."""
+    if CODE == 0:
+        tl.store(pointer, value, mask=mask)
+    elif not SR:  # integer narrowing: the interpreter's own bf16 cast truncates
+        bits = value.to(tl.int32, bitcast=True)
+        nan = 0x7FC0 if CODE == 1 else 0x7E00
+        tl.store(pointer, _narrow_to_16_bits(bits, pointer.dtype.element_ty, nan), mask=mask)
+    else:
+        word = tile_words(seed, offset, group, lane)
+        bits = value.to(tl.uint32, bitcast=True)
+        if CODE == 1:
+            tl.store(pointer, bf16_sr(bits, word, 32, 0), mask=mask)
+        else:
+            result = _rounded_fp32_bits(
+                bits.to(tl.int32, bitcast=True),
+                word.to(tl.int64),
+                FP16_MBITS,
+                FP16_EMIN,
+                FP16_BIAS,
+                True,
+                True,
+                FP16_MAX_BITS,
+                FP16_NEGATIVE_LIMIT_BITS,
+                FP16_MIN_NORMAL_BITS,
+                FP16_OVERFLOW_POSITIVE,
+                FP16_OVERFLOW_NEGATIVE,
+                FP16_INFINITY_POSITIVE,
+                FP16_INFINITY_NEGATIVE,
+                SR_MODE,
+                EXACT_VARIANT,
+                32,
+            )
+            tl.store(pointer, _narrow_to_16_bits(result, tl.float16, 0x7E00), mask=mask)
+
+
+@triton.jit(do_not_specialize=["seed", "step"])
+def _step_kernel(
+    table_ptr,
+    blocks_ptr,
+    seed,
+    step,
+    scalar0,
+    scalar1,
+    scalar2,
+    scalar3,
+    scalar4,
+    scalar5,
+    scalar6,
+    ALGORITHM: tl.constexpr,
+    PARAM: tl.constexpr,
+    GRAD: tl.constexpr,
+    STATE: tl.constexpr,
+    SR: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    DECAY: tl.constexpr,
+    OPTION: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """Update block ``blocks[program]`` = (parameter t, block b) of the table's parameters.
+
+    Scalars (float32), by ALGORITHM: AdamW (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t),
+    eps, lr / (1 - b1^t)); SGD (lr, momentum, 1 - dampening, weight_decay) with OPTION
+    0 no momentum, 1 momentum, 2 Nesterov, +3 on the first step (buffer = gradient), and
+    DECAY when weight_decay != 0; Lion (decay, b1, 1 - b1, b2, 1 - b2, lr)."""
+    program = tl.program_id(0)
+    tensor = tl.load(blocks_ptr + 2 * program)
+    block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
+    row_ptr = table_ptr + tensor * 6
+    numel = tl.load(row_ptr + 4)
+    index = tl.load(row_ptr + 5)
+    row = tl.arange(0, ROWS)[:, None]
+    lane = tl.arange(0, 4)[None, :]
+    position = block * (ROWS * 4) + row * 4 + lane
+    mask = position < numel
+    group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
+    base = (step.to(tl.int64) << 32) + index * 4  # stream offset of slot 0
+    param_ptr = _typed(tl.load(row_ptr), PARAM) + position
+    grad = tl.load(_typed(tl.load(row_ptr + 1), GRAD) + position, mask=mask).to(tl.float32)
+    if MAXIMIZE:
+        grad = -grad
+    value = tl.load(param_ptr, mask=mask).to(tl.float32)
+    first_ptr = _typed(tl.load(row_ptr + 2), STATE) + position
+    if ALGORITHM == 0:
+        second_ptr = _typed(tl.load(row_ptr + 3), STATE) + position
+        exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
+        exp_avg_sq = tl.load(second_ptr, mask=mask).to(tl.float32)
+        value = value * scalar0
+        exp_avg = exp_avg + (grad - exp_avg) * scalar1
+        exp_avg_sq = exp_avg_sq * scalar2 + (scalar3 * grad) * grad
+        denom = tl.sqrt_rn(exp_avg_sq) * scalar4 + scalar5
+        value = value - scalar6 * tl.div_rn(exp_avg, denom)
+        _store(first_ptr, exp_avg, mask, seed, base + 1, group, lane, STATE, SR)
+        _store(second_ptr, exp_avg_sq, mask, seed, base + 2, group, lane, STATE, SR)
+    elif ALGORITHM == 1:
+        if DECAY:
+            grad = grad + scalar3 * value
+        if OPTION % 3 != 0:
+            if OPTION >= 3:
+                buffer = grad
+            else:
+                buffer = tl.load(first_ptr, mask=mask).to(tl.float32)
+                buffer = buffer * scalar1 + scalar2 * grad
+            if OPTION % 3 == 2:
+                grad = grad + scalar1 * buffer
+            else:
+                grad = buffer
+            _store(first_ptr, buffer, mask, seed, base + 1, group, lane, STATE, SR)
+        value = value - scalar0 * grad
+    else:
+        exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
+        value = value * scalar0
+        direction = exp_avg * scalar1 + scalar2 * grad
+        # torch.sign: +0 for zeros and NaN
+        update = (direction > 0).to(tl.float32) - (direction < 0).to(tl.float32)
+        value = value - scalar5 * update
+        exp_avg = exp_avg * scalar3 + scalar4 * grad
+        _store(first_ptr, exp_avg, mask, seed, base + 1, group, lane, STATE, SR)
+    _store(param_ptr, value, mask, seed, base, group, lane, PARAM, SR)
+
+
+def _block_table(numels: list[int], device: torch.device) -> Tensor:
+    """int32 (parameter, block) pairs, one per program, parameter by parameter."""
+    per_block = ROWS * 4
+    counts = torch.tensor([triton.cdiv(n, per_block) for n in numels], dtype=torch.int64)
+    tensor = torch.repeat_interleave(torch.arange(len(numels)), counts)
+    starts = torch.cumsum(counts, 0) - counts
+    block = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
+    return torch.stack([tensor, block], dim=1).to(device=device, dtype=torch.int32)
+
+
+def fused_step(
+    algorithm: str,
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: list[list[Tensor]],
+    indices: list[int],
+    scalars: list[float],
+    *,
+    seed: int,
+    step: int,
+    sr: bool,
+    maximize: bool,
+    decay: bool = False,
+    option: int = 0,
+) -> None:
+    """Update ``params`` and their ``states`` (one list per state slot, each as long as
+    ``params``) in place with one launch: same dtypes across each list, contiguous tensors
+    on one device.  ``scalars``: `_step_kernel`'s, in its order."""
+    if not params:
+        return
+    device = params[0].device
+    columns = [params, grads, *states] + [[t for t in params]] * (2 - len(states))
+    rows = [
+        [p.data_ptr(), g.data_ptr(), a.data_ptr(), b.data_ptr(), p.numel(), index]
+        for p, g, a, b, index in zip(*columns, indices, strict=True)
+    ]
+    table = torch.tensor(rows, dtype=torch.int64).to(device)
+    blocks = _block_table([p.numel() for p in params], device)
+    state_dtype = states[0][0].dtype if states else params[0].dtype
+    _step_kernel[(blocks.shape[0],)](
+        table,
+        blocks,
+        _as_int64(seed),
+        step,
+        *(scalars + [0.0] * (7 - len(scalars))),
+        ALGORITHM=ALGORITHMS.index(algorithm),
+        PARAM=DTYPE_CODES[params[0].dtype],
+        GRAD=DTYPE_CODES[grads[0].dtype],
+        STATE=DTYPE_CODES[state_dtype],
+        SR=sr,
+        MAXIMIZE=maximize,
+        DECAY=decay,
+        OPTION=option,
+        ROWS=ROWS,
+        enable_fp_fusion=False,
+    )
+
+
+def _as_int64(value: int) -> int:
+    return value - 2**64 if value >= 2**63 else value
