@@ -34,11 +34,10 @@ from .rounding import (
 )
 
 ALGORITHMS = ("adamw", "sgd", "lion")
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # a program updates ROWS x 4 elements (one Philox block a row); the interpreter runs
 # programs one after another, so there large blocks cost far less
 ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 256
-TABLE_COLUMNS = 6  # param, grad, state 1, state 2 addresses; numel; global index
+WARPS = 4
 
 _FP16 = {
     **_format_constants(format_of_dtype(torch.float16)),
@@ -59,30 +58,20 @@ EXACT_VARIANT: tl.constexpr = VARIANT_CODES["c"]
 
 
 @triton.jit
-def _typed(address, CODE: tl.constexpr):
-    """A pointer of the dtype with code CODE (`DTYPE_CODES`) at an integer address."""
-    if CODE == 0:
-        return address.to(tl.pointer_type(tl.float32))
-    elif CODE == 1:
-        return address.to(tl.pointer_type(tl.bfloat16))
-    else:
-        return address.to(tl.pointer_type(tl.float16))
-
-
-@triton.jit
-def _store(pointer, value, mask, seed, offset, group, lane, CODE: tl.constexpr, SR: tl.constexpr):
-    """Store float32 ``value`` rounded to the dtype CODE: as is (float32), to nearest even,
-    or stochastically with the words of stream ``(seed, offset)`` (exact SR, n = 32)."""
-    if CODE == 0:
+def _store(pointer, value, mask, seed, offset, group, lane, SR: tl.constexpr):
+    """Store float32 ``value`` rounded to the pointer's dtype: as is (float32), to nearest
+    even, or stochastically with the words of stream ``(seed, offset)`` (exact SR)."""
+    dtype: tl.constexpr = pointer.dtype.element_ty
+    if dtype == tl.float32:
         tl.store(pointer, value, mask=mask)
     elif not SR:  # integer narrowing: the interpreter's own bf16 cast truncates
         bits = value.to(tl.int32, bitcast=True)
-        nan = 0x7FC0 if CODE == 1 else 0x7E00
-        tl.store(pointer, _narrow_to_16_bits(bits, pointer.dtype.element_ty, nan), mask=mask)
+        nan: tl.constexpr = 0x7FC0 if dtype == tl.bfloat16 else 0x7E00
+        tl.store(pointer, _narrow_to_16_bits(bits, dtype, nan), mask=mask)
     else:
         word = tile_words(seed, offset, group, lane)
         bits = value.to(tl.uint32, bitcast=True)
-        if CODE == 1:
+        if dtype == tl.bfloat16:
             tl.store(pointer, bf16_sr(bits, word, 32, 0), mask=mask)
         else:
             result = _rounded_fp32_bits(
@@ -109,6 +98,9 @@ def _store(pointer, value, mask, seed, offset, group, lane, CODE: tl.constexpr, 
 
 @triton.jit(do_not_specialize=["seed", "step"])
 def _step_kernel(
+    param_base,
+    grad_base,
+    state_base,
     table_ptr,
     blocks_ptr,
     seed,
@@ -121,9 +113,6 @@ def _step_kernel(
     scalar5,
     scalar6,
     ALGORITHM: tl.constexpr,
-    PARAM: tl.constexpr,
-    GRAD: tl.constexpr,
-    STATE: tl.constexpr,
     SR: tl.constexpr,
     MAXIMIZE: tl.constexpr,
     DECAY: tl.constexpr,
@@ -131,6 +120,10 @@ def _step_kernel(
     ROWS: tl.constexpr,
 ):
     """Update block ``blocks[program]`` = (parameter t, block b) of the table's parameters.
+    The table's row t: element offsets of the parameter, gradient and two states from
+    ``param_base``, ``grad_base`` and ``state_base`` (multiples of 16 bytes, which
+    `fused_step` checks: a thread then loads a row of four elements as one vector and
+    draws its Philox block once), the element count and the global parameter index.
 
     Scalars (float32), by ALGORITHM: AdamW (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t),
     eps, lr / (1 - b1^t)); SGD (lr, momentum, 1 - dampening, weight_decay) with OPTION
@@ -148,14 +141,15 @@ def _step_kernel(
     mask = position < numel
     group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
     base = (step.to(tl.int64) << 32) + index * 4  # stream offset of slot 0
-    param_ptr = _typed(tl.load(row_ptr), PARAM) + position
-    grad = tl.load(_typed(tl.load(row_ptr + 1), GRAD) + position, mask=mask).to(tl.float32)
+    param_ptr = param_base + tl.multiple_of(tl.load(row_ptr), 4) + position
+    grad_ptr = grad_base + tl.multiple_of(tl.load(row_ptr + 1), 4) + position
+    grad = tl.load(grad_ptr, mask=mask).to(tl.float32)
     if MAXIMIZE:
         grad = -grad
     value = tl.load(param_ptr, mask=mask).to(tl.float32)
-    first_ptr = _typed(tl.load(row_ptr + 2), STATE) + position
+    first_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 2), 4) + position
     if ALGORITHM == 0:
-        second_ptr = _typed(tl.load(row_ptr + 3), STATE) + position
+        second_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 3), 4) + position
         exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
         exp_avg_sq = tl.load(second_ptr, mask=mask).to(tl.float32)
         value = value * scalar0
@@ -163,8 +157,8 @@ def _step_kernel(
         exp_avg_sq = exp_avg_sq * scalar2 + (scalar3 * grad) * grad
         denom = tl.sqrt_rn(exp_avg_sq) * scalar4 + scalar5
         value = value - scalar6 * tl.div_rn(exp_avg, denom)
-        _store(first_ptr, exp_avg, mask, seed, base + 1, group, lane, STATE, SR)
-        _store(second_ptr, exp_avg_sq, mask, seed, base + 2, group, lane, STATE, SR)
+        _store(first_ptr, exp_avg, mask, seed, base + 1, group, lane, SR)
+        _store(second_ptr, exp_avg_sq, mask, seed, base + 2, group, lane, SR)
     elif ALGORITHM == 1:
         if DECAY:
             grad = grad + scalar3 * value
@@ -178,7 +172,7 @@ def _step_kernel(
                 grad = grad + scalar1 * buffer
             else:
                 grad = buffer
-            _store(first_ptr, buffer, mask, seed, base + 1, group, lane, STATE, SR)
+            _store(first_ptr, buffer, mask, seed, base + 1, group, lane, SR)
         value = value - scalar0 * grad
     else:
         exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
@@ -188,8 +182,8 @@ def _step_kernel(
         update = (direction > 0).to(tl.float32) - (direction < 0).to(tl.float32)
         value = value - scalar5 * update
         exp_avg = exp_avg * scalar3 + scalar4 * grad
-        _store(first_ptr, exp_avg, mask, seed, base + 1, group, lane, STATE, SR)
-    _store(param_ptr, value, mask, seed, base, group, lane, PARAM, SR)
+        _store(first_ptr, exp_avg, mask, seed, base + 1, group, lane, SR)
+    _store(param_ptr, value, mask, seed, base, group, lane, SR)
 
 
 def _block_table(numels: list[int], device: torch.device) -> Tensor:
@@ -223,31 +217,37 @@ def fused_step(
     if not params:
         return
     device = params[0].device
-    columns = [params, grads, *states] + [[t for t in params]] * (2 - len(states))
-    rows = [
-        [p.data_ptr(), g.data_ptr(), a.data_ptr(), b.data_ptr(), p.numel(), index]
-        for p, g, a, b, index in zip(*columns, indices, strict=True)
-    ]
+    state_lists = states + [params] * (2 - len(states))  # SGD without momentum: unused
+    bases = (params[0], grads[0], state_lists[0][0])
+    columns = (params, grads, *state_lists)
+    rows = []
+    for position, index in enumerate(indices):
+        tensors = [column[position] for column in columns]
+        offsets = [_offset(t, base) for t, base in zip(tensors, bases + bases[2:], strict=True)]
+        rows.append([*offsets, tensors[0].numel(), index])
     table = torch.tensor(rows, dtype=torch.int64).to(device)
     blocks = _block_table([p.numel() for p in params], device)
-    state_dtype = states[0][0].dtype if states else params[0].dtype
     _step_kernel[(blocks.shape[0],)](
+        *bases,
         table,
         blocks,
         _as_int64(seed),
         step,
         *(scalars + [0.0] * (7 - len(scalars))),
         ALGORITHM=ALGORITHMS.index(algorithm),
-        PARAM=DTYPE_CODES[params[0].dtype],
-        GRAD=DTYPE_CODES[grads[0].dtype],
-        STATE=DTYPE_CODES[state_dtype],
         SR=sr,
         MAXIMIZE=maximize,
         DECAY=decay,
         OPTION=option,
         ROWS=ROWS,
+        num_warps=WARPS,
         enable_fp_fusion=False,
     )
+
+
+def _offset(tensor: Tensor, base: Tensor) -> int:
+    """``tensor``'s first element counted in elements from ``base``'s."""
+    return (tensor.data_ptr() - base.data_ptr()) // tensor.element_size()
 
 
 def _as_int64(value: int) -> int:

@@ -167,6 +167,8 @@ def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
         return "master_weights, 'kahan' and 'ecc' keep an extra parameter state"
     if not (param.is_contiguous() and param.grad.is_contiguous()):
         return "the parameter and its gradient must be contiguous"
+    if param.data_ptr() % 16 or param.grad.data_ptr() % 16:
+        return "the parameter and its gradient must start on a multiple of 16 bytes"
     if param.grad.dtype not in PARAM_DTYPES:
         return f"gradients must be float32, bfloat16 or float16, not {param.grad.dtype}"
     return None
