@@ -14,6 +14,7 @@ does.  Bit-identical to the PyTorch path given the seed.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -36,25 +37,25 @@ from .rounding import (
 ALGORITHMS = ("adamw", "sgd", "lion")
 # a program updates ROWS x 4 elements (one Philox block a row); the interpreter runs
 # programs one after another, so there large blocks cost far less
-ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 256
+ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128  # H100 sweep: 128 x 4 warps
 WARPS = 4
 
 _FP16 = {
     **_format_constants(format_of_dtype(torch.float16)),
     **_overflow_bits(format_of_dtype(torch.float16), "sr", "none"),
 }
-FP16_MBITS: tl.constexpr = _FP16["MBITS"]
-FP16_EMIN: tl.constexpr = _FP16["EMIN"]
-FP16_BIAS: tl.constexpr = _FP16["BIAS"]
-FP16_MAX_BITS: tl.constexpr = _FP16["MAX_BITS"]
-FP16_NEGATIVE_LIMIT_BITS: tl.constexpr = _FP16["NEGATIVE_LIMIT_BITS"]
-FP16_MIN_NORMAL_BITS: tl.constexpr = _FP16["MIN_NORMAL_BITS"]
-FP16_OVERFLOW_POSITIVE: tl.constexpr = _FP16["OVERFLOW_POSITIVE"]
-FP16_OVERFLOW_NEGATIVE: tl.constexpr = _FP16["OVERFLOW_NEGATIVE"]
-FP16_INFINITY_POSITIVE: tl.constexpr = _FP16["INFINITY_POSITIVE"]
-FP16_INFINITY_NEGATIVE: tl.constexpr = _FP16["INFINITY_NEGATIVE"]
-SR_MODE: tl.constexpr = MODE_CODES["sr"]
-EXACT_VARIANT: tl.constexpr = VARIANT_CODES["c"]
+FP16_MBITS = tl.constexpr(_FP16["MBITS"])
+FP16_EMIN = tl.constexpr(_FP16["EMIN"])
+FP16_BIAS = tl.constexpr(_FP16["BIAS"])
+FP16_MAX_BITS = tl.constexpr(_FP16["MAX_BITS"])
+FP16_NEGATIVE_LIMIT_BITS = tl.constexpr(_FP16["NEGATIVE_LIMIT_BITS"])
+FP16_MIN_NORMAL_BITS = tl.constexpr(_FP16["MIN_NORMAL_BITS"])
+FP16_OVERFLOW_POSITIVE = tl.constexpr(_FP16["OVERFLOW_POSITIVE"])
+FP16_OVERFLOW_NEGATIVE = tl.constexpr(_FP16["OVERFLOW_NEGATIVE"])
+FP16_INFINITY_POSITIVE = tl.constexpr(_FP16["INFINITY_POSITIVE"])
+FP16_INFINITY_NEGATIVE = tl.constexpr(_FP16["INFINITY_NEGATIVE"])
+SR_MODE = tl.constexpr(MODE_CODES["sr"])
+EXACT_VARIANT = tl.constexpr(VARIANT_CODES["c"])
 
 
 @triton.jit
@@ -186,9 +187,11 @@ def _step_kernel(
     _store(param_ptr, value, mask, seed, base, group, lane, SR)
 
 
-def _block_table(numels: list[int], device: torch.device) -> Tensor:
-    """int32 (parameter, block) pairs, one per program, parameter by parameter."""
-    per_block = ROWS * 4
+@functools.lru_cache(maxsize=16)
+def _block_table(numels: tuple[int, ...], rows: int, device: torch.device) -> Tensor:
+    """int32 (parameter, block) pairs, one per program, parameter by parameter (cached:
+    the parameters' sizes stay the same from step to step)."""
+    per_block = rows * 4
     counts = torch.tensor([triton.cdiv(n, per_block) for n in numels], dtype=torch.int64)
     tensor = torch.repeat_interleave(torch.arange(len(numels)), counts)
     starts = torch.cumsum(counts, 0) - counts
@@ -226,7 +229,7 @@ def fused_step(
         offsets = [_offset(t, base) for t, base in zip(tensors, bases + bases[2:], strict=True)]
         rows.append([*offsets, tensors[0].numel(), index])
     table = torch.tensor(rows, dtype=torch.int64).to(device)
-    blocks = _block_table([p.numel() for p in params], device)
+    blocks = _block_table(tuple(p.numel() for p in params), ROWS, device)
     _step_kernel[(blocks.shape[0],)](
         *bases,
         table,

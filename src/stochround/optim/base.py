@@ -176,7 +176,8 @@ def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
 
 class SROptimizer(torch.optim.Optimizer):
     """Base class: groups carry ``state_dtype``, ``rounding`` and ``seed``; the step counter
-    of each parameter is ``state[p]["step"]`` (a CPU int64 tensor).
+    of each parameter is ``state[p]["step"]`` (a Python int: no tensor operation per
+    parameter and step on the host).
 
     ``backend``: "auto" updates CUDA parameters with one fused Triton launch per group
     (per parameter, gradient and state dtype, and step) and others on the PyTorch path;
@@ -391,7 +392,7 @@ class SROptimizer(torch.optim.Optimizer):
             state = {}
             for name, value in saved_state[saved_id].items():
                 if name == "step":
-                    value = torch.as_tensor(value).to(device="cpu", dtype=torch.int64).clone()
+                    value = int(value)
                 elif isinstance(value, Tensor):
                     value = value.to(device=param.device, copy=True)
                 state[name] = value
@@ -399,7 +400,5 @@ class SROptimizer(torch.optim.Optimizer):
 
     def advance_step(self, param: Tensor) -> int:
         state = self.state[param]
-        if "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.int64)
-        state["step"] += 1
-        return int(state["step"])
+        state["step"] = state.get("step", 0) + 1
+        return state["step"]
