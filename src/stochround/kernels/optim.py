@@ -39,7 +39,6 @@ ALGORITHMS = ("adamw", "sgd", "lion")
 # programs one after another, so there large blocks cost far less
 ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128  # H100 sweep: 128 x 4 warps
 WARPS = 4
-SPAN = 1  # tiles a program updates
 
 _FP16 = {
     **_format_constants(format_of_dtype(torch.float16)),
@@ -120,10 +119,8 @@ def _step_kernel(
     DECAY: tl.constexpr,
     OPTION: tl.constexpr,
     ROWS: tl.constexpr,
-    SPAN: tl.constexpr,
 ):
-    """Update block ``blocks[program]`` = (parameter t, block b) of the table's parameters:
-    its SPAN tiles of ROWS x 4 elements, tile k at elements ``(b SPAN + k) ROWS 4 ...``.
+    """Update block ``blocks[program]`` = (parameter t, block b) of the table's parameters.
     The table's row t: element offsets of the parameter, gradient and two states from
     ``param_base``, ``grad_base`` and ``state_base`` (multiples of 16 bytes, which
     `fused_step` checks: a thread then loads a row of four elements as one vector and
@@ -138,75 +135,22 @@ def _step_kernel(
     block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
     row_ptr = table_ptr + tensor * 6
     numel = tl.load(row_ptr + 4)
-    base = (step.to(tl.int64) << 32) + tl.load(row_ptr + 5) * 4  # stream offset of slot 0
-    param_ptr = param_base + tl.multiple_of(tl.load(row_ptr), 4)
-    grad_ptr = grad_base + tl.multiple_of(tl.load(row_ptr + 1), 4)
-    first_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 2), 4)
-    second_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 3), 4)
-    for part in tl.static_range(SPAN):
-        _update_tile(
-            param_ptr,
-            grad_ptr,
-            first_ptr,
-            second_ptr,
-            block * SPAN + part,
-            numel,
-            seed,
-            base,
-            scalar0,
-            scalar1,
-            scalar2,
-            scalar3,
-            scalar4,
-            scalar5,
-            scalar6,
-            ALGORITHM,
-            SR,
-            MAXIMIZE,
-            DECAY,
-            OPTION,
-            ROWS,
-        )
-
-
-@triton.jit
-def _update_tile(
-    param_ptr,
-    grad_ptr,
-    first_ptr,
-    second_ptr,
-    tile,
-    numel,
-    seed,
-    base,
-    scalar0,
-    scalar1,
-    scalar2,
-    scalar3,
-    scalar4,
-    scalar5,
-    scalar6,
-    ALGORITHM: tl.constexpr,
-    SR: tl.constexpr,
-    MAXIMIZE: tl.constexpr,
-    DECAY: tl.constexpr,
-    OPTION: tl.constexpr,
-    ROWS: tl.constexpr,
-):
-    """`_step_kernel`'s update of elements ``tile * ROWS * 4 ...`` of one parameter."""
+    index = tl.load(row_ptr + 5)
     row = tl.arange(0, ROWS)[:, None]
     lane = tl.arange(0, 4)[None, :]
-    position = tile * (ROWS * 4) + row * 4 + lane
+    position = block * (ROWS * 4) + row * 4 + lane
     mask = position < numel
-    group = tile * ROWS + tl.arange(0, ROWS)  # Philox block of each row
-    param_ptr += position
-    grad = tl.load(grad_ptr + position, mask=mask).to(tl.float32)
+    group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
+    base = (step.to(tl.int64) << 32) + index * 4  # stream offset of slot 0
+    param_ptr = param_base + tl.multiple_of(tl.load(row_ptr), 4) + position
+    grad_ptr = grad_base + tl.multiple_of(tl.load(row_ptr + 1), 4) + position
+    grad = tl.load(grad_ptr, mask=mask).to(tl.float32)
     if MAXIMIZE:
         grad = -grad
     value = tl.load(param_ptr, mask=mask).to(tl.float32)
-    first_ptr += position
+    first_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 2), 4) + position
     if ALGORITHM == 0:
-        second_ptr += position
+        second_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 3), 4) + position
         exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
         exp_avg_sq = tl.load(second_ptr, mask=mask).to(tl.float32)
         value = value * scalar0
@@ -285,7 +229,7 @@ def fused_step(
         offsets = [_offset(t, base) for t, base in zip(tensors, bases + bases[2:], strict=True)]
         rows.append([*offsets, tensors[0].numel(), index])
     table = torch.tensor(rows, dtype=torch.int64).to(device)
-    blocks = _block_table(tuple(p.numel() for p in params), ROWS * SPAN, device)
+    blocks = _block_table(tuple(p.numel() for p in params), ROWS, device)
     _step_kernel[(blocks.shape[0],)](
         *bases,
         table,
@@ -299,7 +243,6 @@ def fused_step(
         DECAY=decay,
         OPTION=option,
         ROWS=ROWS,
-        SPAN=SPAN,
         num_warps=WARPS,
         enable_fp_fusion=False,
     )
