@@ -48,3 +48,61 @@ def test_dtensor_shards_and_replicas_round_like_the_whole_tensor() -> None:
         store_path = os.path.join(directory, "store")
         mp.spawn(_worker, args=(store_path, results), nprocs=WORLD_SIZE, join=True)
         assert dict(results) == {rank: (True, True, True) for rank in range(WORLD_SIZE)}
+
+
+def _optimizer_run(params: list[torch.Tensor], grads: list[list[torch.Tensor]]) -> list:
+    """Three AdamW steps (bf16 parameters and states, SR): the parameters and states."""
+    from stochround.optim import AdamW
+
+    optimizer = AdamW(params, lr=1e-2, weight_decay=0.1, state_dtype=torch.bfloat16, seed=5)
+    for step_grads in grads:
+        for param, grad in zip(params, step_grads, strict=True):
+            param.grad = grad
+        optimizer.step()
+    states = [optimizer.state[p][name] for p in params for name in ("exp_avg", "exp_avg_sq")]
+    return [*params, *states]
+
+
+def _optimizer_worker(rank: int, store_path: str, results: dict) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD_SIZE
+    )
+    try:
+        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+        generator = torch.Generator().manual_seed(1)
+        # 7 rows of 5: the shards start at elements 0 and 20, 2 rows at 20 of 35
+        shapes = ((7, 5), (6,), (64, 3))
+        values = [torch.randn(s, generator=generator).to(torch.bfloat16) for s in shapes]
+        grads = [[torch.randn(s, generator=generator).to(torch.bfloat16) for s in shapes]
+                 for _ in range(3)]  # fmt: skip
+        whole = _optimizer_run([v.clone().requires_grad_() for v in values], grads)
+        outcome = {}
+        for name, placement in (("shard", Shard(0)), ("replicate", Replicate())):
+            params = [
+                distribute_tensor(v.clone(), mesh, [placement]).requires_grad_() for v in values
+            ]
+            dgrads = [[distribute_tensor(g, mesh, [placement]) for g in step] for step in grads]
+            ran = _optimizer_run(params, dgrads)
+            outcome[name] = all(
+                torch.equal(r.full_tensor().view(torch.int16), w.detach().view(torch.int16))
+                for r, w in zip(ran, whole, strict=True)
+            )
+        results[rank] = outcome
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_and_replicated_optimizer_steps_equal_the_single_process_step() -> None:
+    """FSDP-style Shard(0) and DDP-style replicated DTensor parameters: every rank updates
+    its elements with the random words of their global indices, so the parameters and
+    states equal a single process's bit for bit."""
+    with tempfile.TemporaryDirectory() as directory:
+        manager = mp.Manager()
+        results = manager.dict()
+        store_path = os.path.join(directory, "store")
+        mp.spawn(_optimizer_worker, args=(store_path, results), nprocs=WORLD_SIZE, join=True)
+        expected = {"shard": True, "replicate": True}
+        assert dict(results) == {rank: expected for rank in range(WORLD_SIZE)}
