@@ -494,3 +494,27 @@ def test_teacher_student_kahan_and_ecc_beat_rne():
         loss = teacher_student_loss(torch.bfloat16, rounding)
         assert loss < 0.7 * bf16_rne, (rounding, loss)
         assert loss < 1.2 * fp32, (rounding, loss)
+
+
+def _compiled_steps(seed: int, rounding: str, compiled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    param = torch.randn(4096, generator=generator).to(torch.bfloat16).requires_grad_()
+    param.grad = torch.randn(4096, generator=generator).to(torch.bfloat16)
+    opt = AdamW([param], lr=1e-3, state_dtype=torch.bfloat16, rounding=rounding, seed=seed)
+    step = torch.compile(opt.step) if compiled else opt.step
+    for _ in range(2):
+        step()
+    return param.detach().clone(), opt.state[param]["exp_avg"].clone()
+
+
+def test_rounding_survives_torch_compile():
+    """A compiler that fuses the bf16 round trip away (seen in a peer) would store values
+    equal across seeds, or rne values off the eager ones: compiled steps store what eager
+    steps store, and SR stores differ between seeds."""
+    sr_compiled = _compiled_steps(1, "sr", compiled=True)
+    assert all(
+        torch.equal(a, b) for a, b in zip(sr_compiled, _compiled_steps(1, "sr", False), strict=True)
+    )
+    assert not torch.equal(sr_compiled[0], _compiled_steps(2, "sr", compiled=True)[0])
+    rne = zip(_compiled_steps(1, "rne", True), _compiled_steps(1, "rne", False), strict=True)
+    assert all(torch.equal(a, b) for a, b in rne)
