@@ -36,6 +36,7 @@ stream as `stochround.round` on a tensor of the broadcast shape (``seed``, ``off
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -139,6 +140,16 @@ def _operands(
     operation: str, names: tuple[str, ...], values: tuple[object, ...], wide_ok: bool
 ) -> tuple[list[Tensor], torch.dtype]:
     """Checked operands as float64 tensors of the broadcast shape, and the result dtype."""
+    shape, dtype = _check_operands(operation, names, values, wide_ok)
+    tensors: list[Tensor] = list(values)  # type: ignore[arg-type]
+    return [tensor.to(torch.float64).expand(shape) for tensor in tensors], dtype
+
+
+def _check_operands(
+    operation: str, names: tuple[str, ...], values: tuple[object, ...], wide_ok: bool
+) -> tuple[torch.Size, torch.dtype]:
+    """The broadcast shape and the result dtype of checked operands (TypeError, ValueError
+    naming them; NotImplementedError for float64 where ``wide_ok`` is False)."""
     for name, value in zip(names, values, strict=True):
         if not isinstance(value, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
@@ -164,7 +175,7 @@ def _operands(
             f"{operation} of float64 inputs: the exact result needs Dekker products that can "
             "underflow or overflow there; pass fp32/bf16/fp16 inputs"
         )
-    return [tensor.to(torch.float64).expand(shape) for tensor in tensors], dtype
+    return shape, dtype
 
 
 def _exact_zero_sign(hi: Tensor, a: Tensor, b: Tensor, mode: str) -> Tensor:
@@ -560,6 +571,15 @@ def sum(  # noqa: A001 - the name DESIGN.md gives
     return _finish(total, x.dtype)
 
 
+def _split_rand(rand: object) -> tuple[object, object]:
+    """dot's ``rand`` as (product rand, sum rand)."""
+    if isinstance(rand, str) or rand is None:
+        return rand, rand
+    if isinstance(rand, tuple) and len(rand) == 2:
+        return rand
+    raise TypeError("rand must be None, 'data' or a pair (product_rand, sum_rand)")
+
+
 def dot(
     x: Tensor,
     y: Tensor,
@@ -594,12 +614,7 @@ def dot(
     dim = _check_dim(dim, max(a.ndim, 1))
     if a.ndim == 0:
         a, b = a.reshape(1), b.reshape(1)
-    if isinstance(rand, str) or rand is None:
-        product_rand, sum_rand = rand, rand
-    elif isinstance(rand, tuple) and len(rand) == 2:
-        product_rand, sum_rand = rand
-    else:
-        raise TypeError("rand must be None, 'data' or a pair (product_rand, sum_rand)")
+    product_rand, sum_rand = _split_rand(rand)
     options = _sum_options(mode, rbits, variant, sat, seed, offset)
     products = a * b  # exact: at most 48 significand bits
     if product_fmt != "exact":
@@ -635,6 +650,7 @@ def matmul(
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
     rand: tuple[Tensor | None, Tensor | None] | str | None = None,
+    backend: str = "auto",
 ) -> Tensor:
     """C[..., i, j] = dot(A[..., i, :], B[..., :, j]) with per-operation rounding, as a
     multiply-accumulate unit with a ``fmt`` accumulator computes it; batch dims broadcast.
@@ -642,6 +658,12 @@ def matmul(
     Exactly ``dot(a[..., :, None, :], b.mT[..., None, :, :], dim=-1)``: products form a
     (..., M, N, K) tensor (memory M N K doubles), and ``rand`` is a pair of (..., M, N, K)
     product integers and (steps, ..., M, N, width) sum integers.
+
+    ``backend``: ``"torch"`` computes that definition; ``"triton"`` computes the same bits
+    with `stochround.kernels.matmul` (no M N K tensor), and raises ValueError naming what it
+    cannot do (pairwise order, explicit ``rand``, formats wider than fp32, float64 inputs;
+    CPU tensors only under TRITON_INTERPRET=1); ``"auto"`` uses the kernel for CUDA tensors
+    where it can and the PyTorch path otherwise.
     """
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, Tensor):
@@ -653,22 +675,67 @@ def matmul(
             f"the shapes of a{tuple(a.shape)} and b{tuple(b.shape)} do not match for matmul: "
             f"a.shape[-1] = {a.shape[-1]} != b.shape[-2] = {b.shape[-2]}"
         )
-    return dot(
-        a.unsqueeze(-2),
-        b.mT.unsqueeze(-3),
-        fmt,
-        mode,
-        product_fmt=product_fmt,
-        dim=-1,
-        order=order,
-        block=block,
-        rbits=rbits,
-        variant=variant,
-        sat=sat,
-        seed=seed,
-        offset=offset,
-        rand=rand,
+    check_choice("backend", backend, rounding.BACKENDS)
+    x, y = a.unsqueeze(-2), b.mT.unsqueeze(-3)
+    arguments = dict(product_fmt=product_fmt, dim=-1, order=order, block=block, rbits=rbits)
+    arguments.update(variant=variant, sat=sat, offset=offset, rand=rand)
+    # K = 0 goes to `dot` on every backend, for its error
+    if backend == "torch" or (backend == "auto" and not a.is_cuda) or a.shape[-1] == 0:
+        return dot(x, y, fmt, mode, seed=seed, **arguments)
+    # Check the arguments as `dot` does, in its order, and draw the default seed once: a
+    # fallback to `dot` then gives the bits and errors it gives on its own.
+    fmt = find_format(fmt)
+    check_choice("mode", mode, MODES)
+    _check_order(order, block)
+    _check_operands("dot", ("x", "y"), (x, y), wide_ok=True)
+    _split_rand(rand)
+    seed = _sum_options(mode, rbits, variant, sat, seed, offset)["seed"]
+    exact_products = isinstance(product_fmt, str) and product_fmt == "exact"
+    pfmt = None if exact_products else find_format(fmt if product_fmt is None else product_fmt)
+    request = rounding.check_request(
+        a.new_empty(0), fmt, mode, rbits, variant, sat, seed, offset, None, 0
     )
+    reason = _matmul_triton_unsupported(a, b, fmt, pfmt, order, mode, request.n, rand)
+    if reason is None:
+        from .kernels.matmul import matmul_triton
+
+        return matmul_triton(
+            a,
+            b,
+            fmt,
+            pfmt,
+            mode,
+            order=order,
+            block=block,
+            n=request.n,
+            variant=variant,
+            sat=sat,
+            seed=seed,
+            offset=offset,
+        )
+    if backend == "triton":
+        raise ValueError(f"backend='triton' cannot compute this matmul: {reason}")
+    return dot(x, y, fmt, mode, seed=seed, **arguments)
+
+
+def _matmul_triton_unsupported(
+    a: Tensor,
+    b: Tensor,
+    fmt: Format,
+    product_fmt: Format | None,
+    order: str,
+    mode: str,
+    n: int,
+    rand: object,
+) -> str | None:
+    """Why the Triton kernel cannot compute this matmul (None if it can)."""
+    try:
+        from .kernels import matmul as kernels
+    except ImportError as error:  # triton not installed
+        return f"triton is not importable ({error})"
+    if not (a.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return "a is not a CUDA tensor (set TRITON_INTERPRET=1 to run kernels on the CPU)"
+    return kernels.unsupported((a.dtype, b.dtype), fmt, product_fmt, order, mode, n, rand)
 
 
 @dataclass(frozen=True)
