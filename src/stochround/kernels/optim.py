@@ -223,12 +223,12 @@ def fused_step(
     state_lists = states + [params] * (2 - len(states))  # SGD without momentum: unused
     bases = (params[0], grads[0], state_lists[0][0])
     columns = (params, grads, *state_lists)
-    rows = []
-    for position, index in enumerate(indices):
-        tensors = [column[position] for column in columns]
-        offsets = [_offset(t, base) for t, base in zip(tensors, bases + bases[2:], strict=True)]
-        rows.append([*offsets, tensors[0].numel(), index])
-    table = torch.tensor(rows, dtype=torch.int64).to(device)
+    # element offsets from the bases, column by column (one host pass over the pointers)
+    addresses = torch.tensor([[t.data_ptr() for t in column] for column in columns])
+    starts = torch.tensor([c[0].data_ptr() for c in (params, grads, *state_lists)])[:, None]
+    sizes = torch.tensor([c[0].element_size() for c in columns])[:, None]
+    extra = torch.tensor([[p.numel() for p in params], list(indices)])
+    table = torch.cat([(addresses - starts) // sizes, extra]).T.contiguous().to(device)
     blocks = _block_table(tuple(p.numel() for p in params), ROWS, device)
     _step_kernel[(blocks.shape[0],)](
         *bases,
@@ -246,11 +246,6 @@ def fused_step(
         num_warps=WARPS,
         enable_fp_fusion=False,
     )
-
-
-def _offset(tensor: Tensor, base: Tensor) -> int:
-    """``tensor``'s first element counted in elements from ``base``'s."""
-    return (tensor.data_ptr() - base.data_ptr()) // tensor.element_size()
 
 
 def _as_int64(value: int) -> int:

@@ -38,6 +38,7 @@ to nearest even otherwise ("kahan" and "ecc" concern the parameter only).
 
 from __future__ import annotations
 
+import functools
 import numbers
 import os
 from collections.abc import Iterable
@@ -154,23 +155,32 @@ def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
     return param.float() + residual.float() * (ulp(param) / ECC_SCALE)
 
 
-def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
-    """Why the fused kernel cannot update ``param`` (None if it can)."""
+@functools.cache
+def _triton_missing() -> str | None:
+    """Why triton cannot be imported (None if it can), found once."""
     try:
         import triton  # noqa: F401
     except ImportError as error:
         return f"triton is not importable ({error})"
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if not (param.is_cuda or interpreted):
+    return None
+
+
+def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
+    """Why the fused kernel cannot update ``param`` (None if it can)."""
+    missing = _triton_missing()
+    if missing is not None:
+        return missing
+    if not (param.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return "the parameter is not a CUDA tensor (TRITON_INTERPRET=1 runs kernels on CPU)"
     if SROptimizer.param_state_name(group, param) is not None:
         return "master_weights, 'kahan' and 'ecc' keep an extra parameter state"
-    if not (param.is_contiguous() and param.grad.is_contiguous()):
+    grad = param.grad
+    if not (param.is_contiguous() and grad.is_contiguous()):
         return "the parameter and its gradient must be contiguous"
-    if param.data_ptr() % 16 or param.grad.data_ptr() % 16:
+    if param.data_ptr() % 16 or grad.data_ptr() % 16:
         return "the parameter and its gradient must start on a multiple of 16 bytes"
-    if param.grad.dtype not in PARAM_DTYPES:
-        return f"gradients must be float32, bfloat16 or float16, not {param.grad.dtype}"
+    if grad.dtype not in PARAM_DTYPES:
+        return f"gradients must be float32, bfloat16 or float16, not {grad.dtype}"
     return None
 
 
