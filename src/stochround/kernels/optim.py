@@ -225,7 +225,7 @@ def fused_step(
     columns = (params, grads, *state_lists)
     # element offsets from the bases, column by column (one host pass over the pointers)
     addresses = torch.tensor([[t.data_ptr() for t in column] for column in columns])
-    starts = torch.tensor([c[0].data_ptr() for c in (params, grads, *state_lists)])[:, None]
+    starts = torch.tensor([b.data_ptr() for b in (*bases, bases[2])])[:, None]
     sizes = torch.tensor([c[0].element_size() for c in columns])[:, None]
     extra = torch.tensor([[p.numel() for p in params], list(indices)])
     table = torch.cat([(addresses - starts) // sizes, extra]).T.contiguous().to(device)
