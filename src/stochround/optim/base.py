@@ -25,7 +25,10 @@ float32 from the parameter's float32 value ``x``; how ``x`` is kept between step
 - ``"ecc"``: HeavyBall's error correction: ``p = rne(x_new)`` plus an int8 residual
   (state ``"ecc_residual"``) ``q = round(254 (x_new - p) / ulp(p))`` clamped to
   [-127, 127], ``ulp(p)`` the spacing of the parameter's dtype at ``|p|``; the next step
-  starts from ``x = p + q ulp(p) / 254``. +1 B/param.
+  starts from ``x = p + q ulp(p) / 254``. +1 B/param. The scale is HeavyBall 3.2.1's
+  (`_ULPState` with int8: ``ulp / 2`` per 127 units, ulp from the exponent field, the
+  subnormal spacing at zero); HeavyBall rounds ``q`` stochastically with an unseeded
+  ``torch.rand_like``, this rounds it to nearest (the difference is below ``ulp / 508``).
 - ``master_weights=True`` (with "sr" or "rne"): an exact float32 copy of the parameter
   (state ``"master"``); ``x`` is the master, the update is applied to it, and the
   parameter is its rounded copy. +4 B/param. The master is the truth: a parameter written
