@@ -24,6 +24,7 @@ flush-to-zero of subnormals).  Three kernels:
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 
@@ -60,12 +61,14 @@ def fp32_bits(value: float) -> int:
     return struct.unpack("<i", struct.pack("<f", value))[0]
 
 
+@functools.cache  # Format is frozen; fits_in works in exact fractions
 def kernel_supports(fmt: Format) -> bool:
     """Formats the kernels round exactly: values exact in fp32 and emin >= -126."""
     fp32 = format_of_dtype(torch.float32)
     return fmt.fits_in(fp32) and fmt.emin >= fp32.emin
 
 
+@functools.cache
 def codes_supported(fmt: Format) -> bool:
     """Formats whose codes the kernels write: at most 8 bits, values normal in fp32."""
     return kernel_supports(fmt) and fmt.bits <= 8 and fmt.min_subnormal >= 2.0**-126
