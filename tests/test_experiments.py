@@ -202,6 +202,73 @@ def test_lorenz96_statistics(results):
         assert key[f"{fmt}_rne_period"] == 0
 
 
+def test_lorenz96_autocorrelation(results):
+    """Autocorrelation of x_i at lags 0.1, 0.2, 0.5, 1 time unit (10 .. 100 steps) and its
+    e-folding time, for every state.  Each carries a batch-means standard error over 6 blocks
+    of 5 time units (measured 0.003 .. 0.044); pooled over the five states (30 blocks, ~25
+    degrees of freedom) it is close to normal, and a rounded state's difference from fp64 is
+    the difference of two estimates, standard error sqrt(2) x pooled.  If rounding leaves
+    these statistics alone, a difference beyond 4 of those has odds 6e-5 per value (1e-3 for
+    the 20 here); measured at most 1.2 (bf16 rne at lag 0.5: -0.025 against fp64's -0.058).
+    fp64 itself: 0.876, 0.591, -0.058, -0.180, e-folding time 0.274, which lies between the
+    lags whose ACF straddles 1/e."""
+    key = results[0]["lorenz96"].key_numbers
+    states = ["fp64"] + [f"{fmt}_{mode}" for fmt in ("bf16", "fp16") for mode in ("rne", "sr")]
+    quantities = [f"autocorrelation_lag{lag}" for lag in (10, 20, 50, 100)]
+    quantities.append("decorrelation_time")
+    assert key["acf_blocks"] == 6
+    for quantity in quantities:
+        pooled = math.sqrt(sum(key[f"{s}_{quantity}_se"] ** 2 for s in states) / len(states))
+        assert pooled > 0, quantity
+        for state in states[1:]:
+            difference = key[f"{state}_{quantity}"] - key[f"fp64_{quantity}"]
+            assert abs(difference) <= 4 * math.sqrt(2) * pooled, (state, quantity)
+    for state in states:
+        acf = [key[f"{state}_autocorrelation_lag{lag}"] for lag in (10, 20, 50)]
+        assert 1 > acf[0] > acf[1] > math.exp(-1) > acf[2], state
+        assert 0.2 < key[f"{state}_decorrelation_time"] < 0.5, state
+
+
+# (format, N): (step the rne orbit was entered, its period) at the quick size, seed-free: the
+# rne map is a pure function of the state (float64 RK4 stages, exact rounding)
+LORENZ96_QUICK_ORBITS = {
+    ("e4m3fn", 5): (98, 182),
+    ("e4m3fn", 6): (3171, 1374),
+    ("e5m2", 5): (35, 115),
+    ("e5m2", 6): (297, 242),
+}
+
+
+@pytest.mark.parametrize(("fmt", "n"), list(LORENZ96_QUICK_ORBITS))
+def test_lorenz96_rne_collapses_onto_an_orbit_sr_does_not(results, fmt, n):
+    """Klöwer et al. (2023): rne runs of a chaotic system collapse onto periodic orbits, SR
+    runs do not.  N = 5, 6 at dt = 0.05 is chaotic (fp64's largest Lyapunov exponent,
+    measured 0.49 and 0.92 per time unit, is positive; no fp64 state repeats).  rne in
+    e4m3fn/e5m2 enters an orbit within 6000 steps; a deterministic map never repeats a state
+    before it does, so it has seen exactly entry + period distinct states, and every later
+    step repeats the state one period back (at least one whole period followed here).  SR,
+    from the same state for the same 6000 steps: no periodic orbit (measured 3, 0, 15 and 2
+    isolated revisits; its longest stretch of same-lag repeats, at most 1 step, is far from
+    a whole cycle)."""
+    key = results[0]["lorenz96"].key_numbers
+    steps = key["orbit_steps"]
+    assert steps == 6000
+    assert key[f"orbit_n{n}_lyapunov"] > 0
+    assert key[f"orbit_n{n}_fp64_revisits"] == 0
+    rne = f"orbit_{fmt}_n{n}_rne"
+    entry, period = LORENZ96_QUICK_ORBITS[fmt, n]
+    assert key[f"{rne}_periodic"] is True
+    assert (key[f"{rne}_entry"], key[f"{rne}_period"]) == (entry, period)
+    assert (key[f"{rne}_first_repeat_step"], key[f"{rne}_first_repeat_lag"]) == (entry, period)
+    assert key[f"{rne}_distinct_states"] == entry + period
+    assert key[f"{rne}_followed_steps"] == steps - entry - period >= period
+    assert key[f"{rne}_revisits"] == key[f"{rne}_longest_run"] == steps - entry - period
+    sr = f"orbit_{fmt}_n{n}_sr"
+    assert key[f"{sr}_periodic"] is False
+    assert (key[f"{sr}_period"], key[f"{sr}_entry"]) == (0, -1)
+    assert key[f"{sr}_longest_run"] < period
+
+
 def test_files_written(results):
     found, out = results
     payload = json.loads((out / "results.json").read_text())
