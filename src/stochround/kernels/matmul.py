@@ -66,6 +66,7 @@ from .rounding import (
     _overflow_bits,
     _rounded_fp32_bits,
     _seed_and_offset,
+    deterministic_away,
     kernel_supports,
 )
 
@@ -243,19 +244,7 @@ def _away(
         within = d <= 63  # beyond, nu < 2**63 / 2**64 = 1/2
         above_half = (rem > half) & within
         at_half = (rem == half) & within
-        inexact = rem != 0
-        if MODE == 0:
-            away = above_half | (at_half & odd)
-        elif MODE == 1:
-            away = above_half | at_half
-        elif MODE == 2:
-            away = inexact & ~inexact
-        elif MODE == 3:
-            away = inexact & ~negative
-        elif MODE == 4:
-            away = inexact & negative
-        else:
-            away = inexact & ~odd
+        away = deterministic_away(above_half, at_half, rem != 0, odd, negative, MODE)
     return away
 
 

@@ -110,6 +110,24 @@ def tile_words(seed, offset, group, lane):
 
 
 @triton.jit
+def deterministic_away(above_half, at_half, inexact, odd, negative, MODE: tl.constexpr):
+    """Whether a deterministic mode (MODE: rne, rna, rz, ru, rd, ro as 0..5) rounds a
+    magnitude away from zero, given how its discarded part compares with half an ulp."""
+    if MODE == 0:
+        return above_half | (at_half & odd)
+    elif MODE == 1:
+        return above_half | at_half
+    elif MODE == 2:
+        return inexact & ~inexact
+    elif MODE == 3:
+        return inexact & ~negative
+    elif MODE == 4:
+        return inexact & negative
+    else:
+        return inexact & ~odd
+
+
+@triton.jit
 def _sr_count(rem, d, NBITS: tl.constexpr, VARIANT: tl.constexpr):
     """The integer each SR variant adds to r (int64): floor, half-up, half-even or half-odd
     of nu 2**n for nu = rem / 2**d (rem < 2**24, int32)."""
@@ -177,19 +195,7 @@ def _rounded_fp32_bits(
         half = 1 << tl.maximum(shift - 1, 0)
         above_half = (rem > half) & (shift > 0)
         at_half = (rem == half) & (shift > 0)
-        inexact = rem != 0
-        if MODE == 0:
-            away = above_half | (at_half & odd)
-        elif MODE == 1:
-            away = above_half | at_half
-        elif MODE == 2:
-            away = is_zero & ~is_zero
-        elif MODE == 3:
-            away = inexact & ~negative
-        elif MODE == 4:
-            away = inexact & negative
-        else:
-            away = inexact & ~odd
+        away = deterministic_away(above_half, at_half, rem != 0, odd, negative, MODE)
     total = kept + away.to(tl.int32)  # <= 2**24
     q = e - MBITS
     total_bits = total.to(tl.float32).to(tl.int32, bitcast=True)
