@@ -66,7 +66,10 @@ from gpu_timing import (
     Timing,
     bandwidth_bytes_per_s,
     device_description,
+    free,
     package_version,
+    reason,
+    shorten,
     synchronize,
     time_function,
 )
@@ -448,17 +451,6 @@ def cases(big: Params, small: Params, compile_peers: bool, device: torch.device)
 # --------------------------------------------------------------------------------------
 
 
-def reason(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip().replace("\n", " ")
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def free(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-
-
 def skip_reason(case: Case, device: torch.device) -> str | None:
     if case.package is not None and importlib.util.find_spec(case.package) is None:
         return "not installed"
@@ -655,10 +647,6 @@ NUMERIC |= {"states B/param", "peak B/param"}
 
 def number(value: float | None, pattern: str) -> str:
     return DASH if value is None else format(value, pattern)
-
-
-def shorten(text: str, limit: int | None) -> str:
-    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def table_row(index: int, result: Result, limit: int | None) -> list[str]:

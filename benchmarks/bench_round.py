@@ -40,7 +40,10 @@ from gpu_timing import (
     Timing,
     bandwidth_bytes_per_s,
     device_description,
+    free,
     package_version,
+    reason,
+    shorten,
     synchronize,
     time_function,
 )
@@ -454,17 +457,6 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
 # --------------------------------------------------------------------------------------
 
 
-def reason(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}".strip().replace("\n", " ")
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-def free(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-
-
 def check_output(
     case: Case, built: Built, output: Tensor, x: Tensor, check_count: int
 ) -> tuple[bool, str]:
@@ -659,10 +651,6 @@ HEADERS = (
 def format_elements(count: int) -> str:
     exponent = count.bit_length() - 1
     return f"2^{exponent}" if count == 1 << exponent else str(count)
-
-
-def shorten(text: str, limit: int | None) -> str:
-    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def table_rows(results: list[Result], limit: int | None = None) -> list[list[str]]:

@@ -1,4 +1,5 @@
-"""Shared timing helpers for the benchmarks: medians of device time, bandwidth, versions.
+"""Shared helpers of the benchmarks: medians of device time, bandwidth, versions, and the
+few text and memory chores every benchmark script does.
 
 On CUDA every timed call is bracketed by its own pair of CUDA events (as
 ``triton.testing.do_bench`` does), after a first call (compilation, autotuning, module
@@ -166,3 +167,21 @@ __all__ = [
     "time_function",
     "triton_version",
 ]
+
+
+def reason(error: BaseException) -> str:
+    """An exception as one line of at most 300 characters, for a table's status column."""
+    text = f"{type(error).__name__}: {error}".strip().replace("\n", " ")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def free(device: torch.device) -> None:
+    """Let the caching allocator give back what the last row held (CUDA only)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def shorten(text: str, limit: int | None) -> str:
+    """``text`` cut to ``limit`` characters (with "..."), or whole when limit is None."""
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
