@@ -89,6 +89,16 @@ def check_float(value: object, name: str, *, low: float = 0.0, below: float | No
     return value
 
 
+def check_betas(betas: object) -> tuple[float, float]:
+    """A pair of floats in [0, 1), else ValueError/TypeError naming ``betas``."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be a pair of floats in [0, 1), got {betas!r}")
+    return (
+        check_float(betas[0], "betas[0]", below=1.0),
+        check_float(betas[1], "betas[1]", below=1.0),
+    )
+
+
 def check_rounding(rounding: object) -> str:
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}; got {rounding!r}")

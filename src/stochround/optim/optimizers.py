@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .base import SROptimizer, check_float
+from .base import SROptimizer, check_betas, check_float
 from .updates import (
     adamw_scalars,
     adamw_update,
@@ -71,13 +71,7 @@ class AdamW(SROptimizer):
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
         check_float(group["lr"], "lr")
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair of floats in [0, 1), got {betas!r}")
-        group["betas"] = (
-            check_float(betas[0], "betas[0]", below=1.0),
-            check_float(betas[1], "betas[1]", below=1.0),
-        )
+        group["betas"] = check_betas(group["betas"])
         check_float(group["eps"], "eps")
         check_float(group["weight_decay"], "weight_decay")
         group["maximize"] = bool(group["maximize"])
@@ -262,13 +256,7 @@ class Lion(SROptimizer):
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
         check_float(group["lr"], "lr")
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair of floats in [0, 1), got {betas!r}")
-        group["betas"] = (
-            check_float(betas[0], "betas[0]", below=1.0),
-            check_float(betas[1], "betas[1]", below=1.0),
-        )
+        group["betas"] = check_betas(group["betas"])
         check_float(group["weight_decay"], "weight_decay")
         group["maximize"] = bool(group["maximize"])
 
