@@ -1,8 +1,10 @@
 """One fused Triton launch per optimizer step: AdamW, SGD and Lion over many tensors.
 
 The launch covers every parameter in a list (multi-tensor): a table holds, per parameter,
-the addresses of the parameter, its gradient and its states, its element count and its
-global parameter index; a second table maps each program to (parameter, block).  Each
+where the parameter, its gradient and its states start (in elements from the first
+parameter, gradient and state, which the kernel receives as typed pointers), its element
+count and its global parameter index; a second table, cached by the parameters' sizes,
+maps each program to (parameter, block).  Each
 program loads a block of ``ROWS x 4`` elements, computes the update in float32 exactly as
 `stochround.optim.updates` computes it on tensors (one rounding per operation: no fused
 multiply-adds, correctly rounded division and square root), and stores the parameter and
