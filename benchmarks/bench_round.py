@@ -368,6 +368,16 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
             Check("sr", "bfloat16"),
         ),
         Case(
+            "ours_fp16_sr",
+            "stochround cast fp16 SR",
+            n,
+            6,
+            lambda: ours(x, stochround.cast, torch.float16, "sr", seed=SEED),
+            float_values,
+            Check("sr", "binary16"),
+            ours=True,
+        ),
+        Case(
             "ours_e4m3fn_sr",
             "stochround cast e4m3fn SR",
             n,

@@ -326,6 +326,23 @@ def test_codes_fast_path_blocks_without_special_values(fmt_name: str) -> None:
             assert torch.equal(kernel, torch_path), (options, sat)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp16_results_through_the_codes_kernels(dtype: torch.dtype) -> None:
+    """fp32/bf16 -> fp16 SR stores binary16 codes: clean blocks, then blocks with one
+    special each (more than 32 bits discarded, overflow, infinity, NaN)."""
+    fmt = sr.format("binary16")
+    block = 4 * (4096 if not ON_GPU else 512)
+    x = _clean_block(fmt, 5 * block, 13)
+    for where, value in enumerate([2.0**-40, 7e4, math.inf, math.nan], start=1):
+        x[where * block + 3] = -value
+    x = x.to(dtype).to(DEVICE)
+    for options in ({"seed": 8}, {"seed": 9, "rbits": 3, "variant": "a"}):
+        for sat in ("none", "finite"):
+            kernel = sr.cast(x, torch.float16, "sr", sat=sat, backend="triton", **options)
+            torch_path = sr.cast(x, torch.float16, "sr", sat=sat, backend="torch", **options)
+            assert kernel.dtype == torch.float16 and _same_bits(kernel, torch_path)
+
+
 @pytest.mark.parametrize("fmt_name", ["e4m3fn", "e2m1"])
 def test_codes_fast_path_rounds_nu_half_to_even_beyond_32_bits(fmt_name: str) -> None:
     """Exact SR beyond 32 discarded bits rounds nu 2**32 half to even, variant a floors it:

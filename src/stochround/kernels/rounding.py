@@ -50,7 +50,7 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ROWS = 4096 if INTERPRETED else 256
 # (rows, warps) of the SR-to-codes kernels per output, measured on an H100 (2**28 values)
-CODES_LAUNCH = {"codes": (512, 2), "fp4x2": (512, 2)}
+CODES_LAUNCH = {"codes": (512, 2), "fp4x2": (512, 2), "value": (512, 2)}
 FP32_NAN_BITS = 0x7FC00000
 NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
@@ -398,12 +398,16 @@ def _round_kernel(
 
 @triton.jit
 def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS: tl.constexpr):
-    """Store a [ROWS, 4] tile of codes: one 32-bit word a row (four byte codes), one 16-bit
-    word a row (four 4-bit codes, the first in the low nibble), or three bytes a row (four
-    6-bit codes, little-endian).  Word stores need the padded buffers of `_output_tensor`."""
+    """Store a [ROWS, 4] tile of codes: 16 bits each (OUTPUT 0: fp16 values are binary16's
+    codes), one 32-bit word a row (four byte codes), one 16-bit word a row (four 4-bit
+    codes, the first in the low nibble), or three bytes a row (four 6-bit codes,
+    little-endian).  Word stores need the padded buffers of `_output_tensor`."""
     row = program * ROWS + tl.arange(0, ROWS)
     rows = (count + 3) // 4
-    if OUTPUT == 1:
+    if OUTPUT == 0:
+        position = row[:, None] * 4 + lane
+        tl.store(out_ptr + position, code.to(tl.int16), mask=position < count)
+    elif OUTPUT == 1:
         word = tl.sum(code << (lane * 8), axis=1)
         tl.store(out_ptr + row, word.to(tl.int32), mask=row < rows)
     elif OUTPUT == 2:
@@ -826,8 +830,10 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             **common,
         )
         return out
-    if _codes_fast_path(request, output):
+    if _codes_fast_path(request, output, out_dtype):
         rows, warps = (ROWS, 4) if INTERPRETED else CODES_LAUNCH[output]
+        if output == "value":  # fp16: the kernels store binary16 codes
+            buffer = out.view(torch.int16)
         programs = triton.cdiv(count, rows * 4)
         # flag, then the number and the list of the tiles left to the exact kernel
         flag = torch.zeros(2 + programs, dtype=torch.int32, device=device)
@@ -880,12 +886,13 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     return out
 
 
-def _codes_fast_path(request: Request, output: str) -> bool:
-    """SR from the stream to codes of a signed sign-magnitude format with zero: variant a
-    with any n, or exact SR (variant c, n = 32)."""
+def _codes_fast_path(request: Request, output: str, out_dtype: torch.dtype) -> bool:
+    """SR from the stream to codes of a signed sign-magnitude format with zero (fp8, fp4,
+    or binary16 for an fp16 result): variant a with any n, or exact SR (variant c, n = 32)."""
     fmt = request.fmt
+    fp16 = output == "value" and out_dtype == torch.float16 and fmt.name == "binary16"
     return (
-        output in ("codes", "fp4x2")
+        (output in ("codes", "fp4x2") or fp16)
         and request.mode == "sr"
         and request.source == "stream"
         and (request.variant == "a" or (request.variant == "c" and request.n == 32))
