@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -240,7 +240,7 @@ class SROptimizer(torch.optim.Optimizer):
         algorithm: str,
         group: dict[str, Any],
         entries: list[tuple[int, Tensor, int]],
-        scalars_of: Any,
+        scalars_of: Callable[[int], list[float]],
         names: tuple[str, ...],
         **options: Any,
     ) -> None:
@@ -292,6 +292,16 @@ class SROptimizer(torch.optim.Optimizer):
                 "master_weights=True needs rounding 'sr' or 'rne' (the master is exact; "
                 f"'kahan' and 'ecc' are alternatives to it), got {group['rounding']!r}"
             )
+        check_float(group["lr"], "lr")
+        group["maximize"] = bool(group["maximize"])
+
+    @staticmethod
+    def evaluate(closure: Callable[[], float] | None) -> float | None:
+        """The loss of ``closure`` (re-evaluated with gradients enabled), or None."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
 
     @staticmethod
     def param_state_name(group: dict[str, Any], param: Tensor) -> str | None:

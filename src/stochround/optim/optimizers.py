@@ -70,18 +70,13 @@ class AdamW(SROptimizer):
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
-        check_float(group["lr"], "lr")
         group["betas"] = check_betas(group["betas"])
         check_float(group["eps"], "eps")
         check_float(group["weight_decay"], "weight_decay")
-        group["maximize"] = bool(group["maximize"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self.evaluate(closure)
         for group, entries in self.grouped_params():
 
             def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
@@ -151,12 +146,10 @@ class SGD(SROptimizer):
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
-        check_float(group["lr"], "lr")
         check_float(group["momentum"], "momentum")
         check_float(group["dampening"], "dampening")
         check_float(group["weight_decay"], "weight_decay")
         group["nesterov"] = bool(group["nesterov"])
-        group["maximize"] = bool(group["maximize"])
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
 
@@ -165,10 +158,7 @@ class SGD(SROptimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self.evaluate(closure)
         for group, entries in self.grouped_params():
 
             def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
@@ -255,17 +245,12 @@ class Lion(SROptimizer):
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
-        check_float(group["lr"], "lr")
         group["betas"] = check_betas(group["betas"])
         check_float(group["weight_decay"], "weight_decay")
-        group["maximize"] = bool(group["maximize"])
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self.evaluate(closure)
         for group, entries in self.grouped_params():
 
             def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
