@@ -185,7 +185,7 @@ def test_checkpoint_resumes_bit_for_bit(cls, kwargs):
     for a, b in zip(straight, resumed, strict=True):
         for name, value in straight_opt.state[a].items():
             if name == "step":
-                assert value == resumed_opt.state[b][name] == 10
+                assert int(value) == int(resumed_opt.state[b][name]) == 10
             else:
                 assert torch.equal(value, resumed_opt.state[b][name]), name
 
@@ -518,3 +518,52 @@ def test_rounding_survives_torch_compile():
     assert not torch.equal(sr_compiled[0], _compiled_steps(2, "sr", compiled=True)[0])
     rne = zip(_compiled_steps(1, "rne", True), _compiled_steps(1, "rne", False), strict=True)
     assert all(torch.equal(a, b) for a, b in rne)
+
+
+def test_bias_power_is_within_its_rounding_bound():
+    """b^t from the squares of b over the bits of t: squaring doubles a relative error, so
+    b^(2^k) is within (2^k - 1) u and the product of the set bits' factors within
+    (t + 31) u (u = 2**-53, to first order; the test allows twice that), against exact
+    rationals; t = 0 gives 1 exactly, and b^t underflows to 0 where exact b^t < 2**-1075."""
+    from fractions import Fraction
+
+    from stochround.optim.updates import bias_power, power_squares
+
+    steps = torch.tensor([0, 1, 2, 3, 1000, 12345, 2**31 + 5, 2**32 - 1])
+    for beta in (0.9, 0.999, 0.5, 0.0):
+        powers = bias_power(torch.tensor(power_squares(beta), dtype=torch.float64), steps)
+        assert powers[0] == 1.0 and powers[1] == beta
+        for step, power in zip(steps.tolist(), powers.tolist(), strict=True):
+            if step > 20000:  # exact b^t < 2**-1075 for these b
+                assert power == 0.0
+                continue
+            exact = Fraction(beta) ** step
+            bound = max(exact * Fraction(step + 31, 2**52), Fraction(62, 2**1074))
+            assert abs(Fraction(power) - exact) <= bound, (beta, step)
+
+
+def test_checkpoints_with_int_step_counts_still_load():
+    params = make_params(torch.bfloat16)
+    opt = AdamW(params, state_dtype=torch.bfloat16, seed=1)
+    train_steps(opt, params, 2, 0)
+    saved = copy.deepcopy(opt.state_dict())
+    for state in saved["state"].values():
+        state["step"] = int(state["step"])  # as written before steps were tensors
+    fresh = AdamW(params, state_dtype=torch.bfloat16)
+    fresh.load_state_dict(saved)
+    for param in params:
+        step = fresh.state[param]["step"]
+        assert step.dtype == torch.int64 and step.shape == () and int(step) == 2
+
+
+def test_steps_are_device_tensors_and_lr_may_be_a_tensor():
+    params = make_params(torch.bfloat16)
+    floats = make_params(torch.bfloat16)
+    lr = torch.tensor(1e-2, dtype=torch.float64)  # the float's value: the same scalars
+    opt = AdamW(params, lr=lr, state_dtype=torch.bfloat16, seed=4)
+    reference = AdamW(floats, lr=1e-2, state_dtype=torch.bfloat16, seed=4)
+    train_steps(opt, params, 3, 0)
+    train_steps(reference, floats, 3, 0)
+    for a, b in zip(params, floats, strict=True):
+        assert torch.equal(a, b)
+        assert opt.state[a]["step"].dtype == torch.int64 and int(opt.state[a]["step"]) == 3

@@ -113,3 +113,105 @@ def test_auto_takes_the_pytorch_path_for_cpu_parameters(monkeypatch):
 
     monkeypatch.setattr(kernels, "fused_step", refuse)
     _run(AdamW, {"lr": 1e-3}, torch.bfloat16, torch.bfloat16, "sr", "auto", 1)
+
+
+def _steps_from(cls, backend, starts, lr, steps=2):
+    """``steps`` steps after one that creates the states, from step counts ``starts``."""
+    params, optimizer = _run(cls, {"lr": lr}, torch.bfloat16, torch.bfloat16, "sr", backend, 1)
+    for param, start in zip(params, starts, strict=True):
+        optimizer.state[param]["step"].fill_(start)
+    for step in range(steps):
+        for param, grad in zip(params, _gradients(1 + step, torch.bfloat16), strict=True):
+            param.grad = grad
+        optimizer.step()
+    return params, optimizer
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD, Lion])
+def test_kernel_scalars_equal_the_pytorch_path_at_any_step(cls):
+    """Each parameter of one launch has its own step count (the bias correction's b^t
+    from its bits, the stream from its value) and a tensor lr: kernel == PyTorch path."""
+    starts = (2**32 - 3, 10**9 + 7, 12345, 1)
+    lr = torch.tensor(3e-3, dtype=torch.float32, device=DEVICE)
+    fused, fused_optimizer = _steps_from(cls, "triton", starts, lr)
+    torch_path, torch_optimizer = _steps_from(cls, "torch", starts, lr.clone())
+    for mine, theirs, start in zip(fused, torch_path, starts, strict=True):
+        assert torch.equal(_bits(mine), _bits(theirs))
+        for name, value in fused_optimizer.state[mine].items():
+            assert torch.equal(value, torch_optimizer.state[theirs][name]), name
+        assert int(fused_optimizer.state[mine]["step"]) == start + 2
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_compiled_step_follows_a_scheduler_without_recompiling(backend):
+    """lr as a tensor moved by a scheduler and the step counts as tensors: the compiled
+    step compiles once (after the step that creates the states) and stores the bits of
+    the eager step."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    runs = []
+    for compiled in (True, False):
+        params = _params(torch.bfloat16)
+        lr = torch.tensor(1e-2, device=DEVICE)
+        optimizer = AdamW(params, lr=lr, state_dtype=torch.bfloat16, seed=3, backend=backend)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
+        counter = CompileCounter()
+        step = torch.compile(optimizer.step, backend=counter) if compiled else optimizer.step
+        frames = []
+        for index in range(5):
+            for param, grad in zip(params, _gradients(index, torch.bfloat16), strict=True):
+                param.grad = grad
+            step()
+            schedule.step()
+            frames.append(counter.frame_count)
+        runs.append((params, frames))
+    (compiled_params, frames), (eager_params, _) = runs
+    assert frames[1] > 0 and frames[1:] == [frames[1]] * 4
+    assert float(lr) == pytest.approx(1e-2 / 6)  # the scheduler moved the tensor itself
+    for compiled_param, eager_param in zip(compiled_params, eager_params, strict=True):
+        assert torch.equal(_bits(compiled_param), _bits(eager_param))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [AdamW, SGD, Lion])
+def test_cuda_graph_replays_a_step(cls):
+    """A captured step replayed with new gradients and a new lr (tensors) gives the bits of
+    eager steps: the step counts, the streams and the bias corrections advance on the
+    device."""
+    eager_params = _params(torch.bfloat16)
+    graph_params = _params(torch.bfloat16)
+    kwargs = {"state_dtype": torch.bfloat16, "seed": 9, "backend": "triton"}
+    if cls is SGD:
+        kwargs["momentum"] = 0.9
+    eager = cls(eager_params, lr=torch.tensor(1e-2, device=DEVICE), **kwargs)
+    lr = torch.tensor(1e-2, device=DEVICE)
+    captured = cls(graph_params, lr=lr, **kwargs)
+    for param in graph_params:
+        param.grad = torch.zeros_like(param)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: states, tables and kernels exist before capture
+        for step in range(2):
+            for param, grad in zip(graph_params, _gradients(step, torch.bfloat16), strict=True):
+                param.grad.copy_(grad)
+            captured.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured.step()
+    for step in range(6):
+        rate = 1e-2 / (1 + step)
+        if step >= 2:
+            lr.fill_(rate)
+            for param, grad in zip(graph_params, _gradients(step, torch.bfloat16), strict=True):
+                param.grad.copy_(grad)
+            graph.replay()
+        eager.param_groups[0]["lr"].fill_(rate)
+        for param, grad in zip(eager_params, _gradients(step, torch.bfloat16), strict=True):
+            param.grad = grad
+        eager.step()
+    torch.cuda.synchronize()
+    for mine, theirs in zip(graph_params, eager_params, strict=True):
+        assert torch.equal(_bits(mine), _bits(theirs))
+        assert int(captured.state[mine]["step"]) == 6

@@ -41,6 +41,8 @@ ALGORITHMS = ("adamw", "sgd", "lion")
 # programs one after another, so there large blocks cost far less
 ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128  # H100 sweep: 128 x 4 warps
 WARPS = 4
+COLUMNS = tl.constexpr(7)  # table row: 4 tensor offsets, numel, index, step offset
+SCALARS = tl.constexpr(8)  # float32 scalars per parameter (7 used)
 
 _FP16 = {
     **_format_constants(format_of_dtype(torch.float16)),
@@ -99,22 +101,71 @@ def _store(pointer, value, mask, seed, offset, group, lane, SR: tl.constexpr):
             tl.store(pointer, _narrow_to_16_bits(result, tl.float16, 0x7E00), mask=mask)
 
 
-@triton.jit(do_not_specialize=["seed", "step"])
+@triton.jit
+def _bias_power(squares_ptr, step):
+    """``beta ** step`` in float64 as `stochround.optim.updates.bias_power` computes it: the
+    product of ``squares[k]`` over the set bits of ``step``, as the same pairwise tree."""
+    k = tl.arange(0, 32)
+    factors = tl.where(((step >> k) & 1) != 0, tl.load(squares_ptr + k), 1.0)
+    left, right = tl.split(tl.reshape(factors, (16, 2)))
+    left, right = tl.split(tl.reshape(left * right, (8, 2)))
+    left, right = tl.split(tl.reshape(left * right, (4, 2)))
+    left, right = tl.split(tl.reshape(left * right, (2, 2)))
+    left, right = tl.split(tl.reshape(left * right, (1, 2)))
+    return tl.sum(left * right, axis=0)
+
+
+@triton.jit
+def _scalars_kernel(
+    step_base, table_ptr, lr_ptr, constants_ptr, scalars_ptr, ALGORITHM: tl.constexpr
+):
+    """Advance parameter ``program``'s step count and write its row of float32 scalars:
+    `stochround.optim.updates`' ``*_scalars`` in float64 from the step, ``lr`` and the
+    group's constants (AdamW b1, b2, eps, wd; SGD momentum, dampening, wd; Lion b1, b2,
+    wd; AdamW's followed by ``power_squares`` of b1 and of b2, 32 each)."""
+    tensor = tl.program_id(0)
+    step_ptr = step_base + tl.load(table_ptr + tensor * COLUMNS + 6)
+    step = tl.load(step_ptr) + 1
+    tl.store(step_ptr, step)
+    lr = tl.load(lr_ptr).to(tl.float64)
+    row = scalars_ptr + tensor * SCALARS
+    first = tl.load(constants_ptr)
+    second = tl.load(constants_ptr + 1)
+    third = tl.load(constants_ptr + 2)
+    if ALGORITHM == 0:
+        power1 = _bias_power(constants_ptr + 4, step)
+        power2 = _bias_power(constants_ptr + 36, step)
+        tl.store(row, (1 - lr * tl.load(constants_ptr + 3)).to(tl.float32))
+        tl.store(row + 1, (1 - first).to(tl.float32))
+        tl.store(row + 2, second.to(tl.float32))
+        tl.store(row + 3, (1 - second).to(tl.float32))
+        tl.store(row + 4, (1 / tl.sqrt(1 - power2)).to(tl.float32))
+        tl.store(row + 5, third.to(tl.float32))
+        tl.store(row + 6, (lr / (1 - power1)).to(tl.float32))
+    elif ALGORITHM == 1:
+        tl.store(row, lr.to(tl.float32))
+        tl.store(row + 1, first.to(tl.float32))
+        tl.store(row + 2, (1 - second).to(tl.float32))
+        tl.store(row + 3, third.to(tl.float32))
+    else:
+        tl.store(row, (1 - lr * third).to(tl.float32))
+        tl.store(row + 1, first.to(tl.float32))
+        tl.store(row + 2, (1 - first).to(tl.float32))
+        tl.store(row + 3, second.to(tl.float32))
+        tl.store(row + 4, (1 - second).to(tl.float32))
+        tl.store(row + 5, lr.to(tl.float32))
+
+
+@triton.jit(do_not_specialize=["seed"])
 def _step_kernel(
     param_base,
     grad_base,
     state_base,
+    step_base,
     table_ptr,
     blocks_ptr,
+    scalars_ptr,
     seed,
-    step,
-    scalar0,
-    scalar1,
-    scalar2,
-    scalar3,
-    scalar4,
-    scalar5,
-    scalar6,
     ALGORITHM: tl.constexpr,
     SR: tl.constexpr,
     MAXIMIZE: tl.constexpr,
@@ -126,24 +177,35 @@ def _step_kernel(
     The table's row t: element offsets of the parameter, gradient and two states from
     ``param_base``, ``grad_base`` and ``state_base`` (multiples of 16 bytes, which
     `fused_step` checks: a thread then loads a row of four elements as one vector and
-    draws its Philox block once), the element count and the global parameter index.
+    draws its Philox block once), the element count, the global parameter index and the
+    offset of its step count from ``step_base``.
 
-    Scalars (float32), by ALGORITHM: AdamW (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t),
-    eps, lr / (1 - b1^t)); SGD (lr, momentum, 1 - dampening, weight_decay) with OPTION
-    0 no momentum, 1 momentum, 2 Nesterov, +3 on the first step (buffer = gradient), and
-    DECAY when weight_decay != 0; Lion (decay, b1, 1 - b1, b2, 1 - b2, lr)."""
+    Scalars (float32, row t of ``scalars``, written by `_scalars_kernel`), by ALGORITHM:
+    AdamW (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t)); SGD (lr,
+    momentum, 1 - dampening, weight_decay) with OPTION 0 no momentum, 1 momentum, 2
+    Nesterov, +3 on the first step (buffer = gradient), and DECAY when weight_decay != 0;
+    Lion (decay, b1, 1 - b1, b2, 1 - b2, lr)."""
     program = tl.program_id(0)
     tensor = tl.load(blocks_ptr + 2 * program)
     block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
-    row_ptr = table_ptr + tensor * 6
+    row_ptr = table_ptr + tensor * COLUMNS
     numel = tl.load(row_ptr + 4)
     index = tl.load(row_ptr + 5)
+    step = tl.load(step_base + tl.load(row_ptr + 6))
+    scalar_ptr = scalars_ptr + tensor * SCALARS
+    scalar0 = tl.load(scalar_ptr)
+    scalar1 = tl.load(scalar_ptr + 1)
+    scalar2 = tl.load(scalar_ptr + 2)
+    scalar3 = tl.load(scalar_ptr + 3)
+    scalar4 = tl.load(scalar_ptr + 4)
+    scalar5 = tl.load(scalar_ptr + 5)
+    scalar6 = tl.load(scalar_ptr + 6)
     row = tl.arange(0, ROWS)[:, None]
     lane = tl.arange(0, 4)[None, :]
     position = block * (ROWS * 4) + row * 4 + lane
     mask = position < numel
     group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
-    base = (step.to(tl.int64) << 32) + index * 4  # stream offset of slot 0
+    base = (step << 32) + index * 4  # stream offset of slot 0
     param_ptr = param_base + tl.multiple_of(tl.load(row_ptr), 4) + position
     grad_ptr = grad_base + tl.multiple_of(tl.load(row_ptr + 1), 4) + position
     grad = tl.load(grad_ptr, mask=mask).to(tl.float32)
@@ -201,45 +263,129 @@ def _block_table(numels: tuple[int, ...], rows: int, device: torch.device) -> Te
     return torch.stack([tensor, block], dim=1).to(device=device, dtype=torch.int32)
 
 
+@functools.lru_cache(maxsize=16)
+def _tensor_table(
+    addresses: tuple[tuple[int, ...], ...],
+    sizes: tuple[int, ...],
+    numels: tuple[int, ...],
+    indices: tuple[int, ...],
+    device: torch.device,
+) -> Tensor:
+    """int64 rows (`_step_kernel`'s table) from the columns' data pointers: parameter,
+    gradient, the two states (both counted from the first state) and the step count, in
+    elements of ``sizes`` from each column's first tensor.  Cached by the pointers, so a
+    step over the same tensors copies nothing to the device (CUDA graphs can capture it)."""
+    bases = (addresses[0][0], addresses[1][0], addresses[2][0], addresses[2][0], addresses[4][0])
+    offsets = [
+        [(address - base) // size for address in column]
+        for column, base, size in zip(addresses, bases, sizes, strict=True)
+    ]
+    rows = [*offsets[:4], list(numels), list(indices), offsets[4]]
+    return torch.tensor(rows, dtype=torch.int64).T.contiguous().to(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _constants(constants: tuple[float, ...], device: torch.device) -> Tensor:
+    """The float64 tensor of ``constants`` on ``device``, cached by value (so a step copies
+    nothing to the device once the hyperparameters are known)."""
+    return torch.tensor(constants, dtype=torch.float64).to(device)
+
+
 def fused_step(
     algorithm: str,
     params: list[Tensor],
     grads: list[Tensor],
     states: list[list[Tensor]],
+    steps: list[Tensor],
     indices: list[int],
-    scalars: list[float],
+    lr: float | Tensor,
+    constants: list[float],
     *,
     seed: int,
-    step: int,
     sr: bool,
     maximize: bool,
     decay: bool = False,
     option: int = 0,
 ) -> None:
-    """Update ``params`` and their ``states`` (one list per state slot, each as long as
-    ``params``) in place with one launch: same dtypes across each list, contiguous tensors
-    on one device.  ``scalars``: `_step_kernel`'s, in its order."""
+    """Advance the int64 step counts ``steps`` and update ``params`` and their ``states``
+    (one list per state slot, each as long as ``params``) in place: two launches, the
+    scalars then the update, through the custom op ``stochround::fused_step`` (opaque to
+    ``torch.compile``).  Same dtypes across each list, contiguous tensors on one device.
+    ``constants`` (`_scalars_kernel`'s): AdamW (b1, b2, eps, wd, then the 32
+    ``power_squares`` of b1 and of b2), SGD (momentum, dampening, wd), Lion (b1, b2, wd);
+    ``lr`` a float or a one-element tensor (a float is a constant to a compiled graph)."""
     if not params:
         return
     device = params[0].device
-    state_lists = states + [params] * (2 - len(states))  # SGD without momentum: unused
-    bases = (params[0], grads[0], state_lists[0][0])
-    columns = (params, grads, *state_lists)
-    # element offsets from the bases, column by column (one host pass over the pointers)
-    addresses = torch.tensor([[t.data_ptr() for t in column] for column in columns])
-    starts = torch.tensor([b.data_ptr() for b in (*bases, bases[2])])[:, None]
-    sizes = torch.tensor([c[0].element_size() for c in columns])[:, None]
-    extra = torch.tensor([[p.numel() for p in params], list(indices)])
-    table = torch.cat([(addresses - starts) // sizes, extra]).T.contiguous().to(device)
+    if isinstance(lr, Tensor):
+        lr = lr.reshape(()).to(device)
+    else:
+        lr = torch.full((), lr, dtype=torch.float64, device=device)
+    _fused_step_op(
+        params,
+        grads,
+        [tensor for slot in states for tensor in slot],
+        steps,
+        lr,
+        algorithm,
+        indices,
+        constants,
+        _as_int64(seed),
+        sr,
+        maximize,
+        decay,
+        option,
+    )
+
+
+@torch.library.custom_op(
+    "stochround::fused_step", mutates_args=("params", "states", "steps"), device_types=None
+)
+def _fused_step_op(
+    params: list[Tensor],
+    grads: list[Tensor],
+    states: list[Tensor],
+    steps: list[Tensor],
+    lr: Tensor,
+    algorithm: str,
+    indices: list[int],
+    constants: list[float],
+    seed: int,
+    sr: bool,
+    maximize: bool,
+    decay: bool,
+    option: int,
+) -> None:
+    """`fused_step` with the states flattened slot by slot and ``lr`` a 0-d tensor."""
+    count = len(params)
+    slots = [states[i : i + count] for i in range(0, len(states), count)]
+    state_lists = slots + [params] * (2 - len(slots))  # SGD without momentum: unused
+    columns = (params, grads, *state_lists, steps)
+    device = params[0].device
+    table = _tensor_table(
+        tuple(tuple(t.data_ptr() for t in column) for column in columns),
+        tuple(column[0].element_size() for column in columns),
+        tuple(p.numel() for p in params),
+        tuple(indices),
+        device,
+    )
     blocks = _block_table(tuple(p.numel() for p in params), ROWS, device)
+    scalars = torch.empty((count, SCALARS), dtype=torch.float32, device=device)
+    algorithm_code = ALGORITHMS.index(algorithm)
+    _scalars_kernel[(count,)](
+        steps[0], table, lr, _constants(tuple(constants), device), scalars,
+        ALGORITHM=algorithm_code,
+    )  # fmt: skip
     _step_kernel[(blocks.shape[0],)](
-        *bases,
+        params[0],
+        grads[0],
+        state_lists[0][0],
+        steps[0],
         table,
         blocks,
-        _as_int64(seed),
-        step,
-        *(scalars + [0.0] * (7 - len(scalars))),
-        ALGORITHM=ALGORITHMS.index(algorithm),
+        scalars,
+        seed,
+        ALGORITHM=algorithm_code,
         SR=sr,
         MAXIMIZE=maximize,
         DECAY=decay,
@@ -248,6 +394,12 @@ def fused_step(
         num_warps=WARPS,
         enable_fp_fusion=False,
     )
+
+
+@_fused_step_op.register_fake
+def _(params, grads, states, steps, lr, algorithm, indices, constants, seed, sr, maximize,
+      decay, option) -> None:  # fmt: skip
+    return None
 
 
 def _as_int64(value: int) -> int:

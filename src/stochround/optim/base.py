@@ -5,13 +5,15 @@ indices ``0 .. numel - 1`` of the tensor (:mod:`stochround.random`), with::
 
     offset = step * 2**32 + param_index * 4 + tensor_slot
 
-``step`` is the parameter's step count after this update (1, 2, ...), ``param_index``
+``step`` is the parameter's step count after this update (1, 2, ..., below 2**32),
+``param_index``
 its position in the optimizer's parameters (all groups, in order, fewer than 2**30) and
 ``tensor_slot`` 0 for the parameter, 1 and 2 for the states (``TENSOR_SLOTS``). Distinct
 offsets fill distinct upper counter halves, so no two stores of a run share a random word,
 and the mapping does not move when a parameter group is added. The step lives in the
-optimizer state (``state[p]["step"]``) and the seed in the parameter group, so a run
-restored from ``state_dict`` continues bit for bit.
+optimizer state (``state[p]["step"]``, a 0-d int64 tensor on the parameter's device) and
+the seed in the parameter group, so a run restored from ``state_dict`` continues bit for
+bit.
 
 Parameter storage (``rounding`` and ``master_weights``). The update is always computed in
 float32 from the parameter's float32 value ``x``; how ``x`` is kept between steps:
@@ -41,7 +43,7 @@ to nearest even otherwise ("kahan" and "ecc" concern the parameter only).
 
 from __future__ import annotations
 
-import functools
+import importlib.util
 import numbers
 import os
 from collections.abc import Callable, Iterable
@@ -63,15 +65,20 @@ MAX_PARAMS = 1 << 30
 TENSOR_SLOTS = {"param": 0, "exp_avg": 1, "exp_avg_sq": 2, "momentum_buffer": 1}
 
 
-def stream_offset(step: int, param_index: int, tensor_slot: int) -> int:
-    """``step * 2**32 + param_index * 4 + tensor_slot``: the stream of one store."""
+def stream_offset(step: int | Tensor, param_index: int, tensor_slot: int) -> int | Tensor:
+    """``step * 2**32 + param_index * 4 + tensor_slot``: the stream of one store.  A tensor
+    ``step`` (int64, as the optimizer state holds it) gives an int64 tensor, two's
+    complement at and above 2**63 as `stochround.random` reads offsets."""
     if not 0 <= param_index < MAX_PARAMS:
         raise ValueError(f"param_index must be in [0, 2**30), got {param_index}")
     if not 0 <= tensor_slot < 4:
         raise ValueError(f"tensor_slot must be in [0, 4), got {tensor_slot}")
+    low = (param_index << 2) | tensor_slot
+    if isinstance(step, Tensor):
+        return (step << 32) | low
     if not 0 <= step < 1 << 32:
         raise ValueError(f"step must be in [0, 2**32), got {step}")
-    return (step << 32) | (param_index << 2) | tensor_slot
+    return (step << 32) | low
 
 
 def check_float(value: object, name: str, *, low: float = 0.0, below: float | None = None) -> float:
@@ -123,7 +130,7 @@ def check_seed_argument(seed: object) -> int:
 
 
 def store(
-    target: Tensor, value: Tensor, rounding: str, seed: int, step: int, index: int, slot: int
+    target: Tensor, value: Tensor, rounding: str, seed: int, step: Tensor, index: int, slot: int
 ) -> None:
     """``target.copy_(rounded value)``: float32 ``value`` rounded to ``target``'s dtype.
 
@@ -168,21 +175,14 @@ def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
     return param.float() + residual.float() * (ulp(param) / ECC_SCALE)
 
 
-@functools.cache
-def _triton_missing() -> str | None:
-    """Why triton cannot be imported (None if it can), found once."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as error:
-        return f"triton is not importable ({error})"
-    return None
+# whether the kernels can run, found without importing triton (which takes a second)
+TRITON_MISSING = None if importlib.util.find_spec("triton") else "triton is not installed"
 
 
 def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
     """Why the fused kernel cannot update ``param`` (None if it can)."""
-    missing = _triton_missing()
-    if missing is not None:
-        return missing
+    if TRITON_MISSING is not None:
+        return TRITON_MISSING
     if not (param.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return "the parameter is not a CUDA tensor (TRITON_INTERPRET=1 runs kernels on CPU)"
     if SROptimizer.param_state_name(group, param) is not None:
@@ -198,15 +198,23 @@ def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
 
 
 class SROptimizer(torch.optim.Optimizer):
-    """Base class: groups carry ``state_dtype``, ``rounding`` and ``seed``; the step counter
-    of each parameter is ``state[p]["step"]`` (a Python int: no tensor operation per
-    parameter and step on the host).
+    """Base class: groups carry ``state_dtype``, ``rounding`` and ``seed``; each parameter's
+    step count is ``state[p]["step"]``, a 0-d int64 tensor on the parameter's device, and
+    ``lr`` may be a float or a one-element tensor.  Nothing a step reads is a Python value
+    that changes from step to step, so ``torch.compile`` compiles a step once and a CUDA
+    graph can capture it (with a tensor ``lr`` on the device, replays read its current
+    value; the step counts advance on the device).
 
     ``backend``: "auto" updates CUDA parameters with one fused Triton launch per group
-    (per parameter, gradient and state dtype, and step) and others on the PyTorch path;
-    "torch" always takes the PyTorch path; "triton" always the kernel, raising ValueError
-    for a parameter it cannot update.  Both give the same bits."""
+    (per parameter and gradient dtype) and others on the PyTorch path; "torch" always
+    takes the PyTorch path; "triton" always the kernel, raising ValueError for a parameter
+    it cannot update.  Both give the same bits.
 
+    Subclasses name their ``algorithm`` (the kernel's), their ``state_names`` and
+    implement `scalars` (the float32 rows of a step), `constants` (what the kernel computes
+    them from) and `update` (one parameter on the PyTorch path)."""
+
+    algorithm: str = ""
     state_names: tuple[str, ...] = ()
 
     def __init__(
@@ -215,6 +223,41 @@ class SROptimizer(torch.optim.Optimizer):
         check_choice("backend", backend, BACKENDS)
         self.backend = backend
         super().__init__(params, defaults)
+
+    def scalars(self, group: dict[str, Any], steps: Tensor) -> Tensor:
+        """float32 rows of the update's scalars, one per int64 step count in ``steps``."""
+        raise NotImplementedError
+
+    def constants(self, group: dict[str, Any]) -> list[float]:
+        """The group's hyperparameters besides ``lr``, in the kernel's order."""
+        raise NotImplementedError
+
+    def update(
+        self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
+    ) -> None:
+        """Update ``param`` and its states on the PyTorch path (``scalars``: its row)."""
+        raise NotImplementedError
+
+    def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
+        """Constexpr options of the fused kernel for ``param`` (called before it runs)."""
+        return {}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every parameter that has a gradient; returns the closure's loss."""
+        loss = self.evaluate(closure)
+        for group, entries in self.grouped_params():
+            fused, unfused = [], []
+            for index, param in entries:
+                self.init_states(group, param)
+                (fused if self.fused(group, param) else unfused).append((index, param))
+            if unfused:
+                steps = [self.state[param]["step"].add_(1) for _, param in unfused]
+                rows = self.scalars(group, torch.stack(steps))
+                for (index, param), row, step in zip(unfused, rows, steps, strict=True):
+                    self.update(group, index, param, row, step)
+            self.fused_steps(group, fused)
+        return loss
 
     def fused(self, group: dict[str, Any], param: Tensor) -> bool:
         """Whether the fused kernel updates ``param`` (see the class docstring)."""
@@ -226,8 +269,11 @@ class SROptimizer(torch.optim.Optimizer):
         return refusal is None
 
     def init_states(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
-        """The parameter's state, with zero states in ``state_dtype`` on first use."""
+        """The parameter's state, with step 0 and zero states in ``state_dtype`` on first
+        use."""
         state = self.state[param]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.int64, device=param.device)
         for name in self.state_names:
             if name not in state:
                 state[name] = torch.zeros_like(
@@ -235,39 +281,33 @@ class SROptimizer(torch.optim.Optimizer):
                 )
         return state
 
-    def fused_steps(
-        self,
-        algorithm: str,
-        group: dict[str, Any],
-        entries: list[tuple[int, Tensor, int]],
-        scalars_of: Callable[[int], list[float]],
-        names: tuple[str, ...],
-        **options: Any,
-    ) -> None:
-        """One launch per (dtypes, step) bucket of ``entries`` (index, param, step):
-        ``scalars_of(step)`` gives the kernel's scalars, ``names`` the states it updates."""
-        if not entries:
-            return
+    def fused_steps(self, group: dict[str, Any], entries: list[tuple[int, Tensor]]) -> None:
+        """One launch per (dtypes, kernel options) bucket of ``entries`` (index, param)."""
         buckets: dict[tuple, list[tuple[int, Tensor]]] = {}
-        for index, param, step in entries:
-            key = (param.dtype, param.grad.dtype, param.device, step)
+        for index, param in entries:
+            options = tuple(sorted(self.kernel_options(group, param).items()))
+            key = (param.dtype, param.grad.dtype, param.device, options)
             buckets.setdefault(key, []).append((index, param))
+        if not buckets:
+            return
         from ..kernels.optim import fused_step  # needs triton: imported only when used
 
-        for (_, _, _, step), members in buckets.items():
+        names = self.state_names[: self.state_count(group)]
+        for (*_, options), members in buckets.items():
             params = [param for _, param in members]
             fused_step(
-                algorithm,
+                self.algorithm,
                 params,
                 [param.grad for param in params],
                 [[self.state[param][name] for param in params] for name in names],
+                [self.state[param]["step"] for param in params],
                 [index for index, _ in members],
-                scalars_of(step),
+                group["lr"],
+                self.constants(group),
                 seed=group["seed"],
-                step=step,
                 sr=group["rounding"] == "sr",
                 maximize=group["maximize"],
-                **options,
+                **dict(options),
             )
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -331,11 +371,11 @@ class SROptimizer(torch.optim.Optimizer):
             return param.float() + state["compensation"].float()
         if name == "ecc_residual":
             return ecc_decode(param, state["ecc_residual"])
-        value = param.float()
-        return value.clone() if value.data_ptr() == param.data_ptr() else value
+        # float() returns the parameter itself when it is float32 already
+        return param.float().clone() if param.dtype == torch.float32 else param.float()
 
     def store_param(
-        self, group: dict[str, Any], param: Tensor, value: Tensor, step: int, index: int
+        self, group: dict[str, Any], param: Tensor, value: Tensor, step: Tensor, index: int
     ) -> None:
         """Keep the float32 ``value`` as the parameter (see the module docstring)."""
         state = self.state[param]
@@ -380,7 +420,7 @@ class SROptimizer(torch.optim.Optimizer):
         group: dict[str, Any],
         param: Tensor,
         values: tuple[Tensor, ...],
-        step: int,
+        step: Tensor,
         index: int,
     ) -> None:
         """Store the float32 ``values`` of the states ``state_names`` (in order), rounded."""
@@ -414,7 +454,8 @@ class SROptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """As torch's, except that states keep the dtype they were saved in (torch's loader
-        casts every floating state to its parameter's dtype) and are copied, not aliased."""
+        casts every floating state to its parameter's dtype) and are copied, not aliased;
+        step counts become 0-d int64 tensors on the parameter's device."""
         saved_state = state_dict["state"]
         super().load_state_dict({**state_dict, "state": {}})
         saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
@@ -424,14 +465,9 @@ class SROptimizer(torch.optim.Optimizer):
                 continue
             state = {}
             for name, value in saved_state[saved_id].items():
-                if name == "step":
-                    value = int(value)
+                if name == "step":  # an int in checkpoints written before steps were tensors
+                    value = torch.as_tensor(value, dtype=torch.int64).to(param.device, copy=True)
                 elif isinstance(value, Tensor):
                     value = value.to(device=param.device, copy=True)
                 state[name] = value
             self.state[param] = state
-
-    def advance_step(self, param: Tensor) -> int:
-        state = self.state[param]
-        state["step"] = state.get("step", 0) + 1
-        return state["step"]

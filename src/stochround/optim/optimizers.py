@@ -13,10 +13,11 @@ float32 rounding.  On CUDA one fused Triton launch updates all parameters of a g
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .base import SROptimizer, check_betas, check_float
 from .updates import (
@@ -24,6 +25,7 @@ from .updates import (
     adamw_update,
     lion_scalars,
     lion_update,
+    power_squares,
     sgd_scalars,
     sgd_update,
 )
@@ -38,6 +40,7 @@ class AdamW(SROptimizer):
     once to their storage dtype.
     """
 
+    algorithm = "adamw"
     state_names = ("exp_avg", "exp_avg_sq")
 
     def __init__(
@@ -74,33 +77,28 @@ class AdamW(SROptimizer):
         check_float(group["eps"], "eps")
         check_float(group["weight_decay"], "weight_decay")
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = self.evaluate(closure)
-        for group, entries in self.grouped_params():
+    def scalars(self, group: dict[str, Any], steps: Tensor) -> Tensor:
+        wd = group["weight_decay"]
+        return adamw_scalars(group["lr"], group["betas"], group["eps"], wd, steps)
 
-            def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
-                lr, eps, wd = float(group["lr"]), group["eps"], group["weight_decay"]
-                return adamw_scalars(lr, group["betas"], eps, wd, step)
+    def constants(self, group: dict[str, Any]) -> list[float]:
+        beta1, beta2 = group["betas"]
+        squares = (*power_squares(beta1), *power_squares(beta2))
+        return [beta1, beta2, group["eps"], group["weight_decay"], *squares]
 
-            fused = []
-            for index, param in entries:
-                state = self.init_states(group, param)
-                step = self.advance_step(param)
-                if self.fused(group, param):
-                    fused.append((index, param, step))
-                    continue
-                value, exp_avg, exp_avg_sq = adamw_update(
-                    self.load_param(group, param),
-                    self.gradient(group, param),
-                    state["exp_avg"].float(),
-                    state["exp_avg_sq"].float(),
-                    scalars(step),
-                )
-                self.store_param(group, param, value, step, index)
-                self.store_states(group, param, (exp_avg, exp_avg_sq), step, index)
-            self.fused_steps("adamw", group, fused, scalars, self.state_names)
-        return loss
+    def update(
+        self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
+    ) -> None:
+        state = self.state[param]
+        value, exp_avg, exp_avg_sq = adamw_update(
+            self.load_param(group, param),
+            self.gradient(group, param),
+            state["exp_avg"].float(),
+            state["exp_avg_sq"].float(),
+            scalars,
+        )
+        self.store_param(group, param, value, step, index)
+        self.store_states(group, param, (exp_avg, exp_avg_sq), step, index)
 
 
 class SGD(SROptimizer):
@@ -112,6 +110,7 @@ class SGD(SROptimizer):
     ``b`` are each rounded once to their storage dtype.
     """
 
+    algorithm = "sgd"
     state_names = ("momentum_buffer",)
 
     def __init__(
@@ -156,52 +155,57 @@ class SGD(SROptimizer):
     def state_count(self, group: dict[str, Any]) -> int:
         return 1 if group["momentum"] != 0 else 0
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = self.evaluate(closure)
-        for group, entries in self.grouped_params():
+    def init_states(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
+        # the momentum buffer starts as the first gradient: created by the first update
+        state = self.state[param]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.int64, device=param.device)
+        return state
 
-            def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
-                lr, momentum = float(group["lr"]), group["momentum"]
-                return sgd_scalars(lr, momentum, group["dampening"], group["weight_decay"])
+    def scalars(self, group: dict[str, Any], steps: Tensor) -> Tensor:
+        momentum, dampening = group["momentum"], group["dampening"]
+        return sgd_scalars(group["lr"], momentum, dampening, group["weight_decay"], steps)
 
-            fused: dict[bool, list] = {True: [], False: []}  # by first momentum step
-            for index, param in entries:
-                step = self.advance_step(param)
-                state = self.state[param]
-                first = "momentum_buffer" not in state
-                if group["momentum"] != 0 and first:
-                    state["momentum_buffer"] = torch.empty_like(
-                        param, dtype=group["state_dtype"], memory_format=torch.preserve_format
-                    )
-                if self.fused(group, param):
-                    fused[first].append((index, param, step))
-                    continue
-                buffer = None if first else state.get("momentum_buffer")
-                value, buffer = sgd_update(
-                    self.load_param(group, param),
-                    self.gradient(group, param),
-                    None if buffer is None else buffer.float(),
-                    scalars(step),
-                    nesterov=group["nesterov"],
-                    first=first,
-                )
-                self.store_param(group, param, value, step, index)
-                if buffer is not None:
-                    self.store_states(group, param, (buffer,), step, index)
-            momentum = group["momentum"] != 0
-            option = 0 if not momentum else 2 if group["nesterov"] else 1
-            for first, members in fused.items():
-                self.fused_steps(
-                    "sgd",
-                    group,
-                    members,
-                    scalars,
-                    self.state_names if momentum else (),
-                    decay=group["weight_decay"] != 0,
-                    option=option + 3 if first and momentum else option,
-                )
-        return loss
+    def constants(self, group: dict[str, Any]) -> list[float]:
+        return [group["momentum"], group["dampening"], group["weight_decay"]]
+
+    def momentum_buffer(self, group: dict[str, Any], param: Tensor) -> bool:
+        """Whether this is the buffer's first step (created here, uninitialized)."""
+        state = self.state[param]
+        first = "momentum_buffer" not in state
+        if group["momentum"] != 0 and first:
+            state["momentum_buffer"] = torch.empty_like(
+                param, dtype=group["state_dtype"], memory_format=torch.preserve_format
+            )
+        return first
+
+    def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
+        """``option``: 0 no momentum, 1 momentum, 2 Nesterov, +3 on the buffer's first step;
+        ``decay``: weight_decay != 0."""
+        first = self.momentum_buffer(group, param)
+        option = 0 if group["momentum"] == 0 else 2 if group["nesterov"] else 1
+        if option and first:
+            option += 3
+        return {"option": option, "decay": group["weight_decay"] != 0}
+
+    def update(
+        self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
+    ) -> None:
+        first = self.momentum_buffer(group, param)
+        buffer = self.state[param].get("momentum_buffer")
+        value, buffer = sgd_update(
+            self.load_param(group, param),
+            self.gradient(group, param),
+            None if buffer is None or first else buffer.float(),
+            scalars,
+            decay=group["weight_decay"] != 0,
+            momentum=group["momentum"] != 0,
+            nesterov=group["nesterov"],
+            first=first,
+        )
+        self.store_param(group, param, value, step, index)
+        if buffer is not None:
+            self.store_states(group, param, (buffer,), step, index)
 
 
 class Lion(SROptimizer):
@@ -215,6 +219,7 @@ class Lion(SROptimizer):
     rounded once to their storage dtype. ``sign(0) = 0``.
     """
 
+    algorithm = "lion"
     state_names = ("exp_avg",)
 
     def __init__(
@@ -248,29 +253,21 @@ class Lion(SROptimizer):
         group["betas"] = check_betas(group["betas"])
         check_float(group["weight_decay"], "weight_decay")
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = self.evaluate(closure)
-        for group, entries in self.grouped_params():
+    def scalars(self, group: dict[str, Any], steps: Tensor) -> Tensor:
+        return lion_scalars(group["lr"], group["betas"], group["weight_decay"], steps)
 
-            def scalars(step: int, group: dict[str, Any] = group) -> list[float]:
-                lr = float(group["lr"])
-                return lion_scalars(lr, group["betas"], group["weight_decay"])
+    def constants(self, group: dict[str, Any]) -> list[float]:
+        return [*group["betas"], group["weight_decay"]]
 
-            fused = []
-            for index, param in entries:
-                state = self.init_states(group, param)
-                step = self.advance_step(param)
-                if self.fused(group, param):
-                    fused.append((index, param, step))
-                    continue
-                value, exp_avg = lion_update(
-                    self.load_param(group, param),
-                    self.gradient(group, param),
-                    state["exp_avg"].float(),
-                    scalars(step),
-                )
-                self.store_param(group, param, value, step, index)
-                self.store_states(group, param, (exp_avg,), step, index)
-            self.fused_steps("lion", group, fused, scalars, self.state_names)
-        return loss
+    def update(
+        self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
+    ) -> None:
+        state = self.state[param]
+        value, exp_avg = lion_update(
+            self.load_param(group, param),
+            self.gradient(group, param),
+            state["exp_avg"].float(),
+            scalars,
+        )
+        self.store_param(group, param, value, step, index)
+        self.store_states(group, param, (exp_avg,), step, index)

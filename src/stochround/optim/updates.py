@@ -2,16 +2,19 @@
 kernel (`stochround.kernels.optim`), which computes the same operations in the same order.
 
 Every operation is a single IEEE float32 multiply, add, subtract, divide (of two tensors)
-or correctly rounded square root, with Python scalars rounded to float32: no ``lerp``,
+or correctly rounded square root, with float32 scalars: no ``lerp``,
 ``addcmul``, ``addcdiv`` or ``add(alpha=)``, which torch's CPU kernels evaluate with fused
 multiply-adds (so their results depend on the instruction set) while GPU kernels may not.
 The results therefore agree with ``torch.optim``'s single-tensor updates to within float32
 rounding, and bit for bit between CPU, CUDA and the Triton kernel.
+
+The scalars of a step (``*_scalars``: one float32 row per parameter) are computed from the
+step counts and ``lr`` as tensors, in float64 and rounded once, so that nothing a step
+reads changes a Python value: ``torch.compile`` does not recompile when a scheduler moves
+``lr``, and a CUDA graph replaying a step reads the current ``lr`` and step.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -25,27 +28,64 @@ def correctly_rounded_sqrt(x: Tensor) -> Tensor:
     return x.double().sqrt().float()
 
 
+STEP_BITS = 32  # step counts below 2**32 (the stream offset holds them in 32 bits)
+
+
+def power_squares(beta: float) -> tuple[float, ...]:
+    """``beta ** (2 ** k)`` for ``k = 0 .. 31``, each the float64 square of the one before."""
+    squares = [float(beta)]
+    for _ in range(STEP_BITS - 1):
+        squares.append(squares[-1] * squares[-1])
+    return tuple(squares)
+
+
+def bias_power(squares: Tensor, steps: Tensor) -> Tensor:
+    """``beta ** t`` in float64 for the int64 ``steps`` t: the product of ``squares[k]``
+    (`power_squares`) over the set bits ``k`` of ``t``, with 1 for the clear bits, multiplied
+    as a fixed pairwise tree (``(f0 f1)(f2 f3)...``, five levels).  Only IEEE float64
+    multiplications, in an order that does not depend on the backend: the Triton kernel
+    computes the same bits (``torch.pow`` and libm's ``pow`` differ by an ulp at times)."""
+    k = torch.arange(STEP_BITS, device=steps.device)
+    bits = (steps.unsqueeze(-1) >> k) & 1
+    factors = torch.where(bits == 1, squares.to(steps.device), 1.0)
+    while factors.shape[-1] > 1:
+        factors = factors[..., 0::2] * factors[..., 1::2]
+    return factors.squeeze(-1)
+
+
+def _as_float64(value: float | Tensor, like: Tensor) -> Tensor:
+    """A float or tensor as a float64 tensor broadcast to ``like``'s shape."""
+    tensor = torch.as_tensor(value, dtype=torch.float64, device=like.device)
+    return (tensor.reshape(()) if tensor.numel() == 1 else tensor).expand(like.shape)
+
+
+def _rows(columns: list[float | Tensor], steps: Tensor) -> Tensor:
+    """float32 ``(len(steps), len(columns))``: each float64 column rounded once."""
+    return torch.stack([_as_float64(c, steps) for c in columns], dim=-1).to(torch.float32)
+
+
 def adamw_scalars(
-    lr: float, betas: tuple[float, float], eps: float, weight_decay: float, step: int
-) -> list[float]:
-    """(1 - lr wd, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t)), in
-    float64; each operation rounds it to float32.  The bias correction multiplies by a
-    reciprocal: torch divides a tensor by a scalar that way (so its CPU and CUDA kernels
-    agree only on the multiplication)."""
+    lr: float | Tensor,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    steps: Tensor,
+) -> Tensor:
+    """Rows (1 - lr wd, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t)) for
+    the int64 ``steps`` t: computed in float64 (``b^t`` by `bias_power`), each rounded once
+    to float32.  ``lr`` may be a tensor (so a scheduler changing it changes no Python
+    value).  The bias correction multiplies by a reciprocal: torch divides a tensor by a
+    scalar that way (so its CPU and CUDA kernels agree only on the multiplication)."""
     beta1, beta2 = betas
-    return [
-        1 - lr * weight_decay,
-        1 - beta1,
-        beta2,
-        1 - beta2,
-        1 / math.sqrt(1 - beta2**step),
-        eps,
-        lr / (1 - beta1**step),
-    ]
+    lr = _as_float64(lr, steps)
+    power1 = bias_power(torch.tensor(power_squares(beta1), dtype=torch.float64), steps)
+    power2 = bias_power(torch.tensor(power_squares(beta2), dtype=torch.float64), steps)
+    columns = [1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2]
+    return _rows([*columns, 1 / torch.sqrt(1 - power2), eps, lr / (1 - power1)], steps)
 
 
 def adamw_update(
-    value: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, scalars: list[float]
+    value: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, scalars: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``x d``; ``m + (g - m)(1 - b1)``; ``v b2 + ((1 - b2) g) g``; ``x - s (m / (sqrt(v) r
     + eps))`` with the `adamw_scalars` ``d, r, s``: new (parameter, exp_avg, exp_avg_sq)."""
@@ -57,40 +97,47 @@ def adamw_update(
     return value - (exp_avg / denom) * step_size, exp_avg, exp_avg_sq
 
 
-def sgd_scalars(lr: float, momentum: float, dampening: float, weight_decay: float) -> list[float]:
-    """(lr, momentum, 1 - dampening, weight_decay)."""
-    return [lr, momentum, 1 - dampening, weight_decay]
+def sgd_scalars(
+    lr: float | Tensor, momentum: float, dampening: float, weight_decay: float, steps: Tensor
+) -> Tensor:
+    """Rows (lr, momentum, 1 - dampening, weight_decay), one per step, rounded to float32."""
+    return _rows([lr, momentum, 1 - dampening, weight_decay], steps)
 
 
 def sgd_update(
     value: Tensor,
     grad: Tensor,
     buffer: Tensor | None,
-    scalars: list[float],
+    scalars: Tensor,
     *,
+    decay: bool,
+    momentum: bool,
     nesterov: bool,
     first: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """``g + wd x`` (when wd != 0); momentum ``b mu + (1 - dampening) g`` (``g`` on the first
-    step); ``g + mu b`` (Nesterov) or ``b``; ``x - lr g``: new (parameter, buffer).  No
-    momentum: ``buffer`` None in and out."""
-    lr, momentum, weight, weight_decay = scalars
-    if weight_decay != 0:
+    """``g + wd x`` (``decay``: wd != 0); momentum ``b mu + (1 - dampening) g`` (``g`` on
+    the first step); ``g + mu b`` (Nesterov) or ``b``; ``x - lr g``: new (parameter,
+    buffer), with the `sgd_scalars` row ``scalars``.  No momentum: buffer None out."""
+    lr, mu, weight, weight_decay = scalars
+    if decay:
         grad = grad + value * weight_decay
-    if momentum != 0:
-        buffer = grad if first else buffer * momentum + grad * weight
-        grad = grad + buffer * momentum if nesterov else buffer
+    if momentum:
+        buffer = grad if first else buffer * mu + grad * weight
+        grad = grad + buffer * mu if nesterov else buffer
     return value - grad * lr, buffer
 
 
-def lion_scalars(lr: float, betas: tuple[float, float], weight_decay: float) -> list[float]:
-    """(1 - lr wd, b1, 1 - b1, b2, 1 - b2, lr)."""
+def lion_scalars(
+    lr: float | Tensor, betas: tuple[float, float], weight_decay: float, steps: Tensor
+) -> Tensor:
+    """Rows (1 - lr wd, b1, 1 - b1, b2, 1 - b2, lr), one per step, rounded to float32."""
     beta1, beta2 = betas
-    return [1 - lr * weight_decay, beta1, 1 - beta1, beta2, 1 - beta2, lr]
+    lr = _as_float64(lr, steps)
+    return _rows([1 - lr * weight_decay, beta1, 1 - beta1, beta2, 1 - beta2, lr], steps)
 
 
 def lion_update(
-    value: Tensor, grad: Tensor, exp_avg: Tensor, scalars: list[float]
+    value: Tensor, grad: Tensor, exp_avg: Tensor, scalars: Tensor
 ) -> tuple[Tensor, Tensor]:
     """``x d - lr sign(m b1 + (1 - b1) g)``; ``m b2 + (1 - b2) g``: new (parameter,
     exp_avg); ``sign`` is torch.sign (+0 for zeros and NaN)."""
