@@ -193,6 +193,7 @@ def test_cuda_graph_replays_a_step(cls):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: states, tables and kernels exist before capture
         for step in range(2):
+            lr.fill_(1e-2 / (1 + step))
             for param, grad in zip(graph_params, _gradients(step, torch.bfloat16), strict=True):
                 param.grad.copy_(grad)
             captured.step()

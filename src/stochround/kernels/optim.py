@@ -41,6 +41,8 @@ ALGORITHMS = ("adamw", "sgd", "lion")
 # programs one after another, so there large blocks cost far less
 ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128  # H100 sweep: 128 x 4 warps
 WARPS = 4
+# blocks a program updates (2 in the interpreter: its tests then cover every branch)
+BLOCKS = 2 if os.environ.get("TRITON_INTERPRET") == "1" else 4
 COLUMNS = tl.constexpr(7)  # table row: 4 tensor offsets, numel, index, step offset
 SCALARS = tl.constexpr(8)  # float32 scalars per parameter (7 used)
 
@@ -172,8 +174,10 @@ def _step_kernel(
     DECAY: tl.constexpr,
     OPTION: tl.constexpr,
     ROWS: tl.constexpr,
+    BLOCKS: tl.constexpr,
 ):
-    """Update block ``blocks[program]`` = (parameter t, block b) of the table's parameters.
+    """Update blocks ``b .. b + BLOCKS - 1`` of ``ROWS x 4`` elements of parameter t, for
+    ``blocks[program]`` = (t, b) (the table's scalars are read once for them).
     The table's row t: element offsets of the parameter, gradient and two states from
     ``param_base``, ``grad_base`` and ``state_base`` (multiples of 16 bytes, which
     `fused_step` checks: a thread then loads a row of four elements as one vector and
@@ -187,34 +191,69 @@ def _step_kernel(
     Lion (decay, b1, 1 - b1, b2, 1 - b2, lr)."""
     program = tl.program_id(0)
     tensor = tl.load(blocks_ptr + 2 * program)
-    block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
+    first_block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
     row_ptr = table_ptr + tensor * COLUMNS
     numel = tl.load(row_ptr + 4)
-    index = tl.load(row_ptr + 5)
     step = tl.load(step_base + tl.load(row_ptr + 6))
+    base = (step << 32) + tl.load(row_ptr + 5) * 4  # stream offset of slot 0
+    param_base += tl.multiple_of(tl.load(row_ptr), 4)
+    grad_base += tl.multiple_of(tl.load(row_ptr + 1), 4)
+    first_base = state_base + tl.multiple_of(tl.load(row_ptr + 2), 4)
+    second_base = state_base + tl.multiple_of(tl.load(row_ptr + 3), 4)
     scalar_ptr = scalars_ptr + tensor * SCALARS
-    scalar0 = tl.load(scalar_ptr)
-    scalar1 = tl.load(scalar_ptr + 1)
-    scalar2 = tl.load(scalar_ptr + 2)
-    scalar3 = tl.load(scalar_ptr + 3)
-    scalar4 = tl.load(scalar_ptr + 4)
-    scalar5 = tl.load(scalar_ptr + 5)
-    scalar6 = tl.load(scalar_ptr + 6)
+    scalars = (
+        tl.load(scalar_ptr),
+        tl.load(scalar_ptr + 1),
+        tl.load(scalar_ptr + 2),
+        tl.load(scalar_ptr + 3),
+        tl.load(scalar_ptr + 4),
+        tl.load(scalar_ptr + 5),
+        tl.load(scalar_ptr + 6),
+    )
+    bases = (param_base, grad_base, first_base, second_base)
+    for i in range(BLOCKS):  # a constexpr trip count: the interpreter's numpy needs one
+        block = first_block + i
+        start = block * (ROWS * 4)
+        if start + ROWS * 4 <= numel:  # a full block: unmasked, so rows load as vectors
+            _update_block(bases, scalars, start, None, seed, base, block, ALGORITHM, SR,
+                          MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
+        elif start < numel:
+            position = start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
+            _update_block(bases, scalars, start, position < numel, seed, base, block,
+                          ALGORITHM, SR, MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
+
+
+@triton.jit
+def _update_block(
+    bases,
+    scalars,
+    start,
+    mask,
+    seed,
+    base,
+    block,
+    ALGORITHM: tl.constexpr,
+    SR: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    DECAY: tl.constexpr,
+    OPTION: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """Update the ``ROWS x 4`` elements from ``start`` of one parameter (``bases``: its
+    parameter, gradient and state pointers; ``mask`` None for a full block)."""
+    scalar0, scalar1, scalar2, scalar3, scalar4, scalar5, scalar6 = scalars
     row = tl.arange(0, ROWS)[:, None]
     lane = tl.arange(0, 4)[None, :]
-    position = block * (ROWS * 4) + row * 4 + lane
-    mask = position < numel
+    position = start + row * 4 + lane
     group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
-    base = (step << 32) + index * 4  # stream offset of slot 0
-    param_ptr = param_base + tl.multiple_of(tl.load(row_ptr), 4) + position
-    grad_ptr = grad_base + tl.multiple_of(tl.load(row_ptr + 1), 4) + position
-    grad = tl.load(grad_ptr, mask=mask).to(tl.float32)
+    param_ptr = bases[0] + position
+    first_ptr = bases[2] + position
+    grad = tl.load(bases[1] + position, mask=mask).to(tl.float32)
     if MAXIMIZE:
         grad = -grad
     value = tl.load(param_ptr, mask=mask).to(tl.float32)
-    first_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 2), 4) + position
     if ALGORITHM == 0:
-        second_ptr = state_base + tl.multiple_of(tl.load(row_ptr + 3), 4) + position
+        second_ptr = bases[3] + position
         exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
         exp_avg_sq = tl.load(second_ptr, mask=mask).to(tl.float32)
         value = value * scalar0
@@ -252,15 +291,17 @@ def _step_kernel(
 
 
 @functools.lru_cache(maxsize=16)
-def _block_table(numels: tuple[int, ...], rows: int, device: torch.device) -> Tensor:
-    """int32 (parameter, block) pairs, one per program, parameter by parameter (cached:
-    the parameters' sizes stay the same from step to step)."""
-    per_block = rows * 4
-    counts = torch.tensor([triton.cdiv(n, per_block) for n in numels], dtype=torch.int64)
+def _block_table(numels: tuple[int, ...], rows: int, blocks: int, device: torch.device) -> Tensor:
+    """int32 (parameter, first block) pairs, one per program of ``blocks`` blocks of
+    ``rows x 4`` elements, parameter by parameter (cached: the parameters' sizes stay the
+    same from step to step)."""
+    per_program = rows * 4 * blocks
+    counts = torch.tensor([triton.cdiv(n, per_program) for n in numels], dtype=torch.int64)
     tensor = torch.repeat_interleave(torch.arange(len(numels)), counts)
     starts = torch.cumsum(counts, 0) - counts
-    block = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
-    return torch.stack([tensor, block], dim=1).to(device=device, dtype=torch.int32)
+    program = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)
+    pairs = torch.stack([tensor, program * blocks], dim=1)
+    return pairs.to(device=device, dtype=torch.int32)
 
 
 @functools.lru_cache(maxsize=16)
@@ -321,7 +362,10 @@ def fused_step(
         lr = lr.reshape(()).to(device)
     else:
         lr = torch.full((), lr, dtype=torch.float64, device=device)
-    _fused_step_op(
+    # the custom op is the boundary torch.compile sees; eagerly its dispatch (version
+    # counters of every tensor) would cost more host time than the launches
+    launch = _fused_step_op if torch.compiler.is_compiling() else _fused_step_impl
+    launch(
         params,
         grads,
         [tensor for slot in states for tensor in slot],
@@ -338,10 +382,7 @@ def fused_step(
     )
 
 
-@torch.library.custom_op(
-    "stochround::fused_step", mutates_args=("params", "states", "steps"), device_types=None
-)
-def _fused_step_op(
+def _fused_step_impl(
     params: list[Tensor],
     grads: list[Tensor],
     states: list[Tensor],
@@ -369,7 +410,7 @@ def _fused_step_op(
         tuple(indices),
         device,
     )
-    blocks = _block_table(tuple(p.numel() for p in params), ROWS, device)
+    blocks = _block_table(tuple(p.numel() for p in params), ROWS, BLOCKS, device)
     scalars = torch.empty((count, SCALARS), dtype=torch.float32, device=device)
     algorithm_code = ALGORITHMS.index(algorithm)
     _scalars_kernel[(count,)](
@@ -391,9 +432,15 @@ def _fused_step_op(
         DECAY=decay,
         OPTION=option,
         ROWS=ROWS,
+        BLOCKS=BLOCKS,
         num_warps=WARPS,
         enable_fp_fusion=False,
     )
+
+
+_fused_step_op = torch.library.custom_op(
+    "stochround::fused_step", _fused_step_impl, mutates_args=("params", "states", "steps")
+)
 
 
 @_fused_step_op.register_fake

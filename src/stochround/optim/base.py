@@ -175,15 +175,17 @@ def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
     return param.float() + residual.float() * (ulp(param) / ECC_SCALE)
 
 
-# whether the kernels can run, found without importing triton (which takes a second)
+# whether the kernels can run, found without importing triton (which takes a second), and
+# whether they run in Triton's interpreter (which reads the variable when they are defined)
 TRITON_MISSING = None if importlib.util.find_spec("triton") else "triton is not installed"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
     """Why the fused kernel cannot update ``param`` (None if it can)."""
     if TRITON_MISSING is not None:
         return TRITON_MISSING
-    if not (param.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    if not (param.is_cuda or INTERPRETED):
         return "the parameter is not a CUDA tensor (TRITON_INTERPRET=1 runs kernels on CPU)"
     if SROptimizer.param_state_name(group, param) is not None:
         return "master_weights, 'kahan' and 'ecc' keep an extra parameter state"
@@ -285,7 +287,7 @@ class SROptimizer(torch.optim.Optimizer):
         """One launch per (dtypes, kernel options) bucket of ``entries`` (index, param)."""
         buckets: dict[tuple, list[tuple[int, Tensor]]] = {}
         for index, param in entries:
-            options = tuple(sorted(self.kernel_options(group, param).items()))
+            options = tuple(self.kernel_options(group, param).items())
             key = (param.dtype, param.grad.dtype, param.device, options)
             buckets.setdefault(key, []).append((index, param))
         if not buckets:
