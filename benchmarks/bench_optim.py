@@ -15,7 +15,9 @@ Rows (``--only`` picks some by key):
 - SGD (momentum 0.9) and Lion on the same bf16 parameters: stochround with bf16 states and
   SR, and ``torch.optim.SGD(momentum=0.9, fused=True)`` on bf16 as a reference;
 - many small parameters, ``small_count`` tensors of ``small_numel`` bf16 values (default
-  1000 x 65536): stochround AdamW SR against torch fused AdamW bf16 (the launch overhead).
+  1000 x 65536): stochround AdamW SR against torch fused AdamW bf16 (the launch overhead),
+  and both again with the step captured in a CUDA graph and replayed (CUDA only; torch's
+  with ``capturable=True``), which leaves the GPU's time without the host's.
 
 Checks before timing: after the first step every parameter is finite and the first one
 changed; stochround's rows also step a copy of the first parameter twice, with seeds 0 and
@@ -324,6 +326,42 @@ def heavyball_adamw(compile_step: bool) -> Make:
     return make
 
 
+class CapturedStep:
+    """An optimizer whose ``step()`` replays a CUDA graph of the wrapped one's step, captured
+    after two eager warm-up steps on a side stream (states and tables then exist)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.state = optimizer.state
+        self.param_groups = optimizer.param_groups
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                optimizer.step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            optimizer.step()
+
+    def step(self) -> None:
+        self.graph.replay()
+
+
+def captured(make: Make) -> Make:
+    def make_captured(params: list[Tensor], seed: int) -> torch.optim.Optimizer:
+        return CapturedStep(make(params, seed))  # type: ignore[return-value]
+
+    return make_captured
+
+
+def torch_adamw_capturable(params: list[Tensor], seed: int) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY, fused=True,
+        capturable=True,
+    )  # fmt: skip
+
+
 def cases(big: Params, small: Params, compile_peers: bool, device: torch.device) -> list[Case]:
     bf16 = Params(big.count, big.shape, torch.bfloat16)
     fp32 = Params(big.count, big.shape, torch.float32)
@@ -443,6 +481,27 @@ def cases(big: Params, small: Params, compile_peers: bool, device: torch.device)
             ADAMW_FLOOR,
             compare="ours_adamw_sr_small",
         ),
+        Case(
+            "ours_adamw_sr_small_graph",
+            "stochround AdamW bf16 SR, many small tensors, CUDA graph",
+            "AdamW",
+            small,
+            captured(ours_adamw("sr")),
+            ADAMW_FLOOR,
+            ours=True,
+            rounding="sr",
+            cuda_only=True,
+        ),
+        Case(
+            "torch_adamw_bf16_small_graph",
+            "torch AdamW fused bf16 capturable, many small tensors, CUDA graph",
+            "AdamW",
+            small,
+            captured(torch_adamw_capturable),
+            ADAMW_FLOOR,
+            compare="ours_adamw_sr_small_graph",
+            cuda_only=True,
+        ),
     ]
 
 
@@ -455,7 +514,7 @@ def skip_reason(case: Case, device: torch.device) -> str | None:
     if case.package is not None and importlib.util.find_spec(case.package) is None:
         return "not installed"
     if case.cuda_only and device.type != "cuda":
-        return "skipped: needs CUDA (a compiled peer)"
+        return "skipped: needs CUDA (a compiled peer or a CUDA graph)"
     return None
 
 
