@@ -3,34 +3,51 @@
 Each operation computes its exact result v as an unevaluated float64 pair ``hi + lo``
 with error-free transformations, then `round_pair` rounds the pair once (DESIGN.md's
 rounding contract, every mode, limited-bit SR included) on the public PyTorch path.
+``hi`` is a faithful rounding of v to 53 bits and ``lo`` has the sign of v - hi (zero only
+when v = hi); that is all `round_pair` reads.  Inputs of every floating dtype, float64
+included:
 
-Exactness, per operation (inputs fp32/bf16/fp16, so every input has at most 24
-significand bits and an exponent in [-149, 127]; every intermediate below is a normal
-float64, far from overflow and underflow):
+- ``add``, ``sub``: TwoSum (Knuth): ``hi = fl(a + b)``, ``lo = (a + b) - hi`` exactly, for all
+  finite doubles; a sum beyond the doubles is replaced by ``±DBL_MAX`` with a nonzero ``lo``,
+  which every mode rounds as the finite overflow it is (formats whose max is below 2**1023).
+- ``mul``, ``div``, ``sqrt``, ``fma`` work on significands: frexp writes a = m_a 2**e_a with
+  |m_a| in [0.5, 1) (subnormal a too), so Dekker's TwoProduct (Veltkamp's split, no fma)
+  runs on numbers below 2 whose partial products neither overflow nor underflow.  Each
+  gives v = (h + l') 2**E: h a double, faithful for v 2**-E, and a double l of the sign of
+  l' (zero only where l' is):
 
-- ``add``, ``sub``: TwoSum (Knuth): ``hi = fl(a + b)``, ``lo = (a + b) - hi`` exactly.
-  fp64 inputs are supported too: TwoSum is exact for all finite doubles; a sum beyond
-  the doubles is replaced by ``±DBL_MAX`` with a nonzero ``lo``, which every mode rounds
-  as the finite overflow it is (formats whose max is below 2**1023).
-- ``mul``: the product of two 24-bit significands has at most 48 bits: ``hi = a * b``
-  exactly, ``lo = 0``.
-- ``fma``: ``p = a * b`` exactly (as ``mul``), then TwoSum(p, c).
-- ``div``: ``hi = fl(a / b)``; Dekker's TwoProduct gives ``hi * b = P + e`` exactly;
-  ``a - P`` is exact (Sterbenz: P is within a factor 2 of a), so ``r = fl((a - P) - e)``
-  is one rounding of the exact remainder ``a - hi b`` and has its sign (zero only when
-  the remainder is zero).  ``lo = r / b`` has the sign of ``a/b - hi``.
-- ``sqrt``: ``hi = fl(sqrt(a))``; TwoProduct gives ``hi*hi = P + e``; ``r = fl((a - P) - e)``
-  has the sign of ``a - hi**2``, hence of ``sqrt(a) - hi``; ``lo = r / (2 hi)``.
+  - ``mul``: E = e_a + e_b; TwoProduct(m_a, m_b) = h + l exactly.
+  - ``div``: E = e_a - e_b, h = fl(m_a / m_b); TwoProduct(h, m_b) = P + e; m_a - P is exact
+    (Sterbenz), so r = fl((m_a - P) - e) is one rounding of the remainder m_a - h m_b, and
+    l = r / m_b has the sign of m_a / m_b - h.
+  - ``sqrt``: m = m_a (or m_a / 2, making e_a even) in [0.25, 1), E = e_a / 2, h = fl(sqrt m);
+    TwoProduct(h, h) = P + e and l = fl((m - P) - e) has the sign of m - h**2.
+  - ``fma``: TwoProduct(m_a, m_b) = p + e (|p| in [1/4, 1), |e| <= 2**-54, e a multiple of
+    2**-106), E = e_a + e_b, c 2**-E = m_c 2**d.  For -120 <= d <= 60, with c' = m_c 2**d:
+    TwoSum(p, c') = s + t, TwoSum(t, e) = u + w, TwoSum(s, u) = h + r, so p + e + c' =
+    h + r + w exactly, and l = fl(r + w).  h is faithful: t != 0 only when |s| >= 1/8, so
+    |w| <= 2**-53 |u| < 2**-50 ulp(s) lies below half of h's gap.  For d > 60: h = m_c,
+    E = e_c, l = p (|ab| 2**-e_c < 2**-60 is below half of m_c's gap).  For d < -120:
+    h = p, l = e, or c where e = 0 (|c'| < 2**-121 is below half of p's gap and below
+    e's unit).
 
-For div and sqrt ``lo`` is an approximation whose sign and zeroness are exact; that is
-all `round_pair` reads.  mul, div, fma and sqrt of fp64 inputs raise NotImplementedError
-(Dekker's products can underflow or overflow there).
+  Then ``hi = h 2**E`` (exact) and ``lo = sign(l)`` where hi is a finite normal double of
+  at least 2**-1021, or where h 2**E is a double and l = 0.  Elsewhere v lies beyond the
+  doubles and a stand-in that rounds identically takes its place: ``±2**-1022`` for
+  |v| < 2**-1021 when the format's ulp at emin is at least 2**-988 (both have a discarded
+  fraction nu < 2**-33, where every mode, SR with up to 32 bits included, decides alike);
+  ``±2**1023`` for |v| >= 2**1023 when the format's emax is at most 1022 (every mode rounds
+  both to at least 2**1023, beyond the max).  Other formats (binary64, custom formats
+  reaching that far) raise NotImplementedError for such results; `round_pair` itself
+  refuses inexact pairs whose target needs more than 52 bits (binary64; exact SR to fp32).
 
 Special values follow IEEE 754: the float64 operation gives infinities, NaN and signed
-zeros; an exact zero sum (add, sub, fma) is +0, or -0 in ``rd`` (IEEE 754 6.3), and -0 in
-every mode when both terms are -0.  Random integers for ``mode="sr"`` come from the same
-stream as `stochround.round` on a tensor of the broadcast shape (``seed``, ``offset``,
-``rand`` behave identically); ``rand="data"`` hashes the float64 value `round_pair` rounds.
+zeros (fma: fl(sign(a b) + c) where a b is finite and nonzero, as fl(a b) may overflow); a
+nonzero result keeps its sign however small; an exact zero sum (add, sub, fma) is +0, or
+-0 in ``rd`` (IEEE 754 6.3), and -0 in every mode when both terms are -0.  Random integers
+for ``mode="sr"`` come from the same stream as `stochround.round` on a tensor of the
+broadcast shape (``seed``, ``offset``, ``rand`` behave identically); ``rand="data"`` hashes
+the float64 value `round_pair` rounds (a stand-in, where one replaces v).
 """
 
 from __future__ import annotations
@@ -74,13 +91,79 @@ def _split(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _two_product(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """Dekker's TwoProduct: p = fl(a b) and e with p + e = a b exactly (no fma; valid while
-    |a|, |b| < 2**995 and the partial products do not underflow)."""
+    """Dekker's TwoProduct: p = fl(a b) and e with p + e = a b exactly (no fma; called on
+    significands below 2 in magnitude, where nothing overflows or underflows)."""
     product = a * b
     a_high, a_low = _split(a)
     b_high, b_low = _split(b)
     error = ((a_high * b_high - product) + a_high * b_low + a_low * b_high) + a_low * b_low
     return product, error
+
+
+# Scaled results (h + l) 2**E become pairs where hi = h 2**E is a normal double of at least
+# 2**-1021 (its frexp exponent `top` in [-1020, 1024]); beyond, stand-ins replace v (module
+# docstring): every |v| < 2**-1021 has nu < 2**-33 in a format whose ulp at emin is at
+# least 2**-988, and every |v| >= 2**1023 overflows a format with emax <= 1022.
+_LOWEST_TOP, _HIGHEST_TOP = -1020, 1024
+_TINY_STAND_IN, _HUGE_STAND_IN = 2.0**-1022, 2.0**1023
+_LOWEST_ULP_EXPONENT, _HIGHEST_EMAX = -988, 1022
+# fma: c's exponent relative to the product's, outside which one side only decides lo
+_FMA_BELOW, _FMA_ABOVE = -120, 60
+
+
+def _power_of_two(exponent: Tensor) -> Tensor:
+    """2**exponent as float64, built from its bits (int64 exponents in [-1022, 1023])."""
+    return ((exponent + 1023) << 52).view(torch.float64)
+
+
+def _significand(x: Tensor) -> tuple[Tensor, Tensor]:
+    """frexp: x = m 2**e with |m| in [0.5, 1) for finite nonzero x (subnormals too); int64 e."""
+    mantissa, exponent = torch.frexp(x)
+    return mantissa, exponent.to(torch.int64)
+
+
+def _ldexp(mantissa: Tensor, exponent: Tensor) -> Tensor:
+    """mantissa 2**exponent rounded once to float64 (|mantissa| in [0.5, 1) or 0): the first
+    factor keeps it normal and exact, the second rounds (to a subnormal, 0 or inf)."""
+    exponent = exponent.clamp(-1100, 1100)
+    first = exponent.clamp(-1000, 1000)
+    return mantissa * _power_of_two(first) * _power_of_two(exponent - first)
+
+
+def _unscaled(
+    high: Tensor, low: Tensor, exponent: Tensor, fmt: Format, operation: str
+) -> tuple[Tensor, Tensor]:
+    """The pair (hi, lo) `round_pair` reads for v = (high + low) 2**exponent, where high is
+    faithful at 53 bits and low has the sign of the rest; stand-ins where v leaves the
+    doubles (module docstring), NotImplementedError where ``fmt`` resolves values there."""
+    mantissa, shift = _significand(high)
+    top = shift + exponent  # |hi| in [2**(top - 1), 2**top)
+    hi = _ldexp(mantissa, top)
+    back_mantissa, back_top = _significand(hi)
+    is_double = (high == 0) | ((back_mantissa == mantissa) & (back_top == top))
+    exact = (low == 0) & is_double
+    tiny = ~exact & (top < _LOWEST_TOP)
+    huge = ~exact & (top > _HIGHEST_TOP)
+    _check_stand_ins(tiny, huge, fmt, operation)
+    sign = torch.sign(high)
+    hi = torch.where(tiny, sign * _TINY_STAND_IN, torch.where(huge, sign * _HUGE_STAND_IN, hi))
+    return hi, torch.where(tiny | huge, 0.0, torch.sign(low))
+
+
+def _check_stand_ins(tiny: Tensor, huge: Tensor, fmt: Format, operation: str) -> None:
+    """NotImplementedError where a result beyond the doubles meets a format that tells apart
+    values there (its ulp at emin below 2**-988, or its emax above 1022)."""
+    ulp_exponent = fmt.emin - fmt.mbits
+    if ulp_exponent < _LOWEST_ULP_EXPONENT and bool(tiny.any()):
+        raise NotImplementedError(
+            f"{operation} of float64 inputs has a result below 2**-1021 that is no double, and "
+            f"{fmt.name} (ulp 2**{ulp_exponent} at emin) resolves values there: cannot round it"
+        )
+    if fmt.emax > _HIGHEST_EMAX and bool(huge.any()):
+        raise NotImplementedError(
+            f"{operation} of float64 inputs has a result beyond the doubles, and {fmt.name} "
+            f"(emax {fmt.emax} > 1022) need not overflow there: cannot round it"
+        )
 
 
 def round_pair(
@@ -99,8 +182,8 @@ def round_pair(
     """Round the exact value v = hi + lo (float64 tensors) once to ``fmt``; float64 result.
 
     Requires: where lo != 0, hi is finite and normal and v lies strictly between hi and its
-    float64 neighbour in the direction of lo (true when hi = fl(v), and for hi = fl(v) of
-    div and sqrt).  Only sign(lo) and whether lo == 0 are read.
+    float64 neighbour in the direction of lo (true for every faithful hi, as the operations
+    here give).  Only sign(lo) and whether lo == 0 are read.
 
     Method: z = round-to-odd(v) at 53 bits, i.e. hi where v = hi or hi's last significand
     bit is 1, else hi's neighbour toward lo (which is odd).  v and z lie in the same open
@@ -172,8 +255,8 @@ def _check_operands(
         dtype = torch.promote_types(dtype, tensor.dtype)
     if not wide_ok and any(tensor.dtype == torch.float64 for tensor in tensors):
         raise NotImplementedError(
-            f"{operation} of float64 inputs: the exact result needs Dekker products that can "
-            "underflow or overflow there; pass fp32/bf16/fp16 inputs"
+            f"{operation} of float64 inputs: it forms products as fl(a b), exact only for "
+            "inputs of at most 26 significand bits; pass fp32/bf16/fp16 inputs"
         )
     return shape, dtype
 
@@ -266,6 +349,87 @@ def sub(
     return _rounded(hi, lo, dtype, fmt, mode, options)
 
 
+def _nonzero_finite(x: Tensor) -> Tensor:
+    return torch.isfinite(x) & (x != 0)
+
+
+def _product_pair(a: Tensor, b: Tensor, fmt: Format) -> tuple[Tensor, Tensor]:
+    """(hi, lo) of a * b: TwoProduct of the significands; IEEE 754 specials from fl(a b)."""
+    regular = _nonzero_finite(a) & _nonzero_finite(b)
+    a_mantissa, a_exponent = _significand(torch.where(regular, a, 1.0))
+    b_mantissa, b_exponent = _significand(torch.where(regular, b, 1.0))
+    product, error = _two_product(a_mantissa, b_mantissa)
+    hi, lo = _unscaled(product, error, a_exponent + b_exponent, fmt, "mul")
+    return torch.where(regular, hi, a * b), torch.where(regular, lo, 0.0)
+
+
+def _quotient_pair(a: Tensor, b: Tensor, fmt: Format) -> tuple[Tensor, Tensor]:
+    """(hi, lo) of a / b: hi = fl(m_a / m_b), lo from the exact remainder m_a - hi m_b."""
+    regular = _nonzero_finite(a) & _nonzero_finite(b)
+    a_mantissa, a_exponent = _significand(torch.where(regular, a, 1.0))
+    b_mantissa, b_exponent = _significand(torch.where(regular, b, 1.0))
+    quotient = a_mantissa / b_mantissa
+    product, error = _two_product(quotient, b_mantissa)
+    remainder = (a_mantissa - product) - error
+    hi, lo = _unscaled(quotient, remainder / b_mantissa, a_exponent - b_exponent, fmt, "div")
+    return torch.where(regular, hi, a / b), torch.where(regular, lo, 0.0)
+
+
+def _root_pair(a: Tensor, fmt: Format) -> tuple[Tensor, Tensor]:
+    """(hi, lo) of sqrt(a): m in [1/4, 1) with an even exponent, hi = fl(sqrt m), lo from
+    the exact m - hi**2."""
+    regular = torch.isfinite(a) & (a > 0)
+    mantissa, exponent = _significand(torch.where(regular, a, 1.0))
+    odd = (exponent & 1) == 1
+    mantissa = torch.where(odd, mantissa * 0.5, mantissa)
+    root = torch.sqrt(mantissa)
+    product, error = _two_product(root, root)
+    remainder = (mantissa - product) - error
+    hi, lo = _unscaled(root, remainder, (exponent + odd.long()) // 2, fmt, "sqrt")
+    return torch.where(regular, hi, torch.sqrt(a)), torch.where(regular, lo, 0.0)
+
+
+def _three_sum(product: Tensor, error: Tensor, addend: Tensor) -> tuple[Tensor, Tensor]:
+    """(h, l) with h faithful for product + error + addend and l of the sign of the rest
+    (the middle case of fma in the module docstring)."""
+    high, low = _two_sum(product, addend)
+    middle, last = _two_sum(low, error)
+    hi, rest = _two_sum(high, middle)
+    return hi, rest + last
+
+
+def _fused_scaled(a: Tensor, b: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(h, l, E) with a * b + c = (h + l') 2**E, h faithful and l of the sign of l', for
+    finite a, b, c with a b != 0 (the fma cases of the module docstring)."""
+    a_mantissa, a_exponent = _significand(a)
+    b_mantissa, b_exponent = _significand(b)
+    c_mantissa, c_exponent = _significand(c)
+    product, error = _two_product(a_mantissa, b_mantissa)
+    exponent = a_exponent + b_exponent
+    distance = torch.where(c_mantissa == 0, 0, c_exponent - exponent)
+    window = distance.clamp(_FMA_BELOW, _FMA_ABOVE)
+    high, low = _three_sum(product, error, c_mantissa * _power_of_two(window))
+    below, above = distance < _FMA_BELOW, distance > _FMA_ABOVE
+    high = torch.where(below, product, torch.where(above, c_mantissa, high))
+    low = torch.where(below, torch.where(error != 0, error, c_mantissa), low)
+    low = torch.where(above, product, low)
+    return high, low, torch.where(above, c_exponent, exponent)
+
+
+def _fused_pair(a: Tensor, b: Tensor, c: Tensor, mode: str, fmt: Format) -> tuple[Tensor, Tensor]:
+    """(hi, lo) of a * b + c; IEEE 754 specials and signed zeros from fl(sign(a b) + c), the
+    sign standing in for a finite nonzero product (whose fl(a b) could overflow)."""
+    nonzero_product = _nonzero_finite(a) & _nonzero_finite(b)
+    regular = nonzero_product & torch.isfinite(c)
+    high, low, exponent = _fused_scaled(
+        torch.where(regular, a, 1.0), torch.where(regular, b, 1.0), torch.where(regular, c, 0.0)
+    )
+    hi, lo = _unscaled(high, low, exponent, fmt, "fma")
+    product = torch.where(nonzero_product, torch.sign(a) * torch.sign(b), a * b)
+    hi = torch.where(regular, hi, product + c)  # an exact zero sum of regular terms is +0
+    return _exact_zero_sign(hi, product, c, mode), torch.where(regular, lo, 0.0)
+
+
 def mul(
     x: Tensor,
     y: Tensor,
@@ -279,12 +443,12 @@ def mul(
     offset: int | Tensor = 0,
     rand: Tensor | str | None = None,
 ) -> Tensor:
-    """x * y exactly (48-bit significand products are exact in float64), rounded once."""
+    """x * y exactly (TwoProduct of the significands), rounded once to ``fmt``."""
     fmt = _check_common(fmt, mode)
-    (a, b), dtype = _operands("mul", ("x", "y"), (x, y), wide_ok=False)
-    hi = a * b
+    (a, b), dtype = _operands("mul", ("x", "y"), (x, y), wide_ok=True)
+    hi, lo = _product_pair(a, b, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
-    return _rounded(hi, torch.zeros_like(hi), dtype, fmt, mode, options)
+    return _rounded(hi, lo, dtype, fmt, mode, options)
 
 
 def div(
@@ -302,14 +466,8 @@ def div(
 ) -> Tensor:
     """x / y exactly, rounded once: hi = fl(x/y), lo from the exact remainder x - hi y."""
     fmt = _check_common(fmt, mode)
-    (a, b), dtype = _operands("div", ("x", "y"), (x, y), wide_ok=False)
-    hi = a / b
-    regular = torch.isfinite(hi) & (hi != 0) & torch.isfinite(b)
-    safe_b = torch.where(regular, b, 1.0)
-    safe_hi = torch.where(regular, hi, 1.0)
-    product, error = _two_product(safe_hi, safe_b)
-    remainder = (torch.where(regular, a, 1.0) - product) - error
-    lo = torch.where(regular, remainder / safe_b, 0.0)
+    (a, b), dtype = _operands("div", ("x", "y"), (x, y), wide_ok=True)
+    hi, lo = _quotient_pair(a, b, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
     return _rounded(hi, lo, dtype, fmt, mode, options)
 
@@ -328,10 +486,10 @@ def fma(
     offset: int | Tensor = 0,
     rand: Tensor | str | None = None,
 ) -> Tensor:
-    """x * y + z exactly (exact product, then TwoSum), rounded once to ``fmt``."""
+    """x * y + z exactly (TwoProduct of the significands plus z), rounded once to ``fmt``."""
     fmt = _check_common(fmt, mode)
-    (a, b, c), dtype = _operands("fma", ("x", "y", "z"), (x, y, z), wide_ok=False)
-    hi, lo = _sum_pair(a * b, c, mode, fmt)
+    (a, b, c), dtype = _operands("fma", ("x", "y", "z"), (x, y, z), wide_ok=True)
+    hi, lo = _fused_pair(a, b, c, mode, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
     return _rounded(hi, lo, dtype, fmt, mode, options)
 
@@ -351,13 +509,8 @@ def sqrt(
     """sqrt(x) exactly, rounded once: hi = fl(sqrt x), lo from the exact x - hi**2.
     sqrt(-0) = -0, sqrt of a negative number is NaN (IEEE 754)."""
     fmt = _check_common(fmt, mode)
-    (a,), dtype = _operands("sqrt", ("x",), (x,), wide_ok=False)
-    hi = torch.sqrt(a)
-    regular = torch.isfinite(hi) & (hi > 0)
-    safe_hi = torch.where(regular, hi, 1.0)
-    product, error = _two_product(safe_hi, safe_hi)
-    remainder = (torch.where(regular, a, 1.0) - product) - error
-    lo = torch.where(regular, remainder / (2 * safe_hi), 0.0)
+    (a,), dtype = _operands("sqrt", ("x",), (x,), wide_ok=True)
+    hi, lo = _root_pair(a, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
     return _rounded(hi, lo, dtype, fmt, mode, options)
 
