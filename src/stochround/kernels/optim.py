@@ -37,12 +37,13 @@ from .rounding import (
 )
 
 ALGORITHMS = ("adamw", "sgd", "lion")
-# a program updates ROWS x 4 elements (one Philox block a row); the interpreter runs
-# programs one after another, so there large blocks cost far less
-ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 128  # H100 sweep: 128 x 4 warps
-WARPS = 4
-# blocks a program updates (2 in the interpreter: its tests then cover every branch)
-BLOCKS = 2 if os.environ.get("TRITON_INTERPRET") == "1" else 4
+# a program updates BLOCKS blocks of ROWS x 4 elements (one Philox block a row) with WARPS
+# warps: the best of an H100 sweep (64 x 2 x 8: 1.047x the AdamW floor; 128 x 4 x 4 1.066x,
+# 128 x 4 x 1 1.124x; RESULTS.md).  The interpreter runs programs one after another, so
+# there large blocks cost far less, and 2 blocks a program make its tests cover every branch
+ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 64
+WARPS = 2
+BLOCKS = 2 if os.environ.get("TRITON_INTERPRET") == "1" else 8
 COLUMNS = tl.constexpr(7)  # table row: 4 tensor offsets, numel, index, step offset
 SCALARS = tl.constexpr(8)  # float32 scalars per parameter (7 used)
 
