@@ -317,3 +317,5 @@ def test_optimizer_state_sr_matches_fp32(results):
     assert key["bf16_sr_final_loss"] < 2 * key["fp32_final_loss"]
     assert key["bf16_rne_final_loss"] > 10 * key["bf16_sr_final_loss"]
     assert key["fp32_bf16_rne_final_loss"] < 2 * key["fp32_final_loss"]
+    # the fp32 solution stored in bf16 loses accuracy (measured 1.22x fp32's loss)
+    assert key["fp32_final_loss"] < key["fp32_result_in_bf16_loss"] < 10 * key["fp32_final_loss"]
