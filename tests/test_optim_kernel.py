@@ -216,3 +216,21 @@ def test_cuda_graph_replays_a_step(cls):
     for mine, theirs in zip(graph_params, eager_params, strict=True):
         assert torch.equal(_bits(mine), _bits(theirs))
         assert int(captured.state[mine]["step"]) == 6
+
+
+@pytest.mark.gpu
+def test_capturing_a_step_needs_lr_on_the_device():
+    """A CPU lr tensor would need a host-to-device copy, which a CUDA graph cannot capture:
+    a ValueError that says so, not the driver's capture error."""
+    params = _params(torch.bfloat16)
+    optimizer = AdamW(params, lr=torch.tensor(1e-2), state_dtype=torch.bfloat16, seed=1)
+    for param, grad in zip(params, _gradients(0, torch.bfloat16), strict=True):
+        param.grad = grad
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        optimizer.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="lr must be a tensor on cuda"), torch.cuda.graph(graph):
+        optimizer.step()

@@ -360,6 +360,12 @@ def fused_step(
         return
     device = params[0].device
     if isinstance(lr, Tensor):
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if lr.device != device and capturing:
+            raise ValueError(
+                f"lr must be a tensor on {device} to capture a step in a CUDA graph (a copy "
+                f"from {lr.device} cannot be captured); got an lr tensor on {lr.device}"
+            )
         lr = lr.reshape(()).to(device)
     else:
         lr = torch.full((), lr, dtype=torch.float64, device=device)

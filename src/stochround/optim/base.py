@@ -253,10 +253,13 @@ class SROptimizer(torch.optim.Optimizer):
             for index, param in entries:
                 self.init_states(group, param)
                 (fused if self.fused(group, param) else unfused).append((index, param))
-            if unfused:
-                steps = [self.state[param]["step"].add_(1) for _, param in unfused]
+            by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
+            for index, param in unfused:
+                by_device.setdefault(param.device, []).append((index, param))
+            for members in by_device.values():  # one scalar computation per device
+                steps = [self.state[param]["step"].add_(1) for _, param in members]
                 rows = self.scalars(group, torch.stack(steps))
-                for (index, param), row, step in zip(unfused, rows, steps, strict=True):
+                for (index, param), row, step in zip(members, rows, steps, strict=True):
                     self.update(group, index, param, row, step)
             self.fused_steps(group, fused)
         return loss
