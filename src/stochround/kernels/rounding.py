@@ -646,44 +646,45 @@ def _exact_codes_kernel(
     constexpr: Triton 3.6's interpreter cannot loop to a tensor bound under numpy >= 2.4,
     triton-lang/triton#9171.)"""
     listed = tl.load(flag_ptr + 1)
-    for step in range(ITERATIONS):
-        slot = tl.program_id(0) + step * tl.num_programs(0)
-        if slot < listed:
-            program = tl.load(flag_ptr + 2 + slot)
-            if WIDE:
-                program = program.to(tl.int64)
-            lane, mask, bits, word = _stream_tile(
-                x_ptr,
-                program,
-                seed_ptr,
-                offset_ptr,
-                seed_value,
-                offset_value,
-                count,
-                index_offset,
-                FROM_TENSORS,
-                ALIGNED,
-                ROWS,
-            )
-            code = _exact_codes(
-                bits,
-                word,
-                flag_ptr,
-                mask,
-                NBITS,
-                EXACT_C,
-                MBITS,
-                EMIN,
-                BIAS,
-                SIGN_SHIFT,
-                HAS_NEGATIVE_ZERO,
-                MAX_CODE,
-                OVERFLOW_CODE,
-                INFINITY_CODE,
-                NAN_CODE,
-                CHECK_NAN,
-            )
-            _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
+    if listed > 0:  # most calls list no tile: the grid then exits at once
+        for step in range(ITERATIONS):
+            slot = tl.program_id(0) + step * tl.num_programs(0)
+            if slot < listed:
+                program = tl.load(flag_ptr + 2 + slot)
+                if WIDE:
+                    program = program.to(tl.int64)
+                lane, mask, bits, word = _stream_tile(
+                    x_ptr,
+                    program,
+                    seed_ptr,
+                    offset_ptr,
+                    seed_value,
+                    offset_value,
+                    count,
+                    index_offset,
+                    FROM_TENSORS,
+                    ALIGNED,
+                    ROWS,
+                )
+                code = _exact_codes(
+                    bits,
+                    word,
+                    flag_ptr,
+                    mask,
+                    NBITS,
+                    EXACT_C,
+                    MBITS,
+                    EMIN,
+                    BIAS,
+                    SIGN_SHIFT,
+                    HAS_NEGATIVE_ZERO,
+                    MAX_CODE,
+                    OVERFLOW_CODE,
+                    INFINITY_CODE,
+                    NAN_CODE,
+                    CHECK_NAN,
+                )
+                _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
 
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
