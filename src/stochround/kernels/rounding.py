@@ -848,18 +848,21 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         _sr_codes_kernel[(programs,)](
             x, buffer, flag, *stream, FAST_MIN_BITS=_fast_min_bits(fmt), **codes, num_warps=warps
         )
-        iterations = triton.next_power_of_2(triton.cdiv(programs, _persistent_programs(device)))
-        _exact_codes_kernel[(triton.cdiv(programs, iterations),)](
-            x,
-            buffer,
-            flag,
-            *stream,
-            CHECK_NAN=check_nan,
-            **_special_code_constants(fmt, request.sat),
-            **codes,
-            ITERATIONS=iterations,
-            num_warps=warps,
-        )
+        # a format without NaN reads the flags back anyway (below): then the exact kernel is
+        # launched only when a tile was listed (only listed tiles can hold NaN)
+        if not check_nan or int(flag[1].item()) > 0:
+            iterations = triton.next_power_of_2(triton.cdiv(programs, _persistent_programs(device)))
+            _exact_codes_kernel[(triton.cdiv(programs, iterations),)](
+                x,
+                buffer,
+                flag,
+                *stream,
+                CHECK_NAN=check_nan,
+                **_special_code_constants(fmt, request.sat),
+                **codes,
+                ITERATIONS=iterations,
+                num_warps=warps,
+            )
     else:
         flag = torch.zeros(1, dtype=torch.int32, device=device)
         _round_kernel[grid](
