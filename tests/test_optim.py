@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stochround as sr
-from stochround.optim import SGD, AdamW, Lion, stream_offset
+from stochround.optim import SGD, Adam, AdamW, Lion, stream_offset
 from stochround.optim.base import ecc_decode, ecc_encode, ulp
 
 
@@ -35,6 +35,8 @@ def set_grads(params, step, dtype=None):
 CONFIGS = [
     (AdamW, torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
     (AdamW, torch.optim.AdamW, {"lr": 1e-2, "betas": (0.8, 0.99), "maximize": True}),
+    (Adam, torch.optim.Adam, {"lr": 1e-2, "weight_decay": 0.1}),
+    (Adam, torch.optim.Adam, {"lr": 1e-2, "betas": (0.8, 0.99), "maximize": True}),
     (SGD, torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1}),
     (SGD, torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9, "nesterov": True}),
     (SGD, torch.optim.SGD, {"lr": 1e-2, "momentum": 0.5, "dampening": 0.3, "maximize": True}),
@@ -60,7 +62,7 @@ def test_fp32_matches_torch_within_float32_rounding(ours, theirs, kwargs):
         ref_sched.step()
         for a, b in zip(mine, reference, strict=True):
             torch.testing.assert_close(a, b, rtol=2**-17, atol=2**-24)
-    name = "exp_avg" if ours is AdamW else "momentum_buffer"
+    name = "momentum_buffer" if ours is SGD else "exp_avg"
     if name in ref.state[reference[0]]:
         ours_state, torch_state = opt.state[mine[0]][name], ref.state[reference[0]][name]
         torch.testing.assert_close(ours_state, torch_state, rtol=2**-17, atol=2**-24)
@@ -145,6 +147,7 @@ EXTRA_STATE_DTYPES = {"master": torch.float32, "compensation": torch.bfloat16,
     ("cls", "kwargs"),
     [
         (AdamW, {"lr": 1e-2}),
+        (Adam, {"lr": 1e-2, "weight_decay": 0.1}),
         (SGD, {"lr": 1e-2, "momentum": 0.9, "nesterov": True}),
         (Lion, {"lr": 1e-3, "weight_decay": 0.1}),
         (AdamW, {"lr": 1e-2, "master_weights": True}),
@@ -226,6 +229,8 @@ def test_bytes_per_param():
         (AdamW, {"betas": 0.9}, ValueError, "betas"),
         (AdamW, {"eps": float("nan")}, ValueError, "eps"),
         (AdamW, {"weight_decay": -0.1}, ValueError, "weight_decay"),
+        (Adam, {"weight_decay": -0.1}, ValueError, "weight_decay"),
+        (Adam, {"betas": (1.5, 0.9)}, ValueError, r"betas\[0\]"),
         (AdamW, {"rounding": "rz"}, ValueError, "rounding"),
         (AdamW, {"state_dtype": torch.float64}, ValueError, "state_dtype"),
         (AdamW, {"state_dtype": "bf16"}, TypeError, "state_dtype"),
@@ -383,6 +388,7 @@ def test_lion_invalid_arguments_and_bytes():
     ("cls", "kwargs"),
     [
         (AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
+        (Adam, {"lr": 1e-2, "weight_decay": 0.1}),
         (SGD, {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1}),
         (Lion, {"lr": 1e-3, "weight_decay": 0.1}),
     ],

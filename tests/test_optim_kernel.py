@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stochround.optim import SGD, AdamW, Lion
+from stochround.optim import SGD, Adam, AdamW, Lion
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = ((20000,), (3,), (70, 33), (1,))  # several programs, partial blocks, one element
@@ -17,6 +17,7 @@ SHAPES = ((20000,), (3,), (70, 33), (1,))  # several programs, partial blocks, o
 OPTIMIZERS = [
     (AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
     (AdamW, {"lr": 3e-3, "betas": (0.8, 0.95), "eps": 1e-6, "maximize": True}),
+    (Adam, {"lr": 1e-2, "weight_decay": 0.1}),
     (SGD, {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1}),
     (SGD, {"lr": 1e-2, "momentum": 0.9, "nesterov": True}),
     (SGD, {"lr": 1e-2, "momentum": 0.5, "dampening": 0.3, "maximize": True}),
@@ -127,7 +128,7 @@ def _steps_from(cls, backend, starts, lr, steps=2):
     return params, optimizer
 
 
-@pytest.mark.parametrize("cls", [AdamW, SGD, Lion])
+@pytest.mark.parametrize("cls", [AdamW, Adam, SGD, Lion])
 def test_kernel_scalars_equal_the_pytorch_path_at_any_step(cls):
     """Each parameter of one launch has its own step count (the bias correction's b^t
     from its bits, the stream from its value) and a tensor lr: kernel == PyTorch path."""

@@ -45,7 +45,7 @@ ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 64
 WARPS = 2
 BLOCKS = 2 if os.environ.get("TRITON_INTERPRET") == "1" else 8
 COLUMNS = tl.constexpr(7)  # table row: 4 tensor offsets, numel, index, step offset
-SCALARS = tl.constexpr(8)  # float32 scalars per parameter (7 used)
+SCALARS = tl.constexpr(8)  # float32 scalars per parameter
 
 _FP16 = {
     **_format_constants(format_of_dtype(torch.float16)),
@@ -124,8 +124,8 @@ def _scalars_kernel(
 ):
     """Advance parameter ``program``'s step count and write its row of float32 scalars:
     `stochround.optim.updates`' ``*_scalars`` in float64 from the step, ``lr`` and the
-    group's constants (AdamW b1, b2, eps, wd; SGD momentum, dampening, wd; Lion b1, b2,
-    wd; AdamW's followed by ``power_squares`` of b1 and of b2, 32 each)."""
+    group's constants (AdamW and Adam: b1, b2, eps, decoupled wd, the 32 ``power_squares``
+    of b1 and of b2, L2 wd; SGD momentum, dampening, wd; Lion b1, b2, wd)."""
     tensor = tl.program_id(0)
     step_ptr = step_base + tl.load(table_ptr + tensor * COLUMNS + 6)
     step = tl.load(step_ptr) + 1
@@ -145,6 +145,7 @@ def _scalars_kernel(
         tl.store(row + 4, (1 / tl.sqrt(1 - power2)).to(tl.float32))
         tl.store(row + 5, third.to(tl.float32))
         tl.store(row + 6, (lr / (1 - power1)).to(tl.float32))
+        tl.store(row + 7, tl.load(constants_ptr + 68).to(tl.float32))
     elif ALGORITHM == 1:
         tl.store(row, lr.to(tl.float32))
         tl.store(row + 1, first.to(tl.float32))
@@ -186,10 +187,10 @@ def _step_kernel(
     offset of its step count from ``step_base``.
 
     Scalars (float32, row t of ``scalars``, written by `_scalars_kernel`), by ALGORITHM:
-    AdamW (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t)); SGD (lr,
-    momentum, 1 - dampening, weight_decay) with OPTION 0 no momentum, 1 momentum, 2
-    Nesterov, +3 on the first step (buffer = gradient), and DECAY when weight_decay != 0;
-    Lion (decay, b1, 1 - b1, b2, 1 - b2, lr)."""
+    AdamW and Adam (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t), L2
+    wd) with DECAY for Adam's L2 decay; SGD (lr, momentum, 1 - dampening, weight_decay)
+    with OPTION 0 no momentum, 1 momentum, 2 Nesterov, +3 on the first step (buffer =
+    gradient), and DECAY when weight_decay != 0; Lion (decay, b1, 1 - b1, b2, 1 - b2, lr)."""
     program = tl.program_id(0)
     tensor = tl.load(blocks_ptr + 2 * program)
     first_block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
@@ -210,6 +211,7 @@ def _step_kernel(
         tl.load(scalar_ptr + 4),
         tl.load(scalar_ptr + 5),
         tl.load(scalar_ptr + 6),
+        tl.load(scalar_ptr + 7),
     )
     bases = (param_base, grad_base, first_base, second_base)
     for i in range(BLOCKS):  # a constexpr trip count: the interpreter's numpy needs one
@@ -242,7 +244,7 @@ def _update_block(
 ):
     """Update the ``ROWS x 4`` elements from ``start`` of one parameter (``bases``: its
     parameter, gradient and state pointers; ``mask`` None for a full block)."""
-    scalar0, scalar1, scalar2, scalar3, scalar4, scalar5, scalar6 = scalars
+    scalar0, scalar1, scalar2, scalar3, scalar4, scalar5, scalar6, scalar7 = scalars
     row = tl.arange(0, ROWS)[:, None]
     lane = tl.arange(0, 4)[None, :]
     position = start + row * 4 + lane
@@ -254,6 +256,8 @@ def _update_block(
         grad = -grad
     value = tl.load(param_ptr, mask=mask).to(tl.float32)
     if ALGORITHM == 0:
+        if DECAY:  # Adam's L2 decay
+            grad = grad + value * scalar7
         second_ptr = bases[3] + position
         exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
         exp_avg_sq = tl.load(second_ptr, mask=mask).to(tl.float32)
@@ -353,8 +357,9 @@ def fused_step(
     (one list per state slot, each as long as ``params``) in place: two launches, the
     scalars then the update, through the custom op ``stochround::fused_step`` (opaque to
     ``torch.compile``).  Same dtypes across each list, contiguous tensors on one device.
-    ``constants`` (`_scalars_kernel`'s): AdamW (b1, b2, eps, wd, then the 32
-    ``power_squares`` of b1 and of b2), SGD (momentum, dampening, wd), Lion (b1, b2, wd);
+    ``constants`` (`_scalars_kernel`'s): AdamW and Adam (b1, b2, eps, decoupled wd, the 32
+    ``power_squares`` of b1 and of b2, L2 wd), SGD (momentum, dampening, wd), Lion (b1,
+    b2, wd);
     ``lr`` a float or a one-element tensor (a float is a constant to a compiled graph)."""
     if not params:
         return

@@ -1,4 +1,4 @@
-"""AdamW, SGD and Lion with parameters and states in float32, bfloat16 or float16.
+"""AdamW, Adam, SGD and Lion with parameters and states in float32, bfloat16 or float16.
 
 Each step computes the update in float32 (`stochround.optim.updates`: torch's single-tensor
 updates with one rounding per operation), then stores the parameter and each state
@@ -77,14 +77,21 @@ class AdamW(SROptimizer):
         check_float(group["eps"], "eps")
         check_float(group["weight_decay"], "weight_decay")
 
+    coupled = False  # Adam: the weight decay is L2, added to the gradient
+
     def scalars(self, group: dict[str, Any], steps: Tensor) -> Tensor:
-        wd = group["weight_decay"]
-        return adamw_scalars(group["lr"], group["betas"], group["eps"], wd, steps)
+        betas, eps, wd = group["betas"], group["eps"], group["weight_decay"]
+        return adamw_scalars(group["lr"], betas, eps, wd, steps, coupled=self.coupled)
 
     def constants(self, group: dict[str, Any]) -> list[float]:
         beta1, beta2 = group["betas"]
+        wd = group["weight_decay"]
+        decoupled, l2 = (0.0, wd) if self.coupled else (wd, 0.0)
         squares = (*power_squares(beta1), *power_squares(beta2))
-        return [beta1, beta2, group["eps"], group["weight_decay"], *squares]
+        return [beta1, beta2, group["eps"], decoupled, *squares, l2]
+
+    def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
+        return {"decay": self.coupled and group["weight_decay"] != 0}
 
     def update(
         self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
@@ -96,9 +103,51 @@ class AdamW(SROptimizer):
             state["exp_avg"].float(),
             state["exp_avg_sq"].float(),
             scalars,
+            coupled=self.coupled and group["weight_decay"] != 0,
         )
         self.store_param(group, param, value, step, index)
         self.store_states(group, param, (exp_avg, exp_avg_sq), step, index)
+
+
+class Adam(AdamW):
+    """Adam (Kingma & Ba) with rounded stores; ``weight_decay`` is L2 regularization added to
+    the gradient, as in ``torch.optim.Adam`` (AdamW decouples it).
+
+    ``g <- g + wd p``, then AdamW's update without its decoupled decay
+    (`stochround.optim.updates.adamw_update` with ``coupled=True``); ``p``, ``m`` and ``v``
+    are each rounded once to their storage dtype.  The fused kernel is AdamW's.
+    """
+
+    coupled = True
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        *,
+        maximize: bool = False,
+        state_dtype: torch.dtype = torch.float32,
+        rounding: str = "sr",
+        seed: int | None = None,
+        master_weights: bool = False,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            maximize=maximize,
+            state_dtype=state_dtype,
+            rounding=rounding,
+            seed=seed,
+            master_weights=master_weights,
+            backend=backend,
+        )
 
 
 class SGD(SROptimizer):

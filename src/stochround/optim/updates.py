@@ -70,26 +70,39 @@ def adamw_scalars(
     eps: float,
     weight_decay: float,
     steps: Tensor,
+    *,
+    coupled: bool = False,
 ) -> Tensor:
-    """Rows (1 - lr wd, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t)) for
+    """Rows (1 - lr wd, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t), 0) for
     the int64 ``steps`` t: computed in float64 (``b^t`` by `bias_power`), each rounded once
-    to float32.  ``lr`` may be a tensor (so a scheduler changing it changes no Python
-    value).  The bias correction multiplies by a reciprocal: torch divides a tensor by a
-    scalar that way (so its CPU and CUDA kernels agree only on the multiplication)."""
+    to float32.  ``coupled`` (Adam's L2 decay, added to the gradient): the first column is
+    1 and the last wd.  ``lr`` may be a tensor (so a scheduler changing it changes no
+    Python value).  The bias correction multiplies by a reciprocal: torch divides a tensor
+    by a scalar that way (so its CPU and CUDA kernels agree only on the multiplication)."""
     beta1, beta2 = betas
     lr = _as_float64(lr, steps)
     power1 = bias_power(torch.tensor(power_squares(beta1), dtype=torch.float64), steps)
     power2 = bias_power(torch.tensor(power_squares(beta2), dtype=torch.float64), steps)
-    columns = [1 - lr * weight_decay, 1 - beta1, beta2, 1 - beta2]
-    return _rows([*columns, 1 / torch.sqrt(1 - power2), eps, lr / (1 - power1)], steps)
+    decoupled, l2 = (0.0, weight_decay) if coupled else (weight_decay, 0.0)
+    columns = [1 - lr * decoupled, 1 - beta1, beta2, 1 - beta2, 1 / torch.sqrt(1 - power2)]
+    return _rows([*columns, eps, lr / (1 - power1), l2], steps)
 
 
 def adamw_update(
-    value: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, scalars: Tensor
+    value: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    scalars: Tensor,
+    *,
+    coupled: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``x d``; ``m + (g - m)(1 - b1)``; ``v b2 + ((1 - b2) g) g``; ``x - s (m / (sqrt(v) r
-    + eps))`` with the `adamw_scalars` ``d, r, s``: new (parameter, exp_avg, exp_avg_sq)."""
-    decay, weight1, beta2, weight2, reciprocal2, eps, step_size = scalars
+    """``g + x wd`` (``coupled``: Adam's L2 decay); ``x d``; ``m + (g - m)(1 - b1)``;
+    ``v b2 + ((1 - b2) g) g``; ``x - s (m / (sqrt(v) r + eps))`` with the `adamw_scalars`
+    ``d, r, s, wd``: new (parameter, exp_avg, exp_avg_sq)."""
+    decay, weight1, beta2, weight2, reciprocal2, eps, step_size, weight_decay = scalars
+    if coupled:
+        grad = grad + value * weight_decay
     value = value * decay
     exp_avg = exp_avg + (grad - exp_avg) * weight1
     exp_avg_sq = exp_avg_sq * beta2 + (grad * weight2) * grad
