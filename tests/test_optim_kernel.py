@@ -174,6 +174,16 @@ def test_compiled_step_follows_a_scheduler_without_recompiling(backend):
         assert torch.equal(_bits(compiled_param), _bits(eager_param))
 
 
+def _on_a_side_stream(work) -> None:
+    """Run ``work`` on a side stream, ordered after and before the current one (the
+    warm-up CUDA graphs ask for before a capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        work()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cls", [AdamW, SGD, Lion])
 def test_cuda_graph_replays_a_step(cls):
@@ -190,15 +200,15 @@ def test_cuda_graph_replays_a_step(cls):
     captured = cls(graph_params, lr=lr, **kwargs)
     for param in graph_params:
         param.grad = torch.zeros_like(param)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up: states, tables and kernels exist before capture
+
+    def warm_up() -> None:  # states, tables and kernels exist before the capture
         for step in range(2):
             lr.fill_(1e-2 / (1 + step))
             for param, grad in zip(graph_params, _gradients(step, torch.bfloat16), strict=True):
                 param.grad.copy_(grad)
             captured.step()
-    torch.cuda.current_stream().wait_stream(side)
+
+    _on_a_side_stream(warm_up)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured.step()
@@ -227,11 +237,7 @@ def test_capturing_a_step_needs_lr_on_the_device():
     optimizer = AdamW(params, lr=torch.tensor(1e-2), state_dtype=torch.bfloat16, seed=1)
     for param, grad in zip(params, _gradients(0, torch.bfloat16), strict=True):
         param.grad = grad
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        optimizer.step()
-    torch.cuda.current_stream().wait_stream(side)
+    _on_a_side_stream(optimizer.step)
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(ValueError, match="lr must be a tensor on cuda"), torch.cuda.graph(graph):
         optimizer.step()

@@ -813,6 +813,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     if rand is not None:
         rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
     check_nan = output != "value" and not fmt.has_nan
+    nan_possible = check_nan
     common = dict(
         FROM_TENSORS=from_tensors,
         ALIGNED=request.index_offset % 4 == 0,
@@ -848,9 +849,11 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         _sr_codes_kernel[(programs,)](
             x, buffer, flag, *stream, FAST_MIN_BITS=_fast_min_bits(fmt), **codes, num_warps=warps
         )
-        # a format without NaN reads the flags back anyway (below): then the exact kernel is
-        # launched only when a tile was listed (only listed tiles can hold NaN)
-        if not check_nan or int(flag[1].item()) > 0:
+        # a format without NaN synchronizes anyway: it reads the number of listed tiles
+        # first, and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
+        if check_nan:
+            nan_possible = int(flag[1].item()) > 0
+        if nan_possible or not check_nan:
             iterations = triton.next_power_of_2(triton.cdiv(programs, _persistent_programs(device)))
             _exact_codes_kernel[(triton.cdiv(programs, iterations),)](
                 x,
@@ -882,7 +885,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             NAN16=NAN16_BITS.get(out_dtype, 0),
             **common,
         )
-    if check_nan and bool(flag[0].item()):
+    if nan_possible and bool(flag[0].item()):
         raise ValueError(
             f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN "
             "input or an overflow); use sat='finite' or filter the input"
