@@ -6,6 +6,8 @@ on the GPU machine the same tests run compiled on CUDA tensors.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -103,6 +105,11 @@ def test_backend_triton_refuses_what_the_kernel_cannot_do():
             optimizer.step()
     with pytest.raises(ValueError, match="backend"):
         AdamW(_params(torch.float32), backend="cuda")
+    buffer = torch.randn(4097, device=DEVICE).to(torch.bfloat16)
+    misaligned = buffer[1:].requires_grad_()  # 2 bytes past an allocation
+    misaligned.grad = torch.randn(4096, device=DEVICE).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        AdamW([misaligned], backend="triton").step()
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the CPU default")
@@ -143,11 +150,14 @@ def test_kernel_scalars_equal_the_pytorch_path_at_any_step(cls):
         assert int(fused_optimizer.state[mine]["step"]) == start + 2
 
 
+@pytest.mark.parametrize("scheduler", [True, False])
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_compiled_step_follows_a_scheduler_without_recompiling(backend):
-    """lr as a tensor moved by a scheduler and the step counts as tensors: the compiled
-    step compiles once (after the step that creates the states) and stores the bits of
-    the eager step."""
+def test_compiled_step_follows_lr_without_recompiling(backend, scheduler):
+    """lr as a tensor and the step counts as tensors: the compiled step compiles once (after
+    the step that creates the states) while lr moves, and stores the bits of the eager
+    step.  lr moved by a scheduler (which wraps ``step`` in a function torch.compile
+    skips, so the step compiles in pieces), or filled by hand: then the step compiles as
+    one graph (``fullgraph=True``: the fused launch is one custom op)."""
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()
@@ -156,20 +166,25 @@ def test_compiled_step_follows_a_scheduler_without_recompiling(backend):
         params = _params(torch.bfloat16)
         lr = torch.tensor(1e-2, device=DEVICE)
         optimizer = AdamW(params, lr=lr, state_dtype=torch.bfloat16, seed=3, backend=backend)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
+        if scheduler:
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + step))
         counter = CompileCounter()
-        step = torch.compile(optimizer.step, backend=counter) if compiled else optimizer.step
+        compile_ = functools.partial(torch.compile, backend=counter, fullgraph=not scheduler)
+        step = compile_(optimizer.step) if compiled else optimizer.step
         frames = []
         for index in range(5):
             for param, grad in zip(params, _gradients(index, torch.bfloat16), strict=True):
                 param.grad = grad
             step()
-            schedule.step()
+            if scheduler:
+                schedule.step()
+            else:
+                lr.fill_(1e-2 / (2 + index))
             frames.append(counter.frame_count)
         runs.append((params, frames))
     (compiled_params, frames), (eager_params, _) = runs
     assert frames[1] > 0 and frames[1:] == [frames[1]] * 4
-    assert float(lr) == pytest.approx(1e-2 / 6)  # the scheduler moved the tensor itself
+    assert float(lr) == pytest.approx(1e-2 / 6)  # the tensor itself moved
     for compiled_param, eager_param in zip(compiled_params, eager_params, strict=True):
         assert torch.equal(_bits(compiled_param), _bits(eager_param))
 

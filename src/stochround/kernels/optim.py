@@ -411,6 +411,11 @@ def _fused_step_impl(
 ) -> None:
     """`fused_step` with the states flattened slot by slot and ``lr`` a 0-d tensor."""
     count = len(params)
+    if any(t.data_ptr() % 16 for t in (*params, *grads, *states)):
+        raise ValueError(
+            "the fused step needs parameters, gradients and states that start on a multiple "
+            "of 16 bytes (torch's allocators give that; these tensors come from elsewhere)"
+        )
     slots = [states[i : i + count] for i in range(0, len(states), count)]
     state_lists = slots + [params] * (2 - len(slots))  # SGD without momentum: unused
     columns = (params, grads, *state_lists, steps)

@@ -192,7 +192,9 @@ def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
     grad = param.grad
     if not (param.is_contiguous() and grad.is_contiguous()):
         return "the parameter and its gradient must be contiguous"
-    if param.data_ptr() % 16 or grad.data_ptr() % 16:
+    # torch.compile cannot trace addresses: compiled, the launch checks them (and raises)
+    aligned = torch.compiler.is_compiling() or not (param.data_ptr() % 16 or grad.data_ptr() % 16)
+    if not aligned:
         return "the parameter and its gradient must start on a multiple of 16 bytes"
     if grad.dtype not in PARAM_DTYPES:
         return f"gradients must be float32, bfloat16 or float16, not {grad.dtype}"
