@@ -365,8 +365,8 @@ def fused_step(
         return
     device = params[0].device
     if isinstance(lr, Tensor):
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if lr.device != device and capturing:
+        # asked only for an lr off the device (torch.compile cannot trace the question)
+        if lr.device != device and device.type == "cuda" and _capturing():
             raise ValueError(
                 f"lr must be a tensor on {device} to capture a step in a CUDA graph (a copy "
                 f"from {lr.device} cannot be captured); got an lr tensor on {lr.device}"
@@ -464,6 +464,11 @@ _fused_step_op = torch.library.custom_op(
 def _(params, grads, states, steps, lr, algorithm, indices, constants, seed, sr, maximize,
       decay, option) -> None:  # fmt: skip
     return None
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (never while compiling)."""
+    return not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
 
 
 def _as_int64(value: int) -> int:
