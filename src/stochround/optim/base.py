@@ -6,9 +6,9 @@ indices ``0 .. numel - 1`` of the tensor (:mod:`stochround.random`), with::
     offset = step * 2**32 + param_index * 4 + tensor_slot
 
 ``step`` is the parameter's step count after this update (1, 2, ..., below 2**32),
-``param_index``
-its position in the optimizer's parameters (all groups, in order, fewer than 2**30) and
-``tensor_slot`` 0 for the parameter, 1 and 2 for the states (``TENSOR_SLOTS``). Distinct
+``param_index`` its position in the optimizer's parameters (all groups, in order, fewer
+than 2**30) and ``tensor_slot`` 0 for the parameter, 1 and 2 for the states
+(``TENSOR_SLOTS``). Distinct
 offsets fill distinct upper counter halves, so no two stores of a run share a random word,
 and the mapping does not move when a parameter group is added. The step lives in the
 optimizer state (``state[p]["step"]``, a 0-d int64 tensor on the parameter's device) and
