@@ -8,12 +8,11 @@ indices ``0 .. numel - 1`` of the tensor (:mod:`stochround.random`), with::
 ``step`` is the parameter's step count after this update (1, 2, ..., below 2**32),
 ``param_index`` its position in the optimizer's parameters (all groups, in order, fewer
 than 2**30) and ``tensor_slot`` 0 for the parameter, 1 and 2 for the states
-(``TENSOR_SLOTS``). Distinct
-offsets fill distinct upper counter halves, so no two stores of a run share a random word,
-and the mapping does not move when a parameter group is added. The step lives in the
-optimizer state (``state[p]["step"]``, a 0-d int64 tensor on the parameter's device) and
-the seed in the parameter group, so a run restored from ``state_dict`` continues bit for
-bit.
+(``TENSOR_SLOTS``). Distinct offsets fill distinct upper counter halves, so no two stores
+of a run share a random word, and the mapping does not move when a parameter group is
+added. The step lives in the optimizer state (``state[p]["step"]``, a 0-d int64 tensor on
+the parameter's device) and the seed in the parameter group, so a run restored from
+``state_dict`` continues bit for bit.
 
 Parameter storage (``rounding`` and ``master_weights``). The update is always computed in
 float32 from the parameter's float32 value ``x``; how ``x`` is kept between steps:
