@@ -411,23 +411,25 @@ def _fused_step_impl(
 ) -> None:
     """`fused_step` with the states flattened slot by slot and ``lr`` a 0-d tensor."""
     count = len(params)
-    if any(t.data_ptr() % 16 for t in (*params, *grads, *states)):
+    slots = [states[i : i + count] for i in range(0, len(states), count)]
+    state_lists = slots + [params] * (2 - len(slots))  # SGD without momentum: unused
+    columns = (params, grads, *state_lists, steps)
+    addresses = tuple(tuple(t.data_ptr() for t in column) for column in columns)
+    if any(address % 16 for column in addresses[:4] for address in column):
         raise ValueError(
             "the fused step needs parameters, gradients and states that start on a multiple "
             "of 16 bytes (torch's allocators give that; these tensors come from elsewhere)"
         )
-    slots = [states[i : i + count] for i in range(0, len(states), count)]
-    state_lists = slots + [params] * (2 - len(slots))  # SGD without momentum: unused
-    columns = (params, grads, *state_lists, steps)
     device = params[0].device
+    numels = tuple(p.numel() for p in params)
     table = _tensor_table(
-        tuple(tuple(t.data_ptr() for t in column) for column in columns),
+        addresses,
         tuple(column[0].element_size() for column in columns),
-        tuple(p.numel() for p in params),
+        numels,
         tuple(indices),
         device,
     )
-    blocks = _block_table(tuple(p.numel() for p in params), ROWS, BLOCKS, device)
+    blocks = _block_table(numels, ROWS, BLOCKS, device)
     scalars = torch.empty((count, SCALARS), dtype=torch.float32, device=device)
     algorithm_code = ALGORITHMS.index(algorithm)
     _scalars_kernel[(count,)](
