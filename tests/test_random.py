@@ -37,6 +37,7 @@ try:
     from stochround.kernels.philox import (
         data_words_triton,
         four_words,
+        philox4x32_10,
         random_word,
         random_words_triton,
     )
@@ -345,7 +346,9 @@ def test_data_words_are_injective_in_the_value_for_a_fixed_index():
 if HAS_TRITON:
 
     @triton.jit
-    def _philox_kernel(counter_ptr, key_ptr, out_ptr, count, BLOCK: tl.constexpr):
+    def _philox_kernel(
+        counter_ptr, key_ptr, out_ptr, count, BLOCK: tl.constexpr, OURS: tl.constexpr
+    ):
         positions = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         in_range = positions < count
         c0 = tl.load(counter_ptr + 4 * positions + 0, mask=in_range).to(tl.uint32)
@@ -353,7 +356,12 @@ if HAS_TRITON:
         c2 = tl.load(counter_ptr + 4 * positions + 2, mask=in_range).to(tl.uint32)
         c3 = tl.load(counter_ptr + 4 * positions + 3, mask=in_range).to(tl.uint32)
         seed = tl.load(key_ptr)  # int64: k0 | k1 << 32
-        r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
+        if OURS:
+            key0 = seed.to(tl.uint32)
+            key1 = (seed >> 32).to(tl.uint32)
+            r0, r1, r2, r3 = philox4x32_10(c0, c1, c2, c3, key0, key1)
+        else:
+            r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3)
         tl.store(out_ptr + 4 * positions + 0, r0.to(tl.int64), mask=in_range)
         tl.store(out_ptr + 4 * positions + 1, r1.to(tl.int64), mask=in_range)
         tl.store(out_ptr + 4 * positions + 2, r2.to(tl.int64), mask=in_range)
@@ -380,12 +388,13 @@ if HAS_TRITON:
 
 
 @needs_triton
+@pytest.mark.parametrize("ours", [False, True], ids=["tl.philox", "philox4x32_10"])
 @pytest.mark.parametrize(("counter", "key", "expected"), KNOWN_ANSWERS)
-def test_triton_philox_known_answers(counter, key, expected):
+def test_triton_philox_known_answers(counter, key, expected, ours):
     counters = torch.tensor([counter], device=DEVICE)
     seed = torch.tensor([as_int64(key[0] | key[1] << 32)], device=DEVICE)
     out = torch.empty_like(counters)
-    _philox_kernel[(1,)](counters, seed, out, 1, BLOCK=16)
+    _philox_kernel[(1,)](counters, seed, out, 1, BLOCK=16, OURS=ours)
     assert tuple(out[0].tolist()) == expected
 
 

@@ -5,14 +5,17 @@ Device functions for rounding kernels (all words are uint32):
 - ``random_word(seed, offset, index)``: the word of each global element index;
 - ``four_words(seed, offset, group)``: the four words of elements ``4*group .. 4*group+3``
   from one Philox call (the efficient form: one call serves four elements);
-- ``data_word(bits, index)``: the data-derived word of :func:`stochround.random.data_words`.
+- ``data_word(bits, index)``: the data-derived word of :func:`stochround.random.data_words`;
+- ``philox4x32_10(c0, c1, c2, c3, k0, k1)``: the generator itself, ``tl.philox``'s function
+  computed with one wide multiply per product (``tl.philox`` takes a high and a low
+  multiply: four instead of two a round on sm_90).
 
 The mapping is the one in :mod:`stochround.random`: counter ``(g mod 2**32, g >> 32,
 offset mod 2**32, offset >> 32)`` with ``g = index >> 2``, key ``(seed mod 2**32,
-seed >> 32)``, word = output ``index & 3`` of ``tl.philox`` (Philox4x32-10). ``seed`` and
-``offset`` may be any integer scalars holding values in ``[0, 2**64)`` (int32, uint32,
-int64 or uint64, a kernel argument or a value loaded from a device tensor); ``index`` and
-``group`` are integer tensors (read as unsigned 64-bit).
+seed >> 32)``, word = output ``index & 3`` of Philox4x32-10 (as ``tl.philox`` computes
+it). ``seed`` and ``offset`` may be any integer scalars holding values in ``[0, 2**64)``
+(int32, uint32, int64 or uint64, a kernel argument or a value loaded from a device
+tensor); ``index`` and ``group`` are integer tensors (read as unsigned 64-bit).
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ import triton.language as tl
 from torch import Tensor
 from triton.language import core as triton_core  # to_tensor; a global so the interpreter patches it
 
+from .. import random as _random
 from ..random import _bit_pattern, _check_index, seed_tensor
 
 __all__ = [
     "data_word",
     "data_words_triton",
     "four_words",
+    "philox4x32_10",
     "random_word",
     "random_words_triton",
 ]
@@ -41,6 +46,34 @@ def _to_u64(value):
     which a bitcast rejects). Signed inputs are meaningful only when non-negative or 64-bit.
     """
     return triton_core.to_tensor(value).to(tl.uint64)
+
+
+# the generator's constants, as constexprs a kernel can read
+ROUND_A = tl.constexpr(_random.PHILOX_ROUND_A)
+ROUND_B = tl.constexpr(_random.PHILOX_ROUND_B)
+KEY_A = tl.constexpr(_random.PHILOX_KEY_A)
+KEY_B = tl.constexpr(_random.PHILOX_KEY_B)
+
+
+@triton.jit
+def _mul_high_low(word, FACTOR: tl.constexpr):
+    """High and low uint32 halves of the exact 64-bit product ``word * FACTOR`` (uint32
+    ``word``): one 32 x 32 -> 64-bit multiply."""
+    product = word.to(tl.uint64) * FACTOR
+    return (product >> 32).to(tl.uint32), product.to(tl.uint32)
+
+
+@triton.jit
+def philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 of uint32 counter ``(c0, c1, c2, c3)`` and uint32 key ``(k0, k1)``, the
+    rounds of `stochround.random.philox4x32` (and of ``tl.philox``), bit for bit."""
+    for _ in tl.static_range(10):
+        high_b, low_b = _mul_high_low(c2, ROUND_B)
+        high_a, low_a = _mul_high_low(c0, ROUND_A)
+        c0, c1, c2, c3 = high_b ^ c1 ^ k0, low_b, high_a ^ c3 ^ k1, low_a
+        k0 = tl.add(k0, KEY_A, sanitize_overflow=False)
+        k1 = tl.add(k1, KEY_B, sanitize_overflow=False)
+    return c0, c1, c2, c3
 
 
 @triton.jit
@@ -57,7 +90,11 @@ def four_words(seed, offset, group):
     offset_high = (offset >> 32).to(tl.uint32)
     # broadcast the scalar counters to the block so all four counters share one shape
     zero = group_low * 0
-    return tl.philox(seed, group_low, group_high, zero + offset_low, zero + offset_high)
+    key_low = seed.to(tl.uint32)
+    key_high = (seed >> 32).to(tl.uint32)
+    return philox4x32_10(
+        group_low, group_high, zero + offset_low, zero + offset_high, key_low, key_high
+    )
 
 
 @triton.jit

@@ -50,7 +50,7 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ROWS = 4096 if INTERPRETED else 256
 # (rows, warps) of the SR-to-codes kernels per output, measured on an H100 (2**28 values)
-CODES_LAUNCH = {"codes": (512, 2), "fp4x2": (512, 2), "value": (512, 2)}
+CODES_LAUNCH = {"codes": (512, 2), "fp4x2": (512, 2), "value": (256, 2)}
 FP32_NAN_BITS = 0x7FC00000
 NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 
@@ -404,22 +404,30 @@ def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS
     little-endian).  Word stores need the padded buffers of `_output_tensor`."""
     row = program * ROWS + tl.arange(0, ROWS)
     rows = (count + 3) // 4
-    if OUTPUT == 0:
-        position = row[:, None] * 4 + lane
-        tl.store(out_ptr + position, code.to(tl.int16), mask=position < count)
-    elif OUTPUT == 1:
-        word = tl.sum(code << (lane * 8), axis=1)
-        tl.store(out_ptr + row, word.to(tl.int32), mask=row < rows)
-    elif OUTPUT == 2:
-        word = tl.sum(code << (lane * 4), axis=1)
-        tl.store(out_ptr + row, word.to(tl.int16), mask=row < rows)
-    else:
+    if OUTPUT == 3:
         word24 = tl.sum(code << (lane * 6), axis=1)
         byte_position = row[:, None] * 3 + lane
         byte = (word24[:, None] >> (lane * 8)) & 0xFF
         tl.store(
             out_ptr + byte_position, byte.to(tl.uint8), mask=(lane < 3) & (row[:, None] < rows)
         )
+    else:
+        if OUTPUT == 0:
+            position = row[:, None] * 4 + lane
+            pointer = out_ptr + position
+            value = code.to(tl.int16)
+            mask = position < count
+        else:
+            pointer = out_ptr + row
+            value = tl.sum(code << (lane * (8 if OUTPUT == 1 else 4)), axis=1)
+            value = value.to(tl.int32 if OUTPUT == 1 else tl.int16)
+            mask = row < rows
+        # a full tile stores unmasked: a mask the compiler cannot prove uniform splits the
+        # stores into single elements (2 bytes each for fp4)
+        if (program + 1) * ROWS * 4 <= count:
+            tl.store(pointer, value)
+        else:
+            tl.store(pointer, value, mask=mask)
 
 
 @triton.jit
