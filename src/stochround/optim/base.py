@@ -180,8 +180,13 @@ TRITON_MISSING = None if importlib.util.find_spec("triton") else "triton is not 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
-    """Why the fused kernel cannot update ``param`` (None if it can)."""
+# the extra parameter state each rounding keeps beside a low-precision parameter
+ROUNDING_STATES = {"kahan": "compensation", "ecc": "ecc_residual"}
+
+
+def _triton_refusal(param: Tensor, group: dict[str, Any], compiling: bool) -> str | None:
+    """Why the fused kernel cannot update ``param`` (None if it can); ``compiling``: whether
+    torch.compile traces the step."""
     if TRITON_MISSING is not None:
         return TRITON_MISSING
     if not (param.is_cuda or INTERPRETED):
@@ -192,7 +197,7 @@ def _triton_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
     if not (param.is_contiguous() and grad.is_contiguous()):
         return "the parameter and its gradient must be contiguous"
     # torch.compile cannot trace addresses: compiled, the launch checks them (and raises)
-    aligned = torch.compiler.is_compiling() or not (param.data_ptr() % 16 or grad.data_ptr() % 16)
+    aligned = compiling or not (param.data_ptr() % 16 or grad.data_ptr() % 16)
     if not aligned:
         return "the parameter and its gradient must start on a multiple of 16 bytes"
     if grad.dtype not in PARAM_DTYPES:
@@ -249,11 +254,15 @@ class SROptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self.evaluate(closure)
+        compiling = torch.compiler.is_compiling()
         for group, entries in self.grouped_params():
             fused, unfused = [], []
             for index, param in entries:
-                self.init_states(group, param)
-                (fused if self.fused(group, param) else unfused).append((index, param))
+                state = self.init_states(group, param)
+                if self.fused(group, param, compiling):
+                    fused.append((index, param, state))
+                else:
+                    unfused.append((index, param))
             by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
             for index, param in unfused:
                 by_device.setdefault(param.device, []).append((index, param))
@@ -265,11 +274,12 @@ class SROptimizer(torch.optim.Optimizer):
             self.fused_steps(group, fused)
         return loss
 
-    def fused(self, group: dict[str, Any], param: Tensor) -> bool:
-        """Whether the fused kernel updates ``param`` (see the class docstring)."""
+    def fused(self, group: dict[str, Any], param: Tensor, compiling: bool) -> bool:
+        """Whether the fused kernel updates ``param`` (see the class docstring; ``compiling``:
+        whether torch.compile traces the step)."""
         if self.backend == "torch" or (self.backend == "auto" and not param.is_cuda):
             return False
-        refusal = _triton_refusal(param, group)
+        refusal = _triton_refusal(param, group, compiling)
         if refusal is not None and self.backend == "triton":
             raise ValueError(f"backend='triton' cannot update this parameter: {refusal}")
         return refusal is None
@@ -287,27 +297,31 @@ class SROptimizer(torch.optim.Optimizer):
                 )
         return state
 
-    def fused_steps(self, group: dict[str, Any], entries: list[tuple[int, Tensor]]) -> None:
-        """One launch per (dtypes, kernel options) bucket of ``entries`` (index, param)."""
-        buckets: dict[tuple, list[tuple[int, Tensor]]] = {}
-        for index, param in entries:
+    def fused_steps(
+        self, group: dict[str, Any], entries: list[tuple[int, Tensor, dict[str, Any]]]
+    ) -> None:
+        """One launch per (dtypes, kernel options) bucket of ``entries`` (index, param,
+        state)."""
+        buckets: dict[tuple, list[tuple[int, Tensor, dict[str, Any]]]] = {}
+        for entry in entries:
+            param = entry[1]
             options = tuple(self.kernel_options(group, param).items())
             key = (param.dtype, param.grad.dtype, param.device, options)
-            buckets.setdefault(key, []).append((index, param))
+            buckets.setdefault(key, []).append(entry)
         if not buckets:
             return
         from ..kernels.optim import fused_step  # needs triton: imported only when used
 
         names = self.state_names[: self.state_count(group)]
         for (*_, options), members in buckets.items():
-            params = [param for _, param in members]
+            params = [param for _, param, _ in members]
             fused_step(
                 self.algorithm,
                 params,
                 [param.grad for param in params],
-                [[self.state[param][name] for param in params] for name in names],
-                [self.state[param]["step"] for param in params],
-                [index for index, _ in members],
+                [[state[name] for _, _, state in members] for name in names],
+                [state["step"] for _, _, state in members],
+                [index for index, _, _ in members],
                 group["lr"],
                 self.constants(group),
                 seed=group["seed"],
@@ -356,7 +370,7 @@ class SROptimizer(torch.optim.Optimizer):
             return None
         if group.get("master_weights", False):
             return "master"
-        return {"kahan": "compensation", "ecc": "ecc_residual"}.get(group["rounding"])
+        return ROUNDING_STATES.get(group["rounding"])
 
     def load_param(self, group: dict[str, Any], param: Tensor) -> Tensor:
         """A fresh float32 tensor: the parameter's value the update starts from (the master,
