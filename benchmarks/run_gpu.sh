@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: install the carried wheels, then `tests` runs the GPU tests (every
 # Triton kernel compiled on CUDA against the PyTorch path, torch.compile, CUDA graphs,
-# CPU == CUDA) and `bench` the rounding and optimizer benchmarks; no argument runs both.
+# CPU == CUDA) and `bench` the rounding and optimizer benchmarks and the optimizer's
+# streaming floor; no argument runs both.
 # Usage there: bash benchmarks/run_gpu.sh [tests|bench]   (logs and tables under $OUT)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -18,4 +19,5 @@ if [ "${1:-all}" != tests ]; then
     python3 benchmarks/bench_round.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 \
         | tee "$OUT/bench_round.log" | tail -40
     python3 benchmarks/bench_optim.py --out "$OUT" 2>&1 | tee "$OUT/bench_optim.log" | tail -45
+    python3 benchmarks/bench_stream_floor.py 2>&1 | tee "$OUT/bench_stream_floor.log" | tail -12
 fi
