@@ -594,14 +594,20 @@ def _sr_codes_kernel(
         ROWS,
     )
     magnitude = bits & 0x7FFFFFFF
-    scale = (magnitude >> 23) - (EMIN + 127)  # exponent above emin
-    # d = 23 - mbits + below <= 32: weight 2**(32 - d); beyond, 1 (and the count below)
-    below = tl.minimum(tl.maximum(-scale, 0), 9 + MBITS)
+    exponent = magnitude >> 23
+    # d = 23 - mbits + below <= 32: weight 2**(32 - d) (a multiply: as a variable shift of
+    # a 64-bit value it costs two instructions and registers); beyond, 1 (and the count below)
+    below = tl.minimum(tl.maximum((EMIN + 127) - exponent, 0), 9 + MBITS)
     weight = ((1 << (9 + MBITS)) >> below).to(tl.uint32).to(tl.uint64)
-    # d > 32: nu 2**32 = |x| 2**(32 - emin + mbits) < 2**23, exact in fp32 (two factors:
-    # one could overflow); adding 2**23 rounds it half to even (c), truncation floors (a)
-    scaled = magnitude.to(tl.float32, bitcast=True) * 2.0 ** ((32 - EMIN + MBITS) // 2)
-    scaled = scaled * 2.0 ** ((32 - EMIN + MBITS) - (32 - EMIN + MBITS) // 2)
+    # d > 32: nu 2**32 = |x| 2**(32 - emin + mbits) < 2**23, exact in fp32 (the power of
+    # two in two factors where it exceeds fp32's range); adding 2**23 rounds it half to
+    # even (c), truncation floors (a)
+    scaled = magnitude.to(tl.float32, bitcast=True)
+    if 32 - EMIN + MBITS > 127:
+        scaled = scaled * 2.0 ** ((32 - EMIN + MBITS) // 2)
+        scaled = scaled * 2.0 ** ((32 - EMIN + MBITS) - (32 - EMIN + MBITS) // 2)
+    else:
+        scaled = scaled * 2.0 ** (32 - EMIN + MBITS)
     if EXACT_C:
         nu_count = (scaled + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
     else:
@@ -609,7 +615,7 @@ def _sr_codes_kernel(
     m = tl.where(magnitude < FAST_MIN_BITS, nu_count, (bits & 0x7FFFFF) | 0x800000)
     noise = (word & (((1 << NBITS) - 1) << (32 - NBITS))).to(tl.uint64)  # r << (32 - n)
     total = ((m.to(tl.uint32).to(tl.uint64) * weight + noise) >> 32).to(tl.int32)
-    code = ((tl.maximum(scale, 0) + (EMIN + BIAS - 1)) << MBITS) + total
+    code = ((tl.maximum(exponent, EMIN + 127) + (BIAS - 128)) << MBITS) + total
     if tl.max(code) <= MAX_CODE:
         code = code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO)
         _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
