@@ -38,12 +38,14 @@ from .rounding import (
 
 ALGORITHMS = ("adamw", "sgd", "lion")
 # a program updates BLOCKS blocks of ROWS x 4 elements (one Philox block a row) with WARPS
-# warps: the best of an H100 sweep (64 x 2 x 8: 1.047x the AdamW floor; 128 x 4 x 4 1.066x,
-# 128 x 4 x 1 1.124x; RESULTS.md).  The interpreter runs programs one after another, so
-# there large blocks cost far less, and 2 blocks a program make its tests cover every branch
-ROWS = 4096 if os.environ.get("TRITON_INTERPRET") == "1" else 64
+# warps, loading each block while it updates the one before: the best of H100 sweeps (64 x
+# 2 x 4 with that prefetch; RESULTS.md).  The interpreter runs programs one after another,
+# so there large blocks cost far less; 2 blocks of 1024 rows a program make its tests
+# (20000 values) cover every branch: whole programs, a partial one, a block past the end
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ROWS = 1024 if INTERPRETED else 64
 WARPS = 2
-BLOCKS = 2 if os.environ.get("TRITON_INTERPRET") == "1" else 8
+BLOCKS = 2 if INTERPRETED else 4
 COLUMNS = tl.constexpr(7)  # table row: 4 tensor offsets, numel, index, step offset
 SCALARS = tl.constexpr(8)  # float32 scalars per parameter
 
@@ -120,12 +122,22 @@ def _bias_power(squares_ptr, step):
 
 @triton.jit
 def _scalars_kernel(
-    step_base, table_ptr, lr_ptr, constants_ptr, scalars_ptr, ALGORITHM: tl.constexpr
+    step_base,
+    table_ptr,
+    lr_ptr,
+    constants_ptr,
+    scalars_ptr,
+    ALGORITHM: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Advance parameter ``program``'s step count and write its row of float32 scalars:
     `stochround.optim.updates`' ``*_scalars`` in float64 from the step, ``lr`` and the
     group's constants (AdamW and Adam: b1, b2, eps, decoupled wd, the 32 ``power_squares``
-    of b1 and of b2, L2 wd; SGD momentum, dampening, wd; Lion b1, b2, wd)."""
+    of b1 and of b2, L2 wd; SGD momentum, dampening, wd; Lion b1, b2, wd).  DEPENDENT: the
+    step kernel is a programmatic dependent launch, which may start at once (it waits for
+    this grid's writes before it reads them)."""
+    if DEPENDENT:
+        tl.extra.cuda.gdc_launch_dependents()
     tensor = tl.program_id(0)
     step_ptr = step_base + tl.load(table_ptr + tensor * COLUMNS + 6)
     step = tl.load(step_ptr) + 1
@@ -177,6 +189,7 @@ def _step_kernel(
     OPTION: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCKS: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Update blocks ``b .. b + BLOCKS - 1`` of ``ROWS x 4`` elements of parameter t, for
     ``blocks[program]`` = (t, b) (the table's scalars are read once for them).
@@ -196,12 +209,43 @@ def _step_kernel(
     first_block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
     row_ptr = table_ptr + tensor * COLUMNS
     numel = tl.load(row_ptr + 4)
-    step = tl.load(step_base + tl.load(row_ptr + 6))
-    base = (step << 32) + tl.load(row_ptr + 5) * 4  # stream offset of slot 0
     param_base += tl.multiple_of(tl.load(row_ptr), 4)
     grad_base += tl.multiple_of(tl.load(row_ptr + 1), 4)
     first_base = state_base + tl.multiple_of(tl.load(row_ptr + 2), 4)
     second_base = state_base + tl.multiple_of(tl.load(row_ptr + 3), 4)
+    bases = (param_base, grad_base, first_base, second_base)
+    base, scalars = _parameter_scalars(step_base, row_ptr, scalars_ptr, tensor, DEPENDENT)
+    if (first_block + BLOCKS) * (ROWS * 4) <= numel:
+        # every block full: load the next block while this one is updated (two blocks in
+        # flight a thread; the last prefetch is masked off as a whole)
+        loaded = _load_block(bases, first_block * (ROWS * 4), None, ALGORITHM, OPTION, ROWS)
+        for i in range(BLOCKS):  # a constexpr trip count: the interpreter's numpy needs one
+            block = first_block + i
+            following = _load_block(bases, (block + 1) * (ROWS * 4), i + 1 < BLOCKS, ALGORITHM,
+                                    OPTION, ROWS)  # fmt: skip
+            _update_block(bases, scalars, loaded, block * (ROWS * 4), None, seed, base, block,
+                          ALGORITHM, SR, MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
+            loaded = following
+    else:
+        for i in range(BLOCKS):
+            block = first_block + i
+            start = block * (ROWS * 4)
+            if start < numel:
+                position = start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
+                mask = position < numel
+                loaded = _load_block(bases, start, mask, ALGORITHM, OPTION, ROWS)
+                _update_block(bases, scalars, loaded, start, mask, seed, base, block,
+                              ALGORITHM, SR, MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
+
+
+@triton.jit
+def _parameter_scalars(step_base, row_ptr, scalars_ptr, tensor, DEPENDENT: tl.constexpr):
+    """What `_scalars_kernel` wrote for parameter ``tensor`` (waiting for it to finish when
+    this is a dependent launch): the stream offset of its slot 0 and its eight scalars."""
+    if DEPENDENT:
+        tl.extra.cuda.gdc_wait()
+    step = tl.load(step_base + tl.load(row_ptr + 6))
+    base = (step << 32) + tl.load(row_ptr + 5) * 4
     scalar_ptr = scalars_ptr + tensor * SCALARS
     scalars = (
         tl.load(scalar_ptr),
@@ -213,23 +257,32 @@ def _step_kernel(
         tl.load(scalar_ptr + 6),
         tl.load(scalar_ptr + 7),
     )
-    bases = (param_base, grad_base, first_base, second_base)
-    for i in range(BLOCKS):  # a constexpr trip count: the interpreter's numpy needs one
-        block = first_block + i
-        start = block * (ROWS * 4)
-        if start + ROWS * 4 <= numel:  # a full block: unmasked, so rows load as vectors
-            _update_block(bases, scalars, start, None, seed, base, block, ALGORITHM, SR,
-                          MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
-        elif start < numel:
-            position = start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
-            _update_block(bases, scalars, start, position < numel, seed, base, block,
-                          ALGORITHM, SR, MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
+    return base, scalars
+
+
+@triton.jit
+def _load_block(
+    bases, start, mask, ALGORITHM: tl.constexpr, OPTION: tl.constexpr, ROWS: tl.constexpr
+):
+    """What the update of the ``ROWS x 4`` elements from ``start`` reads, as stored: the
+    gradient, the parameter and the states it uses (the gradient stands in for the others)."""
+    position = start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    grad = tl.load(bases[1] + position, mask=mask)
+    value = tl.load(bases[0] + position, mask=mask)
+    first = grad
+    second = grad
+    if ALGORITHM != 1 or (OPTION % 3 != 0 and OPTION < 3):  # SGD: its momentum buffer only
+        first = tl.load(bases[2] + position, mask=mask)
+    if ALGORITHM == 0:
+        second = tl.load(bases[3] + position, mask=mask)
+    return grad, value, first, second
 
 
 @triton.jit
 def _update_block(
     bases,
     scalars,
+    loaded,
     start,
     mask,
     seed,
@@ -242,8 +295,9 @@ def _update_block(
     OPTION: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    """Update the ``ROWS x 4`` elements from ``start`` of one parameter (``bases``: its
-    parameter, gradient and state pointers; ``mask`` None for a full block)."""
+    """Update the ``ROWS x 4`` elements from ``start`` of one parameter from what
+    `_load_block` read of them (``bases``: its parameter, gradient and state pointers;
+    ``mask`` None for a full block)."""
     scalar0, scalar1, scalar2, scalar3, scalar4, scalar5, scalar6, scalar7 = scalars
     row = tl.arange(0, ROWS)[:, None]
     lane = tl.arange(0, 4)[None, :]
@@ -251,16 +305,17 @@ def _update_block(
     group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
     param_ptr = bases[0] + position
     first_ptr = bases[2] + position
-    grad = tl.load(bases[1] + position, mask=mask).to(tl.float32)
+    grad, value, first, second = loaded
+    grad = grad.to(tl.float32)
     if MAXIMIZE:
         grad = -grad
-    value = tl.load(param_ptr, mask=mask).to(tl.float32)
+    value = value.to(tl.float32)
     if ALGORITHM == 0:
         if DECAY:  # Adam's L2 decay
             grad = grad + value * scalar7
         second_ptr = bases[3] + position
-        exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
-        exp_avg_sq = tl.load(second_ptr, mask=mask).to(tl.float32)
+        exp_avg = first.to(tl.float32)
+        exp_avg_sq = second.to(tl.float32)
         value = value * scalar0
         exp_avg = exp_avg + (grad - exp_avg) * scalar1
         exp_avg_sq = exp_avg_sq * scalar2 + (scalar3 * grad) * grad
@@ -275,7 +330,7 @@ def _update_block(
             if OPTION >= 3:
                 buffer = grad
             else:
-                buffer = tl.load(first_ptr, mask=mask).to(tl.float32)
+                buffer = first.to(tl.float32)
                 buffer = buffer * scalar1 + scalar2 * grad
             if OPTION % 3 == 2:
                 grad = grad + scalar1 * buffer
@@ -284,7 +339,7 @@ def _update_block(
             _store(first_ptr, buffer, mask, seed, base + 1, group, lane, SR)
         value = value - scalar0 * grad
     else:
-        exp_avg = tl.load(first_ptr, mask=mask).to(tl.float32)
+        exp_avg = first.to(tl.float32)
         value = value * scalar0
         direction = exp_avg * scalar1 + scalar2 * grad
         # torch.sign: +0 for zeros and NaN
@@ -432,9 +487,12 @@ def _fused_step_impl(
     blocks = _block_table(numels, ROWS, BLOCKS, device)
     scalars = torch.empty((count, SCALARS), dtype=torch.float32, device=device)
     algorithm_code = ALGORITHMS.index(algorithm)
+    # the step kernel starts while the scalars kernel runs (it waits before reading the
+    # step counts and scalars): the launch gap between the two is hidden
+    dependent = _dependent_launch(device)
     _scalars_kernel[(count,)](
         steps[0], table, lr, _constants(tuple(constants), device), scalars,
-        ALGORITHM=algorithm_code,
+        ALGORITHM=algorithm_code, DEPENDENT=dependent,
     )  # fmt: skip
     _step_kernel[(blocks.shape[0],)](
         params[0],
@@ -452,8 +510,10 @@ def _fused_step_impl(
         OPTION=option,
         ROWS=ROWS,
         BLOCKS=BLOCKS,
+        DEPENDENT=dependent,
         num_warps=WARPS,
         enable_fp_fusion=False,
+        launch_pdl=dependent,
     )
 
 
@@ -466,6 +526,17 @@ _fused_step_op = torch.library.custom_op(
 def _(params, grads, states, steps, lr, algorithm, indices, constants, seed, sr, maximize,
       decay, option) -> None:  # fmt: skip
     return None
+
+
+@functools.lru_cache(maxsize=8)
+def _dependent_launch(device: torch.device) -> bool:
+    """Whether the step kernel can be a programmatic dependent launch (Hopper and later;
+    the interpreter has no such launch)."""
+    return (
+        device.type == "cuda"
+        and not INTERPRETED
+        and torch.cuda.get_device_capability(device) >= (9, 0)
+    )
 
 
 def _capturing() -> bool:
