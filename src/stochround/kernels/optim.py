@@ -192,7 +192,8 @@ def _step_kernel(
     DEPENDENT: tl.constexpr,
 ):
     """Update blocks ``b .. b + BLOCKS - 1`` of ``ROWS x 4`` elements of parameter t, for
-    ``blocks[program]`` = (t, b) (the table's scalars are read once for them).
+    ``blocks[program]`` = (t, b) (the table's scalars are read once for them; DEPENDENT: a
+    programmatic dependent launch, which waits for `_scalars_kernel` before reading them).
     The table's row t: element offsets of the parameter, gradient and two states from
     ``param_base``, ``grad_base`` and ``state_base`` (multiples of 16 bytes, which
     `fused_step` checks: a thread then loads a row of four elements as one vector and
@@ -231,8 +232,7 @@ def _step_kernel(
             block = first_block + i
             start = block * (ROWS * 4)
             if start < numel:
-                position = start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
-                mask = position < numel
+                mask = _block_position(start, ROWS) < numel
                 loaded = _load_block(bases, start, mask, ALGORITHM, OPTION, ROWS)
                 _update_block(bases, scalars, loaded, start, mask, seed, base, block,
                               ALGORITHM, SR, MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
@@ -261,12 +261,18 @@ def _parameter_scalars(step_base, row_ptr, scalars_ptr, tensor, DEPENDENT: tl.co
 
 
 @triton.jit
+def _block_position(start, ROWS: tl.constexpr):
+    """Element indices of the ``ROWS x 4`` block from ``start`` (a row: one Philox block)."""
+    return start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
+
+
+@triton.jit
 def _load_block(
     bases, start, mask, ALGORITHM: tl.constexpr, OPTION: tl.constexpr, ROWS: tl.constexpr
 ):
     """What the update of the ``ROWS x 4`` elements from ``start`` reads, as stored: the
     gradient, the parameter and the states it uses (the gradient stands in for the others)."""
-    position = start + tl.arange(0, ROWS)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    position = _block_position(start, ROWS)
     grad = tl.load(bases[1] + position, mask=mask)
     value = tl.load(bases[0] + position, mask=mask)
     first = grad
@@ -299,9 +305,8 @@ def _update_block(
     `_load_block` read of them (``bases``: its parameter, gradient and state pointers;
     ``mask`` None for a full block)."""
     scalar0, scalar1, scalar2, scalar3, scalar4, scalar5, scalar6, scalar7 = scalars
-    row = tl.arange(0, ROWS)[:, None]
     lane = tl.arange(0, 4)[None, :]
-    position = start + row * 4 + lane
+    position = _block_position(start, ROWS)
     group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
     param_ptr = bases[0] + position
     first_ptr = bases[2] + position
