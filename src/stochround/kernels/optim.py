@@ -17,7 +17,6 @@ does.  Bit-identical to the PyTorch path given the seed.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -26,6 +25,7 @@ from torch import Tensor
 
 from ..formats import format_of_dtype
 from .rounding import (
+    INTERPRETED,
     MODE_CODES,
     VARIANT_CODES,
     _format_constants,
@@ -42,7 +42,6 @@ ALGORITHMS = ("adamw", "sgd", "lion")
 # 2 x 4 with that prefetch; RESULTS.md).  The interpreter runs programs one after another,
 # so there large blocks cost far less; 2 blocks of 1024 rows a program make its tests
 # (20000 values) cover every branch: whole programs, a partial one, a block past the end
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ROWS = 1024 if INTERPRETED else 64
 WARPS = 2
 BLOCKS = 2 if INTERPRETED else 4
