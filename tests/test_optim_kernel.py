@@ -84,6 +84,19 @@ def test_fused_kernel_equals_the_pytorch_path(cls, kwargs, param_dtype, state_dt
                 assert torch.equal(_bits(mine_state[name]), _bits(their_state[name])), name
 
 
+# 0.00144949...: lr / (1 - b1^t) rounds to another float32 at steps 1 and 2 when lr is
+# first rounded to float32
+@pytest.mark.parametrize("lr", [0.0, 5e-324, 0.0014494910647887382, 2.0])
+def test_a_float_lr_reaches_the_kernel_exactly(lr):
+    """A float lr travels as its float64 bits (whatever their size): kernel == PyTorch path
+    (in float32 storage, where an ulp of a scalar shows in the parameters)."""
+    kwargs = {"lr": lr, "weight_decay": 0.1}
+    fused, _ = _run(AdamW, kwargs, torch.float32, torch.float32, "rne", "triton", 2)
+    torch_path, _ = _run(AdamW, kwargs, torch.float32, torch.float32, "rne", "torch", 2)
+    for mine, theirs in zip(fused, torch_path, strict=True):
+        assert torch.equal(_bits(mine), _bits(theirs))
+
+
 def test_fused_sr_depends_on_the_seed_and_rounds_to_bf16():
     params, _ = _run(AdamW, {"lr": 1e-3}, torch.bfloat16, torch.bfloat16, "sr", "triton", 1)
     other = _params(torch.bfloat16)

@@ -17,6 +17,7 @@ does.  Bit-identical to the PyTorch path given the seed.
 from __future__ import annotations
 
 import functools
+import struct
 
 import torch
 import triton
@@ -119,19 +120,22 @@ def _bias_power(squares_ptr, step):
     return tl.sum(left * right, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["lr_bits"])
 def _scalars_kernel(
     step_base,
     table_ptr,
     lr_ptr,
+    lr_bits,
     constants_ptr,
     scalars_ptr,
     ALGORITHM: tl.constexpr,
+    LR_TENSOR: tl.constexpr,
     DEPENDENT: tl.constexpr,
 ):
     """Advance parameter ``program``'s step count and write its row of float32 scalars:
-    `stochround.optim.updates`' ``*_scalars`` in float64 from the step, ``lr`` and the
-    group's constants (AdamW and Adam: b1, b2, eps, decoupled wd, the 32 ``power_squares``
+    `stochround.optim.updates`' ``*_scalars`` in float64 from the step, ``lr`` (at
+    ``lr_ptr`` with LR_TENSOR, else the float64 of bits ``lr_bits``) and the group's
+    constants (AdamW and Adam: b1, b2, eps, decoupled wd, the 32 ``power_squares``
     of b1 and of b2, L2 wd; SGD momentum, dampening, wd; Lion b1, b2, wd).  DEPENDENT: the
     step kernel is a programmatic dependent launch, which may start at once (it waits for
     this grid's writes before it reads them)."""
@@ -141,7 +145,10 @@ def _scalars_kernel(
     step_ptr = step_base + tl.load(table_ptr + tensor * COLUMNS + 6)
     step = tl.load(step_ptr) + 1
     tl.store(step_ptr, step)
-    lr = tl.load(lr_ptr).to(tl.float64)
+    if LR_TENSOR:
+        lr = tl.load(lr_ptr).to(tl.float64)
+    else:
+        lr = lr_bits.to(tl.int64).to(tl.float64, bitcast=True)
     row = scalars_ptr + tensor * SCALARS
     first = tl.load(constants_ptr)
     second = tl.load(constants_ptr + 1)
@@ -423,6 +430,7 @@ def fused_step(
     if not params:
         return
     device = params[0].device
+    lr_tensor, lr_value = None, 0.0
     if isinstance(lr, Tensor):
         # asked only for an lr off the device (torch.compile cannot trace the question)
         if lr.device != device and device.type == "cuda" and _capturing():
@@ -430,9 +438,9 @@ def fused_step(
                 f"lr must be a tensor on {device} to capture a step in a CUDA graph (a copy "
                 f"from {lr.device} cannot be captured); got an lr tensor on {lr.device}"
             )
-        lr = lr.reshape(()).to(device)
-    else:
-        lr = torch.full((), lr, dtype=torch.float64, device=device)
+        lr_tensor = lr.reshape(()).to(device)
+    else:  # a kernel argument: no tensor to fill on the device each step
+        lr_value = float(lr)
     # the custom op is the boundary torch.compile sees; eagerly its dispatch (version
     # counters of every tensor) would cost more host time than the launches
     launch = _fused_step_op if torch.compiler.is_compiling() else _fused_step_impl
@@ -441,7 +449,8 @@ def fused_step(
         grads,
         [tensor for slot in states for tensor in slot],
         steps,
-        lr,
+        lr_tensor,
+        lr_value,
         algorithm,
         indices,
         constants,
@@ -458,7 +467,8 @@ def _fused_step_impl(
     grads: list[Tensor],
     states: list[Tensor],
     steps: list[Tensor],
-    lr: Tensor,
+    lr_tensor: Tensor | None,
+    lr_value: float,
     algorithm: str,
     indices: list[int],
     constants: list[float],
@@ -468,7 +478,8 @@ def _fused_step_impl(
     decay: bool,
     option: int,
 ) -> None:
-    """`fused_step` with the states flattened slot by slot and ``lr`` a 0-d tensor."""
+    """`fused_step` with the states flattened slot by slot and the lr a 0-d tensor or, with
+    none, ``lr_value``."""
     count = len(params)
     slots = [states[i : i + count] for i in range(0, len(states), count)]
     state_lists = slots + [params] * (2 - len(slots))  # SGD without momentum: unused
@@ -495,8 +506,9 @@ def _fused_step_impl(
     # step counts and scalars): the launch gap between the two is hidden
     dependent = _dependent_launch(device)
     _scalars_kernel[(count,)](
-        steps[0], table, lr, _constants(tuple(constants), device), scalars,
-        ALGORITHM=algorithm_code, DEPENDENT=dependent,
+        steps[0], table, table if lr_tensor is None else lr_tensor, _float64_bits(lr_value),
+        _constants(tuple(constants), device), scalars,
+        ALGORITHM=algorithm_code, LR_TENSOR=lr_tensor is not None, DEPENDENT=dependent,
     )  # fmt: skip
     _step_kernel[(blocks.shape[0],)](
         params[0],
@@ -527,8 +539,8 @@ _fused_step_op = torch.library.custom_op(
 
 
 @_fused_step_op.register_fake
-def _(params, grads, states, steps, lr, algorithm, indices, constants, seed, sr, maximize,
-      decay, option) -> None:  # fmt: skip
+def _(params, grads, states, steps, lr_tensor, lr_value, algorithm, indices, constants, seed,
+      sr, maximize, decay, option) -> None:  # fmt: skip
     return None
 
 
@@ -546,6 +558,11 @@ def _dependent_launch(device: torch.device) -> bool:
 def _capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (never while compiling)."""
     return not torch.compiler.is_compiling() and torch.cuda.is_current_stream_capturing()
+
+
+def _float64_bits(value: float) -> int:
+    """The IEEE binary64 bits of ``value`` as a signed 64-bit integer."""
+    return struct.unpack("<q", struct.pack("<d", value))[0]
 
 
 def _as_int64(value: int) -> int:
