@@ -211,6 +211,7 @@ def test_round_infinity_and_nan():
     assert row(output, "none (chosen)")[1:] == ["inf", "0x7c"]
     output = ok("round", "nan", "--format", "e2m1")
     assert "NaN stays NaN" in output and "no NaN code" in output
+    assert "code 0 with nan='zero'" in output
 
 
 def test_round_accepts_float_syntax_and_negative_values():

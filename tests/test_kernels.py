@@ -259,6 +259,42 @@ def test_cuda_graph_replay_advances_the_offset() -> None:
         assert _same_bits(result, expected), step
 
 
+@pytest.mark.gpu
+def test_cuda_graph_captures_fp4_casts_with_nan_zero_and_refuses_the_nan_check() -> None:
+    """e2m1 has no NaN code: nan="zero" launches without reading anything back, so a graph
+    captures it (the offset advancing); nan="raise" cannot be captured and says so."""
+    x = torch.randn(64, 256, device="cuda") * 4
+    x[3, 5] = math.nan
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    out = torch.empty(64, 128, dtype=torch.float4_e2m1fn_x2, device="cuda")
+
+    def cast() -> None:
+        out.copy_(sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, offset=offset, nan="zero"))
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up compiles the kernels outside the capture
+            cast()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cast()
+        offset.add_(1)
+    results = []
+    for _ in range(3):
+        graph.replay()
+        results.append(out.clone())
+    torch.cuda.synchronize()
+    for step, result in enumerate(results):
+        expected = sr.cast(
+            x, torch.float4_e2m1fn_x2, "sr", seed=3, offset=step, nan="zero", backend="torch"
+        )
+        assert _same_bits(result, expected), step
+    with pytest.raises(ValueError, match="nan='zero'"), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3)
+
+
 @pytest.mark.parametrize("backend", ["triton", "torch"])
 def test_formats_without_nan_refuse_nan_on_both_backends(backend: str) -> None:
     x = torch.tensor([1.0, math.nan, 2.0, 3.0], device=DEVICE)
@@ -267,6 +303,27 @@ def test_formats_without_nan_refuse_nan_on_both_backends(backend: str) -> None:
             sr.encode(x, "e2m1", mode, sat="finite", backend=backend, **options)
     with pytest.raises(ValueError, match="no NaN code"):
         sr.cast(x * 100, torch.float4_e2m1fn_x2, "sr", seed=1, backend=backend)
+
+
+@pytest.mark.parametrize("sat", ["none", "finite"])
+@pytest.mark.parametrize("fmt_name", ["e2m1", "e2m3", "e3m2"])
+def test_nan_zero_kernels_equal_the_pytorch_path(fmt_name: str, sat: str) -> None:
+    """nan="zero": NaN results (NaN inputs, overflows with sat="none") are code 0 on both
+    backends, in every kernel (the SR codes kernels, their exact tiles, round to nearest)."""
+    x = _wide_fp32(2048, 11)[:4096]
+    specials = torch.tensor([math.nan, -math.nan, math.inf, -math.inf, 1e30, -7.0, 0.0, -0.0])
+    x = torch.cat([x, specials.to(x.device).repeat(8)]).reshape(32, -1)
+    for mode, options in (("sr", {"seed": 4}), ("sr", {"seed": 5, "rbits": 3, "variant": "a"}),
+                          ("rne", {})):  # fmt: skip
+        kernel = sr.encode(x, fmt_name, mode, sat=sat, nan="zero", backend="triton", **options)
+        torch_path = sr.encode(x, fmt_name, mode, sat=sat, nan="zero", backend="torch", **options)
+        assert torch.equal(kernel, torch_path)
+        assert (kernel[torch.isnan(x)] == 0).all()
+    packed = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=6, sat=sat, nan="zero", backend="triton")
+    expected = sr.cast(
+        x, torch.float4_e2m1fn_x2, "sr", seed=6, sat=sat, nan="zero", backend="torch"
+    )
+    assert _same_bits(packed, expected)
 
 
 def _clean_block(fmt: sr.Format, count: int, seed: int) -> torch.Tensor:

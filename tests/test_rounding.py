@@ -296,6 +296,22 @@ def test_encode_without_a_nan_code_refuses_nan() -> None:
     assert sr.encode(torch.tensor([1.0, 100.0]), "e2m1", sat="finite").tolist() == [2, 7]
 
 
+def test_nan_zero_stores_code_zero_only_where_the_format_has_no_nan_code() -> None:
+    x = torch.tensor([1.0, math.nan, -math.nan, 100.0, -100.0, -0.0, math.inf, -1.5])
+    # e2m1: NaN inputs and (sat="none") overflows and infinities are NaN results -> code 0
+    assert sr.encode(x, "e2m1", nan="zero").tolist() == [2, 0, 0, 0, 0, 8, 0, 11]
+    assert sr.encode(x, "e2m1", sat="finite", nan="zero").tolist() == [2, 0, 0, 7, 15, 8, 7, 11]
+    finite = x[[0, 5, 7]]
+    assert torch.equal(sr.encode(finite, "e2m1", nan="zero"), sr.encode(finite, "e2m1"))
+    # a format with a NaN code keeps it
+    nan_code = reference.encode_value(math.nan, "e4m3fn")
+    assert sr.encode(x, "e4m3fn", nan="zero")[1] == nan_code
+    with pytest.raises(ValueError, match="nan must be one of"):
+        sr.encode(x, "e2m1", nan="ignore")
+    with pytest.raises(ValueError, match="nan must be one of"):
+        sr.cast(x, torch.float4_e2m1fn_x2, nan=None)
+
+
 # --- bad input ----------------------------------------------------------------------------
 
 

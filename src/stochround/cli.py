@@ -427,7 +427,10 @@ def _round_special(
     if math.isnan(x):
         note = "NaN stays NaN in every mode"
         if not fmt.has_nan:
-            note += f" ({fmt.name} has no NaN code: encode() would refuse it)"
+            note += (
+                f" ({fmt.name} has no NaN code: encode() refuses it, or stores code 0 with "
+                "nan='zero')"
+            )
         console.print(note + ".", markup=False)
         return [(math.nan, Fraction(1))]
     rows = []

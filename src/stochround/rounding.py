@@ -28,6 +28,9 @@ from .formats import format as find_format
 from .reference import MODES, SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
 
 BACKENDS = ("auto", "torch", "triton")
+# what codes of a format without a NaN code hold for a NaN result: "raise" checks (a
+# ValueError; on CUDA the call waits for its kernel), "zero" stores code 0 (+0) unchecked
+NAN_POLICIES = ("raise", "zero")
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 OUTPUTS = ("value", "codes", "fp4x2", "fp6x4")
 # Below 2**-90 a fraction's only property that matters is being nonzero (n <= 32 bits).
@@ -219,6 +222,7 @@ class Request:
     offset: int | Tensor
     index_offset: int
     rand: Tensor | None
+    nan: str = "raise"  # NAN_POLICIES: codes of formats without a NaN code
 
 
 def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
@@ -256,6 +260,7 @@ def check_request(
     offset: int | Tensor,
     rand: Tensor | str | None,
     index_offset: int,
+    nan: str = "raise",
 ) -> Request:
     """Check every argument (ValueError/TypeError naming it); draw the seed if None."""
     check_input(x)
@@ -263,24 +268,25 @@ def check_request(
     check_choice("mode", mode, MODES)
     check_choice("variant", variant, VARIANTS)
     check_choice("sat", sat, SATURATIONS)
+    check_choice("nan", nan, NAN_POLICIES)
     n = check_rbits(rbits)
     if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
         raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
     if mode != "sr":
         if rbits is not None or rand is not None:
             raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
-        return Request(fmt, mode, sat, n, variant, "stream", 0, 0, index_offset, None)
+        return Request(fmt, mode, sat, n, variant, "stream", 0, 0, index_offset, None, nan)
     if isinstance(rand, str):
         if rand != "data":
             raise ValueError(f"rand must be an integer tensor or 'data'; got {rand!r}")
-        return Request(fmt, mode, sat, n, variant, "data", 0, 0, index_offset, None)
+        return Request(fmt, mode, sat, n, variant, "data", 0, 0, index_offset, None, nan)
     if rand is not None:
         checked = _check_rand(x, rand, n).expand(x.shape)
-        return Request(fmt, mode, sat, n, variant, "rand", 0, 0, index_offset, checked)
+        return Request(fmt, mode, sat, n, variant, "rand", 0, 0, index_offset, checked, nan)
     seed = streams.default_seed() if seed is None else seed
     streams.check_seed(seed, "seed")
     streams.check_seed(offset, "offset")
-    return Request(fmt, mode, sat, n, variant, "stream", seed, offset, index_offset, None)
+    return Request(fmt, mode, sat, n, variant, "stream", seed, offset, index_offset, None, nan)
 
 
 def random_integers(x: Tensor, request: Request, start: int = 0) -> Tensor:
@@ -314,15 +320,15 @@ def canonical_nan(dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.tensor(bits, dtype=integer, device=device).view(dtype)
 
 
-def _finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype) -> Tensor:
-    """Rounded values (compute dtype) to the requested output."""
+def _finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, nan: str) -> Tensor:
+    """Rounded values (compute dtype) to the requested output (``nan``: NAN_POLICIES)."""
     if output == "value":
         narrowed = values.to(out_dtype)
         nan = torch.isnan(values)
         if bool(nan.any()):
             narrowed = torch.where(nan, canonical_nan(out_dtype, values.device), narrowed)
         return narrowed
-    codes = encode_values(values, fmt)
+    codes = encode_values(values, fmt, nan)
     if output == "codes":
         return codes.to(_code_dtype(fmt.bits))
     return pack(codes.to(torch.uint8), 4 if output == "fp4x2" else 6)
@@ -342,7 +348,7 @@ def _round_torch(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         rounded = round_values(
             values, request.fmt, request.mode, request.sat, request.n, request.variant, r
         )
-        return _finish(rounded, request.fmt, output, out_dtype)
+        return _finish(rounded, request.fmt, output, out_dtype, request.nan)
 
     if x.device.type != "cpu" or flat.numel() <= _CPU_CHUNK:
         chunk = flat.numel()
@@ -402,7 +408,8 @@ def _round_to(
         request.rand,
         [fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.inf, fmt.subnormals, fmt.twos_complement],
         f"{fmt.nan}:{fmt.name}",
-        f"{request.mode}:{request.sat}:{request.variant}:{request.source}:{backend}:{output}",
+        f"{request.mode}:{request.sat}:{request.variant}:{request.source}:{backend}:{output}:"
+        f"{request.nan}",
         request.n,
         request.index_offset,
         out_dtype,
@@ -492,8 +499,8 @@ def _unflatten(
         twos_complement=bool(twos_complement),
         name=name,
     )
-    mode, sat, variant, source, backend, output = choices.split(":")
-    request = Request(fmt, mode, sat, n, variant, source, seed, offset, index_offset, rand)
+    mode, sat, variant, source, backend, output, nan = choices.split(":")
+    request = Request(fmt, mode, sat, n, variant, source, seed, offset, index_offset, rand, nan)
     return request, backend, output
 
 
@@ -501,6 +508,18 @@ def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
     """The one dispatch point between the PyTorch path and the Triton kernel."""
+    if (
+        output != "value"
+        and not request.fmt.has_nan
+        and request.nan == "raise"
+        and x.is_cuda
+        and torch.cuda.is_current_stream_capturing()
+    ):
+        raise ValueError(
+            f"format {request.fmt.name} has no NaN code: nan='raise' reads a NaN flag back from "
+            "the device, which a CUDA graph cannot capture; pass nan='zero' (NaN results "
+            "stored as code 0, unchecked) to capture this call"
+        )
     if backend == "torch" or (backend == "auto" and not x.is_cuda):
         return _round_torch(x, request, output, out_dtype)
     reason = _triton_unsupported(x, request, output)
@@ -636,9 +655,10 @@ def _code_dtype(bits: int) -> torch.dtype:
     return torch.int64
 
 
-def encode_values(values: Tensor, fmt: Format) -> Tensor:
-    """The codes of values of the format (float32 or float64), as int64 in [0, 2**bits)."""
-    if fmt.nan == "none" and bool(torch.isnan(values).any()):
+def encode_values(values: Tensor, fmt: Format, nan: str = "raise") -> Tensor:
+    """The codes of values of the format (float32 or float64), as int64 in [0, 2**bits).
+    NaN in a format without a NaN code: ValueError (``nan="raise"``) or code 0 ("zero")."""
+    if fmt.nan == "none" and nan == "raise" and bool(torch.isnan(values).any()):
         raise ValueError(
             f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN "
             "input or an overflow); use sat='finite' or filter the input"
@@ -662,10 +682,7 @@ def encode_values(values: Tensor, fmt: Format) -> Tensor:
     code = torch.where(torch.isinf(values), fmt.max_magnitude_code + 1, code)
     if fmt.signed:
         code = code | (torch.signbit(values).to(torch.int64) << magnitude_bits)
-    if fmt.has_nan:
-        nan_code = _nan_code(fmt)
-        code = torch.where(torch.isnan(values), nan_code, code)
-    return code
+    return torch.where(torch.isnan(values), _nan_code(fmt) if fmt.has_nan else 0, code)
 
 
 def _nan_code(fmt: Format) -> int:
@@ -690,14 +707,21 @@ def encode(
     rand: Tensor | str | None = None,
     index_offset: int = 0,
     backend: str = "auto",
+    nan: str = "raise",
 ) -> Tensor:
     """Round x to ``fmt`` (as `round`) and return the bit patterns.
 
     Codes are uint8 for formats of at most 8 bits, else int16/int32/int64 holding the bit
     pattern as `Tensor.view` would (``encode(x, "bf16") == x.to(bf16).view(int16)``).
-    NaN becomes the canonical quiet NaN code; a format without NaN raises ValueError.
+    NaN becomes the canonical quiet NaN code.  In a format without a NaN code (e2m1, e2m3,
+    e3m2), a NaN result (a NaN input, or an overflow with ``sat="none"``) raises ValueError
+    with ``nan="raise"``, for which a CUDA call waits for its kernel and reads a flag back
+    (no CUDA-graph capture); ``nan="zero"`` stores code 0 (+0) for it, unchecked and
+    asynchronous (with ``sat="finite"`` only NaN inputs are affected).
     """
-    request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
+    request = check_request(
+        x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset, nan
+    )
     return _round_to(x, request, backend, "codes", torch.uint8)
 
 
@@ -814,17 +838,21 @@ def cast(
     rand: Tensor | str | None = None,
     index_offset: int = 0,
     backend: str = "auto",
+    nan: str = "raise",
 ) -> Tensor:
     """Round x to the format of a torch dtype and return the result in that dtype.
 
     8-bit float dtypes hold the format's codes (`encode`); ``float4_e2m1fn_x2`` packs two
     e2m1 codes per byte along the last dimension (which must be even), the first in the
-    low nibble.
+    low nibble.  ``nan``: what e2m1, which has no NaN code, holds for a NaN result, as in
+    `encode` ("raise": ValueError, the call synchronizes; "zero": code 0, asynchronous).
     """
     if dtype not in CAST_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(map(str, CAST_DTYPES))}; got {dtype}")
     fmt = format_of_dtype(dtype)
-    request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
+    request = check_request(
+        x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset, nan
+    )
     if fmt.bits == 4:
         if x.dim() == 0 or x.shape[-1] % 2:
             raise ValueError("float4_e2m1fn_x2 packs pairs: x's last dimension must be even")

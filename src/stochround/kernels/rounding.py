@@ -826,7 +826,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     rand = request.rand
     if rand is not None:
         rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
-    check_nan = output != "value" and not fmt.has_nan
+    check_nan = output != "value" and not fmt.has_nan and request.nan == "raise"
     nan_possible = check_nan
     common = dict(
         FROM_TENSORS=from_tensors,
@@ -863,8 +863,9 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         _sr_codes_kernel[(programs,)](
             x, buffer, flag, *stream, FAST_MIN_BITS=_fast_min_bits(fmt), **codes, num_warps=warps
         )
-        # a format without NaN synchronizes anyway: it reads the number of listed tiles
-        # first, and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
+        # the NaN check (a format without NaN, nan="raise") synchronizes anyway: it reads
+        # the number of listed tiles first, and only listed tiles can hold NaN (no tile:
+        # no exact kernel, no flag read)
         if check_nan:
             nan_possible = int(flag[1].item()) > 0
         if nan_possible or not check_nan:
