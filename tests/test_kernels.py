@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -234,27 +235,37 @@ def test_torch_compile_fullgraph_traces_and_still_rounds_stochastically() -> Non
     assert not _same_bits(other, (x * 2).to(torch.bfloat16) + 1)
 
 
-@pytest.mark.gpu
-def test_cuda_graph_replay_advances_the_offset() -> None:
-    x = torch.randn(8192, device="cuda")
-    offset = torch.zeros((), dtype=torch.int64, device="cuda")
-    out = torch.empty(8192, dtype=torch.bfloat16, device="cuda")
+def _graph_replays(step: Callable[[], None], offset: torch.Tensor, out: torch.Tensor) -> list:
+    """``out`` after each of three replays of a CUDA graph of ``step`` and ``offset += 1``
+    (two warm-up calls on a side stream first compile the kernels outside the capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(2):  # warm-up compiles the kernel outside the capture
-            out.copy_(sr.cast(x, torch.bfloat16, "sr", seed=3, offset=offset))
+        for _ in range(2):
+            step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out.copy_(sr.cast(x, torch.bfloat16, "sr", seed=3, offset=offset))
+        step()
         offset.add_(1)
     results = []
     for _ in range(3):
         graph.replay()
         results.append(out.clone())
     torch.cuda.synchronize()
-    for step, result in enumerate(results):
+    return results
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_advances_the_offset() -> None:
+    x = torch.randn(8192, device="cuda")
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    out = torch.empty(8192, dtype=torch.bfloat16, device="cuda")
+
+    def cast() -> None:
+        out.copy_(sr.cast(x, torch.bfloat16, "sr", seed=3, offset=offset))
+
+    for step, result in enumerate(_graph_replays(cast, offset, out)):
         expected = sr.cast(x, torch.bfloat16, "sr", seed=3, offset=step, backend="torch")
         assert _same_bits(result, expected), step
 
@@ -271,22 +282,7 @@ def test_cuda_graph_captures_fp4_casts_with_nan_zero_and_refuses_the_nan_check()
     def cast() -> None:
         out.copy_(sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, offset=offset, nan="zero"))
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # warm-up compiles the kernels outside the capture
-            cast()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cast()
-        offset.add_(1)
-    results = []
-    for _ in range(3):
-        graph.replay()
-        results.append(out.clone())
-    torch.cuda.synchronize()
-    for step, result in enumerate(results):
+    for step, result in enumerate(_graph_replays(cast, offset, out)):
         expected = sr.cast(
             x, torch.float4_e2m1fn_x2, "sr", seed=3, offset=step, nan="zero", backend="torch"
         )
