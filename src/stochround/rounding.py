@@ -324,9 +324,9 @@ def _finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, na
     """Rounded values (compute dtype) to the requested output (``nan``: NAN_POLICIES)."""
     if output == "value":
         narrowed = values.to(out_dtype)
-        nan = torch.isnan(values)
-        if bool(nan.any()):
-            narrowed = torch.where(nan, canonical_nan(out_dtype, values.device), narrowed)
+        is_nan = torch.isnan(values)
+        if bool(is_nan.any()):
+            narrowed = torch.where(is_nan, canonical_nan(out_dtype, values.device), narrowed)
         return narrowed
     codes = encode_values(values, fmt, nan)
     if output == "codes":
@@ -659,10 +659,7 @@ def encode_values(values: Tensor, fmt: Format, nan: str = "raise") -> Tensor:
     """The codes of values of the format (float32 or float64), as int64 in [0, 2**bits).
     NaN in a format without a NaN code: ValueError (``nan="raise"``) or code 0 ("zero")."""
     if fmt.nan == "none" and nan == "raise" and bool(torch.isnan(values).any()):
-        raise ValueError(
-            f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN "
-            "input or an overflow); use sat='finite' or filter the input"
-        )
+        raise nan_without_code(fmt)
     if fmt.twos_complement:
         integers = torch.nan_to_num(values / float(fmt.ulp_at_emin)).to(torch.int64)
         return torch.remainder(integers, fmt.num_codes)
@@ -683,6 +680,15 @@ def encode_values(values: Tensor, fmt: Format, nan: str = "raise") -> Tensor:
     if fmt.signed:
         code = code | (torch.signbit(values).to(torch.int64) << magnitude_bits)
     return torch.where(torch.isnan(values), _nan_code(fmt) if fmt.has_nan else 0, code)
+
+
+def nan_without_code(fmt: Format) -> ValueError:
+    """The error for NaN results in a format without a NaN code (nan="raise")."""
+    return ValueError(
+        f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN input "
+        "or an overflow); use sat='finite' or filter the input, or pass nan='zero' to store "
+        "code 0 for them"
+    )
 
 
 def _nan_code(fmt: Format) -> int:

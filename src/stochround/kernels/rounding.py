@@ -36,7 +36,14 @@ from torch import Tensor
 from ..formats import Format, format_of_dtype
 from ..random import seed_tensor
 from ..reference import MODES, VARIANTS
-from ..rounding import OUTPUTS, Request, _nan_code, _output_shape, _overflow_value
+from ..rounding import (
+    OUTPUTS,
+    Request,
+    _nan_code,
+    _output_shape,
+    _overflow_value,
+    nan_without_code,
+)
 from .philox import data_word, four_words, random_word
 
 # Kernels receive choices as their index: MODE in reference.MODES (rne, rna, rz, ru, rd,
@@ -901,10 +908,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             **common,
         )
     if nan_possible and bool(flag[0].item()):
-        raise ValueError(
-            f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN "
-            "input or an overflow); use sat='finite' or filter the input"
-        )
+        raise nan_without_code(fmt)
     return out
 
 
