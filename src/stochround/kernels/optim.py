@@ -505,6 +505,7 @@ def _fused_step_impl(
     # the step kernel starts while the scalars kernel runs (it waits before reading the
     # step counts and scalars): the launch gap between the two is hidden
     dependent = _dependent_launch(device)
+    # without an lr tensor the kernel reads the bits; the table stands in for the pointer
     _scalars_kernel[(count,)](
         steps[0], table, table if lr_tensor is None else lr_tensor, _float64_bits(lr_value),
         _constants(tuple(constants), device), scalars,
