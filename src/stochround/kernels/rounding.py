@@ -425,7 +425,10 @@ def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS
             value = code.to(tl.int16)
             mask = position < count
         else:
-            pointer = out_ptr + row
+            # each thread's rows lie 32 x warps apart, so a warp's store of one word per
+            # row is contiguous: said so (contiguity 1), the compiler stores the words
+            # where they are instead of moving them through shared memory to vectorize
+            pointer = out_ptr + tl.max_contiguous(row, 1)
             value = tl.sum(code << (lane * (8 if OUTPUT == 1 else 4)), axis=1)
             value = value.to(tl.int32 if OUTPUT == 1 else tl.int16)
             mask = row < rows
