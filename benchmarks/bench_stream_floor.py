@@ -1,12 +1,19 @@
-"""The practical floor of an AdamW step's memory traffic on this GPU, beside our step.
+"""The practical floor of our kernels' memory traffic on this GPU, beside our kernels.
 
-A Triton kernel that only streams what an AdamW step with bf16 parameters and states must
-move (reads p, g, m, v; writes p, m, v; 14 bytes per element, one trivial add each)
-over flat buffers as large as the optimizer benchmark's 16 x 4096**2 parameters, with a
-few launch configurations; then stochround's AdamW (bf16 states, "sr" and "rne") over 16
-tensors of 4096**2; all against the device copy of the same run (the floor of
-`bench_optim.py`: 14 bytes per parameter at the copy bandwidth).  It answers how close to
-the floor any step can come, so that a peer ratio at the floor can be judged.
+Optimizer: a Triton kernel that only streams what an AdamW step with bf16 parameters and
+states must move (reads p, g, m, v; writes p, m, v; 14 bytes per element, one trivial add
+each) over flat buffers as large as the optimizer benchmark's 16 x 4096**2 parameters,
+with a few launch configurations; then stochround's AdamW (bf16 states, "sr" and "rne")
+over 16 tensors of 4096**2; against the device copy of the same run (the floor of
+`bench_optim.py`: 14 bytes per parameter at the copy bandwidth).
+
+Casts: a Triton kernel that reads 2**28 fp32 values and writes what a cast to bf16 (2
+bytes a value), to fp8 codes (1 byte) or to packed fp4 (1 byte per 2 values) writes, the
+output bits cut from the input's with one shift (no rounding, no random bits), with a few
+launch configurations; then stochround's SR casts of the same values to those formats.
+
+Both answer how close to the bytes any kernel can come, so that a peer ratio or a
+percentage of the copy bandwidth can be judged against what the memory allows.
 
     python benchmarks/bench_stream_floor.py        # on the GPU (CUDA only)
 """
@@ -26,6 +33,14 @@ import stochround
 
 # (elements a program, warps)
 LAUNCHES = ((1024, 4), (2048, 4), (2048, 8), (4096, 8))
+CAST_LAUNCHES = ((2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8))
+CAST_LOG2N = 28
+# what each cast writes: (label, values per output element, output dtype, stochround cast)
+CASTS = (
+    ("bf16", 1, torch.bfloat16, {"dtype": torch.bfloat16}),
+    ("fp8 e4m3fn codes", 1, torch.uint8, {"dtype": torch.float8_e4m3fn}),
+    ("fp4 e2m1 packed", 2, torch.uint8, {"dtype": torch.float4_e2m1fn_x2, "nan": "zero"}),
+)
 
 
 @triton.jit
@@ -39,6 +54,24 @@ def _stream_kernel(p_ptr, g_ptr, m_ptr, v_ptr, BLOCK: tl.constexpr):
     tl.store(m_ptr + position, (m + g).to(tl.bfloat16))
     tl.store(v_ptr + position, (v + g).to(tl.bfloat16))
     tl.store(p_ptr + position, (p + g).to(tl.bfloat16))
+
+
+@triton.jit
+def _cast_stream_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, PAIRS: tl.constexpr):
+    """Read BLOCK fp32 values a program and write a cast's bytes: the top bits of each
+    value (16 for a bf16 output, 8 for a byte), or with PAIRS the top 4 bits of two
+    neighbours in one byte (packed fp4)."""
+    position = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    bits = tl.load(x_ptr + position).to(tl.uint32, bitcast=True)
+    if PAIRS:
+        low, high = tl.split(tl.reshape(bits, (BLOCK // 2, 2)))
+        byte = (low >> 28) | ((high >> 24) & 0xF0)
+        pair = tl.program_id(0).to(tl.int64) * (BLOCK // 2) + tl.arange(0, BLOCK // 2)
+        tl.store(out_ptr + pair, byte.to(tl.uint8))
+    elif out_ptr.dtype.element_ty == tl.uint8:
+        tl.store(out_ptr + position, (bits >> 24).to(tl.uint8))
+    else:
+        tl.store(out_ptr + position, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True))
 
 
 def median_us(function, device: torch.device) -> float:
@@ -84,25 +117,76 @@ def adamw_rows(count: int, dim: int, device: torch.device) -> list[tuple[str, fl
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=16, help="tensors (16)")
-    parser.add_argument("--dim", type=int, default=4096, help="each dim x dim (4096)")
-    args = parser.parse_args()
-    device = torch.device("cuda")
-    numel = args.count * args.dim * args.dim
-    if numel % LAUNCHES[-1][0]:
-        parser.error(f"count x dim**2 must be a multiple of {LAUNCHES[-1][0]}")
-    copy = copy_us(device)
+def cast_rows(device: torch.device) -> list[tuple[str, float, float]]:
+    """(label, median us, bytes moved) of the cast stream kernel for each cast and launch,
+    then of stochround's SR cast (triton backend, fixed seed) of the same values."""
+    x = torch.randn(2**CAST_LOG2N, device=device)
+    rows = []
+    for label, per_output, dtype, cast in CASTS:
+        out = torch.empty(x.numel() // per_output, dtype=dtype, device=device)
+        moved = x.numel() * (4 + out.element_size() / per_output)
+        for block, warps in CAST_LAUNCHES:
+            grid = (x.numel() // block,)
+            time_us = median_us(
+                lambda b=block, w=warps, n=grid, o=out, p=per_output: _cast_stream_kernel[n](
+                    x, o, BLOCK=b, PAIRS=p == 2, num_warps=w
+                ),
+                device,
+            )
+            rows.append((f"stream to {label}, {block} a program, {warps} warps", time_us, moved))
+        options = dict(cast)
+        target = options.pop("dtype")
+        time_us = median_us(
+            lambda t=target, o=options: stochround.cast(x, t, "sr", seed=1, backend="triton", **o),
+            device,
+        )
+        notes = "".join(f", {key}={value!r}" for key, value in options.items())
+        rows.append((f"stochround cast to {label}, SR{notes}", time_us, moved))
+    return rows
+
+
+def optim_table(count: int, dim: int, copy: float, device: torch.device) -> Table:
+    """The optimizer's stream rows and our steps against 14 B/param at the copy bandwidth."""
+    numel = count * dim * dim
     floor_us = 14 * numel / (2**28 * 8 / copy)
-    rows = stream_rows(numel, device) + adamw_rows(args.count, args.dim, device)
     table = Table(title=f"{device_description(device).get('gpu')}: copy {copy:.1f} us")
     for header in ("what", "median us", "x floor"):
         table.add_column(header)
     table.add_row("floor: 14 B/param at the copy bandwidth", f"{floor_us:.1f}", "1.000")
-    for label, time_us in rows:
+    for label, time_us in stream_rows(numel, device) + adamw_rows(count, dim, device):
         table.add_row(label, f"{time_us:.1f}", f"{time_us / floor_us:.3f}")
-    Console(width=100).print(table)
+    return table
+
+
+def cast_table(copy: float, device: torch.device) -> Table:
+    """The casts' stream rows and our SR casts against their bytes at the copy bandwidth."""
+    copy_bandwidth = 2**28 * 8 / copy
+    table = Table(title=f"casts of 2**{CAST_LOG2N} fp32 values: copy {copy:.1f} us")
+    for header in ("what", "median us", "bytes at copy bw, us", "% of copy bw"):
+        table.add_column(header)
+    for label, time_us, moved in cast_rows(device):
+        at_copy = moved / copy_bandwidth
+        table.add_row(label, f"{time_us:.1f}", f"{at_copy:.1f}", f"{100 * at_copy / time_us:.1f}")
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=16, help="tensors (16)")
+    parser.add_argument("--dim", type=int, default=4096, help="each dim x dim (4096)")
+    parser.add_argument(
+        "--part", choices=("all", "optim", "casts"), default="all", help="what to run (all)"
+    )
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    if args.count * args.dim * args.dim % LAUNCHES[-1][0]:
+        parser.error(f"count x dim**2 must be a multiple of {LAUNCHES[-1][0]}")
+    copy = copy_us(device)
+    console = Console(width=100)
+    if args.part != "casts":
+        console.print(optim_table(args.count, args.dim, copy, device))
+    if args.part != "optim":
+        console.print(cast_table(copy, device))
 
 
 if __name__ == "__main__":
