@@ -569,6 +569,7 @@ def _sr_codes_kernel(
     HAS_NEGATIVE_ZERO: tl.constexpr,
     MAX_CODE: tl.constexpr,
     FAST_MIN_BITS: tl.constexpr,
+    CODE_IN_ADDEND: tl.constexpr,
     OUTPUT: tl.constexpr,
     ALIGNED: tl.constexpr,
     ROWS: tl.constexpr,
@@ -583,8 +584,10 @@ def _sr_codes_kernel(
     bits of 2**(emin - 9 - mbits); zero and fp32 subnormals too) kept is 0 and away iff
     count + r >= 2**n, count the floor (a) or half-even (c) rounding of nu 2**n: the same
     high word of count + (r << (32 - n)), count = nu 2**32 rounded in fp32 (for a, floor
-    of nu 2**32 then floor by n bits is floor of nu 2**n).  A program whose codes do not
-    overflow (no infinity or NaN either) stores them; any other leaves its tile to
+    of nu 2**32 then floor by n bits is floor of nu 2**n).  The code of 2**max(e, emin) is
+    added to the high word, or with CODE_IN_ADDEND carried in the addend's high word (the
+    same sum).  A program whose codes do not overflow (no infinity or NaN either) stores
+    them; any other leaves its tile to
     `_exact_codes_kernel`, appending its number to the list at ``flag_ptr + 2`` (length at
     ``flag_ptr + 1``)."""
     program = tl.program_id(0)
@@ -624,8 +627,12 @@ def _sr_codes_kernel(
         nu_count = tl.minimum(scaled, 8388608.0).to(tl.int32)
     m = tl.where(magnitude < FAST_MIN_BITS, nu_count, (bits & 0x7FFFFF) | 0x800000)
     noise = (word & (((1 << NBITS) - 1) << (32 - NBITS))).to(tl.uint64)  # r << (32 - n)
-    total = ((m.to(tl.uint32).to(tl.uint64) * weight + noise) >> 32).to(tl.int32)
-    code = ((tl.maximum(exponent, EMIN + 127) + (BIAS - 128)) << MBITS) + total
+    base = (tl.maximum(exponent, EMIN + 127) + (BIAS - 128)) << MBITS  # code of 2**max(e, emin)
+    wide = m.to(tl.uint32).to(tl.uint64) * weight
+    if CODE_IN_ADDEND:  # the base in the addend's high word: the sum's high word is the code
+        code = ((wide + ((base.to(tl.uint32).to(tl.uint64) << 32) | noise)) >> 32).to(tl.int32)
+    else:
+        code = base + ((wide + noise) >> 32).to(tl.int32)
     if tl.max(code) <= MAX_CODE:
         code = code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO)
         _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
@@ -871,7 +878,16 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             **{**common, "ROWS": rows},
         )
         _sr_codes_kernel[(programs,)](
-            x, buffer, flag, *stream, FAST_MIN_BITS=_fast_min_bits(fmt), **codes, num_warps=warps
+            x,
+            buffer,
+            flag,
+            *stream,
+            FAST_MIN_BITS=_fast_min_bits(fmt),
+            # the same sum either way; the compiler schedules the binary16 result faster
+            # with the base in the addend, fp8 and fp4 codes with it added after (H100)
+            CODE_IN_ADDEND=output == "value",
+            **codes,
+            num_warps=warps,
         )
         # the NaN check (a format without NaN, nan="raise") synchronizes anyway: it reads
         # the number of listed tiles first, and only listed tiles can hold NaN (no tile:
