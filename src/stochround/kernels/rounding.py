@@ -587,9 +587,8 @@ def _sr_codes_kernel(
     of nu 2**32 then floor by n bits is floor of nu 2**n).  The code of 2**max(e, emin) is
     added to the high word, or with CODE_IN_ADDEND carried in the addend's high word (the
     same sum).  A program whose codes do not overflow (no infinity or NaN either) stores
-    them; any other leaves its tile to
-    `_exact_codes_kernel`, appending its number to the list at ``flag_ptr + 2`` (length at
-    ``flag_ptr + 1``)."""
+    them; any other leaves its tile to `_exact_codes_kernel`, appending its number to the
+    list at ``flag_ptr + 2`` (length at ``flag_ptr + 1``)."""
     program = tl.program_id(0)
     if WIDE:
         program = program.to(tl.int64)
