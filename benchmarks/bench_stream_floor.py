@@ -35,11 +35,14 @@ import stochround
 LAUNCHES = ((1024, 4), (2048, 4), (2048, 8), (4096, 8))
 CAST_LAUNCHES = ((2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8))
 CAST_LOG2N = 28
-# what each cast writes: (label, values per output element, output dtype, stochround cast)
+COPY_LOG2N = 28
+COPY_BYTES = 8 * 2**COPY_LOG2N  # what the device copy moves: fp32 read and written
+# (label, values per output element, what the stream kernel writes, stochround's target
+# dtype, its further keywords)
 CASTS = (
-    ("bf16", 1, torch.bfloat16, {"dtype": torch.bfloat16}),
-    ("fp8 e4m3fn codes", 1, torch.uint8, {"dtype": torch.float8_e4m3fn}),
-    ("fp4 e2m1 packed", 2, torch.uint8, {"dtype": torch.float4_e2m1fn_x2, "nan": "zero"}),
+    ("bf16", 1, torch.bfloat16, torch.bfloat16, {}),
+    ("fp8 e4m3fn codes", 1, torch.uint8, torch.float8_e4m3fn, {}),
+    ("fp4 e2m1 packed", 2, torch.uint8, torch.float4_e2m1fn_x2, {"nan": "zero"}),
 )
 
 
@@ -79,8 +82,8 @@ def median_us(function, device: torch.device) -> float:
 
 
 def copy_us(device: torch.device) -> float:
-    """The device copy of 2**28 fp32 values (8 bytes moved an element)."""
-    source = torch.randn(2**28, device=device)
+    """The device copy of 2**COPY_LOG2N fp32 values (COPY_BYTES moved)."""
+    source = torch.randn(2**COPY_LOG2N, device=device)
     destination = torch.empty_like(source)
     return median_us(lambda: destination.copy_(source), device)
 
@@ -122,7 +125,7 @@ def cast_rows(device: torch.device) -> list[tuple[str, float, float]]:
     then of stochround's SR cast (triton backend, fixed seed) of the same values."""
     x = torch.randn(2**CAST_LOG2N, device=device)
     rows = []
-    for label, per_output, dtype, cast in CASTS:
+    for label, per_output, dtype, target, options in CASTS:
         out = torch.empty(x.numel() // per_output, dtype=dtype, device=device)
         moved = x.numel() * (4 + out.element_size() / per_output)
         for block, warps in CAST_LAUNCHES:
@@ -134,8 +137,6 @@ def cast_rows(device: torch.device) -> list[tuple[str, float, float]]:
                 device,
             )
             rows.append((f"stream to {label}, {block} a program, {warps} warps", time_us, moved))
-        options = dict(cast)
-        target = options.pop("dtype")
         time_us = median_us(
             lambda t=target, o=options: stochround.cast(x, t, "sr", seed=1, backend="triton", **o),
             device,
@@ -148,7 +149,7 @@ def cast_rows(device: torch.device) -> list[tuple[str, float, float]]:
 def optim_table(count: int, dim: int, copy: float, device: torch.device) -> Table:
     """The optimizer's stream rows and our steps against 14 B/param at the copy bandwidth."""
     numel = count * dim * dim
-    floor_us = 14 * numel / (2**28 * 8 / copy)
+    floor_us = 14 * numel / (COPY_BYTES / copy)
     table = Table(title=f"{device_description(device).get('gpu')}: copy {copy:.1f} us")
     for header in ("what", "median us", "x floor"):
         table.add_column(header)
@@ -160,12 +161,11 @@ def optim_table(count: int, dim: int, copy: float, device: torch.device) -> Tabl
 
 def cast_table(copy: float, device: torch.device) -> Table:
     """The casts' stream rows and our SR casts against their bytes at the copy bandwidth."""
-    copy_bandwidth = 2**28 * 8 / copy
     table = Table(title=f"casts of 2**{CAST_LOG2N} fp32 values: copy {copy:.1f} us")
     for header in ("what", "median us", "bytes at copy bw, us", "% of copy bw"):
         table.add_column(header)
     for label, time_us, moved in cast_rows(device):
-        at_copy = moved / copy_bandwidth
+        at_copy = moved / (COPY_BYTES / copy)
         table.add_row(label, f"{time_us:.1f}", f"{at_copy:.1f}", f"{100 * at_copy / time_us:.1f}")
     return table
 
