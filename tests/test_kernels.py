@@ -438,3 +438,16 @@ def test_codes_fast_path_far_below_the_smallest_subnormal() -> None:
         kernel = sr.encode(tiny, "e4m3fn", "sr", backend="triton", **options)
         torch_path = sr.encode(tiny, "e4m3fn", "sr", backend="torch", **options)
         assert torch.equal(kernel, torch_path)
+
+
+def test_launch_grid_arithmetic_equals_tritons() -> None:
+    """The launchers' plain-int cdiv and next_power_of_2 give Triton's values."""
+    import triton
+
+    from stochround.kernels.grid import cdiv, next_power_of_2
+
+    sizes = [*range(1, 70), 2**20 - 1, 2**20, 2**20 + 1, 2**28, 2**31 + 5, 2**40 + 3]
+    for a, b in itertools.product([0, *sizes], [1, 2, 3, 4, 7, 1024, 4096]):
+        assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    for n in sizes:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n

@@ -52,6 +52,7 @@ from torch import Tensor
 
 from ..formats import Format
 from ..random import seed_tensor
+from .grid import cdiv, next_power_of_2
 from .philox import _to_u64, four_words, random_word
 from .rounding import (
     INPUT_DTYPES,
@@ -612,10 +613,10 @@ def matmul_triton(
     blocked = order == "blocked" and inner > block
     accumulator = format_constants(fmt, mode, sat)
     if INTERPRETED:  # no larger than needed: the interpreter computes every lane
-        tile_rows = min(INTERPRETER_ROWS, triton.next_power_of_2(-(-count // 4)))
+        tile_rows = min(INTERPRETER_ROWS, next_power_of_2(cdiv(count, 4)))
     else:
         tile_rows = GPU_ROWS
-    _matmul_kernel[(triton.cdiv(count, tile_rows * 4),)](
+    _matmul_kernel[(cdiv(count, tile_rows * 4),)](
         a3,
         b3,
         out,

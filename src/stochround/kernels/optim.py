@@ -25,6 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..formats import format_of_dtype
+from .grid import cdiv
 from .rounding import (
     INTERPRETED,
     MODE_CODES,
@@ -367,7 +368,7 @@ def _block_table(numels: tuple[int, ...], rows: int, blocks: int, device: torch.
     ``rows x 4`` elements, parameter by parameter (cached: the parameters' sizes stay the
     same from step to step)."""
     per_program = rows * 4 * blocks
-    counts = torch.tensor([triton.cdiv(n, per_program) for n in numels], dtype=torch.int64)
+    counts = torch.tensor([cdiv(n, per_program) for n in numels], dtype=torch.int64)
     tensor = torch.repeat_interleave(torch.arange(len(numels)), counts)
     starts = torch.cumsum(counts, 0) - counts
     program = torch.arange(int(counts.sum())) - torch.repeat_interleave(starts, counts)

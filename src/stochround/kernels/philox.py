@@ -28,6 +28,7 @@ from triton.language import core as triton_core  # to_tensor; a global so the in
 
 from .. import random as _random
 from ..random import _bit_pattern, _check_index, seed_tensor
+from .grid import cdiv
 
 __all__ = [
     "data_word",
@@ -195,7 +196,7 @@ def random_words_triton(
     out = torch.empty_like(flat)
     count = flat.numel()
     if count:
-        grid = (triton.cdiv(count, block),)
+        grid = (cdiv(count, block),)
         _random_words_kernel[grid](flat, out, seed_value, offset_value, count, BLOCK=block)
     return out.reshape(index.shape)
 
@@ -213,6 +214,6 @@ def data_words_triton(bits: Tensor, index: Tensor, block: int = 1024) -> Tensor:
     out = torch.empty_like(flat_index)
     count = flat_index.numel()
     if count:
-        grid = (triton.cdiv(count, block),)
+        grid = (cdiv(count, block),)
         _data_words_kernel[grid](bits, flat_index, out, count, BLOCK=block)
     return out.reshape(index.shape)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import torch
 import triton
@@ -44,6 +46,7 @@ from ..rounding import (
     _overflow_value,
     nan_without_code,
 )
+from .grid import cdiv, next_power_of_2
 from .philox import data_word, four_words, random_word
 
 # Kernels receive choices as their index: MODE in reference.MODES (rne, rna, rz, ru, rd,
@@ -771,33 +774,47 @@ def bf16_sr(bits, word, NBITS: tl.constexpr, SATURATION: tl.constexpr):
     return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
-def _overflow_bits(fmt: Format, mode: str, sat: str) -> dict[str, int]:
-    return {
-        "OVERFLOW_POSITIVE": fp32_bits(_overflow_value(False, False, fmt, mode, sat)),
-        "OVERFLOW_NEGATIVE": fp32_bits(_overflow_value(True, False, fmt, mode, sat)),
-        "INFINITY_POSITIVE": fp32_bits(_overflow_value(False, True, fmt, mode, sat)),
-        "INFINITY_NEGATIVE": fp32_bits(_overflow_value(True, True, fmt, mode, sat)),
-    }
+# launch constants are cached per format and choices (read-only mappings: calls unpack them)
+@functools.cache
+def _overflow_bits(fmt: Format, mode: str, sat: str) -> Mapping[str, int]:
+    return MappingProxyType(
+        {
+            "OVERFLOW_POSITIVE": fp32_bits(_overflow_value(False, False, fmt, mode, sat)),
+            "OVERFLOW_NEGATIVE": fp32_bits(_overflow_value(True, False, fmt, mode, sat)),
+            "INFINITY_POSITIVE": fp32_bits(_overflow_value(False, True, fmt, mode, sat)),
+            "INFINITY_NEGATIVE": fp32_bits(_overflow_value(True, True, fmt, mode, sat)),
+        }
+    )
 
 
-def _format_constants(fmt: Format) -> dict[str, int]:
+def _layout_constants(fmt: Format) -> dict[str, int]:
+    """What every rounding kernel needs of a format's layout."""
     return {
         "MBITS": fmt.mbits,
         "EMIN": fmt.emin,
         "BIAS": fmt.bias,
-        "HAS_ZERO": fmt.has_zero,
         "HAS_NEGATIVE_ZERO": fmt.has_negative_zero,
-        "MAX_BITS": fp32_bits(fmt.max),
-        # negative results beyond this magnitude overflow; -1: every negative value does
-        "NEGATIVE_LIMIT_BITS": fp32_bits(abs(fmt.lowest)) if fmt.lowest <= 0 else -1,
-        "MIN_NORMAL_BITS": fp32_bits(fmt.min_normal),
-        "EBITS": fmt.ebits,
-        "SIGNED": fmt.signed,
-        "TWOS_COMPLEMENT": fmt.twos_complement,
-        "INFINITY_CODE": fmt.max_magnitude_code + 1,
-        "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
-        "CODE_MASK": fmt.num_codes - 1,
     }
+
+
+@functools.cache
+def _format_constants(fmt: Format) -> Mapping[str, int]:
+    return MappingProxyType(
+        {
+            **_layout_constants(fmt),
+            "HAS_ZERO": fmt.has_zero,
+            "MAX_BITS": fp32_bits(fmt.max),
+            # negative results beyond this magnitude overflow; -1: every negative value does
+            "NEGATIVE_LIMIT_BITS": fp32_bits(abs(fmt.lowest)) if fmt.lowest <= 0 else -1,
+            "MIN_NORMAL_BITS": fp32_bits(fmt.min_normal),
+            "EBITS": fmt.ebits,
+            "SIGNED": fmt.signed,
+            "TWOS_COMPLEMENT": fmt.twos_complement,
+            "INFINITY_CODE": fmt.max_magnitude_code + 1,
+            "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
+            "CODE_MASK": fmt.num_codes - 1,
+        }
+    )
 
 
 def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -851,7 +868,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         WIDE=count + request.index_offset + ROWS * 4 >= 2**31,
     )
     stream = (seed, offset, seed_value, offset_value, count, request.index_offset)
-    grid = (triton.cdiv(count, ROWS * 4),)
+    grid = (cdiv(count, ROWS * 4),)
     if _bf16_fast_path(x, request, output, out_dtype):
         _bf16_sr_kernel[grid](
             x,
@@ -866,7 +883,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         rows, warps = (ROWS, 4) if INTERPRETED else CODES_LAUNCH[output]
         if output == "value":  # fp16: the kernels store binary16 codes
             buffer = out.view(torch.int16)
-        programs = triton.cdiv(count, rows * 4)
+        programs = cdiv(count, rows * 4)
         # flag, then the number and the list of the tiles left to the exact kernel
         flag = torch.zeros(2 + programs, dtype=torch.int32, device=device)
         codes = dict(
@@ -894,8 +911,8 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         if check_nan:
             nan_possible = int(flag[1].item()) > 0
         if nan_possible or not check_nan:
-            iterations = triton.next_power_of_2(triton.cdiv(programs, _persistent_programs(device)))
-            _exact_codes_kernel[(triton.cdiv(programs, iterations),)](
+            iterations = next_power_of_2(cdiv(programs, _persistent_programs(device)))
+            _exact_codes_kernel[(cdiv(programs, iterations),)](
                 x,
                 buffer,
                 flag,
@@ -946,35 +963,40 @@ def _codes_fast_path(request: Request, output: str, out_dtype: torch.dtype) -> b
     )
 
 
-def _fast_code_constants(fmt: Format) -> dict[str, int]:
+@functools.cache
+def _fast_code_constants(fmt: Format) -> Mapping[str, int]:
     """What both code kernels need of a format."""
-    return {
-        "MBITS": fmt.mbits,
-        "EMIN": fmt.emin,
-        "BIAS": fmt.bias,
-        "SIGN_SHIFT": fmt.ebits + fmt.mbits,
-        "HAS_NEGATIVE_ZERO": fmt.has_negative_zero,
-        "MAX_CODE": fmt.max_magnitude_code,
-    }
+    return MappingProxyType(
+        {
+            **_layout_constants(fmt),
+            "SIGN_SHIFT": fmt.ebits + fmt.mbits,
+            "MAX_CODE": fmt.max_magnitude_code,
+        }
+    )
 
 
+@functools.cache
 def _fast_min_bits(fmt: Format) -> int:
     """fp32 bits of 2**(emin - 9 - mbits): d = 23 - mbits + emin - e <= 32 from there up (and
     fp32 subnormals never: their significand lacks the implicit bit)."""
     return max(fmt.emin - 9 - fmt.mbits + 127, 1) << 23
 
 
-def _special_code_constants(fmt: Format, sat: str) -> dict[str, int]:
+@functools.cache
+def _special_code_constants(fmt: Format, sat: str) -> Mapping[str, int]:
     """Magnitude codes for overflow and infinite inputs (-1 where the result is NaN), and
     the NaN code."""
     infinity = fmt.max_magnitude_code + 1 if fmt.inf else -1
-    return {
-        "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
-        "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
-        "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
-    }
+    return MappingProxyType(
+        {
+            "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
+            "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
+            "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
+        }
+    )
 
 
+@functools.cache
 def _persistent_programs(device: torch.device) -> int:
     """Programs of a grid that walks a list: four per multiprocessor (four in all on CPU)."""
     if device.type != "cuda":
