@@ -975,7 +975,6 @@ def _fast_code_constants(fmt: Format) -> Mapping[str, int]:
     )
 
 
-@functools.cache
 def _fast_min_bits(fmt: Format) -> int:
     """fp32 bits of 2**(emin - 9 - mbits): d = 23 - mbits + emin - e <= 32 from there up (and
     fp32 subnormals never: their significand lacks the implicit bit)."""
