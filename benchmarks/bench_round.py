@@ -14,7 +14,10 @@ Times are medians over >= 20 calls (CUDA events around each call) after a first 
 warm-up calls.  Effective bandwidth = (bytes read + bytes written, each element once, in
 the formats of input and output) / median time; % copy compares it with the fp32 device
 copy measured in the same run.  The speed-up columns compare stochround's rows with
-torchao, HeavyBall and gfloat (per element).  A row that fails prints why in its row.
+torchao, HeavyBall and gfloat (per element); gfloat rounds with 32 random bits (SR32:
+variant c with n = 32, the rounding stochround's plain "sr" does) and with 8 (SR8, its
+cheapest: int16 arithmetic), and the 100x targets compare with SR32.  A row that fails
+prints why in its row.
 
     python benchmarks/bench_round.py --out DIR          # on the GPU
     python benchmarks/bench_round.py --device cpu --log2n 16 --quick --no-compile --out DIR
@@ -53,7 +56,11 @@ import stochround
 
 PEERS = ("torchao", "heavyball", "gfloat", "array_api_compat", "numpy", "rich")
 SEED = 1
-GFLOAT_RBITS = 8
+# gfloat's SR rows: 32 random bits is the same rounding as ours (plain "sr" is variant c
+# with n = 32, gfloat's Stochastic; gfloat computes it in int64), 8 bits its cheapest
+# (int16 arithmetic).  Speed-up targets compare like with like: the 32-bit rows.
+GFLOAT_RBITS = 32
+GFLOAT_CHEAP_RBITS = 8
 GENERIC_RBITS = 8
 DASH = "—"
 
@@ -191,6 +198,31 @@ def check_values(x: Tensor, values: Tensor, check: Check) -> tuple[bool, str]:
 # --------------------------------------------------------------------------------------
 
 
+def gfloat_cases(
+    count: int, builder: Callable[[str, bool, int], Callable[[], Built]]
+) -> list[Case]:
+    """gfloat's rows: e4m3, bf16 and e2m1 SR with 32 random bits (key gfloat_FMT_sr, the
+    rounding ours does) and with 8 (key gfloat_FMT_sr8)."""
+    formats = (  # key part, gfloat format, check format, bytes an element, saturate
+        ("e4m3", "format_info_ocp_e4m3", "e4m3fn", 5, False),
+        ("bf16", "format_info_bfloat16", "bfloat16", 6, False),
+        ("e2m1", "format_info_ocp_e2m1", "e2m1", 4.5, True),
+    )
+    return [
+        Case(
+            f"gfloat_{name}_sr" + ("" if rbits == GFLOAT_RBITS else str(rbits)),
+            f"gfloat round_ndarray {name} SR{rbits}",
+            count,
+            bytes_per_element,
+            builder(gfloat_name, saturate, rbits),
+            float_values,
+            Check("sr", check_format, rbits),
+        )
+        for rbits in (GFLOAT_RBITS, GFLOAT_CHEAP_RBITS)
+        for name, gfloat_name, check_format, bytes_per_element, saturate in formats
+    ]
+
+
 def ours(x: Tensor, function: Callable[..., Tensor], *args: object, **kwargs: object) -> Built:
     """stochround on backend='triton'; on ValueError the default backend, said in the notes.
 
@@ -261,7 +293,7 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
 
         return Built(call, [note])
 
-    def gfloat_builder(format_name: str, saturate: bool) -> Callable[[], Built]:
+    def gfloat_builder(format_name: str, saturate: bool, rbits: int) -> Callable[[], Built]:
         def build() -> Built:
             import gfloat.formats
             from gfloat import RoundMode, round_ndarray
@@ -269,15 +301,12 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
             fi = getattr(gfloat.formats, format_name)
             values = x[:gfloat_count]
             generator = torch.Generator(device=device).manual_seed(SEED)
+            # torch has no uint32 arithmetic: 32-bit srbits travel as int64
+            srbits_dtype = torch.uint8 if rbits <= 8 else torch.int64
             srbits = torch.randint(
-                0,
-                2**GFLOAT_RBITS,
-                values.shape,
-                dtype=torch.uint8,
-                device=device,
-                generator=generator,
+                0, 2**rbits, values.shape, dtype=srbits_dtype, device=device, generator=generator
             )
-            notes = [f"RoundMode.Stochastic (variant c), {GFLOAT_RBITS} bits, uint8 srbits given"]
+            notes = [f"RoundMode.Stochastic (variant c), {rbits} bits, {srbits_dtype} srbits given"]
             if saturate:
                 notes.append("sat=True (e2m1 has no inf/NaN: gfloat raises on overflow)")
             return Built(
@@ -287,7 +316,7 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
                     RoundMode.Stochastic,
                     sat=saturate,
                     srbits=srbits,
-                    srnumbits=GFLOAT_RBITS,
+                    srnumbits=rbits,
                 ),
                 notes,
             )
@@ -432,33 +461,7 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
             Check("rn", "p3109_k8p4se"),
             ours=True,
         ),
-        Case(
-            "gfloat_e4m3_sr",
-            f"gfloat round_ndarray e4m3 SR{GFLOAT_RBITS}",
-            gfloat_count,
-            5,
-            gfloat_builder("format_info_ocp_e4m3", False),
-            float_values,
-            Check("sr", "e4m3fn", GFLOAT_RBITS),
-        ),
-        Case(
-            "gfloat_bf16_sr",
-            f"gfloat round_ndarray bf16 SR{GFLOAT_RBITS}",
-            gfloat_count,
-            6,
-            gfloat_builder("format_info_bfloat16", False),
-            float_values,
-            Check("sr", "bfloat16", GFLOAT_RBITS),
-        ),
-        Case(
-            "gfloat_e2m1_sr",
-            f"gfloat round_ndarray e2m1 SR{GFLOAT_RBITS}",
-            gfloat_count,
-            4.5,
-            gfloat_builder("format_info_ocp_e2m1", True),
-            float_values,
-            Check("sr", "e2m1", GFLOAT_RBITS),
-        ),
+        *gfloat_cases(gfloat_count, gfloat_builder),
         Case(
             "copy_repeat",
             "device copy again (noise)",
@@ -543,10 +546,11 @@ def fill_comparisons(results: dict[str, Result]) -> None:
             "torchao": "torchao_bf16_sr",
             "heavyball": "heavyball_bf16_sr",
             "gfloat": "gfloat_bf16_sr",
+            "gfloat SR8": "gfloat_bf16_sr8",
         },
-        "ours_e4m3fn_sr": {"gfloat": "gfloat_e4m3_sr"},
-        "ours_e2m1_sr": {"gfloat": "gfloat_e2m1_sr"},
-        "ours_e2m1_sr_nan_zero": {"gfloat": "gfloat_e2m1_sr"},
+        "ours_e4m3fn_sr": {"gfloat": "gfloat_e4m3_sr", "gfloat SR8": "gfloat_e4m3_sr8"},
+        "ours_e2m1_sr": {"gfloat": "gfloat_e2m1_sr", "gfloat SR8": "gfloat_e2m1_sr8"},
+        "ours_e2m1_sr_nan_zero": {"gfloat": "gfloat_e2m1_sr", "gfloat SR8": "gfloat_e2m1_sr8"},
     }
     for key, peers in comparisons.items():
         mine = results.get(key)
@@ -622,7 +626,7 @@ def targets(results: dict[str, Result]) -> list[Target]:
     )
     add("e4m3fn SR >= 80% of copy bandwidth", "ours_e4m3fn_sr", percent("ours_e4m3fn_sr"), 80, "%")
     add(
-        "e4m3fn SR >= 100x gfloat per element",
+        "e4m3fn SR >= 100x gfloat SR32 (same rounding) per element",
         "ours_e4m3fn_sr",
         speedup("ours_e4m3fn_sr", "gfloat"),
         100,
@@ -631,7 +635,7 @@ def targets(results: dict[str, Result]) -> list[Target]:
     )
     add("e2m1 SR >= 80% of copy bandwidth", "ours_e2m1_sr", percent("ours_e2m1_sr"), 80, "%")
     add(
-        "e2m1 SR >= 100x gfloat per element",
+        "e2m1 SR >= 100x gfloat SR32 (same rounding) per element",
         "ours_e2m1_sr",
         speedup("ours_e2m1_sr", "gfloat"),
         100,
@@ -641,7 +645,7 @@ def targets(results: dict[str, Result]) -> list[Target]:
     unchecked = "ours_e2m1_sr_nan_zero"
     add("e2m1 SR, nan='zero' >= 80% of copy bandwidth", unchecked, percent(unchecked), 80, "%")
     add(
-        "e2m1 SR, nan='zero' >= 100x gfloat per element",
+        "e2m1 SR, nan='zero' >= 100x gfloat SR32 per element",
         unchecked,
         speedup(unchecked, "gfloat"),
         100,
@@ -674,6 +678,7 @@ HEADERS = (
     "vs torchao",
     "vs heavyball",
     "vs gfloat",
+    "vs gfloat SR8",
     "check",
     "status / notes",
 )
@@ -716,6 +721,7 @@ def table_rows(results: list[Result], limit: int | None = None) -> list[list[str
                 speedup("torchao"),
                 speedup("heavyball"),
                 speedup("gfloat"),
+                speedup("gfloat SR8"),
                 result.check,
                 status,
             ]
