@@ -175,6 +175,32 @@ def test_shards_draw_the_words_of_their_global_indices() -> None:
     assert _same_bits(whole, torch.cat(torch_pieces))
 
 
+# (dtype or format, options): one call per kernel path — bf16 SR, the SR-to-codes kernels
+# (fp16 value, fp8 codes, packed fp4), the generic kernel (limited bits, RNE codes)
+KERNEL_PATHS = [
+    (torch.bfloat16, {"rbits": 16}),
+    (torch.float16, {}),
+    (torch.float8_e4m3fn, {}),
+    (torch.float4_e2m1fn_x2, {"sat": "finite"}),
+    ("e5m2", {"rbits": 8, "variant": "b"}),
+]
+
+
+@pytest.mark.parametrize("index_offset", [2**31 - 3000, 2**32 + 12345])
+@pytest.mark.parametrize(("target", "options"), KERNEL_PATHS)
+def test_positions_beyond_int32(target: object, options: dict, index_offset: int) -> None:
+    """A shard far into a tensor (global positions straddling 2**31, or past 2**32) draws
+    the words of its global indices in every kernel path."""
+    x = _wide_fp32(5000, 12)
+    x = torch.where(torch.isnan(x), 1.0, x)  # e2m1 has no NaN code
+    call = sr.round if isinstance(target, str) else sr.cast
+    kernel, torch_path = (
+        call(x, target, "sr", seed=5, index_offset=index_offset, backend=backend, **options)
+        for backend in ("triton", "torch")
+    )
+    assert _same_bits(kernel, torch_path)
+
+
 def test_seeds_and_offsets_as_device_tensors() -> None:
     x = _wide_fp32(1000, 10)
     seed = torch.tensor(2**63 + 5, dtype=torch.uint64).to(torch.int64).to(DEVICE)

@@ -337,6 +337,9 @@ for _format_name, _dtype_name in [
         _TORCH_DTYPES[_format_name] = getattr(torch, _dtype_name)
 
 FORMATS: dict[str, Format] = {fmt.name: fmt for fmt, _ in _NAMED}
+_FORMAT_OF_DTYPE: dict[torch.dtype, Format] = {
+    dtype: FORMATS[name] for name, dtype in _TORCH_DTYPES.items()
+}
 ALIASES: dict[str, str] = {alias: fmt.name for fmt, aliases in _NAMED for alias in aliases}
 
 _P3109_NAME = re.compile(r"p3109_k(\d+)p(\d+)([su])([ef])")
@@ -373,7 +376,7 @@ def format(name: str | Format) -> Format:  # noqa: A001 - the public name DESIGN
 
 def format_of_dtype(dtype: torch.dtype) -> Format:
     """The format whose values a torch floating-point dtype holds."""
-    for format_name, candidate in _TORCH_DTYPES.items():
-        if candidate == dtype:
-            return FORMATS[format_name]
-    raise ValueError(f"dtype {dtype} has no matching stochround format")
+    fmt = _FORMAT_OF_DTYPE.get(dtype)
+    if fmt is None:
+        raise ValueError(f"dtype {dtype} has no matching stochround format")
+    return fmt

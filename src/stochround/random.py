@@ -154,6 +154,8 @@ def philox4x32(
 def check_seed(value: int | Tensor, name: str) -> int | Tensor:
     """A seed or offset, checked: an int in ``[0, 2**64)``, or a single-element int64 tensor
     (two's complement for values at or above ``2**63``); ValueError/TypeError name it."""
+    if type(value) is int and 0 <= value < TWO_POW_64:  # the common case, before the ABCs
+        return value
     if isinstance(value, Tensor):
         if value.dtype != torch.int64:
             raise TypeError(f"{name} must be an int or an int64 tensor, got a {value.dtype} tensor")

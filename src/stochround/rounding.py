@@ -15,9 +15,10 @@ kernel for CUDA tensors the kernel supports and the PyTorch path otherwise.
 
 from __future__ import annotations
 
-import os
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -367,13 +368,23 @@ def _output_shape(shape: torch.Size, output: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _triton_unsupported(x: Tensor, request: Request, output: str) -> str | None:
-    """Why the Triton kernel cannot round this call (None if it can)."""
+@functools.cache
+def _rounding_kernels() -> ModuleType | str:
+    """The Triton rounding kernels' module, or why it cannot be imported (once: a call's
+    import statement would cost microseconds of its host time)."""
     try:
-        from .kernels import rounding as kernels
+        from .kernels import rounding
     except ImportError as error:  # triton not installed
         return f"triton is not importable ({error})"
-    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    return rounding
+
+
+def _triton_unsupported(x: Tensor, request: Request, output: str) -> str | None:
+    """Why the Triton kernel cannot round this call (None if it can)."""
+    kernels = _rounding_kernels()
+    if isinstance(kernels, str):
+        return kernels
+    if not (x.is_cuda or kernels.INTERPRETED):
         return "x is not a CUDA tensor (set TRITON_INTERPRET=1 to run kernels on the CPU)"
     if x.dtype not in kernels.INPUT_DTYPES:
         return f"the kernels read fp32/bf16/fp16 inputs, not {x.dtype}"
@@ -524,9 +535,7 @@ def _dispatch(
         return _round_torch(x, request, output, out_dtype)
     reason = _triton_unsupported(x, request, output)
     if reason is None:
-        from .kernels.rounding import round_triton
-
-        return round_triton(x, request, output, out_dtype)
+        return _rounding_kernels().round_triton(x, request, output, out_dtype)
     if backend == "triton":
         raise ValueError(f"backend='triton' cannot round this call: {reason}")
     return _round_torch(x, request, output, out_dtype)  # auto: what the kernels cannot do

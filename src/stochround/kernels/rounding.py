@@ -817,20 +817,22 @@ def _format_constants(fmt: Format) -> Mapping[str, int]:
     )
 
 
+# bytes of a row of four codes, and the word the kernels store a row as (fp6: bytes)
+ROW_STORES = {"codes": (4, torch.int32), "fp4x2": (2, torch.int16), "fp6x4": (3, None)}
+
+
 def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """(the result, the buffer the kernel writes): code outputs are written a row of four
     codes at a time, into a buffer padded to whole rows and viewed as words."""
-    shape = tuple(x.shape)
     if output == "value":
-        out = torch.empty(shape, dtype=out_dtype, device=x.device)
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         return out, out
-    rows = (x.numel() + 3) // 4
-    row_bytes, word = {"codes": (4, torch.int32), "fp4x2": (2, torch.int16), "fp6x4": (3, None)}[
-        output
-    ]
-    buffer = torch.empty(rows * row_bytes, dtype=torch.uint8, device=x.device)
-    used = {"codes": x.numel(), "fp4x2": x.numel() // 2, "fp6x4": x.numel() // 4 * 3}[output]
-    out = buffer[:used].view(_output_shape(x.shape, output))
+    count = x.numel()
+    row_bytes, word = ROW_STORES[output]
+    buffer = torch.empty((count + 3) // 4 * row_bytes, dtype=torch.uint8, device=x.device)
+    # the packings' last dimensions hold whole bytes: 8 bits a code, two, or four per three
+    used = count * row_bytes // 4
+    out = (buffer if used == buffer.numel() else buffer[:used]).view(_output_shape(x.shape, output))
     return out, buffer if word is None else buffer.view(word)
 
 
@@ -861,12 +863,8 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
     check_nan = output != "value" and not fmt.has_nan and request.nan == "raise"
     nan_possible = check_nan
-    common = dict(
-        FROM_TENSORS=from_tensors,
-        ALIGNED=request.index_offset % 4 == 0,
-        ROWS=ROWS,
-        WIDE=count + request.index_offset + ROWS * 4 >= 2**31,
-    )
+    end = count + request.index_offset  # with a tile's slack, the positions' bound
+    common = dict(FROM_TENSORS=from_tensors, ALIGNED=request.index_offset % 4 == 0)
     stream = (seed, offset, seed_value, offset_value, count, request.index_offset)
     grid = (cdiv(count, ROWS * 4),)
     if _bf16_fast_path(x, request, output, out_dtype):
@@ -876,35 +874,21 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             *stream,
             SATURATION=("none", "propagate", "finite").index(request.sat),
             NBITS=n,
+            ROWS=ROWS,
+            WIDE=end + ROWS * 4 >= 2**31,
             **common,
         )
         return out
     if _codes_fast_path(request, output, out_dtype):
-        rows, warps = (ROWS, 4) if INTERPRETED else CODES_LAUNCH[output]
         if output == "value":  # fp16: the kernels store binary16 codes
             buffer = out.view(torch.int16)
-        programs = cdiv(count, rows * 4)
+        fast, exact = _codes_constants(fmt, output, n, variant, request.sat)
+        tile = fast["ROWS"] * 4
+        programs = cdiv(count, tile)
+        common["WIDE"] = end + tile >= 2**31
         # flag, then the number and the list of the tiles left to the exact kernel
         flag = torch.zeros(2 + programs, dtype=torch.int32, device=device)
-        codes = dict(
-            NBITS=n,
-            EXACT_C=variant == "c",
-            OUTPUT=OUTPUTS.index(output),
-            **_fast_code_constants(fmt),
-            **{**common, "ROWS": rows},
-        )
-        _sr_codes_kernel[(programs,)](
-            x,
-            buffer,
-            flag,
-            *stream,
-            FAST_MIN_BITS=_fast_min_bits(fmt),
-            # the same sum either way; the compiler schedules the binary16 result faster
-            # with the base in the addend, fp8 and fp4 codes with it added after (H100)
-            CODE_IN_ADDEND=output == "value",
-            **codes,
-            num_warps=warps,
-        )
+        _sr_codes_kernel[(programs,)](x, buffer, flag, *stream, **fast, **common)
         # the NaN check (a format without NaN, nan="raise") synchronizes anyway: it reads
         # the number of listed tiles first, and only listed tiles can hold NaN (no tile:
         # no exact kernel, no flag read)
@@ -918,10 +902,9 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
                 flag,
                 *stream,
                 CHECK_NAN=check_nan,
-                **_special_code_constants(fmt, request.sat),
-                **codes,
                 ITERATIONS=iterations,
-                num_warps=warps,
+                **exact,
+                **common,
             )
     else:
         flag = torch.zeros(1, dtype=torch.int32, device=device)
@@ -940,6 +923,8 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             SOURCE=SOURCES.index(request.source),
             OUTPUT=OUTPUTS.index(output),
             NAN16=NAN16_BITS.get(out_dtype, 0),
+            ROWS=ROWS,
+            WIDE=end + ROWS * 4 >= 2**31,
             **common,
         )
     if nan_possible and bool(flag[0].item()):
@@ -964,35 +949,43 @@ def _codes_fast_path(request: Request, output: str, out_dtype: torch.dtype) -> b
 
 
 @functools.cache
-def _fast_code_constants(fmt: Format) -> Mapping[str, int]:
-    """What both code kernels need of a format."""
-    return MappingProxyType(
-        {
-            **_layout_constants(fmt),
-            "SIGN_SHIFT": fmt.ebits + fmt.mbits,
-            "MAX_CODE": fmt.max_magnitude_code,
-        }
-    )
+def _codes_constants(
+    fmt: Format, output: str, n: int, variant: str, sat: str
+) -> tuple[Mapping[str, int], Mapping[str, int]]:
+    """Launch constants (and warps) of `_sr_codes_kernel` and `_exact_codes_kernel` for a
+    request's choices; the per-call ones (FROM_TENSORS, ALIGNED, WIDE, CHECK_NAN,
+    ITERATIONS) are added at the launch.
 
-
-def _fast_min_bits(fmt: Format) -> int:
-    """fp32 bits of 2**(emin - 9 - mbits): d = 23 - mbits + emin - e <= 32 from there up (and
-    fp32 subnormals never: their significand lacks the implicit bit)."""
-    return max(fmt.emin - 9 - fmt.mbits + 127, 1) << 23
-
-
-@functools.cache
-def _special_code_constants(fmt: Format, sat: str) -> Mapping[str, int]:
-    """Magnitude codes for overflow and infinite inputs (-1 where the result is NaN), and
-    the NaN code."""
+    FAST_MIN_BITS, the fp32 bits of 2**(emin - 9 - mbits): d = 23 - mbits + emin - e <= 32
+    from there up (and fp32 subnormals never: their significand lacks the implicit bit).
+    The exact kernel's magnitude codes for overflow and infinite inputs are -1 where the
+    result is NaN."""
+    rows, warps = (ROWS, 4) if INTERPRETED else CODES_LAUNCH[output]
+    both = {
+        **_layout_constants(fmt),
+        "SIGN_SHIFT": fmt.ebits + fmt.mbits,
+        "MAX_CODE": fmt.max_magnitude_code,
+        "NBITS": n,
+        "EXACT_C": variant == "c",
+        "OUTPUT": OUTPUTS.index(output),
+        "ROWS": rows,
+        "num_warps": warps,
+    }
     infinity = fmt.max_magnitude_code + 1 if fmt.inf else -1
-    return MappingProxyType(
-        {
-            "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
-            "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
-            "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
-        }
-    )
+    fast = {
+        **both,
+        "FAST_MIN_BITS": max(fmt.emin - 9 - fmt.mbits + 127, 1) << 23,
+        # the same sum either way; the compiler schedules the binary16 result faster with
+        # the base in the addend, fp8 and fp4 codes with it added after (H100)
+        "CODE_IN_ADDEND": output == "value",
+    }
+    exact = {
+        **both,
+        "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
+        "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
+        "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
+    }
+    return MappingProxyType(fast), MappingProxyType(exact)
 
 
 @functools.cache
