@@ -18,7 +18,6 @@ from conftest import TEST_FORMATS, all_bit_patterns
 import stochround as sr
 from stochround import reference
 from stochround.kernels.rounding import codes_supported, kernel_supports
-from stochround.rounding import check_request
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_FORMATS = [name for name in TEST_FORMATS if kernel_supports(sr.format(name))]
@@ -147,16 +146,20 @@ def test_cast_to_torch_dtypes(dtype: torch.dtype, sat: str) -> None:
         assert kernel.dtype == dtype and _same_bits(kernel, torch_path)
 
 
-def test_fp6_packing_by_the_kernel() -> None:
+@pytest.mark.parametrize("fmt_name", ["e2m1", "int4", "uint4", "e2m3", "e3m2", "p3109_k6p3se"])
+def test_packed_codes_by_the_kernel(fmt_name: str) -> None:
+    """encode(packed=True): the kernel writes the packed bytes the PyTorch path packs."""
     x = (torch.randn(32, 40, generator=torch.Generator().manual_seed(8)) * 4).to(DEVICE)
-    for fmt_name in ("e2m3", "e3m2"):
-        requests = [check_request(x, fmt_name, "sr", 6, "c", "finite", 3, 0, None, 0)] * 2
-        kernel = sr.rounding._round_to(x, requests[0], "triton", "fp6x4", torch.uint8)
-        torch_path = sr.rounding._round_to(x, requests[1], "torch", "fp6x4", torch.uint8)
-        assert kernel.shape == (32, 30) and torch.equal(kernel, torch_path)
-        assert torch.equal(
-            sr.unpack(kernel, 6), sr.encode(x, fmt_name, "sr", rbits=6, sat="finite", seed=3)
+    for mode, options in (("sr", {"rbits": 6, "seed": 3}), ("sr", {"seed": 4}), ("rne", {})):
+        kernel, torch_path = (
+            sr.encode(x, fmt_name, mode, sat="finite", packed=True, backend=backend, **options)
+            for backend in ("triton", "torch")
         )
+        bits = sr.format(fmt_name).bits
+        assert kernel.dtype == torch.uint8 and kernel.shape == (32, 40 * bits // 8)
+        assert torch.equal(kernel, torch_path)
+        codes = sr.encode(x, fmt_name, mode, sat="finite", backend="triton", **options)
+        assert torch.equal(sr.unpack(kernel, bits), codes)
 
 
 def test_shards_draw_the_words_of_their_global_indices() -> None:

@@ -290,6 +290,26 @@ def test_encode_matches_torch_views_and_reference() -> None:
         assert codes.tolist() == [reference.encode_value(v, fmt_name) for v in rounded]
 
 
+def test_encode_packed_packs_the_codes() -> None:
+    x = torch.tensor([[0.5, 6.0, -1.0, 2.9, 0.0, -0.25, 3.0, -6.0]])
+    # e2m1 codes 1, 7, 10, 5 | 0, 8 (-0.25 ties to the even -0.0), 5, 15: low nibble first
+    assert sr.encode(x, "e2m1", packed=True).tolist() == [[0x71, 0x5A, 0x80, 0xF5]]
+    y = torch.randn(6, 16, generator=torch.Generator().manual_seed(5)) * 8
+    for fmt_name in ("e2m1", "int4", "uint4", "e2m3", "e3m2", "p3109_k6p3se"):
+        bits = sr.format(fmt_name).bits
+        packed = sr.encode(y, fmt_name, "sr", sat="finite", seed=2, packed=True)
+        codes = sr.encode(y, fmt_name, "sr", sat="finite", seed=2)
+        assert packed.shape == (6, 16 * bits // 8) and torch.equal(packed, sr.pack(codes, bits))
+    with pytest.raises(ValueError, match="packed=True packs formats of 4 or 6 bits; e4m3fn"):
+        sr.encode(y, "e4m3fn", packed=True)
+    with pytest.raises(ValueError, match="multiple of 4; got shape \\(6, 6\\)"):
+        sr.encode(y[:, :6], "e3m2", packed=True)
+    with pytest.raises(ValueError, match="multiple of 2; got shape \\(\\)"):
+        sr.encode(torch.tensor(1.0), "e2m1", packed=True)
+    with pytest.raises(TypeError, match="packed must be a bool"):
+        sr.encode(y, "e2m1", packed=1)
+
+
 def test_encode_without_a_nan_code_refuses_nan() -> None:
     with pytest.raises(ValueError, match="no NaN code"):
         sr.encode(torch.tensor([1.0, 100.0]), "e2m1")

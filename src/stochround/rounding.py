@@ -34,6 +34,8 @@ BACKENDS = ("auto", "torch", "triton")
 NAN_POLICIES = ("raise", "zero")
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 OUTPUTS = ("value", "codes", "fp4x2", "fp6x4")
+# the packed outputs by code width: (output, codes a group of whole bytes holds)
+PACKINGS = {4: ("fp4x2", 2), 6: ("fp6x4", 4)}
 # Below 2**-90 a fraction's only property that matters is being nonzero (n <= 32 bits).
 _MIN_SCALE_EXPONENT = -90
 # CPU tensors are rounded in pieces of 2**18 elements (1 MiB of fp32: ~40 elementwise
@@ -723,6 +725,7 @@ def encode(
     index_offset: int = 0,
     backend: str = "auto",
     nan: str = "raise",
+    packed: bool = False,
 ) -> Tensor:
     """Round x to ``fmt`` (as `round`) and return the bit patterns.
 
@@ -733,11 +736,31 @@ def encode(
     with ``nan="raise"``, for which a CUDA call waits for its kernel and reads a flag back
     (no CUDA-graph capture); ``nan="zero"`` stores code 0 (+0) for it, unchecked and
     asynchronous (with ``sat="finite"`` only NaN inputs are affected).
+
+    ``packed=True`` (4-bit and 6-bit formats) returns the codes packed along the last
+    dimension as `pack` packs them — two 4-bit codes a byte, four 6-bit codes in three
+    bytes — written by the rounding kernel itself on CUDA (no uint8 codes in between).
     """
     request = check_request(
         x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset, nan
     )
-    return _round_to(x, request, backend, "codes", torch.uint8)
+    if not isinstance(packed, bool):
+        raise TypeError(f"packed must be a bool, got {type(packed).__name__}")
+    if not packed:
+        return _round_to(x, request, backend, "codes", torch.uint8)
+    bits = request.fmt.bits
+    if bits not in PACKINGS:
+        raise ValueError(
+            f"packed=True packs formats of {' or '.join(map(str, PACKINGS))} bits; "
+            f"{request.fmt.name} has {bits}"
+        )
+    output, group = PACKINGS[bits]
+    if x.dim() == 0 or x.shape[-1] % group:
+        raise ValueError(
+            f"packed=True packs {group} {bits}-bit codes together along the last dimension, "
+            f"which must be a multiple of {group}; got shape {tuple(x.shape)}"
+        )
+    return _round_to(x, request, backend, output, torch.uint8)
 
 
 def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -777,7 +800,7 @@ def pack(codes: Tensor, bits: int) -> Tensor:
     """Pack 4-bit codes two per byte (first in the low nibble) or 6-bit codes four per three
     bytes (little-endian 24-bit groups: code i at bits 6i..6i+5), along the last dimension."""
     codes = _check_codes(codes, bits)
-    group = {4: 2, 6: 4}[bits]
+    group = PACKINGS[bits][1]
     if codes.shape[-1] % group:
         raise ValueError(
             f"the last dimension must be a multiple of {group} to pack {bits}-bit codes"
@@ -796,7 +819,7 @@ def unpack(packed: Tensor, bits: int) -> Tensor:
     if not isinstance(packed, Tensor) or packed.dtype != torch.uint8:
         raise TypeError("packed must be a uint8 torch.Tensor")
     check_bits(bits)
-    group = {4: 2, 6: 4}[bits]
+    group = PACKINGS[bits][1]
     nbytes = group * bits // 8
     if packed.shape[-1] % nbytes:
         raise ValueError(f"the last dimension must be a multiple of {nbytes} to unpack")
