@@ -310,6 +310,23 @@ def test_encode_packed_packs_the_codes() -> None:
         sr.encode(y, "e2m1", packed=1)
 
 
+def test_every_output_traces_as_one_op_under_torch_compile() -> None:
+    """fullgraph=True: values, codes, packed fp4 and packed fp6 each trace through the
+    custom op (its shape function included) and give the eager bits."""
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(6)) * 4
+    calls = {
+        "value": lambda x: sr.round(x, "e4m3fn", "sr", seed=3),
+        "codes": lambda x: sr.encode(x, "e5m2", "sr", seed=3),
+        "fp4x2": lambda x: sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, sat="finite"),
+        "fp6x4": lambda x: sr.encode(x, "e3m2", "sr", seed=3, sat="finite", packed=True),
+    }
+    for output, call in calls.items():
+        compiled = torch.compile(call, fullgraph=True, backend="aot_eager")(x)
+        eager = call(x)
+        assert compiled.dtype == eager.dtype and compiled.shape == eager.shape, output
+        assert torch.equal(compiled.view(torch.uint8), eager.view(torch.uint8)), output
+
+
 def test_encode_without_a_nan_code_refuses_nan() -> None:
     with pytest.raises(ValueError, match="no NaN code"):
         sr.encode(torch.tensor([1.0, 100.0]), "e2m1")
