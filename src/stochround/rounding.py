@@ -831,7 +831,7 @@ def unpack(packed: Tensor, bits: int) -> Tensor:
 
 
 def check_bits(bits: int) -> int:
-    if bits not in (4, 6):
+    if bits not in PACKINGS:
         raise ValueError(f"bits must be 4 or 6; got {bits!r}")
     return bits
 
