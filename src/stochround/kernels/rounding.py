@@ -863,7 +863,6 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
     check_nan = output != "value" and not fmt.has_nan and request.nan == "raise"
     nan_possible = check_nan
-    end = count + request.index_offset  # with a tile's slack, the positions' bound
     common = dict(FROM_TENSORS=from_tensors, ALIGNED=request.index_offset % 4 == 0)
     stream = (seed, offset, seed_value, offset_value, count, request.index_offset)
     grid = (cdiv(count, ROWS * 4),)
@@ -875,7 +874,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             SATURATION=("none", "propagate", "finite").index(request.sat),
             NBITS=n,
             ROWS=ROWS,
-            WIDE=end + ROWS * 4 >= 2**31,
+            WIDE=_wide(count, request.index_offset, ROWS),
             **common,
         )
         return out
@@ -883,9 +882,8 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         if output == "value":  # fp16: the kernels store binary16 codes
             buffer = out.view(torch.int16)
         fast, exact = _codes_constants(fmt, output, n, variant, request.sat)
-        tile = fast["ROWS"] * 4
-        programs = cdiv(count, tile)
-        common["WIDE"] = end + tile >= 2**31
+        programs = cdiv(count, fast["ROWS"] * 4)
+        common["WIDE"] = _wide(count, request.index_offset, fast["ROWS"])
         # flag, then the number and the list of the tiles left to the exact kernel
         flag = torch.zeros(2 + programs, dtype=torch.int32, device=device)
         _sr_codes_kernel[(programs,)](x, buffer, flag, *stream, **fast, **common)
@@ -924,7 +922,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
             OUTPUT=OUTPUTS.index(output),
             NAN16=NAN16_BITS.get(out_dtype, 0),
             ROWS=ROWS,
-            WIDE=end + ROWS * 4 >= 2**31,
+            WIDE=_wide(count, request.index_offset, ROWS),
             **common,
         )
     if nan_possible and bool(flag[0].item()):
@@ -994,6 +992,12 @@ def _persistent_programs(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _wide(count: int, index_offset: int, rows: int) -> bool:
+    """Whether a grid of ``rows x 4`` tiles over ``count`` values from ``index_offset``
+    reaches positions beyond int32 (the last tile's masked lanes included)."""
+    return count + index_offset + rows * 4 >= 2**31
 
 
 def _as_int64(value: int) -> int:
