@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -328,6 +329,47 @@ def test_formats_without_nan_refuse_nan_on_both_backends(backend: str) -> None:
             sr.encode(x, "e2m1", mode, sat="finite", backend=backend, **options)
     with pytest.raises(ValueError, match="no NaN code"):
         sr.cast(x * 100, torch.float4_e2m1fn_x2, "sr", seed=1, backend=backend)
+
+
+def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
+    """The NaN check keeps its zeroed flag buffer per thread between calls: after a call
+    that listed tiles (overflows) or found NaN, the next calls neither raise nor differ from
+    the PyTorch path, any buffer kept is all zero, and another thread keeps its own."""
+    from stochround.kernels.rounding import _CLEAN_FLAGS
+
+    fp4 = torch.float4_e2m1fn_x2
+    clean = torch.randn(4, 6000, device=DEVICE)
+    overflowing = clean * 4  # beyond e2m1's 6: tiles listed for the exact kernel, no NaN
+    with_nan = clean.clone()
+    with_nan[2, 7] = math.nan
+
+    def check(x: torch.Tensor, seed: int) -> None:
+        kernel = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="triton")
+        expected = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="torch")
+        assert _same_bits(kernel, expected)
+        assert all(not flags.any() for flags, _ in _CLEAN_FLAGS.by_device.values())
+
+    for step, x in enumerate([clean, overflowing, clean[:1], overflowing, clean]):
+        check(x, seed=step)
+        with pytest.raises(ValueError, match="no NaN code"):
+            sr.cast(with_nan, fp4, "sr", seed=step, sat="finite", backend="triton")
+    check(clean, seed=9)
+    kept = dict(_CLEAN_FLAGS.by_device)
+    assert len(kept) == 1, "a clean checked call keeps its buffer"
+    in_thread: dict = {}
+
+    def work() -> None:
+        in_thread["before"] = dict(_CLEAN_FLAGS.by_device)
+        check(clean, seed=10)
+        in_thread["after"] = dict(_CLEAN_FLAGS.by_device)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert in_thread["before"] == {} and len(in_thread["after"]) == 1
+    (theirs, _), (ours, _) = in_thread["after"].popitem()[1], kept.popitem()[1]
+    assert theirs.data_ptr() != ours.data_ptr()
+    assert next(iter(_CLEAN_FLAGS.by_device.values()))[0] is ours
 
 
 @pytest.mark.parametrize("sat", ["none", "finite"])
