@@ -517,17 +517,17 @@ def _unflatten(
     return request, backend, output
 
 
+def checks_nan(request: Request, output: str) -> bool:
+    """Whether the call must find NaN results to raise: codes of a format without a NaN code
+    with nan="raise" (on CUDA the call then waits for its kernel)."""
+    return output != "value" and not request.fmt.has_nan and request.nan == "raise"
+
+
 def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
     """The one dispatch point between the PyTorch path and the Triton kernel."""
-    if (
-        output != "value"
-        and not request.fmt.has_nan
-        and request.nan == "raise"
-        and x.is_cuda
-        and torch.cuda.is_current_stream_capturing()
-    ):
+    if checks_nan(request, output) and x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(
             f"format {request.fmt.name} has no NaN code: nan='raise' reads a NaN flag back from "
             "the device, which a CUDA graph cannot capture; pass nan='zero' (NaN results "
@@ -690,7 +690,7 @@ def encode_values(values: Tensor, fmt: Format, nan: str = "raise") -> Tensor:
     code = torch.where(torch.isinf(values), fmt.max_magnitude_code + 1, code)
     if fmt.signed:
         code = code | (torch.signbit(values).to(torch.int64) << magnitude_bits)
-    return torch.where(torch.isnan(values), _nan_code(fmt) if fmt.has_nan else 0, code)
+    return torch.where(torch.isnan(values), _nan_code(fmt), code)
 
 
 def nan_without_code(fmt: Format) -> ValueError:
@@ -703,7 +703,10 @@ def nan_without_code(fmt: Format) -> ValueError:
 
 
 def _nan_code(fmt: Format) -> int:
-    """The canonical NaN code (reference.encode_value(nan)): quiet NaN, fn's all-ones, fnuz's -0."""
+    """The code of a NaN result: the canonical NaN code (reference.encode_value(nan)): quiet
+    NaN, fn's all-ones, fnuz's -0; in a format without a NaN code, 0 (+0, nan="zero")."""
+    if not fmt.has_nan:
+        return 0
     magnitude_bits = fmt.ebits + fmt.mbits
     if fmt.nan == "fnuz":
         return 1 << magnitude_bits

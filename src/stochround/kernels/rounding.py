@@ -45,6 +45,7 @@ from ..rounding import (
     _nan_code,
     _output_shape,
     _overflow_value,
+    checks_nan,
     nan_without_code,
 )
 from .grid import cdiv, next_power_of_2
@@ -812,7 +813,7 @@ def _format_constants(fmt: Format) -> Mapping[str, int]:
             "SIGNED": fmt.signed,
             "TWOS_COMPLEMENT": fmt.twos_complement,
             "INFINITY_CODE": fmt.max_magnitude_code + 1,
-            "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
+            "NAN_CODE": _nan_code(fmt),
             "CODE_MASK": fmt.num_codes - 1,
         }
     )
@@ -892,7 +893,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     rand = request.rand
     if rand is not None:
         rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
-    check_nan = output != "value" and not fmt.has_nan and request.nan == "raise"
+    check_nan = checks_nan(request, output)
     nan_possible = check_nan
     common = dict(FROM_TENSORS=from_tensors, ALIGNED=request.index_offset % 4 == 0)
     stream = (seed, offset, seed_value, offset_value, count, request.index_offset)
@@ -1017,7 +1018,7 @@ def _codes_constants(
         **both,
         "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
         "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
-        "NAN_CODE": _nan_code(fmt) if fmt.has_nan else 0,
+        "NAN_CODE": _nan_code(fmt),
     }
     return MappingProxyType(fast), MappingProxyType(exact)
 
