@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [ "${1:-all}" != bench ]; then
     python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_random.py \
-        tests/test_optim_kernel.py tests/test_matmul_kernel.py ${GPU_TESTS_EXTRA:-} 2>&1 \
+        tests/test_optim_kernel.py tests/test_matmul_kernel.py tests/test_launch.py ${GPU_TESTS_EXTRA:-} 2>&1 \
         | tee "$OUT/gpu_tests.log" | tail -25
 fi
 if [ "${1:-all}" != tests ]; then

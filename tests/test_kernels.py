@@ -18,7 +18,7 @@ from conftest import TEST_FORMATS, all_bit_patterns
 
 import stochround as sr
 from stochround import reference
-from stochround.kernels.rounding import codes_supported, kernel_supports
+from stochround.kernels.rounding import codes_supported, kernel_plan, kernel_supports
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_FORMATS = [name for name in TEST_FORMATS if kernel_supports(sr.format(name))]
@@ -96,6 +96,39 @@ def test_limited_bit_variants_from_the_stream_from_rand_and_from_data(fmt_name: 
                     x, fmt_name, "sr", rbits=rbits, variant=variant, **source
                 )
                 assert _same_bits(kernel, torch_path), (rbits, variant, list(source))
+
+
+@pytest.mark.parametrize(
+    ("fmt_name", "output", "out_dtype", "choices", "path"),
+    [
+        ("bf16", "value", torch.bfloat16, ("sr", 32, "c", "stream"), "bf16"),
+        ("bf16", "value", torch.bfloat16, ("sr", 16, "b", "stream"), "bf16"),
+        ("bf16", "value", torch.bfloat16, ("sr", 8, "a", "stream"), "bf16"),
+        ("bf16", "value", torch.bfloat16, ("sr", 8, "c", "stream"), "round"),
+        ("bf16", "value", torch.bfloat16, ("sr", 32, "c", "data"), "round"),
+        ("bf16", "value", torch.float32, ("sr", 32, "c", "stream"), "round"),
+        ("e4m3fn", "codes", torch.float8_e4m3fn, ("sr", 32, "c", "stream"), "codes"),
+        ("e4m3fn", "codes", torch.float8_e4m3fn, ("sr", 5, "a", "stream"), "codes"),
+        ("e4m3fn", "codes", torch.float8_e4m3fn, ("sr", 8, "c", "stream"), "round"),
+        ("e4m3fn", "codes", torch.float8_e4m3fn, ("sr", 32, "b", "stream"), "round"),
+        ("e4m3fn", "codes", torch.float8_e4m3fn, ("rne", 32, "c", "stream"), "round"),
+        ("e4m3fn", "codes", torch.float8_e4m3fn, ("sr", 32, "c", "rand"), "round"),
+        ("e2m1", "fp4x2", torch.float4_e2m1fn_x2, ("sr", 32, "c", "stream"), "codes"),
+        ("binary16", "value", torch.float16, ("sr", 32, "c", "stream"), "codes"),
+        ("binary16", "value", torch.float32, ("sr", 32, "c", "stream"), "round"),
+        ("p3109_k8p4sf", "codes", torch.uint8, ("sr", 32, "c", "stream"), "codes"),
+        ("e5m2", "value", torch.float32, ("sr", 32, "c", "stream"), "round"),
+    ],
+)
+def test_kernel_plans_choose_the_fast_paths_only_where_they_are_exact(
+    fmt_name: str, output: str, out_dtype: torch.dtype, choices: tuple, path: str
+) -> None:
+    mode, n, variant, source = choices
+    fmt = sr.format(fmt_name)
+    plan = kernel_plan(output, out_dtype, "raise", fmt, mode, "none", n, variant, source)
+    assert plan.path == path
+    assert plan.check_nan == (output != "value" and not fmt.has_nan)
+    assert plan is kernel_plan(output, out_dtype, "raise", fmt, mode, "none", n, variant, source)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

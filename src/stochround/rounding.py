@@ -213,7 +213,9 @@ def check_input(x: object) -> Tensor:
 
 class Request(NamedTuple):
     """The checked arguments of one rounding call (a tuple: built on every call, where a
-    frozen dataclass's field-by-field constructor costs a microsecond more)."""
+    frozen dataclass's field-by-field constructor costs a microsecond more).  The first six
+    fields are the choices that select and bind kernels (`kernels.rounding.kernel_plan`
+    takes them in this order)."""
 
     fmt: Format
     mode: str
@@ -390,11 +392,7 @@ def _triton_unsupported(x: Tensor, request: Request, output: str) -> str | None:
         return "x is not a CUDA tensor (set TRITON_INTERPRET=1 to run kernels on the CPU)"
     if x.dtype not in kernels.INPUT_DTYPES:
         return f"the kernels read fp32/bf16/fp16 inputs, not {x.dtype}"
-    if not kernels.kernel_supports(request.fmt):
-        return f"format {request.fmt.name} is wider than the kernels' fp32 arithmetic"
-    if output != "value" and not kernels.codes_supported(request.fmt):
-        return f"the kernels write codes of formats of at most 8 bits, not {request.fmt.name}"
-    return None
+    return kernels.format_unsupported(request.fmt, output)
 
 
 def _round_to(
@@ -517,17 +515,18 @@ def _unflatten(
     return request, backend, output
 
 
-def checks_nan(request: Request, output: str) -> bool:
-    """Whether the call must find NaN results to raise: codes of a format without a NaN code
+def checks_nan(fmt: Format, nan: str, output: str) -> bool:
+    """Whether a call must find NaN results to raise: codes of a format without a NaN code
     with nan="raise" (on CUDA the call then waits for its kernel)."""
-    return output != "value" and not request.fmt.has_nan and request.nan == "raise"
+    return output != "value" and not fmt.has_nan and nan == "raise"
 
 
 def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
     """The one dispatch point between the PyTorch path and the Triton kernel."""
-    if checks_nan(request, output) and x.is_cuda and torch.cuda.is_current_stream_capturing():
+    checked = checks_nan(request.fmt, request.nan, output)
+    if checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(
             f"format {request.fmt.name} has no NaN code: nan='raise' reads a NaN flag back from "
             "the device, which a CUDA graph cannot capture; pass nan='zero' (NaN results "

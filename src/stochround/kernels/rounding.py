@@ -49,6 +49,7 @@ from ..rounding import (
     nan_without_code,
 )
 from .grid import cdiv, next_power_of_2
+from .launch import Launch
 from .philox import data_word, four_words, random_word
 
 # Kernels receive choices as their index: MODE in reference.MODES (rne, rna, rz, ru, rd,
@@ -84,6 +85,16 @@ def kernel_supports(fmt: Format) -> bool:
 def codes_supported(fmt: Format) -> bool:
     """Formats whose codes the kernels write: at most 8 bits, values normal in fp32."""
     return kernel_supports(fmt) and fmt.bits <= 8 and fmt.min_subnormal >= 2.0**-126
+
+
+@functools.cache
+def format_unsupported(fmt: Format, output: str) -> str | None:
+    """Why the kernels cannot round to ``fmt`` for ``output`` (None if they can)."""
+    if not kernel_supports(fmt):
+        return f"format {fmt.name} is wider than the kernels' fp32 arithmetic"
+    if output != "value" and not codes_supported(fmt):
+        return f"the kernels write codes of formats of at most 8 bits, not {fmt.name}"
+    return None
 
 
 @triton.jit
@@ -413,27 +424,30 @@ def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS
     """Store a [ROWS, 4] tile of codes: 16 bits each (OUTPUT 0: fp16 values are binary16's
     codes), one 32-bit word a row (four byte codes), one 16-bit word a row (four 4-bit
     codes, the first in the low nibble), or three bytes a row (four 6-bit codes,
-    little-endian).  Word stores need the padded buffers of `_output_tensor`."""
+    little-endian), whatever ``out_ptr``'s element type (the output's bytes are written as
+    these words).  Word stores need the padded buffers of `_output_tensor`."""
     row = program * ROWS + tl.arange(0, ROWS)
     rows = (count + 3) // 4
     if OUTPUT == 3:
         word24 = tl.sum(code << (lane * 6), axis=1)
         byte_position = row[:, None] * 3 + lane
         byte = (word24[:, None] >> (lane * 8)) & 0xFF
+        out_bytes = out_ptr.to(tl.pointer_type(tl.uint8))
         tl.store(
-            out_ptr + byte_position, byte.to(tl.uint8), mask=(lane < 3) & (row[:, None] < rows)
+            out_bytes + byte_position, byte.to(tl.uint8), mask=(lane < 3) & (row[:, None] < rows)
         )
     else:
         if OUTPUT == 0:
             position = row[:, None] * 4 + lane
-            pointer = out_ptr + position
+            pointer = out_ptr.to(tl.pointer_type(tl.int16)) + position
             value = code.to(tl.int16)
             mask = position < count
         else:
             # each thread's rows lie 32 x warps apart, so a warp's store of one word per
             # row is contiguous: said so (contiguity 1), the compiler stores the words
             # where they are instead of moving them through shared memory to vectorize
-            pointer = out_ptr + tl.max_contiguous(row, 1)
+            words = out_ptr.to(tl.pointer_type(tl.int32 if OUTPUT == 1 else tl.int16))
+            pointer = words + tl.max_contiguous(row, 1)
             value = tl.sum(code << (lane * (8 if OUTPUT == 1 else 4)), axis=1)
             value = value.to(tl.int32 if OUTPUT == 1 else tl.int16)
             mask = row < rows
@@ -819,23 +833,26 @@ def _format_constants(fmt: Format) -> Mapping[str, int]:
     )
 
 
-# bytes of a row of four codes, and the word the kernels store a row as (fp6: bytes)
-ROW_STORES = {"codes": (4, torch.int32), "fp4x2": (2, torch.int16), "fp6x4": (3, None)}
+# bytes of a row of four codes (the kernels store a row as one word, fp6 as three bytes)
+ROW_BYTES = {"codes": 4, "fp4x2": 2, "fp6x4": 3}
 
 
 def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """(the result, the buffer the kernel writes): code outputs are written a row of four
-    codes at a time, into a buffer padded to whole rows and viewed as words."""
+    codes at a time, into a buffer padded to whole rows (the result itself when x holds
+    whole rows)."""
     if output == "value":
         out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         return out, out
     count = x.numel()
-    row_bytes, word = ROW_STORES[output]
+    shape = _output_shape(x.shape, output)
+    if count % 4 == 0:
+        out = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        return out, out
+    row_bytes = ROW_BYTES[output]
     buffer = torch.empty((count + 3) // 4 * row_bytes, dtype=torch.uint8, device=x.device)
     # the packings' last dimensions hold whole bytes: 8 bits a code, two, or four per three
-    used = count * row_bytes // 4
-    out = (buffer if used == buffer.numel() else buffer[:used]).view(_output_shape(x.shape, output))
-    return out, buffer if word is None else buffer.view(word)
+    return buffer[: count * row_bytes // 4].view(shape), buffer
 
 
 class _CleanFlags(threading.local):
@@ -880,48 +897,30 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     count = x.numel()
     if count == 0:
         return out
-    fmt, n, variant = request.fmt, request.n, request.variant
+    plan = kernel_plan(output, out_dtype, request.nan, *request[:6])
     device = x.device
-    seed, offset = request.seed, request.offset
+    seed, offset, index_offset = request.seed, request.offset, request.index_offset
     from_tensors = isinstance(seed, Tensor) or isinstance(offset, Tensor)
     if from_tensors:
         seed, offset = seed_tensor(seed, "seed", device), seed_tensor(offset, "offset", device)
         seed_value = offset_value = 0
     else:  # two's complement above 2**63: the kernels read seeds as unsigned 64-bit
         seed_value, offset_value = _as_int64(seed), _as_int64(offset)
-        seed = offset = x
-    rand = request.rand
-    if rand is not None:
-        rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
-    check_nan = checks_nan(request, output)
-    nan_possible = check_nan
-    common = dict(FROM_TENSORS=from_tensors, ALIGNED=request.index_offset % 4 == 0)
-    stream = (seed, offset, seed_value, offset_value, count, request.index_offset)
-    grid = (cdiv(count, ROWS * 4),)
-    if _bf16_fast_path(x, request, output, out_dtype):
-        _bf16_sr_kernel[grid](
-            x,
-            out,
-            *stream,
-            SATURATION=("none", "propagate", "finite").index(request.sat),
-            NBITS=n,
-            ROWS=ROWS,
-            WIDE=_wide(count, request.index_offset, ROWS),
-            **common,
-        )
+        seed = offset = None  # no pointers: the kernels read the values
+    stream = (seed, offset, seed_value, offset_value, count, index_offset)
+    programs = cdiv(count, plan.rows * 4)
+    common = (from_tensors, index_offset % 4 == 0, _wide(count, index_offset, plan.rows))
+    if plan.path == "bf16":
+        plan.launch(common)(programs, x, out, *stream)
         return out
-    if _codes_fast_path(request, output, out_dtype):
-        if output == "value":  # fp16: the kernels store binary16 codes
-            buffer = out.view(torch.int16)
-        fast, exact = _codes_constants(fmt, output, n, variant, request.sat)
-        programs = cdiv(count, fast["ROWS"] * 4)
-        common["WIDE"] = _wide(count, request.index_offset, fast["ROWS"])
+    check_nan = nan_possible = plan.check_nan
+    if plan.path == "codes":
         # flag, then the number and the list of the tiles left to the exact kernel
         if check_nan:
             flag, listed = flags = _CLEAN_FLAGS.take(2 + programs, device)
         else:
             flag = torch.zeros(2 + programs, dtype=torch.int32, device=device)
-        _sr_codes_kernel[(programs,)](x, buffer, flag, *stream, **fast, **common)
+        plan.launch(common)(programs, x, buffer, flag, *stream)
         # the NaN check (a format without NaN, nan="raise") synchronizes anyway: it reads
         # the number of listed tiles first, and only listed tiles can hold NaN (no tile:
         # no exact kernel, no flag read, and the buffer still clean)
@@ -931,56 +930,134 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
                 _CLEAN_FLAGS.give_back(flags, device)
         if nan_possible or not check_nan:
             iterations = next_power_of_2(cdiv(programs, _persistent_programs(device)))
-            _exact_codes_kernel[(cdiv(programs, iterations),)](
-                x,
-                buffer,
-                flag,
-                *stream,
-                CHECK_NAN=check_nan,
-                ITERATIONS=iterations,
-                **exact,
-                **common,
-            )
+            launch = plan.exact_launch(common, iterations)
+            launch(cdiv(programs, iterations), x, buffer, flag, *stream)
     else:
         flag = torch.zeros(1, dtype=torch.int32, device=device)
-        _round_kernel[grid](
-            x,
-            buffer,
-            flag,
-            rand if rand is not None else x,
-            *stream,
-            CHECK_NAN=check_nan,
-            **_format_constants(fmt),
-            **_overflow_bits(fmt, request.mode, request.sat),
-            MODE=MODE_CODES[request.mode],
-            VARIANT=VARIANT_CODES[variant],
-            NBITS=n,
-            SOURCE=SOURCES.index(request.source),
-            OUTPUT=OUTPUTS.index(output),
-            NAN16=NAN16_BITS.get(out_dtype, 0),
-            ROWS=ROWS,
-            WIDE=_wide(count, request.index_offset, ROWS),
-            **common,
-        )
+        rand = request.rand
+        if rand is not None:
+            rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
+        plan.launch(common)(programs, x, buffer, flag, rand, *stream)
     if nan_possible and bool(flag[0].item()):
-        raise nan_without_code(fmt)
+        raise nan_without_code(plan.fmt)
     return out
 
 
-def _codes_fast_path(request: Request, output: str, out_dtype: torch.dtype) -> bool:
-    """SR from the stream to codes of a signed sign-magnitude format with zero (fp8, fp4,
-    or binary16 for an fp16 result): variant a with any n, or exact SR (variant c, n = 32)."""
-    fmt = request.fmt
-    fp16 = output == "value" and out_dtype == torch.float16 and fmt.name == "binary16"
-    return (
-        (output in ("codes", "fp4x2") or fp16)
-        and request.mode == "sr"
-        and request.source == "stream"
-        and (request.variant == "a" or (request.variant == "c" and request.n == 32))
-        and fmt.signed
-        and not fmt.twos_complement
-        and fmt.has_zero
-    )
+class KernelPlan:
+    """How `round_triton` rounds one set of request choices: the kernel path ("bf16",
+    "codes" or "round", the general kernel), whether the call checks for NaN results, the
+    rows of a tile, and the path's kernels bound to the choices (`Launch`es, made once per
+    combination of the per-call constexprs FROM_TENSORS, ALIGNED and WIDE)."""
+
+    def __init__(
+        self,
+        output: str,
+        out_dtype: torch.dtype,
+        nan: str,
+        fmt: Format,
+        mode: str,
+        sat: str,
+        n: int,
+        variant: str,
+        source: str,
+    ) -> None:
+        self.fmt, self.output, self.out_dtype, self.nan = fmt, output, out_dtype, nan
+        self.mode, self.sat, self.n, self.variant, self.source = mode, sat, n, variant, source
+        self.check_nan = checks_nan(fmt, nan, output)
+        self.path = self._choose_path()
+        self.rows = _codes_layout(output)[0] if self.path == "codes" else ROWS
+        self.launches: dict[tuple, Launch] = {}
+
+    def _choose_path(self) -> str:
+        """ "bf16": fp32/fp16/bf16 -> bf16 SR (bf16 output) from the stream with n >= 16 bits
+        (any variant) or variant a: from the fp32 bits exactly 16 bits are discarded, so
+        adding and truncating is the contract.  "codes": SR from the stream to codes of a
+        signed sign-magnitude format with zero (fp8, fp4, or binary16 for an fp16 result),
+        variant a with any n or exact SR (variant c, n = 32).  "round": anything else."""
+        fmt, output = self.fmt, self.output
+        stream_sr = self.mode == "sr" and self.source == "stream"
+        if (
+            stream_sr
+            and output == "value"
+            and self.out_dtype == torch.bfloat16
+            and fmt.name == "bfloat16"
+            and (self.n >= 16 or self.variant == "a")
+        ):
+            return "bf16"
+        fp16 = output == "value" and self.out_dtype == torch.float16 and fmt.name == "binary16"
+        if (
+            stream_sr
+            and (output in ("codes", "fp4x2") or fp16)
+            and (self.variant == "a" or (self.variant == "c" and self.n == 32))
+            and fmt.signed
+            and not fmt.twos_complement
+            and fmt.has_zero
+        ):
+            return "codes"
+        return "round"
+
+    def launch(self, common: tuple[bool, bool, bool]) -> Launch:
+        """The path's (first) kernel for the per-call constexprs (FROM_TENSORS, ALIGNED,
+        WIDE)."""
+        launch = self.launches.get(common)
+        if launch is None:
+            launch = self.launches[common] = self._bind(common)
+        return launch
+
+    def _bind(self, common: tuple[bool, bool, bool]) -> Launch:
+        stream = _stream_constants(common)
+        if self.path == "bf16":
+            saturation = ("none", "propagate", "finite").index(self.sat)
+            constants = {"SATURATION": saturation, "NBITS": self.n, "ROWS": ROWS, **stream}
+            return Launch(_bf16_sr_kernel, constants)
+        if self.path == "codes":
+            fast, _ = _codes_constants(self.fmt, self.output, self.n, self.variant, self.sat)
+            return Launch(_sr_codes_kernel, {**fast, **stream})
+        constants = {
+            "CHECK_NAN": self.check_nan,
+            **_format_constants(self.fmt),
+            **_overflow_bits(self.fmt, self.mode, self.sat),
+            "MODE": MODE_CODES[self.mode],
+            "VARIANT": VARIANT_CODES[self.variant],
+            "NBITS": self.n,
+            "SOURCE": SOURCES.index(self.source),
+            "OUTPUT": OUTPUTS.index(self.output),
+            "NAN16": NAN16_BITS.get(self.out_dtype, 0),
+            "ROWS": ROWS,
+            **stream,
+        }
+        return Launch(_round_kernel, constants)
+
+    def exact_launch(self, common: tuple[bool, bool, bool], iterations: int) -> Launch:
+        """The codes path's `_exact_codes_kernel`, its grid walking the list ``iterations``
+        times."""
+        key = (*common, iterations)
+        launch = self.launches.get(key)
+        if launch is None:
+            _, exact = _codes_constants(self.fmt, self.output, self.n, self.variant, self.sat)
+            constants = {
+                **exact,
+                **_stream_constants(common),
+                "CHECK_NAN": self.check_nan,
+                "ITERATIONS": iterations,
+            }
+            launch = self.launches[key] = Launch(_exact_codes_kernel, constants)
+        return launch
+
+
+# one plan per choices (`KernelPlan`'s arguments): a call looks its plan up once
+kernel_plan = functools.cache(KernelPlan)
+
+
+def _stream_constants(common: tuple[bool, bool, bool]) -> dict[str, bool]:
+    """The per-call constexprs of every rounding kernel: (FROM_TENSORS, ALIGNED, WIDE)."""
+    from_tensors, aligned, wide = common
+    return {"FROM_TENSORS": from_tensors, "ALIGNED": aligned, "WIDE": wide}
+
+
+def _codes_layout(output: str) -> tuple[int, int]:
+    """(rows, warps) of an SR-to-codes tile for an output."""
+    return (ROWS, 4) if INTERPRETED else CODES_LAUNCH[output]
 
 
 @functools.cache
@@ -995,7 +1072,7 @@ def _codes_constants(
     from there up (and fp32 subnormals never: their significand lacks the implicit bit).
     The exact kernel's magnitude codes for overflow and infinite inputs are -1 where the
     result is NaN."""
-    rows, warps = (ROWS, 4) if INTERPRETED else CODES_LAUNCH[output]
+    rows, warps = _codes_layout(output)
     both = {
         **_layout_constants(fmt),
         "SIGN_SHIFT": fmt.ebits + fmt.mbits,
@@ -1039,17 +1116,3 @@ def _wide(count: int, index_offset: int, rows: int) -> bool:
 
 def _as_int64(value: int) -> int:
     return value - 2**64 if value >= 2**63 else value
-
-
-def _bf16_fast_path(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> bool:
-    """fp32/fp16/bf16 -> bf16 SR (bf16 output) from the stream with n >= 16 bits (any
-    variant) or variant a: from the fp32 bits exactly 16 bits are discarded, so adding and
-    truncating is the contract."""
-    return (
-        out_dtype == torch.bfloat16
-        and output == "value"
-        and request.fmt.name == "bfloat16"
-        and request.mode == "sr"
-        and request.source == "stream"
-        and (request.n >= 16 or request.variant == "a")
-    )

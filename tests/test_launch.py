@@ -1,0 +1,145 @@
+"""`stochround.kernels.launch`: a bound launch picks the kernel Triton's JIT would pick.
+
+On the GPU: the key of every runtime argument equals the specialization Triton's own binder
+computes (pointers aligned or not, counts divisible by 16 or not, integers of every width
+the kernels take, seeds in device tensors); a launch after the first reuses the JIT's
+compiled kernel and gives the JIT's result; registered launch hooks route launches
+through the JIT, which calls them.  On the CPU: the launch's checks and hook detection.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+from triton import knobs
+
+import stochround as sr
+from stochround.kernels import rounding as kernels
+from stochround.kernels.launch import Launch, _hooks_registered
+
+E2M1 = sr.format("e2m1")
+COMMON = (False, True, False)  # FROM_TENSORS, ALIGNED, WIDE
+
+
+def _fp4_plan() -> kernels.KernelPlan:
+    """The plan of `sr.cast(x, torch.float4_e2m1fn_x2, "sr")`."""
+    return kernels.kernel_plan(
+        "fp4x2", torch.float4_e2m1fn_x2, "raise", E2M1, "sr", "none", 32, "c", "stream"
+    )
+
+
+def _codes_arguments(
+    x: torch.Tensor, seed: int, offset: int, index_offset: int, seed_tensors: bool = False
+) -> tuple:
+    """Runtime arguments of `_sr_codes_kernel` for fp4 codes of x (seed and offset as
+    values, with device tensors beside them or none, as `round_triton` passes them)."""
+    buffer = torch.empty((x.numel() + 3) // 4 * 2, dtype=torch.uint8, device=x.device)
+    flag = torch.zeros(2 + x.numel(), dtype=torch.int32, device=x.device)
+    seed_tensor = torch.zeros((), dtype=torch.int64, device=x.device) if seed_tensors else None
+    pointers = (seed_tensor, seed_tensor)
+    return (x, buffer, flag, *pointers, seed, offset, x.numel(), index_offset)
+
+
+def _binder_specialization(launch: Launch, args: tuple) -> tuple:
+    """The specialization of the runtime arguments by the JIT's binder itself."""
+    device = torch.cuda.current_device()
+    binder = launch.kernel.device_caches[device][4]
+    _, specialization, _ = binder(*args, **launch.constants)
+    return tuple(specialization[: len(args)])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("start", [0, 1, 4])  # x's pointer 16-byte aligned or not
+@pytest.mark.parametrize("count", [4096, 4099])  # divisible by 16 or not
+@pytest.mark.parametrize("seed", [7, 2**31 + 5, 2**40, -(2**62)])  # i32, u32, i64 widths
+def test_keys_are_the_binder_specialization(start: int, count: int, seed: int) -> None:
+    x = torch.randn(count + start, device="cuda")[start:]
+    launch = _fp4_plan().launch(COMMON)
+    for index_offset in (0, 16, 2**31 - 2**20):
+        for seed_tensors in (False, True):
+            args = _codes_arguments(x, seed, seed // 3, index_offset, seed_tensors)
+            key = launch.key(torch.cuda.current_device(), args)
+            assert key[3:] == _binder_specialization(launch, args)
+
+
+@pytest.mark.gpu
+def test_a_bound_launch_reuses_the_jit_kernel_and_matches_it() -> None:
+    x = torch.randn(10_000, device="cuda")
+    launch = _fp4_plan().launch(COMMON)
+    programs = triton.cdiv(x.numel(), _fp4_plan().rows * 4)
+    args = _codes_arguments(x, 11, 3, 0)
+    launch(programs, *args)  # a first launch of this specialization: through the JIT
+    key = launch.key(torch.cuda.current_device(), args)
+    device_cache = launch.kernel.device_caches[torch.cuda.current_device()][0]
+    assert any(kernel is launch.compiled[key] for kernel in device_cache.values())
+    ours = _codes_arguments(x, 11, 3, 0)
+    launch(programs, *ours)  # the compiled kernel's own launcher
+    jit = _codes_arguments(x, 11, 3, 0)
+    launch.kernel[(programs,)](*jit, **launch.constants)
+    torch.cuda.synchronize()
+    assert torch.equal(ours[1], jit[1]) and torch.equal(ours[2], jit[2])
+    expected = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=11, offset=3, backend="torch")
+    assert torch.equal(ours[1][: x.numel() // 2], expected.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_registered_launch_hooks_see_every_launch() -> None:
+    x = torch.randn(4096, device="cuda")
+    seen: list[str] = []
+
+    def hook(metadata: object) -> None:
+        seen.append(metadata.get()["name"])
+
+    sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=1)  # compiled, and cached by the launch
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=1)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=1)
+    assert seen == ["_sr_codes_kernel"]
+
+
+def _jit_function(kernel: object) -> triton.JITFunction:
+    """A compilable JIT function of a kernel (the interpreter's kernels wrap one's source)."""
+    if isinstance(kernel, triton.JITFunction):
+        return kernel
+    return triton.runtime.jit.JITFunction(kernel.fn)
+
+
+def test_hooks_registered_reads_triton_hook_chains_and_pre_run_hooks() -> None:
+    kernel = _jit_function(kernels._sr_codes_kernel)
+    assert not _hooks_registered(kernel)
+
+    def hook(*_: object) -> None:
+        pass
+
+    for chain in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
+        chain.add(hook)
+        try:
+            assert _hooks_registered(kernel)
+        finally:
+            chain.remove(hook)
+    kernel.pre_run_hooks.append(hook)
+    try:
+        assert _hooks_registered(kernel)
+    finally:
+        kernel.pre_run_hooks.remove(hook)
+    assert not _hooks_registered(kernel)
+
+
+def test_a_launch_needs_every_constexpr_and_runtime_parameters_first() -> None:
+    kernel = _jit_function(kernels._sr_codes_kernel)
+    with pytest.raises(ValueError, match=r"every constexpr of _sr_codes_kernel.*'NBITS'"):
+        Launch(kernel, {"ROWS": 512}, fast=True)
+
+    def constexpr_first(COUNT: triton.language.constexpr, x_ptr):
+        pass
+
+    with pytest.raises(ValueError, match="runtime parameters first"):
+        Launch(triton.runtime.jit.JITFunction(constexpr_first), {}, fast=True)
+    assert not Launch(kernel, {}, fast=False).fast  # no checks where it does not launch itself
+    constants = {param.name: 0 for param in kernel.params if param.is_constexpr}
+    with pytest.raises(TypeError, match="takes 9 runtime arguments, got 2"):
+        Launch(kernel, constants, fast=True).key(0, (1, 2))
