@@ -930,8 +930,7 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
                 _CLEAN_FLAGS.give_back(flags, device)
         if nan_possible or not check_nan:
             iterations = next_power_of_2(cdiv(programs, _persistent_programs(device)))
-            launch = plan.exact_launch(common, iterations)
-            launch(cdiv(programs, iterations), x, buffer, flag, *stream)
+            plan.launch(common, iterations)(cdiv(programs, iterations), x, buffer, flag, *stream)
     else:
         flag = torch.zeros(1, dtype=torch.int32, device=device)
         rand = request.rand
@@ -996,23 +995,33 @@ class KernelPlan:
             return "codes"
         return "round"
 
-    def launch(self, common: tuple[bool, bool, bool]) -> Launch:
-        """The path's (first) kernel for the per-call constexprs (FROM_TENSORS, ALIGNED,
-        WIDE)."""
-        launch = self.launches.get(common)
+    def launch(self, common: tuple[bool, bool, bool], iterations: int | None = None) -> Launch:
+        """The path's kernel for the per-call constexprs (FROM_TENSORS, ALIGNED, WIDE); with
+        ``iterations``, the codes path's `_exact_codes_kernel`, its grid walking the list of
+        tiles that many times."""
+        key = common if iterations is None else (*common, iterations)
+        launch = self.launches.get(key)
         if launch is None:
-            launch = self.launches[common] = self._bind(common)
+            launch = self.launches[key] = self._bind(common, iterations)
         return launch
 
-    def _bind(self, common: tuple[bool, bool, bool]) -> Launch:
+    def _bind(self, common: tuple[bool, bool, bool], iterations: int | None) -> Launch:
         stream = _stream_constants(common)
         if self.path == "bf16":
             saturation = ("none", "propagate", "finite").index(self.sat)
             constants = {"SATURATION": saturation, "NBITS": self.n, "ROWS": ROWS, **stream}
             return Launch(_bf16_sr_kernel, constants)
         if self.path == "codes":
-            fast, _ = _codes_constants(self.fmt, self.output, self.n, self.variant, self.sat)
-            return Launch(_sr_codes_kernel, {**fast, **stream})
+            fast, exact = _codes_constants(self.fmt, self.output, self.n, self.variant, self.sat)
+            if iterations is None:
+                return Launch(_sr_codes_kernel, {**fast, **stream})
+            constants = {
+                **exact,
+                **stream,
+                "CHECK_NAN": self.check_nan,
+                "ITERATIONS": iterations,
+            }
+            return Launch(_exact_codes_kernel, constants)
         constants = {
             "CHECK_NAN": self.check_nan,
             **_format_constants(self.fmt),
@@ -1027,22 +1036,6 @@ class KernelPlan:
             **stream,
         }
         return Launch(_round_kernel, constants)
-
-    def exact_launch(self, common: tuple[bool, bool, bool], iterations: int) -> Launch:
-        """The codes path's `_exact_codes_kernel`, its grid walking the list ``iterations``
-        times."""
-        key = (*common, iterations)
-        launch = self.launches.get(key)
-        if launch is None:
-            _, exact = _codes_constants(self.fmt, self.output, self.n, self.variant, self.sat)
-            constants = {
-                **exact,
-                **_stream_constants(common),
-                "CHECK_NAN": self.check_nan,
-                "ITERATIONS": iterations,
-            }
-            launch = self.launches[key] = Launch(_exact_codes_kernel, constants)
-        return launch
 
 
 # one plan per choices (`KernelPlan`'s arguments): a call looks its plan up once
