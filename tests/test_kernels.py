@@ -380,7 +380,8 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
         kernel = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="triton")
         expected = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="torch")
         assert _same_bits(kernel, expected)
-        assert all(not flags.any() for flags, _ in _CLEAN_FLAGS.by_device.values())
+        kept = _CLEAN_FLAGS.by_device.values()
+        assert all(not flags.any() and not note.any() for flags, note in kept)
 
     for step, x in enumerate([clean, overflowing, clean[:1], overflowing, clean]):
         check(x, seed=step)
@@ -403,6 +404,22 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
     (theirs, _), (ours, _) = in_thread["after"].popitem()[1], kept.popitem()[1]
     assert theirs.data_ptr() != ours.data_ptr()
     assert next(iter(_CLEAN_FLAGS.by_device.values()))[0] is ours
+
+
+@pytest.mark.gpu
+def test_checked_calls_wait_for_the_current_stream() -> None:
+    """A checked call reads its host note after its own stream's work: on a side stream
+    busy with a long kernel queued first, a NaN is still found (reading the note before
+    the stream's work is done would see it clear)."""
+    x = torch.randn(4, 6000, device="cuda")
+    x[1, 2] = math.nan
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # tens of milliseconds of device time before the cast
+        with pytest.raises(ValueError, match="no NaN code"):
+            sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=1, backend="triton")
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("sat", ["none", "finite"])

@@ -9,6 +9,8 @@ through the JIT, which calls them.  On the CPU: the launch's checks and hook det
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import triton
@@ -30,15 +32,22 @@ def _fp4_plan() -> kernels.KernelPlan:
 
 
 def _codes_arguments(
-    x: torch.Tensor, seed: int, offset: int, index_offset: int, seed_tensors: bool = False
+    x: torch.Tensor,
+    seed: int,
+    offset: int,
+    index_offset: int,
+    seed_tensors: bool = False,
+    note: bool = False,
 ) -> tuple:
     """Runtime arguments of `_sr_codes_kernel` for fp4 codes of x (seed and offset as
-    values, with device tensors beside them or none, as `round_triton` passes them)."""
+    values, with device tensors beside them or none; a page-locked host note or none, as
+    `round_triton` passes them)."""
     buffer = torch.empty((x.numel() + 3) // 4 * 2, dtype=torch.uint8, device=x.device)
     flag = torch.zeros(2 + x.numel(), dtype=torch.int32, device=x.device)
+    host_word = torch.zeros(1, dtype=torch.int32, pin_memory=True) if note else None
     seed_tensor = torch.zeros((), dtype=torch.int64, device=x.device) if seed_tensors else None
     pointers = (seed_tensor, seed_tensor)
-    return (x, buffer, flag, *pointers, seed, offset, x.numel(), index_offset)
+    return (x, buffer, flag, host_word, *pointers, seed, offset, x.numel(), index_offset)
 
 
 def _binder_specialization(launch: Launch, args: tuple) -> tuple:
@@ -57,8 +66,8 @@ def test_keys_are_the_binder_specialization(start: int, count: int, seed: int) -
     x = torch.randn(count + start, device="cuda")[start:]
     launch = _fp4_plan().launch(COMMON)
     for index_offset in (0, 16, 2**31 - 2**20):
-        for seed_tensors in (False, True):
-            args = _codes_arguments(x, seed, seed // 3, index_offset, seed_tensors)
+        for seed_tensors, note in itertools.product((False, True), repeat=2):
+            args = _codes_arguments(x, seed, seed // 3, index_offset, seed_tensors, note)
             key = launch.key(torch.cuda.current_device(), args)
             assert key[3:] == _binder_specialization(launch, args)
 
@@ -81,6 +90,25 @@ def test_a_bound_launch_reuses_the_jit_kernel_and_matches_it() -> None:
     assert torch.equal(ours[1], jit[1]) and torch.equal(ours[2], jit[2])
     expected = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=11, offset=3, backend="torch")
     assert torch.equal(ours[1][: x.numel() // 2], expected.view(torch.uint8))
+
+
+@pytest.mark.gpu
+def test_the_codes_kernel_notes_listed_tiles_in_a_host_word() -> None:
+    """The page-locked note of a checked call: set to 1 by the codes kernel when it lists a
+    tile (an overflow here), untouched otherwise, read on the host after the stream's
+    synchronization with no copy."""
+    x = torch.randn(10_000, device="cuda")
+    launch = _fp4_plan().launch(COMMON)
+    programs = triton.cdiv(x.numel(), _fp4_plan().rows * 4)
+    for overflow, _ in itertools.product((False, True), range(2)):  # JIT, then launcher
+        y = x.clone()
+        if overflow:
+            y[5_000] = 100.0  # beyond e2m1's 6: its tile is listed for the exact kernel
+        args = _codes_arguments(y, 5, 0, 0, note=True)
+        launch(programs, *args)
+        torch.cuda.current_stream().synchronize()
+        flag, note = args[2], args[3]
+        assert note.item() == int(overflow) and flag[1].item() == int(overflow)
 
 
 @pytest.mark.gpu
@@ -141,5 +169,5 @@ def test_a_launch_needs_every_constexpr_and_runtime_parameters_first() -> None:
         Launch(triton.runtime.jit.JITFunction(constexpr_first), {}, fast=True)
     assert not Launch(kernel, {}, fast=False).fast  # no checks where it does not launch itself
     constants = {param.name: 0 for param in kernel.params if param.is_constexpr}
-    with pytest.raises(TypeError, match="takes 9 runtime arguments, got 2"):
+    with pytest.raises(TypeError, match="takes 10 runtime arguments, got 2"):
         Launch(kernel, constants, fast=True).key(0, (1, 2))
