@@ -2,8 +2,9 @@
 few text and memory chores every benchmark script does.
 
 On CUDA every timed call is bracketed by its own pair of CUDA events (as
-``triton.testing.do_bench`` does), after a first call (compilation, autotuning, module
-load) and a few warm-up calls that stay out of the numbers; the median is reported.
+``triton.testing.do_bench`` does; recorded on the current stream, fetched once), after a
+first call (compilation, autotuning, module load) and a few warm-up calls that stay out of
+the numbers; the median is reported.
 On the CPU the same loop reads ``time.perf_counter`` around each (synchronous) call.
 
     timing = time_function(lambda: dst.copy_(src), device)
@@ -94,10 +95,14 @@ def time_function(
     if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+        # recorded on the stream fetched once: `Event.record()` without one builds the
+        # current stream's object anew (5-6 us of host time on an H100 host), which the
+        # end event would charge to a call that synchronizes (the device idles meanwhile)
+        stream = torch.cuda.current_stream(device)
         for start, end in zip(starts, ends, strict=True):
-            start.record()
+            start.record(stream)
             function()
-            end.record()
+            end.record(stream)
         torch.cuda.synchronize(device)
         times_us = [start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends, strict=True)]
         method = "CUDA events around each call"
