@@ -81,9 +81,9 @@ def test_a_bound_launch_reuses_the_jit_kernel_and_matches_it() -> None:
     launch(programs, *args)  # a first launch of this specialization: through the JIT
     key = launch.key(torch.cuda.current_device(), args)
     device_cache = launch.kernel.device_caches[torch.cuda.current_device()][0]
-    assert any(kernel is launch.compiled[key] for kernel in device_cache.values())
+    assert any(kernel is launch.compiled[key][0] for kernel in device_cache.values())
     ours = _codes_arguments(x, 11, 3, 0)
-    launch(programs, *ours)  # the compiled kernel's own launcher
+    launch(programs, *ours)  # the compiled kernel's native launch function
     jit = _codes_arguments(x, 11, 3, 0)
     launch.kernel[(programs,)](*jit, **launch.constants)
     torch.cuda.synchronize()
@@ -171,3 +171,50 @@ def test_a_launch_needs_every_constexpr_and_runtime_parameters_first() -> None:
     constants = {param.name: 0 for param in kernel.params if param.is_constexpr}
     with pytest.raises(TypeError, match="takes 10 runtime arguments, got 2"):
         Launch(kernel, constants, fast=True).key(0, (1, 2))
+
+
+@pytest.mark.parametrize("scratch", [0, 64])
+def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
+    monkeypatch: pytest.MonkeyPatch, scratch: int
+) -> None:
+    """After the JIT's first launch, a kernel needing no scratch memory is launched through
+    its native launch function with the arguments the JIT's launcher would pass; one that
+    needs scratch (allocated by Triton's launcher wrapper) goes through the JIT every time.
+    Triton's JIT and driver are stood in for, so this runs without a GPU."""
+    from types import SimpleNamespace
+
+    from stochround.kernels import launch as launch_module
+
+    native_calls: list[tuple] = []
+    run = SimpleNamespace(
+        global_scratch_size=scratch,
+        profile_scratch_size=0,
+        launch_cooperative_grid=False,
+        launch_pdl=True,
+        launch=lambda *arguments: native_calls.append(arguments),
+    )
+    compiled = SimpleNamespace(run=run, function=1234, packed_metadata=(2, 1, 0))
+    jit_calls: list[tuple] = []
+
+    def jit_run(*arguments: object, grid: tuple, warmup: bool, **constants: object) -> object:
+        jit_calls.append((grid, arguments))
+        return compiled
+
+    def kernel_source(a, b, N: triton.language.constexpr):
+        pass
+
+    kernel = triton.runtime.jit.JITFunction(kernel_source)
+    monkeypatch.setattr(kernel, "run", jit_run)
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 77)
+    monkeypatch.setattr(launch_module, "driver", SimpleNamespace(active=active))
+    launch = Launch(kernel, {"N": 8}, fast=True)
+    monkeypatch.setattr(launch, "key", lambda device, arguments: (device, "key"))
+    for programs in (3, 5, 6):
+        launch(programs, "a", "b")
+    if scratch:
+        assert [grid for grid, _ in jit_calls] == [(3,), (5,), (6,)] and not native_calls
+        assert launch.compiled == {}
+    else:
+        assert jit_calls == [((3,), ("a", "b"))]
+        prefix = (1234, False, True, None, None, (2, 1, 0), None, None, None, "a", "b", 8)
+        assert native_calls == [(programs, 1, 1, 77, *prefix) for programs in (5, 6)]

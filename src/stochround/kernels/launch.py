@@ -7,15 +7,17 @@ all of them and the options, launch metadata, two hook chains called; the compil
 kernel's own launcher takes 6 us of it. A `Launch` binds one kernel's constexprs and
 options once; per call it asks Triton's own specialization function (the one the JIT's
 binder calls for every argument) about the runtime arguments only, finds the compiled
-kernel under that key and calls the compiled kernel's launcher. Constexprs and options
-being fixed, the key determines the JIT's own cache key, so the kernel launched is the one
-``kernel[grid]`` would launch (a GPU test compares the keys with the binder's).
+kernel under that key and calls its native launch function (the compiled launcher's
+Python wrapper only adds scratch buffers, which our kernels do not use: 2 us a launch).
+Constexprs and options being fixed, the key determines the JIT's own cache key, so the
+kernel launched is the one ``kernel[grid]`` would launch (a GPU test compares the keys with
+the binder's).
 
 Calls go through ``kernel[grid]`` instead where that is the right thing: the first call of
 a specialization (Triton compiles and caches it; its kernel is kept for the next calls),
-under the interpreter, while launch hooks or pre-run hooks are registered (profilers rely
-on them), and on any Triton release but the one this module was written against
-(`FAST_LAUNCH`), whose internals may differ.
+kernels that need global or profiling scratch memory, under the interpreter, while launch
+hooks or pre-run hooks are registered (profilers rely on them), and on any Triton release
+but the one this module was written against (`FAST_LAUNCH`), whose internals may differ.
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ class Launch:
     ) -> None:
         self.kernel = kernel
         self.constants = dict(constants)
-        self.compiled: dict[tuple, object] = {}
+        # per key: the compiled kernel and the arguments its native launch takes before the
+        # grid's (function, cooperative-grid and PDL flags, packed metadata)
+        self.compiled: dict[tuple, tuple] = {}
         # the interpreter's kernels have no compiled launcher
         self.fast = fast and isinstance(kernel, triton.JITFunction)
         if not self.fast:
@@ -113,17 +117,26 @@ class Launch:
             return
         device = driver.active.get_current_device()
         key = self.key(device, args)
-        compiled = self.compiled.get(key)
-        if compiled is None:  # through the JIT: compiles, or finds its cached kernel
+        bound = self.compiled.get(key)
+        if bound is None:  # through the JIT: compiles, or finds its cached kernel
             compiled = self.kernel[(programs,)](*args, **self.constants)
-            self.compiled[key] = compiled.result() if hasattr(compiled, "result") else compiled
+            compiled = compiled.result() if hasattr(compiled, "result") else compiled
+            run = compiled.run
+            if not (run.global_scratch_size or run.profile_scratch_size):
+                flags = (run.launch_cooperative_grid, run.launch_pdl)
+                self.compiled[key] = (compiled, compiled.function, *flags)
             return
-        compiled.run(
+        compiled, function, cooperative, pdl = bound
+        compiled.run.launch(
             programs,
             1,
             1,
             driver.active.get_current_stream(device),
-            compiled.function,
+            function,
+            cooperative,
+            pdl,
+            None,  # global and profiling scratch: none needed (checked at the first launch)
+            None,
             compiled.packed_metadata,
             None,  # launch metadata and hooks: none registered (checked above)
             None,
