@@ -64,8 +64,9 @@ class Launch:
     ) -> None:
         self.kernel = kernel
         self.constants = dict(constants)
-        # per key: the compiled kernel and the arguments its native launch takes before the
-        # grid's (function, cooperative-grid and PDL flags, packed metadata)
+        # per key: the compiled kernel, then what its native launch takes besides the grid,
+        # the stream, scratch, hooks and arguments (function, cooperative-grid and PDL
+        # flags, packed metadata)
         self.compiled: dict[tuple, tuple] = {}
         # the interpreter's kernels have no compiled launcher
         self.fast = fast and isinstance(kernel, triton.JITFunction)
@@ -124,9 +125,9 @@ class Launch:
             run = compiled.run
             if not (run.global_scratch_size or run.profile_scratch_size):
                 flags = (run.launch_cooperative_grid, run.launch_pdl)
-                self.compiled[key] = (compiled, compiled.function, *flags)
+                self.compiled[key] = (compiled, compiled.function, *flags, compiled.packed_metadata)
             return
-        compiled, function, cooperative, pdl = bound
+        compiled, function, cooperative, pdl, metadata = bound
         compiled.run.launch(
             programs,
             1,
@@ -137,7 +138,7 @@ class Launch:
             pdl,
             None,  # global and profiling scratch: none needed (checked at the first launch)
             None,
-            compiled.packed_metadata,
+            metadata,
             None,  # launch metadata and hooks: none registered (checked above)
             None,
             None,
