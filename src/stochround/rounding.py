@@ -528,9 +528,9 @@ def _dispatch(
     checked = checks_nan(request.fmt, request.nan, output)
     if checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(
-            f"format {request.fmt.name} has no NaN code: nan='raise' reads a NaN flag back from "
-            "the device, which a CUDA graph cannot capture; pass nan='zero' (NaN results "
-            "stored as code 0, unchecked) to capture this call"
+            f"format {request.fmt.name} has no NaN code: nan='raise' waits for the kernel to "
+            "learn whether a result is NaN, which a CUDA graph cannot capture; pass "
+            "nan='zero' (NaN results stored as code 0, unchecked) to capture this call"
         )
     if backend == "torch" or (backend == "auto" and not x.is_cuda):
         return _round_torch(x, request, output, out_dtype)
@@ -735,8 +735,8 @@ def encode(
     pattern as `Tensor.view` would (``encode(x, "bf16") == x.to(bf16).view(int16)``).
     NaN becomes the canonical quiet NaN code.  In a format without a NaN code (e2m1, e2m3,
     e3m2), a NaN result (a NaN input, or an overflow with ``sat="none"``) raises ValueError
-    with ``nan="raise"``, for which a CUDA call waits for its kernel and reads a flag back
-    (no CUDA-graph capture); ``nan="zero"`` stores code 0 (+0) for it, unchecked and
+    with ``nan="raise"``, for which a CUDA call waits for its kernel before it returns (no
+    CUDA-graph capture); ``nan="zero"`` stores code 0 (+0) for it, unchecked and
     asynchronous (with ``sat="finite"`` only NaN inputs are affected).
 
     ``packed=True`` (4-bit and 6-bit formats) returns the codes packed along the last
