@@ -364,12 +364,21 @@ def test_formats_without_nan_refuse_nan_on_both_backends(backend: str) -> None:
         sr.cast(x * 100, torch.float4_e2m1fn_x2, "sr", seed=1, backend=backend)
 
 
+def _scratch_clean(flags: torch.Tensor, note: torch.Tensor) -> bool:
+    """Whether kept scratch is ready for a call: the NaN flag, the list's length and the
+    arrival count zero (the list below the length is all a kernel reads), the note clear."""
+    from stochround.kernels.rounding import LIST_START
+
+    return not flags[: LIST_START.value].any() and not note.any()
+
+
 def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
     """The NaN check keeps its zeroed flag buffer per thread between calls: after a call
     that listed tiles (overflows) or found NaN, the next calls neither raise nor differ from
     the PyTorch path, any buffer kept is all zero, and another thread keeps its own."""
-    from stochround.kernels.rounding import _CLEAN_FLAGS
+    from stochround.kernels.rounding import _CLEAN_BUFFERS
 
+    _CLEAN_BUFFERS.by_stream.clear()
     fp4 = torch.float4_e2m1fn_x2
     clean = torch.randn(4, 6000, device=DEVICE)
     overflowing = clean * 4  # beyond e2m1's 6: tiles listed for the exact kernel, no NaN
@@ -380,22 +389,22 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
         kernel = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="triton")
         expected = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="torch")
         assert _same_bits(kernel, expected)
-        kept = _CLEAN_FLAGS.by_device.values()
-        assert all(not flags.any() and not note.any() for flags, note in kept)
+        kept = _CLEAN_BUFFERS.by_stream.values()
+        assert all(_scratch_clean(flags, note) for flags, note in kept)
 
     for step, x in enumerate([clean, overflowing, clean[:1], overflowing, clean]):
         check(x, seed=step)
         with pytest.raises(ValueError, match="no NaN code"):
             sr.cast(with_nan, fp4, "sr", seed=step, sat="finite", backend="triton")
     check(clean, seed=9)
-    kept = dict(_CLEAN_FLAGS.by_device)
+    kept = dict(_CLEAN_BUFFERS.by_stream)
     assert len(kept) == 1, "a clean checked call keeps its buffer"
     in_thread: dict = {}
 
     def work() -> None:
-        in_thread["before"] = dict(_CLEAN_FLAGS.by_device)
+        in_thread["before"] = dict(_CLEAN_BUFFERS.by_stream)
         check(clean, seed=10)
-        in_thread["after"] = dict(_CLEAN_FLAGS.by_device)
+        in_thread["after"] = dict(_CLEAN_BUFFERS.by_stream)
 
     worker = threading.Thread(target=work)
     worker.start()
@@ -403,7 +412,74 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
     assert in_thread["before"] == {} and len(in_thread["after"]) == 1
     (theirs, _), (ours, _) = in_thread["after"].popitem()[1], kept.popitem()[1]
     assert theirs.data_ptr() != ours.data_ptr()
-    assert next(iter(_CLEAN_FLAGS.by_device.values()))[0] is ours
+    assert next(iter(_CLEAN_BUFFERS.by_stream.values()))[0] is ours
+
+
+@pytest.mark.parametrize(
+    ("dtype", "nan"), [(torch.float8_e4m3fn, "raise"), (torch.float4_e2m1fn_x2, "zero")]
+)
+def test_unchecked_codes_calls_leave_their_scratch_clean(dtype: torch.dtype, nan: str) -> None:
+    """Unchecked SR-to-codes calls keep one zeroed scratch buffer per stream: the exact
+    kernel clears the list's length and its own arrival count once all its programs have
+    read the length, so after calls that list many tiles (a persistent grid of several
+    programs walking the list) the same buffer is all zero again and serves the next call,
+    bit-identical to the PyTorch path."""
+    from stochround.kernels.rounding import (
+        _CLEAN_BUFFERS,
+        _codes_layout,
+        _persistent_programs,
+    )
+
+    output = "codes" if dtype == torch.float8_e4m3fn else "fp4x2"
+    tile = _codes_layout(output)[0] * 4
+    tiles = 2 * _persistent_programs(torch.device(DEVICE)) + 1  # grid of cdiv(tiles, 4)
+    clean = torch.randn(tiles, tile, device=DEVICE)
+    mixed = clean.clone()
+    mixed[1::2] *= 1000  # every other tile overflows: listed for the exact kernel
+    _CLEAN_BUFFERS.by_stream.clear()
+    kept = None
+    for seed, x in enumerate([mixed, clean, mixed, mixed[:3]]):
+        result = sr.cast(x, dtype, "sr", seed=seed, sat="finite", nan=nan, backend="triton")
+        expected = sr.cast(x, dtype, "sr", seed=seed, sat="finite", nan=nan, backend="torch")
+        assert _same_bits(result, expected), seed
+        if ON_GPU:
+            torch.cuda.synchronize()
+        (flags, note), *others = _CLEAN_BUFFERS.by_stream.values()
+        assert not others and _scratch_clean(flags, note), seed
+        kept = flags if kept is None else kept
+        assert flags is kept, "the buffer serves every call"
+
+
+@pytest.mark.gpu
+def test_codes_scratch_is_kept_per_stream_and_never_by_a_graph() -> None:
+    """Each stream keeps its own scratch (another stream's may still be in use in its
+    order); a CUDA-graph capture takes fresh scratch and keeps it to itself, the cache
+    untouched, and its replays round right."""
+    from stochround.kernels.rounding import _CLEAN_BUFFERS
+
+    fp4 = torch.float4_e2m1fn_x2
+    x = torch.randn(64, 4096, device="cuda") * 4  # tiles listed
+
+    def cast(seed: int) -> torch.Tensor:
+        return sr.cast(x, fp4, "sr", seed=seed, nan="zero", backend="triton")
+
+    _CLEAN_BUFFERS.by_stream.clear()
+    cast(1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cast(2)
+    torch.cuda.synchronize()
+    kept = {key: flags.data_ptr() for key, (flags, _) in _CLEAN_BUFFERS.by_stream.items()}
+    assert len(kept) == 2 and len(set(kept.values())) == 2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = cast(3)
+    assert {key: flags.data_ptr() for key, (flags, _) in _CLEAN_BUFFERS.by_stream.items()} == kept
+    for _ in range(2):
+        graph.replay()
+        assert _same_bits(captured, sr.cast(x, fp4, "sr", seed=3, nan="zero", backend="torch"))
+        assert _same_bits(cast(3), captured)
 
 
 @pytest.mark.gpu

@@ -66,6 +66,9 @@ ROWS = 4096 if INTERPRETED else 256
 CODES_LAUNCH = {"codes": (512, 2), "fp4x2": (512, 2), "value": (256, 2)}
 FP32_NAN_BITS = 0x7FC00000
 NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+# the codes kernels' scratch words: the NaN flag, the length of the list of tiles left to
+# the exact kernel, its programs' arrival count, then the list
+LIST_START = tl.constexpr(3)
 
 
 def fp32_bits(value: float) -> int:
@@ -608,9 +611,9 @@ def _sr_codes_kernel(
     added to the high word, or with CODE_IN_ADDEND carried in the addend's high word (the
     same sum).  A program whose codes do not overflow (no infinity or NaN either) stores
     them; any other leaves its tile to `_exact_codes_kernel`, appending its number to the
-    list at ``flag_ptr + 2`` (length at ``flag_ptr + 1``) and, unless ``note_ptr`` is None,
-    setting the word at ``note_ptr`` to 1 (a host word: the checked call reads it without
-    a copy)."""
+    list at ``flag_ptr + LIST_START`` (length at ``flag_ptr + 1``) and, unless ``note_ptr``
+    is None, setting the word at ``note_ptr`` to 1 (a host word: the checked call reads it
+    without a copy)."""
     program = tl.program_id(0)
     if WIDE:
         program = program.to(tl.int64)
@@ -659,7 +662,7 @@ def _sr_codes_kernel(
         _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
     else:
         slot = tl.atomic_add(flag_ptr + 1, 1, sem="relaxed")
-        tl.store(flag_ptr + 2 + slot, program.to(tl.int32))
+        tl.store(flag_ptr + LIST_START + slot, program.to(tl.int32))
         if note_ptr is not None:
             tl.store(note_ptr, 1)
 
@@ -694,17 +697,25 @@ def _exact_codes_kernel(
     WIDE: tl.constexpr,
     ITERATIONS: tl.constexpr,
 ):
-    """The tiles `_sr_codes_kernel` left, listed at ``flag_ptr + 2``: ITERATIONS x the grid
-    covers every tile; each program walks its slots of the list and rounds every element
-    of a listed tile with `_exact_codes` (same stream, same tile).  (The trip count is a
-    constexpr: Triton 3.6's interpreter cannot loop to a tensor bound under numpy >= 2.4,
-    triton-lang/triton#9171.)"""
+    """The tiles `_sr_codes_kernel` left, listed at ``flag_ptr + LIST_START``: ITERATIONS x
+    the grid covers every tile; each program walks its slots of the list and rounds every
+    element of a listed tile with `_exact_codes` (same stream, same tile).  (The trip count
+    is a constexpr: Triton 3.6's interpreter cannot loop to a tensor bound under numpy >=
+    2.4, triton-lang/triton#9171.)
+
+    The list's length is cleared for the stream's next call: each program, once it has
+    read it, counts itself in at ``flag_ptr + 2``, and the last to arrive zeroes both
+    words (the atomic orders every program's read before the last one's stores)."""
     listed = tl.load(flag_ptr + 1)
     if listed > 0:  # most calls list no tile: the grid then exits at once
+        arrived = tl.atomic_add(flag_ptr + 2, 1, sem="acq_rel")
+        if arrived == tl.num_programs(0) - 1:
+            tl.store(flag_ptr + 1, 0)
+            tl.store(flag_ptr + 2, 0)
         for step in range(ITERATIONS):
             slot = tl.program_id(0) + step * tl.num_programs(0)
             if slot < listed:
-                program = tl.load(flag_ptr + 2 + slot)
+                program = tl.load(flag_ptr + LIST_START + slot)
                 if WIDE:
                     program = program.to(tl.int64)
                 lane, mask, bits, word = _stream_tile(
@@ -860,38 +871,57 @@ def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tens
     return buffer[: count * row_bytes // 4].view(shape), buffer
 
 
-class _CleanFlags(threading.local):
-    """Per thread and device, a zeroed flag-and-list buffer for the checked codes path and
-    its note: a host word (page-locked beside a CUDA device, so the kernel writes it
-    directly) that the codes kernel sets to 1 when it lists a tile.
+class _CleanBuffers(threading.local):
+    """Per thread, device and stream, clean scratch for the rounding kernels: an int32
+    buffer (the codes kernels' NaN flag, list length and arrival count, zero, then the list
+    of tiles, read only below its length; the general kernel's NaN flag) and a host word
+    (page-locked beside a CUDA device, so the kernel writes it directly), zero, that the
+    codes kernel sets to 1 when it lists a tile.
 
-    A checked call waits for its codes kernel and reads the note where it lies, with no
-    copy back (`Tensor.item` on a device word costs about 9 us more a call on an H100
-    host).  The kernel writes to the buffer and the note only to list a tile: with the
-    note clear, both are still all zero when the call returns and serve the thread's next
-    checked call without the 7-10 us of a fresh `torch.zeros`.  A call takes them out and
-    puts them back only when it saw the note clear, so a call that lists tiles or fails
-    midway drops them; per thread, so that no two threads share one."""
+    Kernels leave them clean on the common path, which saves each call the 7-10 us of a
+    fresh `torch.zeros`: the codes kernel writes only to list a tile, the exact kernel
+    clears the list's length after reading it, the general kernel writes only on NaN.  A
+    call takes them out and puts them back only when they are clean again in
+    its stream's order (so they serve that stream alone): unchecked calls once their last
+    kernel is queued, checked calls after waiting for their kernel and finding no tile
+    listed (a checked call waits, and reads the note where it lies, with no copy back:
+    `Tensor.item` on a device word costs about 9 us more on an H100 host).  A call that
+    lists tiles with its NaN check on, raises or fails midway drops them; per thread, so
+    that no two threads share one."""
 
     def __init__(self) -> None:
-        self.by_device: dict[torch.device, tuple[Tensor, Tensor]] = {}
+        self.by_stream: dict[object, tuple[Tensor, Tensor]] = {}
 
-    def take(self, size: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """(a zeroed int32 buffer of at least ``size`` elements on ``device``, a zeroed
-        int32 host word the device can write), out of the cache."""
-        cached = self.by_device.pop(device, None)
+    def take(
+        self, size: int, device: torch.device, capturable: bool
+    ) -> tuple[Tensor, Tensor | None, object]:
+        """(a clean int32 buffer of at least ``size`` elements on ``device``, a zeroed
+        int32 host word the device can write, the key to give them back under: PyTorch's
+        triple for the device's current stream, or the device on the CPU).
+
+        ``capturable``: whether the call may run under CUDA-graph capture (checked calls
+        refuse it before they get here).  A capture gets fresh scratch, no note and no key:
+        a graph keeps the pointers it captured, so its scratch must be its own."""
+        if device.type != "cuda":
+            key = device
+        elif capturable and torch.cuda.is_current_stream_capturing():
+            return torch.zeros(size, dtype=torch.int32, device=device), None, None
+        else:
+            key = torch._C._cuda_getCurrentStream(device.index)
+        cached = self.by_stream.pop(key, None)
         if cached is None or cached[0].numel() < size:
             flags = torch.zeros(size, dtype=torch.int32, device=device)
-            note = torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda")
-            return flags, note
-        return cached
+            cached = flags, torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda")
+        return (*cached, key)
 
-    def give_back(self, flags: tuple[Tensor, Tensor], device: torch.device) -> None:
-        """Cache ``flags`` (buffer and note), known to be all zero."""
-        self.by_device[device] = flags
+    def give_back(self, flags: Tensor, note: Tensor | None, key: object) -> None:
+        """Cache ``flags`` and ``note``, clean in the order of the stream of ``key``
+        (nothing under capture: no key)."""
+        if key is not None:
+            self.by_stream[key] = flags, note
 
 
-_CLEAN_FLAGS = _CleanFlags()
+_CLEAN_BUFFERS = _CleanBuffers()
 
 
 def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> Tensor:
@@ -922,34 +952,33 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     if plan.path == "bf16":
         plan.launch(common)(programs, x, out, *stream)
         return out
-    check_nan = nan_possible = plan.check_nan
+    check_nan = plan.check_nan
+    # in plain ints: a constexpr's arithmetic costs a microsecond an operation
+    size = LIST_START.value + programs if plan.path == "codes" else 1
+    flag, note, key = _CLEAN_BUFFERS.take(size, device, capturable=not check_nan)
     if plan.path == "codes":
-        # flag, then the number and the list of the tiles left to the exact kernel
-        if check_nan:
-            flag, note = flags = _CLEAN_FLAGS.take(2 + programs, device)
-        else:
-            flag, note = torch.zeros(2 + programs, dtype=torch.int32, device=device), None
-        plan.launch(common)(programs, x, buffer, flag, note, *stream)
-        # the NaN check (a format without NaN, nan="raise") synchronizes anyway: it reads
-        # whether any tile was listed first, and only listed tiles can hold NaN (no tile:
-        # no exact kernel, no flag read, and the buffer and note still clean)
+        plan.launch(common)(programs, x, buffer, flag, note if check_nan else None, *stream)
+        # the NaN check synchronizes anyway: it reads whether any tile was listed first,
+        # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
         if check_nan:
             if device.type == "cuda":
-                _current_stream(torch._C._cuda_getCurrentStream(device.index)).synchronize()
-            nan_possible = note.item() != 0
-            if not nan_possible:
-                _CLEAN_FLAGS.give_back(flags, device)
-        if nan_possible or not check_nan:
-            iterations = next_power_of_2(cdiv(programs, _persistent_programs(device)))
-            plan.launch(common, iterations)(cdiv(programs, iterations), x, buffer, flag, *stream)
+                _current_stream(key).synchronize()
+            if note.item() == 0:
+                _CLEAN_BUFFERS.give_back(flag, note, key)
+                return out
+        iterations = next_power_of_2(cdiv(programs, _persistent_programs(device)))
+        plan.launch(common, iterations)(cdiv(programs, iterations), x, buffer, flag, *stream)
     else:
-        flag = torch.zeros(1, dtype=torch.int32, device=device)
         rand = request.rand
         if rand is not None:
             rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
         plan.launch(common)(programs, x, buffer, flag, rand, *stream)
-    if nan_possible and bool(flag[0].item()):
+    if not check_nan:  # the kernels clear what they wrote before the stream's next call
+        _CLEAN_BUFFERS.give_back(flag, note, key)
+    elif bool(flag[0].item()):
         raise nan_without_code(plan.fmt)
+    elif plan.path == "round":  # no NaN: the general kernel wrote nothing
+        _CLEAN_BUFFERS.give_back(flag, note, key)
     return out
 
 
