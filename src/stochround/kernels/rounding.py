@@ -878,16 +878,15 @@ class _CleanBuffers(threading.local):
     (page-locked beside a CUDA device, so the kernel writes it directly), zero, that the
     codes kernel sets to 1 when it lists a tile.
 
-    Kernels leave them clean on the common path, which saves each call the 7-10 us of a
-    fresh `torch.zeros`: the codes kernel writes only to list a tile, the exact kernel
-    clears the list's length after reading it, the general kernel writes only on NaN.  A
-    call takes them out and puts them back only when they are clean again in
-    its stream's order (so they serve that stream alone): unchecked calls once their last
-    kernel is queued, checked calls after waiting for their kernel and finding no tile
-    listed (a checked call waits, and reads the note where it lies, with no copy back:
-    `Tensor.item` on a device word costs about 9 us more on an H100 host).  A call that
-    lists tiles with its NaN check on, raises or fails midway drops them; per thread, so
-    that no two threads share one."""
+    Kernels leave the buffer clean unless a result is NaN, which saves each call the 7-10
+    us of a fresh `torch.zeros`: the codes kernel writes only to list a tile, the exact
+    kernel clears the list's length after reading it, the general kernel writes only on
+    NaN.  A call takes them out and puts them back once they are clean again in its
+    stream's order (so they serve that stream alone): unchecked calls once their last
+    kernel is queued, checked calls after waiting for their kernels (reading the note
+    where it lies, with no copy back: `Tensor.item` on a device word costs about 9 us more
+    on an H100 host) and clearing the note if a tile was listed.  A call that raises or
+    fails midway drops them; per thread, so that no two threads share one."""
 
     def __init__(self) -> None:
         self.by_stream: dict[object, tuple[Tensor, Tensor]] = {}
@@ -973,12 +972,13 @@ def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         if rand is not None:
             rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
         plan.launch(common)(programs, x, buffer, flag, rand, *stream)
-    if not check_nan:  # the kernels clear what they wrote before the stream's next call
-        _CLEAN_BUFFERS.give_back(flag, note, key)
-    elif bool(flag[0].item()):
-        raise nan_without_code(plan.fmt)
-    elif plan.path == "round":  # no NaN: the general kernel wrote nothing
-        _CLEAN_BUFFERS.give_back(flag, note, key)
+    if check_nan:
+        if bool(flag[0].item()):  # waits for the kernels
+            raise nan_without_code(plan.fmt)
+        if plan.path == "codes":  # a tile was listed, and the note says so
+            note.zero_()
+    # unchecked, the kernels clear what they wrote before the stream's next call
+    _CLEAN_BUFFERS.give_back(flag, note, key)
     return out
 
 
