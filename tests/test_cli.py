@@ -11,9 +11,10 @@ import re
 from fractions import Fraction
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
-from stochround import reference
+from stochround import hardware, reference
 from stochround.cli import app
 from stochround.formats import FORMATS
 
@@ -244,6 +245,70 @@ def test_round_edge_cases_print_a_distribution_the_drawn_result_belongs_to(name)
 
 
 # --------------------------------------------------------------------------------------
+# hardware
+# --------------------------------------------------------------------------------------
+
+
+def test_hardware_lists_every_preset_with_its_formats_and_bits():
+    output = ok("hardware")
+    for name, unit in hardware.PRESETS.items():
+        flush = "-" if unit.flush_below is None else "below 2^-25"
+        assert row(output, name)[1:] == [
+            unit.source_format,
+            unit.target_format,
+            str(unit.rbits),
+            unit.variant,
+            unit.sat,
+            flush,
+        ]
+    assert "amd-mi300, amd-mi350, nvidia-cvt-rs, graphcore-ipu, intel" in output
+
+
+def test_hardware_documents_one_unit_found_by_name_or_family():
+    output = ok("hardware", "amd-mi300", "--format", "e5m2fnuz")
+    unit = hardware.preset("amd-mi300-bf8")
+    assert row(output, "name")[1] == "amd-mi300-bf8"
+    assert row(output, "random bits")[1] == "21"
+    assert row(output, "target format")[1] == "e5m2fnuz"
+    for text in (unit.description, unit.source, unit.decisions, unit.exact_domain):
+        assert text in output
+    assert ok("hardware", "intel-fp16") == ok("hardware", "intel", "--format", "fp16")
+
+
+def test_round_under_a_hardware_unit_truncates_the_bits_it_drops():
+    """1 + 2^-4 + 2^-23 to e4m3fn: nu = 1/2 + 2^-20 ulp, which exact SR rounds up with that
+    probability and cvt.rs's 16 random bits (variant a) with floor(nu 2^16) / 2^16 = 1/2."""
+    output = ok("round", "0x1.100002p+0", "--hardware", "nvidia-cvt-rs", "--format", "e4m3fn")
+    assert "nvidia-cvt-rs-e4m3: operand 1.0625001192092896 (binary32, rne)" in output
+    assert "nu = 524289/1048576" in output
+    assert row(output, "upper (round up)")[1:5] == ["1.125", "0x39", "away from zero", "1/2"]
+    exact = ok("round", "0x1.100002p+0", "--format", "e4m3fn")
+    assert row(exact, "upper (round up)")[4] == "524289/1048576"
+
+
+def test_round_under_a_hardware_unit_matches_its_expected_value():
+    """The printed distribution's mean is the preset's exact expected value."""
+    for value, name, fmt in (
+        ("0.3", "amd-mi300", "e5m2fnuz"),
+        ("-1e-9", "graphcore-ipu", None),  # rounded to fp32 first, then flushed
+        ("3.0001", "intel-fp16", None),
+        ("7", "nvidia-cvt-rs-e2m1", None),  # overflow: .satfinite saturates to 6
+    ):
+        args = ["round", value, "--hardware", name] + ([] if fmt is None else ["--format", fmt])
+        output = ok(*args)
+        cells = [
+            re.split(r"\s{2,}", line.strip())
+            for line in output.splitlines()
+            if line.strip().startswith(("lower", "upper", "x itself", "overflow (sat"))
+        ]
+        mean = sum(Fraction(float(c[1])) * Fraction(c[-2]) for c in cells if Fraction(c[-2]))
+        unit = hardware.preset(name, fmt)
+        x = torch.tensor([float(value)], dtype=torch.float64)
+        assert mean == Fraction(hardware.expected_value(x, unit).item()), (value, output)
+    assert "flushes operands below" in ok("round", "-1e-9", "--hardware", "graphcore-ipu")
+
+
+# --------------------------------------------------------------------------------------
 # bad input, help
 # --------------------------------------------------------------------------------------
 
@@ -260,6 +325,12 @@ def test_round_edge_cases_print_a_distribution_the_drawn_result_belongs_to(name)
         (["round", "1", "--format", "bf16", "--mode", "rne", "--rbits", "4"], "mode='sr' only"),
         (["round", "1", "--format", "bf16", "--sat", "clip"], "sat must be one of"),
         (["round", "abc", "--format", "bf16"], "VALUE must be a number"),
+        (["round", "1"], "--format is required"),
+        (["round", "1", "--hardware", "amd-mi300"], "has 2 units"),
+        (["round", "1", "--hardware", "intel-fp16", "--rbits", "8"], "--hardware sets"),
+        (["round", "1", "--hardware", "intel-fp16", "--format", "e5m2"], "not to fmt=e5m2"),
+        (["hardware", "amd-mi30"], "unknown hardware preset"),
+        (["hardware", "--format", "e5m2"], "give NAME too"),
     ],
 )
 def test_bad_input_prints_the_message_and_exits_2(args, message):
@@ -272,11 +343,11 @@ def test_bad_input_prints_the_message_and_exits_2(args, message):
 
 def test_help_lists_every_command_and_each_has_help():
     output = ok("--help")
-    for command in ("formats", "info", "round", "demo"):
+    for command in ("formats", "info", "round", "hardware", "demo"):
         assert command in output
         assert "Usage: stochround " + command in ok(command, "--help")
     round_help = ok("round", "--help")
-    for option in ("--format", "--mode", "--rbits", "--variant", "--sat", "--seed"):
+    for option in ("--format", "--mode", "--rbits", "--variant", "--sat", "--hardware", "--seed"):
         assert option in round_help
 
 

@@ -506,9 +506,65 @@ def test_round_takes_a_hardware_preset_by_name() -> None:
         sr.round(x, hardware="amd-mi300-fp8", seed=5),
         hardware.round_hardware(x, "amd-mi300-fp8", seed=5),
     )
-    with pytest.raises(ValueError, match="sets the format"):
+    # a format that agrees with the preset's target is accepted, by name or alias
+    assert torch.equal(
+        sr.round(x, "fp8_e4m3fnuz", hardware="amd-mi300-fp8", seed=5),
+        hardware.round_hardware(x, "amd-mi300-fp8", seed=5),
+    )
+    with pytest.raises(ValueError, match="rounds to e4m3fnuz, not to fmt=e4m3fn"):
         sr.round(x, "e4m3fn", hardware="amd-mi300-fp8")
+    with pytest.raises(ValueError, match="sets the mode, rbits, variant and sat"):
+        sr.round(x, hardware="amd-mi300-fp8", rbits=8)
+    with pytest.raises(ValueError, match="PyTorch path"):
+        sr.round(x, hardware="amd-mi300-fp8", backend="triton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        sr.round(x, hardware="amd-mi300-fp8", backend="gpu")
     with pytest.raises(ValueError, match="unknown hardware preset"):
         sr.round(x, hardware="amd-mi999")
     with pytest.raises(ValueError, match="fmt is required"):
         sr.round(x)
+
+
+def test_families_pick_their_unit_by_target_format() -> None:
+    """A family's name with the unit's format finds the unit (the issue's
+    ``sr.round(x, hardware="amd-mi300", ...)``); a family of one unit needs no format."""
+    assert hardware.FAMILIES.keys() == {
+        "amd-mi300",
+        "amd-mi350",
+        "nvidia-cvt-rs",
+        "graphcore-ipu",
+        "intel",
+    }
+    for family, members in hardware.FAMILIES.items():
+        for member in members:
+            assert hardware.family(member.name) == family
+            assert hardware.preset(family.upper(), member.target_format) is member
+            assert hardware.preset(member.name, member.target) is member
+    assert sum(map(len, hardware.FAMILIES.values())) == len(hardware.PRESETS)
+    assert hardware.preset("graphcore-ipu").name == "graphcore-ipu-fp16"
+    assert hardware.preset("nvidia-cvt-rs", "fp8_e4m3fn").name == "nvidia-cvt-rs-e4m3"
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(4)) * 10
+    assert torch.equal(
+        sr.round(x, "e5m2fnuz", hardware="amd-mi300", seed=2),
+        hardware.round_hardware(x, "amd-mi300-bf8", seed=2),
+    )
+    with pytest.raises(ValueError, match=r"has 2 units.*'e4m3fnuz' \(amd-mi300-fp8\)"):
+        sr.round(x, hardware="amd-mi300", seed=2)
+    with pytest.raises(ValueError, match="no unit rounding to e4m3fn; its units"):
+        hardware.preset("amd-mi300", "e4m3fn")
+    with pytest.raises(ValueError, match="unknown format"):
+        hardware.preset("amd-mi300", "fp7")
+    with pytest.raises(ValueError, match="rounds to binary16, not to fmt=e5m2"):
+        hardware.preset(hardware.preset("intel-fp16"), "e5m2")
+
+
+def test_round_with_a_preset_draws_the_words_of_global_indices() -> None:
+    """index_offset: a tensor rounded in shards equals it rounded whole."""
+    x = torch.randn(999, generator=torch.Generator().manual_seed(5)) * 4
+    whole = sr.round(x, hardware="intel-fp16", seed=9)
+    shards = [
+        sr.round(x[start:stop], hardware="intel-fp16", seed=9, index_offset=start)
+        for start, stop in ((0, 101), (101, 500), (500, 999))
+    ]
+    assert torch.equal(torch.cat(shards), whole)
+    assert not torch.equal(sr.round(x[101:500], hardware="intel-fp16", seed=9), shards[1])

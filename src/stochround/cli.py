@@ -1,5 +1,5 @@
 """The ``stochround`` command: the format registry, one format in detail, one value rounded
-(with the exact probability of each neighbour) and a short demo.
+(with the exact probability of each neighbour), the hardware SR units and a short demo.
 
 Every number it prints about a format or a probability comes from the scalar reference
 (`reference.py`, exact fractions); the drawn results come from the public `round`.  Bad
@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from . import hardware as hardware_module
 from . import reference
 from . import rounding as rounding_module
 from .experiments.report import markdown_table
@@ -31,7 +32,8 @@ app = typer.Typer(
     name="stochround",
     help=(
         "Stochastic rounding and low-precision number formats: inspect formats, round a "
-        "value and see the exact probability of each neighbour, run the demo."
+        "value and see the exact probability of each neighbour (under a mode or a hardware "
+        "SR unit), run the demo."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -457,7 +459,8 @@ def _round_special(
     epilog=(
         "Examples: stochround round 1.0625 --format e4m3fn --rbits 8 ; "
         "stochround round -0.3 --format bf16 --mode rne ; "
-        "stochround round 1000 --format e4m3fn --sat finite"
+        "stochround round 1000 --format e4m3fn --sat finite ; "
+        "stochround round 0.3 --hardware amd-mi300 --format e5m2fnuz"
     ),
 )
 def round_command(
@@ -470,9 +473,14 @@ def round_command(
         ),
     ],
     format_name: Annotated[
-        str,
-        typer.Option("--format", help="Target format name or alias (e4m3fn, bf16, ...)."),
-    ],
+        str | None,
+        typer.Option(
+            "--format",
+            help="Target format name or alias (e4m3fn, bf16, ...); with --hardware, the "
+            "unit's format (picks one of a family's units).",
+            show_default=False,
+        ),
+    ] = None,
     mode: Annotated[
         str,
         typer.Option(help="Rounding mode: rne, rna, rz, ru, rd, ro (round to odd) or sr."),
@@ -492,41 +500,75 @@ def round_command(
             "propagate (finite overflow to +-max, infinities stay)."
         ),
     ] = "none",
+    hardware: Annotated[
+        str | None,
+        typer.Option(
+            help="A hardware SR unit (stochround hardware lists them), which sets the mode, "
+            "rbits, variant and sat: the value is first rounded to the unit's operand format.",
+            show_default=False,
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random stream for the drawn result.")] = 0,
 ) -> None:
     """Round one value: its two neighbours in the format, the exact probability of each under
-    the chosen mode, and one result drawn with stochround.round."""
+    the chosen mode (or hardware unit), and one result drawn with stochround.round."""
     x = parse_value(value_text)
     # The public API validates every argument (format, mode, variant, sat, rbits) first.
-    fmt = _checked(lambda: find_format(format_name))
-    assert isinstance(fmt, Format)
-    drawn_tensor = _checked(
-        lambda: rounding_module.round(
-            torch.tensor([x], dtype=torch.float64),
-            fmt,
-            mode,
-            rbits=rbits,
-            variant=variant,
-            sat=sat,
-            seed=seed,
+    if hardware is None:
+        if format_name is None:
+            _fail("--format is required (a format name or alias) unless --hardware is given")
+        fmt = _checked(lambda: find_format(format_name))
+        drawn_tensor = _checked(
+            lambda: rounding_module.round(
+                torch.tensor([x], dtype=torch.float64),
+                fmt,
+                mode,
+                rbits=rbits,
+                variant=variant,
+                sat=sat,
+                seed=seed,
+            )
         )
-    )
-    assert isinstance(drawn_tensor, torch.Tensor)
+        unit, operand = None, x
+    else:
+        if (mode, rbits, variant, sat) != ("sr", None, "c", "none"):
+            _fail("--hardware sets the mode, rbits, variant and sat: pass none of them")
+        unit = _checked(lambda: hardware_module.preset(hardware, format_name))
+        assert isinstance(unit, hardware_module.HardwarePreset)
+        fmt, rbits, variant, sat = unit.target, unit.rbits, unit.variant, unit.sat
+        operand = reference.round_value(x, unit.operand, "rne")
+        drawn_tensor = rounding_module.round(
+            torch.tensor([x], dtype=torch.float64), fmt, hardware=unit.name, seed=seed
+        )
+    assert isinstance(fmt, Format) and isinstance(drawn_tensor, torch.Tensor)
     drawn = float(drawn_tensor.item())
     console = _console()
+    header = f"x = {_value(x)}  (float64 {x.hex()})  ->  "
+    if unit is not None:
+        header += f"{unit.name}: operand {_value(operand)} ({unit.source_format}, rne)  ->  "
     console.print(
-        f"x = {_value(x)}  (float64 {x.hex()})  ->  {fmt.name}, mode={mode}"
+        header
+        + f"{fmt.name}, mode={mode}"
         + (f", rbits={rbits or 'exact (32-bit words)'}, variant={variant}" if mode == "sr" else "")
         + f", sat={sat}",
         markup=False,
         soft_wrap=True,
     )
 
-    if math.isnan(x) or math.isinf(x):
-        distribution = _round_special(console, x, fmt, mode, sat)
+    if math.isnan(operand) or math.isinf(operand):
+        distribution = _round_special(console, operand, fmt, mode, sat)
     else:
-        distribution = outcomes(x, fmt, mode, rbits, variant, sat)
-        _round_finite(console, x, fmt, mode, rbits, variant, sat, distribution)
+        distribution = outcomes(operand, fmt, mode, rbits, variant, sat)
+        if unit is not None and unit.flush_below is not None and abs(operand) < unit.flush_below:
+            console.print(
+                f"{unit.name} flushes operands below {_value(unit.flush_below)} in magnitude "
+                "to zero: this one is flushed.",
+                markup=False,
+                soft_wrap=True,
+            )
+            zero = math.copysign(0.0, operand) if fmt.has_negative_zero else 0.0
+            distribution = [(zero, Fraction(1))]
+        _round_finite(console, operand, fmt, mode, rbits, variant, sat, distribution)
 
     console.print(
         f"drawn with stochround.round (seed={seed}): {_value(drawn)}"
@@ -623,6 +665,91 @@ def _overflow_note(
         parts.append(f"sat={option}{' (chosen)' if option == sat else ''} -> {shown}")
     bound = f"max {_value(fmt.max)}" if x > fmt.max else f"lowest {_value(fmt.lowest)}"
     return f"overflow: {_value(x)} is beyond the format's {bound}; " + "; ".join(parts)
+
+
+# --------------------------------------------------------------------------------------
+# hardware
+# --------------------------------------------------------------------------------------
+
+
+def _flush(unit: hardware_module.HardwarePreset) -> str:
+    return "-" if unit.flush_below is None else f"below {_number(unit.flush_below)}"
+
+
+def hardware_section() -> Section:
+    """Every hardware preset: what its unit reads and writes, its random bits and rules."""
+    headers = ["preset", "operand", "target", "rbits", "variant", "sat", "flush to zero"]
+    rows = [
+        [p.name, p.source_format, p.target_format, str(p.rbits), p.variant, p.sat, _flush(p)]
+        for p in hardware_module.PRESETS.values()
+    ]
+    notes = [
+        "Families (a preset's name without its destination; --format picks the unit): "
+        + ", ".join(hardware_module.FAMILIES)
+        + ". stochround hardware NAME documents one unit; stochround round VALUE --hardware "
+        "NAME gives a value's exact probabilities under it; sr.round(x, hardware=NAME) rounds "
+        "with it."
+    ]
+    return Section("Hardware SR units", headers, rows, notes, left=tuple(headers[:3]))
+
+
+def preset_section(unit: hardware_module.HardwarePreset) -> Section:
+    """One preset: its fields, then what the unit does, the sources and the decisions."""
+    rows = [
+        ["name", unit.name],
+        ["family", hardware_module.family(unit.name)],
+        ["operand format", f"{unit.source_format} (wider inputs are rounded to it, rne)"],
+        ["target format", unit.target_format],
+        ["random bits", str(unit.rbits)],
+        ["variant", unit.variant],
+        ["sat", unit.sat],
+        ["flush to zero", _flush(unit)],
+    ]
+    notes = [
+        f"What it does: {unit.description}",
+        f"Equal to sr.round: {unit.exact_domain}",
+        f"Sources: {unit.source}",
+        f"Decisions: {unit.decisions}",
+    ]
+    return Section(
+        f"Hardware preset {unit.name}", ["field", "value"], rows, notes, ("field", "value")
+    )
+
+
+@app.command(
+    "hardware",
+    epilog=(
+        "Examples: stochround hardware ; stochround hardware amd-mi300-fp8 ; "
+        "stochround hardware nvidia-cvt-rs --format e2m1"
+    ),
+)
+def hardware_command(
+    name: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[NAME]",
+            help="A preset (amd-mi300-fp8, intel-fp16, ...) or a family with --format.",
+            show_default=False,
+        ),
+    ] = None,
+    format_name: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="The unit's target format (picks one of a family).", show_default=False
+        ),
+    ] = None,
+) -> None:
+    """List the hardware SR units stochround reproduces, or document one: its formats,
+    random bits, rules, sources and where it equals the plain contract."""
+    console = _console()
+    if name is None:
+        if format_name is not None:
+            _fail("--format picks a unit of the family NAME: give NAME too")
+        hardware_section().print(console)
+        return
+    unit = _checked(lambda: hardware_module.preset(name, format_name))
+    assert isinstance(unit, hardware_module.HardwarePreset)
+    preset_section(unit).print(console)
 
 
 # --------------------------------------------------------------------------------------

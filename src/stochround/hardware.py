@@ -23,7 +23,10 @@ from its seed operand (``S1[31:12]`` / ``S1[31:11]``).
 
 Presets: ``amd-mi300-fp8`` / ``amd-mi300-bf8`` (FNUZ) and ``amd-mi350-fp8`` /
 ``amd-mi350-bf8`` (OCP), ``nvidia-cvt-rs-{fp16,bf16,e4m3,e5m2,e2m3,e3m2,e2m1}``,
-``graphcore-ipu-fp16``, ``intel-fp16`` and ``intel-e5m2``. Each preset's ``description``
+``graphcore-ipu-fp16``, ``intel-fp16`` and ``intel-e5m2``; a family's name (the preset's
+without its destination: ``amd-mi300``, ``amd-mi350``, ``nvidia-cvt-rs``, ``graphcore-ipu``,
+``intel``) with the target format picks a preset, as in ``sr.round(x, "e5m2fnuz",
+hardware="amd-mi300")``. Each preset's ``description``
 says what the unit does, ``source`` which documents say so, ``decisions`` what was chosen
 where they disagree or are silent, and ``exact_domain`` where the preset equals
 ``sr.round(x, target, "sr", rbits=rbits, variant=variant, sat=sat)`` bit for bit.
@@ -49,10 +52,12 @@ from .formats import format as find_format
 from .rounding import check_input, round_float64
 
 __all__ = [
+    "FAMILIES",
     "PRESETS",
     "HardwarePreset",
     "bias_against_exact",
     "expected_value",
+    "family",
     "operand_values",
     "preset",
     "round_hardware",
@@ -421,20 +426,67 @@ def _build_presets() -> dict[str, HardwarePreset]:
 PRESETS: dict[str, HardwarePreset] = _build_presets()
 
 
-def preset(name: str | HardwarePreset) -> HardwarePreset:
-    """Find a preset by name (case-insensitive); a `HardwarePreset` is returned as is."""
+def family(name: str) -> str:
+    """A preset's family: its name without the destination after the last hyphen (the
+    units of one chip or instruction set: amd-mi300, nvidia-cvt-rs, intel ...)."""
+    return name.rsplit("-", 1)[0]
+
+
+FAMILIES: dict[str, tuple[HardwarePreset, ...]] = {
+    name: tuple(p for p in PRESETS.values() if family(p.name) == name)
+    for name in dict.fromkeys(family(p) for p in PRESETS)
+}
+
+
+def _units(members: tuple[HardwarePreset, ...]) -> str:
+    return ", ".join(f"{p.target_format!r} ({p.name})" for p in members)
+
+
+def preset(name: str | HardwarePreset, fmt: Format | str | None = None) -> HardwarePreset:
+    """Find a preset by its name or by its family's name (case-insensitive), ``fmt`` (a
+    format or its name) being its target format: for a family it picks the member (needed
+    where the family has several), for a name it must agree.  A `HardwarePreset` is
+    returned as is (``fmt``, if given, must agree with it too)."""
+    target = None if fmt is None else find_format(fmt)
     if isinstance(name, HardwarePreset):
-        return name
-    if not isinstance(name, str):
+        found = name
+    elif isinstance(name, str):
+        found = _find(name.strip().lower(), target)
+    else:
         raise TypeError(
             f"preset must be a name (str) or a HardwarePreset, got {type(name).__name__}"
         )
-    key = name.strip().lower()
+    if target is not None and target != found.target:
+        raise ValueError(
+            f"hardware preset {found.name} rounds to {found.target_format}, not to "
+            f"fmt={target.name}"
+        )
+    return found
+
+
+def _find(key: str, fmt: Format | None) -> HardwarePreset:
+    """The preset named ``key``, or the member of family ``key`` that rounds to ``fmt``."""
     if key in PRESETS:
         return PRESETS[key]
-    close = difflib.get_close_matches(key, sorted(PRESETS), n=5, cutoff=0.5)
-    hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(sorted(PRESETS))}"
-    raise ValueError(f"unknown hardware preset {name!r}; {hint}")
+    members = FAMILIES.get(key)
+    if members is None:
+        names = sorted([*PRESETS, *FAMILIES])
+        close = difflib.get_close_matches(key, names, n=5, cutoff=0.5)
+        hint = f"closest: {', '.join(close)}" if close else f"known: {', '.join(names)}"
+        raise ValueError(f"unknown hardware preset {key!r}; {hint}")
+    if fmt is None:
+        if len(members) == 1:
+            return members[0]
+        raise ValueError(
+            f"hardware {key!r} has {len(members)} units: name one, or pass its target format "
+            f"as fmt: {_units(members)}"
+        )
+    for member in members:
+        if member.target == fmt:
+            return member
+    raise ValueError(
+        f"hardware {key!r} has no unit rounding to {fmt.name}; its units: {_units(members)}"
+    )
 
 
 def operand_values(x: Tensor, name_or_preset: str | HardwarePreset) -> Tensor:
@@ -467,6 +519,7 @@ def _apply(
     rand: Tensor | None,
     variant: str | None = None,
     rbits: int | None = None,
+    index_offset: int = 0,
 ) -> Tensor:
     """The preset on operand values (already in the source format), as float64."""
     result = round_float64(
@@ -479,6 +532,7 @@ def _apply(
         seed=seed,
         offset=offset,
         rand=_broadcast_rand(rand, operand.shape),
+        index_offset=index_offset,
     )
     return _flush(p, operand.to(torch.float64), result)
 
@@ -499,18 +553,20 @@ def round_hardware(
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
     rand: Tensor | None = None,
+    index_offset: int = 0,
 ) -> Tensor:
     """Round x as the preset's hardware unit does; the result has x's dtype and shape.
 
     x is first rounded to nearest-even in the preset's source format (the instruction's
     operand), then stochastically rounded per the preset (its docstring fields say how).
     ``rand``: each element's random integer in ``[0, 2**rbits)``, broadcastable to x;
-    otherwise the top ``rbits`` bits of the counter-based word ``(seed, offset, index)``.
+    otherwise the top ``rbits`` bits of the counter-based word ``(seed, offset, index)``,
+    the index counted from ``index_offset`` (a shard's place in the whole tensor).
     Values outside x's dtype's range become infinite or zero in it, as in ``sr.round``.
     """
     p = preset(name_or_preset)
     operand = operand_values(x, p)
-    return _apply(p, operand, seed, offset, rand).to(x.dtype)
+    return _apply(p, operand, seed, offset, rand, index_offset=index_offset).to(x.dtype)
 
 
 def round_hardware_float64(
@@ -520,10 +576,11 @@ def round_hardware_float64(
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
     rand: Tensor | None = None,
+    index_offset: int = 0,
 ) -> Tensor:
     """`round_hardware` with the result in float64, which holds every target value."""
     p = preset(name_or_preset)
-    return _apply(p, operand_values(x, p), seed, offset, rand)
+    return _apply(p, operand_values(x, p), seed, offset, rand, index_offset=index_offset)
 
 
 def expected_value(x: Tensor, name_or_preset: str | HardwarePreset) -> Tensor:

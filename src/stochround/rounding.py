@@ -616,10 +616,14 @@ def round(  # noqa: A001 - the public name DESIGN.md gives
     ``sat``: finite, propagate or none (P3109).  ``backend``: auto, torch or triton.
     A rounded value outside x's dtype's range becomes infinite or zero in that dtype.
     ``hardware``: the name of a `stochround.hardware` preset (``"amd-mi300-fp8"``, ...),
-    which sets the format, variant, rbits and saturation of a documented SR unit.
+    which sets the format, variant, rbits and saturation of a documented SR unit, or of a
+    family of them with ``fmt`` naming the unit's format (``"amd-mi300"`` with
+    ``"e5m2fnuz"``); PyTorch path only.
     """
     if hardware is not None:
-        return _round_hardware(x, fmt, mode, rbits, variant, sat, seed, offset, rand, hardware)
+        return _round_hardware(
+            x, fmt, hardware, mode, rbits, variant, sat, seed, offset, rand, index_offset, backend
+        )
     if fmt is None:
         raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
     request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
@@ -629,6 +633,7 @@ def round(  # noqa: A001 - the public name DESIGN.md gives
 def _round_hardware(
     x: Tensor,
     fmt: Format | str | None,
+    name: str,
     mode: str,
     rbits: int | None,
     variant: str,
@@ -636,25 +641,28 @@ def _round_hardware(
     seed: int | Tensor | None,
     offset: int | Tensor,
     rand: Tensor | str | None,
-    name: str,
+    index_offset: int,
+    backend: str,
 ) -> Tensor:
-    """`round(x, hardware=name)`: the preset fixes everything but the random bits."""
+    """`round(x, hardware=name)`: the preset fixes everything but the random bits; ``fmt``
+    picks the unit of a family (``amd-mi300``: e4m3fnuz or e5m2fnuz) or confirms it.  The
+    presets round on the PyTorch path, in float64."""
     from . import hardware  # the presets are built on this module
 
-    if (
-        fmt is not None
-        or mode not in ("rne", "sr")
-        or rbits is not None
-        or variant != "c"
-        or (sat != "none")
-    ):
+    if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
         raise ValueError(
-            f"hardware={name!r} sets the format, mode, rbits, variant and sat; pass only x, "
-            "seed, offset and rand"
+            f"hardware={name!r} sets the mode, rbits, variant and sat; pass only x, fmt (to "
+            "pick or confirm the unit's format), seed, offset, rand and index_offset"
         )
     if isinstance(rand, str):
         raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
-    return hardware.round_hardware(x, name, seed=seed, offset=offset, rand=rand)
+    check_choice("backend", backend, BACKENDS)
+    if backend == "triton":
+        raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
+    unit = hardware.preset(name, fmt)
+    return hardware.round_hardware(
+        x, unit, seed=seed, offset=offset, rand=rand, index_offset=index_offset
+    )
 
 
 def _code_dtype(bits: int) -> torch.dtype:
