@@ -27,7 +27,8 @@ def _worker(rank: int, store_path: str, results: dict) -> None:
     )
     try:
         mesh = init_device_mesh("cpu", (WORLD_SIZE,))
-        # 9 rows of 3: rank 1 starts at element 15, not a multiple of four
+        # 9 rows of 3 (of 6 for the packed codes): rank 1 starts at element 15 (30), not a
+        # multiple of four
         x = torch.randn(9, 3, generator=torch.Generator().manual_seed(0)) * 3
         whole = sr.round(x, "e4m3fn", "sr", seed=11)
         sharded = sr.round(distribute_tensor(x, mesh, [Shard(0)]), "e4m3fn", "sr", seed=11)
@@ -36,9 +37,42 @@ def _worker(rank: int, store_path: str, results: dict) -> None:
             torch.equal(sharded.full_tensor(), whole),
             torch.equal(replicated.to_local(), whole),
             sharded.placements == (Shard(0),),
+            _codes_match(torch.cat([x, -x], dim=1), mesh, rank),
         )
     finally:
         dist.destroy_process_group()
+
+
+def _codes_match(x: torch.Tensor, mesh: object, rank: int) -> bool:
+    """Casts to fp8 and packed fp4 and `encode` (8-bit, 16-bit, packed) of DTensors: each
+    rank's shard equals its rows of the whole tensor's result, and the global shape and
+    dtype are the whole result's (compared locally: gloo gathers no fp8/fp4/int16)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import stochround as sr
+
+    calls = (
+        lambda t: sr.cast(t, torch.float8_e4m3fn, "sr", seed=3),
+        lambda t: sr.cast(t, torch.float4_e2m1fn_x2, "sr", seed=3, sat="finite"),
+        lambda t: sr.encode(t, "e5m2", "sr", seed=3),
+        lambda t: sr.encode(t, "bf16", "sr", seed=3),
+        lambda t: sr.encode(t, "e2m1", "sr", seed=3, packed=True, sat="finite"),
+    )
+    matches = []
+    for call in calls:
+        whole = call(x)
+        for placement, expected in (
+            (Shard(0), whole.chunk(WORLD_SIZE)[rank]),
+            (Replicate(), whole),
+        ):
+            result = call(distribute_tensor(x, mesh, [placement]))
+            local = result.to_local()
+            matches.append(
+                (result.shape, result.dtype, result.placements)
+                == (whole.shape, whole.dtype, (placement,))
+                and torch.equal(local.view(torch.uint8), expected.view(torch.uint8))
+            )
+    return all(matches)
 
 
 def test_dtensor_shards_and_replicas_round_like_the_whole_tensor() -> None:
@@ -47,7 +81,7 @@ def test_dtensor_shards_and_replicas_round_like_the_whole_tensor() -> None:
         results = manager.dict()
         store_path = os.path.join(directory, "store")
         mp.spawn(_worker, args=(store_path, results), nprocs=WORLD_SIZE, join=True)
-        assert dict(results) == {rank: (True, True, True) for rank in range(WORLD_SIZE)}
+        assert dict(results) == {rank: (True, True, True, True) for rank in range(WORLD_SIZE)}
 
 
 def _optimizer_run(params: list[torch.Tensor], grads: list[list[torch.Tensor]]) -> list:

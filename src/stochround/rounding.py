@@ -550,12 +550,12 @@ def _round_dtensor(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
     """Round each rank's local shard with the random words of its global indices, so the
-    result does not depend on the sharding; replicated placements round identically."""
+    result does not depend on the sharding; replicated placements round identically.
+    Values, codes and packed codes alike (a Shard(0) shard holds whole rows); a checked
+    call (``nan="raise"``) raises on the ranks whose shard holds a NaN result."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    if output != "value":
-        raise ValueError("DTensor inputs support output values (round, cast to float dtypes)")
     for placement in x.placements:
         sharded_rows = isinstance(placement, Shard) and placement.dim == 0
         if not (isinstance(placement, Replicate) or sharded_rows):
@@ -569,7 +569,10 @@ def _round_dtensor(
     start = global_offset[0] * row if global_offset else 0
     local_request = request._replace(index_offset=request.index_offset + start)
     local = _round_to(x.to_local(), local_request, backend, output, out_dtype)
-    return DTensor.from_local(local, x.device_mesh, x.placements, shape=x.shape, stride=x.stride())
+    # the global result: x's shape (packed codes: shorter rows), contiguous
+    shape = torch.Size(_output_shape(x.shape, output))
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, x.device_mesh, x.placements, shape=shape, stride=stride)
 
 
 def round_float64(
