@@ -568,3 +568,17 @@ def test_round_with_a_preset_draws_the_words_of_global_indices() -> None:
     ]
     assert torch.equal(torch.cat(shards), whole)
     assert not torch.equal(sr.round(x[101:500], hardware="intel-fp16", seed=9), shards[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_presets_round_cuda_tensors_as_cpu_ones(dtype: torch.dtype) -> None:
+    """The presets' PyTorch path gives the same bits on CUDA as on the CPU, for the
+    counter-based words and for explicit ones."""
+    x = (torch.randn(3001, generator=torch.Generator().manual_seed(6)) * 8).to(dtype)
+    rand = torch.randint(0, 2**8, (3001,), generator=torch.Generator().manual_seed(7))
+    for name in hardware.PRESETS:
+        on_gpu = sr.round(x.cuda(), hardware=name, seed=4, index_offset=5).cpu()
+        assert torch.equal(on_gpu, sr.round(x, hardware=name, seed=4, index_offset=5)), name
+        on_gpu = sr.round(x.cuda(), hardware=name, rand=rand.cuda()).cpu()
+        assert torch.equal(on_gpu, sr.round(x, hardware=name, rand=rand)), name
