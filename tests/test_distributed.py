@@ -38,6 +38,7 @@ def _worker(rank: int, store_path: str, results: dict) -> None:
             torch.equal(replicated.to_local(), whole),
             sharded.placements == (Shard(0),),
             _codes_match(torch.cat([x, -x], dim=1), mesh, rank),
+            _explicit_and_hardware_match(x, mesh),
         )
     finally:
         dist.destroy_process_group()
@@ -75,13 +76,40 @@ def _codes_match(x: torch.Tensor, mesh: object, rank: int) -> bool:
     return all(matches)
 
 
+def _explicit_and_hardware_match(x: torch.Tensor, mesh: object) -> bool:
+    """Explicit integers (a plain tensor of the whole shape, a sharded DTensor, "data"),
+    hardware presets (by seed and by explicit integers) and `round_float64` of a sharded
+    DTensor equal the whole tensor's results."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import stochround as sr
+    from stochround.rounding import round_float64
+
+    rand = torch.randint(0, 2**8, x.shape, generator=torch.Generator().manual_seed(1))
+    sharded_rand = distribute_tensor(rand, mesh, [Shard(0)])
+    calls = (
+        lambda t, r: sr.round(t, "e4m3fn", "sr", rbits=8, rand=r),
+        lambda t, r: sr.round(t, "e2m1", "sr", rand="data", sat="finite"),
+        lambda t, r: sr.round(t, hardware="intel-fp16", seed=2),
+        lambda t, r: sr.round(t, "e5m2fnuz", hardware="amd-mi300", rand=r),
+        lambda t, r: round_float64(t, "e3m2", "sr", seed=2, index_offset=7),
+    )
+    sharded = distribute_tensor(x, mesh, [Shard(0)])
+    return all(
+        torch.equal(call(sharded, r).full_tensor(), call(x, rand))
+        for call in calls
+        for r in (rand, sharded_rand)
+    )
+
+
 def test_dtensor_shards_and_replicas_round_like_the_whole_tensor() -> None:
     with tempfile.TemporaryDirectory() as directory:
         manager = mp.Manager()
         results = manager.dict()
         store_path = os.path.join(directory, "store")
         mp.spawn(_worker, args=(store_path, results), nprocs=WORLD_SIZE, join=True)
-        assert dict(results) == {rank: (True, True, True, True) for rank in range(WORLD_SIZE)}
+        expected = (True,) * 5
+        assert dict(results) == {rank: expected for rank in range(WORLD_SIZE)}
 
 
 def _optimizer_run(params: list[torch.Tensor], grads: list[list[torch.Tensor]]) -> list:

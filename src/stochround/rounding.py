@@ -16,6 +16,7 @@ kernel for CUDA tensors the kernel supports and the PyTorch path otherwise.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import NamedTuple
@@ -231,6 +232,10 @@ class Request(NamedTuple):
 
 
 def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
+    """rand as int64 integers on x's device, checked: the whole tensor's (a DTensor's
+    shards are gathered: a DTensor input takes the rows of its shard)."""
+    if _is_dtensor(rand):
+        rand = rand.full_tensor()
     if not isinstance(rand, Tensor):
         raise TypeError(
             f"rand must be an integer torch.Tensor or 'data', got {type(rand).__name__}"
@@ -403,7 +408,9 @@ def _round_to(
     straight through; eager calls that need no gradient call the op's body directly."""
     check_choice("backend", backend, BACKENDS)
     if _is_dtensor(x):
-        return _round_dtensor(x, request, backend, output, out_dtype)
+        return _round_dtensor(
+            x, request, output, lambda local, req: _round_to(local, req, backend, output, out_dtype)
+        )
     if not (torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled())):
         # eager and without autograd: the op's dispatch (about 40% of a call's host time)
         # would only flatten the request and unflatten it again
@@ -547,12 +554,14 @@ def _is_dtensor(x: Tensor) -> bool:
 
 
 def _round_dtensor(
-    x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
+    x: Tensor, request: Request, output: str, round_local: Callable[[Tensor, Request], Tensor]
 ) -> Tensor:
-    """Round each rank's local shard with the random words of its global indices, so the
-    result does not depend on the sharding; replicated placements round identically.
-    Values, codes and packed codes alike (a Shard(0) shard holds whole rows); a checked
-    call (``nan="raise"``) raises on the ranks whose shard holds a NaN result."""
+    """Round a DTensor shard by shard: each rank rounds its local tensor with
+    ``round_local`` and the random words of its global indices (explicit integers: the rows
+    of ``rand`` it holds), so the result does not depend on the sharding; replicated
+    placements round identically.  Values, codes and packed codes alike (a Shard(0) shard
+    holds whole rows); a checked call (``nan="raise"``) raises on the ranks whose shard
+    holds a NaN result."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -562,13 +571,18 @@ def _round_dtensor(
             raise ValueError(
                 f"DTensor placements must be Replicate or Shard(0) for SR; got {x.placements}"
             )
-    _, global_offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
+    local_shape, global_offset = compute_local_shape_and_global_offset(
+        x.shape, x.device_mesh, x.placements
+    )
+    first_row = global_offset[0] if global_offset else 0
     row = 1
     for size in x.shape[1:]:
         row *= size
-    start = global_offset[0] * row if global_offset else 0
-    local_request = request._replace(index_offset=request.index_offset + start)
-    local = _round_to(x.to_local(), local_request, backend, output, out_dtype)
+    rand = request.rand  # x's shape (checked): the shard's rows
+    if rand is not None and x.dim():
+        rand = rand[first_row : first_row + local_shape[0]]
+    start = request.index_offset + first_row * row
+    local = round_local(x.to_local(), request._replace(index_offset=start, rand=rand))
     # the global result: x's shape (packed codes: shorter rows), contiguous
     shape = torch.Size(_output_shape(x.shape, output))
     stride = torch.empty(shape, device="meta").stride()
@@ -588,8 +602,13 @@ def round_float64(
     rand: Tensor | str | None = None,
     index_offset: int = 0,
 ) -> Tensor:
-    """The PyTorch path's rounded values as float64, which holds every format exactly."""
+    """The PyTorch path's rounded values as float64, which holds every format exactly
+    (DTensors shard by shard, as `round`)."""
     request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
+    if _is_dtensor(x):
+        return _round_dtensor(
+            x, request, "value", lambda local, req: _round_torch(local, req, "value", torch.float64)
+        )
     return _round_torch(x, request, "value", torch.float64)
 
 
