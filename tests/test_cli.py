@@ -381,9 +381,9 @@ def test_demo_runs_every_quick_experiment_and_writes_one_report(tmp_path):
     assert 0.35 <= float(row(output, "bf16 sr")[2]) <= 0.65
     # hardware units: documented exact SR, zero bias
     assert row(output, "amd-mi300-fp8")[3] == "0"
-    assert "demo took" in output
-    seconds = float(re.search(r"demo took (\d+\.\d) s", output).group(1))
-    assert seconds < 120
+    # the time is printed, not asserted: speed goals live in benchmarks (a loaded CI machine
+    # took 155 s for a demo that takes about 60 s alone)
+    assert re.search(r"demo took \d+\.\d s", output)
     payload = json.loads((tmp_path / "results.json").read_text())
     # gradient descent (from the JSON: its wide table wraps in a narrow terminal): SR's
     # final loss at least 10x below rne's in bf16

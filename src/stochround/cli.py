@@ -513,35 +513,14 @@ def round_command(
     """Round one value: its two neighbours in the format, the exact probability of each under
     the chosen mode (or hardware unit), and one result drawn with stochround.round."""
     x = parse_value(value_text)
-    # The public API validates every argument (format, mode, variant, sat, rbits) first.
     if hardware is None:
-        if format_name is None:
-            _fail("--format is required (a format name or alias) unless --hardware is given")
-        fmt = _checked(lambda: find_format(format_name))
-        drawn_tensor = _checked(
-            lambda: rounding_module.round(
-                torch.tensor([x], dtype=torch.float64),
-                fmt,
-                mode,
-                rbits=rbits,
-                variant=variant,
-                sat=sat,
-                seed=seed,
-            )
-        )
         unit, operand = None, x
+        fmt, drawn = _draw(x, format_name, mode, rbits, variant, sat, seed)
     else:
         if (mode, rbits, variant, sat) != ("sr", None, "c", "none"):
             _fail("--hardware sets the mode, rbits, variant and sat: pass none of them")
-        unit = _checked(lambda: hardware_module.preset(hardware, format_name))
-        assert isinstance(unit, hardware_module.HardwarePreset)
+        unit, operand, drawn = _draw_with_unit(x, hardware, format_name, seed)
         fmt, rbits, variant, sat = unit.target, unit.rbits, unit.variant, unit.sat
-        operand = reference.round_value(x, unit.operand, "rne")
-        drawn_tensor = rounding_module.round(
-            torch.tensor([x], dtype=torch.float64), fmt, hardware=unit.name, seed=seed
-        )
-    assert isinstance(fmt, Format) and isinstance(drawn_tensor, torch.Tensor)
-    drawn = float(drawn_tensor.item())
     console = _console()
     header = f"x = {_value(x)}  (float64 {x.hex()})  ->  "
     if unit is not None:
@@ -559,7 +538,7 @@ def round_command(
         distribution = _round_special(console, operand, fmt, mode, sat)
     else:
         distribution = outcomes(operand, fmt, mode, rbits, variant, sat)
-        if unit is not None and unit.flush_below is not None and abs(operand) < unit.flush_below:
+        if unit is not None and unit.flushes(operand):
             console.print(
                 f"{unit.name} flushes operands below {_value(unit.flush_below)} in magnitude "
                 "to zero: this one is flushed.",
@@ -586,6 +565,43 @@ def round_command(
             soft_wrap=True,
         )
         raise typer.Exit(EXIT_INCONSISTENT)
+
+
+def _draw(
+    x: float,
+    format_name: str | None,
+    mode: str,
+    rbits: int | None,
+    variant: str,
+    sat: str,
+    seed: int,
+) -> tuple[Format, float]:
+    """The target format and one result of stochround.round, which validates every
+    argument (format, mode, variant, sat, rbits) first."""
+    if format_name is None:
+        _fail("--format is required (a format name or alias) unless --hardware is given")
+    fmt = _checked(lambda: find_format(format_name))
+    assert isinstance(fmt, Format)
+    options = {"rbits": rbits, "variant": variant, "sat": sat, "seed": seed}
+    drawn = _checked(
+        lambda: rounding_module.round(torch.tensor([x], dtype=torch.float64), fmt, mode, **options)
+    )
+    assert isinstance(drawn, torch.Tensor)
+    return fmt, float(drawn.item())
+
+
+def _draw_with_unit(
+    x: float, name: str, format_name: str | None, seed: int
+) -> tuple[hardware_module.HardwarePreset, float, float]:
+    """The hardware unit (a preset, or a family's with its format), x rounded to its operand
+    format by the reference, and one result of stochround.round with the unit."""
+    unit = _checked(lambda: hardware_module.preset(name, format_name))
+    assert isinstance(unit, hardware_module.HardwarePreset)
+    operand = reference.round_value(x, unit.operand, "rne")
+    drawn = rounding_module.round(
+        torch.tensor([x], dtype=torch.float64), hardware=unit.name, seed=seed
+    )
+    return unit, operand, float(drawn.item())
 
 
 def _round_finite(

@@ -115,6 +115,10 @@ class HardwarePreset:
         """The format the instruction reads its input in."""
         return find_format(self.source_format)
 
+    def flushes(self, operand: float) -> bool:
+        """Whether the unit sets this operand (a value of the source format) to zero."""
+        return self.flush_below is not None and abs(operand) < self.flush_below
+
     def contract_arguments(self) -> dict[str, object]:
         """Keyword arguments of ``sr.round`` for the contract part of this preset."""
         return {
