@@ -115,9 +115,12 @@ class HardwarePreset:
         """The format the instruction reads its input in."""
         return find_format(self.source_format)
 
-    def flushes(self, operand: float) -> bool:
-        """Whether the unit sets this operand (a value of the source format) to zero."""
-        return self.flush_below is not None and abs(operand) < self.flush_below
+    def flushes(self, operand: float | Tensor) -> bool | Tensor:
+        """Whether the unit sets operands (values of the source format) to zero: a bool for
+        a float, a bool tensor for a tensor (False where the unit flushes nothing)."""
+        if self.flush_below is None:
+            return False
+        return abs(operand) < self.flush_below
 
     def contract_arguments(self) -> dict[str, object]:
         """Keyword arguments of ``sr.round`` for the contract part of this preset."""
@@ -547,7 +550,7 @@ def _flush(p: HardwarePreset, operand: Tensor, result: Tensor) -> Tensor:
     zero = torch.zeros_like(operand)
     if p.target.has_negative_zero:
         zero = torch.copysign(zero, operand)
-    return torch.where(operand.abs() < p.flush_below, zero, result)
+    return torch.where(p.flushes(operand), zero, result)
 
 
 def round_hardware(
