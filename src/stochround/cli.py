@@ -688,7 +688,8 @@ def _overflow_note(
 # --------------------------------------------------------------------------------------
 
 
-def _flush(unit: hardware_module.HardwarePreset) -> str:
+def _flush_rule(unit: hardware_module.HardwarePreset) -> str:
+    """The unit's flush to zero, as a table cell ("-" where it flushes nothing)."""
     return "-" if unit.flush_below is None else f"below {_number(unit.flush_below)}"
 
 
@@ -696,7 +697,7 @@ def hardware_section() -> Section:
     """Every hardware preset: what its unit reads and writes, its random bits and rules."""
     headers = ["preset", "operand", "target", "rbits", "variant", "sat", "flush to zero"]
     rows = [
-        [p.name, p.source_format, p.target_format, str(p.rbits), p.variant, p.sat, _flush(p)]
+        [p.name, p.source_format, p.target_format, str(p.rbits), p.variant, p.sat, _flush_rule(p)]
         for p in hardware_module.PRESETS.values()
     ]
     notes = [
@@ -719,7 +720,7 @@ def preset_section(unit: hardware_module.HardwarePreset) -> Section:
         ["random bits", str(unit.rbits)],
         ["variant", unit.variant],
         ["sat", unit.sat],
-        ["flush to zero", _flush(unit)],
+        ["flush to zero", _flush_rule(unit)],
     ]
     notes = [
         f"What it does: {unit.description}",
