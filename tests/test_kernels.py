@@ -18,7 +18,12 @@ from conftest import TEST_FORMATS, all_bit_patterns
 
 import stochround as sr
 from stochround import reference
-from stochround.kernels.rounding import codes_supported, kernel_plan, kernel_supports
+from stochround.kernels.rounding import (
+    _codes_layout,
+    codes_supported,
+    kernel_plan,
+    kernel_supports,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_FORMATS = [name for name in TEST_FORMATS if kernel_supports(sr.format(name))]
@@ -428,11 +433,7 @@ def test_unchecked_codes_calls_leave_their_scratch_clean(dtype: torch.dtype, nan
     read the length, so after calls that list many tiles (a persistent grid of several
     programs walking the list) the same buffer is all zero again and serves the next call,
     bit-identical to the PyTorch path."""
-    from stochround.kernels.rounding import (
-        _CLEAN_BUFFERS,
-        _codes_layout,
-        _persistent_programs,
-    )
+    from stochround.kernels.rounding import _CLEAN_BUFFERS, _persistent_programs
 
     output = "codes" if dtype == torch.float8_e4m3fn else "fp4x2"
     tile = _codes_layout(output)[0] * 4
@@ -561,7 +562,7 @@ def test_codes_fast_path_blocks_without_special_values(fmt_name: str) -> None:
     discarded, an fp32 subnormal) or leaves to the exact kernel (an overflow, an infinity).
     Last, 2**14 values with exactly 33 bits discarded (about 24 of them round up)."""
     fmt = sr.format(fmt_name)
-    block = 4 * (4096 if not ON_GPU else 256)  # values a kernel program rounds
+    block = 4 * _codes_layout("codes")[0]  # values a kernel program rounds
     x = _clean_block(fmt, 6 * block, 11)
     specials = [2.0 ** (fmt.emin - 10 - fmt.mbits), fmt.max * 1.75, math.inf, 1e-40]
     for where, value in enumerate(specials, start=2):
@@ -585,7 +586,7 @@ def test_fp16_results_through_the_codes_kernels(dtype: torch.dtype) -> None:
     """fp32/bf16 -> fp16 SR stores binary16 codes: clean blocks, then blocks with one
     special each (more than 32 bits discarded, overflow, infinity, NaN)."""
     fmt = sr.format("binary16")
-    block = 4 * (4096 if not ON_GPU else 512)
+    block = 4 * _codes_layout("value")[0]  # values a kernel program rounds
     x = _clean_block(fmt, 5 * block, 13)
     for where, value in enumerate([2.0**-40, 7e4, math.inf, math.nan], start=1):
         x[where * block + 3] = -value
@@ -639,6 +640,42 @@ def test_codes_fast_path_far_below_the_smallest_subnormal() -> None:
         kernel = sr.encode(tiny, "e4m3fn", "sr", backend="triton", **options)
         torch_path = sr.encode(tiny, "e4m3fn", "sr", backend="torch", **options)
         assert torch.equal(kernel, torch_path)
+
+
+# formats whose ulp lies within 56 bits of fp32's subnormals (mbits - emin > 94): the fast
+# kernel's power-of-two scale leaves fp32's range there, and fp32 subnormal inputs round to
+# their codes with a probability of their own
+LARGE_BIAS_FORMATS = [
+    sr.Format(ebits=3, mbits=3, bias=110),
+    sr.Format(ebits=2, mbits=1, bias=120),
+    sr.Format(ebits=3, mbits=0, bias=126),
+]
+
+
+@pytest.mark.parametrize("fmt", LARGE_BIAS_FORMATS, ids=lambda fmt: fmt.name)
+def test_codes_kernels_of_formats_with_a_large_bias(fmt: sr.Format) -> None:
+    """Both SR-to-codes kernels equal the PyTorch path where the format's smallest values
+    lie near fp32's subnormals: a block the fast kernel rounds, then one that overflows
+    (the exact kernel's), each with fp32 subnormal inputs among values from 40 bits below
+    the smallest subnormal up to the largest value."""
+    block = 4 * _codes_layout("codes")[0]
+    generator = torch.Generator().manual_seed(14)
+    low, high = fmt.emin - fmt.mbits - 40, math.log2(fmt.max)
+    x = torch.exp2(torch.empty(2 * block).uniform_(low, high, generator=generator))
+    x = x * (torch.randint(0, 2, (2 * block,), generator=generator) * 2 - 1)
+    subnormals = torch.randint(1, 2**23, (2 * block,), generator=generator, dtype=torch.int32)
+    x = torch.where(torch.arange(2 * block) % 5 == 0, subnormals.view(torch.float32), x)
+    x[block + 7] = fmt.max * 1.5
+    x = x.float().to(DEVICE)
+    assert (
+        kernel_plan("codes", torch.uint8, "raise", fmt, "sr", "none", 32, "c", "stream").path
+        == "codes"
+    )
+    for options in ({"seed": 15}, {"seed": 16, "rbits": 4, "variant": "a"}):
+        for sat in ("none", "finite"):
+            kernel = sr.encode(x, fmt, "sr", sat=sat, backend="triton", **options)
+            torch_path = sr.encode(x, fmt, "sr", sat=sat, backend="torch", **options)
+            assert torch.equal(kernel, torch_path), (options, sat)
 
 
 def test_launch_grid_arithmetic_equals_tritons() -> None:

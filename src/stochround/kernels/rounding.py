@@ -35,6 +35,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import libdevice
 
 from ..formats import Format, format_of_dtype
 from ..random import seed_tensor
@@ -62,8 +63,10 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # programs one after another, so there large blocks cost far less.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ROWS = 4096 if INTERPRETED else 256
+# compiled kernels call libdevice's conversions; the interpreter has none
+NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
 # (rows, warps) of the SR-to-codes kernels per output, measured on an H100 (2**28 values)
-CODES_LAUNCH = {"codes": (512, 2), "fp4x2": (512, 2), "value": (256, 2)}
+CODES_LAUNCH = {"codes": (1024, 4), "fp4x2": (1024, 4), "value": (1024, 4)}
 FP32_NAN_BITS = 0x7FC00000
 NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 # the codes kernels' scratch words: the NaN flag, the length of the list of tiles left to
@@ -493,10 +496,10 @@ def _exact_codes(
     the floor (a) or half-even (c) rounding of nu 2**n = m 2**(n - d) <= 2**24."""
     magnitude = bits & 0x7FFFFFFF
     exponent_field = magnitude >> 23
-    # fp32 subnormal inputs lie more than 56 bits below every such format's ulp, where
-    # both rules below give 0: their missing implicit bit does not matter
-    m = ((magnitude & 0x7FFFFF) | 0x800000).to(tl.uint32)
-    below_emin = tl.maximum(EMIN + 127 - exponent_field, 0)
+    # fp32 subnormals: no implicit bit, exponent field read as 1 (they matter to formats
+    # whose ulp lies within 56 bits of them: a large bias)
+    m = ((magnitude & 0x7FFFFF) | tl.where(exponent_field > 0, 0x800000, 0)).to(tl.uint32)
+    below_emin = tl.maximum(EMIN + 127 - tl.maximum(exponent_field, 1), 0)
     d = below_emin + (23 - MBITS)  # discarded bits
     short = tl.minimum(d, 31).to(tl.uint32)
     if NBITS == 32:  # the word's bits just below bit d
@@ -570,6 +573,34 @@ def _stream_tile(
     return lane, mask, _fp32_bits_of(x), word
 
 
+@triton.jit
+def _scaled_count(
+    magnitude, clamped, SCALE_FIELD: tl.constexpr, SCALE_SPLIT: tl.constexpr, EXACT_C: tl.constexpr
+):
+    """|x| 2**(32 - q), q = max(e, emin) - mbits the ulp's exponent, as uint64 (``magnitude``:
+    |x|'s fp32 bits; ``clamped``: the exponent field of 2**max(e, emin)): the integer m 2**(32
+    - d) where d <= 32 bits are discarded (exact in fp32: a power-of-two scaling of x), else
+    nu 2**32 < 2**23 rounded half to even (EXACT_C) or floored.  The scale is the fp32
+    2**(SCALE_FIELD - clamped - 127), times 2**SCALE_SPLIT where it would exceed fp32's range."""
+    scale = ((SCALE_FIELD - clamped) << 23).to(tl.float32, bitcast=True)
+    if NATIVE_CONVERSIONS:
+        scaled = magnitude.to(tl.float32, bitcast=True) * scale
+        if SCALE_SPLIT > 0:
+            scaled = scaled * 2.0**SCALE_SPLIT
+        if EXACT_C:  # one conversion rounding to nearest even (cvt.rni.u64.f32)
+            return libdevice.float2ull_rn(scaled).to(tl.uint64, bitcast=True)
+        return scaled.to(tl.uint64)
+    # the interpreter has no libdevice: the same integers from fp32 arithmetic (every fp32
+    # value from 2**23 up is an integer; below, adding 2**23 rounds to one half to even),
+    # NaN and infinities clamped to fp32's largest value first (their tiles are not stored)
+    scaled = tl.minimum(magnitude, 0x7F7FFFFF).to(tl.float32, bitcast=True) * scale
+    if SCALE_SPLIT > 0:
+        scaled = scaled * 2.0**SCALE_SPLIT
+    if EXACT_C:
+        scaled = tl.where(scaled < 8388608.0, (scaled + 8388608.0) - 8388608.0, scaled)
+    return scaled.to(tl.uint64)
+
+
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
 def _sr_codes_kernel(
     x_ptr,
@@ -590,9 +621,9 @@ def _sr_codes_kernel(
     BIAS: tl.constexpr,
     SIGN_SHIFT: tl.constexpr,
     HAS_NEGATIVE_ZERO: tl.constexpr,
-    MAX_CODE: tl.constexpr,
-    FAST_MIN_BITS: tl.constexpr,
-    CODE_IN_ADDEND: tl.constexpr,
+    MAX_BITS: tl.constexpr,
+    SCALE_FIELD: tl.constexpr,
+    SCALE_SPLIT: tl.constexpr,
     OUTPUT: tl.constexpr,
     ALIGNED: tl.constexpr,
     ROWS: tl.constexpr,
@@ -602,18 +633,17 @@ def _sr_codes_kernel(
     n random bits: variant a, or exact SR (EXACT_C: variant c with n = 32).
 
     kept + away = floor(m 2**-d + r 2**-n) with d <= 32 bits discarded, for either variant
-    (nu 2**n is an integer or floored): the high word of the 64-bit m 2**(32 - d) +
-    (r << (32 - n)), one wide multiply-add.  With d > 32 (below FAST_MIN_BITS, the fp32
-    bits of 2**(emin - 9 - mbits); zero and fp32 subnormals too) kept is 0 and away iff
-    count + r >= 2**n, count the floor (a) or half-even (c) rounding of nu 2**n: the same
-    high word of count + (r << (32 - n)), count = nu 2**32 rounded in fp32 (for a, floor
-    of nu 2**32 then floor by n bits is floor of nu 2**n).  The code of 2**max(e, emin) is
-    added to the high word, or with CODE_IN_ADDEND carried in the addend's high word (the
-    same sum).  A program whose codes do not overflow (no infinity or NaN either) stores
-    them; any other leaves its tile to `_exact_codes_kernel`, appending its number to the
-    list at ``flag_ptr + LIST_START`` (length at ``flag_ptr + 1``) and, unless ``note_ptr``
-    is None, setting the word at ``note_ptr`` to 1 (a host word: the checked call reads it
-    without a copy)."""
+    (nu 2**n is an integer or floored): the high word of the 64-bit sum m 2**(32 - d) +
+    (r << (32 - n)).  With d > 32, kept is 0 and away iff count + r >= 2**n, count the floor
+    (a) or half-even (c) rounding of nu 2**n: the same high word of count + (r << (32 - n)),
+    count = nu 2**32 rounded (for a, floor of nu 2**32 then floor by n bits is floor of
+    nu 2**n).  Both are one fp32 scaling of |x| by 2**(32 - q) converted to an integer
+    (`_scaled_count`).  The code of 2**max(e, emin) is added to the high word.  A program
+    whose values all lie within the format's largest magnitude (so no code overflows, and
+    no value is infinite or NaN) stores its codes; any other leaves its tile to
+    `_exact_codes_kernel`, appending its number to the list at ``flag_ptr + LIST_START``
+    (length at ``flag_ptr + 1``) and, unless ``note_ptr`` is None, setting the word at
+    ``note_ptr`` to 1 (a host word: the checked call reads it without a copy)."""
     program = tl.program_id(0)
     if WIDE:
         program = program.to(tl.int64)
@@ -631,33 +661,14 @@ def _sr_codes_kernel(
         ROWS,
     )
     magnitude = bits & 0x7FFFFFFF
-    exponent = magnitude >> 23
-    # d = 23 - mbits + below <= 32: weight 2**(32 - d) (a multiply: as a variable shift of
-    # a 64-bit value it costs two instructions and registers); beyond, 1 (and the count below)
-    below = tl.minimum(tl.maximum((EMIN + 127) - exponent, 0), 9 + MBITS)
-    weight = ((1 << (9 + MBITS)) >> below).to(tl.uint32).to(tl.uint64)
-    # d > 32: nu 2**32 = |x| 2**(32 - emin + mbits) < 2**23, exact in fp32 (the power of
-    # two in two factors where it exceeds fp32's range); adding 2**23 rounds it half to
-    # even (c), truncation floors (a)
-    scaled = magnitude.to(tl.float32, bitcast=True)
-    if 32 - EMIN + MBITS > 127:
-        scaled = scaled * 2.0 ** ((32 - EMIN + MBITS) // 2)
-        scaled = scaled * 2.0 ** ((32 - EMIN + MBITS) - (32 - EMIN + MBITS) // 2)
-    else:
-        scaled = scaled * 2.0 ** (32 - EMIN + MBITS)
-    if EXACT_C:
-        nu_count = (scaled + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
-    else:
-        nu_count = tl.minimum(scaled, 8388608.0).to(tl.int32)
-    m = tl.where(magnitude < FAST_MIN_BITS, nu_count, (bits & 0x7FFFFF) | 0x800000)
+    clamped = tl.maximum(magnitude >> 23, EMIN + 127)
+    scaled = _scaled_count(magnitude, clamped, SCALE_FIELD, SCALE_SPLIT, EXACT_C)
     noise = (word & (((1 << NBITS) - 1) << (32 - NBITS))).to(tl.uint64)  # r << (32 - n)
-    base = (tl.maximum(exponent, EMIN + 127) + (BIAS - 128)) << MBITS  # code of 2**max(e, emin)
-    wide = m.to(tl.uint32).to(tl.uint64) * weight
-    if CODE_IN_ADDEND:  # the base in the addend's high word: the sum's high word is the code
-        code = ((wide + ((base.to(tl.uint32).to(tl.uint64) << 32) | noise)) >> 32).to(tl.int32)
-    else:
-        code = base + ((wide + noise) >> 32).to(tl.int32)
-    if tl.max(code) <= MAX_CODE:
+    base = (clamped + (BIAS - 128)) << MBITS  # code of 2**max(e, emin), less 2**mbits
+    code = base + ((scaled + noise) >> 32).to(tl.int32)
+    # rounded before the tile's check: inside its branch the compiler keeps more registers
+    # live (128 against 100 on sm_90), fewer programs fit an SM, and the kernel is slower
+    if tl.max(magnitude) <= MAX_BITS:
         code = code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO)
         _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
     else:
@@ -1101,15 +1112,16 @@ def _codes_constants(
     request's choices; the per-call ones (FROM_TENSORS, ALIGNED, WIDE, CHECK_NAN,
     ITERATIONS) are added at the launch.
 
-    FAST_MIN_BITS, the fp32 bits of 2**(emin - 9 - mbits): d = 23 - mbits + emin - e <= 32
-    from there up (and fp32 subnormals never: their significand lacks the implicit bit).
-    The exact kernel's magnitude codes for overflow and infinite inputs are -1 where the
-    result is NaN."""
+    The fast kernel scales |x| by 2**(32 - q) = 2**(32 + mbits - max(e, emin)), an fp32
+    power of two of exponent field 286 + mbits - (max(e, emin) + 127) for finite x; where
+    that exceeds 254 (at e <= emin, for mbits - emin > 95: formats with a large bias) the
+    scale is split, SCALE_SPLIT bits of it a constant factor.  The exact kernel's magnitude
+    codes for overflow and infinite inputs are -1 where the result is NaN."""
     rows, warps = _codes_layout(output)
+    split = max(fmt.mbits - fmt.emin - 95, 0)
     both = {
         **_layout_constants(fmt),
         "SIGN_SHIFT": fmt.ebits + fmt.mbits,
-        "MAX_CODE": fmt.max_magnitude_code,
         "NBITS": n,
         "EXACT_C": variant == "c",
         "OUTPUT": OUTPUTS.index(output),
@@ -1119,13 +1131,13 @@ def _codes_constants(
     infinity = fmt.max_magnitude_code + 1 if fmt.inf else -1
     fast = {
         **both,
-        "FAST_MIN_BITS": max(fmt.emin - 9 - fmt.mbits + 127, 1) << 23,
-        # the same sum either way; the compiler schedules the binary16 result faster with
-        # the base in the addend, fp8 and fp4 codes with it added after (H100)
-        "CODE_IN_ADDEND": output == "value",
+        "MAX_BITS": fp32_bits(fmt.max),
+        "SCALE_FIELD": 286 + fmt.mbits - split,
+        "SCALE_SPLIT": split,
     }
     exact = {
         **both,
+        "MAX_CODE": fmt.max_magnitude_code,
         "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
         "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
         "NAN_CODE": _nan_code(fmt),
