@@ -13,11 +13,8 @@ stochround's PyTorch path ("=torch path").
 Times are medians over >= 20 calls (CUDA events around each call) after a first call and
 warm-up calls.  Effective bandwidth = (bytes read + bytes written, each element once, in
 the formats of input and output) / median time; % copy compares it with the fp32 device
-copy measured in the same run.  On CUDA the process pins itself to one CPU core (`--no-pin`
-leaves it free): the checked fp4 cast synchronizes, so its time includes the host's Python
-between kernels, which migrations between cores make slower and noisier.  The speed-up
-columns compare stochround's rows with torchao, HeavyBall and gfloat (per element); gfloat
-rounds with 32 random bits (SR32:
+copy measured in the same run.  The speed-up columns compare stochround's rows with
+torchao, HeavyBall and gfloat (per element); gfloat rounds with 32 random bits (SR32:
 variant c with n = 32, the rounding stochround's plain "sr" does) and with 8 (SR8, its
 cheapest: int16 arithmetic), and the 100x targets compare with SR32.  A row that fails
 prints why in its row.
@@ -48,7 +45,6 @@ from gpu_timing import (
     device_description,
     free,
     package_version,
-    pin_to_one_core,
     reason,
     shorten,
     synchronize,
@@ -841,11 +837,6 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only", default=None, help="comma-separated row keys to run (default: all)"
     )
-    parser.add_argument(
-        "--no-pin",
-        action="store_true",
-        help="leave the process unpinned (default on CUDA: pinned to one CPU core)",
-    )
     return parser.parse_args(argv)
 
 
@@ -869,8 +860,6 @@ def main(argv: list[str] | None = None) -> int:
         timing_options = dict(min_iterations=args.min_iterations, budget_s=args.budget)
 
     info = device_description(device)
-    if device.type == "cuda":
-        info["pinned to CPU core"] = "no" if args.no_pin else str(pin_to_one_core())
     info["stochround"] = f"{stochround.__version__} ({Path(stochround.__file__).parent})"
     for peer in PEERS:
         info[peer] = package_version(peer)

@@ -137,20 +137,6 @@ def triton_version() -> str:
     return triton.__version__
 
 
-def pin_to_one_core() -> int | None:
-    """Pin this process to one CPU core, the third it may run on (off core 0, which serves
-    most interrupts), as pyperf advises for stable timings: a call that synchronizes exposes
-    its host's Python between kernels, and an unpinned process migrating between cores
-    runs it with cold caches (on the H100 hosts the synchronizing fp4 cast took 20-50 us
-    more unpinned).  Returns the core, or None where the OS has no affinity call."""
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    allowed = sorted(os.sched_getaffinity(0))
-    core = allowed[min(2, len(allowed) - 1)]
-    os.sched_setaffinity(0, {core})
-    return core
-
-
 def device_description(device: torch.device | str) -> dict[str, str]:
     """What ran the benchmark: device name and properties, host, torch/CUDA/Triton versions."""
     device = torch.device(device)
@@ -182,7 +168,6 @@ __all__ = [
     "bandwidth_bytes_per_s",
     "device_description",
     "package_version",
-    "pin_to_one_core",
     "synchronize",
     "time_function",
     "triton_version",
