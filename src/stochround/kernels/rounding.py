@@ -583,20 +583,16 @@ def _scaled_count(
     nu 2**32 < 2**23 rounded half to even (EXACT_C) or floored.  The scale is the fp32
     2**(SCALE_FIELD - clamped - 127), times 2**SCALE_SPLIT where it would exceed fp32's range."""
     scale = ((SCALE_FIELD - clamped) << 23).to(tl.float32, bitcast=True)
-    if NATIVE_CONVERSIONS:
-        scaled = magnitude.to(tl.float32, bitcast=True) * scale
-        if SCALE_SPLIT > 0:
-            scaled = scaled * 2.0**SCALE_SPLIT
-        if EXACT_C:  # one conversion rounding to nearest even (cvt.rni.u64.f32)
-            return libdevice.float2ull_rn(scaled).to(tl.uint64, bitcast=True)
-        return scaled.to(tl.uint64)
-    # the interpreter has no libdevice: the same integers from fp32 arithmetic (every fp32
-    # value from 2**23 up is an integer; below, adding 2**23 rounds to one half to even),
-    # NaN and infinities clamped to fp32's largest value first (their tiles are not stored)
-    scaled = tl.minimum(magnitude, 0x7F7FFFFF).to(tl.float32, bitcast=True) * scale
+    if not NATIVE_CONVERSIONS:  # NaN and infinities (tiles not stored) would make numpy warn
+        magnitude = tl.minimum(magnitude, 0x7F7FFFFF)
+    scaled = magnitude.to(tl.float32, bitcast=True) * scale
     if SCALE_SPLIT > 0:
         scaled = scaled * 2.0**SCALE_SPLIT
     if EXACT_C:
+        if NATIVE_CONVERSIONS:  # one conversion rounding to nearest even (cvt.rni.u64.f32)
+            return libdevice.float2ull_rn(scaled).to(tl.uint64, bitcast=True)
+        # the interpreter has no libdevice: every fp32 value from 2**23 up is an integer,
+        # and below, adding 2**23 rounds to one half to even
         scaled = tl.where(scaled < 8388608.0, (scaled + 8388608.0) - 8388608.0, scaled)
     return scaled.to(tl.uint64)
 
