@@ -19,7 +19,7 @@ from conftest import TEST_FORMATS, all_bit_patterns
 import stochround as sr
 from stochround import reference
 from stochround.kernels.rounding import (
-    _codes_layout,
+    CODES_LAYOUT,
     codes_supported,
     kernel_plan,
     kernel_supports,
@@ -435,8 +435,7 @@ def test_unchecked_codes_calls_leave_their_scratch_clean(dtype: torch.dtype, nan
     bit-identical to the PyTorch path."""
     from stochround.kernels.rounding import _CLEAN_BUFFERS, _persistent_programs
 
-    output = "codes" if dtype == torch.float8_e4m3fn else "fp4x2"
-    tile = _codes_layout(output)[0] * 4
+    tile = CODES_LAYOUT[0] * 4
     tiles = 2 * _persistent_programs(torch.device(DEVICE)) + 1  # grid of cdiv(tiles, 4)
     clean = torch.randn(tiles, tile, device=DEVICE)
     mixed = clean.clone()
@@ -562,7 +561,7 @@ def test_codes_fast_path_blocks_without_special_values(fmt_name: str) -> None:
     discarded, an fp32 subnormal) or leaves to the exact kernel (an overflow, an infinity).
     Last, 2**14 values with exactly 33 bits discarded (about 24 of them round up)."""
     fmt = sr.format(fmt_name)
-    block = 4 * _codes_layout("codes")[0]  # values a kernel program rounds
+    block = 4 * CODES_LAYOUT[0]  # values a kernel program rounds
     x = _clean_block(fmt, 6 * block, 11)
     specials = [2.0 ** (fmt.emin - 10 - fmt.mbits), fmt.max * 1.75, math.inf, 1e-40]
     for where, value in enumerate(specials, start=2):
@@ -586,7 +585,7 @@ def test_fp16_results_through_the_codes_kernels(dtype: torch.dtype) -> None:
     """fp32/bf16 -> fp16 SR stores binary16 codes: clean blocks, then blocks with one
     special each (more than 32 bits discarded, overflow, infinity, NaN)."""
     fmt = sr.format("binary16")
-    block = 4 * _codes_layout("value")[0]  # values a kernel program rounds
+    block = 4 * CODES_LAYOUT[0]  # values a kernel program rounds
     x = _clean_block(fmt, 5 * block, 13)
     for where, value in enumerate([2.0**-40, 7e4, math.inf, math.nan], start=1):
         x[where * block + 3] = -value
@@ -642,9 +641,9 @@ def test_codes_fast_path_far_below_the_smallest_subnormal() -> None:
         assert torch.equal(kernel, torch_path)
 
 
-# formats whose ulp lies within 56 bits of fp32's subnormals (mbits - emin > 94): the fast
-# kernel's power-of-two scale leaves fp32's range there, and fp32 subnormal inputs round to
-# their codes with a probability of their own
+# formats whose ulp lies within 32 bits of fp32's subnormals (a large bias: mbits - emin >=
+# 94), where fp32 subnormal inputs can round up; from mbits - emin = 96 on, the fast
+# kernel's power-of-two scale also leaves fp32's range and is split
 LARGE_BIAS_FORMATS = [
     sr.Format(ebits=3, mbits=3, bias=110),
     sr.Format(ebits=2, mbits=1, bias=120),
@@ -658,7 +657,7 @@ def test_codes_kernels_of_formats_with_a_large_bias(fmt: sr.Format) -> None:
     lie near fp32's subnormals: a block the fast kernel rounds, then one that overflows
     (the exact kernel's), each with fp32 subnormal inputs among values from 40 bits below
     the smallest subnormal up to the largest value."""
-    block = 4 * _codes_layout("codes")[0]
+    block = 4 * CODES_LAYOUT[0]
     generator = torch.Generator().manual_seed(14)
     low, high = fmt.emin - fmt.mbits - 40, math.log2(fmt.max)
     x = torch.exp2(torch.empty(2 * block).uniform_(low, high, generator=generator))
