@@ -9,6 +9,10 @@ format of at most 8 bits is decoded by gfloat/ml_dtypes/torch and compared with
 import functools
 import itertools
 import math
+import os
+import pickle
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -594,6 +598,25 @@ def test_formats_are_frozen_and_compare_by_layout():
     assert same == fmt
     assert hash(same) == hash(fmt)
     assert Format(ebits=4, mbits=3, inf=False, nan="fn", bias=8) != fmt
+
+
+def test_a_pickled_format_finds_its_equal_in_another_process():
+    """A format's hash is cached (and pickled with it): it must not depend on the process's
+    str hash seed, or an unpickled format would miss its equal in dicts and caches."""
+    fmt = sr.format("e4m3fn")
+    hash(fmt)  # cached before pickling
+    code = (
+        "import pickle, sys, stochround as sr; fmt = pickle.loads(sys.stdin.buffer.read()); "
+        "print({sr.format('e4m3fn'): 'found'}.get(fmt))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code],
+        input=pickle.dumps(fmt),
+        capture_output=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
+    assert found.stdout.decode().strip() == "found"
 
 
 # --------------------------------------------------------------------------------------

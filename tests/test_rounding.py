@@ -362,6 +362,7 @@ def test_nan_zero_stores_code_zero_only_where_the_format_has_no_nan_code() -> No
         ({"mode": "sr", "rbits": 33}, ValueError, "rbits must be"),
         ({"mode": "sr", "rbits": 2.0}, ValueError, "rbits must be"),
         ({"sat": "clamp"}, ValueError, "sat must be one of 'finite'"),
+        ({"mode": ["sr"]}, ValueError, "mode must be one of 'rne'"),  # unhashable
         ({"backend": "cuda"}, ValueError, "backend must be one of 'auto'"),
         ({"mode": "rne", "rbits": 4}, ValueError, "apply to mode='sr' only"),
         (
@@ -384,6 +385,15 @@ def test_bad_arguments_raise_naming_the_argument(kwargs: dict, error: type, patt
     fmt = kwargs.pop("fmt", "e4m3fn")
     with pytest.raises(error, match=pattern):
         sr.round(torch.ones(3), fmt, **kwargs)
+
+
+def test_checked_choices_are_cached_by_type() -> None:
+    """The cache of checked choices tells rbits=True from rbits=1 (equal and of equal hash),
+    so a bool is refused after the int was accepted."""
+    x = torch.ones(3)
+    sr.round(x, "e4m3fn", "sr", rbits=1, seed=0)
+    with pytest.raises(ValueError, match="rbits must be"):
+        sr.round(x, "e4m3fn", "sr", rbits=True, seed=0)
 
 
 @pytest.mark.parametrize(

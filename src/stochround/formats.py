@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from functools import cached_property
 
@@ -94,6 +94,18 @@ class Format:
             raise ValueError(f"bias={self.bias} puts the format's ulp outside float64's range")
         if self.reserved_codes >= 2 ** (self.ebits + self.mbits):
             raise ValueError("the special values leave no finite magnitude code")
+
+    def __hash__(self) -> int:
+        # computed once, where the dataclass's hash would hash every field on each of the
+        # several cache lookups (support checks, kernel plans) of a rounding call
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        # of ints only (the NaN encoding by its index), so that the value pickled with a
+        # format holds in any process: str hashes differ between processes
+        layout = (getattr(self, f.name) for f in fields(self) if f.compare and f.name != "nan")
+        return hash((*layout, NAN_ENCODINGS.index(self.nan)))
 
     def _default_name(self) -> str:
         sign = "" if self.signed else "u"
