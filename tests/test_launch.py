@@ -41,7 +41,7 @@ def _codes_arguments(
 ) -> tuple:
     """Runtime arguments of `_sr_codes_kernel` for fp4 codes of x (seed and offset as
     values, with device tensors beside them or none; a page-locked host note or none, as
-    `round_triton` passes them)."""
+    `KernelPlan.round` passes them)."""
     buffer = torch.empty((x.numel() + 3) // 4 * 2, dtype=torch.uint8, device=x.device)
     flag = torch.zeros(2 + x.numel(), dtype=torch.int32, device=x.device)
     host_word = torch.zeros(1, dtype=torch.int32, pin_memory=True) if note else None

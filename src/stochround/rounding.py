@@ -399,16 +399,52 @@ def _rounding_kernels() -> ModuleType | str:
     return rounding
 
 
-def _triton_unsupported(x: Tensor, request: Request, output: str) -> str | None:
-    """Why the Triton kernel cannot round this call (None if it can)."""
+def _triton_unsupported(
+    x_dtype: torch.dtype, on_cuda: bool, fmt: Format, output: str
+) -> str | None:
+    """Why the Triton kernels cannot round x of this dtype and device to ``fmt`` for
+    ``output`` (None if they can)."""
     kernels = _rounding_kernels()
     if isinstance(kernels, str):
         return kernels
-    if not (x.is_cuda or kernels.INTERPRETED):
+    if not (on_cuda or kernels.INTERPRETED):
         return "x is not a CUDA tensor (set TRITON_INTERPRET=1 to run kernels on the CPU)"
-    if x.dtype not in kernels.INPUT_DTYPES:
-        return f"the kernels read fp32/bf16/fp16 inputs, not {x.dtype}"
-    return kernels.format_unsupported(request.fmt, output)
+    if x_dtype not in kernels.INPUT_DTYPES:
+        return f"the kernels read fp32/bf16/fp16 inputs, not {x_dtype}"
+    return kernels.format_unsupported(fmt, output)
+
+
+@functools.lru_cache(maxsize=512)
+def _route(
+    fmt: Format,
+    mode: str,
+    sat: str,
+    n: int,
+    variant: str,
+    source: str,
+    nan: str,
+    backend: str,
+    output: str,
+    out_dtype: torch.dtype,
+    x_dtype: torch.dtype,
+    on_cuda: bool,
+) -> tuple[object | None, bool]:
+    """(the Triton kernels' plan for a request's choices (`Request`'s first six fields and
+    its ``nan``), or None where the PyTorch path rounds; whether the call checks for NaN
+    results), for x of ``x_dtype`` on a CUDA device or not.  Decided once per set of
+    choices (the decision was a sixth of a call's host time); ValueError where
+    ``backend="triton"`` cannot round them (an error is not cached)."""
+    checked = checks_nan(fmt, nan, output)
+    if backend == "torch" or (backend == "auto" and not on_cuda):
+        return None, checked
+    reason = _triton_unsupported(x_dtype, on_cuda, fmt, output)
+    if reason is None:
+        kernels = _rounding_kernels()
+        plan = kernels.kernel_plan(output, out_dtype, nan, fmt, mode, sat, n, variant, source)
+        return plan, checked
+    if backend == "triton":
+        raise ValueError(f"backend='triton' cannot round this call: {reason}")
+    return None, checked  # auto: what the kernels cannot do
 
 
 def _round_to(
@@ -543,21 +579,18 @@ def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
     """The one dispatch point between the PyTorch path and the Triton kernel."""
-    checked = checks_nan(request.fmt, request.nan, output)
+    plan, checked = _route(
+        *request[:6], request.nan, backend, output, out_dtype, x.dtype, x.is_cuda
+    )
     if checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
         raise ValueError(
             f"format {request.fmt.name} has no NaN code: nan='raise' waits for the kernel to "
             "learn whether a result is NaN, which a CUDA graph cannot capture; pass "
             "nan='zero' (NaN results stored as code 0, unchecked) to capture this call"
         )
-    if backend == "torch" or (backend == "auto" and not x.is_cuda):
+    if plan is None:
         return _round_torch(x, request, output, out_dtype)
-    reason = _triton_unsupported(x, request, output)
-    if reason is None:
-        return _rounding_kernels().round_triton(x, request, output, out_dtype)
-    if backend == "triton":
-        raise ValueError(f"backend='triton' cannot round this call: {reason}")
-    return _round_torch(x, request, output, out_dtype)  # auto: what the kernels cannot do
+    return plan.round(x, request)
 
 
 def _is_dtensor(x: Tensor) -> bool:
@@ -888,22 +921,30 @@ def _check_codes(codes: Tensor, bits: int) -> Tensor:
     return codes
 
 
-CAST_DTYPES: tuple[torch.dtype, ...] = tuple(
-    getattr(torch, name)
-    for name in (
-        "float64",
-        "float32",
-        "bfloat16",
-        "float16",
-        "float8_e4m3fn",
-        "float8_e5m2",
-        "float8_e4m3fnuz",
-        "float8_e5m2fnuz",
-        "float8_e8m0fnu",
-        "float4_e2m1fn_x2",
+# the dtypes `cast` rounds to: their format and the output that holds it
+_CAST_TARGETS: dict[torch.dtype, tuple[Format, str]] = {
+    dtype: (
+        format_of_dtype(dtype),
+        {4: "fp4x2", 8: "codes"}.get(format_of_dtype(dtype).bits, "value"),
     )
-    if hasattr(torch, name)
-)
+    for dtype in (
+        getattr(torch, name)
+        for name in (
+            "float64",
+            "float32",
+            "bfloat16",
+            "float16",
+            "float8_e4m3fn",
+            "float8_e5m2",
+            "float8_e4m3fnuz",
+            "float8_e5m2fnuz",
+            "float8_e8m0fnu",
+            "float4_e2m1fn_x2",
+        )
+        if hasattr(torch, name)
+    )
+}
+CAST_DTYPES: tuple[torch.dtype, ...] = tuple(_CAST_TARGETS)
 
 
 def cast(
@@ -928,19 +969,18 @@ def cast(
     low nibble.  ``nan``: what e2m1, which has no NaN code, holds for a NaN result, as in
     `encode` ("raise": ValueError, the call synchronizes; "zero": code 0, asynchronous).
     """
-    if dtype not in CAST_DTYPES:
+    target = _CAST_TARGETS.get(dtype) if isinstance(dtype, torch.dtype) else None
+    if target is None:
         raise ValueError(f"dtype must be one of {', '.join(map(str, CAST_DTYPES))}; got {dtype}")
-    fmt = format_of_dtype(dtype)
+    fmt, output = target
     request = check_request(
         x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset, nan
     )
-    if fmt.bits == 4:
-        if x.dim() == 0 or x.shape[-1] % 2:
-            raise ValueError("float4_e2m1fn_x2 packs pairs: x's last dimension must be even")
-        return _round_to(x, request, backend, "fp4x2", dtype).view(dtype)
-    if fmt.bits == 8:
-        return _round_to(x, request, backend, "codes", dtype).view(dtype)
-    return _round_to(x, request, backend, "value", dtype)
+    if output == "value":
+        return _round_to(x, request, backend, output, dtype)
+    if output == "fp4x2" and (x.dim() == 0 or x.shape[-1] % 2):
+        raise ValueError("float4_e2m1fn_x2 packs pairs: x's last dimension must be even")
+    return _round_to(x, request, backend, output, dtype).view(dtype)
 
 
 __all__ = [

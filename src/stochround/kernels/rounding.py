@@ -861,20 +861,27 @@ def _format_constants(fmt: Format) -> Mapping[str, int]:
 ROW_BYTES = {"codes": 4, "fp4x2": 2, "fp6x4": 3}
 
 
+def _empty(x: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """An uninitialized tensor on x's device.  Sizes go as separate ints: PyTorch parses a
+    shape tuple (or a `torch.Size`) 0.7-1.5 us slower, and `new_empty` takes x's device
+    without building a `torch.device`."""
+    return x.new_empty(*shape, dtype=dtype) if shape else x.new_empty((), dtype=dtype)
+
+
 def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """(the result, the buffer the kernel writes): code outputs are written a row of four
     codes at a time, into a buffer padded to whole rows (the result itself when x holds
     whole rows)."""
     if output == "value":
-        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        out = _empty(x, x.shape, out_dtype)
         return out, out
     count = x.numel()
     shape = _output_shape(x.shape, output)
     if count % 4 == 0:
-        out = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        out = _empty(x, shape, torch.uint8)
         return out, out
     row_bytes = ROW_BYTES[output]
-    buffer = torch.empty((count + 3) // 4 * row_bytes, dtype=torch.uint8, device=x.device)
+    buffer = _empty(x, ((count + 3) // 4 * row_bytes,), torch.uint8)
     # the packings' last dimensions hold whole bytes: 8 bits a code, two, or four per three
     return buffer[: count * row_bytes // 4].view(shape), buffer
 
@@ -899,26 +906,27 @@ class _CleanBuffers(threading.local):
     def __init__(self) -> None:
         self.by_stream: dict[object, tuple[Tensor, Tensor]] = {}
 
-    def take(
-        self, size: int, device: torch.device, capturable: bool
-    ) -> tuple[Tensor, Tensor | None, object]:
-        """(a clean int32 buffer of at least ``size`` elements on ``device``, a zeroed
+    def take(self, size: int, x: Tensor, capturable: bool) -> tuple[Tensor, Tensor | None, object]:
+        """(a clean int32 buffer of at least ``size`` elements on x's device, a zeroed
         int32 host word the device can write, the key to give them back under: PyTorch's
         triple for the device's current stream, or the device on the CPU).
 
         ``capturable``: whether the call may run under CUDA-graph capture (checked calls
         refuse it before they get here).  A capture gets fresh scratch, no note and no key:
-        a graph keeps the pointers it captured, so its scratch must be its own."""
-        if device.type != "cuda":
-            key = device
+        a graph keeps the pointers it captured, so its scratch must be its own.  (x's
+        `is_cuda` and `get_device`, not its `device`: a `torch.device`'s type and index
+        cost 0.4 us each to read.)"""
+        on_cuda = x.is_cuda
+        if not on_cuda:
+            key = x.device
         elif capturable and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(size, dtype=torch.int32, device=device), None, None
+            return torch.zeros(size, dtype=torch.int32, device=x.device), None, None
         else:
-            key = torch._C._cuda_getCurrentStream(device.index)
+            key = torch._C._cuda_getCurrentStream(x.get_device())
         cached = self.by_stream.pop(key, None)
         if cached is None or cached[0].numel() < size:
-            flags = torch.zeros(size, dtype=torch.int32, device=device)
-            cached = flags, torch.zeros(1, dtype=torch.int32, pin_memory=device.type == "cuda")
+            flags = torch.zeros(size, dtype=torch.int32, device=x.device)
+            cached = flags, torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
         return (*cached, key)
 
     def give_back(self, flags: Tensor, note: Tensor | None, key: object) -> None:
@@ -931,70 +939,11 @@ class _CleanBuffers(threading.local):
 _CLEAN_BUFFERS = _CleanBuffers()
 
 
-def round_triton(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> Tensor:
-    """Round with a Triton kernel (a checked request; see `stochround.rounding._round_to`).
-
-    ``output``: "value" (in ``out_dtype``: fp32, bf16 or fp16), "codes" (uint8), "fp4x2"
-    (two 4-bit codes per byte) or "fp6x4" (four 6-bit codes per three bytes), packing along
-    the last dimension.
-    """
-    x = x.contiguous()
-    out, buffer = _output_tensor(x, output, out_dtype)
-    count = x.numel()
-    if count == 0:
-        return out
-    plan = kernel_plan(output, out_dtype, request.nan, *request[:6])
-    device = x.device
-    seed, offset, index_offset = request.seed, request.offset, request.index_offset
-    from_tensors = isinstance(seed, Tensor) or isinstance(offset, Tensor)
-    if from_tensors:
-        seed, offset = seed_tensor(seed, "seed", device), seed_tensor(offset, "offset", device)
-        seed_value = offset_value = 0
-    else:  # two's complement above 2**63: the kernels read seeds as unsigned 64-bit
-        seed_value, offset_value = _as_int64(seed), _as_int64(offset)
-        seed = offset = None  # no pointers: the kernels read the values
-    stream = (seed, offset, seed_value, offset_value, count, index_offset)
-    programs = cdiv(count, plan.rows * 4)
-    common = (from_tensors, index_offset % 4 == 0, _wide(count, index_offset, plan.rows))
-    if plan.path == "bf16":
-        plan.launch(common)(programs, x, out, *stream)
-        return out
-    check_nan = plan.check_nan
-    # in plain ints: a constexpr's arithmetic costs a microsecond an operation
-    size = LIST_START.value + programs if plan.path == "codes" else 1
-    flag, note, key = _CLEAN_BUFFERS.take(size, device, capturable=not check_nan)
-    if plan.path == "codes":
-        plan.launch(common)(programs, x, buffer, flag, note if check_nan else None, *stream)
-        # the NaN check synchronizes anyway: it reads whether any tile was listed first,
-        # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
-        if check_nan:
-            if device.type == "cuda":
-                _current_stream(key).synchronize()
-            if note.item() == 0:
-                _CLEAN_BUFFERS.give_back(flag, note, key)
-                return out
-        iterations = next_power_of_2(cdiv(programs, _persistent_programs(device)))
-        plan.launch(common, iterations)(cdiv(programs, iterations), x, buffer, flag, *stream)
-    else:
-        rand = request.rand
-        if rand is not None:
-            rand = rand.to(device=device, dtype=torch.int64).expand(x.shape).contiguous()
-        plan.launch(common)(programs, x, buffer, flag, rand, *stream)
-    if check_nan:
-        if bool(flag[0].item()):  # waits for the kernels
-            raise nan_without_code(plan.fmt)
-        if plan.path == "codes":  # a tile was listed, and the note says so
-            note.zero_()
-    # unchecked, the kernels clear what they wrote before the stream's next call
-    _CLEAN_BUFFERS.give_back(flag, note, key)
-    return out
-
-
 class KernelPlan:
-    """How `round_triton` rounds one set of request choices: the kernel path ("bf16",
-    "codes" or "round", the general kernel), whether the call checks for NaN results, the
-    rows of a tile, and the path's kernels bound to the choices (`Launch`es, made once per
-    combination of the per-call constexprs FROM_TENSORS, ALIGNED and WIDE)."""
+    """How the Triton kernels round one set of request choices (`round`): the kernel path
+    ("bf16", "codes" or "round", the general kernel), whether the call checks for NaN
+    results, the values of a tile, and the path's kernels bound to the choices (`Launch`es,
+    made once per combination of the per-call constexprs FROM_TENSORS, ALIGNED and WIDE)."""
 
     def __init__(
         self,
@@ -1013,7 +962,66 @@ class KernelPlan:
         self.check_nan = checks_nan(fmt, nan, output)
         self.path = self._choose_path()
         self.rows = CODES_LAYOUT[0] if self.path == "codes" else ROWS
+        self.tile = self.rows * 4
         self.launches: dict[tuple, Launch] = {}
+
+    def round(self, x: Tensor, request: Request) -> Tensor:
+        """Round x as ``request`` asks (its choices are this plan's; checked, see
+        `stochround.rounding._round_to`).
+
+        The output: "value" (in ``out_dtype``: fp32, bf16 or fp16), "codes" (uint8),
+        "fp4x2" (two 4-bit codes per byte) or "fp6x4" (four 6-bit codes per three bytes),
+        packing along the last dimension.
+        """
+        x = x.contiguous()
+        out, buffer = _output_tensor(x, self.output, self.out_dtype)
+        count = x.numel()
+        if count == 0:
+            return out
+        seed, offset, index_offset = request.seed, request.offset, request.index_offset
+        from_tensors = isinstance(seed, Tensor) or isinstance(offset, Tensor)
+        if from_tensors:
+            device = x.device
+            seed, offset = seed_tensor(seed, "seed", device), seed_tensor(offset, "offset", device)
+            seed_value = offset_value = 0
+        else:  # two's complement above 2**63: the kernels read seeds as unsigned 64-bit
+            seed_value, offset_value = _as_int64(seed), _as_int64(offset)
+            seed = offset = None  # no pointers: the kernels read the values
+        stream = (seed, offset, seed_value, offset_value, count, index_offset)
+        programs = cdiv(count, self.tile)
+        common = (from_tensors, index_offset % 4 == 0, _wide(count, index_offset, self.rows))
+        if self.path == "bf16":
+            self.launch(common)(programs, x, out, *stream)
+            return out
+        check_nan = self.check_nan
+        # in plain ints: a constexpr's arithmetic costs a microsecond an operation
+        size = LIST_START.value + programs if self.path == "codes" else 1
+        flag, note, key = _CLEAN_BUFFERS.take(size, x, capturable=not check_nan)
+        if self.path == "codes":
+            self.launch(common)(programs, x, buffer, flag, note if check_nan else None, *stream)
+            # the NaN check synchronizes anyway: it reads whether any tile was listed first,
+            # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
+            if check_nan:
+                if x.is_cuda:
+                    _current_stream(key).synchronize()
+                if note.item() == 0:
+                    _CLEAN_BUFFERS.give_back(flag, note, key)
+                    return out
+            iterations = next_power_of_2(cdiv(programs, _persistent_programs(x.device)))
+            self.launch(common, iterations)(cdiv(programs, iterations), x, buffer, flag, *stream)
+        else:
+            rand = request.rand
+            if rand is not None:
+                rand = rand.to(device=x.device, dtype=torch.int64).expand(x.shape).contiguous()
+            self.launch(common)(programs, x, buffer, flag, rand, *stream)
+        if check_nan:
+            if bool(flag[0].item()):  # waits for the kernels
+                raise nan_without_code(self.fmt)
+            if self.path == "codes":  # a tile was listed, and the note says so
+                note.zero_()
+        # unchecked, the kernels clear what they wrote before the stream's next call
+        _CLEAN_BUFFERS.give_back(flag, note, key)
+        return out
 
     def _choose_path(self) -> str:
         """ "bf16": fp32/fp16/bf16 -> bf16 SR (bf16 output) from the stream with n >= 16 bits
