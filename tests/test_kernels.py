@@ -261,6 +261,30 @@ def test_backend_triton_refuses_what_it_cannot_do() -> None:
         sr.round(torch.ones(4, device=DEVICE), "e8m0", backend="triton")
 
 
+def test_a_route_is_decided_once_per_set_of_choices_and_a_refusal_every_time() -> None:
+    from stochround.rounding import _route
+
+    x = torch.randn(64, device=DEVICE)
+    fmt = sr.format("e2m1")
+    choices = (fmt, "sr", "none", 32, "c", "stream", "raise")
+    args = (*choices, "triton", "fp4x2", torch.float4_e2m1fn_x2, x.dtype, x.is_cuda)
+    plan, checked = _route(*args)
+    assert plan is kernel_plan("fp4x2", torch.float4_e2m1fn_x2, "raise", *choices[:6])
+    assert checked
+    hits = _route.cache_info().hits
+    first = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, backend="triton")
+    second = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, backend="triton")
+    assert _route.cache_info().hits == hits + 2
+    assert _same_bits(first, second)
+    # the PyTorch path where asked for, or for "auto" off CUDA; a refusal is not remembered
+    assert _route(*args[:7], "torch", *args[8:]) == (None, True)
+    assert _route(*args[:7], "auto", *args[8:10], torch.float32, False) == (None, True)
+    wide = (*args[:10], torch.float64, x.is_cuda)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="cannot round this call"):
+            _route(*wide)
+
+
 def test_straight_through_gradient() -> None:
     x = torch.randn(16, device=DEVICE, requires_grad=True)
     sr.round(x, "e2m1", "sr", seed=1, sat="finite").mul(3).sum().backward()
