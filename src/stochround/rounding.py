@@ -432,8 +432,8 @@ def _route(
     """(the Triton kernels' plan for a request's choices (`Request`'s first six fields and
     its ``nan``), or None where the PyTorch path rounds; whether the call checks for NaN
     results), for x of ``x_dtype`` on a CUDA device or not.  Decided once per set of
-    choices (the decision was a sixth of a call's host time); ValueError where
-    ``backend="triton"`` cannot round them (an error is not cached)."""
+    choices (decided per call, with the plan's lookup, it took 1.5 us of a 12 us call on a
+    CPU); ValueError where ``backend="triton"`` cannot round them (an error is not cached)."""
     checked = checks_nan(fmt, nan, output)
     if backend == "torch" or (backend == "auto" and not on_cuda):
         return None, checked
@@ -921,12 +921,16 @@ def _check_codes(codes: Tensor, bits: int) -> Tensor:
     return codes
 
 
-# the dtypes `cast` rounds to: their format and the output that holds it
+def _cast_target(dtype: torch.dtype) -> tuple[Format, str]:
+    """A `cast` dtype's format and the output that holds it (fp4 packed two a byte, 8-bit
+    formats as codes, wider ones as values)."""
+    fmt = format_of_dtype(dtype)
+    return fmt, {4: "fp4x2", 8: "codes"}.get(fmt.bits, "value")
+
+
+# the dtypes `cast` rounds to (those this torch has)
 _CAST_TARGETS: dict[torch.dtype, tuple[Format, str]] = {
-    dtype: (
-        format_of_dtype(dtype),
-        {4: "fp4x2", 8: "codes"}.get(format_of_dtype(dtype).bits, "value"),
-    )
+    dtype: _cast_target(dtype)
     for dtype in (
         getattr(torch, name)
         for name in (
