@@ -941,7 +941,7 @@ _CLEAN_BUFFERS = _CleanBuffers()
 class KernelPlan:
     """How the Triton kernels round one set of request choices (`round`): the kernel path
     ("bf16", "codes" or "round", the general kernel), whether the call checks for NaN
-    results, the values of a tile, and the path's kernels bound to the choices (`Launch`es,
+    results, the rows of a tile, and the path's kernels bound to the choices (`Launch`es,
     made once per combination of the per-call constexprs FROM_TENSORS, ALIGNED and WIDE)."""
 
     def __init__(
@@ -961,7 +961,6 @@ class KernelPlan:
         self.check_nan = checks_nan(fmt, nan, output)
         self.path = self._choose_path()
         self.rows = CODES_LAYOUT[0] if self.path == "codes" else ROWS
-        self.tile = self.rows * 4
         self.launches: dict[tuple, Launch] = {}
 
     def round(self, x: Tensor, request: Request) -> Tensor:
@@ -987,7 +986,7 @@ class KernelPlan:
             seed_value, offset_value = _as_int64(seed), _as_int64(offset)
             seed = offset = None  # no pointers: the kernels read the values
         stream = (seed, offset, seed_value, offset_value, count, index_offset)
-        programs = cdiv(count, self.tile)
+        programs = cdiv(count, self.rows * 4)
         common = (from_tensors, index_offset % 4 == 0, _wide(count, index_offset, self.rows))
         if self.path == "bf16":
             self.launch(common)(programs, x, out, *stream)
