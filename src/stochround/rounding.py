@@ -260,15 +260,17 @@ def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
 
 
 @functools.lru_cache(maxsize=256, typed=True)  # typed: rbits=True is no rbits=1
-def _checked_choices(mode: str, rbits: int | None, variant: str, sat: str, nan: str) -> int:
-    """The random bits n of a call's choices, each choice checked (ValueError naming it);
-    cached, as calls repeat their choices and the checks were a tenth of a call's host
-    time."""
+def _checked_choices(
+    fmt: Format | str, mode: str, rbits: int | None, variant: str, sat: str, nan: str
+) -> tuple[Format, int]:
+    """The format and random bits n of a call's choices, each choice checked (an error
+    naming it); cached, as calls repeat their choices and the checks were a tenth of a
+    call's host time."""
     check_choice("mode", mode, MODES)
     check_choice("variant", variant, VARIANTS)
     check_choice("sat", sat, SATURATIONS)
     check_choice("nan", nan, NAN_POLICIES)
-    return check_rbits(rbits)
+    return find_format(fmt), check_rbits(rbits)
 
 
 def check_request(
@@ -286,11 +288,10 @@ def check_request(
 ) -> Request:
     """Check every argument (ValueError/TypeError naming it); draw the seed if None."""
     check_input(x)
-    fmt = find_format(fmt)
     try:
-        n = _checked_choices(mode, rbits, variant, sat, nan)
+        fmt, n = _checked_choices(fmt, mode, rbits, variant, sat, nan)
     except TypeError:  # an unhashable choice: checked uncached, for the error naming it
-        n = _checked_choices.__wrapped__(mode, rbits, variant, sat, nan)
+        fmt, n = _checked_choices.__wrapped__(fmt, mode, rbits, variant, sat, nan)
     if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
         raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
     if mode != "sr":
