@@ -12,6 +12,7 @@ import math
 import threading
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 import torch
 from conftest import TEST_FORMATS, all_bit_patterns
@@ -262,27 +263,61 @@ def test_backend_triton_refuses_what_it_cannot_do() -> None:
 
 
 def test_a_route_is_decided_once_per_set_of_choices_and_a_refusal_every_time() -> None:
-    from stochround.rounding import _route
+    from stochround.rounding import Route, _call_route
 
     x = torch.randn(64, device=DEVICE)
     fmt = sr.format("e2m1")
-    choices = (fmt, "sr", "none", 32, "c", "stream", "raise")
-    args = (*choices, "triton", "fp4x2", torch.float4_e2m1fn_x2, x.dtype, x.is_cuda)
-    plan, checked = _route(*args)
-    assert plan is kernel_plan("fp4x2", torch.float4_e2m1fn_x2, "raise", *choices[:6])
-    assert checked
-    hits = _route.cache_info().hits
-    first = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, backend="triton")
-    second = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, backend="triton")
-    assert _route.cache_info().hits == hits + 2
+    fp4 = torch.float4_e2m1fn_x2
+    choices = (fmt, "sr", None, "c", "none", "raise", "stream")
+    args = (*choices, "triton", "fp4x2", fp4, x.dtype, x.is_cuda, False)
+    route = _call_route(*args)
+    plan = kernel_plan("fp4x2", fp4, "raise", fmt, "sr", "none", 32, "c", "stream")
+    assert route == Route(fmt, 32, "fp4x2", fp4, plan, True)
+    hits = _call_route.cache_info().hits
+    first = sr.cast(x, fp4, "sr", seed=3, backend="triton")
+    second = sr.cast(x, fp4, "sr", seed=3, backend="triton")
+    assert _call_route.cache_info().hits == hits + 2
     assert _same_bits(first, second)
     # the PyTorch path where asked for, or for "auto" off CUDA; a refusal is not remembered
-    assert _route(*args[:7], "torch", *args[8:]) == (None, True)
-    assert _route(*args[:7], "auto", *args[8:10], torch.float32, False) == (None, True)
-    wide = (*args[:10], torch.float64, x.is_cuda)
+    assert _call_route(*args[:7], "torch", *args[8:]).plan is None
+    assert _call_route(*args[:7], "auto", *args[8:11], False, False).plan is None
+    # a call through the custom op is routed again by the op's body: no plan, no refusal
+    assert _call_route(*args[:12], True) == route._replace(plan=None)
+    wide = (*args[:10], torch.float64, x.is_cuda, False)
     for _ in range(2):
         with pytest.raises(ValueError, match="cannot round this call"):
-            _route(*wide)
+            _call_route(*wide)
+
+
+def test_a_route_resolves_what_the_entry_point_leaves_open() -> None:
+    """round's values take x's dtype, encode's codes the integer dtype of the format's
+    width, packed=True the packing of that width (a ValueError naming the widths if none)."""
+    from stochround.rounding import _call_route
+
+    def route(fmt: str, output: str, x_dtype: torch.dtype = torch.bfloat16):
+        choices = (fmt, "rne", None, "c", "none", "raise", "stream", "torch")
+        return _call_route(*choices, output, None, x_dtype, False, False)
+
+    assert route("e4m3fn", "value")[2:4] == ("value", torch.bfloat16)
+    assert route("e4m3fn", "codes")[2:4] == ("codes", torch.uint8)
+    assert route("bf16", "codes")[2:4] == ("codes", torch.int16)
+    assert route("e2m1", "packed")[2:4] == ("fp4x2", torch.uint8)
+    assert route("e3m2", "packed")[2:4] == ("fp6x4", torch.uint8)
+    with pytest.raises(ValueError, match="packed=True packs formats of 4 or 6 bits; e4m3fn"):
+        route("e4m3fn", "packed")
+
+
+def test_kernel_calls_trace_under_torch_compile() -> None:
+    """fullgraph=True traces calls the kernels round (the interpreter's on the CPU): the
+    trace checks the choices but builds no kernel plan, which the op's body finds."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    calls = {
+        "bf16": lambda x: sr.cast(x, torch.bfloat16, "sr", seed=2, backend="triton"),
+        "fp4 checked": lambda x: sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=2, backend="triton"),
+    }
+    for name, call in calls.items():
+        compiled = torch.compile(call, fullgraph=True, backend="aot_eager")(x)
+        assert compiled.dtype == call(x).dtype and _same_bits(compiled, call(x)), name
 
 
 def test_straight_through_gradient() -> None:
@@ -393,12 +428,14 @@ def test_formats_without_nan_refuse_nan_on_both_backends(backend: str) -> None:
         sr.cast(x * 100, torch.float4_e2m1fn_x2, "sr", seed=1, backend=backend)
 
 
-def _scratch_clean(flags: torch.Tensor, note: torch.Tensor) -> bool:
+def _scratch_clean(flags: torch.Tensor, note: torch.Tensor, note_view: np.ndarray) -> bool:
     """Whether kept scratch is ready for a call: the NaN flag, the list's length and the
-    arrival count zero (the list below the length is all a kernel reads), the note clear."""
+    arrival count zero (the list below the length is all a kernel reads), the note clear
+    and read through a view of its own memory."""
     from stochround.kernels.rounding import LIST_START
 
-    return not flags[: LIST_START.value].any() and not note.any()
+    aliased = note_view.ctypes.data == note.data_ptr() and note_view.shape == (1,)
+    return not flags[: LIST_START.value].any() and not note.any() and aliased
 
 
 def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
@@ -420,7 +457,7 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
         expected = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="torch")
         assert _same_bits(kernel, expected)
         kept = _CLEAN_BUFFERS.by_stream.values()
-        assert all(_scratch_clean(flags, note) for flags, note in kept)
+        assert all(_scratch_clean(*scratch) for scratch in kept)
 
     for step, x in enumerate([clean, overflowing, clean[:1], overflowing, clean]):
         check(x, seed=step)
@@ -443,7 +480,7 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
     worker.start()
     worker.join()
     assert in_thread["before"] == {} and len(in_thread["after"]) == 1
-    (theirs, _), (ours, _) = in_thread["after"].popitem()[1], kept.popitem()[1]
+    (theirs, *_), (ours, *_) = in_thread["after"].popitem()[1], kept.popitem()[1]
     assert theirs.data_ptr() != ours.data_ptr()
     assert next(iter(_CLEAN_BUFFERS.by_stream.values()))[0] is ours
 
@@ -472,10 +509,10 @@ def test_unchecked_codes_calls_leave_their_scratch_clean(dtype: torch.dtype, nan
         assert _same_bits(result, expected), seed
         if ON_GPU:
             torch.cuda.synchronize()
-        (flags, note), *others = _CLEAN_BUFFERS.by_stream.values()
-        assert not others and _scratch_clean(flags, note), seed
-        kept = flags if kept is None else kept
-        assert flags is kept, "the buffer serves every call"
+        scratch, *others = _CLEAN_BUFFERS.by_stream.values()
+        assert not others and _scratch_clean(*scratch), seed
+        kept = scratch[0] if kept is None else kept
+        assert scratch[0] is kept, "the buffer serves every call"
 
 
 @pytest.mark.gpu
@@ -498,12 +535,12 @@ def test_codes_scratch_is_kept_per_stream_and_never_by_a_graph() -> None:
     with torch.cuda.stream(side):
         cast(2)
     torch.cuda.synchronize()
-    kept = {key: flags.data_ptr() for key, (flags, _) in _CLEAN_BUFFERS.by_stream.items()}
+    kept = {key: flags.data_ptr() for key, (flags, *_) in _CLEAN_BUFFERS.by_stream.items()}
     assert len(kept) == 2 and len(set(kept.values())) == 2
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = cast(3)
-    assert {key: flags.data_ptr() for key, (flags, _) in _CLEAN_BUFFERS.by_stream.items()} == kept
+    assert {key: flags.data_ptr() for key, (flags, *_) in _CLEAN_BUFFERS.by_stream.items()} == kept
     for _ in range(2):
         graph.replay()
         assert _same_bits(captured, sr.cast(x, fp4, "sr", seed=3, nan="zero", backend="torch"))

@@ -274,7 +274,7 @@ def test_cast_to_float4_packs_pairs_low_nibble_first() -> None:
     codes = sr.encode(x, "e2m1")
     assert codes.tolist() == [[0b0001, 0b0111, 0b1010, 0b0101]]
     assert packed.view(torch.uint8).tolist() == [[0x71, 0x5A]]
-    with pytest.raises(ValueError, match="even"):
+    with pytest.raises(ValueError, match=r"packed 2 together .* multiple of 2; got shape \(3,\)"):
         sr.cast(torch.ones(3), torch.float4_e2m1fn_x2)
 
 
@@ -325,6 +325,18 @@ def test_every_output_traces_as_one_op_under_torch_compile() -> None:
         eager = call(x)
         assert compiled.dtype == eager.dtype and compiled.shape == eager.shape, output
         assert torch.equal(compiled.view(torch.uint8), eager.view(torch.uint8)), output
+
+
+def test_compiled_code_reads_the_results_dtype() -> None:
+    """The op's shape function gives the result's dtype (16-bit codes are int16, cast's
+    fp8 codes float8), so code compiled around the op reads the bits eager code reads."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(7))
+    calls = {
+        "int16 codes": lambda x: sr.encode(x, "bf16", "sr", seed=3).to(torch.int32) + 1,
+        "float8 codes": lambda x: sr.cast(x, torch.float8_e4m3fn, "sr", seed=3).float() * 2,
+    }
+    for name, call in calls.items():
+        assert torch.equal(torch.compile(call, fullgraph=True)(x), call(x)), name
 
 
 def test_encode_without_a_nan_code_refuses_nan() -> None:

@@ -9,8 +9,12 @@ for fp32/bf16/fp16 inputs and formats whose values fp32 holds, float64 otherwise
     |x| = f 2**k (frexp),  e = max(k - 1, emin),  q = e - m,  s = f 2**(k - q),
     kept = floor(s),  nu = s - kept,  magnitude = (kept + away) 2**q.
 
-One dispatch point, `_round_to`, picks the backend: ``backend="auto"`` uses the Triton
-kernel for CUDA tensors the kernel supports and the PyTorch path otherwise.
+`round`, `encode` and `cast` share one body, `_round_call`: a call's choices are checked and
+routed once per set of them (`_call_route`, cached), its per-call values (seed, offset,
+rand, index_offset) on every call.  The route picks the backend: ``backend="auto"`` uses
+the Triton kernels for CUDA tensors they support and the PyTorch path otherwise.  Calls
+under `torch.compile`, for autograd or on DTensors go through the `stochround::round`
+custom op, whose body (`_dispatch`) routes them the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 OUTPUTS = ("value", "codes", "fp4x2", "fp6x4")
 # the packed outputs by code width: (output, codes a group of whole bytes holds)
 PACKINGS = {4: ("fp4x2", 2), 6: ("fp6x4", 4)}
+PACK_GROUPS = dict(PACKINGS.values())
 # Below 2**-90 a fraction's only property that matters is being nonzero (n <= 32 bits).
 _MIN_SCALE_EXPONENT = -90
 # CPU tensors are rounded in pieces of 2**18 elements (1 MiB of fp32: ~40 elementwise
@@ -259,18 +264,52 @@ def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
     return rand
 
 
-@functools.lru_cache(maxsize=256, typed=True)  # typed: rbits=True is no rbits=1
-def _checked_choices(
+def _check_choices(
     fmt: Format | str, mode: str, rbits: int | None, variant: str, sat: str, nan: str
 ) -> tuple[Format, int]:
     """The format and random bits n of a call's choices, each choice checked (an error
-    naming it); cached, as calls repeat their choices and the checks were a tenth of a
-    call's host time."""
+    naming it)."""
     check_choice("mode", mode, MODES)
     check_choice("variant", variant, VARIANTS)
     check_choice("sat", sat, SATURATIONS)
     check_choice("nan", nan, NAN_POLICIES)
     return find_format(fmt), check_rbits(rbits)
+
+
+def _source(rand: object) -> str:
+    """The random source a call's ``rand`` names: "stream" (None), "data" or "rand"."""
+    if rand is None:
+        return "stream"
+    return "data" if isinstance(rand, str) else "rand"
+
+
+def _check_values(
+    x: Tensor,
+    mode: str,
+    rbits: int | None,
+    n: int,
+    seed: int | Tensor | None,
+    offset: int | Tensor,
+    rand: Tensor | str | None,
+    index_offset: int,
+) -> tuple[int | Tensor, int | Tensor, Tensor | None]:
+    """A call's per-call values checked (an error naming each), as the paths take them:
+    (seed, offset, rand) — the seed drawn if None, rand as int64 integers of x's shape,
+    and 0, 0, None for what the call does not use."""
+    if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
+        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
+    if mode != "sr":
+        if rbits is not None or rand is not None:
+            raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
+        return 0, 0, None
+    if rand is None:
+        seed = streams.default_seed() if seed is None else streams.check_seed(seed, "seed")
+        return seed, streams.check_seed(offset, "offset"), None
+    if isinstance(rand, str):
+        if rand != "data":
+            raise ValueError(f"rand must be an integer tensor or 'data'; got {rand!r}")
+        return 0, 0, None
+    return 0, 0, _check_rand(x, rand, n).expand(x.shape)
 
 
 def check_request(
@@ -288,27 +327,10 @@ def check_request(
 ) -> Request:
     """Check every argument (ValueError/TypeError naming it); draw the seed if None."""
     check_input(x)
-    try:
-        fmt, n = _checked_choices(fmt, mode, rbits, variant, sat, nan)
-    except TypeError:  # an unhashable choice: checked uncached, for the error naming it
-        fmt, n = _checked_choices.__wrapped__(fmt, mode, rbits, variant, sat, nan)
-    if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
-        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
-    if mode != "sr":
-        if rbits is not None or rand is not None:
-            raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
-        return Request(fmt, mode, sat, n, variant, "stream", 0, 0, index_offset, None, nan)
-    if isinstance(rand, str):
-        if rand != "data":
-            raise ValueError(f"rand must be an integer tensor or 'data'; got {rand!r}")
-        return Request(fmt, mode, sat, n, variant, "data", 0, 0, index_offset, None, nan)
-    if rand is not None:
-        checked = _check_rand(x, rand, n).expand(x.shape)
-        return Request(fmt, mode, sat, n, variant, "rand", 0, 0, index_offset, checked, nan)
-    seed = streams.default_seed() if seed is None else seed
-    streams.check_seed(seed, "seed")
-    streams.check_seed(offset, "offset")
-    return Request(fmt, mode, sat, n, variant, "stream", seed, offset, index_offset, None, nan)
+    fmt, n = _check_choices(fmt, mode, rbits, variant, sat, nan)
+    source = _source(rand)
+    seed, offset, rand = _check_values(x, mode, rbits, n, seed, offset, rand, index_offset)
+    return Request(fmt, mode, sat, n, variant, source, seed, offset, index_offset, rand, nan)
 
 
 def random_integers(x: Tensor, request: Request, start: int = 0) -> Tensor:
@@ -343,7 +365,9 @@ def canonical_nan(dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 def _finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, nan: str) -> Tensor:
-    """Rounded values (compute dtype) to the requested output (``nan``: NAN_POLICIES)."""
+    """Rounded values (compute dtype) to the requested output in ``out_dtype`` (codes and
+    packed codes: their bytes viewed as it, `cast`'s 8-bit and fp4 dtypes; ``nan``:
+    NAN_POLICIES)."""
     if output == "value":
         narrowed = values.to(out_dtype)
         is_nan = torch.isnan(values)
@@ -352,8 +376,8 @@ def _finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, na
         return narrowed
     codes = encode_values(values, fmt, nan)
     if output == "codes":
-        return codes.to(_code_dtype(fmt.bits))
-    return pack(codes.to(torch.uint8), 4 if output == "fp4x2" else 6)
+        return codes.to(_code_dtype(fmt.bits)).view(out_dtype)
+    return pack(codes.to(torch.uint8), 4 if output == "fp4x2" else 6).view(out_dtype)
 
 
 def _round_torch(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> Tensor:
@@ -362,7 +386,7 @@ def _round_torch(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     flat = x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)
     shape = _output_shape(x.shape, output)
     if flat.numel() == 0:
-        return x.new_empty(shape, dtype=out_dtype if output == "value" else torch.uint8)
+        return x.new_empty(shape, dtype=out_dtype)
 
     def piece(start: int) -> Tensor:
         values = flat[start : start + chunk]
@@ -415,53 +439,141 @@ def _triton_unsupported(
     return kernels.format_unsupported(fmt, output)
 
 
-@functools.lru_cache(maxsize=512)
-def _route(
-    fmt: Format,
+class Route(NamedTuple):
+    """What a call's choices decide (`_call_route`, once per set of them)."""
+
+    fmt: Format
+    n: int  # random bits
+    output: str  # OUTPUTS
+    out_dtype: torch.dtype  # the result's: values' dtype, codes' integer dtype, or cast's
+    plan: object | None  # the Triton kernels' `KernelPlan`; None: the PyTorch path rounds
+    checked: bool  # whether the call checks for NaN results (`checks_nan`)
+
+
+def _output_of(
+    fmt: Format, output: str, out_dtype: torch.dtype | None, x_dtype: torch.dtype
+) -> tuple[str, torch.dtype]:
+    """The output and result dtype an entry point asks for: ``output`` "packed" (`encode`'s
+    packed=True) is the packing of the format's width, in bytes; ``out_dtype`` None is x's
+    dtype for values and the integer dtype of the format's width for codes."""
+    if output == "packed":
+        if fmt.bits not in PACKINGS:
+            raise ValueError(
+                f"packed=True packs formats of {' or '.join(map(str, PACKINGS))} bits; "
+                f"{fmt.name} has {fmt.bits}"
+            )
+        return PACKINGS[fmt.bits][0], torch.uint8
+    if out_dtype is not None:
+        return output, out_dtype
+    return output, x_dtype if output == "value" else _code_dtype(fmt.bits)
+
+
+@functools.lru_cache(maxsize=512, typed=True)  # typed: rbits=True is no rbits=1
+def _call_route(
+    fmt: Format | str,
     mode: str,
-    sat: str,
-    n: int,
+    rbits: int | None,
     variant: str,
-    source: str,
+    sat: str,
     nan: str,
+    source: str,
     backend: str,
     output: str,
-    out_dtype: torch.dtype,
+    out_dtype: torch.dtype | None,
     x_dtype: torch.dtype,
     on_cuda: bool,
-) -> tuple[object | None, bool]:
-    """(the Triton kernels' plan for a request's choices (`Request`'s first six fields and
-    its ``nan``), or None where the PyTorch path rounds; whether the call checks for NaN
-    results), for x of ``x_dtype`` on a CUDA device or not.  Decided once per set of
-    choices (decided per call, with the plan's lookup, it took 1.5 us of a 12 us call on a
-    CPU); ValueError where ``backend="triton"`` cannot round them (an error is not cached)."""
-    checked = checks_nan(fmt, nan, output)
-    if backend == "torch" or (backend == "auto" and not on_cuda):
-        return None, checked
+    through_op: bool,
+) -> Route:
+    """The route of a call's choices (``output`` and ``out_dtype`` as `_output_of` takes
+    them) for x of ``x_dtype`` on a CUDA device or not, each choice checked (an error naming
+    it).  Decided once per set of choices: calls repeat them, and checking them and finding
+    the kernels' plan per call took a fifth of a checked e2m1 call's host time.  ValueError
+    where ``backend="triton"`` cannot round them (an error is not cached).
+
+    ``through_op`` (`_through_op`): the call goes through the custom op, whose body routes
+    it again; its route has no plan (no backend decided), so that `torch.compile`, which
+    traces this function, never builds one (a `KernelPlan` cannot be traced)."""
+    fmt, n = _check_choices(fmt, mode, rbits, variant, sat, nan)
+    check_choice("backend", backend, BACKENDS)
+    output, out_dtype = _output_of(fmt, output, out_dtype, x_dtype)
+    route = Route(fmt, n, output, out_dtype, None, checks_nan(fmt, nan, output))
+    if through_op or backend == "torch" or (backend == "auto" and not on_cuda):
+        return route
     reason = _triton_unsupported(x_dtype, on_cuda, fmt, output)
     if reason is None:
         kernels = _rounding_kernels()
         plan = kernels.kernel_plan(output, out_dtype, nan, fmt, mode, sat, n, variant, source)
-        return plan, checked
+        return route._replace(plan=plan)
     if backend == "triton":
         raise ValueError(f"backend='triton' cannot round this call: {reason}")
-    return None, checked  # auto: what the kernels cannot do
+    return route  # auto: what the kernels cannot do
+
+
+def _through_op(x: Tensor) -> bool:
+    """Whether a call goes through the `stochround::round` custom op: under
+    `torch.compile`, for autograd, or for a DTensor (shard by shard)."""
+    return (
+        torch.compiler.is_compiling()
+        or (x.requires_grad and torch.is_grad_enabled())
+        or _is_dtensor(x)
+    )
+
+
+def _round_call(
+    x: Tensor,
+    fmt: Format | str,
+    mode: str,
+    rbits: int | None,
+    variant: str,
+    sat: str,
+    seed: int | Tensor | None,
+    offset: int | Tensor,
+    rand: Tensor | str | None,
+    index_offset: int,
+    nan: str,
+    backend: str,
+    output: str,
+    out_dtype: torch.dtype | None,
+) -> Tensor:
+    """The entry points' one body: check a call and round it (``output`` and ``out_dtype``
+    as `_output_of` takes them).  The choices are checked and routed in one cached lookup
+    and the per-call values checked apart; a call the kernels round that needs no custom
+    op (`_through_op`) goes to the kernels' plan directly, the others to `_round_to` with
+    a `Request` (the op's dispatch would only flatten the arguments and unflatten them
+    again: about 40% of such a call's host time)."""
+    check_input(x)
+    source, through_op = _source(rand), _through_op(x)
+    choices = (fmt, mode, rbits, variant, sat, nan, source, backend, output, out_dtype)
+    try:
+        route = _call_route(*choices, x.dtype, x.is_cuda, through_op)
+    except TypeError:  # an unhashable choice: routed uncached, for the error naming it
+        route = _call_route.__wrapped__(*choices, x.dtype, x.is_cuda, through_op)
+    seed, offset, rand = _check_values(x, mode, rbits, route.n, seed, offset, rand, index_offset)
+    group = PACK_GROUPS.get(route.output)
+    if group is not None and (x.dim() == 0 or x.shape[-1] % group):
+        raise ValueError(
+            f"{route.fmt.name} codes are packed {group} together along x's last dimension, "
+            f"which must be a multiple of {group}; got shape {tuple(x.shape)}"
+        )
+    if route.plan is not None:  # (none through the op)
+        return route.plan.round(x, seed, offset, index_offset, rand)
+    request = Request(
+        route.fmt, mode, sat, route.n, variant, source, seed, offset, index_offset, rand, nan
+    )
+    return _round_to(x, request, backend, route.output, route.out_dtype)
 
 
 def _round_to(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
-    """Round through the `stochround::round` custom op (DTensors shard by shard), so
-    `torch.compile(fullgraph=True)` sees one opaque op and autograd passes gradients
-    straight through; eager calls that need no gradient call the op's body directly."""
-    check_choice("backend", backend, BACKENDS)
+    """Round a checked request through the `stochround::round` custom op (DTensors shard
+    by shard), so `torch.compile(fullgraph=True)` sees one opaque op and autograd passes
+    gradients straight through; calls that need no op (`_through_op`) call its body."""
     if _is_dtensor(x):
         return _round_dtensor(
             x, request, output, lambda local, req: _round_to(local, req, backend, output, out_dtype)
         )
-    if not (torch.compiler.is_compiling() or (x.requires_grad and torch.is_grad_enabled())):
-        # eager and without autograd: the op's dispatch (about 40% of a call's host time)
-        # would only flatten the request and unflatten it again
+    if not _through_op(x):
         return _dispatch(x, request, backend, output, out_dtype)
     fmt = request.fmt
     seed, offset = request.seed, request.offset
@@ -524,9 +636,7 @@ def _(
     index_offset,
     out_dtype,
 ):
-    output = choices.split(":")[5]
-    dtype = out_dtype if output == "value" else torch.uint8
-    return x.new_empty(_output_shape(x.shape, output), dtype=dtype)
+    return x.new_empty(_output_shape(x.shape, choices.split(":")[5]), dtype=out_dtype)
 
 
 def _straight_through(ctx, grad: Tensor) -> tuple:
@@ -579,19 +689,37 @@ def checks_nan(fmt: Format, nan: str, output: str) -> bool:
 def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
-    """The one dispatch point between the PyTorch path and the Triton kernel."""
-    plan, checked = _route(
-        *request[:6], request.nan, backend, output, out_dtype, x.dtype, x.is_cuda
+    """The one dispatch point between the PyTorch path and the Triton kernels, for a
+    checked request (``output`` and ``out_dtype`` decided)."""
+    route = _call_route(
+        request.fmt,
+        request.mode,
+        request.n,
+        request.variant,
+        request.sat,
+        request.nan,
+        request.source,
+        backend,
+        output,
+        out_dtype,
+        x.dtype,
+        x.is_cuda,
+        False,
     )
-    if checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise ValueError(
-            f"format {request.fmt.name} has no NaN code: nan='raise' waits for the kernel to "
-            "learn whether a result is NaN, which a CUDA graph cannot capture; pass "
-            "nan='zero' (NaN results stored as code 0, unchecked) to capture this call"
-        )
-    if plan is None:
-        return _round_torch(x, request, output, out_dtype)
-    return plan.round(x, request)
+    if route.plan is not None:
+        return route.plan.round(x, request.seed, request.offset, request.index_offset, request.rand)
+    if route.checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise capture_refused(request.fmt)
+    return _round_torch(x, request, output, out_dtype)
+
+
+def capture_refused(fmt: Format) -> ValueError:
+    """The error of a checked call (nan="raise", `checks_nan`) under CUDA-graph capture."""
+    return ValueError(
+        f"format {fmt.name} has no NaN code: nan='raise' waits for the kernel to learn "
+        "whether a result is NaN, which a CUDA graph cannot capture; pass nan='zero' (NaN "
+        "results stored as code 0, unchecked) to capture this call"
+    )
 
 
 def _is_dtensor(x: Tensor) -> bool:
@@ -693,8 +821,22 @@ def round(  # noqa: A001 - the public name DESIGN.md gives
         )
     if fmt is None:
         raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
-    request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
-    return _round_to(x, request, backend, "value", x.dtype)
+    return _round_call(
+        x,
+        fmt,
+        mode,
+        rbits,
+        variant,
+        sat,
+        seed,
+        offset,
+        rand,
+        index_offset,
+        "raise",
+        backend,
+        "value",
+        None,
+    )
 
 
 def _round_hardware(
@@ -818,26 +960,25 @@ def encode(
     dimension as `pack` packs them — two 4-bit codes a byte, four 6-bit codes in three
     bytes — written by the rounding kernel itself on CUDA (no uint8 codes in between).
     """
-    request = check_request(
-        x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset, nan
-    )
     if not isinstance(packed, bool):
         raise TypeError(f"packed must be a bool, got {type(packed).__name__}")
-    if not packed:
-        return _round_to(x, request, backend, "codes", torch.uint8)
-    bits = request.fmt.bits
-    if bits not in PACKINGS:
-        raise ValueError(
-            f"packed=True packs formats of {' or '.join(map(str, PACKINGS))} bits; "
-            f"{request.fmt.name} has {bits}"
-        )
-    output, group = PACKINGS[bits]
-    if x.dim() == 0 or x.shape[-1] % group:
-        raise ValueError(
-            f"packed=True packs {group} {bits}-bit codes together along the last dimension, "
-            f"which must be a multiple of {group}; got shape {tuple(x.shape)}"
-        )
-    return _round_to(x, request, backend, output, torch.uint8)
+    output = "packed" if packed else "codes"
+    return _round_call(
+        x,
+        fmt,
+        mode,
+        rbits,
+        variant,
+        sat,
+        seed,
+        offset,
+        rand,
+        index_offset,
+        nan,
+        backend,
+        output,
+        None,
+    )
 
 
 def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -978,14 +1119,22 @@ def cast(
     if target is None:
         raise ValueError(f"dtype must be one of {', '.join(map(str, CAST_DTYPES))}; got {dtype}")
     fmt, output = target
-    request = check_request(
-        x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset, nan
+    return _round_call(
+        x,
+        fmt,
+        mode,
+        rbits,
+        variant,
+        sat,
+        seed,
+        offset,
+        rand,
+        index_offset,
+        nan,
+        backend,
+        output,
+        dtype,
     )
-    if output == "value":
-        return _round_to(x, request, backend, output, dtype)
-    if output == "fp4x2" and (x.dim() == 0 or x.shape[-1] % 2):
-        raise ValueError("float4_e2m1fn_x2 packs pairs: x's last dimension must be even")
-    return _round_to(x, request, backend, output, dtype).view(dtype)
 
 
 __all__ = [

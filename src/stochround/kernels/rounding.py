@@ -31,6 +31,7 @@ import threading
 from collections.abc import Mapping
 from types import MappingProxyType
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -42,10 +43,10 @@ from ..random import seed_tensor
 from ..reference import MODES, VARIANTS
 from ..rounding import (
     OUTPUTS,
-    Request,
     _nan_code,
     _output_shape,
     _overflow_value,
+    capture_refused,
     checks_nan,
     nan_without_code,
 )
@@ -899,17 +900,20 @@ class _CleanBuffers(threading.local):
     NaN.  A call takes them out and puts them back once they are clean again in its
     stream's order (so they serve that stream alone): unchecked calls once their last
     kernel is queued, checked calls after waiting for their kernels (reading the note
-    where it lies, with no copy back: `Tensor.item` on a device word costs about 9 us more
-    on an H100 host) and clearing the note if a tile was listed.  A call that raises or
-    fails midway drops them; per thread, so that no two threads share one."""
+    where it lies, through a NumPy view: `Tensor.item` costs a microsecond more, and on a
+    device word about 9 us more on an H100 host) and clearing the note if a tile was
+    listed.  A call that raises or fails midway drops them; per thread, so that no two
+    threads share one."""
 
     def __init__(self) -> None:
-        self.by_stream: dict[object, tuple[Tensor, Tensor]] = {}
+        self.by_stream: dict[object, tuple[Tensor, Tensor, np.ndarray]] = {}
 
-    def take(self, size: int, x: Tensor, capturable: bool) -> tuple[Tensor, Tensor | None, object]:
+    def take(
+        self, size: int, x: Tensor, capturable: bool
+    ) -> tuple[Tensor, Tensor | None, np.ndarray | None, object]:
         """(a clean int32 buffer of at least ``size`` elements on x's device, a zeroed
-        int32 host word the device can write, the key to give them back under: PyTorch's
-        triple for the device's current stream, or the device on the CPU).
+        int32 host word the device can write and its NumPy view, the key to give them back
+        under: PyTorch's triple for the device's current stream, or the device on the CPU).
 
         ``capturable``: whether the call may run under CUDA-graph capture (checked calls
         refuse it before they get here).  A capture gets fresh scratch, no note and no key:
@@ -919,20 +923,21 @@ class _CleanBuffers(threading.local):
         if not on_cuda:
             key = x.device
         elif capturable and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(size, dtype=torch.int32, device=x.device), None, None
+            return torch.zeros(size, dtype=torch.int32, device=x.device), None, None, None
         else:
             key = torch._C._cuda_getCurrentStream(x.get_device())
         cached = self.by_stream.pop(key, None)
         if cached is None or cached[0].numel() < size:
             flags = torch.zeros(size, dtype=torch.int32, device=x.device)
-            cached = flags, torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
+            note = torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
+            cached = flags, note, note.numpy()
         return (*cached, key)
 
-    def give_back(self, flags: Tensor, note: Tensor | None, key: object) -> None:
-        """Cache ``flags`` and ``note``, clean in the order of the stream of ``key``
+    def give_back(self, flags: Tensor, note: Tensor, note_view: np.ndarray, key: object) -> None:
+        """Cache the scratch `take` gave, clean in the order of the stream of ``key``
         (nothing under capture: no key)."""
         if key is not None:
-            self.by_stream[key] = flags, note
+            self.by_stream[key] = flags, note, note_view
 
 
 _CLEAN_BUFFERS = _CleanBuffers()
@@ -961,22 +966,36 @@ class KernelPlan:
         self.check_nan = checks_nan(fmt, nan, output)
         self.path = self._choose_path()
         self.rows = CODES_LAYOUT[0] if self.path == "codes" else ROWS
+        # the kernels write codes as bytes; `cast` views them as its dtype
+        self.view_dtype = None if output == "value" or out_dtype == torch.uint8 else out_dtype
         self.launches: dict[tuple, Launch] = {}
 
-    def round(self, x: Tensor, request: Request) -> Tensor:
-        """Round x as ``request`` asks (its choices are this plan's; checked, see
-        `stochround.rounding._round_to`).
+    def round(
+        self,
+        x: Tensor,
+        seed: int | Tensor,
+        offset: int | Tensor,
+        index_offset: int,
+        rand: Tensor | None,
+    ) -> Tensor:
+        """Round x with these choices and a call's checked values (`stochround.rounding.
+        _check_values`: seed and offset of the stream, int or one-element int64 tensor; the
+        flat position of x's first element; explicit integers for source "rand").
 
-        The output: "value" (in ``out_dtype``: fp32, bf16 or fp16), "codes" (uint8),
-        "fp4x2" (two 4-bit codes per byte) or "fp6x4" (four 6-bit codes per three bytes),
-        packing along the last dimension.
+        The result: values in ``out_dtype`` (fp32, bf16 or fp16), or bytes viewed as it:
+        "codes" (one a byte), "fp4x2" (two 4-bit codes per byte) or "fp6x4" (four 6-bit
+        codes per three bytes), packing along the last dimension.  Work that needs no
+        result of the launch (the view) is done while the kernel runs: a checked call's
+        device idles through the host time before the launch and after the wait.
         """
+        check_nan = self.check_nan
+        if check_nan and x.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise capture_refused(self.fmt)
         x = x.contiguous()
         out, buffer = _output_tensor(x, self.output, self.out_dtype)
         count = x.numel()
         if count == 0:
-            return out
-        seed, offset, index_offset = request.seed, request.offset, request.index_offset
+            return self._viewed(out)
         from_tensors = isinstance(seed, Tensor) or isinstance(offset, Tensor)
         if from_tensors:
             device = x.device
@@ -991,35 +1010,39 @@ class KernelPlan:
         if self.path == "bf16":
             self.launch(common)(programs, x, out, *stream)
             return out
-        check_nan = self.check_nan
         # in plain ints: a constexpr's arithmetic costs a microsecond an operation
         size = LIST_START.value + programs if self.path == "codes" else 1
-        flag, note, key = _CLEAN_BUFFERS.take(size, x, capturable=not check_nan)
+        flag, note, note_view, key = _CLEAN_BUFFERS.take(size, x, capturable=not check_nan)
         if self.path == "codes":
             self.launch(common)(programs, x, buffer, flag, note if check_nan else None, *stream)
+            result = self._viewed(out)
             # the NaN check synchronizes anyway: it reads whether any tile was listed first,
             # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
             if check_nan:
                 if x.is_cuda:
                     _current_stream(key).synchronize()
-                if note.item() == 0:
-                    _CLEAN_BUFFERS.give_back(flag, note, key)
-                    return out
+                if note_view[0] == 0:
+                    _CLEAN_BUFFERS.give_back(flag, note, note_view, key)
+                    return result
             iterations = next_power_of_2(cdiv(programs, _persistent_programs(x.device)))
             self.launch(common, iterations)(cdiv(programs, iterations), x, buffer, flag, *stream)
         else:
-            rand = request.rand
             if rand is not None:
                 rand = rand.to(device=x.device, dtype=torch.int64).expand(x.shape).contiguous()
             self.launch(common)(programs, x, buffer, flag, rand, *stream)
+            result = self._viewed(out)
         if check_nan:
             if bool(flag[0].item()):  # waits for the kernels
                 raise nan_without_code(self.fmt)
             if self.path == "codes":  # a tile was listed, and the note says so
-                note.zero_()
+                note_view[0] = 0
         # unchecked, the kernels clear what they wrote before the stream's next call
-        _CLEAN_BUFFERS.give_back(flag, note, key)
-        return out
+        _CLEAN_BUFFERS.give_back(flag, note, note_view, key)
+        return result
+
+    def _viewed(self, out: Tensor) -> Tensor:
+        """The kernels' output as the result's dtype."""
+        return out if self.view_dtype is None else out.view(self.view_dtype)
 
     def _choose_path(self) -> str:
         """ "bf16": fp32/fp16/bf16 -> bf16 SR (bf16 output) from the stream with n >= 16 bits
