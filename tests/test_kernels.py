@@ -414,8 +414,10 @@ def test_cuda_graph_captures_fp4_casts_with_nan_zero_and_refuses_the_nan_check()
             x, torch.float4_e2m1fn_x2, "sr", seed=3, offset=step, nan="zero", backend="torch"
         )
         assert _same_bits(result, expected), step
-    with pytest.raises(ValueError, match="nan='zero'"), torch.cuda.graph(torch.cuda.CUDAGraph()):
-        sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3)
+    for backend in ("triton", "torch"):  # refused on either path, before any work
+        graph = torch.cuda.graph(torch.cuda.CUDAGraph())
+        with pytest.raises(ValueError, match="nan='zero'"), graph:
+            sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=3, backend=backend)
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])

@@ -708,18 +708,19 @@ def _dispatch(
     )
     if route.plan is not None:
         return route.plan.round(x, request.seed, request.offset, request.index_offset, request.rand)
-    if route.checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise capture_refused(request.fmt)
+    refuse_capture(route.checked, x, request.fmt)
     return _round_torch(x, request, output, out_dtype)
 
 
-def capture_refused(fmt: Format) -> ValueError:
-    """The error of a checked call (nan="raise", `checks_nan`) under CUDA-graph capture."""
-    return ValueError(
-        f"format {fmt.name} has no NaN code: nan='raise' waits for the kernel to learn "
-        "whether a result is NaN, which a CUDA graph cannot capture; pass nan='zero' (NaN "
-        "results stored as code 0, unchecked) to capture this call"
-    )
+def refuse_capture(checked: bool, x: Tensor, fmt: Format) -> None:
+    """ValueError for a checked call (nan="raise", `checks_nan`) under CUDA-graph capture:
+    it waits for its kernel, which a graph cannot capture."""
+    if checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise ValueError(
+            f"format {fmt.name} has no NaN code: nan='raise' waits for the kernel to learn "
+            "whether a result is NaN, which a CUDA graph cannot capture; pass nan='zero' "
+            "(NaN results stored as code 0, unchecked) to capture this call"
+        )
 
 
 def _is_dtensor(x: Tensor) -> bool:

@@ -46,9 +46,9 @@ from ..rounding import (
     _nan_code,
     _output_shape,
     _overflow_value,
-    capture_refused,
     checks_nan,
     nan_without_code,
+    refuse_capture,
 )
 from .grid import cdiv, next_power_of_2
 from .launch import Launch
@@ -989,8 +989,7 @@ class KernelPlan:
         device idles through the host time before the launch and after the wait.
         """
         check_nan = self.check_nan
-        if check_nan and x.is_cuda and torch.cuda.is_current_stream_capturing():
-            raise capture_refused(self.fmt)
+        refuse_capture(check_nan, x, self.fmt)
         x = x.contiguous()
         out, buffer = _output_tensor(x, self.output, self.out_dtype)
         count = x.numel()
