@@ -13,7 +13,9 @@ stochround's PyTorch path ("=torch path").
 Times are medians over >= 20 calls (CUDA events around each call) after a first call and
 warm-up calls.  Effective bandwidth = (bytes read + bytes written, each element once, in
 the formats of input and output) / median time; % copy compares it with the fp32 device
-copy measured in the same run.  The speed-up columns compare stochround's rows with
+copy measured in the same run; a copy of the e2m1 row's bytes followed by a wait on the
+stream is the floor of a call that waits for its kernel (the checked e2m1 call) on the
+host of the run.  The speed-up columns compare stochround's rows with
 torchao, HeavyBall and gfloat (per element); gfloat rounds with 32 random bits (SR32:
 variant c with n = 32, the rounding stochround's plain "sr" does) and with 8 (SR8, its
 cheapest: int16 arithmetic), and the 100x targets compare with SR32.  A row that fails
@@ -257,6 +259,22 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
         destination = target(torch.bfloat16)
         return Built(lambda: destination.copy_(x))
 
+    def build_waiting_copy() -> Built:
+        # the e2m1 row's bytes (4 read and 0.5 written an element) as one byte copy, then
+        # a wait on the stream: what any call that waits for its kernel costs on this host
+        count = n * 9 // 4
+        source = x.view(torch.uint8)[:count]
+        destination = torch.empty(count, dtype=torch.uint8, device=device)
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+
+        def waiting_copy() -> Tensor:
+            destination.copy_(source)
+            if stream is not None:
+                stream.synchronize()
+            return destination
+
+        return Built(waiting_copy)
+
     def build_device_seed() -> Built:
         seed = torch.tensor(SEED, dtype=torch.int64, device=device)
         offset = torch.tensor(0, dtype=torch.int64, device=device)
@@ -415,6 +433,14 @@ def cases(x: Tensor, gfloat_count: int, compile_peers: bool) -> list[Case]:
             float_values,
             Check("sr", "e4m3fn"),
             ours=True,
+        ),
+        Case(
+            "copy_waiting_e2m1",
+            "e2m1 row's bytes copied, then a wait (a waiting call's floor)",
+            n,
+            4.5,
+            build_waiting_copy,
+            float_values,
         ),
         Case(
             "ours_e2m1_sr",
