@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: install the carried wheels, then `tests` runs the GPU tests (every
 # Triton kernel compiled on CUDA against the PyTorch path, torch.compile, CUDA graphs,
-# CPU == CUDA, the hardware presets on CUDA tensors) and `bench` the rounding and optimizer benchmarks and the optimizer's
-# streaming floor; no argument runs both.
+# CPU == CUDA, the hardware presets on CUDA tensors; the two-GPU tests where there are two)
+# and `bench` the rounding and optimizer benchmarks and the optimizer's streaming floor; no
+# argument runs both.
 # Usage there: bash benchmarks/run_gpu.sh [tests|bench]   (logs and tables under $OUT)
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -13,7 +14,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 if [ "${1:-all}" != bench ]; then
     python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_random.py \
         tests/test_optim_kernel.py tests/test_matmul_kernel.py tests/test_launch.py \
-        tests/test_hardware.py ${GPU_TESTS_EXTRA:-} 2>&1 \
+        tests/test_hardware.py tests/test_devices.py ${GPU_TESTS_EXTRA:-} 2>&1 \
         | tee "$OUT/gpu_tests.log" | tail -25
 fi
 if [ "${1:-all}" != tests ]; then

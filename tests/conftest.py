@@ -23,12 +23,16 @@ import stochround as sr
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU tests are deselected (not skipped) where there is no CUDA device: CI's run does
-    not count them, and the GPU machine runs them for real."""
-    if torch.cuda.is_available():
-        return
-    kept = [item for item in items if "gpu" not in item.keywords]
-    deselected = [item for item in items if "gpu" in item.keywords]
+    """GPU tests are deselected (not skipped) where there is no CUDA device, two-GPU tests
+    where there are fewer than two: CI's run does not count them, and the GPU machines run
+    them for real."""
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    missing = {"gpu"} if devices == 0 else set()
+    if devices < 2:
+        missing.add("gpus2")
+    kept, deselected = [], []
+    for item in items:
+        (deselected if any(mark in item.keywords for mark in missing) else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept

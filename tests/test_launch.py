@@ -22,6 +22,7 @@ from stochround.kernels.launch import Launch, _hooks_registered
 
 E2M1 = sr.format("e2m1")
 COMMON = (False, True, False)  # FROM_TENSORS, ALIGNED, WIDE
+DEVICE = 0  # the GPU tests' device, current
 
 
 def _fp4_plan() -> kernels.KernelPlan:
@@ -52,8 +53,7 @@ def _codes_arguments(
 
 def _binder_specialization(launch: Launch, args: tuple) -> tuple:
     """The specialization of the runtime arguments by the JIT's binder itself."""
-    device = torch.cuda.current_device()
-    binder = launch.kernel.device_caches[device][4]
+    binder = launch.kernel.device_caches[DEVICE][4]
     _, specialization, _ = binder(*args, **launch.constants)
     return tuple(specialization[: len(args)])
 
@@ -68,7 +68,7 @@ def test_keys_are_the_binder_specialization(start: int, count: int, seed: int) -
     for index_offset in (0, 16, 2**31 - 2**20):
         for seed_tensors, note in itertools.product((False, True), repeat=2):
             args = _codes_arguments(x, seed, seed // 3, index_offset, seed_tensors, note)
-            key = launch.key(torch.cuda.current_device(), args)
+            key = launch.key(DEVICE, args)
             assert key[3:] == _binder_specialization(launch, args)
 
 
@@ -78,12 +78,12 @@ def test_a_bound_launch_reuses_the_jit_kernel_and_matches_it() -> None:
     launch = _fp4_plan().launch(COMMON)
     programs = triton.cdiv(x.numel(), _fp4_plan().rows * 4)
     args = _codes_arguments(x, 11, 3, 0)
-    launch(programs, *args)  # a first launch of this specialization: through the JIT
-    key = launch.key(torch.cuda.current_device(), args)
-    device_cache = launch.kernel.device_caches[torch.cuda.current_device()][0]
+    launch(DEVICE, programs, *args)  # a first launch of this specialization: through the JIT
+    key = launch.key(DEVICE, args)
+    device_cache = launch.kernel.device_caches[DEVICE][0]
     assert any(kernel is launch.compiled[key][0] for kernel in device_cache.values())
     ours = _codes_arguments(x, 11, 3, 0)
-    launch(programs, *ours)  # the compiled kernel's native launch function
+    launch(DEVICE, programs, *ours)  # the compiled kernel's native launch function
     jit = _codes_arguments(x, 11, 3, 0)
     launch.kernel[(programs,)](*jit, **launch.constants)
     torch.cuda.synchronize()
@@ -105,7 +105,7 @@ def test_the_codes_kernel_notes_listed_tiles_in_a_host_word() -> None:
         if overflow:
             y[5_000] = 100.0  # beyond e2m1's 6: its tile is listed for the exact kernel
         args = _codes_arguments(y, 5, 0, 0, note=True)
-        launch(programs, *args)
+        launch(DEVICE, programs, *args)
         torch.cuda.current_stream().synchronize()
         flag, note = args[2], args[3]
         assert note.item() == int(overflow) and flag[1].item() == int(overflow)
@@ -205,12 +205,12 @@ def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
 
     kernel = triton.runtime.jit.JITFunction(kernel_source)
     monkeypatch.setattr(kernel, "run", jit_run)
-    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 77)
+    active = SimpleNamespace(get_current_stream=lambda device: 77)
     monkeypatch.setattr(launch_module, "driver", SimpleNamespace(active=active))
     launch = Launch(kernel, {"N": 8}, fast=True)
     monkeypatch.setattr(launch, "key", lambda device, arguments: (device, "key"))
     for programs in (3, 5, 6):
-        launch(programs, "a", "b")
+        launch(0, programs, "a", "b")
     if scratch:
         assert [grid for grid, _ in jit_calls] == [(3,), (5,), (6,)] and not native_calls
         assert launch.compiled == {}

@@ -111,12 +111,14 @@ class Launch:
             *map(native_specialize_impl, backends, args, *self.flags),
         )
 
-    def __call__(self, programs: int, *args: object) -> None:
-        """Launch ``programs`` programs on the current device's current stream."""
+    def __call__(self, device: int, programs: int, *args: object) -> None:
+        """Launch ``programs`` programs on the current stream of ``device``, which must be
+        the current CUDA device (the caller knows it: asking again costs half a
+        microsecond); Triton launches on the current device, whose context holds the
+        compiled kernel.  (``device`` is not read where the call goes through the JIT.)"""
         if not self.fast or _hooks_registered(self.kernel):
             self.kernel[(programs,)](*args, **self.constants)
             return
-        device = driver.active.get_current_device()
         key = self.key(device, args)
         bound = self.compiled.get(key)
         if bound is None:  # through the JIT: compiles, or finds its cached kernel

@@ -616,27 +616,29 @@ def matmul_triton(
         tile_rows = min(INTERPRETER_ROWS, next_power_of_2(cdiv(count, 4)))
     else:
         tile_rows = GPU_ROWS
-    _matmul_kernel[(cdiv(count, tile_rows * 4),)](
-        a3,
-        b3,
-        out,
-        seed_pointer,
-        offset_pointer,
-        seed_value,
-        offset_value,
-        count,
-        columns,
-        rows * columns,
-        inner,
-        block,
-        *a3.stride(),
-        *b3.stride(),
-        ACCUMULATOR=accumulator,
-        PRODUCT=None if product_fmt is None else format_constants(product_fmt, mode, sat),
-        ORDER=2 if order == "compensated" else int(blocked),
-        ROUNDING=(MODE_CODES[mode], VARIANT_CODES[variant], n),
-        FROM_TENSORS=from_tensors,
-        NAN16=NAN16_BITS.get(out_dtype, 0),
-        ROWS=tile_rows,
-    )
+    # Triton launches on the current device: a's (-1 on the CPU: no change)
+    with torch.cuda.device(a.get_device()):
+        _matmul_kernel[(cdiv(count, tile_rows * 4),)](
+            a3,
+            b3,
+            out,
+            seed_pointer,
+            offset_pointer,
+            seed_value,
+            offset_value,
+            count,
+            columns,
+            rows * columns,
+            inner,
+            block,
+            *a3.stride(),
+            *b3.stride(),
+            ACCUMULATOR=accumulator,
+            PRODUCT=None if product_fmt is None else format_constants(product_fmt, mode, sat),
+            ORDER=2 if order == "compensated" else int(blocked),
+            ROUNDING=(MODE_CODES[mode], VARIANT_CODES[variant], n),
+            FROM_TENSORS=from_tensors,
+            NAN16=NAN16_BITS.get(out_dtype, 0),
+            ROWS=tile_rows,
+        )
     return out.reshape(*batch, rows, columns)

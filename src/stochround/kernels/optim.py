@@ -506,33 +506,36 @@ def _fused_step_impl(
     # the step kernel starts while the scalars kernel runs (it waits before reading the
     # step counts and scalars): the launch gap between the two is hidden
     dependent = _dependent_launch(device)
-    # without an lr tensor the kernel reads the bits; the table stands in for the pointer
-    _scalars_kernel[(count,)](
-        steps[0], table, table if lr_tensor is None else lr_tensor, _float64_bits(lr_value),
-        _constants(tuple(constants), device), scalars,
-        ALGORITHM=algorithm_code, LR_TENSOR=lr_tensor is not None, DEPENDENT=dependent,
-    )  # fmt: skip
-    _step_kernel[(blocks.shape[0],)](
-        params[0],
-        grads[0],
-        state_lists[0][0],
-        steps[0],
-        table,
-        blocks,
-        scalars,
-        seed,
-        ALGORITHM=algorithm_code,
-        SR=sr,
-        MAXIMIZE=maximize,
-        DECAY=decay,
-        OPTION=option,
-        ROWS=ROWS,
-        BLOCKS=BLOCKS,
-        DEPENDENT=dependent,
-        num_warps=WARPS,
-        enable_fp_fusion=False,
-        launch_pdl=dependent,
-    )
+    constants_tensor = _constants(tuple(constants), device)
+    # Triton launches on the current device: the parameters' (-1 on the CPU: no change)
+    with torch.cuda.device(params[0].get_device()):
+        # without an lr tensor the kernel reads the bits; the table stands in for the pointer
+        _scalars_kernel[(count,)](
+            steps[0], table, table if lr_tensor is None else lr_tensor,
+            _float64_bits(lr_value), constants_tensor, scalars,
+            ALGORITHM=algorithm_code, LR_TENSOR=lr_tensor is not None, DEPENDENT=dependent,
+        )  # fmt: skip
+        _step_kernel[(blocks.shape[0],)](
+            params[0],
+            grads[0],
+            state_lists[0][0],
+            steps[0],
+            table,
+            blocks,
+            scalars,
+            seed,
+            ALGORITHM=algorithm_code,
+            SR=sr,
+            MAXIMIZE=maximize,
+            DECAY=decay,
+            OPTION=option,
+            ROWS=ROWS,
+            BLOCKS=BLOCKS,
+            DEPENDENT=dependent,
+            num_warps=WARPS,
+            enable_fp_fusion=False,
+            launch_pdl=dependent,
+        )
 
 
 _fused_step_op = torch.library.custom_op(

@@ -986,8 +986,16 @@ class KernelPlan:
         "codes" (one a byte), "fp4x2" (two 4-bit codes per byte) or "fp6x4" (four 6-bit
         codes per three bytes), packing along the last dimension.  Work that needs no
         result of the launch (the view) is done while the kernel runs: a checked call's
-        device idles through the host time before the launch and after the wait.
+        device idles through the host time before the launch and after the wait.  The
+        kernels run on x's device (made current for the call where it is not) in that
+        device's current stream.
         """
+        device = x.get_device()  # -1 on the CPU (the interpreter)
+        if device >= 0 and device != torch._C._cuda_getDevice():
+            # Triton launches on the current device's current stream, PyTorch's ops on
+            # their tensors' device: round x where it lies, in its device's stream order
+            with torch.cuda.device(device):
+                return self.round(x, seed, offset, index_offset, rand)
         check_nan = self.check_nan
         refuse_capture(check_nan, x, self.fmt)
         x = x.contiguous()
@@ -997,8 +1005,8 @@ class KernelPlan:
             return self._viewed(out)
         from_tensors = isinstance(seed, Tensor) or isinstance(offset, Tensor)
         if from_tensors:
-            device = x.device
-            seed, offset = seed_tensor(seed, "seed", device), seed_tensor(offset, "offset", device)
+            seed = seed_tensor(seed, "seed", x.device)
+            offset = seed_tensor(offset, "offset", x.device)
             seed_value = offset_value = 0
         else:  # two's complement above 2**63: the kernels read seeds as unsigned 64-bit
             seed_value, offset_value = _as_int64(seed), _as_int64(offset)
@@ -1007,13 +1015,15 @@ class KernelPlan:
         programs = cdiv(count, self.rows * 4)
         common = (from_tensors, index_offset % 4 == 0, _wide(count, index_offset, self.rows))
         if self.path == "bf16":
-            self.launch(common)(programs, x, out, *stream)
+            self.launch(common)(device, programs, x, out, *stream)
             return out
         # in plain ints: a constexpr's arithmetic costs a microsecond an operation
         size = LIST_START.value + programs if self.path == "codes" else 1
         flag, note, note_view, key = _CLEAN_BUFFERS.take(size, x, capturable=not check_nan)
         if self.path == "codes":
-            self.launch(common)(programs, x, buffer, flag, note if check_nan else None, *stream)
+            self.launch(common)(
+                device, programs, x, buffer, flag, note if check_nan else None, *stream
+            )
             result = self._viewed(out)
             # the NaN check synchronizes anyway: it reads whether any tile was listed first,
             # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
@@ -1024,11 +1034,13 @@ class KernelPlan:
                     _CLEAN_BUFFERS.give_back(flag, note, note_view, key)
                     return result
             iterations = next_power_of_2(cdiv(programs, _persistent_programs(x.device)))
-            self.launch(common, iterations)(cdiv(programs, iterations), x, buffer, flag, *stream)
+            self.launch(common, iterations)(
+                device, cdiv(programs, iterations), x, buffer, flag, *stream
+            )
         else:
             if rand is not None:
                 rand = rand.to(device=x.device, dtype=torch.int64).expand(x.shape).contiguous()
-            self.launch(common)(programs, x, buffer, flag, rand, *stream)
+            self.launch(common)(device, programs, x, buffer, flag, rand, *stream)
             result = self._viewed(out)
         if check_nan:
             if bool(flag[0].item()):  # waits for the kernels
