@@ -113,9 +113,9 @@ class Launch:
 
     def __call__(self, device: int, programs: int, *args: object) -> None:
         """Launch ``programs`` programs on the current stream of ``device``, which must be
-        the current CUDA device (the caller knows it: asking again costs half a
-        microsecond); Triton launches on the current device, whose context holds the
-        compiled kernel.  (``device`` is not read where the call goes through the JIT.)"""
+        the current CUDA device (the caller knows it: asking again costs host time);
+        Triton launches on the current device, whose context holds the compiled kernel.
+        (``device`` is not read where the call goes through the JIT.)"""
         if not self.fast or _hooks_registered(self.kernel):
             self.kernel[(programs,)](*args, **self.constants)
             return

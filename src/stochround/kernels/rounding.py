@@ -909,26 +909,27 @@ class _CleanBuffers(threading.local):
         self.by_stream: dict[object, tuple[Tensor, Tensor, np.ndarray]] = {}
 
     def take(
-        self, size: int, x: Tensor, capturable: bool
+        self, size: int, device: int, capturable: bool
     ) -> tuple[Tensor, Tensor | None, np.ndarray | None, object]:
-        """(a clean int32 buffer of at least ``size`` elements on x's device, a zeroed
-        int32 host word the device can write and its NumPy view, the key to give them back
-        under: PyTorch's triple for the device's current stream, or the device on the CPU).
+        """(a clean int32 buffer of at least ``size`` elements on CUDA device ``device``, or
+        the CPU for -1, a zeroed int32 host word the device can write and its NumPy view,
+        the key to give them back under: PyTorch's triple for the device's current stream,
+        or "cpu").
 
         ``capturable``: whether the call may run under CUDA-graph capture (checked calls
         refuse it before they get here).  A capture gets fresh scratch, no note and no key:
-        a graph keeps the pointers it captured, so its scratch must be its own.  (x's
-        `is_cuda`, not its device's `type`: reading a `torch.device`'s type takes 0.4 us.)"""
-        on_cuda = x.is_cuda
+        a graph keeps the pointers it captured, so its scratch must be its own.  (A device
+        index, not a `torch.device`: reading a `torch.device`'s type takes 0.4 us.)"""
+        on_cuda = device >= 0
         if not on_cuda:
-            key = x.device
+            key = where = "cpu"
         elif capturable and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(size, dtype=torch.int32, device=x.device), None, None, None
+            return torch.zeros(size, dtype=torch.int32, device=device), None, None, None
         else:
-            key = torch._C._cuda_getCurrentStream(x.get_device())
+            key, where = torch._C._cuda_getCurrentStream(device), device
         cached = self.by_stream.pop(key, None)
         if cached is None or cached[0].numel() < size:
-            flags = torch.zeros(size, dtype=torch.int32, device=x.device)
+            flags = torch.zeros(size, dtype=torch.int32, device=where)
             note = torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
             cached = flags, note, note.numpy()
         return (*cached, key)
@@ -994,6 +995,8 @@ class KernelPlan:
         if device >= 0 and device != torch._C._cuda_getDevice():
             # Triton launches on the current device's current stream, PyTorch's ops on
             # their tensors' device: round x where it lies, in its device's stream order
+            # (checked first, not a `torch.cuda.device` block around every call: x's
+            # device is almost always current, and the block would cost host time)
             with torch.cuda.device(device):
                 return self.round(x, seed, offset, index_offset, rand)
         check_nan = self.check_nan
@@ -1019,7 +1022,7 @@ class KernelPlan:
             return out
         # in plain ints: a constexpr's arithmetic costs a microsecond an operation
         size = LIST_START.value + programs if self.path == "codes" else 1
-        flag, note, note_view, key = _CLEAN_BUFFERS.take(size, x, capturable=not check_nan)
+        flag, note, note_view, key = _CLEAN_BUFFERS.take(size, device, capturable=not check_nan)
         if self.path == "codes":
             self.launch(common)(
                 device, programs, x, buffer, flag, note if check_nan else None, *stream
@@ -1028,7 +1031,7 @@ class KernelPlan:
             # the NaN check synchronizes anyway: it reads whether any tile was listed first,
             # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
             if check_nan:
-                if x.is_cuda:
+                if device >= 0:
                     _current_stream(key).synchronize()
                 if note_view[0] == 0:
                     _CLEAN_BUFFERS.give_back(flag, note, note_view, key)
