@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from conftest import assert_same_values
+from helpers import assert_same_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from conftest import TEST_FORMATS, all_bit_patterns
+from helpers import TEST_FORMATS, all_bit_patterns
 
 import stochround as sr
 from stochround import reference

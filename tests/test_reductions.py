@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from conftest import assert_same_values
+from helpers import assert_same_values
 
 from stochround import arith, reference
 from stochround import random as streams

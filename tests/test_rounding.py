@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from conftest import TEST_FORMATS, all_bit_patterns, assert_same_values
+from helpers import TEST_FORMATS, all_bit_patterns, assert_same_values
 
 import stochround as sr
 from stochround import reference

@@ -1,0 +1,40 @@
+"""Shared test helpers: format lists, exact tensor comparison against scalar results."""
+
+from __future__ import annotations
+
+import torch
+
+import stochround as sr
+
+# Every registered format, plus P3109 and CFloat8 formats that exercise p = 1, unsigned
+# formats with infinities, all-subnormal grids and configurable biases.
+TEST_FORMATS = [
+    *sr.FORMATS,
+    "p3109_k8p1se",
+    "p3109_k8p3ue",
+    "p3109_k8p4se",
+    "p3109_k8p4sf",
+    "p3109_k8p8sf",
+    "p3109_k6p3sf",
+    "p3109_k3p2sf",
+    "cfloat8_e4m3_b20",
+    "cfloat8_e5m2_b40",
+]
+
+
+def assert_same_values(actual: torch.Tensor, expected: list[float], context: str = "") -> None:
+    """Bit-exact equality of float64 values: NaN matches NaN, zeros match by sign."""
+    actual = actual.to(torch.float64).flatten().cpu()
+    wanted = torch.tensor(expected, dtype=torch.float64)
+    same = (actual.view(torch.int64) == wanted.view(torch.int64)) | (
+        torch.isnan(actual) & torch.isnan(wanted)
+    )
+    if not bool(same.all()):
+        bad = torch.nonzero(~same).flatten()[:5].tolist()
+        detail = ", ".join(f"#{i}: got {actual[i].item()!r} want {wanted[i].item()!r}" for i in bad)
+        raise AssertionError(f"{context}: {int((~same).sum())} mismatches; {detail}")
+
+
+def all_bit_patterns(dtype: torch.dtype) -> torch.Tensor:
+    """Every bit pattern of a 16-bit float dtype, in code order."""
+    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
