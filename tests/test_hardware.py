@@ -456,8 +456,8 @@ def test_expected_value_enumeration_equals_closed_form(name: str) -> None:
     )
     operand = hardware.operand_values(x, p)
     assert_bitwise(
-        hardware._expected_by_enumeration(p, operand),
-        hardware._expected_by_closed_form(p, operand),
+        hardware.units._expected_by_enumeration(p, operand),
+        hardware.units._expected_by_closed_form(p, operand),
         name,
     )
 

@@ -445,9 +445,9 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
     that listed tiles (overflows) or found NaN, the next calls neither raise nor differ from
     the PyTorch path, any buffer kept is clean, one is kept through calls that list tiles,
     and another thread keeps its own."""
-    from stochround.kernels.rounding import _CLEAN_BUFFERS
+    from stochround.kernels.runtime import SCRATCH
 
-    _CLEAN_BUFFERS.by_stream.clear()
+    SCRATCH.by_stream.clear()
     fp4 = torch.float4_e2m1fn_x2
     clean = torch.randn(4, 6000, device=DEVICE)
     overflowing = clean * 4  # beyond e2m1's 6: tiles listed for the exact kernel, no NaN
@@ -458,7 +458,7 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
         kernel = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="triton")
         expected = sr.cast(x, fp4, "sr", seed=seed, sat="finite", backend="torch")
         assert _same_bits(kernel, expected)
-        kept = _CLEAN_BUFFERS.by_stream.values()
+        kept = SCRATCH.by_stream.values()
         assert all(_scratch_clean(*scratch) for scratch in kept)
 
     for step, x in enumerate([clean, overflowing, clean[:1], overflowing, clean]):
@@ -466,17 +466,17 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
         with pytest.raises(ValueError, match="no NaN code"):
             sr.cast(with_nan, fp4, "sr", seed=step, sat="finite", backend="triton")
     check(clean, seed=9)
-    first = next(iter(_CLEAN_BUFFERS.by_stream.values()))[0]
+    first = next(iter(SCRATCH.by_stream.values()))[0]
     check(overflowing, seed=11)  # the exact kernel runs; the call clears the note it set
-    kept = dict(_CLEAN_BUFFERS.by_stream)
+    kept = dict(SCRATCH.by_stream)
     assert len(kept) == 1, "a checked call without NaN keeps its buffer"
     assert next(iter(kept.values()))[0] is first
     in_thread: dict = {}
 
     def work() -> None:
-        in_thread["before"] = dict(_CLEAN_BUFFERS.by_stream)
+        in_thread["before"] = dict(SCRATCH.by_stream)
         check(clean, seed=10)
-        in_thread["after"] = dict(_CLEAN_BUFFERS.by_stream)
+        in_thread["after"] = dict(SCRATCH.by_stream)
 
     worker = threading.Thread(target=work)
     worker.start()
@@ -484,7 +484,7 @@ def test_checked_calls_reuse_only_clean_flag_buffers() -> None:
     assert in_thread["before"] == {} and len(in_thread["after"]) == 1
     (theirs, *_), (ours, *_) = in_thread["after"].popitem()[1], kept.popitem()[1]
     assert theirs.data_ptr() != ours.data_ptr()
-    assert next(iter(_CLEAN_BUFFERS.by_stream.values()))[0] is ours
+    assert next(iter(SCRATCH.by_stream.values()))[0] is ours
 
 
 @pytest.mark.parametrize(
@@ -496,14 +496,14 @@ def test_unchecked_codes_calls_leave_their_scratch_clean(dtype: torch.dtype, nan
     read the length, so after calls that list many tiles (a persistent grid of several
     programs walking the list) the same buffer is all zero again and serves the next call,
     bit-identical to the PyTorch path."""
-    from stochround.kernels.rounding import _CLEAN_BUFFERS, _persistent_programs
+    from stochround.kernels.runtime import SCRATCH, persistent_programs
 
     tile = CODES_LAYOUT[0] * 4
-    tiles = 2 * _persistent_programs(torch.device(DEVICE)) + 1  # grid of cdiv(tiles, 4)
+    tiles = 2 * persistent_programs(torch.device(DEVICE)) + 1  # grid of cdiv(tiles, 4)
     clean = torch.randn(tiles, tile, device=DEVICE)
     mixed = clean.clone()
     mixed[1::2] *= 1000  # every other tile overflows: listed for the exact kernel
-    _CLEAN_BUFFERS.by_stream.clear()
+    SCRATCH.by_stream.clear()
     kept = None
     for seed, x in enumerate([mixed, clean, mixed, mixed[:3]]):
         result = sr.cast(x, dtype, "sr", seed=seed, sat="finite", nan=nan, backend="triton")
@@ -511,7 +511,7 @@ def test_unchecked_codes_calls_leave_their_scratch_clean(dtype: torch.dtype, nan
         assert _same_bits(result, expected), seed
         if ON_GPU:
             torch.cuda.synchronize()
-        scratch, *others = _CLEAN_BUFFERS.by_stream.values()
+        scratch, *others = SCRATCH.by_stream.values()
         assert not others and _scratch_clean(*scratch), seed
         kept = scratch[0] if kept is None else kept
         assert scratch[0] is kept, "the buffer serves every call"
@@ -522,7 +522,7 @@ def test_codes_scratch_is_kept_per_stream_and_never_by_a_graph() -> None:
     """Each stream keeps its own scratch (another stream's may still be in use in its
     order); a CUDA-graph capture takes fresh scratch and keeps it to itself, the cache
     untouched, and its replays round right."""
-    from stochround.kernels.rounding import _CLEAN_BUFFERS
+    from stochround.kernels.runtime import SCRATCH
 
     fp4 = torch.float4_e2m1fn_x2
     x = torch.randn(64, 4096, device="cuda") * 4  # tiles listed
@@ -530,19 +530,19 @@ def test_codes_scratch_is_kept_per_stream_and_never_by_a_graph() -> None:
     def cast(seed: int) -> torch.Tensor:
         return sr.cast(x, fp4, "sr", seed=seed, nan="zero", backend="triton")
 
-    _CLEAN_BUFFERS.by_stream.clear()
+    SCRATCH.by_stream.clear()
     cast(1)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         cast(2)
     torch.cuda.synchronize()
-    kept = {key: flags.data_ptr() for key, (flags, *_) in _CLEAN_BUFFERS.by_stream.items()}
+    kept = {key: flags.data_ptr() for key, (flags, *_) in SCRATCH.by_stream.items()}
     assert len(kept) == 2 and len(set(kept.values())) == 2
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = cast(3)
-    assert {key: flags.data_ptr() for key, (flags, *_) in _CLEAN_BUFFERS.by_stream.items()} == kept
+    assert {key: flags.data_ptr() for key, (flags, *_) in SCRATCH.by_stream.items()} == kept
     for _ in range(2):
         graph.replay()
         assert _same_bits(captured, sr.cast(x, fp4, "sr", seed=3, nan="zero", backend="torch"))

@@ -1,4 +1,4 @@
-"""`stochround.kernels.launch`: a bound launch picks the kernel Triton's JIT would pick.
+"""`stochround.kernels.runtime`: a bound launch picks the kernel Triton's JIT would pick.
 
 On the GPU: the key of every runtime argument equals the specialization Triton's own binder
 computes (pointers aligned or not, counts divisible by 16 or not, integers of every width
@@ -18,7 +18,8 @@ from triton import knobs
 
 import stochround as sr
 from stochround.kernels import rounding as kernels
-from stochround.kernels.launch import Launch, _hooks_registered
+from stochround.kernels import runtime
+from stochround.kernels.runtime import Launch, _hooks_registered
 
 E2M1 = sr.format("e2m1")
 COMMON = (False, True, False)  # FROM_TENSORS, ALIGNED, WIDE
@@ -183,7 +184,7 @@ def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
     Triton's JIT and driver are stood in for, so this runs without a GPU."""
     from types import SimpleNamespace
 
-    from stochround.kernels import launch as launch_module
+    from stochround.kernels import runtime as launch_module
 
     native_calls: list[tuple] = []
     run = SimpleNamespace(
@@ -218,3 +219,31 @@ def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
         assert jit_calls == [((3,), ("a", "b"))]
         prefix = (1234, False, True, None, None, (2, 1, 0), None, None, None, "a", "b", 8)
         assert native_calls == [(programs, 1, 1, 77, *prefix) for programs in (5, 6)]
+
+
+def test_other_triton_releases_and_the_interpreter_launch_through_the_jit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shortcut is taken only on the Triton release it was written against, compiled;
+    a launch without it goes through ``kernel[grid]`` on every call."""
+    assert not runtime.fast_launch_supported("3.7.0", interpreted=False)
+    assert not runtime.fast_launch_supported("3.5.1", interpreted=False)
+    assert not runtime.fast_launch_supported(runtime.TESTED_TRITON + "0", interpreted=True)
+    assert runtime.fast_launch_supported(runtime.TESTED_TRITON + "0", interpreted=False) == (
+        runtime.native_specialize_impl is not None
+    )
+    jit_calls: list[tuple] = []
+
+    def kernel_source(a, b, N: triton.language.constexpr):
+        pass
+
+    kernel = triton.runtime.jit.JITFunction(kernel_source)
+
+    def jit_run(*arguments: object, grid: tuple, warmup: bool, **constants: object) -> None:
+        jit_calls.append((grid, arguments, constants))
+
+    monkeypatch.setattr(kernel, "run", jit_run)
+    launch = Launch(kernel, {"N": 8}, fast=False)
+    for programs in (3, 5):
+        launch(0, programs, "a", "b")
+    assert jit_calls == [((3,), ("a", "b"), {"N": 8}), ((5,), ("a", "b"), {"N": 8})]

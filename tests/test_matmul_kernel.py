@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from stochround import arith
+from stochround.kernels import availability
 from stochround.kernels import matmul as kernel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -186,8 +187,8 @@ def test_bad_arguments_raise_value_error_naming_them(call, message: str) -> None
 
 def test_cpu_tensors_need_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Off the interpreter, backend='triton' refuses CPU tensors; 'auto' computes them on
-    the PyTorch path."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    the PyTorch path (the interpreter flag is read once, where the kernels read it)."""
+    monkeypatch.setattr(availability, "INTERPRETED", False)
     a, b = torch.ones(2, 3), torch.ones(3, 2)
     with pytest.raises(ValueError, match="not a CUDA tensor"):
         arith.matmul(a, b, "bf16", backend="triton")

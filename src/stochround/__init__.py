@@ -3,8 +3,9 @@
 from . import arith as ops
 from . import hardware, optim
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
+from .packing import pack, unpack
 from .reference import MODES, SATURATIONS, VARIANTS
-from .rounding import cast, decode, encode, pack, round, unpack  # noqa: A004
+from .rounding import cast, decode, encode, round  # noqa: A004
 
 __all__ = [
     "FORMATS",

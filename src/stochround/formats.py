@@ -48,7 +48,16 @@ def floor_log2_ratio(num: int, den: int) -> int:
 
 @dataclass(frozen=True)
 class Format:
-    """A binary number format: bit widths, bias and the encoding of special values."""
+    """A binary number format: bit widths, bias and the encoding of special values.
+
+    ``ebits`` and ``mbits``: exponent and mantissa (trailing significand) bits; ``bias``:
+    the exponent bias (None: IEEE's ``2**(ebits-1) - 1``, 0 without exponent bits);
+    ``signed``: whether there is a sign bit; ``inf``: whether +-infinity has a code;
+    ``nan``: where NaN lives (one of ``NAN_ENCODINGS``, see the module docstring);
+    ``subnormals``: whether the exponent field 0 holds subnormals and zero;
+    ``twos_complement``: two's complement integers (``ebits == 0``); ``name``: the
+    registry name (derived from the layout when empty; not part of equality).
+    """
 
     ebits: int
     mbits: int
@@ -231,9 +240,10 @@ class Format:
 
     @staticmethod
     def p3109(k: int, p: int, signed: bool = True, extended: bool = True) -> Format:
-        """IEEE P3109 binary format K{k}P{p}: bias 2**(k-p-1) signed, 2**(k-p) unsigned;
-        NaN on the negative-zero code (signed) or the all-ones code (unsigned); with
-        ``extended`` +-infinity on the largest magnitude codes."""
+        """IEEE P3109 binary format K{k}P{p}: ``k`` bits in all, precision ``p`` (so
+        ``mbits = p - 1``); bias 2**(k-p-1) when ``signed``, 2**(k-p) unsigned; NaN on the
+        negative-zero code (signed) or the all-ones code (unsigned); with ``extended``
+        +-infinity on the largest magnitude codes."""
         if not (isinstance(k, int) and 2 <= k <= 16):
             raise ValueError(f"k must be an int in 2..16, got {k!r}")
         if not (isinstance(p, int) and 1 <= p <= k):
@@ -358,7 +368,7 @@ _P3109_NAME = re.compile(r"p3109_k(\d+)p(\d+)([su])([ef])")
 _CFLOAT8_NAME = re.compile(r"cfloat8_e(\d+)m(\d+)_b(\d+)")
 
 
-def format(name: str | Format) -> Format:  # noqa: A001 - the public name DESIGN.md gives
+def format(name: str | Format) -> Format:  # noqa: A001 - the public name users type (sr.format)
     """Find a format by name or alias (case-insensitive); a `Format` is returned as is.
 
     Besides the registry, P3109 names (``p3109_k8p4se``: k, p, signed/unsigned,

@@ -35,6 +35,8 @@ __all__ = [
     "PHILOX_KEY_B",
     "PHILOX_ROUND_A",
     "PHILOX_ROUND_B",
+    "bit_pattern",
+    "check_index",
     "check_seed",
     "data_words",
     "default_seed",
@@ -153,7 +155,8 @@ def philox4x32(
 
 def check_seed(value: int | Tensor, name: str) -> int | Tensor:
     """A seed or offset, checked: an int in ``[0, 2**64)``, or a single-element int64 tensor
-    (two's complement for values at or above ``2**63``); ValueError/TypeError name it."""
+    (two's complement for values at or above ``2**63``); the ValueError/TypeError name it
+    ``name``."""
     if type(value) is int and 0 <= value < TWO_POW_64:  # the common case, before the ABCs
         return value
     if isinstance(value, Tensor):
@@ -184,7 +187,9 @@ def _split_u64(value: int | Tensor, name: str, device: torch.device) -> tuple[In
     return value & MASK32, value >> 32
 
 
-def _check_index(index: Tensor) -> Tensor:
+def check_index(index: Tensor) -> Tensor:
+    """``index`` as int64, checked to be an integer tensor of global element indices (read
+    modulo ``2**64`` by the streams); TypeError otherwise."""
     if not isinstance(index, Tensor):
         raise TypeError(f"index must be an integer tensor, got {type(index).__name__}")
     if index.dtype == torch.bool or index.dtype.is_floating_point or index.dtype.is_complex:
@@ -202,7 +207,7 @@ def random_words(index: Tensor, seed: int | Tensor, offset: int | Tensor = 0) ->
     ``[0, 2**32)``. ``seed`` and ``offset`` are ints in ``[0, 2**64)`` or single-element
     int64 tensors (values ``>= 2**63`` as two's complement) that may live on the device.
     """
-    index = _check_index(index)
+    index = check_index(index)
     key0, key1 = _split_u64(seed, "seed", index.device)
     counter2, counter3 = _split_u64(offset, "offset", index.device)
     group_low = (index >> 2) & MASK32
@@ -249,8 +254,9 @@ def random_words_like(
 
 
 def seed_tensor(value: int | Tensor, name: str, device: torch.device) -> Tensor:
-    """A one-element int64 tensor on ``device`` holding a seed or offset in [0, 2**64)
-    (two's complement above 2**63); a tensor is checked and moved, not copied twice."""
+    """A one-element int64 tensor on ``device`` holding the seed or offset ``value`` in
+    [0, 2**64) (two's complement above 2**63), checked as `check_seed` does (errors name it
+    ``name``); a tensor is moved, not copied twice."""
     value = check_seed(value, name)
     if isinstance(value, Tensor):
         return value.reshape(1).to(device)
@@ -276,7 +282,7 @@ def default_seed() -> int:
 _UNSIGNED_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _bit_pattern(bits: Tensor) -> Tensor:
+def bit_pattern(bits: Tensor) -> Tensor:
     """The unsigned bit pattern of ``bits`` as int64 (read modulo 2**64 for 64-bit dtypes)."""
     if not isinstance(bits, Tensor):
         raise TypeError(f"bits must be a tensor, got {type(bits).__name__}")
@@ -309,8 +315,8 @@ def data_words(bits: Tensor, index: Tensor) -> Tensor:
     always give distinct words. ``bits`` and ``index`` broadcast; the result is int64 in
     ``[0, 2**32)`` on their device.
     """
-    pattern = _bit_pattern(bits)
-    index = _check_index(index)
+    pattern = bit_pattern(bits)
+    index = check_index(index)
     index_hash = _fmix32(
         (index & MASK32) ^ _mullo32((index >> 32) & MASK32, DATA_HIGH_MULTIPLIER) ^ DATA_INDEX_KEY
     )

@@ -1,7 +1,7 @@
 """The scalar specification: exact rounding of one value, in Python integers and fractions.
 
 Slow and obviously right; the vectorized PyTorch path is tested against it.  For a finite
-nonzero x and a format with mantissa bits m and minimum exponent emin (DESIGN.md):
+nonzero x and a format with mantissa bits m and minimum exponent emin:
 
     e = max(floor(log2|x|), emin);  q = e - m;  s = |x| * 2**-q;  nu = s - floor(s)
 
@@ -14,7 +14,10 @@ integer r in [0, 2**n) rounds away when
     c:   round_half_even(nu 2**n) + r >= 2**n       (StochasticC, gfloat Stochastic)
     odd: round_half_odd(nu 2**n) + r >= 2**n        (gfloat StochasticOdd)
 
-Exact SR (``rbits=None``) is the chosen variant with n = 32 and r a 32-bit word.
+Exact SR (``rbits=None``) is the chosen variant with n = 32 and r a 32-bit word.  The
+rounding contract, with saturation and each variant's bias, is explained in the docs
+(docs/explanation/contract.md).  Every ``fmt`` argument is a `Format` or a name that
+`stochround.formats.format` knows.
 """
 
 from __future__ import annotations
@@ -75,7 +78,9 @@ def _sr_count(rem: int, den: int, n: int, variant: str) -> int:
 
 
 def away_probability(nu: Fraction, n: int, variant: str) -> Fraction:
-    """P(away) over uniform r in [0, 2**n): the closed forms of DESIGN.md's table."""
+    """P(away) over uniform r in [0, 2**n) for the discarded fraction ``nu`` in [0, 1):
+    ``count(nu 2**n) / 2**n`` with ``count`` floor for variant a, round-half-up for b,
+    round-half-even for c and round-half-odd for odd."""
     return Fraction(_sr_count(nu.numerator, nu.denominator, n, variant), 2**n)
 
 
@@ -100,7 +105,12 @@ def rounds_away(
     variant: str,
     rand: int | None,
 ) -> bool:
-    """The mode's decision for the discarded fraction nu = rem / den in [0, 1)."""
+    """The mode's decision for the discarded fraction nu = rem / den in [0, 1).
+
+    ``odd``: whether the kept code (toward zero) is odd; ``negative``: the sign of x;
+    ``mode``: one of `MODES`; for ``"sr"``, ``n`` random bits, the ``variant`` and the
+    random integer ``rand`` in [0, 2**n) (ignored by the other modes).
+    """
     if mode == "rne":
         return 2 * rem > den or (2 * rem == den and odd)
     if mode == "rna":
@@ -123,7 +133,9 @@ def overflow_value(negative: bool, infinite: bool, fmt: Format, mode: str, sat: 
 
     ``finite`` saturates everything, ``propagate`` keeps infinities and saturates finite
     overflow, ``none`` gives infinity (NaN where the format has none) except that directed
-    modes pointing inward (rz; rd above, ru below) clamp, as IEEE 754 says.
+    modes pointing inward (rz; rd above, ru below) clamp, as IEEE 754 says.  ``negative``:
+    the sign of x; ``infinite``: whether x itself is infinite; ``mode`` and ``sat`` as in
+    `round_value`.
     """
     inward = mode == "rz" or (mode == "rd" and not negative) or (mode == "ru" and negative)
     if sat == "finite" or (not infinite and (sat == "propagate" or inward)):
@@ -145,8 +157,11 @@ def round_value(
 ) -> float:
     """Round one value to ``fmt``; the result is a Python float holding the format's value.
 
-    ``rand`` is the random integer for ``mode="sr"``: in [0, 2**rbits), or a 32-bit word for
-    exact SR.  Negative zero is kept where the format has it; NaN stays NaN.
+    ``mode`` is one of `MODES`; ``rbits`` the number n of random bits of SR (None: exact
+    SR), ``variant`` how they are compared (a, b, c or odd, the module docstring's rules)
+    and ``sat`` the overflow handling (`overflow_value`).  ``rand`` is the random integer
+    for ``mode="sr"``: in [0, 2**rbits), or a 32-bit word for exact SR.  Negative zero is
+    kept where the format has it; NaN stays NaN.
     """
     fmt = find_format(fmt)
     check_choice("mode", mode, MODES)
@@ -225,7 +240,7 @@ def discarded_fraction(x: float | Fraction, fmt: Format | str) -> Fraction:
 
 
 def decode_code(code: int, fmt: Format | str) -> float:
-    """The value of a bit pattern (NaN for NaN codes)."""
+    """The value of the bit pattern ``code`` (read modulo 2**bits; NaN for NaN codes)."""
     fmt = find_format(fmt)
     code &= fmt.num_codes - 1
     if fmt.twos_complement:
@@ -246,7 +261,8 @@ def decode_code(code: int, fmt: Format | str) -> float:
 
 
 def encode_value(value: float, fmt: Format | str) -> int:
-    """The bit pattern of a value of the format (NaN: the canonical quiet NaN code)."""
+    """The bit pattern of ``value``, a value of the format (NaN: the canonical quiet NaN
+    code)."""
     fmt = find_format(fmt)
     magnitude_bits = fmt.ebits + fmt.mbits
     if math.isnan(value):

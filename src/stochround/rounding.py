@@ -1,28 +1,21 @@
-"""The vectorized PyTorch path and the public entry points: `round`, `cast`, `encode`,
-`decode`, `pack`, `unpack`.
-
-The PyTorch path runs on any device and is the executable definition the Triton kernels
-are tested against; `reference.py` is the definition it is tested against.  It evaluates
-the rounding contract of DESIGN.md in floating point where every step is exact — float32
-for fp32/bf16/fp16 inputs and formats whose values fp32 holds, float64 otherwise:
-
-    |x| = f 2**k (frexp),  e = max(k - 1, emin),  q = e - m,  s = f 2**(k - q),
-    kept = floor(s),  nu = s - kept,  magnitude = (kept + away) 2**q.
+"""The user entry points `round`, `cast`, `encode` and `decode`: their checks, the one
+dispatch point between the PyTorch path and the Triton kernels, the `stochround::round`
+custom op, DTensor inputs, and rounding as a hardware preset's unit does.
 
 `round`, `encode` and `cast` share one body, `_round_call`: a call's choices are checked and
 routed once per set of them (`_call_route`, cached), its per-call values (seed, offset,
 rand, index_offset) on every call.  The route picks the backend: ``backend="auto"`` uses
-the Triton kernels for CUDA tensors they support and the PyTorch path otherwise.  Calls
-under `torch.compile`, for autograd or on DTensors go through the `stochround::round`
-custom op, whose body (`_dispatch`) routes them the same way.
+the Triton kernels (`stochround.kernels.rounding`) for CUDA tensors they support and the
+PyTorch path (`stochround.torch_path`) otherwise.  Calls under `torch.compile`, for
+autograd or on DTensors go through the custom op, whose body (`_dispatch`) routes them the
+same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from types import ModuleType
 from typing import NamedTuple
 
 import torch
@@ -31,180 +24,26 @@ from torch import Tensor
 from . import random as streams
 from .formats import Format, format_of_dtype
 from .formats import format as find_format
-from .reference import MODES, SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
+from .kernels.availability import kernels_refusal
+from .packing import PACK_GROUPS, PACKINGS
+from .presets import HardwarePreset, preset
+from .reference import MODES, SATURATIONS, VARIANTS, check_choice, check_rbits
+from .torch_path import (
+    FLOAT_DTYPES,
+    Request,
+    checks_nan,
+    code_dtype,
+    decode_values,
+    output_shape,
+    refuse_capture,
+    round_tensor,
+)
 
 BACKENDS = ("auto", "torch", "triton")
+
 # what codes of a format without a NaN code hold for a NaN result: "raise" checks (a
 # ValueError; on CUDA the call waits for its kernel), "zero" stores code 0 (+0) unchecked
 NAN_POLICIES = ("raise", "zero")
-FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-OUTPUTS = ("value", "codes", "fp4x2", "fp6x4")
-# the packed outputs by code width: (output, codes a group of whole bytes holds)
-PACKINGS = {4: ("fp4x2", 2), 6: ("fp6x4", 4)}
-PACK_GROUPS = dict(PACKINGS.values())
-# Below 2**-90 a fraction's only property that matters is being nonzero (n <= 32 bits).
-_MIN_SCALE_EXPONENT = -90
-# CPU tensors are rounded in pieces of 2**18 elements (1 MiB of fp32: ~40 elementwise
-# passes each stay in cache), spread over torch's threads.  Measured on 2 cores for 2**24
-# values: 2**15 pieces 0.88 s, 2**16 0.70 s, 2**17 0.58 s, 2**18 0.55 s, 2**20 0.68 s.
-_CPU_CHUNK = 2**18
-# (exponent bias, mantissa bits, largest biased exponent, integer dtype of the same width)
-_FLOAT_LAYOUT = {
-    torch.float64: (1023, 52, 2046, torch.int64),
-    torch.float32: (127, 23, 254, torch.int32),
-}
-_FP32 = format_of_dtype(torch.float32)
-
-
-def _pow2(exponent: Tensor, dtype: torch.dtype) -> Tensor:
-    """2**exponent in float32/float64, built from its bits: exact in the normal range."""
-    bias, mbits, top, integer = _FLOAT_LAYOUT[dtype]
-    return ((exponent.to(integer) + bias).clamp(1, top) << mbits).view(dtype)
-
-
-def scale_by_power_of_two(value: Tensor, exponent: Tensor) -> Tensor:
-    """value * 2**exponent in value's dtype, exact whenever the result is representable.
-
-    Two factors keep each power of two in the normal range.
-    """
-    half = exponent >> 1
-    return value * _pow2(half, value.dtype) * _pow2(exponent - half, value.dtype)
-
-
-# The PyTorch path decides with float arithmetic on 0.0/1.0 flags (sign, clamp, floor)
-# rather than comparisons and `where`: exact all the same, and several times faster on
-# CPUs, where boolean kernels are slow.
-
-
-def _away(
-    nu: Tensor, odd: Tensor, negative: Tensor, mode: str, n: int, variant: str, r: Tensor | None
-) -> Tensor:
-    """The mode's decision for the fraction nu in [0, 1) as 0.0/1.0 (reference.rounds_away);
-    odd and negative are 0.0/1.0 flags."""
-    if mode in ("rne", "rna"):
-        above = torch.sign(nu - 0.5)  # exact sign: rounding never crosses zero
-        if mode == "rna":
-            return torch.clamp(above + 1, 0, 1)
-        return torch.relu(above) + (1 - above.abs()) * odd
-    if mode == "rz":
-        return torch.zeros_like(nu)
-    inexact = torch.sign(nu)
-    if mode == "ru":
-        return inexact * (1 - negative)
-    if mode == "rd":
-        return inexact * negative
-    if mode == "ro":
-        return inexact * (1 - odd)
-    assert r is not None
-    return _sr_away(nu, r, n, variant)
-
-
-def _sr_away(nu: Tensor, r: Tensor, n: int, variant: str) -> Tensor:
-    """DESIGN.md's table: count + r >= 2**n with count the floor (a), half-up (b), half-even
-    (c) or half-odd (odd) rounding of nu 2**n.  Exact: nu 2**n and every integer below
-    2**(n+1) are exact in float32 for n <= 23, and in float64 always."""
-    wide = nu.dtype if n <= 23 else torch.float64
-    scaled = nu.to(wide) * 2.0**n
-    if variant == "a":
-        count = torch.floor(scaled)
-    elif variant == "b":
-        count = torch.floor((torch.floor(scaled * 2) + 1) * 0.5)
-    else:
-        floor = torch.floor(scaled)
-        above = torch.sign(scaled - floor - 0.5)
-        floor_is_odd = floor - 2 * torch.floor(floor * 0.5)
-        tie_up = floor_is_odd if variant == "c" else 1 - floor_is_odd
-        count = floor + torch.relu(above) + (1 - above.abs()) * tie_up
-    return torch.floor((count + r.to(wide)) * 2.0**-n).to(nu.dtype)
-
-
-def _handle_overflow(value: Tensor, fmt: Format, mode: str, sat: str) -> Tensor:
-    """Values beyond [lowest, max] become the bound (saturation, inward directed modes),
-    +-infinity (bound / 0) or NaN (0 / 0), per `_overflow_value`."""
-    clamped = value.clamp(fmt.lowest, fmt.max)
-    result = clamped
-    for negative, bound in ((False, fmt.max), (True, fmt.lowest)):
-        target = _overflow_value(negative, False, fmt, mode, sat)
-        if target == bound:
-            continue
-        beyond = torch.relu(torch.sign(clamped - value if negative else value - clamped))
-        if target != target:  # NaN
-            result = result * (1 - beyond)
-        result = result / (1 - beyond)
-    return result
-
-
-def _overflow_value(negative: bool, infinite: bool, fmt: Format, mode: str, sat: str) -> float:
-    """reference.overflow_value, restated here so the two stay independently written."""
-    inward = mode == "rz" or (mode == "rd" and not negative) or (mode == "ru" and negative)
-    if sat == "finite" or (not infinite and (sat == "propagate" or inward)):
-        return fmt.lowest if negative else fmt.max
-    if fmt.inf and (fmt.signed or not negative):
-        return -float("inf") if negative else float("inf")
-    return float("nan")
-
-
-def compute_dtype(x_dtype: torch.dtype, fmt: Format) -> torch.dtype:
-    """float32 where every step of the contract is exact in it, float64 otherwise."""
-    exact_in_float32 = x_dtype != torch.float64 and fmt.fits_in(_FP32)
-    return torch.float32 if exact_in_float32 else torch.float64
-
-
-def round_values(
-    x: Tensor,
-    fmt: Format,
-    mode: str,
-    sat: str,
-    n: int,
-    variant: str,
-    r: Tensor | None,
-) -> Tensor:
-    """The rounded values in `compute_dtype` (arguments already checked); r: random int64
-    integers below 2**n, shaped like x."""
-    dtype = compute_dtype(x.dtype, fmt)
-    bias, mbits, _, integer = _FLOAT_LAYOUT[dtype]
-    xd = x.to(dtype)
-    magnitude = xd.abs()
-    field = magnitude.view(integer) >> mbits  # the biased exponent; top + 1: inf or NaN
-    if fmt.emin >= 1 - bias:  # subnormal inputs lie below emin, which clamps them anyway
-        e = field.clamp(min=fmt.emin + bias) - bias
-    else:
-        e = torch.frexp(magnitude)[1].to(integer).clamp(min=fmt.emin + 1) - 1
-    q = e - fmt.mbits
-    scale = -q
-    if fmt.emin > fmt.mbits:  # an ulp above 1: s could underflow, where only nu > 0 matters
-        scale = torch.maximum(scale, _MIN_SCALE_EXPONENT - (field - bias))
-    s = scale_by_power_of_two(magnitude, scale)
-    kept = torch.floor(s)
-    # the code's last bit: the significand's, or with p = 1 the exponent field's
-    if fmt.mbits > 0:
-        odd = kept - 2 * torch.floor(kept * 0.5)
-    else:
-        odd = torch.clamp(kept, max=1) * ((e + fmt.bias) & 1).to(dtype)
-    negative = torch.relu(-torch.sign(xd))
-    rounded = scale_by_power_of_two(kept + _away(s - kept, odd, negative, mode, n, variant, r), q)
-    if not fmt.has_zero:
-        rounded = torch.clamp(rounded, min=fmt.min_normal)
-    if fmt.has_negative_zero:
-        value = torch.copysign(rounded, xd)
-    else:  # -0.0 + 0.0 is +0.0: no negative zeros, and -0.0 inputs count as positive
-        value = torch.copysign(rounded, xd + 0.0) + 0.0
-    value = _handle_overflow(value, fmt, mode, sat)
-    special = (field + 1) >> (integer.itemsize * 8 - 1 - mbits)  # 1 for inf and NaN inputs
-    if bool(special.any()):
-        where = special.nonzero(as_tuple=True)
-        value[where] = _special_values(xd[where], fmt, mode, sat)
-    return value
-
-
-def _special_values(x: Tensor, fmt: Format, mode: str, sat: str) -> Tensor:
-    """Results for infinite and NaN inputs."""
-    infinity = torch.where(
-        x < 0,
-        x.new_tensor(_overflow_value(True, True, fmt, mode, sat)),
-        x.new_tensor(_overflow_value(False, True, fmt, mode, sat)),
-    )
-    return torch.where(torch.isnan(x), float("nan"), infinity)
 
 
 def check_input(x: object) -> Tensor:
@@ -215,25 +54,6 @@ def check_input(x: object) -> Tensor:
         allowed = ", ".join(str(dtype) for dtype in FLOAT_DTYPES)
         raise TypeError(f"x must have a floating dtype ({allowed}); got {x.dtype}")
     return x
-
-
-class Request(NamedTuple):
-    """The checked arguments of one rounding call (a tuple: built on every call, where a
-    frozen dataclass's field-by-field constructor costs a microsecond more).  The first six
-    fields are the choices that select and bind kernels (`kernels.rounding.kernel_plan`
-    takes them in this order)."""
-
-    fmt: Format
-    mode: str
-    sat: str
-    n: int
-    variant: str
-    source: str  # "stream", "rand" (explicit integers) or "data" (hashed from the values)
-    seed: int | Tensor
-    offset: int | Tensor
-    index_offset: int
-    rand: Tensor | None
-    nan: str = "raise"  # NAN_POLICIES: codes of formats without a NaN code
 
 
 def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
@@ -333,112 +153,6 @@ def check_request(
     return Request(fmt, mode, sat, n, variant, source, seed, offset, index_offset, rand, nan)
 
 
-def random_integers(x: Tensor, request: Request, start: int = 0) -> Tensor:
-    """r in [0, 2**n) (int64) for the elements of x, which sit at flat positions
-    ``start ..`` of the rounded tensor: explicit, from the stream, or hashed from x."""
-    if request.source == "rand":
-        assert request.rand is not None
-        return request.rand.reshape(-1)[start : start + x.numel()].reshape(x.shape)
-    index_offset = request.index_offset + start
-    if request.source == "data":
-        index = torch.arange(x.numel(), device=x.device).reshape(x.shape) + index_offset
-        words = streams.data_words(x, index)
-    else:
-        words = streams.random_words_like(x, request.seed, request.offset, index_offset)
-    return words >> (WORD_BITS - request.n)
-
-
-# Quiet NaNs with a positive sign and no payload: torch's own casts disagree on NaN bits
-# (CPU fp32 -> bf16 gives 0xFFFF), so the outputs are normalized to these.
-CANONICAL_NAN_BITS = {
-    torch.float64: (0x7FF8000000000000, torch.int64),
-    torch.float32: (0x7FC00000, torch.int32),
-    torch.bfloat16: (0x7FC0, torch.int16),
-    torch.float16: (0x7E00, torch.int16),
-}
-
-
-def canonical_nan(dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A 0-d tensor holding the canonical quiet NaN of a float dtype."""
-    bits, integer = CANONICAL_NAN_BITS[dtype]
-    return torch.tensor(bits, dtype=integer, device=device).view(dtype)
-
-
-def _finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, nan: str) -> Tensor:
-    """Rounded values (compute dtype) to the requested output in ``out_dtype`` (codes and
-    packed codes: their bytes viewed as it, `cast`'s 8-bit and fp4 dtypes; ``nan``:
-    NAN_POLICIES)."""
-    if output == "value":
-        narrowed = values.to(out_dtype)
-        is_nan = torch.isnan(values)
-        if bool(is_nan.any()):
-            narrowed = torch.where(is_nan, canonical_nan(out_dtype, values.device), narrowed)
-        return narrowed
-    codes = encode_values(values, fmt, nan)
-    if output == "codes":
-        return codes.to(_code_dtype(fmt.bits)).view(out_dtype)
-    return pack(codes.to(torch.uint8), 4 if output == "fp4x2" else 6).view(out_dtype)
-
-
-def _round_torch(x: Tensor, request: Request, output: str, out_dtype: torch.dtype) -> Tensor:
-    """The PyTorch path.  On the CPU in cache-sized pieces spread over torch's threads
-    (exact: a piece draws the random words of its own flat positions)."""
-    flat = x.reshape(-1) if x.is_contiguous() else x.contiguous().reshape(-1)
-    shape = _output_shape(x.shape, output)
-    if flat.numel() == 0:
-        return x.new_empty(shape, dtype=out_dtype)
-
-    def piece(start: int) -> Tensor:
-        values = flat[start : start + chunk]
-        r = random_integers(values, request, start) if request.mode == "sr" else None
-        rounded = round_values(
-            values, request.fmt, request.mode, request.sat, request.n, request.variant, r
-        )
-        return _finish(rounded, request.fmt, output, out_dtype, request.nan)
-
-    if x.device.type != "cpu" or flat.numel() <= _CPU_CHUNK:
-        chunk = flat.numel()
-        return piece(0).reshape(shape)
-    chunk = _CPU_CHUNK
-    starts = range(0, flat.numel(), chunk)
-    with ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
-        return torch.cat(list(pool.map(piece, starts))).reshape(shape)
-
-
-def _output_shape(shape: torch.Size, output: str) -> tuple[int, ...]:
-    if output == "fp4x2":
-        return (*shape[:-1], shape[-1] // 2)
-    if output == "fp6x4":
-        return (*shape[:-1], shape[-1] // 4 * 3)
-    return tuple(shape)
-
-
-@functools.cache
-def _rounding_kernels() -> ModuleType | str:
-    """The Triton rounding kernels' module, or why it cannot be imported (once: a call's
-    import statement would cost microseconds of its host time)."""
-    try:
-        from .kernels import rounding
-    except ImportError as error:  # triton not installed
-        return f"triton is not importable ({error})"
-    return rounding
-
-
-def _triton_unsupported(
-    x_dtype: torch.dtype, on_cuda: bool, fmt: Format, output: str
-) -> str | None:
-    """Why the Triton kernels cannot round x of this dtype and device to ``fmt`` for
-    ``output`` (None if they can)."""
-    kernels = _rounding_kernels()
-    if isinstance(kernels, str):
-        return kernels
-    if not (on_cuda or kernels.INTERPRETED):
-        return "x is not a CUDA tensor (set TRITON_INTERPRET=1 to run kernels on the CPU)"
-    if x_dtype not in kernels.INPUT_DTYPES:
-        return f"the kernels read fp32/bf16/fp16 inputs, not {x_dtype}"
-    return kernels.format_unsupported(fmt, output)
-
-
 class Route(NamedTuple):
     """What a call's choices decide (`_call_route`, once per set of them)."""
 
@@ -465,7 +179,7 @@ def _output_of(
         return PACKINGS[fmt.bits][0], torch.uint8
     if out_dtype is not None:
         return output, out_dtype
-    return output, x_dtype if output == "value" else _code_dtype(fmt.bits)
+    return output, x_dtype if output == "value" else code_dtype(fmt.bits)
 
 
 @functools.lru_cache(maxsize=512, typed=True)  # typed: rbits=True is no rbits=1
@@ -499,11 +213,15 @@ def _call_route(
     route = Route(fmt, n, output, out_dtype, None, checks_nan(fmt, nan, output))
     if through_op or backend == "torch" or (backend == "auto" and not on_cuda):
         return route
-    reason = _triton_unsupported(x_dtype, on_cuda, fmt, output)
+    reason = kernels_refusal("x", on_cuda)
     if reason is None:
-        kernels = _rounding_kernels()
-        plan = kernels.kernel_plan(output, out_dtype, nan, fmt, mode, sat, n, variant, source)
-        return route._replace(plan=plan)
+        # imported here: the kernels import Triton, which CPU-only calls never need
+        from .kernels import rounding as kernels
+
+        reason = kernels.unsupported(x_dtype, fmt, output)
+        if reason is None:
+            plan = kernels.kernel_plan(output, out_dtype, nan, fmt, mode, sat, n, variant, source)
+            return route._replace(plan=plan)
     if backend == "triton":
         raise ValueError(f"backend='triton' cannot round this call: {reason}")
     return route  # auto: what the kernels cannot do
@@ -636,7 +354,7 @@ def _(
     index_offset,
     out_dtype,
 ):
-    return x.new_empty(_output_shape(x.shape, choices.split(":")[5]), dtype=out_dtype)
+    return x.new_empty(output_shape(x.shape, choices.split(":")[5]), dtype=out_dtype)
 
 
 def _straight_through(ctx, grad: Tensor) -> tuple:
@@ -680,12 +398,6 @@ def _unflatten(
     return request, backend, output
 
 
-def checks_nan(fmt: Format, nan: str, output: str) -> bool:
-    """Whether a call must find NaN results to raise: codes of a format without a NaN code
-    with nan="raise" (on CUDA the call then waits for its kernel)."""
-    return output != "value" and not fmt.has_nan and nan == "raise"
-
-
 def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
@@ -709,18 +421,7 @@ def _dispatch(
     if route.plan is not None:
         return route.plan.round(x, request.seed, request.offset, request.index_offset, request.rand)
     refuse_capture(route.checked, x, request.fmt)
-    return _round_torch(x, request, output, out_dtype)
-
-
-def refuse_capture(checked: bool, x: Tensor, fmt: Format) -> None:
-    """ValueError for a checked call (nan="raise", `checks_nan`) under CUDA-graph capture:
-    it waits for its kernel, which a graph cannot capture."""
-    if checked and x.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise ValueError(
-            f"format {fmt.name} has no NaN code: nan='raise' waits for the kernel to learn "
-            "whether a result is NaN, which a CUDA graph cannot capture; pass nan='zero' "
-            "(NaN results stored as code 0, unchecked) to capture this call"
-        )
+    return round_tensor(x, request, output, out_dtype)
 
 
 def _is_dtensor(x: Tensor) -> bool:
@@ -758,7 +459,7 @@ def _round_dtensor(
     start = request.index_offset + first_row * row
     local = round_local(x.to_local(), request._replace(index_offset=start, rand=rand))
     # the global result: x's shape (packed codes: shorter rows), contiguous
-    shape = torch.Size(_output_shape(x.shape, output))
+    shape = torch.Size(output_shape(x.shape, output))
     stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, x.device_mesh, x.placements, shape=shape, stride=stride)
 
@@ -781,9 +482,9 @@ def round_float64(
     request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
     if _is_dtensor(x):
         return _round_dtensor(
-            x, request, "value", lambda local, req: _round_torch(local, req, "value", torch.float64)
+            x, request, "value", lambda local, req: round_tensor(local, req, "value", torch.float64)
         )
-    return _round_torch(x, request, "value", torch.float64)
+    return round_tensor(x, request, "value", torch.float64)
 
 
 def round(  # noqa: A001 - the public name DESIGN.md gives
@@ -799,19 +500,22 @@ def round(  # noqa: A001 - the public name DESIGN.md gives
     rand: Tensor | str | None = None,
     index_offset: int = 0,
     backend: str = "auto",
-    hardware: str | None = None,
+    hardware: str | HardwarePreset | None = None,
 ) -> Tensor:
     """Round every element of ``x`` to a value of ``fmt``; the result has x's dtype and shape.
 
     ``mode``: rne, rna, rz, ru, rd, ro (round to odd) or sr.  For ``sr``, ``rbits`` random
-    bits (1..32; None: exact SR with 32-bit words) and ``variant`` a/b/c/odd decide, per
-    DESIGN.md's table.  The random integers are the top ``rbits`` bits of the word of
+    bits (1..32; None: exact SR with 32-bit words) and ``variant`` a/b/c/odd decide: with
+    nu the fraction being rounded away (in ulps) and r the random integer, the value rounds
+    away from zero iff count + r >= 2**rbits, count the floor (a), half-up (b), half-even
+    (c) or half-odd (odd) rounding of nu 2**rbits (the rounding contract in the docs).
+    The random integers are the top ``rbits`` bits of the word of
     ``(seed, offset, index_offset + flat index)`` in the Philox stream (seed None: drawn
     from torch's default generator), or ``rand``: integers in [0, 2**rbits) broadcastable
     to x, or ``"data"``: words hashed from each value and its index (no state at all).
     ``sat``: finite, propagate or none (P3109).  ``backend``: auto, torch or triton.
     A rounded value outside x's dtype's range becomes infinite or zero in that dtype.
-    ``hardware``: the name of a `stochround.hardware` preset (``"amd-mi300-fp8"``, ...),
+    ``hardware``: a `stochround.hardware` preset or its name (``"amd-mi300-fp8"``, ...),
     which sets the format, variant, rbits and saturation of a documented SR unit, or of a
     family of them with ``fmt`` naming the unit's format (``"amd-mi300"`` with
     ``"e5m2fnuz"``); PyTorch path only.
@@ -843,7 +547,7 @@ def round(  # noqa: A001 - the public name DESIGN.md gives
 def _round_hardware(
     x: Tensor,
     fmt: Format | str | None,
-    name: str,
+    name: str | HardwarePreset,
     mode: str,
     rbits: int | None,
     variant: str,
@@ -857,8 +561,6 @@ def _round_hardware(
     """`round(x, hardware=name)`: the preset fixes everything but the random bits; ``fmt``
     picks the unit of a family (``amd-mi300``: e4m3fnuz or e5m2fnuz) or confirms it.  The
     presets round on the PyTorch path, in float64."""
-    from . import hardware  # the presets are built on this module
-
     if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
         raise ValueError(
             f"hardware={name!r} sets the mode, rbits, variant and sat; pass only x, fmt (to "
@@ -869,66 +571,56 @@ def _round_hardware(
     check_choice("backend", backend, BACKENDS)
     if backend == "triton":
         raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
-    unit = hardware.preset(name, fmt)
-    return hardware.round_hardware(
-        x, unit, seed=seed, offset=offset, rand=rand, index_offset=index_offset
+    unit = preset(name, fmt)
+    result = round_preset(
+        preset_operand(x, unit), unit, seed, offset, rand, index_offset=index_offset
     )
+    return result.to(x.dtype)
 
 
-def _code_dtype(bits: int) -> torch.dtype:
-    """uint8 up to 8 bits; otherwise the signed type of the next width (as `Tensor.view`)."""
-    for width, dtype in ((8, torch.uint8), (16, torch.int16), (32, torch.int32)):
-        if bits <= width:
-            return dtype
-    return torch.int64
+def preset_operand(x: Tensor, unit: HardwarePreset) -> Tensor:
+    """A hardware unit's operand: x rounded to nearest-even in the preset's source format
+    (the identity when x already has that format), in that format's torch dtype when it
+    has one (float64 otherwise), which holds it exactly."""
+    dtype = unit.operand.torch_dtype
+    if check_input(x).dtype == dtype:
+        return x
+    operand = round_float64(x, unit.source_format, "rne")
+    return operand if dtype is None else operand.to(dtype)
 
 
-def encode_values(values: Tensor, fmt: Format, nan: str = "raise") -> Tensor:
-    """The codes of values of the format (float32 or float64), as int64 in [0, 2**bits).
-    NaN in a format without a NaN code: ValueError (``nan="raise"``) or code 0 ("zero")."""
-    if fmt.nan == "none" and nan == "raise" and bool(torch.isnan(values).any()):
-        raise nan_without_code(fmt)
-    if fmt.twos_complement:
-        integers = torch.nan_to_num(values / float(fmt.ulp_at_emin)).to(torch.int64)
-        return torch.remainder(integers, fmt.num_codes)
-    magnitude_bits = fmt.ebits + fmt.mbits
-    magnitude = values.abs()
-    regular = torch.isfinite(values) & (values != 0)
-    _, exponent = torch.frexp(torch.where(regular, magnitude, 1.0))
-    e = torch.clamp(exponent.to(torch.int64) - 1, min=fmt.emin)
-    exponent_field = torch.where(magnitude < fmt.min_normal, 0, e + fmt.bias)
-    significand = scale_by_power_of_two(magnitude, fmt.mbits - e).to(torch.int64)
-    mantissa = torch.where(exponent_field == 0, significand, significand - 2**fmt.mbits)
-    if not fmt.subnormals:
-        mantissa = torch.zeros_like(mantissa)
-        exponent_field = e + fmt.bias
-    code = exponent_field << fmt.mbits | mantissa
-    code = torch.where(values == 0, 0, code)
-    code = torch.where(torch.isinf(values), fmt.max_magnitude_code + 1, code)
-    if fmt.signed:
-        code = code | (torch.signbit(values).to(torch.int64) << magnitude_bits)
-    return torch.where(torch.isnan(values), _nan_code(fmt), code)
-
-
-def nan_without_code(fmt: Format) -> ValueError:
-    """The error for NaN results in a format without a NaN code (nan="raise")."""
-    return ValueError(
-        f"format {fmt.name} has no NaN code, and the rounded values contain NaN (a NaN input "
-        "or an overflow); use sat='finite' or filter the input, or pass nan='zero' to store "
-        "code 0 for them"
+def round_preset(
+    operand: Tensor,
+    unit: HardwarePreset,
+    seed: int | Tensor | None,
+    offset: int | Tensor,
+    rand: Tensor | None,
+    variant: str | None = None,
+    rbits: int | None = None,
+    index_offset: int = 0,
+) -> Tensor:
+    """The preset's rounding of its operand values (`preset_operand`), as float64: SR to the
+    target format with the preset's variant, rbits (or the ones given) and saturation, from
+    ``rand`` (integers broadcastable to the operand) or the stream ``(seed, offset)`` at
+    the elements' indices from ``index_offset``, then the unit's flush to zero."""
+    if isinstance(rand, Tensor):
+        # expanded to the operand's shape where it broadcasts (round_float64 reports the
+        # shape that does not)
+        with contextlib.suppress(RuntimeError):
+            rand = torch.broadcast_to(rand, operand.shape)
+    result = round_float64(
+        operand,
+        unit.target_format,
+        "sr",
+        rbits=unit.rbits if rbits is None else rbits,
+        variant=unit.variant if variant is None else variant,
+        sat=unit.sat,
+        seed=seed,
+        offset=offset,
+        rand=rand,
+        index_offset=index_offset,
     )
-
-
-def _nan_code(fmt: Format) -> int:
-    """The code of a NaN result: the canonical NaN code (reference.encode_value(nan)): quiet
-    NaN, fn's all-ones, fnuz's -0; in a format without a NaN code, 0 (+0, nan="zero")."""
-    if not fmt.has_nan:
-        return 0
-    magnitude_bits = fmt.ebits + fmt.mbits
-    if fmt.nan == "fnuz":
-        return 1 << magnitude_bits
-    quiet = 1 << (fmt.mbits - 1) if fmt.nan == "ieee" and fmt.mbits else 2**fmt.mbits - 1
-    return (2**fmt.ebits - 1) << fmt.mbits | quiet
+    return unit.flush(operand.to(torch.float64), result)
 
 
 def encode(
@@ -991,77 +683,7 @@ def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32)
         raise ValueError(f"dtype must be one of {FLOAT_DTYPES}; got {dtype}")
     if not fmt.fits_in(format_of_dtype(dtype)):
         raise ValueError(f"format {fmt.name} does not fit in {dtype}; pass dtype=torch.float64")
-    code = codes.to(torch.int64) & (fmt.num_codes - 1)
-    if fmt.twos_complement:
-        signed = torch.where(code >= fmt.num_codes // 2, code - fmt.num_codes, code)
-        return (signed.to(torch.float64) * float(fmt.ulp_at_emin)).to(dtype)
-    magnitude_bits = fmt.ebits + fmt.mbits
-    magnitude_code = code & (2**magnitude_bits - 1)
-    exponent_field = magnitude_code >> fmt.mbits
-    mantissa = (magnitude_code & (2**fmt.mbits - 1)).to(torch.float64)
-    subnormal = (exponent_field == 0) & fmt.subnormals
-    value = torch.where(
-        subnormal,
-        scale_by_power_of_two(mantissa, torch.full_like(code, fmt.emin - fmt.mbits)),
-        scale_by_power_of_two(mantissa + 2**fmt.mbits, exponent_field - fmt.bias - fmt.mbits),
-    )
-    value = torch.where(magnitude_code == fmt.max_magnitude_code + 1, float("inf"), value)
-    nan = magnitude_code > fmt.max_magnitude_code + int(fmt.inf)
-    if fmt.signed:
-        negative = ((code >> magnitude_bits) & 1) == 1  # 64-bit codes arrive negative
-        value = torch.where(negative, -value, value)
-        if fmt.nan == "fnuz":
-            nan = nan | (negative & (magnitude_code == 0))
-    return torch.where(nan, float("nan"), value).to(dtype)
-
-
-def pack(codes: Tensor, bits: int) -> Tensor:
-    """Pack 4-bit codes two per byte (first in the low nibble) or 6-bit codes four per three
-    bytes (little-endian 24-bit groups: code i at bits 6i..6i+5), along the last dimension."""
-    codes = _check_codes(codes, bits)
-    group = PACKINGS[bits][1]
-    if codes.shape[-1] % group:
-        raise ValueError(
-            f"the last dimension must be a multiple of {group} to pack {bits}-bit codes"
-        )
-    grouped = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, group)
-    shifts = torch.arange(group, device=codes.device) * bits
-    word = (grouped << shifts).sum(-1)
-    nbytes = group * bits // 8
-    byte_shifts = torch.arange(nbytes, device=codes.device) * 8
-    packed = (word.unsqueeze(-1) >> byte_shifts) & 0xFF
-    return packed.reshape(*codes.shape[:-1], -1).to(torch.uint8)
-
-
-def unpack(packed: Tensor, bits: int) -> Tensor:
-    """Inverse of `pack`: uint8 codes, the last dimension grown back."""
-    if not isinstance(packed, Tensor) or packed.dtype != torch.uint8:
-        raise TypeError("packed must be a uint8 torch.Tensor")
-    check_bits(bits)
-    group = PACKINGS[bits][1]
-    nbytes = group * bits // 8
-    if packed.shape[-1] % nbytes:
-        raise ValueError(f"the last dimension must be a multiple of {nbytes} to unpack")
-    grouped = packed.to(torch.int64).reshape(*packed.shape[:-1], -1, nbytes)
-    word = (grouped << (torch.arange(nbytes, device=packed.device) * 8)).sum(-1)
-    shifts = torch.arange(group, device=packed.device) * bits
-    codes = (word.unsqueeze(-1) >> shifts) & (2**bits - 1)
-    return codes.reshape(*packed.shape[:-1], -1).to(torch.uint8)
-
-
-def check_bits(bits: int) -> int:
-    if bits not in PACKINGS:
-        raise ValueError(f"bits must be 4 or 6; got {bits!r}")
-    return bits
-
-
-def _check_codes(codes: Tensor, bits: int) -> Tensor:
-    check_bits(bits)
-    if not isinstance(codes, Tensor) or codes.dtype.is_floating_point or codes.dtype == torch.bool:
-        raise TypeError("codes must be an integer torch.Tensor")
-    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 2**bits):
-        raise ValueError(f"codes must be in [0, 2**{bits})")
-    return codes
+    return decode_values(codes.to(torch.int64), fmt, dtype)
 
 
 def _cast_target(dtype: torch.dtype) -> tuple[Format, str]:
@@ -1091,6 +713,7 @@ _CAST_TARGETS: dict[torch.dtype, tuple[Format, str]] = {
         if hasattr(torch, name)
     )
 }
+
 CAST_DTYPES: tuple[torch.dtype, ...] = tuple(_CAST_TARGETS)
 
 
@@ -1141,12 +764,14 @@ def cast(
 __all__ = [
     "BACKENDS",
     "CAST_DTYPES",
+    "NAN_POLICIES",
     "cast",
+    "check_input",
+    "check_request",
     "decode",
     "encode",
-    "pack",
+    "preset_operand",
     "round",
     "round_float64",
-    "round_values",
-    "unpack",
+    "round_preset",
 ]

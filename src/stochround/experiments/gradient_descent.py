@@ -141,7 +141,12 @@ def descend(
     progress: ProgressLike,
     record_every: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run GD from w = 0: (final w (runs, d), losses (records, runs) at steps 0, every, ...)."""
+    """Run GD from w = 0: (final w (runs, d), losses (records, runs) at steps 0, every, ...).
+
+    ``w`` is stored in ``fmt`` (None: fp32, unrounded) by ``mode`` ("rne" or "sr"; SR draws
+    stream ``(seed, offset)``); a loss is recorded every ``record_every`` steps, and
+    ``progress`` reports the loop.
+    """
     runs = RUNS if mode == "sr" else 1
     w = torch.zeros(runs, FEATURES, dtype=torch.float32)
     recorded = [task.loss(w)]

@@ -32,7 +32,8 @@ def grids(
     p: hardware.HardwarePreset, count: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(normal, subnormal) inputs: source-format values log-uniform over the target's normal
-    range [min_normal, max / 2] and over [min_subnormal, min_normal), random signs."""
+    range [min_normal, max / 2] and over [min_subnormal, min_normal), random signs:
+    ``count`` values each for preset ``p``, drawn from ``generator``."""
     target = p.target
 
     def log_uniform(low: float, high: float) -> torch.Tensor:

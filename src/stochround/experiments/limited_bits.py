@@ -1,12 +1,14 @@
 """Bias of SR with few random bits: variants a, b, c and odd against rbits n = 1..12.
 
 For a discarded fraction nu (in ulps) SR with n random bits rounds away with probability
-P(nu) = count(nu 2**n) / 2**n (DESIGN.md's table: count = floor for a, half-up for b,
-half-even for c, half-odd for odd), so the expected rounding error is (P - nu) ulp: the
-bias.  It is computed exactly for every nu = k / 2**16 (k = 0 .. 2**16 - 1) in integer
-arithmetic; sampled points are checked against `reference.away_probability`, and for each
-format the library's `round` is run with every random integer r in [0, 2**n) (rand=) on
-inputs v + nu ulp(v), so the enumeration gives P(away) exactly and must match.
+P(nu) = count(nu 2**n) / 2**n, where count is floor for a, half-up for b, half-even for c
+and half-odd for odd (variant a rounds away when floor(nu 2**n) + r >= 2**n for a random
+integer r in [0, 2**n), the others likewise with their own rounding of nu 2**n), so the
+expected rounding error is (P - nu) ulp: the bias.  It is computed exactly for every
+nu = k / 2**16 (k = 0 .. 2**16 - 1) in integer arithmetic; sampled points are checked
+against `reference.away_probability`, and for each format the library's `round` is run
+with every random integer r in [0, 2**n) (rand=) on inputs v + nu ulp(v), so the
+enumeration gives P(away) exactly and must match.
 Expected bounds: a is biased toward zero by less than 2**-n ulp; b, c and odd by at most
 2**-(n+1) ulp.  The bias depends on nu only, so it is the same in every format.
 """
@@ -57,7 +59,8 @@ def bound(n: int, variant: str) -> Fraction:
 
 
 def enumerate_format(fmt_name: str, n: int, variant: str, nus: list[int]) -> list[Fraction]:
-    """P(away) for inputs v + nu ulp(v) (nu = k / 2**GRID_BITS), by rounding with every r."""
+    """P(away) for inputs v + nu ulp(v) (nu = k / 2**GRID_BITS for each k in ``nus``), by
+    rounding to format ``fmt_name`` with every r in [0, 2**n), variant ``variant``."""
     fmt = find_format(fmt_name)
     v = 1.0 if fmt.max > 2 else fmt.min_normal  # a value with a normal ulp above it
     lower, upper = reference.neighbours(v * (1 + 1e-9), fmt)

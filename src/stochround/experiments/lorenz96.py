@@ -24,23 +24,22 @@ it would count as periodic only if its last steps repeated a whole cycle (each o
 >= P steps equal to the state P steps earlier, the same lag throughout); the revisits and
 the longest stretch of same-lag repeats are reported.  The fp64 runs give the largest
 Lyapunov exponent (a twin run 1e-8 away in x_0, renormalised every time unit): positive for
-N >= 5, so these small systems are chaotic (at N = 4 a separate measurement gives ~0.01: not
-chaotic even in exact arithmetic).  Why this setting: Klöwer et al. find orbit lengths
+N >= 5, so these small systems are chaotic (at N = 4 it is close to zero: not chaotic even
+in exact arithmetic).  Why this setting: Klöwer et al. find orbit lengths
 growing exponentially with N and with the precision, and with N = 40 no bf16 or fp16 state
 repeats within the climate runs; at dt = 0.01 the 8-bit formats' rne runs stagnate instead
 (the increment dt dx/dt ~ 0.1 is below half an ulp, 0.5 .. 1 for 4 <= |x| < 16 in e4m3fn, so
 each variable freezes and the run sits on a fixed point within a few hundred steps), while
 dt = 0.05 moves the variables by about an ulp per step.
 
-Measured (seed 2024; full size 324 s on a 16-core host): rne orbits, period (entered at
-step), for N = 5, 6, 7, 8: e4m3fn 182 (98), 1374 (3171), 3843 (2006), 90890 (5744); e5m2 115
-(35), 242 (297), 1 (1160, a fixed point), 932 (4429).  The periods grow steeply with N and
-with the precision (3 against 4 significant bits), as Klöwer et al. find; a separate
-212 000-step rne run of the same map at N = 9 gives 166356 (45757) in e4m3fn.  SR: none of the 8
-runs periodic in 100 000 steps (longest same-lag run 6 steps; e5m2 at N = 5 revisits 5431
-states, e4m3fn at N >= 7 none).  Climate over 100 000 steps: means 2.33 .. 2.35 (fp64
-2.3285), every ACF value within 0.012 of fp64's (standard errors 0.002 .. 0.005), e-folding
-times 0.276 .. 0.277; no bf16 or fp16 rne state repeats.
+What the full run shows (the tables give each run's numbers): the rne orbits' periods grow
+steeply with N and with the precision (e4m3fn's 4 significant bits against e5m2's 3), as
+Klöwer et al. find (a separate, longer rne run at N = 9 finds a longer period still), and
+an rne run may also end on a fixed point.  No SR run becomes periodic: its longest same-lag
+stretch stays a few steps long; revisits of earlier states are most frequent in the
+smallest, coarsest system (e5m2, N = 5) and absent from the larger e4m3fn ones.  In the
+climate runs the means, autocorrelations and e-folding times of every bf16 and fp16 run
+agree closely with fp64's, and no bf16 or fp16 rne state repeats.
 
 Random bits: climate, step t of the SR run of format index f (bf16 0, fp16 1) draws the
 words of stream (seed, offset = 96 + f) at indices t * 40 .. t * 40 + 39; orbits, step t of
@@ -185,7 +184,8 @@ def e_folding_time(acf: np.ndarray, dt: float) -> float:
 def climate(
     steps: int, seed: int, progress: ProgressLike
 ) -> tuple[list[str], dict[str, float | int | str | bool], Table, torch.Tensor, np.ndarray]:
-    """The N = 40 runs: statistics, autocorrelation and exact repeats of the rne states."""
+    """The N = 40 runs of ``steps`` steps: statistics, autocorrelation and exact repeats of
+    the rne states (SR words from ``seed``; ``progress`` reports the loop)."""
     ring = neighbours((VARIABLES,))
     x = spun_up((VARIABLES,), ring, DT)
     labels = ["fp64"] + [f"{fmt} {mode}" for fmt in FORMATS for mode in MODES]
@@ -284,7 +284,9 @@ class OrbitRun:
 def orbits(
     sizes: tuple[int, ...], steps: int, seed: int, progress: ProgressLike
 ) -> tuple[dict[str, float | int | str | bool], Table, list[OrbitRun], np.ndarray, list[float]]:
-    """Small systems in 8-bit formats: exact repeats of the stored state under rne and SR."""
+    """Small systems in 8-bit formats: exact repeats of the stored state under rne and SR,
+    one system per N in ``sizes``, ``steps`` steps (SR words from ``seed``; ``progress``
+    reports the loop)."""
     if max(sizes) >= 16:
         raise ValueError("the word layout holds systems of up to 15 variables")
     ring = neighbours(sizes)

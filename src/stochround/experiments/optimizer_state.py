@@ -13,27 +13,24 @@ stored after each step: what is measured is storage precision, not bf16 arithmet
 
 The parameters are one flat tensor (viewed as the layers' weights and biases in the
 forward pass): AdamW's update is elementwise, so this is the same update as one tensor per
-layer, with one rounded store per tensor per step instead of twelve (the eager SR cast
-costs ~2 ms per call on a CPU, whatever the size of a small tensor).
+layer, with one rounded store per tensor per step instead of twelve (an eager SR cast has
+a fixed cost per call that, for tensors this small, outweighs the work on the elements).
 
 Under rne a parameter stops moving once lr * |update| < ulp(p) / 2; with the cosine decay
 to 0 every parameter stalls before the end, and the loss plateaus well above fp32's.  SR
 moves each parameter by the update in expectation, so bf16 with SR (6 bytes per parameter)
 lands near fp32 (12 bytes) in the quick run.  fp32 parameters with bf16 rne states (8
-bytes) end ~1.3x above fp32 in the quick run: the moments tolerate a relative error of
-2^-9, the parameters' small increments do not.  At the full size (seed 2024, 477 s) fp32
-goes on to 1.4e-8 while SR's noise floor holds bf16 SR at 1.5e-6 (100x fp32, yet 1600x
-below rne's 2.4e-3) and bf16 states at ~8e-6 (fp32 parameters, master weights, Kahan, ECC
-alike): there bf16 SR is not near fp32, only far ahead of rne.  The gap is the price of
-2-byte parameters, not of SR: the fp32 row's final parameters rounded to nearest bf16 have
-loss 1.1e-5 there (780x fp32; the report prints this number for every run), 7x above what
-bf16 SR training reaches (in the quick run 1.22x fp32, against SR's 1.04x).  The full run
-is the reference setting (2048 samples, 10k steps); the quick run uses 512 samples and 600
-steps (about 14 s for the four core rows on two CPU cores, 7 s of it SR): there, at seed
-2024, rne ends 19x above SR and SR 4% above fp32 (seeds 1-3: rne/SR 50x, 13x, 72x; SR/fp32
-1.08, 1.05, 1.06).  With fewer steps the gap shrinks, as fp32 has not yet gone below rne's
-plateau.  The optional rows keep bf16 rne states, so they are to be compared with the
-fp32-parameter, bf16-state row.
+bytes) end somewhat above fp32 in the quick run: the moments tolerate a relative error of
+2^-9, the parameters' small increments do not.  At the full size fp32 goes on to a much
+lower loss, while SR's noise floor holds bf16 SR well above it, and the rows with bf16 rne
+states (fp32 parameters, master weights, Kahan, ECC alike) higher still, all of them far
+below rne: there bf16 SR is not near fp32, only far ahead of rne.  The gap is the price of
+2-byte parameters, not of SR: the fp32 row's final parameters rounded to nearest bf16 (the
+report prints their loss for every run) lose more than bf16 SR training does.  The full
+run is the reference setting (2048 samples, 10k steps); the quick run uses 512 samples and
+600 steps, and there rne ends well above SR and SR close to fp32.  With fewer steps the gap
+shrinks, as fp32 has not yet gone below rne's plateau.  The optional rows keep bf16 rne
+states, so they are to be compared with the fp32-parameter, bf16-state row.
 
 Random bits: the SR rows use ``AdamW(seed=seed)`` (the optimizer's own streams); the
 teacher, the student init and the inputs come from torch.Generator seeded with ``seed``.
@@ -156,8 +153,9 @@ def train(
     seed: int,
     progress: ProgressLike,
 ) -> tuple[float, torch.Tensor, float, float, torch.Tensor]:
-    """(final loss, losses at steps 0, every, 2 every, ..., bytes per parameter, seconds,
-    the final parameters)."""
+    """Train the flat ``student`` init on inputs ``x`` and targets ``y`` for ``steps``
+    steps, stored as ``setting`` says, AdamW seeded with ``seed``: (final loss, losses at
+    steps 0, every, 2 every, ..., bytes per parameter, seconds, the final parameters)."""
     started = time.perf_counter()
     every = max(1, steps // RECORDS)
     param = student.to(setting.param_dtype).clone().requires_grad_()

@@ -128,8 +128,8 @@ def write_results(
     title: str = "stochround experiments",
     preamble: str = "",
 ) -> tuple[Path, Path]:
-    """Write ``out/results.json`` (key numbers and tables) and ``out/report.md`` (``# title``,
-    then ``preamble``, then each experiment's section)."""
+    """Write the ``experiments`` to ``out/results.json`` (key numbers and tables) and
+    ``out/report.md`` (``# title``, then ``preamble``, then each experiment's section)."""
     out.mkdir(parents=True, exist_ok=True)
     json_path = out / "results.json"
     payload = {experiment.name: experiment.to_json() for experiment in experiments}
@@ -142,7 +142,8 @@ def write_results(
 
 
 def new_figure(width: float = 6.4, height: float = 4.2):
-    """A matplotlib figure and axes on the Agg backend (no display needed)."""
+    """A matplotlib figure (``width`` x ``height`` inches) and axes on the Agg backend (no
+    display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,7 +196,8 @@ class RichProgress:
 
 @contextmanager
 def progress_bar(console: Console, enabled: bool = True) -> Iterator[ProgressLike]:
-    """A RichProgress on ``console`` for the duration of the block (NoProgress if disabled)."""
+    """A RichProgress on ``console`` for the duration of the block (NoProgress unless
+    ``enabled``)."""
     if not enabled:
         yield NoProgress()
         return

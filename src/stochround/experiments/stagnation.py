@@ -50,7 +50,9 @@ def accumulate(
     """All partial sums (runs, steps + 1): s_0 = start, s_t = round(s_{t-1} + terms[t-1]).
 
     ``terms`` are float64 tensors holding fp32 values; s_{t-1} + term is exact in float64
-    for the magnitudes used here, so each step rounds the exact sum once.
+    for the magnitudes used here, so each step rounds the exact sum once, to ``fmt`` by
+    ``mode``.  ``words`` (runs, steps): the SR words, passed as rand= (None: one rne run);
+    ``progress`` reports the loop under ``label``.
     """
     runs = 1 if words is None else words.shape[0]
     sums = torch.empty(runs, terms.numel() + 1, dtype=torch.float64)

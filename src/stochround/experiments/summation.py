@@ -56,7 +56,8 @@ def fit_slope(ns: list[int], errors: list[float]) -> float:
 
 def adversarial_rne(fmt: str, raw: torch.Tensor, progress: ProgressLike) -> torch.Tensor:
     """Build the inputs (runs, n) while summing them under rne; stop where the sum of every
-    run reaches 2**(p-1).  Returns the inputs (float64, each an fp32 value), trimmed."""
+    run reaches 2**(p-1).  ``raw``: the uniform r_k (runs, n_max); ``fmt``: the format of
+    the sum.  Returns the inputs (float64, each an fp32 value), trimmed."""
     limit = 2.0 ** (find_format(fmt).precision - 1)
     runs, n_max = raw.shape
     inputs = torch.empty(runs, n_max, dtype=torch.float64)
@@ -77,7 +78,9 @@ def adversarial_rne(fmt: str, raw: torch.Tensor, progress: ProgressLike) -> torc
 def partial_sums(
     inputs: torch.Tensor, fmt: str, mode: str, words: torch.Tensor, points: list[int]
 ) -> torch.Tensor:
-    """s at each checkpoint (runs, len(points)), every step rounding the exact sum once."""
+    """s at each checkpoint (runs, len(points)), every step rounding the exact sum once:
+    the ``inputs`` (runs, n) summed in ``fmt`` by ``mode``, SR step t of run j taking
+    ``words[j, t]``."""
     s = torch.zeros(inputs.shape[0], dtype=torch.float64)
     taken = []
     columns = inputs.t().contiguous()

@@ -1,8 +1,8 @@
 """Launch-grid arithmetic on the host, in plain ints.
 
 Triton 3.6 makes ``triton.cdiv`` and ``triton.next_power_of_2`` constexpr functions,
-whose every host call unwraps its arguments (a few microseconds each); a rounding call
-computes several grid sizes, so the launchers use these instead.
+whose every host call unwraps its arguments; a rounding call computes several grid sizes
+on its host path, so the launchers use these plain-int versions instead.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `arith.matmul` (the PyTorch path) is the definition: C[..., i, j] accumulates the terms
 p_k = a[..., i, k] b[..., k, j], each the exact product rounded once to ``product_fmt``
 (or kept exact with ``product_fmt="exact"``), and every accumulation step is the exact sum
-of two values rounded once to ``fmt`` (DESIGN.md's rounding contract: every mode, n-bit SR
+of two values rounded once to ``fmt`` (the rounding contract: every mode, n-bit SR
 variants, saturation), in the order ``order`` gives.  This kernel computes the same steps
 on the same values and draws the same random words, so the bits agree:
 
@@ -30,7 +30,7 @@ a non-negative int64.
   the target ulp), kept = the bits above it, rem = those below, the mode's decision on
   them; the rounded value (kept + away) 2**q lies on the format's grid, and fp32 holds it
   unless it reaches 2**128 (an overflow of every supported format, handled here), so
-  `kernels.rounding._rounded_fp32_bits` finishes it (overflow, saturation, signed zeros,
+  `kernels.common.rounded_fp32_bits` finishes it (overflow, saturation, signed zeros,
   formats without zero) without rounding again.
 
 Supported (`unsupported` says why not otherwise): fp32/bf16/fp16 inputs; ``fmt`` and
@@ -52,24 +52,23 @@ from torch import Tensor
 
 from ..formats import Format
 from ..random import seed_tensor
-from .grid import cdiv, next_power_of_2
-from .philox import _to_u64, four_words, random_word
-from .rounding import (
+from .availability import INTERPRETED
+from .common import (
     INPUT_DTYPES,
-    INTERPRETED,
-    MODE_CODES,
     NAN16_BITS,
-    VARIANT_CODES,
-    _as_int64,
-    _format_constants,
-    _fp32_bits_of,
-    _narrow_to_16_bits,
-    _overflow_bits,
-    _rounded_fp32_bits,
-    _seed_and_offset,
+    as_int64,
     deterministic_away,
+    format_constants,
+    fp32_bits_of,
     kernel_supports,
+    narrow_to_16_bits,
+    overflow_bits,
+    rounded_fp32_bits,
+    seed_and_offset,
+    sr_count_rounds_up,
 )
+from .grid import cdiv, next_power_of_2
+from .philox import four_words, random_word, to_u64
 
 __all__ = ["ORDERS", "matmul_triton", "unsupported"]
 
@@ -79,8 +78,6 @@ ORDERS = ("recursive", "blocked", "compensated")
 GPU_ROWS = 32
 INTERPRETER_ROWS = 1024
 # constants the kernels read (globals in kernels must be constexprs)
-SR = tl.constexpr(MODE_CODES["sr"])
-RD = tl.constexpr(MODE_CODES["rd"])
 SIGN = tl.constexpr(-0x80000000)  # the fp32 sign bit as int32
 NAN_BITS = tl.constexpr(0x7FC00000)
 INFINITY_BITS = tl.constexpr(0x7F800000)
@@ -183,7 +180,7 @@ def _exact_sum(x, y, MODE: tl.constexpr):
     aligned = aligned | ((aligned << gap) != small_sig).to(tl.int64)  # round to odd
     total = tl.where(big_negative == small_negative, big_sig + aligned, big_sig - aligned)
     negative = tl.where(total < 0, ~big_negative, big_negative)
-    if MODE == RD:
+    if MODE == "rd":
         zero_negative = ~(x_zero & y_zero & ~x_negative & ~y_negative)
     else:
         zero_negative = x_zero & y_zero & x_negative & y_negative
@@ -205,14 +202,7 @@ def _sr_count(rem, d, NBITS: tl.constexpr, VARIANT: tl.constexpr):
     below = rem - (floor << down)
     half = (rem * 0 + 1) << (down - 1)
     reachable = d - NBITS <= 63  # beyond, half = 2**(d - n - 1) > 2**63 > below
-    if VARIANT == 0:
-        up = below < 0  # never: variant a floors
-    elif VARIANT == 1:
-        up = below >= half
-    elif VARIANT == 2:
-        up = (below > half) | ((below == half) & ((floor & 1) == 1))
-    else:
-        up = (below > half) | ((below == half) & ((floor & 1) == 0))
+    up = sr_count_rounds_up(floor, below, half, VARIANT)
     return floor + (up & reachable).to(tl.int64)
 
 
@@ -237,7 +227,7 @@ def _away(
         odd = (kept & 1) == 1
     else:  # p = 1: the code's last bit is the exponent field's
         odd = (kept != 0) & (((e + BIAS) & 1) == 1)
-    if MODE == SR:
+    if MODE == "sr":
         away = ((_sr_count(rem, d, NBITS, VARIANT) + r) >> NBITS) != 0
     else:
         cut = tl.minimum(d, 63).to(tl.int64)
@@ -251,10 +241,10 @@ def _away(
 
 @triton.jit
 def _round_exact(value, r, FMT: tl.constexpr, ROUNDING: tl.constexpr):
-    """fp32 bits (int32) of an exact value rounded once to the format FMT (`format_constants`)
-    with ROUNDING = (MODE, VARIANT, NBITS): e = max(floor(log2 |v|), emin), q = e - mbits,
-    kept + away at the ulp 2**q, then `_rounded_fp32_bits` on that on-grid value for
-    overflow, signs and zeros."""
+    """fp32 bits (int32) of an exact value rounded once to the format FMT
+    (`exact_rounding_constants`) with ROUNDING = (MODE, VARIANT, NBITS):
+    e = max(floor(log2 |v|), emin), q = e - mbits, kept + away at the ulp 2**q, then
+    `rounded_fp32_bits` on that on-grid value for overflow, signs and zeros."""
     negative, sig, exp, special = value
     MBITS: tl.constexpr = FMT[0]
     EMIN: tl.constexpr = FMT[1]
@@ -280,7 +270,7 @@ def _round_exact(value, r, FMT: tl.constexpr, ROUNDING: tl.constexpr):
         bits = tl.maximum(bits, FMT[7])
     bits = bits | tl.where(negative, SIGN, 0)
     bits = tl.where(special != 0, special, bits)
-    rounded = _rounded_fp32_bits(
+    rounded = rounded_fp32_bits(
         bits,
         r * 0,
         MBITS,
@@ -341,9 +331,9 @@ def _term(operands, k, stream, tile, K, PRODUCT: tl.constexpr, ROUNDING: tl.cons
     position = tile[0]
     a = tl.load(a_ptr + a_row + k * stride_ak, mask=mask, other=0.0)
     b = tl.load(b_ptr + b_column + k * stride_bk, mask=mask, other=0.0)
-    product = _exact_product(_unpack(_fp32_bits_of(a)), _unpack(_fp32_bits_of(b)))
+    product = _exact_product(_unpack(fp32_bits_of(a)), _unpack(fp32_bits_of(b)))
     if PRODUCT is not None:
-        if ROUNDING[0] == SR:
+        if ROUNDING[0] == "sr":
             r = _integers_at(stream[0], stream[1], position * K + k, ROUNDING[2])
         else:
             r = position * 0
@@ -357,8 +347,8 @@ def _step(value, step, index, stream, tile, FMT: tl.constexpr, ROUNDING: tl.cons
     ``index`` of stream (seed, offset + 1 + t mod 2**64); index None: the output's own
     word (index = position), from one Philox call a row of the tile."""
     position, group, lane = tile
-    if ROUNDING[0] == SR:
-        offset = _to_u64(stream[1]) + _to_u64(step + 1)
+    if ROUNDING[0] == "sr":
+        offset = to_u64(stream[1]) + to_u64(step + 1)
         if index is None:
             r = _integers_of_outputs(stream[0], offset, group, lane, ROUNDING[2])
         else:
@@ -456,7 +446,7 @@ def _matmul_kernel(
     ROWS: tl.constexpr,
 ):
     """Outputs 4 ROWS program .. 4 ROWS (program + 1) - 1 of the flat (batch, M, N) result.
-    ORDER: 0 recursive, 1 blocked (more than one block), 2 compensated.  PRODUCT: the
+    ORDER: "recursive", "blocked" (more than one block) or "compensated".  PRODUCT: the
     product format's constants, None for exact products."""
     program = tl.program_id(0).to(tl.int64)
     row = tl.arange(0, ROWS)[:, None]
@@ -470,15 +460,15 @@ def _matmul_kernel(
     a_row = batch * stride_ab + i * stride_am
     b_column = batch * stride_bb + j * stride_bn
     operands = (a_ptr, b_ptr, a_row, b_column, stride_ak, stride_bk, mask)
-    if ROUNDING[0] == SR:
-        stream = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
+    if ROUNDING[0] == "sr":
+        stream = seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
     else:
         stream = (seed_value, offset_value)  # unused
-    if ORDER == 0:
+    if ORDER == "recursive":
         total = _recursive_sum(
             operands, 0, K, None, stream, tile, K, ACCUMULATOR, PRODUCT, ROUNDING
         )
-    elif ORDER == 1:
+    elif ORDER == "blocked":
         # block u's partial sum draws element position blocks + u of each step's
         # (..., blocks) tensor; the block sums are added at steps block + u - 1
         blocks = (K + block - 1) // block
@@ -514,11 +504,12 @@ def _matmul_kernel(
             )
             u += 1
     else:
+        tl.static_assert(ORDER == "compensated", "ORDER must be recursive, blocked or compensated")
         total = _kahan_sum(operands, stream, tile, K, ACCUMULATOR, PRODUCT, ROUNDING)
     if NAN16 == 0:
         tl.store(out_ptr + position, total.to(tl.float32, bitcast=True), mask=mask)
     else:
-        narrow = _narrow_to_16_bits(total, out_ptr.dtype.element_ty, NAN16)
+        narrow = narrow_to_16_bits(total, out_ptr.dtype.element_ty, NAN16)
         tl.store(out_ptr + position, narrow, mask=mask)
 
 
@@ -527,11 +518,11 @@ def _matmul_kernel(
 # --------------------------------------------------------------------------------------
 
 
-def format_constants(fmt: Format, mode: str, sat: str) -> tuple:
-    """What `_round_exact` needs of a format, in `_rounded_fp32_bits`'s order: MBITS, EMIN,
+def exact_rounding_constants(fmt: Format, mode: str, sat: str) -> tuple:
+    """What `_round_exact` needs of a format, in `rounded_fp32_bits`'s order: MBITS, EMIN,
     BIAS, HAS_ZERO, HAS_NEGATIVE_ZERO, MAX_BITS, NEGATIVE_LIMIT_BITS, MIN_NORMAL_BITS and
     the overflow and infinity results (positive, negative)."""
-    constants = {**_format_constants(fmt), **_overflow_bits(fmt, mode, sat)}
+    constants = {**format_constants(fmt), **overflow_bits(fmt, mode, sat)}
     names = ("MBITS", "EMIN", "BIAS", "HAS_ZERO", "HAS_NEGATIVE_ZERO", "MAX_BITS")
     names += ("NEGATIVE_LIMIT_BITS", "MIN_NORMAL_BITS", "OVERFLOW_POSITIVE")
     names += ("OVERFLOW_NEGATIVE", "INFINITY_POSITIVE", "INFINITY_NEGATIVE")
@@ -608,10 +599,10 @@ def matmul_triton(
         seed_value = offset_value = 0
     else:  # two's complement above 2**63: the kernel reads them as unsigned 64-bit
         seed_pointer = offset_pointer = out
-        seed_value = _as_int64(seed) if mode == "sr" else 0
-        offset_value = _as_int64(offset) if mode == "sr" else 0
+        seed_value = as_int64(seed) if mode == "sr" else 0
+        offset_value = as_int64(offset) if mode == "sr" else 0
     blocked = order == "blocked" and inner > block
-    accumulator = format_constants(fmt, mode, sat)
+    accumulator = exact_rounding_constants(fmt, mode, sat)
     if INTERPRETED:  # no larger than needed: the interpreter computes every lane
         tile_rows = min(INTERPRETER_ROWS, next_power_of_2(cdiv(count, 4)))
     else:
@@ -634,9 +625,15 @@ def matmul_triton(
             *a3.stride(),
             *b3.stride(),
             ACCUMULATOR=accumulator,
-            PRODUCT=None if product_fmt is None else format_constants(product_fmt, mode, sat),
-            ORDER=2 if order == "compensated" else int(blocked),
-            ROUNDING=(MODE_CODES[mode], VARIANT_CODES[variant], n),
+            PRODUCT=None
+            if product_fmt is None
+            else exact_rounding_constants(product_fmt, mode, sat),
+            ORDER="compensated"
+            if order == "compensated"
+            else "blocked"
+            if blocked
+            else "recursive",
+            ROUNDING=(mode, variant, n),
             FROM_TENSORS=from_tensors,
             NAN16=NAN16_BITS.get(out_dtype, 0),
             ROWS=tile_rows,

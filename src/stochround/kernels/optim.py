@@ -25,23 +25,22 @@ import triton.language as tl
 from torch import Tensor
 
 from ..formats import format_of_dtype
-from .grid import cdiv
-from .rounding import (
-    INTERPRETED,
-    MODE_CODES,
-    VARIANT_CODES,
-    _format_constants,
-    _narrow_to_16_bits,
-    _overflow_bits,
-    _rounded_fp32_bits,
+from .availability import INTERPRETED
+from .common import (
+    as_int64,
     bf16_sr,
+    format_constants,
+    narrow_to_16_bits,
+    overflow_bits,
+    rounded_fp32_bits,
     tile_words,
 )
+from .grid import cdiv
 
 ALGORITHMS = ("adamw", "sgd", "lion")
 # a program updates BLOCKS blocks of ROWS x 4 elements (one Philox block a row) with WARPS
-# warps, loading each block while it updates the one before: the best of H100 sweeps (64 x
-# 2 x 4 with that prefetch; RESULTS.md).  The interpreter runs programs one after another,
+# warps, loading each block while it updates the one before: the fastest shape of a sweep
+# over block shapes (benchmarks/RESULTS.md).  The interpreter runs programs one after another,
 # so there large blocks cost far less; 2 blocks of 1024 rows a program make its tests
 # (20000 values) cover every branch: whole programs, a partial one, a block past the end
 ROWS = 1024 if INTERPRETED else 64
@@ -51,8 +50,8 @@ COLUMNS = tl.constexpr(7)  # table row: 4 tensor offsets, numel, index, step off
 SCALARS = tl.constexpr(8)  # float32 scalars per parameter
 
 _FP16 = {
-    **_format_constants(format_of_dtype(torch.float16)),
-    **_overflow_bits(format_of_dtype(torch.float16), "sr", "none"),
+    **format_constants(format_of_dtype(torch.float16)),
+    **overflow_bits(format_of_dtype(torch.float16), "sr", "none"),
 }
 FP16_MBITS = tl.constexpr(_FP16["MBITS"])
 FP16_EMIN = tl.constexpr(_FP16["EMIN"])
@@ -64,8 +63,8 @@ FP16_OVERFLOW_POSITIVE = tl.constexpr(_FP16["OVERFLOW_POSITIVE"])
 FP16_OVERFLOW_NEGATIVE = tl.constexpr(_FP16["OVERFLOW_NEGATIVE"])
 FP16_INFINITY_POSITIVE = tl.constexpr(_FP16["INFINITY_POSITIVE"])
 FP16_INFINITY_NEGATIVE = tl.constexpr(_FP16["INFINITY_NEGATIVE"])
-SR_MODE = tl.constexpr(MODE_CODES["sr"])
-EXACT_VARIANT = tl.constexpr(VARIANT_CODES["c"])
+SR_MODE = tl.constexpr("sr")
+EXACT_VARIANT = tl.constexpr("c")
 
 
 @triton.jit
@@ -78,14 +77,14 @@ def _store(pointer, value, mask, seed, offset, group, lane, SR: tl.constexpr):
     elif not SR:  # integer narrowing: the interpreter's own bf16 cast truncates
         bits = value.to(tl.int32, bitcast=True)
         nan: tl.constexpr = 0x7FC0 if dtype == tl.bfloat16 else 0x7E00
-        tl.store(pointer, _narrow_to_16_bits(bits, dtype, nan), mask=mask)
+        tl.store(pointer, narrow_to_16_bits(bits, dtype, nan), mask=mask)
     else:
         word = tile_words(seed, offset, group, lane)
         bits = value.to(tl.uint32, bitcast=True)
         if dtype == tl.bfloat16:
-            tl.store(pointer, bf16_sr(bits, word, 32, 0), mask=mask)
+            tl.store(pointer, bf16_sr(bits, word, 32, "none"), mask=mask)
         else:
-            result = _rounded_fp32_bits(
+            result = rounded_fp32_bits(
                 bits.to(tl.int32, bitcast=True),
                 word.to(tl.int64),
                 FP16_MBITS,
@@ -104,7 +103,7 @@ def _store(pointer, value, mask, seed, offset, group, lane, SR: tl.constexpr):
                 EXACT_VARIANT,
                 32,
             )
-            tl.store(pointer, _narrow_to_16_bits(result, tl.float16, 0x7E00), mask=mask)
+            tl.store(pointer, narrow_to_16_bits(result, tl.float16, 0x7E00), mask=mask)
 
 
 @triton.jit
@@ -154,7 +153,7 @@ def _scalars_kernel(
     first = tl.load(constants_ptr)
     second = tl.load(constants_ptr + 1)
     third = tl.load(constants_ptr + 2)
-    if ALGORITHM == 0:
+    if ALGORITHM == "adamw":
         power1 = _bias_power(constants_ptr + 4, step)
         power2 = _bias_power(constants_ptr + 36, step)
         tl.store(row, (1 - lr * tl.load(constants_ptr + 3)).to(tl.float32))
@@ -165,12 +164,13 @@ def _scalars_kernel(
         tl.store(row + 5, third.to(tl.float32))
         tl.store(row + 6, (lr / (1 - power1)).to(tl.float32))
         tl.store(row + 7, tl.load(constants_ptr + 68).to(tl.float32))
-    elif ALGORITHM == 1:
+    elif ALGORITHM == "sgd":
         tl.store(row, lr.to(tl.float32))
         tl.store(row + 1, first.to(tl.float32))
         tl.store(row + 2, (1 - second).to(tl.float32))
         tl.store(row + 3, third.to(tl.float32))
     else:
+        tl.static_assert(ALGORITHM == "lion", "ALGORITHM must be adamw, sgd or lion")
         tl.store(row, (1 - lr * third).to(tl.float32))
         tl.store(row + 1, first.to(tl.float32))
         tl.store(row + 2, (1 - first).to(tl.float32))
@@ -284,9 +284,9 @@ def _load_block(
     value = tl.load(bases[0] + position, mask=mask)
     first = grad
     second = grad
-    if ALGORITHM != 1 or (OPTION % 3 != 0 and OPTION < 3):  # SGD: its momentum buffer only
+    if ALGORITHM != "sgd" or (OPTION % 3 != 0 and OPTION < 3):  # SGD: its momentum buffer only
         first = tl.load(bases[2] + position, mask=mask)
-    if ALGORITHM == 0:
+    if ALGORITHM == "adamw":
         second = tl.load(bases[3] + position, mask=mask)
     return grad, value, first, second
 
@@ -322,7 +322,7 @@ def _update_block(
     if MAXIMIZE:
         grad = -grad
     value = value.to(tl.float32)
-    if ALGORITHM == 0:
+    if ALGORITHM == "adamw":
         if DECAY:  # Adam's L2 decay
             grad = grad + value * scalar7
         second_ptr = bases[3] + position
@@ -335,7 +335,7 @@ def _update_block(
         value = value - scalar6 * tl.div_rn(exp_avg, denom)
         _store(first_ptr, exp_avg, mask, seed, base + 1, group, lane, SR)
         _store(second_ptr, exp_avg_sq, mask, seed, base + 2, group, lane, SR)
-    elif ALGORITHM == 1:
+    elif ALGORITHM == "sgd":
         if DECAY:
             grad = grad + scalar3 * value
         if OPTION % 3 != 0:
@@ -351,6 +351,7 @@ def _update_block(
             _store(first_ptr, buffer, mask, seed, base + 1, group, lane, SR)
         value = value - scalar0 * grad
     else:
+        tl.static_assert(ALGORITHM == "lion", "ALGORITHM must be adamw, sgd or lion")
         exp_avg = first.to(tl.float32)
         value = value * scalar0
         direction = exp_avg * scalar1 + scalar2 * grad
@@ -455,7 +456,7 @@ def fused_step(
         algorithm,
         indices,
         constants,
-        _as_int64(seed),
+        as_int64(seed),
         sr,
         maximize,
         decay,
@@ -502,7 +503,6 @@ def _fused_step_impl(
     )
     blocks = _block_table(numels, ROWS, BLOCKS, device)
     scalars = torch.empty((count, SCALARS), dtype=torch.float32, device=device)
-    algorithm_code = ALGORITHMS.index(algorithm)
     # the step kernel starts while the scalars kernel runs (it waits before reading the
     # step counts and scalars): the launch gap between the two is hidden
     dependent = _dependent_launch(device)
@@ -513,7 +513,7 @@ def _fused_step_impl(
         _scalars_kernel[(count,)](
             steps[0], table, table if lr_tensor is None else lr_tensor,
             _float64_bits(lr_value), constants_tensor, scalars,
-            ALGORITHM=algorithm_code, LR_TENSOR=lr_tensor is not None, DEPENDENT=dependent,
+            ALGORITHM=algorithm, LR_TENSOR=lr_tensor is not None, DEPENDENT=dependent,
         )  # fmt: skip
         _step_kernel[(blocks.shape[0],)](
             params[0],
@@ -524,7 +524,7 @@ def _fused_step_impl(
             blocks,
             scalars,
             seed,
-            ALGORITHM=algorithm_code,
+            ALGORITHM=algorithm,
             SR=sr,
             MAXIMIZE=maximize,
             DECAY=decay,
@@ -568,7 +568,3 @@ def _capturing() -> bool:
 def _float64_bits(value: float) -> int:
     """The IEEE binary64 bits of ``value`` as a signed 64-bit integer."""
     return struct.unpack("<q", struct.pack("<d", value))[0]
-
-
-def _as_int64(value: int) -> int:
-    return value - 2**64 if value >= 2**63 else value

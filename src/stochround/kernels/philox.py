@@ -7,8 +7,8 @@ Device functions for rounding kernels (all words are uint32):
   from one Philox call (the efficient form: one call serves four elements);
 - ``data_word(bits, index)``: the data-derived word of :func:`stochround.random.data_words`;
 - ``philox4x32_10(c0, c1, c2, c3, k0, k1)``: the generator itself, ``tl.philox``'s function
-  computed with one wide multiply per product (``tl.philox`` takes a high and a low
-  multiply: four instead of two a round on sm_90).
+  computed with one 32 x 32 -> 64-bit multiply per product, where ``tl.philox`` issues a
+  separate high and low multiply for each.
 
 The mapping is the one in :mod:`stochround.random`: counter ``(g mod 2**32, g >> 32,
 offset mod 2**32, offset >> 32)`` with ``g = index >> 2``, key ``(seed mod 2**32,
@@ -27,7 +27,7 @@ from torch import Tensor
 from triton.language import core as triton_core  # to_tensor; a global so the interpreter patches it
 
 from .. import random as _random
-from ..random import _bit_pattern, _check_index, seed_tensor
+from ..random import bit_pattern, check_index, seed_tensor
 from .grid import cdiv
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
 
 
 @triton.jit
-def _to_u64(value):
+def to_u64(value):
     """``value`` as uint64 (a value cast, not a bitcast: same-width casts keep the bits, and
     the interpreter stores kernel arguments in [2**31, 2**32) as uint32 data typed int64,
     which a bitcast rejects). Signed inputs are meaningful only when non-negative or 64-bit.
@@ -82,9 +82,9 @@ def four_words(seed, offset, group):
     """The four uint32 words of elements ``4*group + lane`` (lane 0..3) in stream
     ``(seed, offset)``: ``philox4x32_10((group mod 2**32, group >> 32, offset mod 2**32,
     offset >> 32), (seed mod 2**32, seed >> 32))``."""
-    seed = _to_u64(seed)
-    offset = _to_u64(offset)
-    group = _to_u64(group)
+    seed = to_u64(seed)
+    offset = to_u64(offset)
+    group = to_u64(group)
     group_low = group.to(tl.uint32)
     group_high = (group >> 32).to(tl.uint32)
     offset_low = offset.to(tl.uint32)
@@ -102,7 +102,7 @@ def four_words(seed, offset, group):
 def random_word(seed, offset, index):
     """The uint32 word of each global element ``index`` in stream ``(seed, offset)``:
     output ``index & 3`` of ``four_words(seed, offset, index >> 2)``."""
-    index = _to_u64(index)
+    index = to_u64(index)
     word0, word1, word2, word3 = four_words(seed, offset, index >> 2)
     lane = (index & 3).to(tl.uint32)
     return tl.where(lane == 0, word0, tl.where(lane == 1, word1, tl.where(lane == 2, word2, word3)))
@@ -187,9 +187,10 @@ def random_words_triton(
 ) -> Tensor:
     """``stochround.random.random_words(index, seed, offset)`` computed by a Triton kernel.
 
-    Returns an int64 tensor shaped like ``index`` with values in ``[0, 2**32)``.
+    Returns an int64 tensor shaped like ``index`` with values in ``[0, 2**32)``; ``block``
+    is the number of elements each program computes (a power of two).
     """
-    index = _check_index(index)
+    index = check_index(index)
     seed_value = seed_tensor(seed, "seed", index.device)
     offset_value = seed_tensor(offset, "offset", index.device)
     flat = index.contiguous().reshape(-1)
@@ -204,10 +205,11 @@ def random_words_triton(
 def data_words_triton(bits: Tensor, index: Tensor, block: int = 1024) -> Tensor:
     """``stochround.random.data_words(bits, index)`` computed by a Triton kernel.
 
-    ``bits`` keeps its dtype on the way in (the kernel reads the raw pattern itself).
+    ``bits`` keeps its dtype on the way in (the kernel reads the raw pattern itself);
+    ``block`` is the number of elements each program computes (a power of two).
     """
-    _bit_pattern(bits)  # same argument checks as the PyTorch path
-    index = _check_index(index)
+    bit_pattern(bits)  # same argument checks as the PyTorch path
+    index = check_index(index)
     bits, index = torch.broadcast_tensors(bits, index)
     bits = bits.contiguous().reshape(-1)
     flat_index = index.contiguous().reshape(-1)

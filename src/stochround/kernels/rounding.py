@@ -1,17 +1,8 @@
-"""Triton rounding kernels, bit-identical to `stochround.rounding`'s PyTorch path.
+"""Triton rounding kernels, bit-identical to the PyTorch path (`stochround.torch_path`).
 
-The PyTorch path evaluates the contract in floating point; these kernels evaluate it on
-the bits of fp32, in 32-bit integers (bf16 and fp16 inputs are widened exactly).  With
-|x| = m 2**(e_in - 23), m the 24-bit significand (e_in = -126 for fp32 subnormals, which
-every supported format clamps to emin >= -126 anyway):
-
-    e = max(e_in, emin),  d = e - e_in + 23 - mbits  (bits discarded from m),
-    kept = m >> d,  rem = m mod 2**d,  nu = rem / 2**d,  magnitude = (kept + away) 2**(e - mbits).
-
-Deterministic modes compare rem with 2**(d-1); SR compares count + r with 2**n, where
-count is the floor / half-up / half-even / half-odd rounding of nu 2**n (`_sr_count`).
-The result's fp32 bits are built with integer operations only (no float multiply, so no
-flush-to-zero of subnormals).  Three kernels:
+The PyTorch path evaluates the rounding contract in floating point; these kernels evaluate
+it on the bits of fp32 with the shared helpers of `stochround.kernels.common`.  Three
+kernels:
 
 - `_round_kernel`: every mode, variant, rbits, saturation and random source; values,
   codes, packed fp4 or fp6.
@@ -19,74 +10,65 @@ flush-to-zero of subnormals).  Three kernels:
   16 bits are discarded, so adding the random bits below bit 16 and truncating decides as
   the contract does.
 - `_sr_codes_kernel`: SR from the stream straight to fp8/fp4 codes the same way, with the
-  number of discarded bits varying below the smallest normal.
+  number of discarded bits varying below the smallest normal; tiles holding a value beyond
+  the format's range are left to `_exact_codes_kernel`.
+
+`KernelPlan` binds a call's choices to its kernel once; `kernel_plan` caches one plan per
+set of choices.  Kernel choices are string constexprs: MODE in `stochround.reference.MODES`,
+VARIANT in `VARIANTS`, SOURCE in `SOURCES`, OUTPUT in `stochround.torch_path.OUTPUTS`.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import struct
-import threading
 from collections.abc import Mapping
 from types import MappingProxyType
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import libdevice
 
-from ..formats import Format, format_of_dtype
+from ..formats import Format
 from ..random import seed_tensor
-from ..reference import MODES, VARIANTS
-from ..rounding import (
-    OUTPUTS,
-    _nan_code,
-    _output_shape,
-    _overflow_value,
-    checks_nan,
-    nan_without_code,
-    refuse_capture,
+from ..torch_path import checks_nan, nan_code, nan_without_code, output_shape, refuse_capture
+from .availability import INTERPRETED
+from .common import (
+    INPUT_DTYPES,
+    NAN16_BITS,
+    as_int64,
+    bf16_sr,
+    encode_bits,
+    format_constants,
+    fp32_bits,
+    fp32_bits_of,
+    kernel_supports,
+    layout_constants,
+    narrow_to_16_bits,
+    overflow_bits,
+    rounded_fp32_bits,
+    seed_and_offset,
+    tile_words,
 )
 from .grid import cdiv, next_power_of_2
-from .launch import Launch
-from .philox import data_word, four_words, random_word
+from .philox import data_word, random_word
+from .runtime import SCRATCH, Launch, current_device, current_stream, persistent_programs
 
-# Kernels receive choices as their index: MODE in reference.MODES (rne, rna, rz, ru, rd,
-# ro, sr), VARIANT in VARIANTS (a, b, c, odd), SOURCE in SOURCES, OUTPUT in OUTPUTS.
-MODE_CODES = {mode: code for code, mode in enumerate(MODES)}
-VARIANT_CODES = {variant: code for code, variant in enumerate(VARIANTS)}
+# where SR's random integers come from: the counter-based stream, explicit integers, or
+# words hashed from each value and its index
 SOURCES = ("stream", "rand", "data")
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Each program rounds ROWS x 4 elements; a row is one Philox block.  The interpreter runs
 # programs one after another, so there large blocks cost far less.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 ROWS = 4096 if INTERPRETED else 256
 # compiled kernels call libdevice's conversions; the interpreter has none
 NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
-# (rows, warps) of an SR-to-codes tile: on an H100 (2**28 values) 1024 x 4 was the fastest
-# shape, or within 0.4% of it, for fp8 codes, packed fp4 and fp16 values alike
+# (rows, warps) of an SR-to-codes tile: the fastest shape of a sweep over tile shapes for
+# fp8 codes, packed fp4 and fp16 values alike (benchmarks/RESULTS.md)
 CODES_LAYOUT = (ROWS, 4) if INTERPRETED else (1024, 4)
-FP32_NAN_BITS = 0x7FC00000
-NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 # the codes kernels' scratch words: the NaN flag, the length of the list of tiles left to
 # the exact kernel, its programs' arrival count, then the list
 LIST_START = tl.constexpr(3)
-
-
-def fp32_bits(value: float) -> int:
-    """The fp32 bit pattern of a float that fp32 holds exactly (NaN: 0x7FC00000), as the
-    signed int32 the kernels compare and select."""
-    return struct.unpack("<i", struct.pack("<f", value))[0]
-
-
-@functools.cache  # Format is frozen; fits_in works in exact fractions
-def kernel_supports(fmt: Format) -> bool:
-    """Formats the kernels round exactly: values exact in fp32 and emin >= -126."""
-    fp32 = format_of_dtype(torch.float32)
-    return fmt.fits_in(fp32) and fmt.emin >= fp32.emin
 
 
 @functools.cache
@@ -105,6 +87,14 @@ def format_unsupported(fmt: Format, output: str) -> str | None:
     return None
 
 
+def unsupported(x_dtype: torch.dtype, fmt: Format, output: str) -> str | None:
+    """Why the kernels cannot round x of this dtype to ``fmt`` for ``output`` (None if they
+    can); where they can run at all is `kernels.availability.kernels_refusal`'s call."""
+    if x_dtype not in INPUT_DTYPES:
+        return f"the kernels read fp32/bf16/fp16 inputs, not {x_dtype}"
+    return format_unsupported(fmt, output)
+
+
 @triton.jit
 def _words(
     seed,
@@ -120,203 +110,16 @@ def _words(
     ALIGNED: tl.constexpr,
 ):
     """The 32-bit random word (or explicit integer) of each element, as int64."""
-    if SOURCE == 1:
+    if SOURCE == "rand":
         return tl.load(rand_ptr + position, mask=mask, other=0).to(tl.int64)
-    elif SOURCE == 2:
+    elif SOURCE == "data":
         return data_word(x, index).to(tl.int64)
     else:
+        tl.static_assert(SOURCE == "stream", "SOURCE must be stream, rand or data")
         if ALIGNED:
             return tile_words(seed, offset, group, lane).to(tl.int64)
         else:
             return random_word(seed, offset, index).to(tl.int64)
-
-
-@triton.jit
-def tile_words(seed, offset, group, lane):
-    """The uint32 words of a [ROWS, 4] tile whose row r is Philox block ``group[r]``."""
-    word0, word1, word2, word3 = four_words(seed, offset, group)
-    word = tl.where(lane == 0, word0[:, None], word1[:, None])
-    word = tl.where(lane == 2, word2[:, None], word)
-    return tl.where(lane == 3, word3[:, None], word)
-
-
-@triton.jit
-def deterministic_away(above_half, at_half, inexact, odd, negative, MODE: tl.constexpr):
-    """Whether a deterministic mode (MODE: rne, rna, rz, ru, rd, ro as 0..5) rounds a
-    magnitude away from zero, given how its discarded part compares with half an ulp."""
-    if MODE == 0:
-        return above_half | (at_half & odd)
-    elif MODE == 1:
-        return above_half | at_half
-    elif MODE == 2:
-        return inexact & ~inexact
-    elif MODE == 3:
-        return inexact & ~negative
-    elif MODE == 4:
-        return inexact & negative
-    else:
-        return inexact & ~odd
-
-
-@triton.jit
-def _sr_count(rem, d, NBITS: tl.constexpr, VARIANT: tl.constexpr):
-    """The integer each SR variant adds to r (int64): floor, half-up, half-even or half-odd
-    of nu 2**n for nu = rem / 2**d (rem < 2**24, int32)."""
-    exact = d <= NBITS  # nu 2**n = rem 2**(n - d) is an integer
-    up_shift = tl.minimum(tl.maximum(NBITS - d, 0), 31)  # d >= 1 when rem != 0
-    down_shift = tl.minimum(tl.maximum(d - NBITS, 1), 31)  # rem < 2**24: 31 clears it
-    floor = rem >> down_shift
-    below = rem - (floor << down_shift)
-    half = 1 << (down_shift - 1)
-    if VARIANT == 0:
-        up = below < 0  # never: variant a floors
-    elif VARIANT == 1:
-        up = below >= half
-    elif VARIANT == 2:
-        up = (below > half) | ((below == half) & ((floor & 1) == 1))
-    else:
-        up = (below > half) | ((below == half) & ((floor & 1) == 0))
-    rounded = (floor + up.to(tl.int32)).to(tl.int64)
-    return tl.where(exact, rem.to(tl.int64) << up_shift, rounded)
-
-
-@triton.jit
-def _rounded_fp32_bits(
-    bits,
-    r,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    BIAS: tl.constexpr,
-    HAS_ZERO: tl.constexpr,
-    HAS_NEGATIVE_ZERO: tl.constexpr,
-    MAX_BITS: tl.constexpr,
-    NEGATIVE_LIMIT_BITS: tl.constexpr,
-    MIN_NORMAL_BITS: tl.constexpr,
-    OVERFLOW_POSITIVE: tl.constexpr,
-    OVERFLOW_NEGATIVE: tl.constexpr,
-    INFINITY_POSITIVE: tl.constexpr,
-    INFINITY_NEGATIVE: tl.constexpr,
-    MODE: tl.constexpr,
-    VARIANT: tl.constexpr,
-    NBITS: tl.constexpr,
-):
-    """fp32 bit patterns (int32) of x (its fp32 bits, int32) rounded per the contract;
-    r: the random integers (int64).  Everything but the final SR comparison is int32."""
-    magnitude = bits & 0x7FFFFFFF
-    is_nan = magnitude > 0x7F800000
-    is_infinite = magnitude == 0x7F800000
-    is_zero = magnitude == 0
-    negative = (bits < 0) & (magnitude != 0)
-    exponent_field = magnitude >> 23
-    m = (magnitude & 0x7FFFFF) | tl.where(exponent_field > 0, 0x800000, 0)
-    e_in = tl.maximum(exponent_field, 1) - 127
-    e = tl.maximum(e_in, EMIN)
-    d = e - e_in + (23 - MBITS)  # bits discarded from m
-    shift = tl.minimum(d, 31)  # m < 2**24: a shift of 31 clears it, and nu < 1/2 stays so
-    kept = m >> shift
-    rem = m - (kept << shift)
-    if MBITS > 0:
-        odd = (kept & 1) == 1
-    else:  # p = 1: the code's last bit is the exponent field's
-        odd = (kept != 0) & (((e + BIAS) & 1) == 1)
-    if MODE == 6:
-        count = _sr_count(rem, d, NBITS, VARIANT)
-        away = ((count + r) >> NBITS) != 0
-    else:
-        half = 1 << tl.maximum(shift - 1, 0)
-        above_half = (rem > half) & (shift > 0)
-        at_half = (rem == half) & (shift > 0)
-        away = deterministic_away(above_half, at_half, rem != 0, odd, negative, MODE)
-    total = kept + away.to(tl.int32)  # <= 2**24
-    q = e - MBITS
-    total_bits = total.to(tl.float32).to(tl.int32, bitcast=True)
-    normal = (total_bits >> 23) - 127 + q >= -126
-    result = tl.where(normal, total_bits + (q << 23), total << tl.minimum(q + 149, 31))
-    result = tl.where(total == 0, 0, result)
-    if not HAS_ZERO:
-        result = tl.maximum(result, MIN_NORMAL_BITS)
-    overflow_positive = ~negative & (result > MAX_BITS)
-    overflow_negative = negative & (result > NEGATIVE_LIMIT_BITS)
-    if HAS_NEGATIVE_ZERO:
-        result = tl.where(negative, result | -0x80000000, result)
-    else:
-        result = tl.where(negative & (result != 0), result | -0x80000000, result)
-    result = tl.where(overflow_positive, OVERFLOW_POSITIVE, result)
-    result = tl.where(overflow_negative, OVERFLOW_NEGATIVE, result)
-    if HAS_ZERO:
-        if HAS_NEGATIVE_ZERO:
-            zero = bits & -0x80000000
-        else:
-            zero = bits * 0
-    else:
-        zero = bits * 0 + MIN_NORMAL_BITS
-    result = tl.where(is_zero, zero, result)
-    result = tl.where(is_infinite, tl.where(bits < 0, INFINITY_NEGATIVE, INFINITY_POSITIVE), result)
-    return tl.where(is_nan, 0x7FC00000, result)
-
-
-@triton.jit
-def _encode(
-    value_bits,
-    EBITS: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    BIAS: tl.constexpr,
-    SIGNED: tl.constexpr,
-    TWOS_COMPLEMENT: tl.constexpr,
-    INFINITY_CODE: tl.constexpr,
-    NAN_CODE: tl.constexpr,
-    CODE_MASK: tl.constexpr,
-):
-    """Codes of fp32 bit patterns of format values (normal in fp32): magnitude code
-    (max(e, emin) + bias - 1) 2**mbits + K, K the significand at the ulp 2**(max(e, emin) - m)."""
-    magnitude = value_bits & 0x7FFFFFFF
-    e = (magnitude >> 23) - 127
-    e_clamped = tl.maximum(e, EMIN)
-    significand = (magnitude & 0x7FFFFF) | 0x800000
-    k = significand >> tl.minimum(23 - MBITS + e_clamped - e, 31)
-    code = ((e_clamped + BIAS - 1) << MBITS) + k
-    code = tl.where(magnitude == 0, 0, code)
-    code = tl.where(magnitude == 0x7F800000, INFINITY_CODE, code)
-    negative = value_bits < 0
-    if TWOS_COMPLEMENT:
-        code = tl.where(negative, (CODE_MASK + 1 - code) & CODE_MASK, code)
-    elif SIGNED:
-        code = code | tl.where(negative, 1 << (EBITS + MBITS), 0)
-    return tl.where(magnitude > 0x7F800000, NAN_CODE, code)
-
-
-@triton.jit
-def _fp32_bits_of(x):
-    """The fp32 bit pattern (int32) of fp32/bf16/fp16 values; bf16 widened with integer
-    operations (the interpreter's bf16 -> fp32 conversion flushes subnormals)."""
-    if x.dtype == tl.bfloat16:
-        return (x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) << 16
-    else:
-        return x.to(tl.float32).to(tl.int32, bitcast=True)
-
-
-@triton.jit
-def _narrow_to_16_bits(result, dtype: tl.constexpr, NAN16: tl.constexpr):
-    """fp32 bit patterns (int64) to bf16 or fp16 values, round to nearest even, NaN to the
-    canonical NaN.  bf16 is narrowed with integer operations (keeps subnormals everywhere)."""
-    if dtype == tl.bfloat16:
-        wide = result.to(tl.uint32, bitcast=True)
-        narrow = ((wide + 0x7FFF + ((wide >> 16) & 1)) >> 16).to(tl.int32, bitcast=True)
-    else:
-        value = result.to(tl.float32, bitcast=True)
-        narrow = value.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    narrow = tl.where((result & 0x7FFFFFFF) > 0x7F800000, NAN16, narrow)
-    return narrow.to(tl.int16).to(dtype, bitcast=True)
-
-
-@triton.jit
-def _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS: tl.constexpr):
-    """Seed and offset: loaded from device tensors (CUDA graphs replay them) or as given."""
-    if FROM_TENSORS:
-        return tl.load(seed_ptr), tl.load(offset_ptr)
-    else:
-        return seed_value, offset_value
 
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
@@ -364,28 +167,21 @@ def _round_kernel(
     program = tl.program_id(0)
     if WIDE:  # positions beyond int32
         program = program.to(tl.int64)
-    row = tl.arange(0, ROWS)[:, None]
-    lane = tl.arange(0, 4)[None, :]
-    position = program * ROWS * 4 + row * 4 + lane
-    mask = position < count
-    x = tl.load(x_ptr + position, mask=mask, other=0.0)
+    lane, position, mask, x, group = _tile(x_ptr, program, count, index_offset, ROWS)
     index = position + index_offset
-    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
-    if MODE == 6:
-        seed, offset = _seed_and_offset(
-            seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS
-        )
+    if MODE == "sr":
+        seed, offset = seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
         word = _words(
             seed, offset, index, lane, group, rand_ptr, position, x, mask, SOURCE, ALIGNED
         )
-        if SOURCE == 1:
+        if SOURCE == "rand":
             r = word
         else:
             r = word >> (32 - NBITS)
     else:
         r = position.to(tl.int64) * 0
-    result = _rounded_fp32_bits(
-        _fp32_bits_of(x),
+    result = rounded_fp32_bits(
+        fp32_bits_of(x),
         r,
         MBITS,
         EMIN,
@@ -403,14 +199,14 @@ def _round_kernel(
         VARIANT,
         NBITS,
     )
-    if OUTPUT == 0:
+    if OUTPUT == "value":
         if NAN16 == 0:
             tl.store(out_ptr + position, result.to(tl.float32, bitcast=True), mask=mask)
         else:
-            narrow = _narrow_to_16_bits(result, out_ptr.dtype.element_ty, NAN16)
+            narrow = narrow_to_16_bits(result, out_ptr.dtype.element_ty, NAN16)
             tl.store(out_ptr + position, narrow, mask=mask)
     else:
-        code = _encode(
+        code = encode_bits(
             result,
             EBITS,
             MBITS,
@@ -429,14 +225,15 @@ def _round_kernel(
 
 @triton.jit
 def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS: tl.constexpr):
-    """Store a [ROWS, 4] tile of codes: 16 bits each (OUTPUT 0: fp16 values are binary16's
-    codes), one 32-bit word a row (four byte codes), one 16-bit word a row (four 4-bit
-    codes, the first in the low nibble), or three bytes a row (four 6-bit codes,
-    little-endian), whatever ``out_ptr``'s element type (the output's bytes are written as
-    these words).  Word stores need the padded buffers of `_output_tensor`."""
+    """Store a [ROWS, 4] tile of codes: 16 bits each (OUTPUT "value": fp16 values are
+    binary16's codes), one 32-bit word a row ("codes": four byte codes), one 16-bit word a
+    row ("fp4x2": four 4-bit codes, the first in the low nibble), or three bytes a row
+    ("fp6x4": four 6-bit codes, little-endian), whatever ``out_ptr``'s element type (the
+    output's bytes are written as these words).  Word stores need the padded buffers of
+    `_output_tensor`."""
     row = program * ROWS + tl.arange(0, ROWS)
     rows = (count + 3) // 4
-    if OUTPUT == 3:
+    if OUTPUT == "fp6x4":
         word24 = tl.sum(code << (lane * 6), axis=1)
         byte_position = row[:, None] * 3 + lane
         byte = (word24[:, None] >> (lane * 8)) & 0xFF
@@ -445,7 +242,7 @@ def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS
             out_bytes + byte_position, byte.to(tl.uint8), mask=(lane < 3) & (row[:, None] < rows)
         )
     else:
-        if OUTPUT == 0:
+        if OUTPUT == "value":
             position = row[:, None] * 4 + lane
             pointer = out_ptr.to(tl.pointer_type(tl.int16)) + position
             value = code.to(tl.int16)
@@ -454,10 +251,10 @@ def _store_codes(out_ptr, code, program, lane, count, OUTPUT: tl.constexpr, ROWS
             # each thread's rows lie 32 x warps apart, so a warp's store of one word per
             # row is contiguous: said so (contiguity 1), the compiler stores the words
             # where they are instead of moving them through shared memory to vectorize
-            words = out_ptr.to(tl.pointer_type(tl.int32 if OUTPUT == 1 else tl.int16))
+            words = out_ptr.to(tl.pointer_type(tl.int32 if OUTPUT == "codes" else tl.int16))
             pointer = words + tl.max_contiguous(row, 1)
-            value = tl.sum(code << (lane * (8 if OUTPUT == 1 else 4)), axis=1)
-            value = value.to(tl.int32 if OUTPUT == 1 else tl.int16)
+            value = tl.sum(code << (lane * (8 if OUTPUT == "codes" else 4)), axis=1)
+            value = value.to(tl.int32 if OUTPUT == "codes" else tl.int16)
             mask = row < rows
         # a full tile stores unmasked: a mask the compiler cannot prove uniform splits the
         # stores into single elements (2 bytes each for fp4)
@@ -547,6 +344,20 @@ def _sign_bit(bits, code, SIGN_SHIFT: tl.constexpr, HAS_NEGATIVE_ZERO: tl.conste
 
 
 @triton.jit
+def _tile(x_ptr, program, count, index_offset, ROWS: tl.constexpr):
+    """Program ``program``'s [ROWS, 4] tile of x: each element's lane and flat position, the
+    mask of positions below ``count``, x's values (0 beyond), and each row's Philox block
+    at its global index (a row of four elements is one Philox call)."""
+    row = tl.arange(0, ROWS)[:, None]
+    lane = tl.arange(0, 4)[None, :]
+    position = program * ROWS * 4 + row * 4 + lane
+    mask = position < count
+    x = tl.load(x_ptr + position, mask=mask, other=0.0)
+    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
+    return lane, position, mask, x, group
+
+
+@triton.jit
 def _stream_tile(
     x_ptr,
     program,
@@ -560,19 +371,24 @@ def _stream_tile(
     ALIGNED: tl.constexpr,
     ROWS: tl.constexpr,
 ):
-    """Program ``program``'s [ROWS, 4] tile: lane, mask, x's fp32 bits (int32) and the
-    elements' random words (uint32)."""
-    row = tl.arange(0, ROWS)[:, None]
-    lane = tl.arange(0, 4)[None, :]
-    position = program * ROWS * 4 + row * 4 + lane
-    mask = position < count
-    x = tl.load(x_ptr + position, mask=mask, other=0.0)
-    seed, offset = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
-    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
+    """Program ``program``'s [ROWS, 4] tile (`_tile`) with the elements' words of the
+    stream: lane, position, mask, x's fp32 bits (int32) and the random words (uint32)."""
+    lane, position, mask, x, group = _tile(x_ptr, program, count, index_offset, ROWS)
+    seed, offset = seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
     word = _words(
-        seed, offset, position + index_offset, lane, group, seed_ptr, position, x, mask, 0, ALIGNED
+        seed,
+        offset,
+        position + index_offset,
+        lane,
+        group,
+        seed_ptr,
+        position,
+        x,
+        mask,
+        "stream",
+        ALIGNED,
     ).to(tl.uint32)
-    return lane, mask, _fp32_bits_of(x), word
+    return lane, position, mask, fp32_bits_of(x), word
 
 
 @triton.jit
@@ -645,7 +461,7 @@ def _sr_codes_kernel(
     program = tl.program_id(0)
     if WIDE:
         program = program.to(tl.int64)
-    lane, _, bits, word = _stream_tile(
+    lane, _, _, bits, word = _stream_tile(
         x_ptr,
         program,
         seed_ptr,
@@ -727,7 +543,7 @@ def _exact_codes_kernel(
                 program = tl.load(flag_ptr + LIST_START + slot)
                 if WIDE:
                     program = program.to(tl.int64)
-                lane, mask, bits, word = _stream_tile(
+                lane, _, mask, bits, word = _stream_tile(
                     x_ptr,
                     program,
                     seed_ptr,
@@ -779,83 +595,25 @@ def _bf16_sr_kernel(
     WIDE: tl.constexpr,
 ):
     """fp32 -> bf16 SR: add the random bits just below bit 16, truncate (module docstring).
-    SATURATION: 0 none, 1 propagate (finite overflow to +-max), 2 finite (infinities too)."""
+    SATURATION: "none", "propagate" (finite overflow to +-max) or "finite" (infinities too)."""
     program = tl.program_id(0)
     if WIDE:  # positions beyond int32
         program = program.to(tl.int64)
-    row = tl.arange(0, ROWS)[:, None]
-    lane = tl.arange(0, 4)[None, :]
-    position = program * ROWS * 4 + row * 4 + lane
-    mask = position < count
-    x = tl.load(x_ptr + position, mask=mask, other=0.0)
-    seed, offset = _seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS)
-    group = program * ROWS + tl.arange(0, ROWS) + (index_offset >> 2)
-    word = _words(
-        seed, offset, position + index_offset, lane, group, seed_ptr, position, x, mask, 0, ALIGNED
-    ).to(tl.uint32)
-    rounded = bf16_sr(_fp32_bits_of(x).to(tl.uint32, bitcast=True), word, NBITS, SATURATION)
+    _, position, mask, bits, word = _stream_tile(
+        x_ptr,
+        program,
+        seed_ptr,
+        offset_ptr,
+        seed_value,
+        offset_value,
+        count,
+        index_offset,
+        FROM_TENSORS,
+        ALIGNED,
+        ROWS,
+    )
+    rounded = bf16_sr(bits.to(tl.uint32, bitcast=True), word, NBITS, SATURATION)
     tl.store(out_ptr + position, rounded, mask=mask)
-
-
-@triton.jit
-def bf16_sr(bits, word, NBITS: tl.constexpr, SATURATION: tl.constexpr):
-    """bf16 values of fp32 bits (uint32) rounded stochastically by their words (uint32):
-    the random bits added just below bit 16, then truncated (`_bf16_sr_kernel`)."""
-    if NBITS >= 16:  # n >= 16 bits: every variant is exact SR, the top 16 bits decide
-        noise = word >> 16
-    else:  # variant a with n bits: r placed just below the kept bits
-        noise = (word >> (32 - NBITS)) << (16 - NBITS)
-    rounded = (bits + noise) >> 16
-    magnitude = bits & 0x7FFFFFFF
-    if SATURATION > 0:
-        limit = 0x7F800000 if SATURATION == 1 else 0x7F800001
-        overflowed = ((rounded & 0x7FFF) == 0x7F80) & (magnitude < limit)
-        rounded = tl.where(overflowed, rounded - 1, rounded)
-    rounded = tl.where(magnitude > 0x7F800000, 0x7FC0, rounded)
-    return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-
-# launch constants are cached per format and choices (read-only mappings: calls unpack them)
-@functools.cache
-def _overflow_bits(fmt: Format, mode: str, sat: str) -> Mapping[str, int]:
-    return MappingProxyType(
-        {
-            "OVERFLOW_POSITIVE": fp32_bits(_overflow_value(False, False, fmt, mode, sat)),
-            "OVERFLOW_NEGATIVE": fp32_bits(_overflow_value(True, False, fmt, mode, sat)),
-            "INFINITY_POSITIVE": fp32_bits(_overflow_value(False, True, fmt, mode, sat)),
-            "INFINITY_NEGATIVE": fp32_bits(_overflow_value(True, True, fmt, mode, sat)),
-        }
-    )
-
-
-def _layout_constants(fmt: Format) -> dict[str, int]:
-    """What every rounding kernel needs of a format's layout."""
-    return {
-        "MBITS": fmt.mbits,
-        "EMIN": fmt.emin,
-        "BIAS": fmt.bias,
-        "HAS_NEGATIVE_ZERO": fmt.has_negative_zero,
-    }
-
-
-@functools.cache
-def _format_constants(fmt: Format) -> Mapping[str, int]:
-    return MappingProxyType(
-        {
-            **_layout_constants(fmt),
-            "HAS_ZERO": fmt.has_zero,
-            "MAX_BITS": fp32_bits(fmt.max),
-            # negative results beyond this magnitude overflow; -1: every negative value does
-            "NEGATIVE_LIMIT_BITS": fp32_bits(abs(fmt.lowest)) if fmt.lowest <= 0 else -1,
-            "MIN_NORMAL_BITS": fp32_bits(fmt.min_normal),
-            "EBITS": fmt.ebits,
-            "SIGNED": fmt.signed,
-            "TWOS_COMPLEMENT": fmt.twos_complement,
-            "INFINITY_CODE": fmt.max_magnitude_code + 1,
-            "NAN_CODE": _nan_code(fmt),
-            "CODE_MASK": fmt.num_codes - 1,
-        }
-    )
 
 
 # bytes of a row of four codes (the kernels store a row as one word, fp6 as three bytes)
@@ -863,9 +621,9 @@ ROW_BYTES = {"codes": 4, "fp4x2": 2, "fp6x4": 3}
 
 
 def _empty(x: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    """An uninitialized tensor on x's device.  Sizes go as separate ints: PyTorch parses a
-    shape tuple (or a `torch.Size`) 0.7-1.5 us slower, and `new_empty` takes x's device
-    without building a `torch.device`."""
+    """An uninitialized tensor on x's device.  Sizes go as separate ints, which PyTorch
+    parses faster than a shape tuple or a `torch.Size`, and `new_empty` takes x's device
+    without building a `torch.device`: this runs on every call's host path."""
     return x.new_empty(*shape, dtype=dtype) if shape else x.new_empty((), dtype=dtype)
 
 
@@ -877,7 +635,7 @@ def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tens
         out = _empty(x, x.shape, out_dtype)
         return out, out
     count = x.numel()
-    shape = _output_shape(x.shape, output)
+    shape = output_shape(x.shape, output)
     if count % 4 == 0:
         out = _empty(x, shape, torch.uint8)
         return out, out
@@ -885,63 +643,6 @@ def _output_tensor(x: Tensor, output: str, out_dtype: torch.dtype) -> tuple[Tens
     buffer = _empty(x, ((count + 3) // 4 * row_bytes,), torch.uint8)
     # the packings' last dimensions hold whole bytes: 8 bits a code, two, or four per three
     return buffer[: count * row_bytes // 4].view(shape), buffer
-
-
-class _CleanBuffers(threading.local):
-    """Per thread, device and stream, clean scratch for the rounding kernels: an int32
-    buffer (the codes kernels' NaN flag, list length and arrival count, zero, then the list
-    of tiles, read only below its length; the general kernel's NaN flag) and a host word
-    (page-locked beside a CUDA device, so the kernel writes it directly), zero, that the
-    codes kernel sets to 1 when it lists a tile.
-
-    Kernels leave the buffer clean unless a result is NaN, which saves each call the 7-10
-    us of a fresh `torch.zeros`: the codes kernel writes only to list a tile, the exact
-    kernel clears the list's length after reading it, the general kernel writes only on
-    NaN.  A call takes them out and puts them back once they are clean again in its
-    stream's order (so they serve that stream alone): unchecked calls once their last
-    kernel is queued, checked calls after waiting for their kernels (reading the note
-    where it lies, through a NumPy view: `Tensor.item` costs a microsecond more, and on a
-    device word about 9 us more on an H100 host) and clearing the note if a tile was
-    listed.  A call that raises or fails midway drops them; per thread, so that no two
-    threads share one."""
-
-    def __init__(self) -> None:
-        self.by_stream: dict[object, tuple[Tensor, Tensor, np.ndarray]] = {}
-
-    def take(
-        self, size: int, device: int, capturable: bool
-    ) -> tuple[Tensor, Tensor | None, np.ndarray | None, object]:
-        """(a clean int32 buffer of at least ``size`` elements on CUDA device ``device``, or
-        the CPU for -1, a zeroed int32 host word the device can write and its NumPy view,
-        the key to give them back under: PyTorch's triple for the device's current stream,
-        or "cpu").
-
-        ``capturable``: whether the call may run under CUDA-graph capture (checked calls
-        refuse it before they get here).  A capture gets fresh scratch, no note and no key:
-        a graph keeps the pointers it captured, so its scratch must be its own.  (A device
-        index, not a `torch.device`: reading a `torch.device`'s type takes 0.4 us.)"""
-        on_cuda = device >= 0
-        if not on_cuda:
-            key = where = "cpu"
-        elif capturable and torch.cuda.is_current_stream_capturing():
-            return torch.zeros(size, dtype=torch.int32, device=device), None, None, None
-        else:
-            key, where = torch._C._cuda_getCurrentStream(device), device
-        cached = self.by_stream.pop(key, None)
-        if cached is None or cached[0].numel() < size:
-            flags = torch.zeros(size, dtype=torch.int32, device=where)
-            note = torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
-            cached = flags, note, note.numpy()
-        return (*cached, key)
-
-    def give_back(self, flags: Tensor, note: Tensor, note_view: np.ndarray, key: object) -> None:
-        """Cache the scratch `take` gave, clean in the order of the stream of ``key``
-        (nothing under capture: no key)."""
-        if key is not None:
-            self.by_stream[key] = flags, note, note_view
-
-
-_CLEAN_BUFFERS = _CleanBuffers()
 
 
 class KernelPlan:
@@ -979,9 +680,9 @@ class KernelPlan:
         index_offset: int,
         rand: Tensor | None,
     ) -> Tensor:
-        """Round x with these choices and a call's checked values (`stochround.rounding.
-        _check_values`: seed and offset of the stream, int or one-element int64 tensor; the
-        flat position of x's first element; explicit integers for source "rand").
+        """Round x with these choices and a call's checked values (as `stochround.rounding`
+        checks them): seed and offset of the stream, int or one-element int64 tensor; the
+        flat position of x's first element; explicit integers for source "rand".
 
         The result: values in ``out_dtype`` (fp32, bf16 or fp16), or bytes viewed as it:
         "codes" (one a byte), "fp4x2" (two 4-bit codes per byte) or "fp6x4" (four 6-bit
@@ -992,7 +693,7 @@ class KernelPlan:
         device's current stream.
         """
         device = x.get_device()  # -1 on the CPU (the interpreter)
-        if device >= 0 and device != torch._C._cuda_getDevice():
+        if device >= 0 and device != current_device():
             # Triton launches on the current device's current stream, PyTorch's ops on
             # their tensors' device: round x where it lies, in its device's stream order
             # (checked first, not a `torch.cuda.device` block around every call: x's
@@ -1012,7 +713,7 @@ class KernelPlan:
             offset = seed_tensor(offset, "offset", x.device)
             seed_value = offset_value = 0
         else:  # two's complement above 2**63: the kernels read seeds as unsigned 64-bit
-            seed_value, offset_value = _as_int64(seed), _as_int64(offset)
+            seed_value, offset_value = as_int64(seed), as_int64(offset)
             seed = offset = None  # no pointers: the kernels read the values
         stream = (seed, offset, seed_value, offset_value, count, index_offset)
         programs = cdiv(count, self.rows * 4)
@@ -1020,9 +721,9 @@ class KernelPlan:
         if self.path == "bf16":
             self.launch(common)(device, programs, x, out, *stream)
             return out
-        # in plain ints: a constexpr's arithmetic costs a microsecond an operation
+        # in plain ints: arithmetic on a constexpr object goes through Triton's wrappers
         size = LIST_START.value + programs if self.path == "codes" else 1
-        flag, note, note_view, key = _CLEAN_BUFFERS.take(size, device, capturable=not check_nan)
+        flag, note, note_view, key = SCRATCH.take(size, device, capturable=not check_nan)
         if self.path == "codes":
             self.launch(common)(
                 device, programs, x, buffer, flag, note if check_nan else None, *stream
@@ -1032,11 +733,11 @@ class KernelPlan:
             # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
             if check_nan:
                 if device >= 0:
-                    _current_stream(key).synchronize()
+                    current_stream(key).synchronize()
                 if note_view[0] == 0:
-                    _CLEAN_BUFFERS.give_back(flag, note, note_view, key)
+                    SCRATCH.give_back(flag, note, note_view, key)
                     return result
-            iterations = next_power_of_2(cdiv(programs, _persistent_programs(x.device)))
+            iterations = next_power_of_2(cdiv(programs, persistent_programs(x.device)))
             self.launch(common, iterations)(
                 device, cdiv(programs, iterations), x, buffer, flag, *stream
             )
@@ -1051,7 +752,7 @@ class KernelPlan:
             if self.path == "codes":  # a tile was listed, and the note says so
                 note_view[0] = 0
         # unchecked, the kernels clear what they wrote before the stream's next call
-        _CLEAN_BUFFERS.give_back(flag, note, note_view, key)
+        SCRATCH.give_back(flag, note, note_view, key)
         return result
 
     def _viewed(self, out: Tensor) -> Tensor:
@@ -1099,8 +800,7 @@ class KernelPlan:
     def _bind(self, common: tuple[bool, bool, bool], iterations: int | None) -> Launch:
         stream = _stream_constants(common)
         if self.path == "bf16":
-            saturation = ("none", "propagate", "finite").index(self.sat)
-            constants = {"SATURATION": saturation, "NBITS": self.n, "ROWS": ROWS, **stream}
+            constants = {"SATURATION": self.sat, "NBITS": self.n, "ROWS": ROWS, **stream}
             return Launch(_bf16_sr_kernel, constants)
         if self.path == "codes":
             fast, exact = _codes_constants(self.fmt, self.output, self.n, self.variant, self.sat)
@@ -1115,13 +815,13 @@ class KernelPlan:
             return Launch(_exact_codes_kernel, constants)
         constants = {
             "CHECK_NAN": self.check_nan,
-            **_format_constants(self.fmt),
-            **_overflow_bits(self.fmt, self.mode, self.sat),
-            "MODE": MODE_CODES[self.mode],
-            "VARIANT": VARIANT_CODES[self.variant],
+            **format_constants(self.fmt),
+            **overflow_bits(self.fmt, self.mode, self.sat),
+            "MODE": self.mode,
+            "VARIANT": self.variant,
             "NBITS": self.n,
-            "SOURCE": SOURCES.index(self.source),
-            "OUTPUT": OUTPUTS.index(self.output),
+            "SOURCE": self.source,
+            "OUTPUT": self.output,
             "NAN16": NAN16_BITS.get(self.out_dtype, 0),
             "ROWS": ROWS,
             **stream,
@@ -1155,11 +855,11 @@ def _codes_constants(
     rows, warps = CODES_LAYOUT
     split = max(fmt.mbits - fmt.emin - 95, 0)
     both = {
-        **_layout_constants(fmt),
+        **layout_constants(fmt),
         "SIGN_SHIFT": fmt.ebits + fmt.mbits,
         "NBITS": n,
         "EXACT_C": variant == "c",
-        "OUTPUT": OUTPUTS.index(output),
+        "OUTPUT": output,
         "ROWS": rows,
         "num_warps": warps,
     }
@@ -1175,36 +875,12 @@ def _codes_constants(
         "MAX_CODE": fmt.max_magnitude_code,
         "OVERFLOW_CODE": fmt.max_magnitude_code if sat != "none" else infinity,
         "INFINITY_CODE": fmt.max_magnitude_code if sat == "finite" else infinity,
-        "NAN_CODE": _nan_code(fmt),
+        "NAN_CODE": nan_code(fmt),
     }
     return MappingProxyType(fast), MappingProxyType(exact)
-
-
-@functools.lru_cache(maxsize=64)
-def _current_stream(stream_data: tuple[int, int, int]) -> torch.cuda.Stream:
-    """The `torch.cuda.Stream` of a device's current stream, given as PyTorch's
-    ``_cuda_getCurrentStream`` triple (stream id, device index, device type): built once
-    per stream, where `torch.cuda.current_stream` builds one anew each call (5-6 us of host
-    time on an H100 host, against 0.8 us to synchronize a built one)."""
-    stream_id, device_index, device_type = stream_data
-    return torch.cuda.Stream(
-        stream_id=stream_id, device_index=device_index, device_type=device_type
-    )
-
-
-@functools.cache
-def _persistent_programs(device: torch.device) -> int:
-    """Programs of a grid that walks a list: four per multiprocessor (four in all on CPU)."""
-    if device.type != "cuda":
-        return 4
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _wide(count: int, index_offset: int, rows: int) -> bool:
     """Whether a grid of ``rows x 4`` tiles over ``count`` values from ``index_offset``
     reaches positions beyond int32 (the last tile's masked lanes included)."""
     return count + index_offset + rows * 4 >= 2**31
-
-
-def _as_int64(value: int) -> int:
-    return value - 2**64 if value >= 2**63 else value

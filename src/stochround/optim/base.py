@@ -42,15 +42,14 @@ to nearest even otherwise ("kahan" and "ecc" concern the parameter only).
 
 from __future__ import annotations
 
-import importlib.util
 import numbers
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ..kernels.availability import kernels_refusal
 from ..random import check_seed, default_seed
 from ..reference import check_choice
 from ..rounding import cast
@@ -81,7 +80,8 @@ def stream_offset(step: int | Tensor, param_index: int, tensor_slot: int) -> int
 
 
 def check_float(value: object, name: str, *, low: float = 0.0, below: float | None = None) -> float:
-    """A real number ``>= low`` (and ``< below`` when given), else ValueError/TypeError."""
+    """``value`` as a float ``>= low`` (and ``< below`` when given), else a
+    ValueError/TypeError naming it ``name``; a one-element tensor is read as its value."""
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a number or a one-element tensor")
@@ -106,12 +106,14 @@ def check_betas(betas: object) -> tuple[float, float]:
 
 
 def check_rounding(rounding: object) -> str:
+    """``rounding`` if it is one of `ROUNDINGS`, else ValueError."""
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding must be one of {ROUNDINGS}; got {rounding!r}")
     return str(rounding)
 
 
 def check_state_dtype(state_dtype: object) -> torch.dtype:
+    """``state_dtype`` if it is one of `STATE_DTYPES`, else TypeError/ValueError."""
     if not isinstance(state_dtype, torch.dtype):
         raise TypeError(f"state_dtype must be a torch.dtype, got {type(state_dtype).__name__}")
     if state_dtype not in STATE_DTYPES:
@@ -174,12 +176,6 @@ def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
     return param.float() + residual.float() * (ulp(param) / ECC_SCALE)
 
 
-# whether the kernels can run, found without importing triton (which takes a second), and
-# whether they run in Triton's interpreter (which reads the variable when they are defined)
-TRITON_MISSING = None if importlib.util.find_spec("triton") else "triton is not installed"
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
 # the extra parameter state each rounding keeps beside a low-precision parameter
 ROUNDING_STATES = {"kahan": "compensation", "ecc": "ecc_residual"}
 
@@ -187,10 +183,9 @@ ROUNDING_STATES = {"kahan": "compensation", "ecc": "ecc_residual"}
 def _triton_refusal(param: Tensor, group: dict[str, Any], compiling: bool) -> str | None:
     """Why the fused kernel cannot update ``param`` (None if it can); ``compiling``: whether
     torch.compile traces the step."""
-    if TRITON_MISSING is not None:
-        return TRITON_MISSING
-    if not (param.is_cuda or INTERPRETED):
-        return "the parameter is not a CUDA tensor (TRITON_INTERPRET=1 runs kernels on CPU)"
+    refusal = kernels_refusal("the parameter", param.is_cuda)
+    if refusal is not None:
+        return refusal
     if SROptimizer.param_state_name(group, param) is not None:
         return "master_weights, 'kahan' and 'ecc' keep an extra parameter state"
     grad = param.grad
@@ -218,9 +213,19 @@ class SROptimizer(torch.optim.Optimizer):
     takes the PyTorch path; "triton" always the kernel, raising ValueError for a parameter
     it cannot update.  Both give the same bits.
 
+    Arguments every optimizer takes: ``params`` (parameters or parameter groups, as in
+    ``torch.optim``) and ``lr``, then, keyword-only, ``maximize`` (ascend the objective),
+    ``state_dtype`` (float32, bfloat16 or float16: the dtype of the optimizer states),
+    ``rounding`` (one of `ROUNDINGS`: how low-precision stores round, module docstring),
+    ``seed`` (an int in [0, 2**64) naming the random streams; None draws one from torch's
+    default generator), ``master_weights`` (keep a float32 master copy of bfloat16/float16
+    parameters) and ``backend`` (above).  ``defaults``: the subclass's group defaults.
+
     Subclasses name their ``algorithm`` (the kernel's), their ``state_names`` and
     implement `scalars` (the float32 rows of a step), `constants` (what the kernel computes
-    them from) and `update` (one parameter on the PyTorch path)."""
+    them from) and `update` (one parameter on the PyTorch path).  In the methods, ``group``
+    is a parameter group, ``index`` a parameter's global index (the stream's
+    ``param_index``) and ``step`` its step count after this update."""
 
     algorithm: str = ""
     state_names: tuple[str, ...] = ()

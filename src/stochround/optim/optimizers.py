@@ -38,6 +38,9 @@ class AdamW(SROptimizer):
     ``m <- m + (g - m)(1 - b1)``, ``v <- b2 v + (1 - b2) g^2``, all in float32
     (`stochround.optim.updates.adamw_update`); ``p``, ``m`` and ``v`` are then each rounded
     once to their storage dtype.
+
+    ``lr``, ``betas`` (b1, b2), ``eps`` and ``weight_decay`` (wd) are the formula's;
+    ``params`` and the keyword-only arguments are `SROptimizer`'s.
     """
 
     algorithm = "adamw"
@@ -115,7 +118,8 @@ class Adam(AdamW):
 
     ``g <- g + wd p``, then AdamW's update without its decoupled decay
     (`stochround.optim.updates.adamw_update` with ``coupled=True``); ``p``, ``m`` and ``v``
-    are each rounded once to their storage dtype.  The fused kernel is AdamW's.
+    are each rounded once to their storage dtype.  The fused kernel is AdamW's.  The
+    arguments are AdamW's (here ``weight_decay`` defaults to 0).
     """
 
     coupled = True
@@ -157,6 +161,10 @@ class SGD(SROptimizer):
     ``g <- g + wd p``; ``b <- mu b + (1 - dampening) g`` (``b <- g`` on the first step);
     ``g <- g + mu b`` (Nesterov) or ``g <- b``; ``p <- p - lr g``; in float32, then ``p`` and
     ``b`` are each rounded once to their storage dtype.
+
+    ``lr``, ``momentum`` (mu), ``dampening``, ``weight_decay`` (wd) and ``nesterov`` are the
+    formula's (``nesterov`` needs momentum > 0 and no dampening); ``params`` and
+    the keyword-only arguments are `SROptimizer`'s.
     """
 
     algorithm = "sgd"
@@ -266,6 +274,9 @@ class Lion(SROptimizer):
     order (``p.mul_(1 - lr wd)``, ``p.add_(u, alpha=-lr)``, ``m.mul_(b2).add_(g,
     alpha=1 - b2)``), then ``p`` and ``m`` (state ``exp_avg``, stream slot 1) are each
     rounded once to their storage dtype. ``sign(0) = 0``.
+
+    ``lr``, ``betas`` (b1, b2) and ``weight_decay`` (wd) are the formula's; ``params`` and
+    the keyword-only arguments are `SROptimizer`'s.
     """
 
     algorithm = "lion"

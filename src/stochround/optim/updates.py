@@ -21,10 +21,10 @@ from torch import Tensor
 
 
 def correctly_rounded_sqrt(x: Tensor) -> Tensor:
-    """float32 sqrt rounded to nearest even.  torch's CPU float32 sqrt is not (seen: 0.7%
-    of uniform inputs one ulp off on an AVX-512 build); the float64 root rounded once more
-    to float32 is (double rounding is innocuous for sqrt when the wider precision is at
-    least 2p + 2 bits: 53 >= 50, Figueroa 1995)."""
+    """float32 sqrt rounded to nearest even.  torch's CPU float32 sqrt is not always (its
+    vectorized kernels can be one ulp off); the float64 root rounded once more to float32 is
+    (double rounding is innocuous for sqrt when the wider precision is at least 2p + 2
+    bits: 53 >= 50, Figueroa 1995)."""
     return x.double().sqrt().float()
 
 
@@ -74,11 +74,12 @@ def adamw_scalars(
     coupled: bool = False,
 ) -> Tensor:
     """Rows (1 - lr wd, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t), 0) for
-    the int64 ``steps`` t: computed in float64 (``b^t`` by `bias_power`), each rounded once
-    to float32.  ``coupled`` (Adam's L2 decay, added to the gradient): the first column is
-    1 and the last wd.  ``lr`` may be a tensor (so a scheduler changing it changes no
-    Python value).  The bias correction multiplies by a reciprocal: torch divides a tensor
-    by a scalar that way (so its CPU and CUDA kernels agree only on the multiplication)."""
+    the int64 ``steps`` t, with ``betas`` (b1, b2) and ``weight_decay`` wd: computed in
+    float64 (``b^t`` by `bias_power`), each rounded once to float32.  ``coupled`` (Adam's
+    L2 decay, added to the gradient): the first column is 1 and the last wd.  ``lr`` may be
+    a tensor (so a scheduler changing it changes no Python value).  The bias correction
+    multiplies by a reciprocal: torch divides a tensor by a scalar that way (so its CPU and
+    CUDA kernels agree only on the multiplication)."""
     beta1, beta2 = betas
     lr = _as_float64(lr, steps)
     power1 = bias_power(torch.tensor(power_squares(beta1), dtype=torch.float64), steps)
@@ -99,7 +100,9 @@ def adamw_update(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``g + x wd`` (``coupled``: Adam's L2 decay); ``x d``; ``m + (g - m)(1 - b1)``;
     ``v b2 + ((1 - b2) g) g``; ``x - s (m / (sqrt(v) r + eps))`` with the `adamw_scalars`
-    ``d, r, s, wd``: new (parameter, exp_avg, exp_avg_sq)."""
+    ``d, r, s, wd``: new (parameter, exp_avg, exp_avg_sq).  ``x``, ``g``, ``m``, ``v``:
+    the float32 ``value``, ``grad``, ``exp_avg``, ``exp_avg_sq``; ``scalars``: one
+    `adamw_scalars` row."""
     decay, weight1, beta2, weight2, reciprocal2, eps, step_size, weight_decay = scalars
     if coupled:
         grad = grad + value * weight_decay
@@ -113,7 +116,8 @@ def adamw_update(
 def sgd_scalars(
     lr: float | Tensor, momentum: float, dampening: float, weight_decay: float, steps: Tensor
 ) -> Tensor:
-    """Rows (lr, momentum, 1 - dampening, weight_decay), one per step, rounded to float32."""
+    """Rows (lr, momentum, 1 - dampening, weight_decay), one per int64 step count in
+    ``steps``, rounded to float32."""
     return _rows([lr, momentum, 1 - dampening, weight_decay], steps)
 
 
@@ -130,7 +134,10 @@ def sgd_update(
 ) -> tuple[Tensor, Tensor | None]:
     """``g + wd x`` (``decay``: wd != 0); momentum ``b mu + (1 - dampening) g`` (``g`` on
     the first step); ``g + mu b`` (Nesterov) or ``b``; ``x - lr g``: new (parameter,
-    buffer), with the `sgd_scalars` row ``scalars``.  No momentum: buffer None out."""
+    buffer), with the `sgd_scalars` row ``scalars``.  No momentum: buffer None out.
+    ``x``, ``g``, ``b``: the float32 ``value``, ``grad``, ``buffer`` (None on the first
+    step and without momentum); ``momentum``: mu != 0; ``nesterov``: the Nesterov form;
+    ``first``: the buffer's first step."""
     lr, mu, weight, weight_decay = scalars
     if decay:
         grad = grad + value * weight_decay
@@ -143,7 +150,8 @@ def sgd_update(
 def lion_scalars(
     lr: float | Tensor, betas: tuple[float, float], weight_decay: float, steps: Tensor
 ) -> Tensor:
-    """Rows (1 - lr wd, b1, 1 - b1, b2, 1 - b2, lr), one per step, rounded to float32."""
+    """Rows (1 - lr wd, b1, 1 - b1, b2, 1 - b2, lr) with ``betas`` (b1, b2) and
+    ``weight_decay`` wd, one per int64 step count in ``steps``, rounded to float32."""
     beta1, beta2 = betas
     lr = _as_float64(lr, steps)
     return _rows([1 - lr * weight_decay, beta1, 1 - beta1, beta2, 1 - beta2, lr], steps)
@@ -153,7 +161,9 @@ def lion_update(
     value: Tensor, grad: Tensor, exp_avg: Tensor, scalars: Tensor
 ) -> tuple[Tensor, Tensor]:
     """``x d - lr sign(m b1 + (1 - b1) g)``; ``m b2 + (1 - b2) g``: new (parameter,
-    exp_avg); ``sign`` is torch.sign (+0 for zeros and NaN)."""
+    exp_avg); ``sign`` is torch.sign (+0 for zeros and NaN).  ``x``, ``g``, ``m``: the
+    float32 ``value``, ``grad``, ``exp_avg``; ``scalars``: one `lion_scalars` row (``d`` its
+    first column)."""
     decay, beta1, weight1, beta2, weight2, lr = scalars
     direction = exp_avg * beta1 + grad * weight1
     value = value * decay - torch.sign(direction) * lr

@@ -1,14 +1,17 @@
-"""Launches of Triton kernels with their constexprs and options bound once (`Launch`).
+"""The kernels' host runtime: launches with their constexprs and options bound once
+(`Launch`), clean scratch kept per stream (`SCRATCH`), and the current device and stream
+read the cheap way.  Every use of Triton's and PyTorch's internals lives here, each with a
+path through the public API where those internals differ.
 
-``kernel[grid](*args, **constexprs)`` spends about 20 us of host time (H100 host, Triton
-3.6) on a kernel of two dozen parameters, most of it Python around the launch: every
-argument, constexprs included, bound into a dict and specialized, a cache key built from
-all of them and the options, launch metadata, two hook chains called; the compiled
-kernel's own launcher takes 6 us of it. A `Launch` binds one kernel's constexprs and
-options once; per call it asks Triton's own specialization function (the one the JIT's
-binder calls for every argument) about the runtime arguments only, finds the compiled
-kernel under that key and calls its native launch function (the compiled launcher's
-Python wrapper only adds scratch buffers, which our kernels do not use: 2 us a launch).
+Launches.  ``kernel[grid](*args, **constexprs)`` does a lot of Python work around each
+launch: every argument, constexprs included, bound into a dict and specialized, a cache
+key built from all of them and the options, launch metadata, two hook chains called.  For
+a kernel of two dozen parameters launched on a hot path, that is most of a small call's
+host time (benchmarks/bench_launch.py measures both ways).  A `Launch` binds one kernel's
+constexprs and options once; per call it asks Triton's own specialization function (the
+one the JIT's binder calls for every argument) about the runtime arguments only, finds the
+compiled kernel under that key and calls its native launch function (the compiled
+launcher's Python wrapper only adds scratch buffers, which these kernels do not use).
 Constexprs and options being fixed, the key determines the JIT's own cache key, so the
 kernel launched is the one ``kernel[grid]`` would launch (a GPU test compares the keys with
 the binder's).
@@ -22,12 +25,18 @@ but the one this module was written against (`FAST_LAUNCH`), whose internals may
 
 from __future__ import annotations
 
-import os
+import functools
+import threading
 from collections.abc import Mapping
 
+import numpy as np
+import torch
 import triton
+from torch import Tensor
 from triton import knobs
 from triton.runtime import driver
+
+from .availability import INTERPRETED
 
 # the specialization function of Triton's JIT binder (Triton 3.6: a native function)
 try:
@@ -36,11 +45,21 @@ except ImportError:  # another Triton: FAST_LAUNCH is off anyway
     native_specialize_impl = None
 
 TESTED_TRITON = "3.6."
-FAST_LAUNCH = (
-    os.environ.get("TRITON_INTERPRET") != "1"
-    and triton.__version__.startswith(TESTED_TRITON)
-    and native_specialize_impl is not None
-)
+
+
+def fast_launch_supported(triton_version: str, interpreted: bool) -> bool:
+    """Whether `Launch` may call compiled kernels' native launchers itself: compiled kernels
+    (not the interpreter) of the Triton release this module was written against, whose
+    binder's specialization function it found.  Anywhere else every launch goes through
+    ``kernel[grid]``."""
+    return (
+        not interpreted
+        and triton_version.startswith(TESTED_TRITON)
+        and native_specialize_impl is not None
+    )
+
+
+FAST_LAUNCH = fast_launch_supported(triton.__version__, INTERPRETED)
 
 
 def _hooks_registered(kernel: object) -> bool:
@@ -147,3 +166,85 @@ class Launch:
             *args,
             *self.constexpr_values,
         )
+
+
+def current_device() -> int:
+    """The index of the current CUDA device (PyTorch's own getter, without building a
+    `torch.device`: this runs on every kernel call)."""
+    return torch._C._cuda_getDevice()
+
+
+@functools.lru_cache(maxsize=64)
+def current_stream(stream_data: tuple[int, int, int]) -> torch.cuda.Stream:
+    """The `torch.cuda.Stream` of a device's current stream, given as PyTorch's
+    ``_cuda_getCurrentStream`` triple (stream id, device index, device type): built once
+    per stream, where `torch.cuda.current_stream` builds one anew each call, which costs
+    more host time than the synchronization it serves."""
+    stream_id, device_index, device_type = stream_data
+    return torch.cuda.Stream(
+        stream_id=stream_id, device_index=device_index, device_type=device_type
+    )
+
+
+@functools.cache
+def persistent_programs(device: torch.device) -> int:
+    """Programs of a grid that walks a list: four per multiprocessor (four in all on CPU)."""
+    if device.type != "cuda":
+        return 4
+    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class Scratch(threading.local):
+    """Per thread, device and stream, clean scratch for the rounding kernels: an int32
+    buffer (the codes kernels' NaN flag, list length and arrival count, zero, then the list
+    of tiles, read only below its length; the general kernel's NaN flag) and a host word
+    (page-locked beside a CUDA device, so the kernel writes it directly), zero, that the
+    codes kernel sets to 1 when it lists a tile.
+
+    Kernels leave the buffer clean unless a result is NaN, which saves each call a fresh
+    `torch.zeros` (a launch of its own): the codes kernel writes only to list a tile, the exact
+    kernel clears the list's length after reading it, the general kernel writes only on
+    NaN.  A call takes them out and puts them back once they are clean again in its
+    stream's order (so they serve that stream alone): unchecked calls once their last
+    kernel is queued, checked calls after waiting for their kernels (reading the note
+    where it lies, through a NumPy view, cheaper than `Tensor.item` and far cheaper than
+    reading a device word) and clearing the note if a tile was listed.  A call that
+    raises or fails midway drops them; per thread, so that no two threads share one."""
+
+    def __init__(self) -> None:
+        self.by_stream: dict[object, tuple[Tensor, Tensor, np.ndarray]] = {}
+
+    def take(
+        self, size: int, device: int, capturable: bool
+    ) -> tuple[Tensor, Tensor | None, np.ndarray | None, object]:
+        """(a clean int32 buffer of at least ``size`` elements on CUDA device ``device``, or
+        the CPU for -1, a zeroed int32 host word the device can write and its NumPy view,
+        the key to give them back under: PyTorch's triple for the device's current stream,
+        or "cpu").
+
+        ``capturable``: whether the call may run under CUDA-graph capture (checked calls
+        refuse it before they get here).  A capture gets fresh scratch, no note and no key:
+        a graph keeps the pointers it captured, so its scratch must be its own.  (A device
+        index, not a `torch.device`, whose attributes are slow to read on a hot path.)"""
+        on_cuda = device >= 0
+        if not on_cuda:
+            key = where = "cpu"
+        elif capturable and torch.cuda.is_current_stream_capturing():
+            return torch.zeros(size, dtype=torch.int32, device=device), None, None, None
+        else:
+            key, where = torch._C._cuda_getCurrentStream(device), device
+        cached = self.by_stream.pop(key, None)
+        if cached is None or cached[0].numel() < size:
+            flags = torch.zeros(size, dtype=torch.int32, device=where)
+            note = torch.zeros(1, dtype=torch.int32, pin_memory=on_cuda)
+            cached = flags, note, note.numpy()
+        return (*cached, key)
+
+    def give_back(self, flags: Tensor, note: Tensor, note_view: np.ndarray, key: object) -> None:
+        """Cache the scratch `take` gave, clean in the order of the stream of ``key``
+        (nothing under capture: no key)."""
+        if key is not None:
+            self.by_stream[key] = flags, note, note_view
+
+
+SCRATCH = Scratch()

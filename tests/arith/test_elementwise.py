@@ -1,4 +1,5 @@
-"""SR arithmetic (`arith.py`) against the scalar reference applied to exact results."""
+"""Elementwise SR arithmetic (`arith/elementwise.py`) against the scalar reference applied
+to exact results."""
 
 from __future__ import annotations
 

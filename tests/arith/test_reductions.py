@@ -1,5 +1,5 @@
-"""Reductions (`arith.sum`, `dot`, `matmul`) against loops of the scalar reference, and
-Monte Carlo arithmetic (`arith.monte_carlo`)."""
+"""Reductions (`arith/reductions.py`: `sum`, `dot`, `matmul`) against loops of the scalar
+reference."""
 
 from __future__ import annotations
 
@@ -257,42 +257,6 @@ def test_long_bf16_sum_other_orders_beat_recursive():
         assert errors[order] < errors["recursive"] / 4, errors
 
 
-def test_monte_carlo_digits_well_vs_ill_conditioned():
-    """(1 + 1e-3) rounded with SR to bf16 (ulp 2**-7 at 1) is 1 or 1 + 2**-7, away with
-    probability p = 0.128, so std = 2**-7 sqrt(p (1 - p)) = 2.6e-3.  Times 2 (well
-    conditioned): std / mean = 2.6e-3, digits = 2.58.  Minus 1 (cancellation): the mean is
-    1e-3 < std, digits = -log10(2.6) < 0, clamped to 0.  Sample std of 200 Bernoulli
-    samples (kurtosis 6): relative sd ~ sqrt((6 - 1) / 200) / 2 = 8%, so 4 sd is 32%, i.e.
-    0.12 digits; the bounds below allow 0.3."""
-    one = torch.tensor(1.001, dtype=torch.float32)
-    well = arith.monte_carlo(lambda v, rounding: rounding(v) * 2, one, n=200, fmt="bf16")
-    ill = arith.monte_carlo(lambda v, rounding: rounding(v) - 1, one, n=200, fmt="bf16")
-    assert well.samples.shape == (200,)
-    assert 2.28 < float(well.digits) < 2.88
-    assert float(ill.digits) < 0.5
-    again = arith.monte_carlo(lambda v, rounding: rounding(v) * 2, one, n=200, fmt="bf16")
-    assert torch.equal(well.samples, again.samples)
-
-
-def test_monte_carlo_std_zero_convention_and_tensor_results():
-    x = _terms(1, 16, seed=13)[0]
-
-    def reduce(values, rounding, scale):
-        return rounding(values * scale)
-
-    exact_in_format = arith.monte_carlo(reduce, x.to(torch.bfloat16).float(), fmt="bf16", scale=2)
-    assert torch.all(exact_in_format.std == 0)
-    assert torch.allclose(
-        exact_in_format.digits, torch.tensor(8 * math.log10(2), dtype=torch.float64)
-    )
-    deterministic = arith.monte_carlo(reduce, x, n=4, fmt="bf16", mode="rne", scale=3)
-    assert torch.all(deterministic.std == 0)
-    sr_sum = arith.monte_carlo(
-        lambda v, rounding: arith.sum(rounding(v), "fp16", "rne"), x, n=8, fmt="bf16"
-    )
-    assert sr_sum.samples.shape == (8,) and float(sr_sum.std) > 0
-
-
 @pytest.mark.parametrize(
     ("call", "name"),
     [
@@ -308,7 +272,6 @@ def test_monte_carlo_std_zero_convention_and_tensor_results():
         (lambda x: arith.dot(x, x[:, :3], "bf16"), "broadcast"),
         (lambda x: arith.matmul(x, x, "bf16"), "shapes"),
         (lambda x: arith.matmul(x[0], x.T, "bf16"), "a must have at least 2 dims"),
-        (lambda x: arith.monte_carlo(lambda rounding: 0.0, n=1, fmt="bf16"), "n must"),
         (lambda x: arith.reduction_rand_shape((), 0), "length"),
     ],
 )

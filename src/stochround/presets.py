@@ -1,4 +1,6 @@
-"""Named presets that reproduce the stochastic-rounding units of shipping hardware.
+"""Hardware SR units as data: named presets that describe the stochastic-rounding units of
+shipping hardware (applied by `stochround.round(..., hardware=...)` and analysed by
+`stochround.hardware`).
 
 Every unit documented here does the same thing at heart: it adds a random integer to the
 bits of the significand that the narrower format drops and keeps the bits above (the carry
@@ -7,7 +9,7 @@ top of them and ``nu`` the discarded fraction in target ulps, the carry happens 
 
     floor(nu * 2**n) + r >= 2**n,        r uniform in [0, 2**n)
 
-which is DESIGN.md's variant ``a`` (P3109 StochasticA) with ``n`` random bits: exact SR
+which is the contract's SR variant ``a`` (P3109 StochasticA) with ``n`` random bits: exact SR
 when ``n >= d``, and otherwise biased toward zero by less than ``2**-n`` ulp, because the
 ``d - n`` lowest bits are truncated before the addition. A preset therefore names a
 source format (what the instruction reads: a wider input is first rounded to it, to
@@ -18,7 +20,7 @@ only Graphcore's flush to zero below half the smallest subnormal so far.
 Random bits: ``rand=`` gives each element's random integer in ``[0, 2**rbits)``, exactly
 as the instruction's random operand would hold it after the unit selects its bits; with a
 ``seed`` the integer is the top ``rbits`` bits of the element's 32-bit counter-based word
-(DESIGN.md), which for the AMD instructions is literally the bit field the hardware reads
+(`stochround.random`), which for the AMD instructions is literally the bit field the hardware reads
 from its seed operand (``S1[31:12]`` / ``S1[31:11]``).
 
 Presets: ``amd-mi300-fp8`` / ``amd-mi300-bf8`` (FNUZ) and ``amd-mi350-fp8`` /
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -49,26 +50,8 @@ from torch import Tensor
 from . import reference
 from .formats import Format
 from .formats import format as find_format
-from .rounding import check_input, round_float64
 
-__all__ = [
-    "FAMILIES",
-    "PRESETS",
-    "HardwarePreset",
-    "bias_against_exact",
-    "expected_value",
-    "family",
-    "operand_values",
-    "preset",
-    "round_hardware",
-    "round_hardware_float64",
-    "ulp",
-]
-
-# Expected values are computed by enumerating every random integer up to this many bits
-# (2**16 evaluations of the vectorized path); above it, by the closed form.
-ENUMERATE_MAX_RBITS = 16
-_ENUMERATION_CHUNK_ELEMENTS = 1 << 22
+__all__ = ["FAMILIES", "PRESETS", "HardwarePreset", "family", "preset"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +104,16 @@ class HardwarePreset:
         if self.flush_below is None:
             return False
         return abs(operand) < self.flush_below
+
+    def flush(self, operand: Tensor, result: Tensor) -> Tensor:
+        """``result`` with the elements whose operand the unit flushes set to zero (float64
+        tensors of one shape; the zero keeps the operand's sign where the target has -0)."""
+        if self.flush_below is None:
+            return result
+        zero = torch.zeros_like(operand)
+        if self.target.has_negative_zero:
+            zero = torch.copysign(zero, operand)
+        return torch.where(self.flushes(operand), zero, result)
 
     def contract_arguments(self) -> dict[str, object]:
         """Keyword arguments of ``sr.round`` for the contract part of this preset."""
@@ -494,177 +487,3 @@ def _find(key: str, fmt: Format | None) -> HardwarePreset:
     raise ValueError(
         f"hardware {key!r} has no unit rounding to {fmt.name}; its units: {_units(members)}"
     )
-
-
-def operand_values(x: Tensor, name_or_preset: str | HardwarePreset) -> Tensor:
-    """The instruction's operand: x rounded to nearest-even in the preset's source format
-    (the identity when x already has that format), in that format's torch dtype when it
-    has one (float64 otherwise), which holds it exactly."""
-    p = preset(name_or_preset)
-    dtype = p.operand.torch_dtype
-    if check_input(x).dtype == dtype:
-        return x
-    operand = round_float64(x, p.source_format, "rne")
-    return operand if dtype is None else operand.to(dtype)
-
-
-def _broadcast_rand(rand: Tensor | None, shape: torch.Size) -> Tensor | None:
-    """rand expanded to x's shape (round_float64 reports a shape that does not broadcast)."""
-    if not isinstance(rand, Tensor):
-        return rand
-    try:
-        return torch.broadcast_to(rand, shape)
-    except RuntimeError:
-        return rand
-
-
-def _apply(
-    p: HardwarePreset,
-    operand: Tensor,
-    seed: int | Tensor | None,
-    offset: int | Tensor,
-    rand: Tensor | None,
-    variant: str | None = None,
-    rbits: int | None = None,
-    index_offset: int = 0,
-) -> Tensor:
-    """The preset on operand values (already in the source format), as float64."""
-    result = round_float64(
-        operand,
-        p.target_format,
-        "sr",
-        rbits=p.rbits if rbits is None else rbits,
-        variant=p.variant if variant is None else variant,
-        sat=p.sat,
-        seed=seed,
-        offset=offset,
-        rand=_broadcast_rand(rand, operand.shape),
-        index_offset=index_offset,
-    )
-    return _flush(p, operand.to(torch.float64), result)
-
-
-def _flush(p: HardwarePreset, operand: Tensor, result: Tensor) -> Tensor:
-    if p.flush_below is None:
-        return result
-    zero = torch.zeros_like(operand)
-    if p.target.has_negative_zero:
-        zero = torch.copysign(zero, operand)
-    return torch.where(p.flushes(operand), zero, result)
-
-
-def round_hardware(
-    x: Tensor,
-    name_or_preset: str | HardwarePreset,
-    *,
-    seed: int | Tensor | None = None,
-    offset: int | Tensor = 0,
-    rand: Tensor | None = None,
-    index_offset: int = 0,
-) -> Tensor:
-    """Round x as the preset's hardware unit does; the result has x's dtype and shape.
-
-    x is first rounded to nearest-even in the preset's source format (the instruction's
-    operand), then stochastically rounded per the preset (its docstring fields say how).
-    ``rand``: each element's random integer in ``[0, 2**rbits)``, broadcastable to x;
-    otherwise the top ``rbits`` bits of the counter-based word ``(seed, offset, index)``,
-    the index counted from ``index_offset`` (a shard's place in the whole tensor).
-    Values outside x's dtype's range become infinite or zero in it, as in ``sr.round``.
-    """
-    p = preset(name_or_preset)
-    operand = operand_values(x, p)
-    return _apply(p, operand, seed, offset, rand, index_offset=index_offset).to(x.dtype)
-
-
-def round_hardware_float64(
-    x: Tensor,
-    name_or_preset: str | HardwarePreset,
-    *,
-    seed: int | Tensor | None = None,
-    offset: int | Tensor = 0,
-    rand: Tensor | None = None,
-    index_offset: int = 0,
-) -> Tensor:
-    """`round_hardware` with the result in float64, which holds every target value."""
-    p = preset(name_or_preset)
-    return _apply(p, operand_values(x, p), seed, offset, rand, index_offset=index_offset)
-
-
-def expected_value(x: Tensor, name_or_preset: str | HardwarePreset) -> Tensor:
-    """E[round_hardware(x)] over a uniform random integer, as float64: exact, by
-    enumerating every random integer when rbits <= 16, else by the closed form."""
-    p = preset(name_or_preset)
-    operand = operand_values(x, p)
-    if p.rbits <= ENUMERATE_MAX_RBITS:
-        return _expected_by_enumeration(p, operand)
-    return _expected_by_closed_form(p, operand)
-
-
-def _expected_by_enumeration(p: HardwarePreset, operand: Tensor) -> Tensor:
-    flat = operand.reshape(-1)
-    count = 1 << p.rbits
-    total = torch.zeros(flat.shape, dtype=torch.float64, device=flat.device)
-    rows = max(1, _ENUMERATION_CHUNK_ELEMENTS // max(1, flat.numel()))
-    first = None
-    for start in range(0, count, rows):
-        r = torch.arange(start, min(start + rows, count), dtype=torch.int64, device=flat.device)
-        block = flat.unsqueeze(0).expand(r.numel(), -1)
-        results = _apply(p, block, None, 0, r.unsqueeze(1).expand_as(block))
-        first = results[0] if first is None else first
-        total = total + results.sum(dim=0)
-    # Every sum is of at most 2**16 values of the target's grid: exact in float64. A zero
-    # mean comes from zeros only, which share the sign of the one at r = 0.
-    mean = total / count
-    return torch.where(mean == 0, first, mean).reshape(operand.shape)
-
-
-def _expected_by_closed_form(p: HardwarePreset, operand: Tensor) -> Tensor:
-    """down + P(away) (away - down), with P(away) from reference.away_probability."""
-    never_away = torch.zeros(operand.shape, dtype=torch.int64, device=operand.device)
-    # Variant a never rounds away with r = 0, whatever the preset's variant: the value kept.
-    down = _apply(p, operand, None, 0, never_away, variant="a")
-    up = round_float64(operand, p.target_format, "ru", sat=p.sat)
-    up_negative = round_float64(operand, p.target_format, "rd", sat=p.sat)
-    exact = operand.to(torch.float64)
-    up = _flush(p, exact, torch.where(exact < 0, up_negative, up))
-    probability = [_away_probability(value, p) for value in exact.reshape(-1).tolist()]
-    chance = torch.tensor(probability, dtype=torch.float64, device=operand.device).reshape(
-        operand.shape
-    )
-    # Where the candidates coincide (zero chance, or both infinite) keep `down`: no 0 * inf.
-    moves = (chance > 0) & (up != down)
-    return torch.where(moves, down + chance * (up - down), down)
-
-
-def _away_probability(value: float, p: HardwarePreset) -> float:
-    """reference.away_probability of one operand value (0 for zero, NaN and infinities)."""
-    if value != value or value in (0.0, float("inf"), float("-inf")):
-        return 0.0
-    nu = reference.discarded_fraction(Fraction(value), p.target)
-    return float(reference.away_probability(nu, p.rbits, p.variant))
-
-
-def ulp(x: Tensor, fmt: Format | str) -> Tensor:
-    """The spacing of ``fmt``'s grid at x, 2**(max(floor(log2|x|), emin) - mbits), as float64
-    (the subnormal spacing at zero; NaN for non-finite x)."""
-    fmt = find_format(fmt)
-    xd = x.to(torch.float64)
-    regular = torch.isfinite(xd) & (xd != 0)
-    _, exponent = torch.frexp(torch.where(regular, xd.abs(), 1.0))
-    e = torch.clamp(exponent.to(torch.int64) - 1, min=fmt.emin)
-    e = torch.where(regular, e, torch.full_like(e, fmt.emin))
-    spacing = torch.ldexp(torch.ones_like(xd), e - fmt.mbits)
-    return torch.where(torch.isfinite(xd), spacing, float("nan"))
-
-
-def bias_against_exact(name: str | HardwarePreset, x: Tensor) -> Tensor:
-    """E[round_hardware(x)] - x in ulps of the target format at x (float64, x's shape).
-
-    Exact SR gives 0; variant a with too few random bits gives a value in (-2**-n, 0] for
-    positive x; flushing and rounding x to the source format show up here too.
-    """
-    p = preset(name)
-    x = check_input(x)
-    expected = expected_value(x, p)
-    xd = x.to(torch.float64)
-    return (expected - xd) / ulp(xd, p.target)

@@ -1,0 +1,65 @@
+"""Argument checks shared by the elementwise operations, the reductions and Monte Carlo
+arithmetic: the format and mode every operation takes, and operand tensors that must share
+a device, broadcast together and have floating dtypes."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..formats import Format
+from ..formats import format as find_format
+from ..reference import MODES, check_choice
+from ..torch_path import FLOAT_DTYPES
+
+__all__ = ["check_operands", "format_and_mode", "operands"]
+
+
+def format_and_mode(fmt: Format | str, mode: str) -> Format:
+    """The target format (a name resolved) after checking ``mode`` is one of `MODES`
+    (ValueError naming it otherwise)."""
+    fmt = find_format(fmt)
+    check_choice("mode", mode, MODES)
+    return fmt
+
+
+def operands(
+    operation: str, names: tuple[str, ...], values: tuple[object, ...], wide_ok: bool
+) -> tuple[list[Tensor], torch.dtype]:
+    """Checked operands as float64 tensors of the broadcast shape, and the result dtype."""
+    shape, dtype = check_operands(operation, names, values, wide_ok)
+    tensors: list[Tensor] = list(values)  # type: ignore[arg-type]
+    return [tensor.to(torch.float64).expand(shape) for tensor in tensors], dtype
+
+
+def check_operands(
+    operation: str, names: tuple[str, ...], values: tuple[object, ...], wide_ok: bool
+) -> tuple[torch.Size, torch.dtype]:
+    """The broadcast shape and the result dtype of checked operands (TypeError, ValueError
+    naming them; NotImplementedError for float64 where ``wide_ok`` is False)."""
+    for name, value in zip(names, values, strict=True):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        if value.dtype not in FLOAT_DTYPES:
+            allowed = ", ".join(str(dtype) for dtype in FLOAT_DTYPES)
+            raise TypeError(f"{name} must have a floating dtype ({allowed}); got {value.dtype}")
+    tensors: list[Tensor] = list(values)  # type: ignore[arg-type]
+    devices = {tensor.device for tensor in tensors}
+    if len(devices) > 1:
+        raise ValueError(
+            f"{', '.join(names)} must be on one device; got {sorted(map(str, devices))}"
+        )
+    try:
+        shape = torch.broadcast_shapes(*(tensor.shape for tensor in tensors))
+    except RuntimeError:
+        shapes = ", ".join(f"{n}{tuple(t.shape)}" for n, t in zip(names, tensors, strict=True))
+        raise ValueError(f"the shapes of {shapes} do not broadcast") from None
+    dtype = tensors[0].dtype
+    for tensor in tensors[1:]:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    if not wide_ok and any(tensor.dtype == torch.float64 for tensor in tensors):
+        raise NotImplementedError(
+            f"{operation} of float64 inputs: it forms products as fl(a b), exact only for "
+            "inputs of at most 26 significand bits; pass fp32/bf16/fp16 inputs"
+        )
+    return shape, dtype
