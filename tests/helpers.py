@@ -1,8 +1,12 @@
-"""Shared test helpers: format lists, exact tensor comparison against scalar results."""
+"""Shared test helpers: format lists, exact tensor comparison against scalar results, and the
+`stochround` command run in-process with its tables read back."""
 
 from __future__ import annotations
 
+import re
+
 import torch
+from typer.testing import CliRunner
 
 import stochround as sr
 
@@ -38,3 +42,27 @@ def assert_same_values(actual: torch.Tensor, expected: list[float], context: str
 def all_bit_patterns(dtype: torch.dtype) -> torch.Tensor:
     """Every bit pattern of a 16-bit float dtype, in code order."""
     return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def invoke(*args: str, columns: int = 200):
+    """Run the `stochround` command in-process (typer's CliRunner); rich reads COLUMNS at
+    each command, so wide tables do not wrap."""
+    from stochround.cli import app
+
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": str(columns)})
+
+
+def ok(*args: str, columns: int = 200) -> str:
+    """The command's standard output, after checking that it succeeded."""
+    result = invoke(*args, columns=columns)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def row(output: str, first_cell: str) -> list[str]:
+    """The cells (split on runs of 2+ spaces) of the first table row starting with first_cell."""
+    for line in output.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells and cells[0] == first_cell:
+            return cells
+    raise AssertionError(f"no row starting with {first_cell!r} in:\n{output}")

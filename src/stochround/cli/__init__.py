@@ -1,0 +1,38 @@
+"""The ``stochround`` command: the format registry, one format in detail, one value rounded
+(with the exact probability of each neighbour), the hardware SR units, the experiments and a
+short demo.
+
+Each command lives in its own module and holds no numerics of its own: every number it
+prints about a format or a probability comes from the scalar reference (through
+`stochround.outcomes`, exact fractions), and every drawn result from the public `round`.
+Bad input gets the library's own ValueError message and exit status 2.
+"""
+
+import typer
+
+from .experiments import demo_command, run_command
+from .formats import formats_command, info_command
+from .hardware import HARDWARE_EPILOG, hardware_command
+from .round import ROUND_CONTEXT, ROUND_EPILOG, round_command
+
+app = typer.Typer(
+    name="stochround",
+    help=(
+        "Stochastic rounding and low-precision number formats: inspect formats, round a "
+        "value and see the exact probability of each neighbour (under a mode or a hardware "
+        "SR unit), run the demo."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# Registration order is the order `stochround --help` lists the commands in.
+app.command("formats")(formats_command)
+app.command("info")(info_command)
+app.command("round", context_settings=ROUND_CONTEXT, epilog=ROUND_EPILOG)(round_command)
+app.command("hardware", epilog=HARDWARE_EPILOG)(hardware_command)
+app.command("demo")(demo_command)
+app.command("run")(run_command)
+
+__all__ = ["app"]

@@ -1,0 +1,5 @@
+"""``python -m stochround.cli``: the ``stochround`` command."""
+
+from . import app
+
+app()

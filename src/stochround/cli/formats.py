@@ -1,0 +1,178 @@
+"""``stochround formats`` (the registry, one row per format) and ``stochround info FORMAT``
+(one format's properties and, for formats of at most 8 bits, every code with its value).
+
+The values and classes come from the scalar reference; this module only lays them out.
+"""
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+
+from .. import outcomes, reference
+from ..formats import ALIASES, FORMATS, Format
+from ..formats import format as find_format
+from . import output
+from .output import Section
+
+VALUE_TABLE_MAX_BITS = 8
+
+
+def aliases(fmt: Format) -> list[str]:
+    """The other names `stochround.format` accepts for the format."""
+    return [alias for alias, name in ALIASES.items() if name == fmt.name]
+
+
+def dtype_text(fmt: Format) -> str:
+    """The torch dtype holding exactly the format's values, without "torch." ("-": none)."""
+    dtype = fmt.torch_dtype
+    return str(dtype).removeprefix("torch.") if dtype is not None else "-"
+
+
+def formats_section(formats: Sequence[Format], title: str = "Registered formats") -> Section:
+    """The key numbers of each format, one row per format."""
+    headers = [
+        "format",
+        "bits",
+        "ebits",
+        "mbits",
+        "bias",
+        "p",
+        "emin",
+        "emax",
+        "max",
+        "min normal",
+        "min subnormal",
+        "eps",
+        "inf",
+        "NaN",
+        "torch dtype",
+        "aliases",
+    ]
+    rows = [
+        [
+            fmt.name,
+            str(fmt.bits),
+            str(fmt.ebits),
+            str(fmt.mbits),
+            str(fmt.bias),
+            str(fmt.precision),
+            str(fmt.emin),
+            str(fmt.emax),
+            output.number_text(fmt.max),
+            output.number_text(fmt.min_normal),
+            output.number_text(fmt.min_subnormal),
+            output.number_text(fmt.eps),
+            "yes" if fmt.inf else "no",
+            fmt.nan,
+            dtype_text(fmt),
+            ", ".join(aliases(fmt)),
+        ]
+        for fmt in formats
+    ]
+    notes = [
+        "p = precision = mbits + 1; emin = 1 - bias (smallest normal exponent); "
+        "emax = floor(log2(max)); eps = 2^-mbits.",
+        "NaN: ieee = top binade reserved (inf and NaNs); fn = only the all-ones code is NaN; "
+        "fnuz = the negative-zero code is the single NaN; none = no NaN.",
+    ]
+    groups = [
+        ["bits", "ebits", "mbits", "bias", "p", "emin", "emax", "inf", "NaN", "torch dtype"],
+        ["max", "min normal", "min subnormal", "eps", "aliases"],
+    ]
+    left = ("format", "NaN", "torch dtype", "aliases")
+    return Section(title, headers, rows, notes, left, groups)
+
+
+def formats_command() -> None:
+    """List every registered format with its key numbers (bits, bias, range, specials)."""
+    formats_section(list(FORMATS.values())).print(output.new_console())
+
+
+def bit_fields(code: int, fmt: Format) -> str:
+    """The code in binary, with sign, exponent and mantissa fields separated by spaces."""
+    bits = f"{code:0{fmt.bits}b}"
+    if fmt.twos_complement:
+        return bits
+    sign = int(fmt.signed)
+    fields = (bits[:sign], bits[sign : sign + fmt.ebits], bits[sign + fmt.ebits :])
+    return " ".join(part for part in fields if part)
+
+
+def properties_section(fmt: Format) -> Section:
+    """Every property of one format, with what it means."""
+    value = output.value_text
+    rows = [
+        ["name", fmt.name, "canonical name"],
+        ["aliases", ", ".join(aliases(fmt)) or "-", "other names format() accepts"],
+        ["bits", str(fmt.bits), "sign + ebits + mbits"],
+        ["signed", "yes" if fmt.signed else "no", "has a sign bit"],
+        ["ebits", str(fmt.ebits), "exponent bits"],
+        ["mbits", str(fmt.mbits), "mantissa (trailing significand) bits"],
+        ["bias", str(fmt.bias), "exponent bias"],
+        ["precision", str(fmt.precision), "significand bits incl. the implicit one"],
+        ["emin", str(fmt.emin), "exponent of the smallest normal binade"],
+        ["emax", str(fmt.emax), "floor(log2(max))"],
+        ["max", value(fmt.max), "largest finite value"],
+        ["lowest", value(fmt.lowest), "most negative finite value"],
+        ["min normal", value(fmt.min_normal), "2^emin"],
+        ["min subnormal", value(fmt.min_subnormal), "smallest positive value"],
+        ["eps", value(fmt.eps), "distance from 1 to the next value"],
+        ["subnormals", "yes" if fmt.subnormals else "no", "gradual underflow"],
+        ["negative zero", "yes" if fmt.has_negative_zero else "no", ""],
+        ["inf", "yes" if fmt.inf else "no", "has infinities"],
+        ["NaN encoding", fmt.nan, "ieee, fn, fnuz or none"],
+        ["two's complement", "yes" if fmt.twos_complement else "no", "integer grid"],
+        ["codes", str(fmt.num_codes), "2^bits"],
+        ["torch dtype", dtype_text(fmt), "dtype holding exactly these values"],
+    ]
+    headers = ["property", "value", "meaning"]
+    return Section(f"Format {fmt.name}", headers, rows, left=tuple(headers))
+
+
+def values_section(fmt: Format) -> Section:
+    """Every code of the format: hex, binary fields, value and class."""
+    rows = [
+        [
+            output.hex_code(code, fmt),
+            bit_fields(code, fmt),
+            output.value_text(value),
+            outcomes.value_class(value, fmt),
+        ]
+        for code, value in reference.all_values(fmt)
+    ]
+    return Section(
+        f"All {fmt.num_codes} codes of {fmt.name}",
+        ["code", "bits", "value", "class"],
+        rows,
+        left=("bits", "class"),
+    )
+
+
+def info_command(
+    format_name: Annotated[
+        str,
+        typer.Argument(
+            metavar="FORMAT",
+            help="A format name or alias, e.g. e4m3fn, bf16, p3109_k8p4se, cfloat8_e4m3_b20.",
+        ),
+    ],
+    values: Annotated[
+        bool,
+        typer.Option(help="List every code with its value (formats of at most 8 bits)."),
+    ] = True,
+) -> None:
+    """Show a format's properties and, for formats of at most 8 bits, every code's value."""
+    fmt = output.checked(lambda: find_format(format_name))
+    console = output.new_console()
+    properties_section(fmt).print(console)
+    if not values:
+        return
+    if fmt.bits <= VALUE_TABLE_MAX_BITS:
+        values_section(fmt).print(console)
+    else:
+        console.print(
+            f"(the value table is listed for formats of at most {VALUE_TABLE_MAX_BITS} bits; "
+            f"{fmt.name} has {fmt.bits})",
+            markup=False,
+        )

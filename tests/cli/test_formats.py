@@ -1,0 +1,105 @@
+"""Tests for stochround.cli.formats: `stochround formats` and `stochround info FORMAT`.
+
+Assertions read the printed tables back (values, codes, classes) and compare them with the
+scalar reference, so a table that prints but says the wrong thing fails.
+"""
+
+import math
+import re
+
+import pytest
+from helpers import ok, row
+
+from stochround import reference
+from stochround.formats import FORMATS
+
+
+def test_formats_lists_every_format_and_e4m3fn_max_448():
+    output = ok("formats")
+    for name in FORMATS:
+        assert row(output, name)
+    cells = row(output, "e4m3fn")
+    # format bits ebits mbits bias p emin emax max min-normal min-subnormal eps inf NaN dtype
+    assert cells[1:9] == ["8", "4", "3", "7", "4", "-6", "8", "448"]
+    assert cells[9:14] == ["2^-6", "2^-9", "2^-3", "no", "fn"]
+    assert cells[14] == "float8_e4m3fn"
+    assert "fp8_e4m3fn" in cells[15]
+    assert row(output, "bfloat16")[8] == "3.39e+38"
+
+
+def test_formats_splits_into_two_tables_on_a_narrow_terminal():
+    output = ok("formats", columns=80)
+    assert "(1/2)" in output and "(2/2)" in output
+    table_lines = [line for line in output.splitlines() if not line.startswith(("p =", "NaN:"))]
+    assert max(map(len, table_lines)) <= 80
+    first, second = output.split("(2/2)")
+    assert row(first, "e4m3fn")[1] == "8"
+    assert row(second, "e4m3fn")[1] == "448"
+
+
+def _value_rows(output: str) -> dict[int, tuple[str, float, str]]:
+    """code -> (bits, value, class) from an info value table."""
+    rows = {}
+    pattern = re.compile(r"^0x([0-9a-f]+)\s{2,}([01 ]+?)\s{2,}(\S+)\s{2,}(\w+)$")
+    for line in output.splitlines():
+        if match := pattern.match(line.strip()):
+            code, bits, value, kind = match.groups()
+            rows[int(code, 16)] = (bits, float(value), kind)
+    return rows
+
+
+def test_info_e2m1_lists_all_16_codes_with_values_and_classes():
+    output = ok("info", "e2m1")
+    rows = _value_rows(output)
+    assert sorted(rows) == list(range(16))
+    for code, value in reference.all_values("e2m1"):
+        assert rows[code][1] == value and math.copysign(1, rows[code][1]) == math.copysign(1, value)
+    assert rows[0x7] == ("0 11 1", 6.0, "normal")
+    assert rows[0xF] == ("1 11 1", -6.0, "normal")
+    assert rows[0x1] == ("0 00 1", 0.5, "subnormal")
+    assert rows[0x8][2] == "zero"
+    assert row(output, "max")[1] == "6.0"
+    assert row(output, "aliases")[1].startswith("fp4")
+
+
+@pytest.mark.parametrize(
+    ("name", "classes"),
+    [
+        ("e4m3fn", {"zero": 2, "subnormal": 14, "normal": 238, "nan": 2}),
+        ("e5m2", {"zero": 2, "subnormal": 6, "normal": 240, "inf": 2, "nan": 6}),
+        ("p3109_k8p4se", {"zero": 1, "subnormal": 14, "normal": 238, "inf": 2, "nan": 1}),
+        ("cfloat8_e4m3_b20", {"zero": 2, "subnormal": 14, "normal": 240}),
+        ("int4", {"zero": 1, "integer": 15}),
+    ],
+)
+def test_info_value_table_matches_the_reference(name, classes):
+    output = ok("info", name)
+    rows = _value_rows(output)
+    expected = reference.all_values(name)
+    assert len(rows) == len(expected)
+    for code, value in expected:
+        shown = rows[code][1]
+        assert (math.isnan(shown) and math.isnan(value)) or shown == value
+    counts = {}
+    for _, _, kind in rows.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    assert counts == classes
+
+
+def test_info_parsed_format_names_show_their_properties():
+    output = ok("info", "p3109_k8p4se", "--no-values")
+    assert row(output, "bias")[1] == "8"
+    assert row(output, "max")[1] == "224.0"
+    assert row(output, "NaN encoding")[1] == "fnuz"
+    assert not _value_rows(output)
+    output = ok("info", "cfloat8_e4m3_b20", "--no-values")
+    assert row(output, "bias")[1] == "20"
+    assert row(output, "inf")[1] == "no"
+
+
+def test_info_of_a_wide_format_skips_the_value_table():
+    output = ok("info", "bf16")
+    assert row(output, "name")[1] == "bfloat16"
+    assert row(output, "max")[1] == repr(FORMATS["bfloat16"].max)
+    assert "at most 8 bits" in output
+    assert not _value_rows(output)
