@@ -193,7 +193,8 @@ def _step_kernel(
     SR: tl.constexpr,
     MAXIMIZE: tl.constexpr,
     DECAY: tl.constexpr,
-    OPTION: tl.constexpr,
+    MOMENTUM: tl.constexpr,
+    FIRST_STEP: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCKS: tl.constexpr,
     DEPENDENT: tl.constexpr,
@@ -210,8 +211,9 @@ def _step_kernel(
     Scalars (float32, row t of ``scalars``, written by `_scalars_kernel`), by ALGORITHM:
     AdamW and Adam (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t), L2
     wd) with DECAY for Adam's L2 decay; SGD (lr, momentum, 1 - dampening, weight_decay)
-    with OPTION 0 no momentum, 1 momentum, 2 Nesterov, +3 on the first step (buffer =
-    gradient), and DECAY when weight_decay != 0; Lion (decay, b1, 1 - b1, b2, 1 - b2, lr)."""
+    with MOMENTUM "none", "momentum" or "nesterov" (FIRST_STEP: the buffer's first step,
+    buffer = gradient), and DECAY when weight_decay != 0; Lion (decay, b1, 1 - b1, b2,
+    1 - b2, lr)."""
     program = tl.program_id(0)
     tensor = tl.load(blocks_ptr + 2 * program)
     first_block = tl.load(blocks_ptr + 2 * program + 1).to(tl.int64)
@@ -226,13 +228,15 @@ def _step_kernel(
     if (first_block + BLOCKS) * (ROWS * 4) <= numel:
         # every block full: load the next block while this one is updated (two blocks in
         # flight a thread; the last prefetch is masked off as a whole)
-        loaded = _load_block(bases, first_block * (ROWS * 4), None, ALGORITHM, OPTION, ROWS)
+        loaded = _load_block(
+            bases, first_block * (ROWS * 4), None, ALGORITHM, MOMENTUM, FIRST_STEP, ROWS
+        )
         for i in range(BLOCKS):  # a constexpr trip count: the interpreter's numpy needs one
             block = first_block + i
             following = _load_block(bases, (block + 1) * (ROWS * 4), i + 1 < BLOCKS, ALGORITHM,
-                                    OPTION, ROWS)  # fmt: skip
+                                    MOMENTUM, FIRST_STEP, ROWS)  # fmt: skip
             _update_block(bases, scalars, loaded, block * (ROWS * 4), None, seed, base, block,
-                          ALGORITHM, SR, MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
+                          ALGORITHM, SR, MAXIMIZE, DECAY, MOMENTUM, FIRST_STEP, ROWS)  # fmt: skip
             loaded = following
     else:
         for i in range(BLOCKS):
@@ -240,9 +244,9 @@ def _step_kernel(
             start = block * (ROWS * 4)
             if start < numel:
                 mask = _block_position(start, ROWS) < numel
-                loaded = _load_block(bases, start, mask, ALGORITHM, OPTION, ROWS)
-                _update_block(bases, scalars, loaded, start, mask, seed, base, block,
-                              ALGORITHM, SR, MAXIMIZE, DECAY, OPTION, ROWS)  # fmt: skip
+                loaded = _load_block(bases, start, mask, ALGORITHM, MOMENTUM, FIRST_STEP, ROWS)
+                _update_block(bases, scalars, loaded, start, mask, seed, base, block, ALGORITHM,
+                              SR, MAXIMIZE, DECAY, MOMENTUM, FIRST_STEP, ROWS)  # fmt: skip
 
 
 @triton.jit
@@ -275,7 +279,13 @@ def _block_position(start, ROWS: tl.constexpr):
 
 @triton.jit
 def _load_block(
-    bases, start, mask, ALGORITHM: tl.constexpr, OPTION: tl.constexpr, ROWS: tl.constexpr
+    bases,
+    start,
+    mask,
+    ALGORITHM: tl.constexpr,
+    MOMENTUM: tl.constexpr,
+    FIRST_STEP: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     """What the update of the ``ROWS x 4`` elements from ``start`` reads, as stored: the
     gradient, the parameter and the states it uses (the gradient stands in for the others)."""
@@ -284,7 +294,7 @@ def _load_block(
     value = tl.load(bases[0] + position, mask=mask)
     first = grad
     second = grad
-    if ALGORITHM != "sgd" or (OPTION % 3 != 0 and OPTION < 3):  # SGD: its momentum buffer only
+    if ALGORITHM != "sgd" or (MOMENTUM != "none" and not FIRST_STEP):  # SGD: its buffer only
         first = tl.load(bases[2] + position, mask=mask)
     if ALGORITHM == "adamw":
         second = tl.load(bases[3] + position, mask=mask)
@@ -305,7 +315,8 @@ def _update_block(
     SR: tl.constexpr,
     MAXIMIZE: tl.constexpr,
     DECAY: tl.constexpr,
-    OPTION: tl.constexpr,
+    MOMENTUM: tl.constexpr,
+    FIRST_STEP: tl.constexpr,
     ROWS: tl.constexpr,
 ):
     """Update the ``ROWS x 4`` elements from ``start`` of one parameter from what
@@ -338,13 +349,13 @@ def _update_block(
     elif ALGORITHM == "sgd":
         if DECAY:
             grad = grad + scalar3 * value
-        if OPTION % 3 != 0:
-            if OPTION >= 3:
+        if MOMENTUM != "none":
+            if FIRST_STEP:
                 buffer = grad
             else:
                 buffer = first.to(tl.float32)
                 buffer = buffer * scalar1 + scalar2 * grad
-            if OPTION % 3 == 2:
+            if MOMENTUM == "nesterov":
                 grad = grad + scalar1 * buffer
             else:
                 grad = buffer
@@ -419,7 +430,8 @@ def fused_step(
     sr: bool,
     maximize: bool,
     decay: bool = False,
-    option: int = 0,
+    momentum: str = "none",
+    first_step: bool = False,
 ) -> None:
     """Advance the int64 step counts ``steps`` and update ``params`` and their ``states``
     (one list per state slot, each as long as ``params``) in place: two launches, the
@@ -428,7 +440,9 @@ def fused_step(
     ``constants`` (`_scalars_kernel`'s): AdamW and Adam (b1, b2, eps, decoupled wd, the 32
     ``power_squares`` of b1 and of b2, L2 wd), SGD (momentum, dampening, wd), Lion (b1,
     b2, wd);
-    ``lr`` a float or a one-element tensor (a float is a constant to a compiled graph)."""
+    ``lr`` a float or a one-element tensor (a float is a constant to a compiled graph);
+    ``decay``: Adam's L2 or SGD's weight decay applied to the gradient; ``momentum`` (SGD):
+    "none", "momentum" or "nesterov", ``first_step`` its buffer's first step."""
     if not params:
         return
     device = params[0].device
@@ -460,7 +474,8 @@ def fused_step(
         sr,
         maximize,
         decay,
-        option,
+        momentum,
+        first_step,
     )
 
 
@@ -478,7 +493,8 @@ def _fused_step_impl(
     sr: bool,
     maximize: bool,
     decay: bool,
-    option: int,
+    momentum: str,
+    first_step: bool,
 ) -> None:
     """`fused_step` with the states flattened slot by slot and the lr a 0-d tensor or, with
     none, ``lr_value``."""
@@ -528,7 +544,8 @@ def _fused_step_impl(
             SR=sr,
             MAXIMIZE=maximize,
             DECAY=decay,
-            OPTION=option,
+            MOMENTUM=momentum,
+            FIRST_STEP=first_step,
             ROWS=ROWS,
             BLOCKS=BLOCKS,
             DEPENDENT=dependent,
@@ -545,7 +562,7 @@ _fused_step_op = torch.library.custom_op(
 
 @_fused_step_op.register_fake
 def _(params, grads, states, steps, lr_tensor, lr_value, algorithm, indices, constants, seed,
-      sr, maximize, decay, option) -> None:  # fmt: skip
+      sr, maximize, decay, momentum, first_step) -> None:  # fmt: skip
     return None
 
 

@@ -237,13 +237,17 @@ class SGD(SROptimizer):
         return first
 
     def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
-        """``option``: 0 no momentum, 1 momentum, 2 Nesterov, +3 on the buffer's first step;
-        ``decay``: weight_decay != 0."""
-        first = self.momentum_buffer(group, param)
-        option = 0 if group["momentum"] == 0 else 2 if group["nesterov"] else 1
-        if option and first:
-            option += 3
-        return {"option": option, "decay": group["weight_decay"] != 0}
+        """``momentum``: "none", "momentum" or "nesterov"; ``first_step``: the momentum
+        buffer's first step (the buffer starts as the gradient); ``decay``: weight_decay != 0."""
+        momentum = (
+            "none" if group["momentum"] == 0 else "nesterov" if group["nesterov"] else "momentum"
+        )
+        first_step = momentum != "none" and self.momentum_buffer(group, param)
+        return {
+            "momentum": momentum,
+            "first_step": first_step,
+            "decay": group["weight_decay"] != 0,
+        }
 
     def update(
         self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
