@@ -248,6 +248,9 @@ def _round_exact(value, r, FMT: tl.constexpr, ROUNDING: tl.constexpr):
     negative, sig, exp, special = value
     MBITS: tl.constexpr = FMT[0]
     EMIN: tl.constexpr = FMT[1]
+    # a tuple's strings reach a called function only as constexprs (named here)
+    MODE: tl.constexpr = ROUNDING[0]
+    VARIANT: tl.constexpr = ROUNDING[1]
     lead = _leading_bit(sig)
     sig = sig << (62 - lead).to(tl.int64)  # in [2**62, 2**63), or 0
     exp = exp - (62 - lead)
@@ -257,7 +260,7 @@ def _round_exact(value, r, FMT: tl.constexpr, ROUNDING: tl.constexpr):
     cut = tl.minimum(d, 63).to(tl.int64)
     kept = sig >> cut
     rem = sig - (kept << cut)
-    away = _away(kept, rem, d, e, negative, r, MBITS, FMT[2], ROUNDING[0], ROUNDING[1], ROUNDING[2])
+    away = _away(kept, rem, d, e, negative, r, MBITS, FMT[2], MODE, VARIANT, ROUNDING[2])
     total = (kept + away.to(tl.int64)).to(tl.int32)  # <= 2**(mbits + 1) <= 2**24
     total_bits = total.to(tl.float32).to(tl.int32, bitcast=True)
     exponent = (total_bits >> 23) - 127 + q  # floor(log2) of the rounded magnitude
@@ -285,8 +288,8 @@ def _round_exact(value, r, FMT: tl.constexpr, ROUNDING: tl.constexpr):
         FMT[9],
         FMT[10],
         FMT[11],
-        ROUNDING[0],
-        ROUNDING[1],
+        MODE,
+        VARIANT,
         ROUNDING[2],
     )
     overflow = tl.where(negative, FMT[9], FMT[8])
@@ -361,7 +364,8 @@ def _step(value, step, index, stream, tile, FMT: tl.constexpr, ROUNDING: tl.cons
 @triton.jit
 def _add(x, y, step, index, stream, tile, FMT: tl.constexpr, ROUNDING: tl.constexpr):
     """x + y (exact values) rounded once at reduction step t, as `_step` (fp32 bits)."""
-    return _step(_exact_sum(x, y, ROUNDING[0]), step, index, stream, tile, FMT, ROUNDING)
+    MODE: tl.constexpr = ROUNDING[0]
+    return _step(_exact_sum(x, y, MODE), step, index, stream, tile, FMT, ROUNDING)
 
 
 @triton.jit
