@@ -1,53 +1,52 @@
-"""The practical floor of our kernels' memory traffic on this GPU, beside our kernels.
+"""The practical floor of the kernels' memory traffic, beside stochround's kernels.
 
-Optimizer: a Triton kernel that only streams what an AdamW step with bf16 parameters and
-states must move (reads p, g, m, v; writes p, m, v; 14 bytes per element, one trivial add
-each) over flat buffers as large as the optimizer benchmark's 16 x 4096**2 parameters,
-with a few launch configurations; then stochround's AdamW (bf16 states, "sr" and "rne")
-over 16 tensors of 4096**2; against the device copy of the same run (the floor of
-`bench_optim.py`: 14 bytes per parameter at the copy bandwidth).
+Triton kernels that only move the bytes an operation must move, at a few launch
+configurations (provider ``stream_<elements a program>x<warps>``), against stochround doing
+the operation and the device copy (the reference):
 
-Casts: a Triton kernel that reads 2**28 fp32 values and writes what a cast to bf16 (2
-bytes a value), to fp8 codes (1 byte) or to packed fp4 (1 byte per 2 values) writes, the
-output bits cut from the input's with one shift (no rounding, no random bits), with a few
-launch configurations; then stochround's SR casts of the same values to those formats.
+- adamw_stream: read four bf16 arrays and write three (an AdamW step's p, g, m, v read and
+  p, m, v written: 14 bytes a parameter, one add each) over ``--count`` x ``--dim``**2
+  elements (268M); stochround's AdamW step (bf16 states, "sr" and "rne") on as many
+  parameters. Every row counts 14 bytes a parameter, so % of the copy is 1 / (x floor).
+- cast_bf16, cast_e4m3fn, cast_e2m1: read 2**log2n fp32 values and write what the cast
+  writes (2 bytes, 1 byte, or 4 bits a value), the output bits cut from the input's top
+  bits with one shift (no rounding, no random bits); stochround's SR cast of the same values
+  (e2m1 with ``nan="zero"``).
 
-Both answer how close to the bytes any kernel can come, so that a peer ratio or a
-percentage of the copy bandwidth can be judged against what the memory allows.
+The stream kernels' outputs are checked against the same shifts in PyTorch, stochround's as
+in bench_cast. How close to the bytes any kernel comes judges a percentage of the copy.
 
-    python benchmarks/bench_stream_floor.py        # on the GPU (CUDA only)
+    python benchmarks/bench_stream_floor.py                                        # GPU
+    python benchmarks/bench_stream_floor.py --device cpu --log2n 13 --count 1 --dim 64 \\
+        --repeats 1                                                                # smoke test
 """
 
 from __future__ import annotations
 
-import argparse
+import sys
+from functools import partial
 
+# harness first: without a GPU it sets TRITON_INTERPRET, which must precede importing Triton
+import harness
 import torch
 import triton
 import triton.language as tl
-from gpu_timing import device_description, time_function
-from rich.console import Console
-from rich.table import Table
+from torch import Tensor
 
 import stochround
 
-# (elements a program, warps)
-LAUNCHES = ((1024, 4), (2048, 4), (2048, 8), (4096, 8))
+LAUNCHES = ((1024, 4), (2048, 4), (2048, 8), (4096, 8))  # (elements a program, warps)
 CAST_LAUNCHES = ((2048, 2), (2048, 4), (4096, 4), (4096, 8), (8192, 8))
-CAST_LOG2N = 28
-COPY_LOG2N = 28
-COPY_BYTES = 8 * 2**COPY_LOG2N  # what the device copy moves: fp32 read and written
-# (label, values per output element, what the stream kernel writes, stochround's target
-# dtype, its further keywords)
-CASTS = (
-    ("bf16", 1, torch.bfloat16, torch.bfloat16, {}),
-    ("fp8 e4m3fn codes", 1, torch.uint8, torch.float8_e4m3fn, {}),
-    ("fp4 e2m1 packed", 2, torch.uint8, torch.float4_e2m1fn_x2, {"nan": "zero"}),
-)
+# case: (stochround's dtype and keywords, bytes an element, values an output element)
+CASTS = {
+    "cast_bf16": (torch.bfloat16, {}, "bfloat16", 6, 1),
+    "cast_e4m3fn": (torch.float8_e4m3fn, {}, "e4m3fn", 5, 1),
+    "cast_e2m1": (torch.float4_e2m1fn_x2, {"nan": "zero"}, "e2m1", 4.5, 2),
+}
 
 
 @triton.jit
-def _stream_kernel(p_ptr, g_ptr, m_ptr, v_ptr, BLOCK: tl.constexpr):
+def stream_kernel(p_ptr, g_ptr, m_ptr, v_ptr, BLOCK: tl.constexpr):
     """Read four bf16 arrays and write three: an AdamW step's traffic, no update math."""
     position = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     p = tl.load(p_ptr + position).to(tl.float32)
@@ -60,10 +59,10 @@ def _stream_kernel(p_ptr, g_ptr, m_ptr, v_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _cast_stream_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, PAIRS: tl.constexpr):
-    """Read BLOCK fp32 values a program and write a cast's bytes: the top bits of each
-    value (16 for a bf16 output, 8 for a byte), or with PAIRS the top 4 bits of two
-    neighbours in one byte (packed fp4)."""
+def cast_stream_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, PAIRS: tl.constexpr):
+    """Read BLOCK fp32 values a program and write a cast's bytes: the top bits of each value
+    (16 for a bf16 output, 8 for a byte), or with PAIRS the top 4 bits of two neighbours in
+    one byte (packed fp4, the first value in the low half)."""
     position = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     bits = tl.load(x_ptr + position).to(tl.uint32, bitcast=True)
     if PAIRS:
@@ -77,117 +76,96 @@ def _cast_stream_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr, PAIRS: tl.constexpr
         tl.store(out_ptr + position, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True))
 
 
-def median_us(function, device: torch.device) -> float:
-    return time_function(function, device).median_us
+def cut_bits(x: Tensor, pairs: int, dtype: torch.dtype) -> Tensor:
+    """What the cast stream kernel writes, computed by PyTorch."""
+    bits = x.view(torch.int32)
+    if pairs == 2:
+        low, high = bits[0::2], bits[1::2]
+        return (((low >> 28) & 0xF) | ((high >> 24) & 0xF0)).to(torch.uint8)
+    if dtype == torch.bfloat16:
+        return (bits >> 16).to(torch.int16).view(torch.bfloat16)
+    return ((bits >> 24) & 0xFF).to(torch.uint8)
 
 
-def copy_us(device: torch.device) -> float:
-    """The device copy of 2**COPY_LOG2N fp32 values (COPY_BYTES moved)."""
-    source = torch.randn(2**COPY_LOG2N, device=device)
-    destination = torch.empty_like(source)
-    return median_us(lambda: destination.copy_(source), device)
+def cast_stream(x: Tensor, case: str, block: int, warps: int) -> harness.Run:
+    dtype, _, _, nbytes, pairs = CASTS[case]
+    out_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.uint8
+    out = torch.empty(x.numel() // pairs, dtype=out_dtype, device=x.device)
+    grid = (x.numel() // block,)
+
+    def call() -> Tensor:
+        cast_stream_kernel[grid](x, out, BLOCK=block, PAIRS=pairs == 2, num_warps=warps)
+        return out
+
+    return harness.Run(
+        call, harness.equal_check(cut_bits(x, pairs, dtype)), x.numel(), nbytes * x.numel()
+    )
 
 
-def stream_rows(numel: int, device: torch.device) -> list[tuple[str, float]]:
-    """The stream kernel over four flat bf16 buffers of ``numel`` values, each launch."""
-    buffers = [torch.randn(numel, device=device).to(torch.bfloat16) for _ in range(4)]
-    rows = []
-    for block, warps in LAUNCHES:
-        grid = (numel // block,)
-        time_us = median_us(
-            lambda b=block, w=warps, n=grid: _stream_kernel[n](*buffers, BLOCK=b, num_warps=w),
-            device,
-        )
-        rows.append((f"stream 4 reads + 3 writes, {block} a program, {warps} warps", time_us))
-    return rows
+def adamw_stream(numel: int, block: int, warps: int, device: torch.device) -> harness.Run:
+    p, g, m, v = (torch.randn(numel, device=device).to(torch.bfloat16) for _ in range(4))
+    expected = m.float() + g.float()
+
+    def call() -> Tensor:
+        stream_kernel[(numel // block,)](p, g, m, v, BLOCK=block, num_warps=warps)
+        return m
+
+    def check(output: Tensor) -> str:
+        # within a bf16 ulp: Triton's interpreter converts to bf16 toward zero, GPUs to nearest
+        if not torch.allclose(output.float(), expected, rtol=2**-7, atol=0):
+            raise harness.CheckFailed("m != m + g after one call")
+        return "ok m = m + g in bf16"
+
+    return harness.Run(call, check, numel, 14 * numel)
 
 
-def adamw_rows(count: int, dim: int, device: torch.device) -> list[tuple[str, float]]:
-    """stochround's AdamW over ``count`` bf16 tensors of dim x dim, "sr" and "rne"."""
+def adamw(count: int, dim: int, rounding: str, device: torch.device) -> harness.Run:
     generator = torch.Generator(device=device).manual_seed(0)
     params = []
     for _ in range(count):
         param = torch.randn((dim, dim), generator=generator, device=device).to(torch.bfloat16)
         param.grad = torch.randn_like(param)
         params.append(param)
-    rows = []
-    for rounding in ("sr", "rne"):
-        optimizer = stochround.optim.AdamW(
-            params, lr=1e-3, state_dtype=torch.bfloat16, rounding=rounding, seed=0
-        )
-        label = f"stochround AdamW bf16, bf16 states, {rounding}"
-        rows.append((label, median_us(optimizer.step, device)))
-    return rows
-
-
-def cast_rows(device: torch.device) -> list[tuple[str, float, float]]:
-    """(label, median us, bytes moved) of the cast stream kernel for each cast and launch,
-    then of stochround's SR cast (triton backend, fixed seed) of the same values."""
-    x = torch.randn(2**CAST_LOG2N, device=device)
-    rows = []
-    for label, per_output, dtype, target, options in CASTS:
-        out = torch.empty(x.numel() // per_output, dtype=dtype, device=device)
-        moved = x.numel() * (4 + out.element_size() / per_output)
-        for block, warps in CAST_LAUNCHES:
-            grid = (x.numel() // block,)
-            time_us = median_us(
-                lambda b=block, w=warps, n=grid, o=out, p=per_output: _cast_stream_kernel[n](
-                    x, o, BLOCK=b, PAIRS=p == 2, num_warps=w
-                ),
-                device,
-            )
-            rows.append((f"stream to {label}, {block} a program, {warps} warps", time_us, moved))
-        time_us = median_us(
-            lambda t=target, o=options: stochround.cast(x, t, "sr", seed=1, backend="triton", **o),
-            device,
-        )
-        notes = "".join(f", {key}={value!r}" for key, value in options.items())
-        rows.append((f"stochround cast to {label}, SR{notes}", time_us, moved))
-    return rows
-
-
-def optim_table(count: int, dim: int, copy: float, device: torch.device) -> Table:
-    """The optimizer's stream rows and our steps against 14 B/param at the copy bandwidth."""
-    numel = count * dim * dim
-    floor_us = 14 * numel / (COPY_BYTES / copy)
-    table = Table(title=f"{device_description(device).get('gpu')}: copy {copy:.1f} us")
-    for header in ("what", "median us", "x floor"):
-        table.add_column(header)
-    table.add_row("floor: 14 B/param at the copy bandwidth", f"{floor_us:.1f}", "1.000")
-    for label, time_us in stream_rows(numel, device) + adamw_rows(count, dim, device):
-        table.add_row(label, f"{time_us:.1f}", f"{time_us / floor_us:.3f}")
-    return table
-
-
-def cast_table(copy: float, device: torch.device) -> Table:
-    """The casts' stream rows and our SR casts against their bytes at the copy bandwidth."""
-    table = Table(title=f"casts of 2**{CAST_LOG2N} fp32 values: copy {copy:.1f} us")
-    for header in ("what", "median us", "bytes at copy bw, us", "% of copy bw"):
-        table.add_column(header)
-    for label, time_us, moved in cast_rows(device):
-        at_copy = moved / (COPY_BYTES / copy)
-        table.add_row(label, f"{time_us:.1f}", f"{at_copy:.1f}", f"{100 * at_copy / time_us:.1f}")
-    return table
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=16, help="tensors (16)")
-    parser.add_argument("--dim", type=int, default=4096, help="each dim x dim (4096)")
-    parser.add_argument(
-        "--part", choices=("all", "optim", "casts"), default="all", help="what to run (all)"
+    optimizer = stochround.optim.AdamW(
+        params, lr=1e-3, state_dtype=torch.bfloat16, rounding=rounding, seed=0
     )
-    args = parser.parse_args()
-    device = torch.device("cuda")
-    if args.count * args.dim * args.dim % LAUNCHES[-1][0]:
-        parser.error(f"count x dim**2 must be a multiple of {LAUNCHES[-1][0]}")
-    copy = copy_us(device)
-    console = Console(width=100)
-    if args.part != "casts":
-        console.print(optim_table(args.count, args.dim, copy, device))
-    if args.part != "optim":
-        console.print(cast_table(copy, device))
+    numel = count * dim * dim
+    return harness.Run(optimizer.step, None, numel, 14 * numel, "checks: bench_optim")
+
+
+def main() -> int:
+    bench = harness.Benchmark("bench_stream_floor", __doc__, reference="copy/torch")
+    bench.parser.add_argument("--log2n", type=int, default=28, help="cast elements (2**28)")
+    bench.parser.add_argument("--count", type=int, default=16, help="AdamW tensors (16)")
+    bench.parser.add_argument("--dim", type=int, default=4096, help="each dim x dim (4096)")
+    args = bench.parse_args()
+    device, numel = bench.device, args.count * args.dim**2
+    if numel % LAUNCHES[-1][0] or args.log2n < 13:
+        bench.parser.error("count x dim**2 must be a multiple of 4096, and log2n >= 13")
+    x = torch.randn(2**args.log2n, device=device)
+
+    def copy() -> harness.Run:
+        destination = torch.empty_like(x)
+        return harness.Run(
+            lambda: destination.copy_(x), harness.equal_check(x), x.numel(), 8 * x.numel()
+        )
+
+    bench.add("copy", "torch", copy, reference=True)
+    for block, warps in LAUNCHES:
+        build = partial(adamw_stream, numel, block, warps, device)
+        bench.add("adamw_stream", f"stream_{block}x{warps}", build)
+    for rounding in ("sr", "rne"):
+        build = partial(adamw, args.count, args.dim, rounding, device)
+        bench.add("adamw_stream", f"stochround_{rounding}", build, ours=True)
+    for case, (dtype, keywords, fmt, nbytes, _) in CASTS.items():
+        for block, warps in CAST_LAUNCHES:
+            build = partial(cast_stream, x, case, block, warps)
+            bench.add(case, f"stream_{block}x{warps}", build)
+        spec = ("cast", (dtype, "sr"), keywords, fmt, nbytes)
+        build = partial(harness.stochround_run, x, *spec, backend="triton", count=args.check_count)
+        bench.add(case, "stochround", build, ours=True)
+    return bench.run()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,25 +1,73 @@
 #!/usr/bin/env bash
-# On the GPU machine: install the carried wheels, then `tests` runs the GPU tests (every
-# Triton kernel compiled on CUDA against the PyTorch path, torch.compile, CUDA graphs,
-# CPU == CUDA, the hardware presets on CUDA tensors; the two-GPU tests where there are two)
-# and `bench` the rounding and optimizer benchmarks and the optimizer's streaming floor; no
-# argument runs both.
-# Usage there: bash benchmarks/run_gpu.sh [tests|bench]   (logs and tables under $OUT)
+# The GPU machine's runs, from the repository root (through the device tool; the peers'
+# wheels carried in .whl: torchao, heavyball, gfloat, array_api_compat, more_itertools).
+#
+#   bash benchmarks/run_gpu.sh tests   the test suite on the GPU: every test under tests/
+#                                      (kernels compiled on CUDA against the PyTorch path,
+#                                      torch.compile, CUDA graphs, CPU == CUDA, the hardware
+#                                      presets on CUDA; two-GPU tests where there are two),
+#                                      8 pytest-xdist workers where xdist is installed
+#   bash benchmarks/run_gpu.sh bench   every benchmark script (JSON and logs), then check.py
+#   bash benchmarks/run_gpu.sh         both
+#
+# Environment:
+#   GPU_TESTS="tests/kernels ..."      what pytest runs (default: tests)
+#   BENCHES="bench_cast bench_optim"   which scripts run (default: all below)
+#   BENCH_ARGS="--only bf16*,copy*"    options every script takes (harness.py's)
+#   BENCH_ARGS_bench_cast="..."        options for one script (its own, e.g. --gfloat-log2n)
+#   BASELINE_SRC=path/to/src           run each script again right after, on that source tree
+#                                      (PYTHONPATH; --tag baseline --ours-only), then
+#                                      compare.py: before and after in one call
+#   BENCH_COMMIT, BASELINE_COMMIT      the commits the JSON records (no .git travels)
+#
+# Under $OUT (at most 8 files come back): gpu_tests.log, bench.log (every script's
+# output), summary.txt (check.py, then compare.py), results.tar.gz (the JSON files).
+# Exit status: pytest's, or 1 where check.py finds a FAIL.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+RESULTS=${RESULTS:-/tmp/bench-results}
+mkdir -p "$OUT" "$RESULTS"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+status=0
+set -f  # patterns in BENCH_ARGS (--only bf16*) reach the scripts as written
+
 if [ "${1:-all}" != bench ]; then
-    python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_random.py \
-        tests/test_optim_kernel.py tests/test_matmul_kernel.py tests/test_launch.py \
-        tests/test_hardware.py tests/test_devices.py ${GPU_TESTS_EXTRA:-} 2>&1 \
-        | tee "$OUT/gpu_tests.log" | tail -25
+    workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+    # shellcheck disable=SC2086  # word splitting wanted: options and paths
+    PYTHONPATH=/tmp/site:src python3 -m pytest -q -p no:cacheprovider $workers \
+        ${GPU_TESTS:-tests} >"$OUT/gpu_tests.log" 2>&1
+    status=$?
+    tail -n 25 "$OUT/gpu_tests.log"
 fi
+
 if [ "${1:-all}" != tests ]; then
-    python3 benchmarks/bench_round.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 \
-        | tee "$OUT/bench_round.log" | tail -40
-    python3 benchmarks/bench_optim.py --out "$OUT" 2>&1 | tee "$OUT/bench_optim.log" | tail -45
-    python3 benchmarks/bench_stream_floor.py 2>&1 | tee "$OUT/bench_stream_floor.log" | tail -12
+    for bench in ${BENCHES:-bench_cast bench_optim bench_host bench_launch bench_stream_floor bench_cpu}; do
+        own="BENCH_ARGS_$bench"
+        started=$SECONDS
+        # shellcheck disable=SC2086
+        BENCH_COMMIT=${BENCH_COMMIT:-} PYTHONPATH=/tmp/site:src python3 "benchmarks/$bench.py" \
+            --out "$RESULTS" ${BENCH_ARGS:-} ${!own:-} >>"$OUT/bench.log" 2>&1
+        echo "$bench: exit $? after $((SECONDS - started)) s"
+        if [ -n "${BASELINE_SRC:-}" ]; then
+            started=$SECONDS
+            # shellcheck disable=SC2086
+            BENCH_COMMIT=${BASELINE_COMMIT:-baseline} PYTHONPATH="/tmp/site:$BASELINE_SRC" \
+                python3 "benchmarks/$bench.py" --out "$RESULTS" --tag baseline --ours-only \
+                ${BENCH_ARGS:-} ${!own:-} >>"$OUT/bench.log" 2>&1
+            echo "$bench (baseline $BASELINE_SRC): exit $? after $((SECONDS - started)) s"
+        fi
+    done
+    python3 benchmarks/check.py "$RESULTS" >"$OUT/summary.txt" 2>&1 || status=1
+    if [ -n "${BASELINE_SRC:-}" ]; then
+        python3 benchmarks/compare.py "$RESULTS" >>"$OUT/summary.txt" 2>&1
+    fi
+    tar czf "$OUT/results.tar.gz" -C "$RESULTS" .
+    cat "$OUT/summary.txt"
 fi
+exit $status
