@@ -1,5 +1,5 @@
 """Tests for stochround.cli.experiments: `stochround demo` (`stochround run` is exercised by
-tests/test_experiments.py)."""
+tests/experiments/test_experiments.py)."""
 
 import json
 import re
@@ -16,7 +16,7 @@ def _rows(output: str, first_cell: str) -> list[list[str]]:
 
 def test_demo_runs_every_quick_experiment_and_writes_one_report(tmp_path):
     """The numbers are those of the quick experiments with the default seed; the bands are
-    the experiments' own (tests/test_experiments.py derives them)."""
+    the experiments' own (tests/experiments/test_experiments.py derives them)."""
     from stochround.experiments import EXPERIMENTS
 
     output = ok("demo", "--out", str(tmp_path))
