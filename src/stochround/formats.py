@@ -51,7 +51,8 @@ class Format:
     """A binary number format: bit widths, bias and the encoding of special values.
 
     ``ebits`` and ``mbits``: exponent and mantissa (trailing significand) bits; ``bias``:
-    the exponent bias (None: IEEE's ``2**(ebits-1) - 1``, 0 without exponent bits);
+    the exponent bias (None: IEEE's ``2**(ebits-1) - 1``, 0 without exponent bits; the
+    constructed format holds the int, which `exponent_bias` reads with an int type);
     ``signed``: whether there is a sign bit; ``inf``: whether +-infinity has a code;
     ``nan``: where NaN lives (one of ``NAN_ENCODINGS``, see the module docstring);
     ``subnormals``: whether the exponent field 0 holds subnormals and zero;
@@ -123,6 +124,13 @@ class Format:
     # --- derived properties -------------------------------------------------------------
 
     @property
+    def exponent_bias(self) -> int:
+        """The exponent bias as an int: ``bias`` once ``__post_init__`` resolved None."""
+        bias = self.bias
+        assert bias is not None  # resolved in __post_init__ and checked to be an int
+        return bias
+
+    @property
     def bits(self) -> int:
         """Total width of a code in bits."""
         return int(self.signed) + self.ebits + self.mbits
@@ -135,7 +143,7 @@ class Format:
     @property
     def emin(self) -> int:
         """Exponent of the smallest normal binade (1 - bias; -bias without subnormals)."""
-        return 1 - self.bias if self.subnormals else -self.bias
+        return 1 - self.exponent_bias if self.subnormals else -self.exponent_bias
 
     @property
     def num_codes(self) -> int:
@@ -172,7 +180,7 @@ class Format:
         if exponent_field == 0 and self.subnormals:
             return Fraction(mantissa) * Fraction(2) ** (self.emin - self.mbits)
         return Fraction(2**self.mbits + mantissa) * Fraction(2) ** (
-            exponent_field - self.bias - self.mbits
+            exponent_field - self.exponent_bias - self.mbits
         )
 
     @cached_property

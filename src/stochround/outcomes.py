@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import Any
 
 from . import reference
 from .formats import Format
@@ -61,7 +62,7 @@ def outcomes(
     if math.isnan(x) or math.isinf(x):
         return [(reference.round_value(x, fmt, "sr", rbits=rbits, sat=sat, rand=0), Fraction(1))]
     p_away = reference.away_probability(reference.discarded_fraction(x, fmt), n, variant)
-    options = {"rbits": rbits, "variant": variant, "sat": sat}
+    options: dict[str, Any] = {"rbits": rbits, "variant": variant, "sat": sat}
     drawn: Outcomes = []
     if p_away < 1:
         drawn.append((reference.round_value(x, fmt, "sr", rand=0, **options), 1 - p_away))

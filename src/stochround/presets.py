@@ -32,7 +32,7 @@ hardware="amd-mi300")``. Each preset's ``description``
 says what the unit does, ``source`` which documents say so, ``decisions`` what was chosen
 where they disagree or are silent, and ``exact_domain`` where the preset equals
 ``sr.round(x, target, "sr", rbits=rbits, variant=variant, sat=sat)`` bit for bit.
-tests/test_hardware.py checks every preset against a bit-level model of its unit and
+tests/hardware/test_units.py checks every preset against a bit-level model of its unit and
 against that contract: for every random integer where the count fits the test budget
 (rbits 13 and 16), around the decision threshold otherwise, and the differences outside
 the domain exactly. A variant other than ``a`` or other steps can be tried with
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -50,6 +51,9 @@ from torch import Tensor
 from . import reference
 from .formats import Format
 from .formats import format as find_format
+
+# a float or a tensor, for functions whose body mypy checks for each of the two
+FloatOrTensor = TypeVar("FloatOrTensor", float, Tensor)
 
 __all__ = ["FAMILIES", "PRESETS", "HardwarePreset", "family", "preset"]
 
@@ -98,7 +102,7 @@ class HardwarePreset:
         """The format the instruction reads its input in."""
         return find_format(self.source_format)
 
-    def flushes(self, operand: float | Tensor) -> bool | Tensor:
+    def flushes(self, operand: FloatOrTensor) -> bool | Tensor:
         """Whether the unit sets operands (values of the source format) to zero: a bool for
         a float, a bool tensor for a tensor (False where the unit flushes nothing)."""
         if self.flush_below is None:
@@ -113,7 +117,9 @@ class HardwarePreset:
         zero = torch.zeros_like(operand)
         if self.target.has_negative_zero:
             zero = torch.copysign(zero, operand)
-        return torch.where(self.flushes(operand), zero, result)
+        flushed = self.flushes(operand)
+        assert isinstance(flushed, Tensor)  # a tensor operand with a threshold: a bool tensor
+        return torch.where(flushed, zero, result)
 
     def contract_arguments(self) -> dict[str, object]:
         """Keyword arguments of ``sr.round`` for the contract part of this preset."""

@@ -153,7 +153,7 @@ def philox4x32(
 # --------------------------------------------------------------------------------------
 
 
-def check_seed(value: int | Tensor, name: str) -> int | Tensor:
+def check_seed(value: object, name: str) -> int | Tensor:
     """A seed or offset, checked: an int in ``[0, 2**64)``, or a single-element int64 tensor
     (two's complement for values at or above ``2**63``); the ValueError/TypeError name it
     ``name``."""

@@ -92,7 +92,7 @@ def code_is_odd(kept: int, e: int, fmt: Format) -> bool:
     """
     if fmt.mbits > 0:
         return kept % 2 == 1
-    return kept != 0 and (e + fmt.bias) % 2 == 1
+    return kept != 0 and (e + fmt.exponent_bias) % 2 == 1
 
 
 def rounds_away(
@@ -185,7 +185,7 @@ def round_checked(
     negative = x < 0
     if isinstance(x, float) and math.isinf(x):
         return overflow_value(negative, True, fmt, mode, sat)
-    num, den = abs(x).as_integer_ratio()
+    num, den = _magnitude_ratio(x)
     if num == 0:
         if not fmt.has_zero:
             return fmt.min_normal
@@ -214,6 +214,13 @@ def round_checked(
     return value
 
 
+def _magnitude_ratio(x: float | Fraction) -> tuple[int, int]:
+    """|x| as the integer ratio num/den in lowest terms (den > 0): x's own ratio, whose sign
+    is its numerator's (as ``abs(x).as_integer_ratio()``, typed for floats and fractions)."""
+    num, den = x.as_integer_ratio()
+    return abs(num), den
+
+
 def _scaled(num: int, den: int, fmt: Format) -> tuple[int, int, int]:
     """For |x| = num/den > 0: e = max(floor(log2|x|), emin) and s = |x| 2**-(e - m) as a ratio."""
     e = max(floor_log2_ratio(num, den), fmt.emin)
@@ -232,7 +239,7 @@ def neighbours(x: float | Fraction, fmt: Format | str) -> tuple[float, float]:
 def discarded_fraction(x: float | Fraction, fmt: Format | str) -> Fraction:
     """nu = s - floor(s): the part of |x| below the target ulp, in ulps (0 on the grid)."""
     fmt = find_format(fmt)
-    num, den = abs(x).as_integer_ratio()
+    num, den = _magnitude_ratio(x)
     if num == 0:
         return Fraction(0)
     _, s_num, s_den = _scaled(num, den, fmt)
@@ -287,7 +294,7 @@ def encode_value(value: float, fmt: Format | str) -> int:
             magnitude_code = int(exact / fmt.ulp_at_emin)
         else:
             mantissa = int(exact / Fraction(2) ** (e - fmt.mbits)) - 2**fmt.mbits
-            magnitude_code = (e + fmt.bias) << fmt.mbits | mantissa
+            magnitude_code = (e + fmt.exponent_bias) << fmt.mbits | mantissa
     return int(negative) << magnitude_bits | magnitude_code
 
 

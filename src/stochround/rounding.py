@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 
 import torch
 from torch import Tensor
@@ -38,6 +38,11 @@ from .torch_path import (
     refuse_capture,
     round_tensor,
 )
+
+if TYPE_CHECKING:  # for annotations only: the kernels import Triton, DTensor is distributed's
+    from torch.distributed.tensor import DTensor
+
+    from .kernels.rounding import KernelPlan
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -160,7 +165,7 @@ class Route(NamedTuple):
     n: int  # random bits
     output: str  # OUTPUTS
     out_dtype: torch.dtype  # the result's: values' dtype, codes' integer dtype, or cast's
-    plan: object | None  # the Triton kernels' `KernelPlan`; None: the PyTorch path rounds
+    plan: KernelPlan | None  # the Triton kernels' plan; None: the PyTorch path rounds
     checked: bool  # whether the call checks for NaN results (`checks_nan`)
 
 
@@ -424,12 +429,12 @@ def _dispatch(
     return round_tensor(x, request, output, out_dtype)
 
 
-def _is_dtensor(x: Tensor) -> bool:
+def _is_dtensor(x: object) -> TypeGuard[DTensor]:
     return type(x).__name__ == "DTensor"
 
 
 def _round_dtensor(
-    x: Tensor, request: Request, output: str, round_local: Callable[[Tensor, Request], Tensor]
+    x: DTensor, request: Request, output: str, round_local: Callable[[Tensor, Request], Tensor]
 ) -> Tensor:
     """Round a DTensor shard by shard: each rank rounds its local tensor with
     ``round_local`` and the random words of its global indices (explicit integers: the rows
@@ -487,7 +492,7 @@ def round_float64(
     return round_tensor(x, request, "value", torch.float64)
 
 
-def round(  # noqa: A001 - the public name DESIGN.md gives
+def round(  # noqa: A001 - the public name users type, shadowing the builtin on purpose
     x: Tensor,
     fmt: Format | str | None = None,
     mode: str = "rne",

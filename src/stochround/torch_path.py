@@ -163,7 +163,7 @@ def round_values(
     if fmt.mbits > 0:
         odd = kept - 2 * torch.floor(kept * 0.5)
     else:
-        odd = torch.clamp(kept, max=1) * ((e + fmt.bias) & 1).to(dtype)
+        odd = torch.clamp(kept, max=1) * ((e + fmt.exponent_bias) & 1).to(dtype)
     negative = torch.relu(-torch.sign(xd))
     rounded = scale_by_power_of_two(kept + _away(s - kept, odd, negative, mode, n, variant, r), q)
     if not fmt.has_zero:
@@ -327,12 +327,12 @@ def encode_values(values: Tensor, fmt: Format, nan: str = "raise") -> Tensor:
     regular = torch.isfinite(values) & (values != 0)
     _, exponent = torch.frexp(torch.where(regular, magnitude, 1.0))
     e = torch.clamp(exponent.to(torch.int64) - 1, min=fmt.emin)
-    exponent_field = torch.where(magnitude < fmt.min_normal, 0, e + fmt.bias)
+    exponent_field = torch.where(magnitude < fmt.min_normal, 0, e + fmt.exponent_bias)
     significand = scale_by_power_of_two(magnitude, fmt.mbits - e).to(torch.int64)
     mantissa = torch.where(exponent_field == 0, significand, significand - 2**fmt.mbits)
     if not fmt.subnormals:
         mantissa = torch.zeros_like(mantissa)
-        exponent_field = e + fmt.bias
+        exponent_field = e + fmt.exponent_bias
     code = exponent_field << fmt.mbits | mantissa
     code = torch.where(values == 0, 0, code)
     code = torch.where(torch.isinf(values), fmt.max_magnitude_code + 1, code)
@@ -379,7 +379,9 @@ def decode_values(codes: Tensor, fmt: Format, dtype: torch.dtype) -> Tensor:
     value = torch.where(
         subnormal,
         scale_by_power_of_two(mantissa, torch.full_like(code, fmt.emin - fmt.mbits)),
-        scale_by_power_of_two(mantissa + 2**fmt.mbits, exponent_field - fmt.bias - fmt.mbits),
+        scale_by_power_of_two(
+            mantissa + 2**fmt.mbits, exponent_field - fmt.exponent_bias - fmt.mbits
+        ),
     )
     value = torch.where(magnitude_code == fmt.max_magnitude_code + 1, float("inf"), value)
     nan = magnitude_code > fmt.max_magnitude_code + int(fmt.inf)

@@ -12,6 +12,8 @@ offset .. offset + steps - 1 (`reduction_rand_shape` gives steps).  With explici
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -214,11 +216,11 @@ def sum(  # noqa: A001 - the reduction's public name, as torch.sum's
     rounding.check_input(x)
     fmt = find_format(fmt)
     _check_order(order, block)
-    dim = _check_dim(dim, x.ndim) if x.ndim else None
+    checked_dim = _check_dim(dim, x.ndim) if x.ndim else None  # None: 0-d x, one term
     values = x.to(torch.float64)
-    values = values.reshape(1) if dim is None else values.movedim(dim, -1)
+    values = values.reshape(1) if checked_dim is None else values.movedim(checked_dim, -1)
     if values.shape[-1] == 0:
-        raise ValueError(f"x has no elements along dim {dim}: nothing to sum")
+        raise ValueError(f"x has no elements along dim {checked_dim}: nothing to sum")
     options = _sum_options(mode, rbits, variant, sat, seed, offset)
     rand = _check_reduction_rand(
         rand, tuple(values.shape[:-1]), values.shape[-1], order, block, "rand"
@@ -332,7 +334,10 @@ def matmul(
         )
     check_choice("backend", backend, rounding.BACKENDS)
     x, y = a.unsqueeze(-2), b.mT.unsqueeze(-3)
-    arguments = dict(product_fmt=product_fmt, dim=-1, order=order, block=block, rbits=rbits)
+    # `dot`'s keyword arguments besides the seed
+    arguments: dict[str, Any] = dict(
+        product_fmt=product_fmt, dim=-1, order=order, block=block, rbits=rbits
+    )
     arguments.update(variant=variant, sat=sat, offset=offset, rand=rand)
     # K = 0 goes to `dot` on every backend, for its error
     if backend == "torch" or (backend == "auto" and not a.is_cuda) or a.shape[-1] == 0:

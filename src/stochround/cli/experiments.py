@@ -3,7 +3,7 @@ every experiment, as one report) and ``stochround run NAME`` (the experiment sui
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import typer
@@ -42,7 +42,9 @@ def demo_modes_section(x: float = DEMO_VALUE, fmt_name: str = "e4m3fn") -> Secti
     rows = []
     for label, mode, rbits, variant in cases:
         distribution = outcomes.outcomes(x, fmt, mode, rbits=rbits, variant=variant)
-        options = {"rbits": rbits, "variant": variant, "seed": 0} if mode == "sr" else {}
+        options: dict[str, Any] = (
+            {"rbits": rbits, "variant": variant, "seed": 0} if mode == "sr" else {}
+        )
         one = rounding.round(torch.tensor([x], dtype=torch.float64), fmt, mode, **options)
         draws = rounding.round(
             torch.full((DEMO_DRAWS,), x, dtype=torch.float64), fmt, mode, **options

@@ -13,7 +13,7 @@ from typing import NoReturn, TypeVar
 
 import typer
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -73,7 +73,7 @@ class Section:
             collapse_padding=True,
         )
         for header in headers:
-            justify = "left" if header in self.left else "right"
+            justify: JustifyMethod = "left" if header in self.left else "right"
             table.add_column(Text(header), justify=justify, overflow="fold")
         for row in self.rows:  # Text: cells are plain text, never rich markup
             table.add_row(*(Text(row[column]) for column in columns))

@@ -9,7 +9,7 @@ says so and exits with status 1.
 
 import math
 from fractions import Fraction
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import typer
@@ -201,7 +201,7 @@ def draw(
     if format_name is None:
         output.fail("--format is required (a format name or alias) unless --hardware is given")
     fmt = output.checked(lambda: find_format(format_name))
-    options = {"rbits": rbits, "variant": variant, "sat": sat, "seed": seed}
+    options: dict[str, Any] = {"rbits": rbits, "variant": variant, "sat": sat, "seed": seed}
     drawn = output.checked(
         lambda: rounding.round(torch.tensor([x], dtype=torch.float64), fmt, mode, **options)
     )
@@ -297,6 +297,7 @@ def round_command(
         distribution = round_special(console, operand, fmt, mode, sat)
     else:
         if unit is not None and unit.flushes(operand):
+            assert unit.flush_below is not None  # a unit without a threshold flushes nothing
             console.print(
                 f"{unit.name} flushes operands below {output.value_text(unit.flush_below)} in "
                 "magnitude to zero: this one is flushed.",

@@ -42,7 +42,7 @@ import torch
 
 from .. import random as streams
 from .. import rounding
-from .report import Experiment, ProgressLike, Table, new_figure, save_figure
+from .report import Experiment, ProgressLike, Table, new_figure, number, save_figure
 
 FORMATS = ("bf16", "e4m3fn")
 MODES = ("rne", "sr")
@@ -211,9 +211,11 @@ def _solve_all(
                 ]
             )
         if prefix:  # the ratio of excess losses: the losses themselves differ little
-            ratio = key[f"{prefix}{fmt}_rne_excess_loss"] / key[f"{prefix}{fmt}_sr_excess_loss"]
+            ratio = number(key, f"{prefix}{fmt}_rne_excess_loss") / number(
+                key, f"{prefix}{fmt}_sr_excess_loss"
+            )
         else:  # least squares keeps its historical key: the ratio of the losses
-            ratio = key[f"{fmt}_rne_final_loss"] / key[f"{fmt}_sr_final_loss"]
+            ratio = number(key, f"{fmt}_rne_final_loss") / number(key, f"{fmt}_sr_final_loss")
         key[f"{prefix}{fmt}_rne_over_sr"] = ratio
     return rows, curves, optimum
 
@@ -233,7 +235,7 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
         task_rows, curves, optimum = _solve_all(task, prefix, offset, steps, seed, progress, key)
         rows += task_rows
         panels.append((task.name, curves, optimum))
-    optimum, logistic_optimum = key["optimal_loss"], key["logistic_optimal_loss"]
+    optimum, logistic_optimum = number(key, "optimal_loss"), number(key, "logistic_optimal_loss")
     table = Table(
         f"Gradient descent, {steps} steps (optimal loss: least squares {optimum:.3e}, "
         f"logistic {logistic_optimum:.4e})",

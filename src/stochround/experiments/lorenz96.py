@@ -304,8 +304,8 @@ def orbits(
         for f, fmt in enumerate(ORBIT_FORMATS)
     }
     runs = [
-        OrbitRun(*label.split(), n, start, row)
-        for row, label in enumerate(labels[2:], 2)
+        OrbitRun(fmt, mode, n, start, row)
+        for row, (fmt, mode) in enumerate(map(str.split, labels[2:]), 2)
         for n, start in zip(sizes, starts, strict=True)
     ]
     references = [
@@ -317,8 +317,8 @@ def orbits(
         new = rk4(state, ring, ORBIT_DT)
         for row, label in enumerate(labels[2:], 2):
             fmt, mode = label.split()
-            extra = {"rand": words[fmt][t]} if mode == "sr" else {}
-            new[row] = rounding.round(new[row], fmt, mode, **extra)
+            rand = words[fmt][t] if mode == "sr" else None  # None: round's default
+            new[row] = rounding.round(new[row], fmt, mode, rand=rand)
         state = new
         if (t + 1) % LYAPUNOV_EVERY == 0:
             for k, (n, start) in enumerate(zip(sizes, starts, strict=True)):
@@ -341,15 +341,15 @@ def orbits(
         key[f"orbit_n{n}_lyapunov"] = lyapunov[k]
         seen = references[k].recurrence
         key[f"orbit_n{n}_fp64_revisits"] = seen.revisits
-        first = _repeat_cell(seen.first_repeat)
+        first_cell = _repeat_cell(seen.first_repeat)
         cells = [str(seen.revisits), str(seen.longest_run), "-"]
-        rows.append([str(n), "fp64", str(len(seen.last_seen)), first, *cells])
+        rows.append([str(n), "fp64", str(len(seen.last_seen)), first_cell, *cells])
     for run in sorted(runs, key=lambda run: (run.size, run.fmt, run.mode)):
         seen = run.recurrence
         name = f"orbit_{run.fmt}_n{run.size}_{run.mode}"
         if run.mode == "rne":
             periodic = seen.first_repeat is not None
-            entry, period = seen.first_repeat if periodic else (-1, 0)
+            entry, period = seen.first_repeat if seen.first_repeat is not None else (-1, 0)
             # a deterministic map: every step after the first repeat repeats with its lag
             followed = steps - entry - period if periodic else 0
             if periodic and (seen.lag, seen.run) != (period, followed):
@@ -488,8 +488,8 @@ def _plot_orbits(
             if run.fmt == fmt and run.mode == "rne" and run.recurrence.first_repeat
         ]
         if found:
-            n, period = zip(*found, strict=True)
-            periods.plot(n, period, "o-", color=f"C{f}", label=f"{fmt} rne")
+            found_sizes, found_periods = zip(*found, strict=True)
+            periods.plot(found_sizes, found_periods, "o-", color=f"C{f}", label=f"{fmt} rne")
             for size, length in found:
                 periods.annotate(
                     str(length),
@@ -518,7 +518,9 @@ def _plot_orbits(
         rne = max(whole or chosen, key=lambda run: run.size)
         size = rne.size
         sr = next(run for run in runs if (run.fmt, run.size, run.mode) == (rne.fmt, size, "sr"))
-        entry, period = rne.recurrence.first_repeat
+        first = rne.recurrence.first_repeat
+        assert first is not None  # the chosen runs repeated
+        entry, period = first
         end = min(steps, entry + 3 * period)  # two periods after the lock at most
         steps_axis = np.arange(period, end) * ORBIT_DT
         for run, color, order in ((sr, "C1", 1), (rne, "C0", 2)):

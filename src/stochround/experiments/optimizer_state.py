@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from ..optim import AdamW
 from ..optim import base as optim_base
-from .report import Experiment, ProgressLike, Table, new_figure, save_figure
+from .report import Experiment, ProgressLike, Table, new_figure, number, save_figure
 
 INPUTS = 8
 WIDTH = 64
@@ -206,8 +206,10 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
     try:
         results = []
         for setting in settings():
-            *outcome, final_param = train(setting, student, x, y, steps, seed, progress)
-            results.append((setting, *outcome))
+            final, curve, size, seconds, final_param = train(
+                setting, student, x, y, steps, seed, progress
+            )
+            results.append((setting, final, curve, size, seconds))
             if setting.key == "fp32":
                 fp32_param = final_param
     finally:
@@ -216,7 +218,8 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
     with torch.no_grad():  # what storing the fp32 solution in bf16 alone costs it
         in_bf16 = float(F.mse_loss(forward(fp32_param.to(torch.bfloat16), x), y))
     key["fp32_result_in_bf16_loss"] = in_bf16
-    rows, curves = [], {}
+    rows: list[list[str]] = []
+    curves: dict[str, torch.Tensor] = {}
     for setting, final, curve, size, seconds in results:
         key[f"{setting.key}_final_loss"] = final
         key[f"{setting.key}_bytes_per_param"] = size
@@ -232,7 +235,7 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
                 f"{seconds:.1f}",
             ]
         )
-    key["bf16_rne_over_sr"] = key["bf16_rne_final_loss"] / key["bf16_sr_final_loss"]
+    key["bf16_rne_over_sr"] = number(key, "bf16_rne_final_loss") / number(key, "bf16_sr_final_loss")
     key["optional_rows"] = ",".join(s.key for s, *_ in results[4:]) or "none"
     table = Table(
         f"AdamW on a teacher-student MLP, {steps} steps, {samples} samples "

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rich import box
 from rich.console import Console
@@ -22,6 +22,15 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 KeyNumber = float | int | str | bool
+
+T = TypeVar("T")
+
+
+def number(key_numbers: Mapping[str, KeyNumber], name: str) -> float:
+    """The key number ``name``, one an experiment stored as a number (a float, int or bool)."""
+    value = key_numbers[name]
+    assert not isinstance(value, str)  # the caller names a numeric key number
+    return value
 
 
 def markdown_table(
@@ -170,13 +179,13 @@ def save_figure(figure, out: Path, name: str) -> Path:
 
 
 class ProgressLike(Protocol):
-    def track(self, items: Iterable[int], description: str, total: int) -> Iterable[int]: ...
+    def track(self, items: Iterable[T], description: str, total: int) -> Iterable[T]: ...
 
 
 class NoProgress:
     """A progress reporter that shows nothing (tests, non-interactive use)."""
 
-    def track(self, items: Iterable[int], description: str, total: int) -> Iterable[int]:
+    def track(self, items: Iterable[T], description: str, total: int) -> Iterable[T]:
         return items
 
 
@@ -186,7 +195,7 @@ class RichProgress:
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
 
-    def track(self, items: Iterable[int], description: str, total: int) -> Iterator[int]:
+    def track(self, items: Iterable[T], description: str, total: int) -> Iterator[T]:
         task = self._progress.add_task(description, total=total)
         for item in items:
             yield item

@@ -82,7 +82,7 @@ def partial_sums(
     the ``inputs`` (runs, n) summed in ``fmt`` by ``mode``, SR step t of run j taking
     ``words[j, t]``."""
     s = torch.zeros(inputs.shape[0], dtype=torch.float64)
-    taken = []
+    taken: list[torch.Tensor] = []
     columns = inputs.t().contiguous()
     for t in range(points[-1]):
         if mode == "rne":

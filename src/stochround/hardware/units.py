@@ -106,6 +106,7 @@ def _expected_by_enumeration(p: HardwarePreset, operand: Tensor) -> Tensor:
     # Every sum is of at most 2**16 values of the target's grid: exact in float64. A zero
     # mean comes from zeros only, which share the sign of the one at r = 0.
     mean = total / count
+    assert first is not None  # count = 2**rbits >= 1: the loop ran
     return torch.where(mean == 0, first, mean).reshape(operand.shape)
 
 

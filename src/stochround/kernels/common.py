@@ -285,7 +285,7 @@ def layout_constants(fmt: Format) -> dict[str, int]:
     return {
         "MBITS": fmt.mbits,
         "EMIN": fmt.emin,
-        "BIAS": fmt.bias,
+        "BIAS": fmt.exponent_bias,
         "HAS_NEGATIVE_ZERO": fmt.has_negative_zero,
     }
 

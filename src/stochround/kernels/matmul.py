@@ -527,7 +527,7 @@ def exact_rounding_constants(fmt: Format, mode: str, sat: str) -> tuple:
     BIAS, HAS_ZERO, HAS_NEGATIVE_ZERO, MAX_BITS, NEGATIVE_LIMIT_BITS, MIN_NORMAL_BITS and
     the overflow and infinity results (positive, negative)."""
     constants = {**format_constants(fmt), **overflow_bits(fmt, mode, sat)}
-    names = ("MBITS", "EMIN", "BIAS", "HAS_ZERO", "HAS_NEGATIVE_ZERO", "MAX_BITS")
+    names: tuple[str, ...] = ("MBITS", "EMIN", "BIAS", "HAS_ZERO", "HAS_NEGATIVE_ZERO", "MAX_BITS")
     names += ("NEGATIVE_LIMIT_BITS", "MIN_NORMAL_BITS", "OVERFLOW_POSITIVE")
     names += ("OVERFLOW_NEGATIVE", "INFINITY_POSITIVE", "INFINITY_NEGATIVE")
     return tuple(constants[name] for name in names)
@@ -596,15 +596,19 @@ def matmul_triton(
     count = out.numel()
     if count == 0:
         return out.reshape(*batch, rows, columns)
-    from_tensors = mode == "sr" and (isinstance(seed, Tensor) or isinstance(offset, Tensor))
-    if from_tensors:
+    if mode != "sr":  # no random words
+        from_tensors = False
+        seed_pointer = offset_pointer = out
+        seed_value = offset_value = 0
+    elif isinstance(seed, Tensor) or isinstance(offset, Tensor):
+        from_tensors = True
         seed_pointer = seed_tensor(seed, "seed", a.device)
         offset_pointer = seed_tensor(offset, "offset", a.device)
         seed_value = offset_value = 0
     else:  # two's complement above 2**63: the kernel reads them as unsigned 64-bit
+        from_tensors = False
         seed_pointer = offset_pointer = out
-        seed_value = as_int64(seed) if mode == "sr" else 0
-        offset_value = as_int64(offset) if mode == "sr" else 0
+        seed_value, offset_value = as_int64(seed), as_int64(offset)
     blocked = order == "blocked" and inner > block
     accumulator = exact_rounding_constants(fmt, mode, sat)
     if INTERPRETED:  # no larger than needed: the interpreter computes every lane

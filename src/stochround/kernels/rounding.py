@@ -707,15 +707,18 @@ class KernelPlan:
         count = x.numel()
         if count == 0:
             return self._viewed(out)
-        from_tensors = isinstance(seed, Tensor) or isinstance(offset, Tensor)
-        if from_tensors:
-            seed = seed_tensor(seed, "seed", x.device)
-            offset = seed_tensor(offset, "offset", x.device)
+        seed_pointer: Tensor | None
+        offset_pointer: Tensor | None
+        if isinstance(seed, Tensor) or isinstance(offset, Tensor):
+            from_tensors = True
+            seed_pointer = seed_tensor(seed, "seed", x.device)
+            offset_pointer = seed_tensor(offset, "offset", x.device)
             seed_value = offset_value = 0
         else:  # two's complement above 2**63: the kernels read seeds as unsigned 64-bit
+            from_tensors = False
             seed_value, offset_value = as_int64(seed), as_int64(offset)
-            seed = offset = None  # no pointers: the kernels read the values
-        stream = (seed, offset, seed_value, offset_value, count, index_offset)
+            seed_pointer = offset_pointer = None  # no pointers: the kernels read the values
+        stream = (seed_pointer, offset_pointer, seed_value, offset_value, count, index_offset)
         programs = cdiv(count, self.rows * 4)
         common = (from_tensors, index_offset % 4 == 0, _wide(count, index_offset, self.rows))
         if self.path == "bf16":
@@ -732,6 +735,8 @@ class KernelPlan:
             # the NaN check synchronizes anyway: it reads whether any tile was listed first,
             # and only listed tiles can hold NaN (no tile: no exact kernel, no flag read)
             if check_nan:
+                # a checked call is never captured (`take` gave it a note)
+                assert note_view is not None
                 if device >= 0:
                     current_stream(key).synchronize()
                 if note_view[0] == 0:
@@ -750,6 +755,7 @@ class KernelPlan:
             if bool(flag[0].item()):  # waits for the kernels
                 raise nan_without_code(self.fmt)
             if self.path == "codes":  # a tile was listed, and the note says so
+                assert note_view is not None  # checked: never captured, so it has a note
                 note_view[0] = 0
         # unchecked, the kernels clear what they wrote before the stream's next call
         SCRATCH.give_back(flag, note, note_view, key)
@@ -842,7 +848,7 @@ def _stream_constants(common: tuple[bool, bool, bool]) -> dict[str, bool]:
 @functools.cache
 def _codes_constants(
     fmt: Format, output: str, n: int, variant: str, sat: str
-) -> tuple[Mapping[str, int], Mapping[str, int]]:
+) -> tuple[Mapping[str, object], Mapping[str, object]]:
     """Launch constants (and warps) of `_sr_codes_kernel` and `_exact_codes_kernel` for a
     request's choices; the per-call ones (FROM_TENSORS, ALIGNED, WIDE, CHECK_NAN,
     ITERATIONS) are added at the launch.

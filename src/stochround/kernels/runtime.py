@@ -62,7 +62,7 @@ def fast_launch_supported(triton_version: str, interpreted: bool) -> bool:
 FAST_LAUNCH = fast_launch_supported(triton.__version__, INTERPRETED)
 
 
-def _hooks_registered(kernel: object) -> bool:
+def _hooks_registered(kernel: triton.JITFunction) -> bool:
     """Whether a launch must run Triton's hooks: launch hooks (a hook chain with entries, or
     any other callable set in its place) or the kernel's pre-run hooks."""
     for hook in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook):
@@ -227,6 +227,8 @@ class Scratch(threading.local):
         a graph keeps the pointers it captured, so its scratch must be its own.  (A device
         index, not a `torch.device`, whose attributes are slow to read on a hot path.)"""
         on_cuda = device >= 0
+        key: object  # PyTorch's stream triple, or "cpu"
+        where: int | str  # the device of the buffer
         if not on_cuda:
             key = where = "cpu"
         elif capturable and torch.cuda.is_current_stream_capturing():
@@ -240,10 +242,14 @@ class Scratch(threading.local):
             cached = flags, note, note.numpy()
         return (*cached, key)
 
-    def give_back(self, flags: Tensor, note: Tensor, note_view: np.ndarray, key: object) -> None:
+    def give_back(
+        self, flags: Tensor, note: Tensor | None, note_view: np.ndarray | None, key: object
+    ) -> None:
         """Cache the scratch `take` gave, clean in the order of the stream of ``key``
-        (nothing under capture: no key)."""
+        (nothing under capture: no key, and no note)."""
         if key is not None:
+            # `take` withholds the note only under capture, which has no key either
+            assert note is not None and note_view is not None
             self.by_stream[key] = flags, note, note_view
 
 

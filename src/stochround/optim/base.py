@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, overload
 
 import torch
 from torch import Tensor
@@ -180,6 +180,14 @@ def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
 ROUNDING_STATES = {"kahan": "compensation", "ecc": "ecc_residual"}
 
 
+def grad_of(param: Tensor) -> Tensor:
+    """``param.grad`` of a parameter a step updates: steps update only parameters that have
+    a gradient (`SROptimizer.grouped_params`)."""
+    grad = param.grad
+    assert grad is not None  # grouped_params yields no parameter without a gradient
+    return grad
+
+
 def _triton_refusal(param: Tensor, group: dict[str, Any], compiling: bool) -> str | None:
     """Why the fused kernel cannot update ``param`` (None if it can); ``compiling``: whether
     torch.compile traces the step."""
@@ -188,7 +196,7 @@ def _triton_refusal(param: Tensor, group: dict[str, Any], compiling: bool) -> st
         return refusal
     if SROptimizer.param_state_name(group, param) is not None:
         return "master_weights, 'kahan' and 'ecc' keep an extra parameter state"
-    grad = param.grad
+    grad = grad_of(param)
     if not (param.is_contiguous() and grad.is_contiguous()):
         return "the parameter and its gradient must be contiguous"
     # torch.compile cannot trace addresses: compiled, the launch checks them (and raises)
@@ -255,6 +263,12 @@ class SROptimizer(torch.optim.Optimizer):
         """Constexpr options of the fused kernel for ``param`` (called before it runs)."""
         return {}
 
+    @overload
+    def step(self, closure: None = None) -> None: ...
+
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One update of every parameter that has a gradient; returns the closure's loss."""
@@ -311,7 +325,7 @@ class SROptimizer(torch.optim.Optimizer):
         for entry in entries:
             param = entry[1]
             options = tuple(self.kernel_options(group, param).items())
-            key = (param.dtype, param.grad.dtype, param.device, options)
+            key = (param.dtype, grad_of(param).dtype, param.device, options)
             buckets.setdefault(key, []).append(entry)
         if not buckets:
             return
@@ -323,7 +337,7 @@ class SROptimizer(torch.optim.Optimizer):
             fused_step(
                 self.algorithm,
                 params,
-                [param.grad for param in params],
+                [grad_of(param) for param in params],
                 [[state[name] for _, _, state in members] for name in names],
                 [state["step"] for _, _, state in members],
                 [index for index, _, _ in members],
@@ -437,7 +451,7 @@ class SROptimizer(torch.optim.Optimizer):
     @staticmethod
     def gradient(group: dict[str, Any], param: Tensor) -> Tensor:
         """The float32 gradient, negated under ``maximize``."""
-        grad = param.grad.float()
+        grad = grad_of(param).float()
         return -grad if group["maximize"] else grad
 
     def store_states(

@@ -85,7 +85,13 @@ def adamw_scalars(
     power1 = bias_power(torch.tensor(power_squares(beta1), dtype=torch.float64), steps)
     power2 = bias_power(torch.tensor(power_squares(beta2), dtype=torch.float64), steps)
     decoupled, l2 = (0.0, weight_decay) if coupled else (weight_decay, 0.0)
-    columns = [1 - lr * decoupled, 1 - beta1, beta2, 1 - beta2, 1 / torch.sqrt(1 - power2)]
+    columns: list[float | Tensor] = [
+        1 - lr * decoupled,
+        1 - beta1,
+        beta2,
+        1 - beta2,
+        1 / torch.sqrt(1 - power2),
+    ]
     return _rows([*columns, eps, lr / (1 - power1), l2], steps)
 
 
