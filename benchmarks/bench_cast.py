@@ -1,18 +1,25 @@
 """Casts of fp32 values with stochastic rounding: stochround beside its peers.
 
 Every row rounds the same 2**log2n fp32 values drawn from randn (gfloat's rows the first
-2**gfloat_log2n: gfloat is slow, so compare per element). Cases: fp32 -> bf16, fp16,
-e4m3fn and packed e2m1 (fp4x2) SR; e5m2 SR with 8 random bits, variants a, b and c (the
-general kernel); p3109_k8p4se RNE; the device copy, the floor (8 bytes an element), first
-and last (noise). Providers: stochround (`cast`/`round` on the Triton backend), PyTorch,
-torchao `_fp32_to_bf16_sr` (compiled), HeavyBall `copy_stochastic_`, gfloat `round_ndarray`
-with 32 random bits (the rounding stochround's "sr" does: variant c, n = 32) and with 8 (its
-cheapest), and a naive eager PyTorch SR. Every output is checked before it is timed
+2**gfloat_log2n: gfloat is slow, so compare per element; the ``_wide`` rows scaled).
+Cases: fp32 -> bf16, fp16, e4m3fn and packed e2m1 (fp4x2) SR; e5m2 SR with 8 random bits,
+variants a, b and c (the general kernel); p3109_k8p4se RNE; saturation (below); the device
+copy, the floor (8 bytes an element), first and last (noise). Providers: stochround
+(`cast`/`round`/`encode` on the Triton backend), PyTorch, torchao `_fp32_to_bf16_sr`
+(compiled), HeavyBall `copy_stochastic_`, gfloat `round_ndarray` with 32 random bits (the
+rounding stochround's "sr" does: variant c, n = 32) and with 8 (its cheapest), and a naive
+eager PyTorch SR. Every output is checked before it is timed
 (`harness.rounding_check`); stochround's also bit for bit against its PyTorch path.
 
 e2m1: the kernel is judged in its asynchronous call (``nan="zero"``); the default call
 (``nan="raise"``) waits for its kernel to learn whether a result is NaN and is reported
 beside ``torch_waiting_copy``, a copy of the same bytes followed by a wait on the stream.
+
+Saturation: SR with ``sat="finite"``, ``nan="zero"`` to packed e2m1 and e4m3fn (``cast``)
+and to e2m3 and e3m2 codes (``encode``), on the randn values (case ``<format>_finite``)
+and on randn x max/2 (``<format>_finite_wide``: randn*3 for e2m1, about 4.6% of the values
+beyond +-max, which saturate), so that a saturating tile's cost shows beside a tile within
+range.
 
     python benchmarks/bench_cast.py                                           # GPU
     python benchmarks/bench_cast.py --device cpu --log2n 12 --gfloat-log2n 12  # smoke test
@@ -43,6 +50,14 @@ OURS = [
        {"rbits": 8, "variant": variant}, "e5m2", 8) for variant in "abc"],
     ("p3109_k8p4se_rne", "stochround", "round", ("p3109_k8p4se", "rne"), {}, "p3109_k8p4se", 8),
 ]  # fmt: skip
+# the saturation rows: format -> `harness.stochround_run`'s function and arguments after
+# x, and bytes an element; each row runs on randn and on randn x max/2 (module docstring)
+SATURATING = {
+    "e2m1": ("cast", (FP4, "sr"), 4.5),
+    "e2m3": ("encode", ("e2m3", "sr"), 5),
+    "e3m2": ("encode", ("e3m2", "sr"), 5),
+    "e4m3fn": ("cast", (torch.float8_e4m3fn, "sr"), 5),
+}
 # gfloat's rows: case -> (its format, the check's format, bytes an element, saturate: e2m1
 # has no inf/NaN, and gfloat raises on overflow without it)
 GFLOAT = {
@@ -115,6 +130,30 @@ def gfloat(x: Tensor, case: str, rbits: int, count: int) -> Run:
     return Run(call, check, x.numel(), nbytes * x.numel(), f"sat={saturate}")
 
 
+def saturating(x: Tensor, fmt: str, wide: bool, count: int) -> Run:
+    """SR of x (``wide``: x times max/2) to ``fmt`` with ``sat="finite"``, ``nan="zero"``
+    on the Triton backend, checked as `harness.stochround_run` checks its rows (codes from
+    ``encode`` decoded first)."""
+    import stochround
+
+    name, args, nbytes = SATURATING[fmt]
+    if wide:
+        x = x * (stochround.format(fmt).max / 2)
+    keywords = {"seed": SEED, "sat": "finite", "nan": "zero"}
+    if name == "cast":
+        return stochround_run(x, name, args, keywords, fmt, nbytes, backend="triton", count=count)
+
+    def values(output: Tensor, prefix: int) -> Tensor:
+        return stochround.decode(output.reshape(-1)[:prefix], fmt)
+
+    def twin(prefix: Tensor) -> Tensor:
+        return stochround.encode(prefix, *args, backend="torch", **keywords)
+
+    check = rounding_check(x, fmt, values=values, twin=twin, count=count)
+    call = partial(stochround.encode, x, *args, backend="triton", **keywords)
+    return Run(call, check, x.numel(), nbytes * x.numel())
+
+
 def waiting_copy(x: Tensor) -> Run:
     """The e2m1 row's bytes (4 read and 0.5 written an element) as one byte copy, then a
     wait on the stream: what any call that waits for its kernel costs at least."""
@@ -145,6 +184,10 @@ def main() -> int:
     for case, provider, *spec in OURS:
         build = partial(stochround_run, x, *spec, backend="triton", count=n)
         bench.add(case, provider, build, ours=True)
+    for fmt in SATURATING:
+        for wide in (False, True):
+            case = f"{fmt}_finite{'_wide' if wide else ''}"
+            bench.add(case, "stochround", partial(saturating, x, fmt, wide, n), ours=True)
     bench.add("bf16", "torch_rne", lambda: torch_rne(x, n))
     bench.add("bf16", "naive", lambda: naive(x, n))
     bench.add("bf16", "torchao", lambda: torchao(x, n, compiled), requires=("torchao",))

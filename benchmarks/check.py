@@ -76,6 +76,8 @@ def judge(target: dict, data: dict | None) -> tuple[str, str]:
         value, unit = 100 * mine["tb_s"] / max(o["tb_s"] for o in others), "%"
     elif metric == "speedup_over":
         value, unit = min(per_element(o) for o in others) / per_element(mine), "x"
+    elif metric == "ratio_to":
+        value, unit = per_element(mine) / min(per_element(o) for o in others), "x"
     elif metric == "x_floor":  # tb_s * 1e6: bytes a microsecond
         floor_us = mine["floor_bytes"] / (max(o["tb_s"] for o in others) * 1e6)
         value, unit = mine["median_us"] / floor_us, "x"

@@ -19,8 +19,11 @@ from helpers import TEST_FORMATS, all_bit_patterns
 
 import stochround as sr
 from stochround import reference
+from stochround.kernels.grid import cdiv
 from stochround.kernels.rounding import (
     CODES_LAYOUT,
+    LIST_START,
+    KernelPlan,
     codes_supported,
     kernel_plan,
     kernel_supports,
@@ -751,3 +754,114 @@ def test_launch_grid_arithmetic_equals_tritons() -> None:
         assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
     for n in sizes:
         assert next_power_of_2(n) == triton.next_power_of_2(n), n
+
+
+def _listed_tiles(x: torch.Tensor, plan: KernelPlan, seed: int) -> list[int]:
+    """The tiles of x that the SR-to-codes fast kernel leaves to the exact kernel: the fast
+    kernel launched alone with fresh scratch, the programs it listed (the list's length at
+    word 1, the list from LIST_START)."""
+    assert plan.path == "codes" and x.is_contiguous()
+    count = x.numel()
+    programs = cdiv(count, plan.rows * 4)
+    flags = torch.zeros(LIST_START.value + programs, dtype=torch.int32, device=x.device)
+    # whole rows of four codes, as `KernelPlan.round` allocates them: 16 bits or less a code
+    out = torch.empty(cdiv(count, 4) * 8, dtype=torch.uint8, device=x.device)
+    common = (False, True, False)  # seed as an int, aligned, positions within int32
+    stream = (None, None, seed, 0, count, 0)
+    plan.launch(common)(x.get_device(), programs, x, out, flags, None, *stream)
+    length = int(flags[1])
+    return sorted(flags[LIST_START.value : LIST_START.value + length].tolist())
+
+
+# (format, how the codes path writes it): encode's uint8 codes, or cast's float16 values
+SATURATING_FORMATS = [
+    ("e2m1", "codes", torch.uint8),
+    ("e2m3", "codes", torch.uint8),
+    ("e3m2", "codes", torch.uint8),
+    ("e4m3fn", "codes", torch.uint8),
+    ("binary16", "value", torch.float16),
+]
+
+
+def _kernel_and_torch(x: torch.Tensor, fmt_name: str, out_dtype: torch.dtype, **options) -> tuple:
+    """The same SR call on both backends: `encode` (codes), or `cast` to fp16."""
+    results = []
+    for backend in ("triton", "torch"):
+        if out_dtype == torch.float16:
+            results.append(sr.cast(x, torch.float16, "sr", backend=backend, **options))
+        else:
+            results.append(sr.encode(x, fmt_name, "sr", backend=backend, **options))
+    return tuple(results)
+
+
+@pytest.mark.parametrize("sat", ["finite", "propagate", "none"])
+@pytest.mark.parametrize(("fmt_name", "output", "out_dtype"), SATURATING_FORMATS)
+def test_saturating_values_stay_on_the_codes_fast_path(
+    fmt_name: str, output: str, out_dtype: torch.dtype, sat: str
+) -> None:
+    """Finite values beyond the format's max (just above it, between max and the next grid
+    value, far beyond, fp32's largest) saturate to max in the fast kernel under "finite"
+    and "propagate": their tile is not listed for the exact kernel.  An infinity is listed
+    under "propagate" only (it stays infinite, or NaN), NaN always, every value beyond max
+    under "none".  Every result equals the PyTorch path bit for bit, with 32 random bits
+    and with 3 (variant a)."""
+    fmt = sr.format(fmt_name)
+    block = 4 * CODES_LAYOUT[0]  # values a kernel program rounds
+    generator = torch.Generator().manual_seed(31)
+    x = torch.randn(5 * block, generator=generator) * (fmt.max / 2)  # ~4.6% beyond max
+    x[:block] = x[:block].clamp(fmt.lowest, fmt.max)  # tile 0: within range
+    ulp_at_max = 2.0 ** (math.floor(math.log2(fmt.max)) - fmt.mbits)
+    above = [
+        fmt.max * (1 + 2.0**-23),  # the next fp32 value
+        fmt.max + ulp_at_max / 2,  # between max and the next grid value (beyond max)
+        fmt.max + ulp_at_max * 0.999,
+        fmt.max * 1.75,
+        1e30,
+        3.4028234663852886e38,  # fp32's largest
+    ]
+    for where, value in enumerate(above):  # tile 1: finite overflow
+        x[block + 3 * where] = value
+        x[block + 3 * where + 1] = -value
+    x[2 * block + 5] = math.inf  # tile 2: an infinity
+    x[3 * block + 6] = -math.inf
+    x[4 * block + 7] = math.nan  # tile 4: NaN
+    x = x.to(DEVICE)
+    plan = kernel_plan(output, out_dtype, "zero", fmt, "sr", sat, 32, "c", "stream")
+    listed = {"finite": [4], "propagate": [2, 3, 4], "none": [1, 2, 3, 4]}[sat]
+    assert _listed_tiles(x, plan, seed=3) == listed
+    for options in ({"seed": 3}, {"seed": 4, "rbits": 3, "variant": "a"}):
+        kernel, torch_path = _kernel_and_torch(
+            x, fmt_name, out_dtype, sat=sat, nan="zero", **options
+        )
+        assert _same_bits(kernel, torch_path), options
+    if sat != "none":  # whichever way SR rounds them, the values above max give +-max
+        beyond = (x.abs() > fmt.max) & torch.isfinite(x)
+        codes = kernel.view(torch.int16) if out_dtype == torch.float16 else kernel
+        magnitude = codes.to(torch.int32) & ((1 << (fmt.ebits + fmt.mbits)) - 1)
+        assert (magnitude[beyond] == fmt.max_magnitude_code).all()
+
+
+@pytest.mark.parametrize("fmt_name", ["e2m1", "e2m3", "e3m2"])
+def test_the_nan_check_sees_saturation_and_infinities_as_before(fmt_name: str) -> None:
+    """nan="raise" (formats without a NaN code): finite values beyond max give +-max under
+    "finite" and "propagate", in tiles the fast kernel keeps, and the call neither raises
+    nor differs from the PyTorch path; an infinity is NaN under "propagate" (raises) and
+    max under "finite"; a NaN input raises under both."""
+    fmt = sr.format(fmt_name)
+    generator = torch.Generator().manual_seed(32)
+    x = (torch.randn(4, 4 * CODES_LAYOUT[0], generator=generator) * fmt.max).to(DEVICE)
+    for sat in ("finite", "propagate"):
+        kernel = sr.encode(x, fmt_name, "sr", seed=5, sat=sat, backend="triton")
+        assert torch.equal(kernel, sr.encode(x, fmt_name, "sr", seed=5, sat=sat, backend="torch"))
+    with_infinity = x.clone()
+    with_infinity[1, 9] = -math.inf
+    for backend in ("triton", "torch"):
+        with pytest.raises(ValueError, match="no NaN code"):
+            sr.encode(with_infinity, fmt_name, "sr", seed=5, sat="propagate", backend=backend)
+    kernel = sr.encode(with_infinity, fmt_name, "sr", seed=5, sat="finite", backend="triton")
+    assert int(kernel[1, 9]) == fmt.max_magnitude_code | (1 << (fmt.ebits + fmt.mbits))
+    with_nan = x.clone()
+    with_nan[2, 1] = math.nan
+    for sat in ("finite", "propagate"):
+        with pytest.raises(ValueError, match="no NaN code"):
+            sr.encode(with_nan, fmt_name, "sr", seed=5, sat=sat, backend="triton")

@@ -10,8 +10,10 @@ kernels:
   16 bits are discarded, so adding the random bits below bit 16 and truncating decides as
   the contract does.
 - `_sr_codes_kernel`: SR from the stream straight to fp8/fp4 codes the same way, with the
-  number of discarded bits varying below the smallest normal; tiles holding a value beyond
-  the format's range are left to `_exact_codes_kernel`.
+  number of discarded bits varying below the smallest normal; magnitudes the saturation
+  sends to the format's max are clamped to it, and tiles holding any other value beyond
+  the format's range (NaN, infinities kept as such, overflow without saturation) are left
+  to `_exact_codes_kernel`.
 
 `KernelPlan` binds a call's choices to its kernel once; `kernel_plan` caches one plan per
 set of choices.  Kernel choices are string constexprs: MODE in `stochround.reference.MODES`,
@@ -436,6 +438,7 @@ def _sr_codes_kernel(
     SIGN_SHIFT: tl.constexpr,
     HAS_NEGATIVE_ZERO: tl.constexpr,
     MAX_BITS: tl.constexpr,
+    CLAMP_BITS: tl.constexpr,
     SCALE_FIELD: tl.constexpr,
     SCALE_SPLIT: tl.constexpr,
     OUTPUT: tl.constexpr,
@@ -452,12 +455,18 @@ def _sr_codes_kernel(
     (a) or half-even (c) rounding of nu 2**n: the same high word of count + (r << (32 - n)),
     count = nu 2**32 rounded (for a, floor of nu 2**32 then floor by n bits is floor of
     nu 2**n).  Both are one fp32 scaling of |x| by 2**(32 - q) converted to an integer
-    (`_scaled_count`).  The code of 2**max(e, emin) is added to the high word.  A program
-    whose values all lie within the format's largest magnitude (so no code overflows, and
-    no value is infinite or NaN) stores its codes; any other leaves its tile to
-    `_exact_codes_kernel`, appending its number to the list at ``flag_ptr + LIST_START``
-    (length at ``flag_ptr + 1``) and, unless ``note_ptr`` is None, setting the word at
-    ``note_ptr`` to 1 (a host word: the checked call reads it without a copy)."""
+    (`_scaled_count`).  The code of 2**max(e, emin) is added to the high word.
+
+    CLAMP_BITS (`_clamp_bits`): the largest |x| (fp32 bits) whose result the
+    saturation makes the format's max whenever |x| exceeds it, MAX_BITS where none does.
+    Such |x| are clamped to max first, which rounds to max exactly: above max, SR rounds
+    down to max or up beyond it, where the saturation gives max.  A program whose values
+    all lie within CLAMP_BITS (so no code overflows, and no value is NaN or an infinity
+    kept as such) stores its codes; any other leaves its tile to `_exact_codes_kernel`,
+    appending its number to the list at ``flag_ptr + LIST_START`` (length at ``flag_ptr +
+    1``) and, unless ``note_ptr`` is None, setting the word at ``note_ptr`` to 1 (a host
+    word: the checked call reads it without a copy).  A NaN result needs a listed tile (a
+    NaN input, an infinity or an overflow), so the NaN check reads the list alone."""
     program = tl.program_id(0)
     if WIDE:
         program = program.to(tl.int64)
@@ -475,14 +484,20 @@ def _sr_codes_kernel(
         ROWS,
     )
     magnitude = bits & 0x7FFFFFFF
-    clamped = tl.maximum(magnitude >> 23, EMIN + 127)
-    scaled = _scaled_count(magnitude, clamped, SCALE_FIELD, SCALE_SPLIT, EXACT_C)
+    # a value the saturation sends to max rounds as max itself: one minimum on the bits
+    # keeps its tile on this path
+    if CLAMP_BITS > MAX_BITS:
+        rounded_magnitude = tl.minimum(magnitude, MAX_BITS)
+    else:
+        rounded_magnitude = magnitude
+    clamped = tl.maximum(rounded_magnitude >> 23, EMIN + 127)
+    scaled = _scaled_count(rounded_magnitude, clamped, SCALE_FIELD, SCALE_SPLIT, EXACT_C)
     noise = (word & (((1 << NBITS) - 1) << (32 - NBITS))).to(tl.uint64)  # r << (32 - n)
     base = (clamped + (BIAS - 128)) << MBITS  # code of 2**max(e, emin), less 2**mbits
     code = base + ((scaled + noise) >> 32).to(tl.int32)
     # rounded before the tile's check: inside its branch the compiler keeps more registers
     # live (128 against 100 on sm_90), fewer programs fit an SM, and the kernel is slower
-    if tl.max(magnitude) <= MAX_BITS:
+    if tl.max(magnitude) <= CLAMP_BITS:
         code = code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO)
         _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
     else:
@@ -857,7 +872,9 @@ def _codes_constants(
     power of two of exponent field 286 + mbits - (max(e, emin) + 127) for finite x; where
     that exceeds 254 (at e <= emin, for mbits - emin > 95: formats with a large bias) the
     scale is split, SCALE_SPLIT bits of it a constant factor.  The exact kernel's magnitude
-    codes for overflow and infinite inputs are -1 where the result is NaN."""
+    codes for overflow and infinite inputs are -1 where the result is NaN.
+
+    CLAMP_BITS: `_clamp_bits`."""
     rows, warps = CODES_LAYOUT
     split = max(fmt.mbits - fmt.emin - 95, 0)
     both = {
@@ -873,6 +890,7 @@ def _codes_constants(
     fast = {
         **both,
         "MAX_BITS": fp32_bits(fmt.max),
+        "CLAMP_BITS": _clamp_bits(fmt, sat),
         "SCALE_FIELD": 286 + fmt.mbits - split,
         "SCALE_SPLIT": split,
     }
@@ -884,6 +902,19 @@ def _codes_constants(
         "NAN_CODE": nan_code(fmt),
     }
     return MappingProxyType(fast), MappingProxyType(exact)
+
+
+def _clamp_bits(fmt: Format, sat: str) -> int:
+    """The largest |x| (fp32 bits, as `fp32_bits` gives them) that `_sr_codes_kernel` clamps
+    to ``fmt``'s max under saturation ``sat``: every |x| above max whose result ``sat``
+    makes max.  "propagate" saturates finite overflow (fp32's largest finite value),
+    "finite" infinities too (fp32's infinity); "none" saturates nothing (max itself:
+    overflow stays the exact kernel's)."""
+    if sat == "finite":
+        return 0x7F800000
+    if sat == "propagate":
+        return 0x7F7FFFFF
+    return fp32_bits(fmt.max)
 
 
 def _wide(count: int, index_offset: int, rows: int) -> bool:
