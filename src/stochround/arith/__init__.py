@@ -4,7 +4,9 @@
   `round_pair`, which rounds an exact value held as a float64 pair ``hi + lo``;
 - `stochround.arith.reductions`: ``sum``, ``dot`` and ``matmul`` with an accumulator in a
   chosen format and a chosen accumulation order (`ORDERS`);
-- `stochround.arith.montecarlo`: Monte Carlo arithmetic, ``monte_carlo``.
+- `stochround.arith.montecarlo`: Monte Carlo arithmetic, ``monte_carlo``;
+- `stochround.arith.gradients`: the gradient rule every operation follows, the exact
+  operation's derivative straight through the rounding.
 
 The package is `stochround.ops` too.
 """

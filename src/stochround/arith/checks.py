@@ -26,10 +26,13 @@ def format_and_mode(fmt: Format | str, mode: str) -> Format:
 def operands(
     operation: str, names: tuple[str, ...], values: tuple[object, ...], wide_ok: bool
 ) -> tuple[list[Tensor], torch.dtype]:
-    """Checked operands as float64 tensors of the broadcast shape, and the result dtype."""
+    """Checked operands as float64 tensors of the broadcast shape, and the result dtype.
+
+    The tensors are detached: the operations compute rounded values outside autograd, and
+    `gradients.with_exact_gradient` gives the result its gradient."""
     shape, dtype = check_operands(operation, names, values, wide_ok)
     tensors: list[Tensor] = list(values)  # type: ignore[arg-type]
-    return [tensor.to(torch.float64).expand(shape) for tensor in tensors], dtype
+    return [tensor.detach().to(torch.float64).expand(shape) for tensor in tensors], dtype
 
 
 def check_operands(

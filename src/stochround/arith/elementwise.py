@@ -48,6 +48,11 @@ nonzero result keeps its sign however small; an exact zero sum (add, sub, fma) i
 for ``mode="sr"`` come from the same stream as `stochround.round` on a tensor of the
 broadcast shape (``seed``, ``offset``, ``rand`` behave identically); ``rand="data"`` hashes
 the float64 value `round_pair` rounds (a stand-in, where one replaces v).
+
+Gradients (`stochround.arith.gradients`): each operation's result carries the exact
+operation's derivative, the rounding taken as the identity (d add/dx = 1, d mul/dx = y,
+d fma/dz = 1, ...), as torch computes it on the inputs converted to the result dtype;
+`round_pair`'s is that of hi + lo.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from ..formats import Format
 from ..reference import SATURATIONS, VARIANTS, check_choice, check_rbits
 from ..torch_path import canonical_nan
 from .checks import format_and_mode, operands
+from .gradients import with_exact_gradient
 
 __all__ = ["add", "div", "fma", "mul", "round_pair", "sqrt", "sub"]
 
@@ -191,11 +197,15 @@ def round_pair(
     rounded with `rounding.round_float64`, drawing the random bits `stochround.round`
     would.  Where the condition fails and some lo != 0 (exact SR to fp32: 23 + 34 > 52),
     NotImplementedError names the case instead of returning wrong bits.
+
+    Gradient: that of hi + lo (1 to each), straight through the rounding.
     """
     fmt = format_and_mode(fmt, mode)
     check_choice("variant", variant, VARIANTS)
     check_choice("sat", sat, SATURATIONS)
     n = check_rbits(rbits)
+    exact_hi, exact_lo = hi, lo
+    hi, lo = hi.detach(), lo.detach()  # rounded outside autograd; the gradient is attached
     inexact = (lo != 0) & torch.isfinite(hi)
     guard_bits = 2 + (n if mode == "sr" else 0)
     if fmt.mbits + guard_bits > _DOUBLE_PRECISION - 1 and bool(inexact.any()):
@@ -208,9 +218,15 @@ def round_pair(
     hi_is_odd = (hi.view(torch.int64) & 1) == 1
     toward = torch.where(lo > 0, torch.inf, -torch.inf).to(hi.dtype)
     z = torch.where(inexact & ~hi_is_odd, torch.nextafter(hi, toward), hi)
-    return rounding.round_float64(
+    rounded = rounding.round_float64(
         z, fmt, mode, rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand
     )
+    return with_exact_gradient(rounded, torch.add, exact_hi, exact_lo)
+
+
+def _fused(x: Tensor, y: Tensor, z: Tensor) -> Tensor:
+    """x * y + z with torch: the exact operation whose gradient `fma` carries."""
+    return x * y + z
 
 
 def _exact_zero_sign(hi: Tensor, a: Tensor, b: Tensor, mode: str) -> Tensor:
@@ -273,7 +289,8 @@ def add(
     (a, b), dtype = operands("add", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _sum_pair(a, b, mode, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
-    return _rounded(hi, lo, dtype, fmt, mode, options)
+    rounded = _rounded(hi, lo, dtype, fmt, mode, options)
+    return with_exact_gradient(rounded, torch.add, x, y)
 
 
 def sub(
@@ -294,7 +311,8 @@ def sub(
     (a, b), dtype = operands("sub", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _sum_pair(a, -b, mode, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
-    return _rounded(hi, lo, dtype, fmt, mode, options)
+    rounded = _rounded(hi, lo, dtype, fmt, mode, options)
+    return with_exact_gradient(rounded, torch.sub, x, y)
 
 
 def _nonzero_finite(x: Tensor) -> Tensor:
@@ -396,7 +414,8 @@ def mul(
     (a, b), dtype = operands("mul", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _product_pair(a, b, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
-    return _rounded(hi, lo, dtype, fmt, mode, options)
+    rounded = _rounded(hi, lo, dtype, fmt, mode, options)
+    return with_exact_gradient(rounded, torch.mul, x, y)
 
 
 def div(
@@ -417,7 +436,8 @@ def div(
     (a, b), dtype = operands("div", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _quotient_pair(a, b, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
-    return _rounded(hi, lo, dtype, fmt, mode, options)
+    rounded = _rounded(hi, lo, dtype, fmt, mode, options)
+    return with_exact_gradient(rounded, torch.div, x, y)
 
 
 def fma(
@@ -439,7 +459,8 @@ def fma(
     (a, b, c), dtype = operands("fma", ("x", "y", "z"), (x, y, z), wide_ok=True)
     hi, lo = _fused_pair(a, b, c, mode, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
-    return _rounded(hi, lo, dtype, fmt, mode, options)
+    rounded = _rounded(hi, lo, dtype, fmt, mode, options)
+    return with_exact_gradient(rounded, _fused, x, y, z)
 
 
 def sqrt(
@@ -460,4 +481,5 @@ def sqrt(
     (a,), dtype = operands("sqrt", ("x",), (x,), wide_ok=True)
     hi, lo = _root_pair(a, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
-    return _rounded(hi, lo, dtype, fmt, mode, options)
+    rounded = _rounded(hi, lo, dtype, fmt, mode, options)
+    return with_exact_gradient(rounded, torch.sqrt, x)

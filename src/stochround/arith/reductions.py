@@ -8,10 +8,15 @@ the accumulator).  Random bits: step t draws the words of stream
 every (seed, offset + t, index) triple is used once and a call consumes offsets
 offset .. offset + steps - 1 (`reduction_rand_shape` gives steps).  With explicit
 ``rand`` (shape (steps, *batch, width)) step t reads rand[t, ..., :w_t].
+
+Gradients (`stochround.arith.gradients`): the steps run outside autograd, and the result
+carries the exact reduction's derivative (torch's sum, sum of products, matmul), whatever
+the order, the accumulator and the products' format.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -25,6 +30,7 @@ from ..kernels.availability import kernels_refusal
 from ..reference import MODES, check_choice
 from .checks import check_operands, format_and_mode, operands
 from .elementwise import add, finish, round_pair, sub
+from .gradients import with_exact_gradient
 
 __all__ = ["ORDERS", "dot", "matmul", "reduction_rand_shape", "sum"]
 
@@ -212,12 +218,14 @@ def sum(  # noqa: A001 - the reduction's public name, as torch.sum's
     for the whole call.  ``rand``: integers of shape `reduction_rand_shape` (steps, *batch,
     width), step t reading rand[t, ..., :w_t] (w_t = 1 for recursive and compensated, the
     number of pair sums or of blocks otherwise), or ``"data"`` (hashed per step).
+
+    Gradient: torch.sum's over ``dim`` (1 for every term), straight through the roundings.
     """
     rounding.check_input(x)
     fmt = find_format(fmt)
     _check_order(order, block)
     checked_dim = _check_dim(dim, x.ndim) if x.ndim else None  # None: 0-d x, one term
-    values = x.to(torch.float64)
+    values = x.detach().to(torch.float64)
     values = values.reshape(1) if checked_dim is None else values.movedim(checked_dim, -1)
     if values.shape[-1] == 0:
         raise ValueError(f"x has no elements along dim {checked_dim}: nothing to sum")
@@ -226,7 +234,8 @@ def sum(  # noqa: A001 - the reduction's public name, as torch.sum's
         rand, tuple(values.shape[:-1]), values.shape[-1], order, block, "rand"
     )
     total = _reduce(values, order, block, _Stepper(fmt, mode, options, rand))
-    return finish(total, x.dtype)
+    exact = torch.sum if checked_dim is None else functools.partial(torch.sum, dim=checked_dim)
+    return with_exact_gradient(finish(total, x.dtype), exact, x)
 
 
 def _split_rand(rand: object) -> tuple[object, object]:
@@ -264,6 +273,9 @@ def dot(
     ``offset``; the sum uses ``offset + 1 ..`` as `sum` describes.  ``rand``: a pair
     (product integers of the broadcast shape or None, sum integers of `sum`'s rand shape),
     or ``"data"``.
+
+    Gradient: that of ``(x * y).sum(dim)`` with torch (d/dx = y, d/dy = x), straight
+    through the roundings of the products and the sums.
     """
     fmt = format_and_mode(fmt, mode)
     _check_order(order, block)
@@ -289,7 +301,12 @@ def dot(
     offset = options["offset"]
     options["offset"] = offset + 1 if isinstance(offset, Tensor) else (offset + 1) % _TWO_POW_64
     total = _reduce(products, order, block, _Stepper(fmt, mode, options, sum_rand))
-    return finish(total, dtype)
+    return with_exact_gradient(finish(total, dtype), functools.partial(_dot, dim=dim), x, y)
+
+
+def _dot(x: Tensor, y: Tensor, dim: int) -> Tensor:
+    """sum(x * y) over ``dim`` with torch: the exact operation whose gradient `dot` carries."""
+    return (x * y).sum(dim)
 
 
 def matmul(
@@ -321,6 +338,8 @@ def matmul(
     cannot do (pairwise order, explicit ``rand``, formats wider than fp32, float64 inputs;
     CPU tensors only under TRITON_INTERPRET=1); ``"auto"`` uses the kernel for CUDA tensors
     where it can and the PyTorch path otherwise.
+
+    Gradient: torch.matmul's (grad @ b.mT for a, a.mT @ grad for b), on every backend.
     """
     for name, value in (("a", a), ("b", b)):
         if not isinstance(value, Tensor):
@@ -333,6 +352,9 @@ def matmul(
             f"a.shape[-1] = {a.shape[-1]} != b.shape[-2] = {b.shape[-2]}"
         )
     check_choice("backend", backend, rounding.BACKENDS)
+    # the values are computed on detached operands; the result carries torch.matmul's gradient
+    exact_a, exact_b = a, b
+    a, b = a.detach(), b.detach()
     x, y = a.unsqueeze(-2), b.mT.unsqueeze(-3)
     # `dot`'s keyword arguments besides the seed
     arguments: dict[str, Any] = dict(
@@ -341,7 +363,8 @@ def matmul(
     arguments.update(variant=variant, sat=sat, offset=offset, rand=rand)
     # K = 0 goes to `dot` on every backend, for its error
     if backend == "torch" or (backend == "auto" and not a.is_cuda) or a.shape[-1] == 0:
-        return dot(x, y, fmt, mode, seed=seed, **arguments)
+        rounded = dot(x, y, fmt, mode, seed=seed, **arguments)
+        return with_exact_gradient(rounded, torch.matmul, exact_a, exact_b)
     # Check the arguments as `dot` does, in its order, and draw the default seed once: a
     # fallback to `dot` then gives the bits and errors it gives on its own.
     fmt = format_and_mode(fmt, mode)
@@ -358,7 +381,7 @@ def matmul(
     if reason is None:
         from ..kernels.matmul import matmul_triton
 
-        return matmul_triton(
+        rounded = matmul_triton(
             a,
             b,
             fmt,
@@ -372,9 +395,11 @@ def matmul(
             seed=seed,
             offset=offset,
         )
-    if backend == "triton":
+    elif backend == "triton":
         raise ValueError(f"backend='triton' cannot compute this matmul: {reason}")
-    return dot(x, y, fmt, mode, seed=seed, **arguments)
+    else:
+        rounded = dot(x, y, fmt, mode, seed=seed, **arguments)
+    return with_exact_gradient(rounded, torch.matmul, exact_a, exact_b)
 
 
 def _matmul_triton_unsupported(
