@@ -103,3 +103,12 @@ def test_info_of_a_wide_format_skips_the_value_table():
     assert row(output, "max")[1] == repr(FORMATS["bfloat16"].max)
     assert "at most 8 bits" in output
     assert not _value_rows(output)
+
+
+def test_info_says_whether_the_format_has_a_zero():
+    """e8m0 has none: 0 and |x| < 2^-127 round to its smallest value, an underflow."""
+    assert row(ok("info", "e8m0", "--no-values"), "zero")[1:] == [
+        "no",
+        "no zero code: 0 and |x| < 2^-127 round to the smallest value (underflow)",
+    ]
+    assert row(ok("info", "e4m3fn", "--no-values"), "zero")[1:] == ["yes", "has a zero code"]

@@ -111,7 +111,7 @@ def test_round_edge_cases_print_a_distribution_the_drawn_result_belongs_to(name)
             Fraction(cells[-2])
             for line in result.stdout.splitlines()
             if (cells := re.split(r"\s{2,}", line.strip()))[0].startswith(
-                ("lower", "upper", "x itself", "overflow (sat")
+                ("lower", "upper", "x itself", "overflow (sat", "smallest (underflow)")
             )
         ]
         assert sum(probabilities) == 1, result.stdout
@@ -148,3 +148,37 @@ def test_round_under_a_hardware_unit_matches_its_expected_value():
         x = torch.tensor([float(value)], dtype=torch.float64)
         assert mean == Fraction(hardware.expected_value(x, unit).item()), (value, output)
     assert "flushes operands below" in ok("round", "-1e-9", "--hardware", "graphcore-ipu")
+
+
+E8M0_SMALLEST = 2.0**-127
+
+
+@pytest.mark.parametrize("value", ["1e-40", "0x1.fffffp-128", "0.0", "-0.0", "1e-300"])
+@pytest.mark.parametrize("mode", ["sr", "rne", "rd"])
+def test_round_below_e8m0s_smallest_value_is_labelled_an_underflow(value, mode):
+    """e8m0 has no zero: 0 and every x below 2^-127 round up to 2^-127 in every mode and
+    sat.  That is neither x itself (x is not on the grid) nor an overflow."""
+    output = ok("round", value, "--format", "e8m0", "--mode", mode)
+    smallest = repr(E8M0_SMALLEST)
+    cells = row(output, "smallest (underflow)")
+    assert cells[1:] == [smallest, "0x00", "away from zero", "1", "1"]
+    x = repr(float.fromhex(value) if "0x" in value else float(value))
+    assert (
+        f"underflow: {x} lies below e8m0's smallest magnitude {smallest} (2^-127) and e8m0 "
+        f"has no zero: every mode and every sat rounds it to {smallest}"
+    ) in output
+    for wrong in ("x itself", "overflow", "discarded fraction", "P(away from zero)"):
+        assert wrong not in output
+    assert f"drawn with stochround.round (seed=0): {smallest}  code 0x00" in output
+
+
+def test_round_e8m0s_smallest_value_itself_and_negative_values_are_no_underflow():
+    """2^-127 is on the grid; a negative x is beyond an unsigned format's range (with
+    sat=none rd overflows to NaN), an overflow as before."""
+    output = ok("round", "0x1p-127", "--format", "e8m0")
+    assert row(output, "x itself (representable)")[1:3] == [repr(E8M0_SMALLEST), "0x00"]
+    assert "underflow" not in output
+    output = ok("round", "-1e-40", "--format", "e8m0", "--mode", "rd")
+    assert row(output, "lower (round down)")[1:3] == ["nan", "0xff"]
+    assert "overflow: -1e-40 is beyond the format's lowest" in output
+    assert "underflow" not in output

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from stochround.cli import app
@@ -319,3 +320,32 @@ def test_optimizer_state_sr_matches_fp32(results):
     assert key["fp32_bf16_rne_final_loss"] < 2 * key["fp32_final_loss"]
     # the fp32 solution stored in bf16 loses accuracy (measured 1.22x fp32's loss)
     assert key["fp32_final_loss"] < key["fp32_result_in_bf16_loss"] < 10 * key["fp32_final_loss"]
+
+
+LARGEST_SEED = 2**64 - 1  # the largest seed the random streams take
+
+
+def test_gradient_descent_takes_the_largest_seed():
+    """The logistic problem's generator is seeded with (seed + 1) mod 2**64: the largest
+    seed wraps to 0 instead of overflowing torch.Generator."""
+    from stochround.experiments import gradient_descent
+
+    x, _, w_opt = gradient_descent.logistic_problem(LARGEST_SEED)
+    generator = torch.Generator().manual_seed(0)
+    shape = (gradient_descent.SAMPLES, gradient_descent.FEATURES)
+    expected = torch.randn(*shape, generator=generator, dtype=torch.float64).float()
+    assert torch.equal(x, expected)
+    assert bool(torch.isfinite(w_opt).all())
+
+
+def test_tall_thin_sweep_takes_the_largest_seed():
+    """The sweep's matrix comes from torch.Generator seeded with (seed + 1) mod 2**64."""
+    from stochround import rounding
+    from stochround.experiments import tall_thin
+
+    sweep, columns = (4, 6), 3
+    curves = tall_thin._sweep(sweep, columns, 2, LARGEST_SEED, NoProgress())
+    largest = tall_thin.duplicated_column(6, columns, torch.Generator().manual_seed(0))
+    expected = [tall_thin.sigma_min(rounding.round(largest[:m], "bf16", "rne")) for m in sweep]
+    assert curves["bf16 rne"] == expected
+    assert all(math.isfinite(value) for value in curves["bf16 sr"])

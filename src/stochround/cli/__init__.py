@@ -5,8 +5,13 @@ short demo.
 Each command lives in its own module and holds no numerics of its own: every number it
 prints about a format or a probability comes from the scalar reference (through
 `stochround.outcomes`, exact fractions), and every drawn result from the public `round`.
-Bad input gets the library's own ValueError message and exit status 2.
+Bad input gets one line, ``error: ...`` (the library's own ValueError message, or one
+naming the option and what it accepts), and exit status 2, never a traceback;
+``stochround --version`` prints the version.  ``python -m stochround`` runs the same app.
 """
+
+from importlib import metadata
+from typing import Annotated
 
 import typer
 
@@ -27,12 +32,54 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def package_version() -> str:
+    """The installed distribution's version, which ``stochround.__version__`` repeats (the
+    command cannot import the package facade: it sits below it in the layers)."""
+    try:
+        return metadata.version("stochround")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed: pip install -e .)"
+
+
+def print_version(value: bool) -> None:
+    """The ``--version`` callback.
+
+    Args:
+        value: whether --version was given; if so, print ``stochround VERSION`` and exit
+            with status 0 before any command runs (the option is eager).
+    """
+    if value:
+        print(f"stochround {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version and exit.",
+            callback=print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """The options before the command.
+
+    Args:
+        version: --version, handled by its callback (`print_version`).
+    """
+
+
 # Registration order is the order `stochround --help` lists the commands in.
 app.command("formats")(formats_command)
 app.command("info")(info_command)
 app.command("round", context_settings=ROUND_CONTEXT, epilog=ROUND_EPILOG)(round_command)
 app.command("hardware", epilog=HARDWARE_EPILOG)(hardware_command)
 app.command("demo")(demo_command)
-app.command("run")(run_command)
+# `stochround run` alone shows its help, as `stochround` alone does
+app.command("run", no_args_is_help=True)(run_command)
 
 __all__ = ["app"]

@@ -1,5 +1,9 @@
 """``stochround demo`` (a few formats, one value under every mode, then the quick version of
-every experiment, as one report) and ``stochround run NAME`` (the experiment suite)."""
+every experiment, as one report) and ``stochround run NAME...`` (the experiment suite).
+
+Both check every argument (names, --seed, --out) before the first experiment starts, so a
+bad one costs no time and leaves no half-written report.
+"""
 
 import time
 from pathlib import Path
@@ -7,9 +11,10 @@ from typing import Annotated, Any
 
 import torch
 import typer
+from rich.console import Console
 
 from .. import experiments, outcomes, reference, rounding
-from ..experiments import report
+from ..experiments import Experiment, report
 from ..formats import format as find_format
 from . import output
 from .formats import formats_section
@@ -78,56 +83,116 @@ def demo_sections() -> list[Section]:
     return [demo_formats_section(), demo_modes_section()]
 
 
+SEED_HELP = "Seed of inputs and random bits: an integer in [0, 2**64)."
+OUT_HELP = "Folder for report.md, results.json and PNG plots (created if missing)."
+
+
+def seed_or_default(text: str | None) -> int:
+    """The seed to run with.
+
+    Args:
+        text: the --seed option's text, or None where it was not given.
+
+    Returns the suite's default seed for None, else the seed checked by
+    `output.parse_seed` (an integer in [0, 2**64), or a bad-input exit).
+    """
+    return experiments.DEFAULT_SEED if text is None else output.parse_seed(text)
+
+
+def run_experiments(
+    names: list[str], quick: bool, seed: int, out: Path, console: Console
+) -> list[Experiment]:
+    """Run the named experiments in order, printing each one's tables as it finishes.
+
+    Args:
+        names: experiment names (keys of ``experiments.EXPERIMENTS``), already checked.
+        quick: the small sizes.
+        seed: the seed every experiment gets.
+        out: the folder the experiments write their figures to (already created).
+        console: where the progress bars and tables go.
+
+    Returns the experiments' results, in the order of ``names``.
+    """
+    results = []
+    for name in names:
+        with report.progress_bar(console, enabled=console.is_terminal) as progress:
+            result = experiments.EXPERIMENTS[name].run(quick, seed, out, progress)
+        report.print_experiment(result, console)
+        results.append(result)
+    return results
+
+
 def demo_command(
-    out: Annotated[
-        Path,
-        typer.Option(help="Folder for report.md, results.json and PNG plots.", metavar="DIR"),
-    ] = Path("stochround-demo"),
-    seed: Annotated[int | None, typer.Option(help="Seed of inputs and random bits.")] = None,
+    out: Annotated[Path, typer.Option(help=OUT_HELP, metavar="DIR")] = Path("stochround-demo"),
+    seed: Annotated[
+        str | None,
+        typer.Option(help=SEED_HELP, metavar="SEED", show_default=str(experiments.DEFAULT_SEED)),
+    ] = None,
 ) -> None:
     """The tour: a few formats, one value under every mode, then the quick version of every
     experiment, written to DIR as one report."""
+    # every option is checked before the first table: no half-written report
+    checked_seed = seed_or_default(seed)
+    output.prepare_out(out)
     console = output.new_console()
     started = time.perf_counter()
     sections = demo_sections()
     for section in sections:
         section.print(console)
-    seed = experiments.DEFAULT_SEED if seed is None else seed
-    results = []
-    for module in experiments.EXPERIMENTS.values():
-        with report.progress_bar(console, enabled=console.is_terminal) as progress:
-            result = module.run(True, seed, out, progress)
-        report.print_experiment(result, console)
-        results.append(result)
+    results = run_experiments(list(experiments.EXPERIMENTS), True, checked_seed, out, console)
     preamble = "\n".join(section.markdown() for section in sections)
     json_path, report_path = report.write_results(results, out, "stochround demo", preamble)
     console.print(f"wrote {report_path} and {json_path}", markup=False, soft_wrap=True)
     console.print(f"demo took {time.perf_counter() - started:.1f} s", markup=False)
 
 
+def experiment_names(names: list[str]) -> list[str]:
+    """The experiments to run, in the order given; ``all`` (alone) stands for every one.
+
+    Args:
+        names: the NAME arguments, as typed.
+
+    An unknown name, a name given twice or ``all`` given with other names is a bad-input
+    exit listing the known names, before any experiment runs.
+    """
+    known = [*experiments.EXPERIMENTS, "all"]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        got = ", ".join(repr(name) for name in unknown)
+        output.fail(f"NAME must be one of {', '.join(known)}; got {got}")
+    if "all" in names:
+        if len(names) > 1:
+            output.fail("NAME all runs every experiment: give it alone")
+        return list(experiments.EXPERIMENTS)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        output.fail(f"NAME: each experiment once; {', '.join(repeated)} given more than once")
+    return names
+
+
 def run_command(
-    name: Annotated[
-        str,
-        typer.Argument(metavar="NAME", help="An experiment (stagnation, summation, ...) or all."),
+    names: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="NAME",
+            help="Experiments to run, in this order (stagnation, summation, ...), or all.",
+            show_default=False,
+        ),
     ],
     quick: Annotated[bool, typer.Option(help="Small sizes: seconds instead of minutes.")] = False,
-    seed: Annotated[int | None, typer.Option(help="Seed of inputs and random bits.")] = None,
-    out: Annotated[
-        Path, typer.Option(help="Folder for report.md, results.json and PNG plots.", metavar="DIR")
-    ] = Path("stochround-report"),
+    seed: Annotated[
+        str | None,
+        typer.Option(help=SEED_HELP, metavar="SEED", show_default=str(experiments.DEFAULT_SEED)),
+    ] = None,
+    out: Annotated[Path, typer.Option(help=OUT_HELP, metavar="DIR")] = Path("stochround-report"),
 ) -> None:
-    """Run experiments, print their tables, write report.md, results.json and plots to DIR."""
-    suite = experiments.EXPERIMENTS
-    if name != "all" and name not in suite:
-        output.fail(f"NAME must be one of {', '.join([*suite, 'all'])}; got {name!r}")
-    names = list(suite) if name == "all" else [name]
-    seed = experiments.DEFAULT_SEED if seed is None else seed
+    """Run experiments, print their tables, write report.md, results.json and plots to DIR
+    (one report for all of them)."""
+    # every argument is checked before the first experiment: no half-written report
+    chosen = experiment_names(names)
+    checked_seed = seed_or_default(seed)
+    output.prepare_out(out)
     console = output.new_console()
-    results = []
-    for experiment_name in names:
-        with report.progress_bar(console, enabled=console.is_terminal) as progress:
-            result = suite[experiment_name].run(quick, seed, out, progress)
-        report.print_experiment(result, console)
-        results.append(result)
+    results = run_experiments(chosen, quick, checked_seed, out, console)
     json_path, report_path = report.write_results(results, out)
     console.print(f"wrote {report_path} and {json_path}", markup=False, soft_wrap=True)

@@ -99,6 +99,16 @@ def bit_fields(code: int, fmt: Format) -> str:
     return " ".join(part for part in fields if part)
 
 
+def zero_meaning(fmt: Format) -> str:
+    """The "zero" property's meaning for ``fmt``: a format without zero (e8m0) rounds 0 and
+    the values below its smallest magnitude up to that magnitude, an underflow no mode or
+    saturation avoids."""
+    if fmt.has_zero:
+        return "has a zero code"
+    smallest = output.number_text(fmt.min_normal)
+    return f"no zero code: 0 and |x| < {smallest} round to the smallest value (underflow)"
+
+
 def properties_section(fmt: Format) -> Section:
     """Every property of one format, with what it means."""
     value = output.value_text
@@ -119,6 +129,7 @@ def properties_section(fmt: Format) -> Section:
         ["min subnormal", value(fmt.min_subnormal), "smallest positive value"],
         ["eps", value(fmt.eps), "distance from 1 to the next value"],
         ["subnormals", "yes" if fmt.subnormals else "no", "gradual underflow"],
+        ["zero", "yes" if fmt.has_zero else "no", zero_meaning(fmt)],
         ["negative zero", "yes" if fmt.has_negative_zero else "no", ""],
         ["inf", "yes" if fmt.inf else "no", "has infinities"],
         ["NaN encoding", fmt.nan, "ieee, fn, fnuz or none"],

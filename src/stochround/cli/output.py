@@ -7,8 +7,10 @@ Bad input ends a command with the library's own message in red on stderr and exi
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import typer
@@ -22,6 +24,9 @@ from ..experiments import report
 from ..formats import Format
 
 EXIT_BAD_INPUT = 2
+# Every seed the library's random streams take: torch.Generator's range too.
+SEED_LIMIT = 2**64
+SEED_RANGE = f"an integer in [0, 2**64) (0 to {SEED_LIMIT - 1})"
 
 T = TypeVar("T")
 
@@ -43,6 +48,53 @@ def checked(action: Callable[[], T]) -> T:
         return action()
     except (ValueError, TypeError) as error:
         fail(str(error))
+
+
+def parse_seed(text: str, option: str = "--seed") -> int:
+    """The seed given as ``text`` (decimal digits; ``_`` between them allowed, as in Python).
+
+    Args:
+        text: the option's text, as typed.
+        option: the option's name, for the error message.
+
+    Every command takes the seeds the library's streams take, [0, 2**64): anything else
+    (a negative number, 2**64 or more, text that is no integer) is a bad-input exit naming
+    the option and that range, before any work starts.
+    """
+    try:
+        seed = int(text)
+    except ValueError:
+        fail(f"{option} must be {SEED_RANGE}; got {text!r}")
+    if not 0 <= seed < SEED_LIMIT:
+        fail(f"{option} must be {SEED_RANGE}; got {seed}")
+    return seed
+
+
+def prepare_out(out: Path, option: str = "--out") -> Path:
+    """Create the output folder ``out`` (and its parents) and check that files can be
+    written in it, so that a bad folder fails before minutes of experiments, not after.
+
+    Args:
+        out: the folder, as given.
+        option: the option's name, for the error message.
+
+    Returns ``out``.  A path that is a file, lies under a file, or where the folder or a
+    file in it cannot be created (permissions, a read-only or pseudo file system) is a
+    bad-input exit naming the option and the reason the system gave.
+    """
+    if out.exists() and not out.is_dir():
+        fail(f"{option} must be a folder (existing or new); {str(out)!r} is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # a probe file: the only check that holds for every kind of file system and user
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        fail(
+            f"{option} must be a folder that can be created and written to; {str(out)!r}: {reason}"
+        )
+    return out
 
 
 @dataclass

@@ -121,6 +121,39 @@ def overflow_note(
     return f"overflow: {value(x)} is beyond the format's {bound}; " + "; ".join(parts)
 
 
+def underflows(x: float, fmt: Format) -> bool:
+    """Whether finite x lies below the smallest magnitude of a format without zero (e8m0).
+
+    Args:
+        x: the value.
+        fmt: the target format.
+
+    Such a format rounds 0 (of either sign) and every x with 0 < |x| < min normal to its
+    smallest value of x's sign in every mode and saturation mode: an underflow, not a
+    value on the grid and not an overflow.  Negative x in an unsigned format is out of
+    range on the other side (an overflow), and is not counted here.
+    """
+    if fmt.has_zero or abs(x) >= fmt.min_normal:
+        return False
+    return x == 0 or x > 0 or fmt.signed
+
+
+def underflow_note(x: float, fmt: Format, result: float) -> str:
+    """The note explaining an underflow.
+
+    Args:
+        x: a value that `underflows` in ``fmt``.
+        fmt: the target format (one without zero).
+        result: what every mode and saturation mode gives for x (its smallest value).
+    """
+    smallest = output.value_text(fmt.min_normal)
+    return (
+        f"underflow: {output.value_text(x)} lies below {fmt.name}'s smallest magnitude "
+        f"{smallest} ({output.number_text(fmt.min_normal)}) and {fmt.name} has no zero: "
+        f"every mode and every sat rounds it to {output.value_text(result)}"
+    )
+
+
 def round_finite(
     console: Console,
     x: float,
@@ -135,8 +168,13 @@ def round_finite(
     overflow result, and notes on the discarded fraction, the mode and overflow."""
     lower, upper = reference.neighbours(x, fmt)
     negative = math.copysign(1.0, x) < 0
+    # below the smallest value of a format without zero both neighbours are that value,
+    # which x is not: labelled as the underflow it is, not as x itself
+    underflow = underflows(x, fmt)
     on_grid = outcomes.same_value(lower, upper)
-    if on_grid:
+    if underflow:
+        candidates = [("smallest (underflow)", lower, "away from zero")]
+    elif on_grid:
         candidates = [("x itself (representable)", lower, "")]
     else:
         toward, away = "toward zero", "away from zero"
@@ -169,10 +207,12 @@ def round_finite(
                 ]
             )
     notes = []
-    out_of_range = x > fmt.max or x < fmt.lowest
-    if not on_grid and not out_of_range:
+    if underflow:
+        notes.append(underflow_note(x, fmt, lower))
+    out_of_range = (x > fmt.max or x < fmt.lowest) and not underflow
+    if not on_grid and not out_of_range and not underflow:
         notes.append(f"discarded fraction nu = {nu_text(reference.discarded_fraction(x, fmt))} ulp")
-    if mode == "sr" and not on_grid:
+    if mode == "sr" and not on_grid and not underflow:
         notes.append(sr_rule(rbits, variant))
     elif mode != "sr":
         notes.append(f"{mode} is deterministic: probability 1 for the value it chooses")
@@ -265,11 +305,19 @@ def round_command(
             show_default=False,
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the random stream for the drawn result.")] = 0,
+    seed_text: Annotated[
+        str,
+        typer.Option(
+            "--seed",
+            metavar="SEED",
+            help="Seed of the random stream for the drawn result: an integer in [0, 2**64).",
+        ),
+    ] = "0",
 ) -> None:
     """Round one value: its two neighbours in the format, the exact probability of each under
     the chosen mode (or hardware unit), and one result drawn with stochround.round."""
     x = parse_value(value_text)
+    seed = output.parse_seed(seed_text)
     if hardware_name is None:
         unit, operand = None, x
         fmt, drawn = draw(x, format_name, mode, rbits, variant, sat, seed)

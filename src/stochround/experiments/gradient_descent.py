@@ -27,7 +27,8 @@ stalls at an excess set by the stall distance ulp / (2 lr lambda), SR's excess i
 stationary noise, which is below the least-squares estimate because a step much smaller
 than an ulp moves w with variance ulp * |step| rather than ulp^2 / 4.  SR run j at step t
 draws the words of stream (seed, offset = 80 + format index) at the same indices as above;
-X, w* and the labels come from torch.Generator seeded with ``seed + 1``.
+X, w* and the labels come from torch.Generator seeded with ``(seed + 1) mod 2**64`` (every
+seed in [0, 2**64) works, the largest wrapping to 0).
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def least_squares(seed: int) -> Problem:
 def logistic_problem(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(X, y, w_opt): X fp32 standard normal, y in {0, 1} fp32 drawn from a planted logistic
     model, w_opt the cross-entropy minimizer (Newton's method in float64)."""
-    generator = torch.Generator().manual_seed(seed + 1)
+    # modulo 2**64: torch.Generator takes seeds below 2**64 only, and the largest seed the
+    # random streams take, 2**64 - 1, must work here too
+    generator = torch.Generator().manual_seed((seed + 1) % 2**64)
     x = torch.randn(SAMPLES, FEATURES, generator=generator, dtype=torch.float64).float()
     w_true = LOGISTIC_WEIGHT_SCALE * torch.randn(FEATURES, generator=generator, dtype=torch.float64)
     uniform = torch.rand(SAMPLES, generator=generator, dtype=torch.float64)

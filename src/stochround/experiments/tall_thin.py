@@ -24,7 +24,8 @@ regularization is SR's guarantee, rne's only by accident of the data.
 Random bits: SR seed k of format f rounds with the words of stream (seed, offset = 128 + f)
 (duplicated column) or 136 + f (low rank) or 144 + f (the sweep over m, on the first m rows
 of the largest matrix) at indices k * m * n .. (k + 1) * m * n - 1, passed as rand=; the
-matrices come from torch.Generator seeded with ``seed``.
+matrices come from torch.Generator seeded with ``seed`` (the sweep's with
+``(seed + 1) mod 2**64``, so that every seed in [0, 2**64) works).
 """
 
 from __future__ import annotations
@@ -163,7 +164,9 @@ def _sweep(
     sweep: tuple[int, ...], columns: int, seeds: int, seed: int, progress: ProgressLike
 ) -> dict[str, list[float]]:
     """sigma_min vs m on the first m rows of one duplicated-column matrix, per format."""
-    generator = torch.Generator().manual_seed(seed + 1)
+    # modulo 2**64: torch.Generator takes seeds below 2**64 only, and the largest seed the
+    # random streams take, 2**64 - 1, must work here too
+    generator = torch.Generator().manual_seed((seed + 1) % 2**64)
     largest = duplicated_column(max(sweep), columns, generator)
     v = torch.zeros(columns, dtype=torch.float64)
     v[0], v[-1] = 0.5**0.5, -(0.5**0.5)
