@@ -269,3 +269,56 @@ def test_capturing_a_step_needs_lr_on_the_device():
     graph = torch.cuda.CUDAGraph()
     with pytest.raises(ValueError, match="lr must be a tensor on cuda"), torch.cuda.graph(graph):
         optimizer.step()
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD, Lion])
+def test_default_state_dtypes_follow_each_parameter_in_one_launch_group(cls):
+    """``state_dtype=None``: one group of bf16, fp16 and fp32 parameters keeps each one's
+    states in its own dtype; the kernel (asked for by torch's ``fused=True``) launches per
+    dtype and stores the PyTorch path's bits (``fused=False``)."""
+    dtypes = (torch.bfloat16, torch.float16, torch.float32, torch.bfloat16)
+    runs = []
+    for fused in (True, False):
+        params = [p.to(dtype).detach().requires_grad_()
+                  for p, dtype in zip(_params(torch.float32), dtypes, strict=True)]  # fmt: skip
+        kwargs = {"momentum": 0.9} if cls is SGD else {}
+        optimizer = cls(params, lr=1e-2, seed=4, fused=fused, **kwargs)
+        assert optimizer.backend == ("triton" if fused else "torch")
+        for step in range(2):
+            for param, grad in zip(params, _gradients(step, torch.float32), strict=True):
+                param.grad = grad.to(param.dtype)
+            optimizer.step()
+        runs.append((params, optimizer))
+    (fused_params, fused_optimizer), (torch_params, torch_optimizer) = runs
+    for mine, theirs, dtype in zip(fused_params, torch_params, dtypes, strict=True):
+        assert torch.equal(_bits(mine), _bits(theirs))
+        for name in cls.state_names:
+            state = fused_optimizer.state[mine][name]
+            assert state.dtype == dtype
+            assert torch.equal(_bits(state), _bits(torch_optimizer.state[theirs][name]))
+
+
+def test_compiled_fused_step_reads_a_scheduled_float_lr_as_an_input():
+    """A float lr that a scheduler moves: the compiled step (the fused launch, as a custom
+    op) compiles twice, as torch.optim's does, not once per value, and stores the eager
+    step's bits."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    runs = []
+    for compiled in (True, False):
+        torch._dynamo.reset()
+        params = _params(torch.bfloat16)
+        optimizer = AdamW(params, lr=1e-2, seed=3, backend="triton")
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.7)
+        counter = CompileCounterWithBackend("aot_eager")  # compiles as inductor does
+        step = torch.compile(optimizer.step, backend=counter) if compiled else optimizer.step
+        for index in range(5):
+            for param, grad in zip(params, _gradients(index, torch.bfloat16), strict=True):
+                param.grad = grad
+            step()
+            schedule.step()
+        runs.append((params, counter.frame_count))
+    (compiled_params, graphs), (eager_params, _) = runs
+    assert graphs == 2
+    for compiled_param, eager_param in zip(compiled_params, eager_params, strict=True):
+        assert torch.equal(_bits(compiled_param), _bits(eager_param))

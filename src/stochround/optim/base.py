@@ -38,19 +38,43 @@ float32 from the parameter's float32 value ``x``; how ``x`` is kept between step
 All three extra states exist only for bfloat16/float16 parameters (a float32 parameter
 is exact already). States (``exp_avg`` ...) are stored by "sr" when ``rounding="sr"`` and
 to nearest even otherwise ("kahan" and "ecc" concern the parameter only).
+
+State dtype. ``state_dtype=None`` (the default) keeps each parameter's states in the
+parameter's own dtype, as torch.optim and torchao's low-bit AdamW do: bfloat16 parameters
+give the 6-byte AdamW without a flag. Under ``master_weights=True`` the states follow the
+float32 master, the value the update advances (a bfloat16 moment beside it would drop
+the precision the master keeps).
+
+Default seed. ``seed=None`` takes `generator_seed`: a hash of the state of torch's default
+CPU generator, read without drawing from it. Constructing an optimizer therefore moves no
+draw of the user's data order, initialization or dropout (swapping ``torch.optim`` for
+these optimizers changes nothing else), and a program that calls ``torch.manual_seed``
+gets the same seed on every run. When torch.distributed is initialized, the seed is rank
+0's, broadcast over the default process group when the optimizer is built (`agreed_seed`),
+so replicated parameters round identically on every rank even when each rank seeds torch
+differently (for its data order and dropout).
+
+Checkpoints of ``torch.optim`` (`SROptimizer.load_state_dict`). A group key the checkpoint
+lacks (``rounding``, ``seed``, ``state_dtype`` ...) keeps the constructor's value; the
+states are cast to the group's state dtype, to nearest (a one-time conversion: its error,
+at most half an ulp, does not accumulate, and it needs no random stream); ``step``
+becomes an int64 tensor.  What cannot continue (``amsgrad=True``, another optimizer's
+states) raises ValueError at the load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels.availability import kernels_refusal
-from ..random import check_seed, default_seed
+from ..random import check_seed
 from ..reference import check_choice
 from ..rounding import cast
 
@@ -61,6 +85,11 @@ STATE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.fl
 PARAM_DTYPES = STATE_DTYPES
 MAX_PARAMS = 1 << 30
 TENSOR_SLOTS = {"param": 0, "exp_avg": 1, "exp_avg_sq": 2, "momentum_buffer": 1}
+# torch.optim's implementation choices: options of the whole optimizer here (``backend``),
+# dropped from the groups of a loaded torch checkpoint
+IMPLEMENTATION_KEYS: tuple[str, ...] = ("foreach", "fused", "capturable", "differentiable")
+# what `generator_seed` hashes with: its seeds are not another hash's outputs
+SEED_PERSONALIZATION = b"stochround.optim"
 
 
 def stream_offset(step: int | Tensor, param_index: int, tensor_slot: int) -> int | Tensor:
@@ -112,22 +141,88 @@ def check_rounding(rounding: object) -> str:
     return str(rounding)
 
 
-def check_state_dtype(state_dtype: object) -> torch.dtype:
-    """``state_dtype`` if it is one of `STATE_DTYPES`, else TypeError/ValueError."""
+def check_state_dtype(state_dtype: object) -> torch.dtype | None:
+    """``state_dtype`` if it is None or one of `STATE_DTYPES`, else TypeError/ValueError."""
+    if state_dtype is None:
+        return None
     if not isinstance(state_dtype, torch.dtype):
-        raise TypeError(f"state_dtype must be a torch.dtype, got {type(state_dtype).__name__}")
+        raise TypeError(
+            f"state_dtype must be None or a torch.dtype, got {type(state_dtype).__name__}"
+        )
     if state_dtype not in STATE_DTYPES:
-        raise ValueError(f"state_dtype must be one of {STATE_DTYPES}; got {state_dtype}")
+        raise ValueError(f"state_dtype must be None or one of {STATE_DTYPES}; got {state_dtype}")
     return state_dtype
 
 
 def check_seed_argument(seed: object) -> int:
-    """An int seed in [0, 2**64); None draws one from torch's default generator."""
-    if seed is None:
-        return default_seed()
+    """An int seed in [0, 2**64), else ValueError/TypeError naming ``seed``."""
     if isinstance(seed, Tensor):
         raise TypeError("seed must be an int in [0, 2**64) (tensor seeds are not supported yet)")
     return int(check_seed(seed, "seed"))
+
+
+def generator_seed() -> int:
+    """A seed in [0, 2**64) read from torch's default CPU generator without drawing from it:
+    the first 8 bytes (little-endian) of the BLAKE2b hash of its state.  The state is a
+    function of the last ``torch.manual_seed`` and of the draws made since, so the seed is
+    as reproducible as the user's own draws, and reading it leaves their sequence as it
+    was.  (``torch.initial_seed()`` alone would give every optimizer of a program the same
+    seed; the state differs between optimizers built with draws between them.)"""
+    state = torch.default_generator.get_state().numpy().tobytes()
+    digest = hashlib.blake2b(state, digest_size=8, person=SEED_PERSONALIZATION).digest()
+    return int.from_bytes(digest, "little")
+
+
+def agreed_seed(seed: int) -> int:
+    """Rank 0's ``seed`` when torch.distributed's default process group is initialized (a
+    broadcast that every rank of the group must join), else ``seed`` itself."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return seed
+    # an object broadcast picks the device the group's backend needs (CPU for gloo, the
+    # current CUDA device for NCCL)
+    box: list[Any] = [seed]
+    dist.broadcast_object_list(box, src=0)
+    return int(box[0])
+
+
+def check_flag(value: object, name: str, *, optional: bool = False) -> bool | None:
+    """``value`` if it is a bool (or None when ``optional``), else TypeError naming ``name``."""
+    if isinstance(value, bool) or (optional and value is None):
+        return value
+    allowed = "a bool or None" if optional else "a bool"
+    raise TypeError(f"{name} must be {allowed}, got {type(value).__name__}")
+
+
+def resolve_backend(
+    backend: str, foreach: object, fused: object, capturable: object, differentiable: object
+) -> str:
+    """The backend that ``backend`` and torch.optim's implementation keywords ask for.
+
+    ``foreach`` and ``capturable`` change nothing (every implementation gives the same bits
+    and every step can be captured); ``fused=True`` is ``backend="triton"``, ``fused=False``
+    ``backend="torch"`` (another explicit backend raises ValueError); ``differentiable=True``
+    and ``foreach=fused=True`` raise ValueError."""
+    check_choice("backend", backend, BACKENDS)
+    check_flag(foreach, "foreach", optional=True)
+    check_flag(fused, "fused", optional=True)
+    check_flag(capturable, "capturable")
+    check_flag(differentiable, "differentiable")
+    if differentiable:
+        raise ValueError(
+            "differentiable=True is not supported: the step runs under torch.no_grad and a "
+            "rounded store has no useful derivative; pass differentiable=False"
+        )
+    if foreach and fused:
+        raise ValueError("foreach=True and fused=True cannot be set together (as in torch.optim)")
+    if fused is None:
+        return backend
+    wanted = "triton" if fused else "torch"
+    if backend not in ("auto", wanted):
+        raise ValueError(
+            f"fused={fused} asks for backend={wanted!r}, but backend={backend!r} was passed: "
+            "pass one of them"
+        )
+    return wanted
 
 
 def store(
@@ -188,14 +283,23 @@ def grad_of(param: Tensor) -> Tensor:
     return grad
 
 
-def _triton_refusal(param: Tensor, group: dict[str, Any], compiling: bool) -> str | None:
-    """Why the fused kernel cannot update ``param`` (None if it can); ``compiling``: whether
-    torch.compile traces the step."""
+def setup_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
+    """Why the fused kernel can never update ``param`` of ``group`` (None if it may): its
+    device, a missing Triton, or an extra parameter state."""
     refusal = kernels_refusal("the parameter", param.is_cuda)
     if refusal is not None:
         return refusal
     if SROptimizer.param_state_name(group, param) is not None:
         return "master_weights, 'kahan' and 'ecc' keep an extra parameter state"
+    return None
+
+
+def _triton_refusal(param: Tensor, group: dict[str, Any], compiling: bool) -> str | None:
+    """Why the fused kernel cannot update ``param`` (None if it can); ``compiling``: whether
+    torch.compile traces the step."""
+    refusal = setup_refusal(param, group)
+    if refusal is not None:
+        return refusal
     grad = grad_of(param)
     if not (param.is_contiguous() and grad.is_contiguous()):
         return "the parameter and its gradient must be contiguous"
@@ -214,20 +318,34 @@ class SROptimizer(torch.optim.Optimizer):
     ``lr`` may be a float or a one-element tensor.  Nothing a step reads is a Python value
     that changes from step to step, so ``torch.compile`` compiles a step once and a CUDA
     graph can capture it (with a tensor ``lr`` on the device, replays read its current
-    value; the step counts advance on the device).
+    value; the step counts advance on the device).  A float ``lr`` that a scheduler moves
+    compiles as torch.optim's does: a second graph reads it as an input.
 
     ``backend``: "auto" updates CUDA parameters with one fused Triton launch per group
-    (per parameter and gradient dtype) and others on the PyTorch path; "torch" always
-    takes the PyTorch path; "triton" always the kernel, raising ValueError for a parameter
-    it cannot update.  Both give the same bits.
+    (per parameter and gradient dtype) and others on the PyTorch path; "torch"
+    always takes the PyTorch path; "triton" always the kernel, raising ValueError for a
+    parameter it cannot update.  Both give the same bits.
 
     Arguments every optimizer takes: ``params`` (parameters or parameter groups, as in
-    ``torch.optim``) and ``lr``, then, keyword-only, ``maximize`` (ascend the objective),
-    ``state_dtype`` (float32, bfloat16 or float16: the dtype of the optimizer states),
-    ``rounding`` (one of `ROUNDINGS`: how low-precision stores round, module docstring),
-    ``seed`` (an int in [0, 2**64) naming the random streams; None draws one from torch's
-    default generator), ``master_weights`` (keep a float32 master copy of bfloat16/float16
-    parameters) and ``backend`` (above).  ``defaults``: the subclass's group defaults.
+    ``torch.optim``) and ``lr``, then, keyword-only:
+
+    - ``maximize``: ascend the objective;
+    - ``state_dtype``: the dtype of the optimizer states, float32, bfloat16 or float16, or
+      None (the default) for each parameter's own dtype (float32 under
+      ``master_weights``; module docstring);
+    - ``rounding``: one of `ROUNDINGS`, how low-precision stores round (module docstring);
+    - ``seed``: an int in [0, 2**64) naming the random streams, or None (the default) for
+      `generator_seed`, agreed across ranks when torch.distributed is initialized before
+      the optimizer is built (module docstring; otherwise each process keeps its own);
+    - ``master_weights``: keep a float32 master copy of bfloat16/float16 parameters;
+    - ``backend``: above;
+    - torch.optim's implementation keywords (`resolve_backend`): ``foreach`` (accepted,
+      changes nothing), ``fused`` (True: the fused kernel for every parameter, as
+      ``backend="triton"``, and a parameter it can never update raises ValueError when
+      the optimizer is built; False: ``backend="torch"``), ``capturable`` (accepted: every
+      step can be captured) and ``differentiable`` (only False).
+
+    ``defaults``: the subclass's group defaults.
 
     Subclasses name their ``algorithm`` (the kernel's), their ``state_names`` and
     implement `scalars` (the float32 rows of a step), `constants` (what the kernel computes
@@ -239,11 +357,26 @@ class SROptimizer(torch.optim.Optimizer):
     state_names: tuple[str, ...] = ()
 
     def __init__(
-        self, params: Iterable[Any], defaults: dict[str, Any], backend: str = "auto"
+        self,
+        params: Iterable[Any],
+        defaults: dict[str, Any],
+        backend: str = "auto",
+        *,
+        foreach: bool | None = None,
+        fused: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
     ) -> None:
-        check_choice("backend", backend, BACKENDS)
-        self.backend = backend
+        self.backend = resolve_backend(backend, foreach, fused, capturable, differentiable)
+        self.fused_required = fused is True
+        self.shared_seed: int | None = None  # `default_seed`, once asked for
         super().__init__(params, defaults)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's state (defaults, state, groups) and the options of the whole optimizer,
+        which torch's omits: a pickled or deep-copied optimizer keeps its backend."""
+        options = ("backend", "fused_required", "shared_seed")
+        return {**super().__getstate__(), **{name: getattr(self, name) for name in options}}
 
     def scalars(self, group: dict[str, Any], steps: Tensor) -> Tensor:
         """float32 rows of the update's scalars, one per int64 step count in ``steps``."""
@@ -274,6 +407,9 @@ class SROptimizer(torch.optim.Optimizer):
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self.evaluate(closure)
         compiling = torch.compiler.is_compiling()
+        if compiling:  # eagerly the loop below creates the states, at no extra cost
+            for group in self.param_groups:
+                self._init_group(group)
         for group, entries in self.grouped_params():
             fused, unfused = [], []
             for index, param in entries:
@@ -304,7 +440,7 @@ class SROptimizer(torch.optim.Optimizer):
         return refusal is None
 
     def init_states(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
-        """The parameter's state, with step 0 and zero states in ``state_dtype`` on first
+        """The parameter's state, with step 0 and zero states in its `state_dtype` on first
         use."""
         state = self.state[param]
         if "step" not in state:
@@ -312,9 +448,27 @@ class SROptimizer(torch.optim.Optimizer):
         for name in self.state_names:
             if name not in state:
                 state[name] = torch.zeros_like(
-                    param, dtype=group["state_dtype"], memory_format=torch.preserve_format
+                    param, dtype=self.state_dtype(group, param), memory_format=torch.preserve_format
                 )
         return state
+
+    def _init_group(self, group: dict[str, Any]) -> None:
+        """Create the states of ``group``'s parameters that have a gradient (`init_states`),
+        for a compiled step.  The name is torch.optim's: torch.compile runs a method of that
+        name eagerly when it traces a step, so a step compiled before the first one sees
+        the states and is not compiled again once they exist."""
+        for param in group["params"]:
+            if param.grad is not None:
+                self.init_states(group, param)
+
+    @staticmethod
+    def state_dtype(group: dict[str, Any], param: Tensor) -> torch.dtype:
+        """The dtype of ``param``'s states: the group's ``state_dtype``, or, when that is
+        None, the parameter's own dtype (float32 under ``master_weights``)."""
+        dtype: torch.dtype | None = group["state_dtype"]
+        if dtype is not None:
+            return dtype
+        return torch.float32 if group["master_weights"] else param.dtype
 
     def fused_steps(
         self, group: dict[str, Any], entries: list[tuple[int, Tensor, dict[str, Any]]]
@@ -325,6 +479,9 @@ class SROptimizer(torch.optim.Optimizer):
         for entry in entries:
             param = entry[1]
             options = tuple(self.kernel_options(group, param).items())
+            # one launch reads every state through one typed pointer: the parameter's dtype
+            # fixes its states' within a group (`state_dtype`; init_states and
+            # load_state_dict create them so)
             key = (param.dtype, grad_of(param).dtype, param.device, options)
             buckets.setdefault(key, []).append(entry)
         if not buckets:
@@ -332,7 +489,7 @@ class SROptimizer(torch.optim.Optimizer):
         from ..kernels.optim import fused_step  # needs triton: imported only when used
 
         names = self.state_names[: self.state_count(group)]
-        for (*_, options), members in buckets.items():
+        for (_, _, device, options), members in buckets.items():
             params = [param for _, param, _ in members]
             fused_step(
                 self.algorithm,
@@ -341,7 +498,7 @@ class SROptimizer(torch.optim.Optimizer):
                 [[state[name] for _, _, state in members] for name in names],
                 [state["step"] for _, _, state in members],
                 [index for index, _, _ in members],
-                group["lr"],
+                self.launch_lr(group["lr"], device),
                 self.constants(group),
                 seed=group["seed"],
                 sr=group["rounding"] == "sr",
@@ -349,7 +506,24 @@ class SROptimizer(torch.optim.Optimizer):
                 **dict(options),
             )
 
+    @staticmethod
+    def launch_lr(lr: float | Tensor, device: torch.device) -> float | Tensor:
+        """``lr`` as the fused launch takes it: a float travels as a kernel argument, but a
+        compiled step passes it as a float64 tensor on ``device`` (zeros plus the float, so
+        torch.compile reads the float as a graph input instead of a constant that
+        recompiles the step when a scheduler moves it)."""
+        if isinstance(lr, Tensor) or not torch.compiler.is_compiling():
+            return lr
+        return torch.zeros((), dtype=torch.float64, device=device) + lr
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if isinstance(param_group, dict):
+            for key in IMPLEMENTATION_KEYS:
+                if key in param_group:
+                    raise ValueError(
+                        f"{key} is an option of the whole optimizer, not of a parameter group: "
+                        "pass it to the constructor"
+                    )
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         self.check_group(group)
@@ -358,13 +532,26 @@ class SROptimizer(torch.optim.Optimizer):
                 raise TypeError(
                     f"params must have a dtype in {PARAM_DTYPES}; got a {param.dtype} parameter"
                 )
+            refusal = setup_refusal(param, group) if self.fused_required else None
+            if refusal is not None:
+                raise ValueError(f"fused=True cannot update this parameter: {refusal}")
         if sum(len(g["params"]) for g in self.param_groups) > MAX_PARAMS:
             raise ValueError("at most 2**30 parameters are supported")
+
+    def default_seed(self) -> int:
+        """The seed of the groups given ``seed=None``: `generator_seed`, agreed with rank 0
+        (`agreed_seed`) when torch.distributed is initialized; derived once per optimizer,
+        so it costs one broadcast, made when the first such group is added (in the
+        constructor, unless every group there has its own seed)."""
+        if self.shared_seed is None:
+            self.shared_seed = agreed_seed(generator_seed())
+        return self.shared_seed
 
     def check_group(self, group: dict[str, Any]) -> None:
         group["state_dtype"] = check_state_dtype(group["state_dtype"])
         group["rounding"] = check_rounding(group["rounding"])
-        group["seed"] = check_seed_argument(group["seed"])
+        seed = group["seed"]
+        group["seed"] = self.default_seed() if seed is None else check_seed_argument(seed)
         group["master_weights"] = bool(group.get("master_weights", False))
         if group["master_weights"] and group["rounding"] not in ("sr", "rne"):
             raise ValueError(
@@ -479,8 +666,8 @@ class SROptimizer(torch.optim.Optimizer):
         total_bytes = 0
         total_elements = 0
         for group in self.param_groups:
-            state_size = torch.empty((), dtype=group["state_dtype"]).element_size()
             for param in group["params"]:
+                state_size = torch.empty((), dtype=self.state_dtype(group, param)).element_size()
                 total_elements += param.numel()
                 total_bytes += param.numel() * (
                     param.element_size() + self.state_count(group) * state_size
@@ -492,21 +679,74 @@ class SROptimizer(torch.optim.Optimizer):
         return total_bytes / total_elements if total_elements else 0.0
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As torch's, except that states keep the dtype they were saved in (torch's loader
-        casts every floating state to its parameter's dtype) and are copied, not aliased;
-        step counts become 0-d int64 tensors on the parameter's device."""
-        saved_state = state_dict["state"]
-        super().load_state_dict({**state_dict, "state": {}})
-        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
-        params = [p for g in self.param_groups for p in g["params"]]
-        for saved_id, param in zip(saved_ids, params, strict=True):
-            if saved_id not in saved_state:
-                continue
-            state = {}
-            for name, value in saved_state[saved_id].items():
-                if name == "step":  # an int in checkpoints written before steps were tensors
-                    value = torch.as_tensor(value, dtype=torch.int64).to(param.device, copy=True)
-                elif isinstance(value, Tensor):
-                    value = value.to(device=param.device, copy=True)
-                state[name] = value
+        """As torch's, with the states cast to their `state_dtype` and copied, not aliased
+        (torch's loader casts every floating state to its parameter's dtype), and step
+        counts as 0-d int64 tensors on the parameter's device; a checkpoint of the
+        ``torch.optim`` counterpart (or of an older version) loads too: a group key it
+        lacks keeps the constructor's value (`loaded_group`), and its states are checked
+        and cast (`loaded_state`).  Everything is checked before anything changes: a
+        checkpoint that cannot continue raises ValueError and leaves the optimizer as it
+        was."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"the state_dict has {len(saved_groups)} parameter groups, this optimizer "
+                f"{len(self.param_groups)}"
+            )
+        groups, states = [], {}
+        for current, saved in zip(self.param_groups, saved_groups, strict=True):
+            if len(saved["params"]) != len(current["params"]):
+                raise ValueError(
+                    f"a parameter group of the state_dict has {len(saved['params'])} "
+                    f"parameters, this optimizer's {len(current['params'])}"
+                )
+            group = self.loaded_group(current, saved)
+            groups.append(group)
+            for saved_id, param in zip(saved["params"], current["params"], strict=True):
+                if saved_id in state_dict["state"]:
+                    states[param] = self.loaded_state(group, param, state_dict["state"][saved_id])
+        super().load_state_dict({**state_dict, "param_groups": groups, "state": {}})
+        for param, state in states.items():
             self.state[param] = state
+
+    def loaded_group(self, current: dict[str, Any], saved: dict[str, Any]) -> dict[str, Any]:
+        """The group ``saved`` (of a state_dict) over ``current``: the saved keys, except
+        torch.optim's `IMPLEMENTATION_KEYS` (options of the whole optimizer here), over the
+        constructor's (``current``); checked as a new group is."""
+        group = {key: value for key, value in current.items() if key != "params"}
+        group.update((k, v) for k, v in saved.items() if k not in IMPLEMENTATION_KEYS)
+        self.check_group(group)
+        return group
+
+    def loaded_state(
+        self, group: dict[str, Any], param: Tensor, saved: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The state of ``param`` from its ``saved`` state: ``step`` (an int, or a tensor of
+        any dtype as torch.optim saves it) as a 0-d int64 tensor, the optimizer's states
+        cast to nearest in the `state_dtype`, the extra parameter states as saved, all on
+        the parameter's device; None entries (an unused momentum buffer) dropped.
+        ValueError for a state this optimizer does not keep."""
+        known = ("step", *self.state_names, "master", *ROUNDING_STATES.values())
+        unknown = sorted(name for name in saved if name not in known)
+        if unknown:
+            raise ValueError(
+                f"the state_dict holds states {unknown}, which {type(self).__name__} does not "
+                f"keep (it keeps {list(known)}): a checkpoint of another optimizer, or of "
+                "options it does not support?"
+            )
+        state = {}
+        for name, value in saved.items():
+            if value is None:
+                continue
+            if name == "step":  # an int in checkpoints written before steps were tensors
+                step = torch.as_tensor(value)
+                if step.numel() != 1 or (step.is_floating_point() and bool(step != step.trunc())):
+                    raise ValueError(f"a saved step count must be one integer, got {value!r}")
+                value = step.to(device=param.device, dtype=torch.int64, copy=True).reshape(())
+            elif name in self.state_names:
+                dtype = self.state_dtype(group, param)
+                value = value.to(device=param.device, dtype=dtype, copy=True)
+            elif isinstance(value, Tensor):
+                value = value.to(device=param.device, copy=True)
+            state[name] = value
+        return state

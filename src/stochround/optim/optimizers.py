@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import SROptimizer, check_betas, check_float
+from .base import SROptimizer, check_betas, check_flag, check_float
 from .updates import (
     adamw_scalars,
     adamw_update,
@@ -31,6 +31,36 @@ from .updates import (
 )
 
 
+def adam_defaults(
+    lr: float | Tensor,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    amsgrad: bool,
+    maximize: bool,
+    state_dtype: torch.dtype | None,
+    rounding: str,
+    seed: int | None,
+    master_weights: bool,
+    *,
+    decoupled_weight_decay: bool,
+) -> dict[str, Any]:
+    """The group defaults of Adam and AdamW (their constructors' arguments)."""
+    return {
+        "lr": lr,
+        "betas": betas,
+        "eps": eps,
+        "weight_decay": weight_decay,
+        "amsgrad": amsgrad,
+        "maximize": maximize,
+        "state_dtype": state_dtype,
+        "rounding": rounding,
+        "seed": seed,
+        "master_weights": master_weights,
+        "decoupled_weight_decay": decoupled_weight_decay,
+    }
+
+
 class AdamW(SROptimizer):
     """AdamW (Loshchilov & Hutter) with rounded stores.
 
@@ -39,8 +69,37 @@ class AdamW(SROptimizer):
     (`stochround.optim.updates.adamw_update`); ``p``, ``m`` and ``v`` are then each rounded
     once to their storage dtype.
 
-    ``lr``, ``betas`` (b1, b2), ``eps`` and ``weight_decay`` (wd) are the formula's;
-    ``params`` and the keyword-only arguments are `SROptimizer`'s.
+    Arguments, as ``torch.optim.AdamW``'s: ``params`` (parameters or parameter groups);
+    ``lr`` (a float or a one-element tensor), ``betas`` (b1, b2), ``eps`` and
+    ``weight_decay`` (wd), the formula's; ``amsgrad``: only False (ValueError otherwise:
+    the max of the second moments is not implemented); ``maximize``: ascend the objective
+    (``g <- -g``).
+
+    Storage and implementation (keyword-only; `stochround.optim.base` has the rules):
+
+    - ``state_dtype``: the dtype of the states, float32, bfloat16 or float16; None (the
+      default) keeps each parameter's states in its own dtype (float32 under
+      ``master_weights``), so bfloat16 parameters give the 6-byte optimizer;
+    - ``rounding``: how each store into bfloat16/float16 rounds: "sr" (the default,
+      stochastic), "rne" (to nearest even), "kahan" (nearest, plus a compensation buffer
+      for the parameter), "ecc" (nearest, plus an int8 residual for the parameter);
+    - ``seed``: an int in [0, 2**64) naming the random streams; None (the default) derives
+      one from the state of torch's default generator without drawing from it
+      (reproducible under ``torch.manual_seed``), agreed with rank 0 when
+      torch.distributed is initialized before the optimizer is built (otherwise each
+      process keeps its own: pass ``seed`` to replicate parameters across processes);
+    - ``master_weights``: keep a float32 master copy of each bfloat16/float16 parameter,
+      update it, and store the parameter as its rounded copy ("sr" or "rne");
+    - ``backend``: "auto" (the default: the fused Triton kernel for CUDA parameters, the
+      PyTorch path for the others), "torch" or "triton" (the kernel for every parameter,
+      ValueError for one it cannot update); the same bits either way;
+    - ``foreach``: accepted for torch.optim's sake, changes nothing (every implementation
+      gives the same bits); ``fused``: True is ``backend="triton"`` (and a parameter the
+      kernel can never update, by its device or its options, raises ValueError here),
+      False is ``backend="torch"``, None (the default) leaves ``backend`` as passed;
+      ``capturable``: accepted, every step can be captured in a CUDA graph;
+      ``differentiable``: only False (ValueError otherwise: the step runs under
+      ``torch.no_grad``).
     """
 
     algorithm = "adamw"
@@ -49,52 +108,71 @@ class AdamW(SROptimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
+        lr: float | Tensor = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        amsgrad: bool = False,
         *,
         maximize: bool = False,
-        state_dtype: torch.dtype = torch.float32,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        state_dtype: torch.dtype | None = None,
         rounding: str = "sr",
         seed: int | None = None,
         master_weights: bool = False,
         backend: str = "auto",
     ) -> None:
-        defaults = {
-            "lr": lr,
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "maximize": maximize,
-            "state_dtype": state_dtype,
-            "rounding": rounding,
-            "seed": seed,
-            "master_weights": master_weights,
-        }
-        super().__init__(params, defaults, backend)
+        hyperparameters = (lr, betas, eps, weight_decay, amsgrad, maximize)
+        storage = (state_dtype, rounding, seed, master_weights)
+        super().__init__(
+            params,
+            adam_defaults(*hyperparameters, *storage, decoupled_weight_decay=True),
+            backend,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
         group["betas"] = check_betas(group["betas"])
         check_float(group["eps"], "eps")
         check_float(group["weight_decay"], "weight_decay")
+        if check_flag(group.get("amsgrad", False), "amsgrad"):
+            raise ValueError(
+                "amsgrad=True is not supported (the max of the second moments is not "
+                "implemented); pass amsgrad=False"
+            )
+        group["amsgrad"] = False
+        group["decoupled_weight_decay"] = self.decouples(group)
 
-    coupled = False  # Adam: the weight decay is L2, added to the gradient
+    def decouples(self, group: dict[str, Any]) -> bool:
+        """Whether ``group``'s weight decay is decoupled (AdamW: always, as torch's AdamW
+        sets on every group it loads)."""
+        return True
+
+    @staticmethod
+    def coupled(group: dict[str, Any]) -> bool:
+        """Whether the weight decay is L2, added to the gradient (Adam's)."""
+        return not group["decoupled_weight_decay"]
 
     def scalars(self, group: dict[str, Any], steps: Tensor) -> Tensor:
         betas, eps, wd = group["betas"], group["eps"], group["weight_decay"]
-        return adamw_scalars(group["lr"], betas, eps, wd, steps, coupled=self.coupled)
+        return adamw_scalars(group["lr"], betas, eps, wd, steps, coupled=self.coupled(group))
 
     def constants(self, group: dict[str, Any]) -> list[float]:
         beta1, beta2 = group["betas"]
         wd = group["weight_decay"]
-        decoupled, l2 = (0.0, wd) if self.coupled else (wd, 0.0)
+        decoupled, l2 = (0.0, wd) if self.coupled(group) else (wd, 0.0)
         squares = (*power_squares(beta1), *power_squares(beta2))
         return [beta1, beta2, group["eps"], decoupled, *squares, l2]
 
     def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
-        return {"decay": self.coupled and group["weight_decay"] != 0}
+        return {"decay": self.coupled(group) and group["weight_decay"] != 0}
 
     def update(
         self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
@@ -106,7 +184,7 @@ class AdamW(SROptimizer):
             state["exp_avg"].float(),
             state["exp_avg_sq"].float(),
             scalars,
-            coupled=self.coupled and group["weight_decay"] != 0,
+            coupled=self.coupled(group) and group["weight_decay"] != 0,
         )
         self.store_param(group, param, value, step, index)
         self.store_states(group, param, (exp_avg, exp_avg_sq), step, index)
@@ -118,40 +196,55 @@ class Adam(AdamW):
 
     ``g <- g + wd p``, then AdamW's update without its decoupled decay
     (`stochround.optim.updates.adamw_update` with ``coupled=True``); ``p``, ``m`` and ``v``
-    are each rounded once to their storage dtype.  The fused kernel is AdamW's.  The
-    arguments are AdamW's (here ``weight_decay`` defaults to 0).
-    """
+    are each rounded once to their storage dtype.  The fused kernel is AdamW's.
 
-    coupled = True
+    The arguments are AdamW's (the same order and defaults, except ``weight_decay``, 0
+    here), plus torch.optim.Adam's ``decoupled_weight_decay``: True makes the step
+    AdamW's, bit for bit.
+    """
 
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
+        lr: float | Tensor = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        amsgrad: bool = False,
         *,
         maximize: bool = False,
-        state_dtype: torch.dtype = torch.float32,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        state_dtype: torch.dtype | None = None,
         rounding: str = "sr",
         seed: int | None = None,
         master_weights: bool = False,
         backend: str = "auto",
+        decoupled_weight_decay: bool = False,
     ) -> None:
-        super().__init__(
-            params,
-            lr,
-            betas,
-            eps,
-            weight_decay,
-            maximize=maximize,
-            state_dtype=state_dtype,
-            rounding=rounding,
-            seed=seed,
-            master_weights=master_weights,
-            backend=backend,
+        hyperparameters = (lr, betas, eps, weight_decay, amsgrad, maximize)
+        storage = (state_dtype, rounding, seed, master_weights)
+        defaults = adam_defaults(
+            *hyperparameters, *storage, decoupled_weight_decay=decoupled_weight_decay
         )
+        # AdamW's constructor fixes the decoupled decay: the base class's takes the defaults
+        SROptimizer.__init__(
+            self,
+            params,
+            defaults,
+            backend,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
+
+    def decouples(self, group: dict[str, Any]) -> bool:
+        """The group's ``decoupled_weight_decay`` (False when a checkpoint lacks it)."""
+        value = check_flag(group.get("decoupled_weight_decay", False), "decoupled_weight_decay")
+        return bool(value)
 
 
 class SGD(SROptimizer):
@@ -162,9 +255,37 @@ class SGD(SROptimizer):
     ``g <- g + mu b`` (Nesterov) or ``g <- b``; ``p <- p - lr g``; in float32, then ``p`` and
     ``b`` are each rounded once to their storage dtype.
 
-    ``lr``, ``momentum`` (mu), ``dampening``, ``weight_decay`` (wd) and ``nesterov`` are the
-    formula's (``nesterov`` needs momentum > 0 and no dampening); ``params`` and
-    the keyword-only arguments are `SROptimizer`'s.
+    Arguments, as ``torch.optim.SGD``'s: ``params`` (parameters or parameter groups);
+    ``lr`` (a float or a one-element tensor), ``momentum`` (mu), ``dampening``,
+    ``weight_decay`` (wd) and ``nesterov``, the formula's (``nesterov`` needs momentum > 0
+    and no dampening); ``maximize``: ascend the objective (``g <- -g``).  Without momentum
+    SGD keeps no state.
+
+    Storage and implementation (keyword-only; `stochround.optim.base` has the rules):
+
+    - ``state_dtype``: the dtype of the states, float32, bfloat16 or float16; None (the
+      default) keeps each parameter's states in its own dtype (float32 under
+      ``master_weights``), so bfloat16 parameters give the 4-byte optimizer with momentum;
+    - ``rounding``: how each store into bfloat16/float16 rounds: "sr" (the default,
+      stochastic), "rne" (to nearest even), "kahan" (nearest, plus a compensation buffer
+      for the parameter), "ecc" (nearest, plus an int8 residual for the parameter);
+    - ``seed``: an int in [0, 2**64) naming the random streams; None (the default) derives
+      one from the state of torch's default generator without drawing from it
+      (reproducible under ``torch.manual_seed``), agreed with rank 0 when
+      torch.distributed is initialized before the optimizer is built (otherwise each
+      process keeps its own: pass ``seed`` to replicate parameters across processes);
+    - ``master_weights``: keep a float32 master copy of each bfloat16/float16 parameter,
+      update it, and store the parameter as its rounded copy ("sr" or "rne");
+    - ``backend``: "auto" (the default: the fused Triton kernel for CUDA parameters, the
+      PyTorch path for the others), "torch" or "triton" (the kernel for every parameter,
+      ValueError for one it cannot update); the same bits either way;
+    - ``foreach``: accepted for torch.optim's sake, changes nothing (every implementation
+      gives the same bits); ``fused``: True is ``backend="triton"`` (and a parameter the
+      kernel can never update, by its device or its options, raises ValueError here),
+      False is ``backend="torch"``, None (the default) leaves ``backend`` as passed;
+      ``capturable``: accepted, every step can be captured in a CUDA graph;
+      ``differentiable``: only False (ValueError otherwise: the step runs under
+      ``torch.no_grad``).
     """
 
     algorithm = "sgd"
@@ -173,14 +294,18 @@ class SGD(SROptimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-3,
+        lr: float | Tensor = 1e-3,
         momentum: float = 0.0,
         dampening: float = 0.0,
         weight_decay: float = 0.0,
         nesterov: bool = False,
         *,
         maximize: bool = False,
-        state_dtype: torch.dtype = torch.float32,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        state_dtype: torch.dtype | None = None,
         rounding: str = "sr",
         seed: int | None = None,
         master_weights: bool = False,
@@ -198,7 +323,15 @@ class SGD(SROptimizer):
             "seed": seed,
             "master_weights": master_weights,
         }
-        super().__init__(params, defaults, backend)
+        super().__init__(
+            params,
+            defaults,
+            backend,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)
@@ -232,7 +365,7 @@ class SGD(SROptimizer):
         first = "momentum_buffer" not in state
         if group["momentum"] != 0 and first:
             state["momentum_buffer"] = torch.empty_like(
-                param, dtype=group["state_dtype"], memory_format=torch.preserve_format
+                param, dtype=self.state_dtype(group, param), memory_format=torch.preserve_format
             )
         return first
 
@@ -279,8 +412,35 @@ class Lion(SROptimizer):
     alpha=1 - b2)``), then ``p`` and ``m`` (state ``exp_avg``, stream slot 1) are each
     rounded once to their storage dtype. ``sign(0) = 0``.
 
-    ``lr``, ``betas`` (b1, b2) and ``weight_decay`` (wd) are the formula's; ``params`` and
-    the keyword-only arguments are `SROptimizer`'s.
+    Arguments: ``params`` (parameters or parameter groups); ``lr`` (a float or a one-element
+    tensor), ``betas`` (b1, b2) and ``weight_decay`` (wd), the formula's; ``maximize``:
+    ascend the objective (``g <- -g``).
+
+    Storage and implementation (keyword-only; `stochround.optim.base` has the rules):
+
+    - ``state_dtype``: the dtype of the states, float32, bfloat16 or float16; None (the
+      default) keeps each parameter's states in its own dtype (float32 under
+      ``master_weights``), so bfloat16 parameters give the 4-byte optimizer;
+    - ``rounding``: how each store into bfloat16/float16 rounds: "sr" (the default,
+      stochastic), "rne" (to nearest even), "kahan" (nearest, plus a compensation buffer
+      for the parameter), "ecc" (nearest, plus an int8 residual for the parameter);
+    - ``seed``: an int in [0, 2**64) naming the random streams; None (the default) derives
+      one from the state of torch's default generator without drawing from it
+      (reproducible under ``torch.manual_seed``), agreed with rank 0 when
+      torch.distributed is initialized before the optimizer is built (otherwise each
+      process keeps its own: pass ``seed`` to replicate parameters across processes);
+    - ``master_weights``: keep a float32 master copy of each bfloat16/float16 parameter,
+      update it, and store the parameter as its rounded copy ("sr" or "rne");
+    - ``backend``: "auto" (the default: the fused Triton kernel for CUDA parameters, the
+      PyTorch path for the others), "torch" or "triton" (the kernel for every parameter,
+      ValueError for one it cannot update); the same bits either way;
+    - ``foreach``: accepted for torch.optim's sake, changes nothing (every implementation
+      gives the same bits); ``fused``: True is ``backend="triton"`` (and a parameter the
+      kernel can never update, by its device or its options, raises ValueError here),
+      False is ``backend="torch"``, None (the default) leaves ``backend`` as passed;
+      ``capturable``: accepted, every step can be captured in a CUDA graph;
+      ``differentiable``: only False (ValueError otherwise: the step runs under
+      ``torch.no_grad``).
     """
 
     algorithm = "lion"
@@ -289,12 +449,16 @@ class Lion(SROptimizer):
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float = 1e-4,
+        lr: float | Tensor = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
         *,
         maximize: bool = False,
-        state_dtype: torch.dtype = torch.float32,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        state_dtype: torch.dtype | None = None,
         rounding: str = "sr",
         seed: int | None = None,
         master_weights: bool = False,
@@ -310,7 +474,15 @@ class Lion(SROptimizer):
             "seed": seed,
             "master_weights": master_weights,
         }
-        super().__init__(params, defaults, backend)
+        super().__init__(
+            params,
+            defaults,
+            backend,
+            foreach=foreach,
+            fused=fused,
+            capturable=capturable,
+            differentiable=differentiable,
+        )
 
     def check_group(self, group: dict[str, Any]) -> None:
         super().check_group(group)

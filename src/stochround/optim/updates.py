@@ -11,7 +11,8 @@ rounding, and bit for bit between CPU, CUDA and the Triton kernel.
 The scalars of a step (``*_scalars``: one float32 row per parameter) are computed from the
 step counts and ``lr`` as tensors, in float64 and rounded once, so that nothing a step
 reads changes a Python value: ``torch.compile`` does not recompile when a scheduler moves
-``lr``, and a CUDA graph replaying a step reads the current ``lr`` and step.
+a tensor ``lr`` (a float ``lr`` becomes a graph input after one recompile, as in
+torch.optim), and a CUDA graph replaying a step reads the current ``lr`` and step.
 """
 
 from __future__ import annotations
@@ -54,8 +55,14 @@ def bias_power(squares: Tensor, steps: Tensor) -> Tensor:
 
 
 def _as_float64(value: float | Tensor, like: Tensor) -> Tensor:
-    """A float or tensor as a float64 tensor broadcast to ``like``'s shape."""
-    tensor = torch.as_tensor(value, dtype=torch.float64, device=like.device)
+    """A float or tensor as a float64 tensor broadcast to ``like``'s shape.  A float is
+    added to zeros: torch.compile then reads a float that changes between calls (an ``lr``
+    a scheduler moves) as a graph input, where ``torch.as_tensor`` or ``torch.full`` would
+    bake it in as a constant and recompile at every change (adding to +0 changes no value
+    but -0's sign)."""
+    if not isinstance(value, Tensor):
+        return torch.zeros(like.shape, dtype=torch.float64, device=like.device) + value
+    tensor = value.to(device=like.device, dtype=torch.float64)
     return (tensor.reshape(()) if tensor.numel() == 1 else tensor).expand(like.shape)
 
 
