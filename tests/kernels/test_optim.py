@@ -7,10 +7,13 @@ on the GPU machine the same tests run compiled on CUDA tensors.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import pytest
 import torch
 
+import stochround
 from stochround.optim import SGD, Adam, AdamW, Lion
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -64,7 +67,7 @@ def _run(cls, kwargs, param_dtype, state_dtype, rounding, backend, steps=3):
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[tensor.element_size()]
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
     return tensor.detach().contiguous().view(width)
 
 
@@ -322,3 +325,97 @@ def test_compiled_fused_step_reads_a_scheduled_float_lr_as_an_input():
     assert graphs == 2
     for compiled_param, eager_param in zip(compiled_params, eager_params, strict=True):
         assert torch.equal(_bits(compiled_param), _bits(eager_param))
+
+
+def _our_python_calls(call) -> int:
+    """How many Python functions of stochround (comprehensions included) ``call()`` runs."""
+    root = os.path.dirname(stochround.__file__)
+    calls = 0
+
+    def profile(frame, event, arg) -> None:
+        nonlocal calls
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs"),
+    [(AdamW, {}), (Adam, {"weight_decay": 0.1}), (SGD, {"momentum": 0.9}), (SGD, {}), (Lion, {})],
+)
+def test_an_eager_fused_step_runs_no_python_call_per_parameter(cls, kwargs, monkeypatch):
+    """Once the states exist, an eager step of a group runs as many Python functions of
+    stochround for 40 parameters as for 3: its checks and its launch's table read the
+    parameters over lists, so the host time a step adds barely grows with their number.
+    (Launches stubbed: the interpreter would run the kernel's programs in Python.)"""
+    import stochround.kernels.optim as kernels
+
+    monkeypatch.setattr(kernels, "_launch", lambda *args: None)
+    calls = []
+    for count in (3, 40):
+        params = [
+            torch.zeros(8 * (1 + i % 5), dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+            for i in range(count)
+        ]
+        optimizer = cls(params, lr=1e-2, seed=1, backend="triton", **kwargs)
+        for param in params:
+            param.grad = torch.ones_like(param)
+        optimizer.step()  # creates the states (and the launch's tables)
+        optimizer.step()
+        calls.append(_our_python_calls(optimizer.step))
+    assert calls[0] == calls[1]
+
+
+@pytest.mark.parametrize("cls", [AdamW, SGD, Lion])
+def test_groups_and_missing_gradients_step_as_the_pytorch_path(cls):
+    """Two groups, some parameters without a gradient at some steps: each launch finds the
+    global index of every parameter (the stream), steps only those with a gradient, and
+    stores the PyTorch path's bits; the others keep their values and step counts."""
+    kwargs = {"momentum": 0.9} if cls is SGD else {}
+    runs = []
+    for backend in ("triton", "torch"):
+        params = _params(torch.bfloat16)
+        groups = [{"params": params[:1]}, {"params": params[1:], "lr": 3e-3}]
+        optimizer = cls(groups, lr=1e-2, seed=11, backend=backend, **kwargs)
+        for step in range(4):
+            for index, (param, grad) in enumerate(
+                zip(params, _gradients(step, torch.bfloat16), strict=True)
+            ):
+                param.grad = None if (index + step) % 3 == 0 else grad
+            optimizer.step()
+        runs.append((params, optimizer))
+    (fused, fused_optimizer), (torch_path, torch_optimizer) = runs
+    for mine, theirs in zip(fused, torch_path, strict=True):
+        assert torch.equal(_bits(mine), _bits(theirs))
+        mine_state, their_state = fused_optimizer.state[mine], torch_optimizer.state[theirs]
+        assert mine_state.keys() == their_state.keys()
+        for name, value in mine_state.items():
+            assert torch.equal(_bits(value), _bits(their_state[name])), name
+    # no gradient: parameter 0 at steps 0 and 3, 1 at step 2, 2 at step 1, 3 at 0 and 3
+    steps = [int(fused_optimizer.state[param]["step"]) for param in fused]
+    assert steps == [2, 3, 3, 2]
+
+
+def test_a_gradient_the_kernel_cannot_take_after_the_first_step():
+    """The group's one-launch path checks every step what the kernel needs: a gradient
+    that is not contiguous, or a parameter moved off a 16-byte boundary, after the states
+    exist raises under backend="triton", as at the first step."""
+    params = _params(torch.bfloat16)
+    optimizer = AdamW(params, lr=1e-2, seed=2, backend="triton")
+    for param, grad in zip(params, _gradients(0, torch.bfloat16), strict=True):
+        param.grad = grad
+    optimizer.step()
+    params[2].grad = torch.zeros(33, 70, dtype=torch.bfloat16, device=DEVICE).T
+    with pytest.raises(ValueError, match="must be contiguous"):
+        optimizer.step()
+    params[2].grad = torch.zeros_like(params[2])
+    buffer = torch.zeros(params[0].numel() + 1, dtype=torch.bfloat16, device=DEVICE)
+    params[0].data = buffer[1:]  # 2 bytes past an allocation
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        optimizer.step()

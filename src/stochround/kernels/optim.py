@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import functools
 import struct
+from functools import reduce
+from itertools import chain
+from operator import or_
 
 import torch
 import triton
@@ -36,6 +39,7 @@ from .common import (
     tile_words,
 )
 from .grid import cdiv
+from .runtime import Launch, current_device
 
 ALGORITHMS = ("adamw", "sgd", "lion")
 # a program updates BLOCKS blocks of ROWS x 4 elements (one Philox block a row) with WARPS
@@ -65,6 +69,15 @@ FP16_INFINITY_POSITIVE = tl.constexpr(_FP16["INFINITY_POSITIVE"])
 FP16_INFINITY_NEGATIVE = tl.constexpr(_FP16["INFINITY_NEGATIVE"])
 SR_MODE = tl.constexpr("sr")
 EXACT_VARIANT = tl.constexpr("c")
+# per-tensor reads of the host path, each mapped over a whole list at C speed (unbound: a
+# subclass's __torch_function__ still sees them, as it sees a bound call)
+DATA_PTR = Tensor.data_ptr
+NUMEL = Tensor.numel
+
+
+class MisalignedError(ValueError):
+    """The tensors of a fused step do not all start on a multiple of 16 bytes (raised before
+    anything is launched or changed)."""
 
 
 @triton.jit
@@ -395,18 +408,31 @@ def _tensor_table(
     numels: tuple[int, ...],
     indices: tuple[int, ...],
     device: torch.device,
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """int64 rows (`_step_kernel`'s table) from the columns' data pointers: parameter,
     gradient, the two states (both counted from the first state) and the step count, in
-    elements of ``sizes`` from each column's first tensor.  Cached by the pointers, so a
-    step over the same tensors copies nothing to the device (CUDA graphs can capture it)."""
+    elements of ``sizes`` from each column's first tensor (`MisalignedError` unless the
+    first four columns' pointers are multiples of 16 bytes); and the float32 rows of
+    scalars that `_scalars_kernel` writes for them and `_step_kernel` reads.  Cached by
+    the pointers, so a step over the same tensors copies nothing to the device and
+    allocates nothing (CUDA graphs can capture it); the scalars can be shared by every
+    step over these tensors because the step kernel has read them before the next step's
+    scalars kernel, which the stream orders after it, writes them again (a CUDA graph's
+    capture takes scalars of its own)."""
+    if reduce(or_, chain.from_iterable(addresses[:4])) % 16:  # checked once for these tensors
+        raise MisalignedError(
+            "the fused step needs parameters, gradients and states that start on a multiple "
+            "of 16 bytes (torch's allocators give that; these tensors come from elsewhere)"
+        )
     bases = (addresses[0][0], addresses[1][0], addresses[2][0], addresses[2][0], addresses[4][0])
     offsets = [
         [(address - base) // size for address in column]
         for column, base, size in zip(addresses, bases, sizes, strict=True)
     ]
     rows = [*offsets[:4], list(numels), list(indices), offsets[4]]
-    return torch.tensor(rows, dtype=torch.int64).T.contiguous().to(device)
+    table = torch.tensor(rows, dtype=torch.int64).T.contiguous().to(device)
+    scalars = torch.empty((len(numels), SCALARS), dtype=torch.float32, device=device)
+    return table, scalars
 
 
 @functools.lru_cache(maxsize=16)
@@ -463,7 +489,7 @@ def fused_step(
     launch(
         params,
         grads,
-        [tensor for slot in states for tensor in slot],
+        list(chain.from_iterable(states)),
         steps,
         lr_tensor,
         lr_value,
@@ -502,15 +528,10 @@ def _fused_step_impl(
     slots = [states[i : i + count] for i in range(0, len(states), count)]
     state_lists = slots + [params] * (2 - len(slots))  # SGD without momentum: unused
     columns = (params, grads, *state_lists, steps)
-    addresses = tuple(tuple(t.data_ptr() for t in column) for column in columns)
-    if any(address % 16 for column in addresses[:4] for address in column):
-        raise ValueError(
-            "the fused step needs parameters, gradients and states that start on a multiple "
-            "of 16 bytes (torch's allocators give that; these tensors come from elsewhere)"
-        )
+    addresses = tuple(tuple(map(DATA_PTR, column)) for column in columns)
     device = params[0].device
-    numels = tuple(p.numel() for p in params)
-    table = _tensor_table(
+    numels = tuple(map(NUMEL, params))
+    table, scalars = _tensor_table(
         addresses,
         tuple(column[0].element_size() for column in columns),
         numels,
@@ -518,41 +539,81 @@ def _fused_step_impl(
         device,
     )
     blocks = _block_table(numels, ROWS, BLOCKS, device)
-    scalars = torch.empty((count, SCALARS), dtype=torch.float32, device=device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # a graph keeps the pointers it captured: its scalars are its own (in its pool)
+        scalars = torch.empty_like(scalars)
     # the step kernel starts while the scalars kernel runs (it waits before reading the
     # step counts and scalars): the launch gap between the two is hidden
     dependent = _dependent_launch(device)
-    constants_tensor = _constants(tuple(constants), device)
-    # Triton launches on the current device: the parameters' (-1 on the CPU: no change)
-    with torch.cuda.device(params[0].get_device()):
-        # without an lr tensor the kernel reads the bits; the table stands in for the pointer
-        _scalars_kernel[(count,)](
-            steps[0], table, table if lr_tensor is None else lr_tensor,
-            _float64_bits(lr_value), constants_tensor, scalars,
-            ALGORITHM=algorithm, LR_TENSOR=lr_tensor is not None, DEPENDENT=dependent,
-        )  # fmt: skip
-        _step_kernel[(blocks.shape[0],)](
-            params[0],
-            grads[0],
-            state_lists[0][0],
-            steps[0],
-            table,
-            blocks,
-            scalars,
-            seed,
-            ALGORITHM=algorithm,
-            SR=sr,
-            MAXIMIZE=maximize,
-            DECAY=decay,
-            MOMENTUM=momentum,
-            FIRST_STEP=first_step,
-            ROWS=ROWS,
-            BLOCKS=BLOCKS,
-            DEPENDENT=dependent,
-            num_warps=WARPS,
-            enable_fp_fusion=False,
-            launch_pdl=dependent,
-        )
+    step_options = (algorithm, sr, maximize, decay, momentum, first_step, dependent)
+    launches = (
+        _scalars_launch(algorithm, lr_tensor is not None, dependent),
+        _step_launch(*step_options),
+    )
+    # without an lr tensor the kernel reads the bits; the table stands in for the pointer
+    arguments = (
+        (steps[0], table, table if lr_tensor is None else lr_tensor, _float64_bits(lr_value),
+         _constants(tuple(constants), device), scalars),
+        (params[0], grads[0], state_lists[0][0], steps[0], table, blocks, scalars, seed),
+    )  # fmt: skip
+    index = params[0].get_device()  # -1 on the CPU (the interpreter)
+    # Triton launches on the current device, which must be the parameters' (a device
+    # switch costs more host time than the launches: made only when needed)
+    if index >= 0 and current_device() != index:
+        with torch.cuda.device(index):
+            _launch(launches, index, (count, blocks.shape[0]), arguments)
+    else:
+        _launch(launches, index, (count, blocks.shape[0]), arguments)
+
+
+def _launch(
+    launches: tuple[Launch, Launch],
+    device: int,
+    programs: tuple[int, int],
+    arguments: tuple[tuple[object, ...], tuple[object, ...]],
+) -> None:
+    """Launch the scalars kernel then the step kernel (``launches``) on the current stream
+    of ``device`` (the current device, or -1 on the CPU) with their ``programs`` and
+    runtime ``arguments``."""
+    for launch, count, args in zip(launches, programs, arguments, strict=True):
+        launch(device, count, *args)
+
+
+@functools.cache
+def _scalars_launch(algorithm: str, lr_tensor: bool, dependent: bool) -> Launch:
+    """`_scalars_kernel` bound to its constexprs (ALGORITHM, LR_TENSOR, DEPENDENT)."""
+    constants = {"ALGORITHM": algorithm, "LR_TENSOR": lr_tensor, "DEPENDENT": dependent}
+    return Launch(_scalars_kernel, constants)
+
+
+@functools.cache
+def _step_launch(
+    algorithm: str,
+    sr: bool,
+    maximize: bool,
+    decay: bool,
+    momentum: str,
+    first_step: bool,
+    dependent: bool,
+) -> Launch:
+    """`_step_kernel` bound to its constexprs (`fused_step`'s options, the block shape and
+    DEPENDENT) and its launch options: WARPS warps, no fused multiply-adds (one rounding
+    per operation, as the PyTorch path), a programmatic dependent launch when DEPENDENT."""
+    constants = {
+        "ALGORITHM": algorithm,
+        "SR": sr,
+        "MAXIMIZE": maximize,
+        "DECAY": decay,
+        "MOMENTUM": momentum,
+        "FIRST_STEP": first_step,
+        "ROWS": ROWS,
+        "BLOCKS": BLOCKS,
+        "DEPENDENT": dependent,
+        "num_warps": WARPS,
+        "enable_fp_fusion": False,
+        "launch_pdl": dependent,
+    }
+    return Launch(_step_kernel, constants)
 
 
 _fused_step_op = torch.library.custom_op(

@@ -66,14 +66,16 @@ from __future__ import annotations
 
 import hashlib
 import numbers
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from itertools import compress, repeat
+from operator import attrgetter, is_not, itemgetter
 from typing import Any, overload
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..kernels.availability import kernels_refusal
+from ..kernels.availability import INTERPRETED, kernels_refusal
 from ..random import check_seed
 from ..reference import check_choice
 from ..rounding import cast
@@ -90,6 +92,16 @@ TENSOR_SLOTS = {"param": 0, "exp_avg": 1, "exp_avg_sq": 2, "momentum_buffer": 1}
 IMPLEMENTATION_KEYS: tuple[str, ...] = ("foreach", "fused", "capturable", "differentiable")
 # what `generator_seed` hashes with: its seeds are not another hash's outputs
 SEED_PERSONALIZATION = b"stochround.optim"
+# per-tensor reads of a group's fast path (`SROptimizer.fused_group_step`), each mapped over
+# the group's list at C speed (methods unbound: a subclass's __torch_function__ still sees
+# them, as it sees a bound call)
+GRAD = attrgetter("grad")
+DTYPE = attrgetter("dtype")
+IS_CUDA = attrgetter("is_cuda")
+IS_SPARSE = attrgetter("is_sparse")
+IS_CONTIGUOUS = Tensor.is_contiguous
+GET_DEVICE = Tensor.get_device
+STEP = itemgetter("step")
 
 
 def stream_offset(step: int | Tensor, param_index: int, tensor_slot: int) -> int | Tensor:
@@ -277,9 +289,9 @@ ROUNDING_STATES = {"kahan": "compensation", "ecc": "ecc_residual"}
 
 def grad_of(param: Tensor) -> Tensor:
     """``param.grad`` of a parameter a step updates: steps update only parameters that have
-    a gradient (`SROptimizer.grouped_params`)."""
+    a gradient (`SROptimizer.group_entries`)."""
     grad = param.grad
-    assert grad is not None  # grouped_params yields no parameter without a gradient
+    assert grad is not None  # group_entries yields no parameter without a gradient
     return grad
 
 
@@ -396,6 +408,15 @@ class SROptimizer(torch.optim.Optimizer):
         """Constexpr options of the fused kernel for ``param`` (called before it runs)."""
         return {}
 
+    def group_kernel_options(
+        self, group: dict[str, Any], states: Sequence[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The constexpr options of the fused kernel shared by every parameter of ``group``,
+        whose states are ``states`` (all created), or None where they may differ between
+        parameters (`kernel_options` then decides for each).  A subclass that overrides
+        `kernel_options` overrides this too."""
+        return {}
+
     @overload
     def step(self, closure: None = None) -> None: ...
 
@@ -404,30 +425,118 @@ class SROptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One update of every parameter that has a gradient; returns the closure's loss."""
+        """One update of every parameter that has a gradient; returns the closure's loss.
+
+        Eagerly each group first tries `fused_group_step` (one launch for the whole group,
+        its checks made over lists); a group it declines takes the general path
+        (`group_step`), parameter by parameter."""
         loss = self.evaluate(closure)
         compiling = torch.compiler.is_compiling()
         if compiling:  # eagerly the loop below creates the states, at no extra cost
             for group in self.param_groups:
                 self._init_group(group)
-        for group, entries in self.grouped_params():
-            fused, unfused = [], []
-            for index, param in entries:
-                state = self.init_states(group, param)
-                if self.fused(group, param, compiling):
-                    fused.append((index, param, state))
-                else:
-                    unfused.append((index, param))
-            by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
-            for index, param in unfused:
-                by_device.setdefault(param.device, []).append((index, param))
-            for members in by_device.values():  # one scalar computation per device
-                steps = [self.state[param]["step"].add_(1) for _, param in members]
-                rows = self.scalars(group, torch.stack(steps))
-                for (index, param), row, step in zip(members, rows, steps, strict=True):
-                    self.update(group, index, param, row, step)
-            self.fused_steps(group, fused)
+        start = 0  # the global index of the group's first parameter
+        for group in self.param_groups:
+            params = group["params"]
+            if compiling or not self.fused_group_step(group, params, start):
+                self.group_step(group, self.group_entries(group, start), compiling)
+            start += len(params)
         return loss
+
+    def group_step(
+        self, group: dict[str, Any], entries: list[tuple[int, Tensor]], compiling: bool
+    ) -> None:
+        """Update the (global index, parameter) ``entries`` of ``group``, each by the fused
+        kernel where it can (`fused`, one launch per bucket: `fused_steps`), else on the
+        PyTorch path (one scalar computation per device); ``compiling``: whether
+        torch.compile traces the step."""
+        fused, unfused = [], []
+        for index, param in entries:
+            state = self.init_states(group, param)
+            if self.fused(group, param, compiling):
+                fused.append((index, param, state))
+            else:
+                unfused.append((index, param))
+        by_device: dict[torch.device, list[tuple[int, Tensor]]] = {}
+        for index, param in unfused:
+            by_device.setdefault(param.device, []).append((index, param))
+        for members in by_device.values():  # one scalar computation per device
+            steps = [self.state[param]["step"].add_(1) for _, param in members]
+            rows = self.scalars(group, torch.stack(steps))
+            for (index, param), row, step in zip(members, rows, steps, strict=True):
+                self.update(group, index, param, row, step)
+        self.fused_steps(group, fused)
+
+    def fused_group_step(self, group: dict[str, Any], params: list[Tensor], start: int) -> bool:
+        """An eager step of ``group`` (its ``params``, the first of global index ``start``)
+        in one launch, when every parameter that has a gradient is one the fused kernel
+        updates and they share one launch: one device, one parameter dtype and one
+        gradient dtype, contiguous and 16-byte aligned, their states created and their
+        kernel options shared (`group_kernel_options`).  The checks are `fused`'s, made
+        over the whole list (the alignment by the launch, once for these tensors); a step's
+        host time then grows by a few attribute reads a parameter.  Returns whether it stepped;
+        when it did not, nothing has changed (beyond the empty state dicts that
+        `group_step` creates as well), and `group_step` takes the group, parameter by
+        parameter (its errors and fallbacks included)."""
+        if self.backend == "torch" or not params:
+            return False
+        grads = list(map(GRAD, params))
+        indices: Sequence[int] = range(start, start + len(params))
+        present = list(map(is_not, grads, repeat(None)))
+        if not all(present):  # parameters without a gradient are not stepped
+            params = list(compress(params, present))
+            grads = list(compress(grads, present))
+            indices = list(compress(indices, present))
+            if not params:
+                return True
+        if any(map(IS_SPARSE, grads)):  # group_step raises
+            return False
+        # `fused` for each parameter: "auto" takes CUDA parameters, "triton" also those the
+        # interpreter runs; the others, and an extra parameter state, go to group_step
+        on_cuda = all(map(IS_CUDA, params))
+        if not (on_cuda or (self.backend == "triton" and INTERPRETED)):
+            return False
+        if kernels_refusal("the parameter", on_cuda) is not None:
+            return False
+        if group.get("master_weights", False) or group["rounding"] in ROUNDING_STATES:
+            return False
+        dtypes, grad_dtypes = set(map(DTYPE, params)), set(map(DTYPE, grads))
+        if len(dtypes) != 1 or len(grad_dtypes) != 1 or not grad_dtypes <= set(PARAM_DTYPES):
+            return False
+        if len(set(map(GET_DEVICE, params))) != 1:
+            return False
+        if not (all(map(IS_CONTIGUOUS, params)) and all(map(IS_CONTIGUOUS, grads))):
+            return False
+        states = list(map(self.state.__getitem__, params))
+        options = self.group_kernel_options(group, states)
+        if options is None:
+            return False
+        names = self.state_names[: self.state_count(group)]
+        try:  # the first step creates the states, on group_step
+            steps = list(map(STEP, states))
+            state_lists = [list(map(itemgetter(name), states)) for name in names]
+        except KeyError:
+            return False
+        from ..kernels.optim import MisalignedError, fused_step  # needs triton: imported here
+
+        try:  # the alignment is checked there, once for these tensors (their table)
+            fused_step(
+                self.algorithm,
+                params,
+                grads,
+                state_lists,
+                steps,
+                list(indices),
+                group["lr"],  # as `launch_lr` passes it eagerly
+                self.constants(group),
+                seed=group["seed"],
+                sr=group["rounding"] == "sr",
+                maximize=group["maximize"],
+                **options,
+            )
+        except MisalignedError:  # raised before anything changed: group_step decides
+            return False
+        return True
 
     def fused(self, group: dict[str, Any], param: Tensor, compiling: bool) -> bool:
         """Whether the fused kernel updates ``param`` (see the class docstring; ``compiling``:
@@ -619,21 +728,17 @@ class SROptimizer(torch.optim.Optimizer):
         else:
             store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
 
-    def grouped_params(self) -> Iterable[tuple[dict[str, Any], list[tuple[int, Tensor]]]]:
-        """Each group with its (global parameter index, parameter) pairs that have a
-        gradient (indices count every parameter of every group, in order)."""
-        index = 0
-        for group in self.param_groups:
-            entries = []
-            for param in group["params"]:
-                if param.grad is not None:
-                    if param.grad.is_sparse:
-                        raise RuntimeError(
-                            f"{type(self).__name__} does not support sparse gradients"
-                        )
-                    entries.append((index, param))
-                index += 1
-            yield group, entries
+    def group_entries(self, group: dict[str, Any], start: int) -> list[tuple[int, Tensor]]:
+        """The (global parameter index, parameter) pairs of ``group`` that have a gradient,
+        its first parameter's index being ``start`` (indices count every parameter of every
+        group, in order); RuntimeError for a sparse gradient."""
+        entries = []
+        for index, param in enumerate(group["params"], start):
+            if param.grad is not None:
+                if param.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                entries.append((index, param))
+        return entries
 
     @staticmethod
     def gradient(group: dict[str, Any], param: Tensor) -> Tensor:

@@ -13,7 +13,10 @@ float32 rounding.  On CUDA one fused Triton launch updates all parameters of a g
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import contains
 from typing import Any
 
 import torch
@@ -29,6 +32,12 @@ from .updates import (
     sgd_scalars,
     sgd_update,
 )
+
+
+@functools.lru_cache(maxsize=64)
+def cached_power_squares(beta: float) -> tuple[float, ...]:
+    """`power_squares` of the float ``beta``, cached by its value."""
+    return power_squares(beta)
 
 
 def adam_defaults(
@@ -168,10 +177,18 @@ class AdamW(SROptimizer):
         beta1, beta2 = group["betas"]
         wd = group["weight_decay"]
         decoupled, l2 = (0.0, wd) if self.coupled(group) else (wd, 0.0)
-        squares = (*power_squares(beta1), *power_squares(beta2))
+        # eagerly from a cache (a step would otherwise spend more host time on the squares
+        # than on a launch); torch.compile traces the computation instead of the cache
+        squares_of = power_squares if torch.compiler.is_compiling() else cached_power_squares
+        squares = (*squares_of(float(beta1)), *squares_of(float(beta2)))
         return [beta1, beta2, group["eps"], decoupled, *squares, l2]
 
     def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
+        return {"decay": self.coupled(group) and group["weight_decay"] != 0}
+
+    def group_kernel_options(
+        self, group: dict[str, Any], states: Sequence[dict[str, Any]]
+    ) -> dict[str, Any] | None:
         return {"decay": self.coupled(group) and group["weight_decay"] != 0}
 
     def update(
@@ -359,6 +376,13 @@ class SGD(SROptimizer):
     def constants(self, group: dict[str, Any]) -> list[float]:
         return [group["momentum"], group["dampening"], group["weight_decay"]]
 
+    @staticmethod
+    def momentum_kind(group: dict[str, Any]) -> str:
+        """The kernel's MOMENTUM for ``group``: "none", "momentum" or "nesterov"."""
+        if group["momentum"] == 0:
+            return "none"
+        return "nesterov" if group["nesterov"] else "momentum"
+
     def momentum_buffer(self, group: dict[str, Any], param: Tensor) -> bool:
         """Whether this is the buffer's first step (created here, uninitialized)."""
         state = self.state[param]
@@ -372,15 +396,23 @@ class SGD(SROptimizer):
     def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
         """``momentum``: "none", "momentum" or "nesterov"; ``first_step``: the momentum
         buffer's first step (the buffer starts as the gradient); ``decay``: weight_decay != 0."""
-        momentum = (
-            "none" if group["momentum"] == 0 else "nesterov" if group["nesterov"] else "momentum"
-        )
+        momentum = self.momentum_kind(group)
         first_step = momentum != "none" and self.momentum_buffer(group, param)
         return {
             "momentum": momentum,
             "first_step": first_step,
             "decay": group["weight_decay"] != 0,
         }
+
+    def group_kernel_options(
+        self, group: dict[str, Any], states: Sequence[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """`kernel_options` once every momentum buffer exists (None before: a buffer's first
+        step is taken parameter by parameter, which creates it)."""
+        momentum = self.momentum_kind(group)
+        if momentum != "none" and not all(map(contains, states, repeat("momentum_buffer"))):
+            return None
+        return {"momentum": momentum, "first_step": False, "decay": group["weight_decay"] != 0}
 
     def update(
         self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
