@@ -102,6 +102,96 @@ def _explicit_and_hardware_match(x: torch.Tensor, mesh: object) -> bool:
     )
 
 
+def _any_dim_worker(rank: int, store_path: str, results: dict) -> None:
+    """Shard(d) of every dimension d (FSDP2's shard_placement_fn may give any): each rank's
+    shard rounds as its block of the whole tensor's result, for every random source and
+    output; packed codes along a sharded last dimension where the shards hold whole
+    groups; Partial placements refused."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+
+    import stochround as sr
+    from stochround.rounding import round_float64
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=WORLD_SIZE
+    )
+    try:
+        mesh = init_device_mesh("cpu", (WORLD_SIZE,))
+        generator = torch.Generator().manual_seed(3)
+        outcome = {}
+        # (5, 6, 8): Shard(1) splits 6 into 3 + 3, so no shard is a range of global indices
+        x = torch.randn(5, 6, 8, generator=generator) * 4
+        rand = torch.randint(0, 2**8, x.shape, generator=generator)
+        stream_state = sr.Stream(4, offset=9).state_dict()
+        calls = {
+            "stream": lambda t, r: sr.round(t, "e4m3fn", "sr", seed=11, offset=2, index_offset=3),
+            "rbits": lambda t, r: sr.round(t, "e5m2", "sr", rbits=5, seed=2**64 - 1),
+            "data": lambda t, r: sr.round(t, "e2m1", "sr", rand="data", sat="finite"),
+            "rand": lambda t, r: sr.round(t, "e4m3fn", "sr", rbits=8, rand=r),
+            "rne": lambda t, r: sr.round(t, "e4m3fn"),
+            "cast": lambda t, r: sr.cast(t, torch.float8_e4m3fn, "sr", seed=3),
+            "encode": lambda t, r: sr.encode(t, "bf16", "sr", seed=3),
+            "hardware": lambda t, r: sr.round(t, hardware="graphcore-ipu-fp16", seed=2),
+            "hardware rand": lambda t, r: sr.round(t, "e5m2fnuz", hardware="amd-mi300", rand=r),
+            "float64": lambda t, r: round_float64(t, "e3m2", "sr", seed=2, index_offset=7),
+            "fp4": lambda t, r: sr.cast(t, torch.float4_e2m1fn_x2, "sr", seed=3, sat="finite"),
+            "fp6": lambda t, r: sr.encode(t, "e3m2", "sr", seed=3, sat="finite", packed=True),
+            "stream=": lambda t, r: sr.round(t, "e4m3fn", "sr", stream=_stream(stream_state)),
+        }
+        for dim in (0, 1, 2):
+            placement = [Shard(dim)]
+            sharded, sharded_rand = (distribute_tensor(t, mesh, placement) for t in (x, rand))
+            for name, call in calls.items():
+                whole = call(x, rand)
+                for r in (rand, sharded_rand):
+                    result = call(sharded, r)
+                    local = result.to_local()
+                    # DTensor's Shard(dim): torch.chunk's pieces (gloo scatters no fp8)
+                    expected = whole.chunk(WORLD_SIZE, dim)[rank]
+                    outcome[(name, dim)] = outcome.get((name, dim), True) and (
+                        (result.shape, result.dtype, result.placements)
+                        == (whole.shape, whole.dtype, tuple(placement))
+                        and torch.equal(local.view(torch.uint8), expected.view(torch.uint8))
+                    )
+        # a shard holding half a group of packed codes is refused, with the reason
+        odd = distribute_tensor(torch.ones(2, 12), mesh, [Shard(1)])  # 6 + 6 of groups of 4
+        try:
+            sr.encode(odd, "e3m2", sat="finite", packed=True)
+            outcome["packed refused"] = False
+        except ValueError as error:
+            outcome["packed refused"] = "whole groups of 4 codes" in str(error)
+        partial = DTensor.from_local(torch.ones(4), mesh, [Partial()])
+        try:
+            sr.round(partial, "bf16")
+            outcome["partial refused"] = False
+        except ValueError as error:
+            outcome["partial refused"] = "Replicate or Shard(dim)" in str(error)
+        results[rank] = outcome
+    finally:
+        dist.destroy_process_group()
+
+
+def _stream(state: dict) -> object:
+    import stochround as sr
+
+    stream = sr.Stream(0)
+    stream.load_state_dict(state)
+    return stream
+
+
+def test_shards_of_any_dimension_round_like_the_whole_tensor() -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        manager = mp.Manager()
+        results = manager.dict()
+        store_path = os.path.join(directory, "store")
+        mp.spawn(_any_dim_worker, args=(store_path, results), nprocs=WORLD_SIZE, join=True)
+        for rank in range(WORLD_SIZE):
+            failed = [key for key, ok in results[rank].items() if not ok]
+            assert failed == [], (rank, failed)
+            assert len(results[rank]) == 13 * 3 + 2
+
+
 def test_dtensor_shards_and_replicas_round_like_the_whole_tensor() -> None:
     with tempfile.TemporaryDirectory() as directory:
         manager = mp.Manager()
@@ -142,11 +232,19 @@ def _optimizer_worker(rank: int, store_path: str, results: dict) -> None:
                  for _ in range(3)]  # fmt: skip
         whole = _optimizer_run([v.clone().requires_grad_() for v in values], grads)
         outcome = {}
-        for name, placement in (("shard", Shard(0)), ("replicate", Replicate())):
+        placements = {
+            "shard": lambda t: Shard(0),
+            "replicate": lambda t: Replicate(),
+            "shard last dim": lambda t: Shard(t.dim() - 1),  # FSDP2's shard_placement_fn
+        }
+        for name, placement_of in placements.items():
             params = [
-                distribute_tensor(v.clone(), mesh, [placement]).requires_grad_() for v in values
+                distribute_tensor(v.clone(), mesh, [placement_of(v)]).requires_grad_()
+                for v in values
             ]
-            dgrads = [[distribute_tensor(g, mesh, [placement]) for g in step] for step in grads]
+            dgrads = [
+                [distribute_tensor(g, mesh, [placement_of(g)]) for g in step] for step in grads
+            ]
             ran = _optimizer_run(params, dgrads)
             outcome[name] = all(
                 torch.equal(r.full_tensor().view(torch.int16), w.detach().view(torch.int16))
@@ -158,13 +256,14 @@ def _optimizer_worker(rank: int, store_path: str, results: dict) -> None:
 
 
 def test_sharded_and_replicated_optimizer_steps_equal_the_single_process_step() -> None:
-    """FSDP-style Shard(0) and DDP-style replicated DTensor parameters: every rank updates
-    its elements with the random words of their global indices, so the parameters and
-    states equal a single process's bit for bit."""
+    """FSDP-style Shard(0) (and Shard(last dim), as FSDP2's shard_placement_fn may give)
+    and DDP-style replicated DTensor parameters: every rank updates its elements with the
+    random words of their global indices, so the parameters and states equal a single
+    process's bit for bit."""
     with tempfile.TemporaryDirectory() as directory:
         manager = mp.Manager()
         results = manager.dict()
         store_path = os.path.join(directory, "store")
         mp.spawn(_optimizer_worker, args=(store_path, results), nprocs=WORLD_SIZE, join=True)
-        expected = {"shard": True, "replicate": True}
+        expected = {"shard": True, "replicate": True, "shard last dim": True}
         assert dict(results) == {rank: expected for rank in range(WORLD_SIZE)}

@@ -23,6 +23,7 @@ import torch
 from gfloat import RoundMode, round_ndarray
 from gfloat import formats as gf
 from gfloat.types import Domain, Signedness
+from helpers import all_bit_patterns
 
 import stochround as sr
 from stochround.formats import Format
@@ -387,6 +388,33 @@ def gfloat_cases(fi, fmt: Format, mode: str):
             yield True, None, chosen[gfloat_takes(fi, fmt, True, chosen)]
 
 
+def largest_at_most(bound: float, dtype: torch.dtype) -> float:
+    """The largest finite value of a float dtype not above ``bound`` (bound >= 0): from
+    every bit pattern of a 16-bit dtype, by nextafter steps in a wider one."""
+    if dtype in (torch.bfloat16, torch.float16):
+        values = all_bit_patterns(dtype).to(torch.float64)
+        return float(values[torch.isfinite(values) & (values <= bound)].max())
+    value = torch.tensor(bound, dtype=torch.float64).to(dtype)
+    while not bool(torch.isfinite(value)) or float(value) > bound:
+        value = torch.nextafter(value, torch.tensor(-math.inf, dtype=dtype))
+    return float(value)
+
+
+def narrowed_as_documented(
+    expected: torch.Tensor, fmt: Format, dtype: torch.dtype, saturated: bool
+) -> torch.Tensor:
+    """float64 results in x's dtype as `sr.round` documents: to nearest, except that with
+    saturation a finite result beyond the largest value of the dtype within the format's
+    range becomes that value (bf16 holds no 65504: fp16's max is 65280 there)."""
+    narrowed = expected.to(dtype)
+    if not saturated:
+        return narrowed
+    high = largest_at_most(fmt.max, dtype)
+    low = -largest_at_most(-fmt.lowest, dtype) if fmt.lowest < 0 else -math.inf
+    clamped = narrowed.clamp(low, high)
+    return torch.where(torch.isfinite(expected), clamped, narrowed)
+
+
 def compare_with_gfloat(name, fi, fmt, mode) -> int:
     rnd, variant = GFLOAT_MODES[mode]
     checked = 0
@@ -409,8 +437,9 @@ def compare_with_gfloat(name, fi, fmt, mode) -> int:
         else:
             expected = round_ndarray(fi, x64, rnd, sat)
             got = sr.round(x, fmt, mode, sat=sr_sat, backend=BACKEND)
-        # gfloat's float64 result given x's dtype, as sr.round documents for its result
-        expected = torch.from_numpy(expected).to(x.dtype)
+        # gfloat's float64 result given x's dtype, as sr.round documents for its result:
+        # to nearest, saturated results clamped into the format's range
+        expected = narrowed_as_documented(torch.from_numpy(expected), fmt, x.dtype, sat)
         assert_same(got, expected, x, f"{name} {mode} sat={sat} rbits={bits} {x.dtype} inputs")
         checked += x.numel()
     return checked

@@ -21,10 +21,14 @@ from stochround.random import (
     PHILOX_KEY_B,
     PHILOX_ROUND_A,
     PHILOX_ROUND_B,
+    Stream,
     _mulhilo32,
     _mullo32,
+    as_signed64,
+    as_unsigned64,
     data_words,
     default_seed,
+    default_seed_tensor,
     philox4x32,
     random_words,
     random_words_like,
@@ -244,6 +248,83 @@ def test_default_seed_is_reproducible():
     assert [default_seed() for _ in range(4)] == first
     assert all(0 <= s < 2**64 for s in first) and len(set(first)) == 4
     assert any(s >= 2**32 for s in first)
+
+
+def test_default_seed_tensor_draws_what_default_seed_draws():
+    torch.manual_seed(99)
+    ints = [default_seed() for _ in range(8)]
+    torch.manual_seed(99)
+    tensors = [default_seed_tensor() for _ in range(8)]
+    assert all(t.shape == (1,) and t.dtype == torch.int64 for t in tensors)
+    assert [as_unsigned64(int(t)) for t in tensors] == ints
+
+
+@pytest.mark.parametrize("value", [0, 1, 2**63 - 1, 2**63, 2**64 - 1])
+def test_signed64_round_trips(value):
+    signed = as_signed64(value)
+    assert -(2**63) <= signed < 2**63
+    assert torch.tensor(signed, dtype=torch.int64).item() == signed
+    assert as_unsigned64(signed) == value
+
+
+# --------------------------------------------------------------------------------------
+# Stream: a stateful (seed, offset)
+# --------------------------------------------------------------------------------------
+
+
+def test_stream_takes_consecutive_offsets_and_wraps():
+    stream = Stream(7, offset=5)
+    assert [stream.take() for _ in range(3)] == [(7, 5), (7, 6), (7, 7)]
+    assert stream.offset == 8 and stream.state_dict() == {"seed": 7, "offset": 8}
+    last = Stream(2**64 - 1, offset=2**64 - 2)
+    assert [last.take() for _ in range(3)] == [(2**64 - 1, 2**64 - 2), (2**64 - 1, 2**64 - 1),
+                                              (2**64 - 1, 0)]  # fmt: skip
+    assert repr(Stream(3, offset=1)) == "Stream(seed=3, offset=1)"
+
+
+def test_stream_state_dict_round_trips():
+    stream = Stream(11)
+    for _ in range(4):
+        stream.take()
+    saved = stream.state_dict()
+    later = [stream.take() for _ in range(3)]
+    restored = Stream(0)
+    restored.load_state_dict(saved)
+    assert [restored.take() for _ in range(3)] == later
+    with pytest.raises(ValueError, match="keys 'seed' and 'offset'"):
+        restored.load_state_dict({"seed": 1})
+    with pytest.raises(ValueError, match="offset must be in"):
+        restored.load_state_dict({"seed": 1, "offset": -1})
+
+
+def test_stream_seed_none_draws_from_torchs_generator():
+    torch.manual_seed(5)
+    drawn = default_seed()
+    torch.manual_seed(5)
+    assert Stream().seed == drawn
+
+
+def test_stream_takes_numpy_ints_and_refuses_the_rest():
+    assert Stream(np.uint64(2**64 - 1), offset=np.int32(3)).take() == (2**64 - 1, 3)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        Stream(torch.tensor(1))
+    with pytest.raises(TypeError, match="seed"):
+        Stream(1.5)
+    with pytest.raises(ValueError, match="offset must be in"):
+        Stream(1, offset=2**64)
+
+
+def test_a_device_stream_hands_out_tensors():
+    """A stream on the CUDA device gives its offset as a device tensor (no host read; a
+    CUDA graph captures it); a CPU stream gives ints outside torch.compile."""
+    stream = Stream(3, offset=2**63 - 1, device=DEVICE)
+    assert stream.device.type == torch.device(DEVICE).type
+    seed, offset = stream.take()
+    assert seed == 3 and stream.offset == 2**63
+    if DEVICE == "cpu":
+        assert offset == 2**63 - 1 and type(offset) is int
+    else:
+        assert offset.device == stream.device and as_unsigned64(int(offset)) == 2**63 - 1
 
 
 # --------------------------------------------------------------------------------------

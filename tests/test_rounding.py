@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from helpers import TEST_FORMATS, all_bit_patterns, assert_same_values
 
 import stochround as sr
 from stochround import reference
-from stochround.rounding import round_float64
+from stochround.rounding import CAST_DTYPES, round_float64
 
 DETERMINISTIC_MODES = ("rne", "rna", "rz", "ru", "rd", "ro")
 
@@ -423,3 +425,499 @@ def test_bad_cast_and_decode_arguments() -> None:
         sr.decode(torch.zeros(2, dtype=torch.int64), "binary64")
     with pytest.raises(TypeError, match="codes must be an integer"):
         sr.decode(torch.zeros(2), "e4m3fn")
+
+
+# --- torch.compile: changing ints, every entry point, no warnings ------------------------
+
+
+def _compile_counted(call, **options):
+    """call compiled with fullgraph=True through a backend that counts the graphs it gets
+    (and runs them eagerly, as aot_eager would)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    return torch.compile(call, fullgraph=True, backend=counter, **options), counter
+
+
+@pytest.mark.parametrize("options", [{}, {"dynamic": True}], ids=["default", "dynamic"])
+@pytest.mark.parametrize("argument", ["offset", "seed", "index_offset"])
+def test_a_changing_int_compiles_at_most_twice_and_equals_eager(options, argument) -> None:
+    """A step counter as the seed, offset or index_offset: 20 calls with 20 values compile
+    at most twice (once with dynamic=True), every result equals eager bit for bit, and the
+    results differ from step to step (the counter is not frozen into the graph)."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(20)) * 3
+
+    def call(x, step):
+        return sr.round(x, "e4m3fn", "sr", **{"seed": 7, argument: step})
+
+    compiled, counter = _compile_counted(call, **options)
+    results = [compiled(x, step) for step in range(20)]
+    assert counter.frame_count == (1 if options else 2)
+    for step, result in enumerate(results):
+        assert torch.equal(result, call(x, step)), step
+    assert len({tuple(r.tolist()) for r in results}) == 20
+
+
+def test_seeds_and_offsets_beyond_int64_compile_and_equal_eager() -> None:
+    """Seeds and offsets span [0, 2**64): the op takes their 64 bits as a signed int."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(21))
+    for seed, offset in ((2**64 - 1, 2**63), (2**63, 2**64 - 1), (0, 2**63 - 1)):
+
+        def call(x, seed=seed, offset=offset):
+            return sr.encode(x, "e5m2", "sr", seed=seed, offset=offset)
+
+        compiled, _ = _compile_counted(call)
+        assert torch.equal(compiled(x), call(x)), (seed, offset)
+
+
+def test_compiled_calls_warn_nothing_from_stochround() -> None:
+    """No warning names stochround or its cached routing function under compile (Dynamo
+    warned at every compiled call that it traced through an lru_cache wrapper)."""
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(22))
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            torch.compile(
+                lambda x, step: sr.cast(x, torch.float8_e4m3fn, "sr", seed=1, offset=step),
+                fullgraph=True,
+                backend="aot_eager",
+            )(x, step)
+    ours = [
+        str(w.message)
+        for w in caught
+        if "lru_cache" in str(w.message)
+        or "stochround" in str(w.message)
+        or "stochround" in w.filename
+    ]
+    assert ours == []
+
+
+def test_every_entry_point_traces_with_fullgraph() -> None:
+    """seed=None, explicit rand, rand="data", hardware presets (round, cast and encode),
+    a Stream and a dtype as the format: each traces as one graph and gives the eager bits
+    (seed=None draws the same seed: aot_eager runs torch's generator as eager does)."""
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(23)) * 3
+    rand = torch.randint(0, 2**8, (8, 16), generator=torch.Generator().manual_seed(24))
+    calls = {
+        "seed=None": lambda x: sr.round(x, "e4m3fn", "sr"),
+        "rand": lambda x: sr.round(x, "e4m3fn", "sr", rbits=8, rand=rand),
+        "rand=data": lambda x: sr.round(x, "e2m1", "sr", rand="data", sat="finite"),
+        "hardware": lambda x: sr.round(x, hardware="amd-mi300-fp8", seed=3),
+        "hardware rand": lambda x: sr.round(x, hardware="nvidia-cvt-rs-e4m3", rand=rand),
+        "hardware cast": lambda x: sr.cast(
+            x, torch.float8_e4m3fn, hardware="nvidia-cvt-rs-e4m3", seed=2
+        ),
+        "hardware encode": lambda x: sr.encode(x, None, hardware="graphcore-ipu-fp16", seed=2),
+        "dtype format": lambda x: sr.round(x, torch.float8_e5m2, "sr", seed=2),
+    }
+    for name, call in calls.items():
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        compiled = torch.compile(call, fullgraph=True, backend="aot_eager")(x)
+        torch.manual_seed(0)
+        eager = call(x)
+        assert torch.equal(compiled.view(torch.uint8), eager.view(torch.uint8)), name
+
+
+def test_seed_none_under_inductor_draws_a_fresh_seed_per_call() -> None:
+    """seed=None traced by inductor: one graph, and each call draws its own seed."""
+    x = torch.full((256,), 1.3)
+    compiled = torch.compile(lambda x: sr.round(x, "e4m3fn", "sr"), fullgraph=True)
+    first, second = compiled(x), compiled(x)
+    assert set(first.unique().tolist()) == {1.25, 1.375}
+    assert not torch.equal(first, second)
+
+
+def test_compiled_rand_is_checked_when_the_op_runs() -> None:
+    x = torch.ones(4)
+    bad = torch.tensor([0, 1, 5, 2])
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda x: sr.round(x, "e4m3fn", "sr", rbits=2, rand=bad),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    with pytest.raises(ValueError, match=r"rand must hold integers in \[0, 2\*\*2\)"):
+        compiled(x)
+
+
+# --- gradients ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [d for d in CAST_DTYPES if d != torch.float4_e2m1fn_x2])
+def test_cast_passes_the_gradient_x_to_passes(dtype: torch.dtype) -> None:
+    """cast's gradient is x.to(dtype)'s (straight through, the upstream gradient arriving in
+    the result's dtype, 8-bit floats included), in every mode."""
+    generator = torch.Generator().manual_seed(30)
+    x = (torch.rand(64, generator=generator) * 4 + 0.5).requires_grad_()
+    weights = torch.randn(64, generator=generator)
+    for mode, options in (("rne", {}), ("sr", {"seed": 1})):
+        x.grad = None
+        (sr.cast(x, dtype, mode, **options).to(torch.float32) * weights).sum().backward()
+        reference_x = x.detach().clone().requires_grad_()
+        (reference_x.to(dtype).to(torch.float32) * weights).sum().backward()
+        assert x.grad is not None and torch.equal(x.grad, reference_x.grad), mode
+
+
+def test_hardware_rounding_passes_the_gradient_straight_through() -> None:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(31)).requires_grad_()
+    for call in (
+        lambda x: sr.round(x, hardware="amd-mi300-fp8", seed=1),
+        lambda x: sr.round(x, "e5m2fnuz", hardware="amd-mi300", seed=1),
+        lambda x: sr.cast(x, torch.bfloat16, hardware="nvidia-cvt-rs-bf16", seed=1).float(),
+        lambda x: sr.hardware.round_hardware(x, "graphcore-ipu-fp16", seed=1),
+    ):
+        x.grad = None
+        (call(x) * 3).sum().backward()
+        assert x.grad is not None and torch.equal(x.grad, torch.full_like(x, 3.0))
+
+
+def test_packed_and_integer_codes_do_not_require_grad() -> None:
+    """Codes carry no gradient: the results do not pretend to (no grad_fn)."""
+    x = torch.randn(4, 8, requires_grad=True)
+    for result in (
+        sr.cast(x, torch.float4_e2m1fn_x2, sat="finite"),
+        sr.encode(x, "e4m3fn"),
+        sr.encode(x, "bf16", "sr", seed=1),
+        sr.encode(x, "e2m1", sat="finite", packed=True),
+    ):
+        assert not result.requires_grad and result.grad_fn is None
+
+
+# --- cast: the drop-in promise of x.to(dtype) ----------------------------------------------
+
+
+def _cast_inputs() -> dict[str, torch.Tensor]:
+    """Every bf16 and fp16 bit pattern, and fp32 and fp64 values across every range with
+    the midpoints of the 8-bit formats and the specials."""
+    generator = torch.Generator().manual_seed(32)
+    exponents = torch.randint(-150, 129, (20000,), generator=generator).to(torch.float32)
+    fp32 = torch.randn(20000, generator=generator) * torch.exp2(exponents)
+    midpoints = [
+        _midpoints_and_neighbours(sr.format(name), generator)
+        for name in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "bf16", "fp16")
+    ]
+    specials = torch.tensor(
+        [0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 448.0, 464.0, 480.0, 1e5, 65520.0]
+    )
+    fp32 = torch.cat([fp32, *midpoints, specials, -specials])
+    return {
+        "bf16": all_bit_patterns(torch.bfloat16),
+        "fp16": all_bit_patterns(torch.float16),
+        "fp32": fp32,
+        "fp64": fp32.to(torch.float64) * (1 + 2**-40),
+    }
+
+
+def _assert_same_bits_or_both_nan(got: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape, what
+    integer = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    width = got.element_size()
+    both_nan = torch.isnan(got.to(torch.float64)) & torch.isnan(expected.to(torch.float64))
+    same = (got.view(integer[width]) == expected.view(integer[width])) | both_nan
+    bad = (~same).nonzero().flatten()[:4].tolist()
+    assert not bad, f"{what}: {int((~same).sum())} differ, e.g. " + ", ".join(
+        f"{float(got[i].to(torch.float64))} vs {float(expected[i].to(torch.float64))}" for i in bad
+    )
+
+
+@pytest.mark.parametrize(
+    "dtype", [d for d in CAST_DTYPES if d not in (torch.float4_e2m1fn_x2, torch.float8_e8m0fnu)]
+)
+def test_cast_rne_equals_torch_to_bit_for_bit(dtype: torch.dtype) -> None:
+    """cast(x, dtype) with the default sat=None is x.to(dtype): every value, overflow,
+    infinity and zero gives the same bits, NaN gives NaN (torch's NaN sign and payload
+    differ between its own casts); float64 inputs to narrower dtypes aside, which torch
+    rounds twice (through float32: its result is off where that double rounding errs)."""
+    for name, x in _cast_inputs().items():
+        if name == "fp64" and dtype not in (torch.float64, torch.float32):
+            x = x.to(torch.float32).to(torch.float64)  # where both round once
+        expected = x.to(dtype)
+        _assert_same_bits_or_both_nan(sr.cast(x, dtype), expected, f"{name} -> {dtype}")
+        _assert_same_bits_or_both_nan(sr.cast(x, dtype, "rne"), expected, f"{name} -> {dtype}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_cast_rounds_float64_once_where_torch_rounds_twice(dtype: torch.dtype) -> None:
+    """The one exception to the drop-in promise, where cast is the correctly rounded one:
+    torch rounds float64 to float32 first, then to the narrower dtype."""
+    fmt = sr.formats.format_of_dtype(dtype)
+    x = torch.tensor([1 + fmt.eps / 2 + 2**-40], dtype=torch.float64)  # just above a tie
+    assert sr.cast(x, dtype).to(torch.float64).item() == 1 + fmt.eps  # the nearer neighbour
+    assert x.to(dtype).to(torch.float64).item() == 1.0  # float32 first: the tie, then to even
+
+
+def test_cast_to_e8m0_equals_torch_in_its_domain() -> None:
+    """torch's float8_e8m0fnu cast rounds to nearest with ties up: cast's "rna", bit for bit
+    on non-negative inputs outside fp32's subnormals, which torch rounds as if normal
+    (negative inputs: torch takes their magnitude; e8m0 has no negative values: NaN)."""
+    dtype = torch.float8_e8m0fnu
+    for name, x in _cast_inputs().items():
+        x = x[~torch.signbit(x) & ~((x > 0) & (x < 2.0**-126))]
+        expected = x.to(dtype)
+        _assert_same_bits_or_both_nan(sr.cast(x, dtype, "rna"), expected, f"{name} -> e8m0")
+    assert sr.cast(torch.tensor([-4.0]), dtype).float().isnan().all()
+    assert torch.tensor([-4.0]).to(dtype).float().item() == 4.0
+
+
+def test_cast_keeps_the_p3109_saturations_as_arguments() -> None:
+    x = torch.tensor([1e5, -1e5, math.inf, 300.0])
+    e4m3fn = torch.float8_e4m3fn
+    # torch's (2.13 saturates e4m3fn; older releases, as the GPU machine's, give NaN)
+    _assert_same_bits_or_both_nan(sr.cast(x, e4m3fn), x.to(e4m3fn), "e4m3fn's default")
+    assert sr.cast(x, e4m3fn, sat="finite").float().tolist() == [448.0, -448.0, 448.0, 288.0]
+    assert sr.cast(x, e4m3fn, sat="none").float()[:3].isnan().all()
+    propagate = sr.cast(x, e4m3fn, sat="propagate").float()
+    assert propagate[:2].tolist() == [448.0, -448.0] and propagate[2].isnan()
+    assert sr.cast(x, torch.float8_e5m2).float().tolist()[:3] == [math.inf, -math.inf, math.inf]
+    assert sr.cast(x, torch.float8_e5m2, sat="finite").float().tolist()[:2] == [57344.0, -57344.0]
+    with pytest.raises(ValueError, match="sat must be one of"):
+        sr.cast(x, e4m3fn, sat="torch")
+
+
+# --- saturation in x's dtype ------------------------------------------------------------
+
+
+def test_saturated_values_stay_within_the_format_in_x_dtype() -> None:
+    """sat="finite" never returns a value above the format's max: where x's dtype cannot
+    hold the max, the largest value of x's dtype below it (the issue's bf16 -> fp16 gave
+    65536, fp32 -> int32 gave 2**31); "propagate" keeps infinities infinite."""
+    big = [1e9, -1e9, math.inf, -math.inf]
+    bf16 = torch.tensor(big, dtype=torch.bfloat16)
+    assert sr.round(bf16, "fp16", sat="finite").tolist() == [65280.0, -65280.0] * 2
+    assert sr.round(bf16, "fp16", sat="propagate").tolist() == [65280.0, -65280.0, *big[2:]]
+    assert sr.round(bf16, "fp16").tolist() == [math.inf, -math.inf] * 2  # sat="none"
+    int32 = sr.Format.integer(32)
+    fp32 = torch.tensor([1e10, -1e10, math.inf, -(2.0**31)])
+    assert sr.round(fp32, int32, sat="finite").tolist() == [
+        2**31 - 128,
+        -(2.0**31),
+        2**31 - 128,
+        -(2.0**31),
+    ]
+    fp16 = torch.tensor([math.inf, -math.inf, 1.0], dtype=torch.float16)
+    assert sr.round(fp16, "bf16", sat="finite").tolist() == [65504.0, -65504.0, 1.0]
+    assert sr.round(fp16, "bf16", "sr", seed=1, sat="finite").tolist() == [65504.0, -65504.0, 1.0]
+    # formats x's dtype holds are untouched
+    assert sr.round(bf16, "e4m3fn", sat="finite").tolist() == [448.0, -448.0] * 2
+
+
+# --- stream= ------------------------------------------------------------------------------
+
+
+def test_stream_calls_draw_consecutive_offsets() -> None:
+    """Each SR call with stream= rounds as seed=stream's seed, offset=its next offset."""
+    x = torch.randn(300, generator=torch.Generator().manual_seed(40)) * 3
+    stream = sr.Stream(9, offset=4)
+    results = [
+        sr.round(x, "e4m3fn", "sr", stream=stream),
+        sr.cast(x, torch.float8_e5m2, "sr", stream=stream),
+        sr.encode(x, "e2m1", "sr", sat="finite", stream=stream),
+        sr.round(x, "bf16", "rne", stream=stream),  # no words drawn: not advanced
+        sr.round(x, hardware="amd-mi300-fp8", stream=stream),
+    ]
+    expected = [
+        sr.round(x, "e4m3fn", "sr", seed=9, offset=4),
+        sr.cast(x, torch.float8_e5m2, "sr", seed=9, offset=5),
+        sr.encode(x, "e2m1", "sr", sat="finite", seed=9, offset=6),
+        sr.round(x, "bf16", "rne"),
+        sr.round(x, hardware="amd-mi300-fp8", seed=9, offset=7),
+    ]
+    for result, wanted in zip(results, expected, strict=True):
+        assert torch.equal(result.view(torch.uint8), wanted.view(torch.uint8))
+    assert stream.offset == 8
+
+
+def test_a_stream_in_a_loop_averages_out() -> None:
+    """The issue's loop: 1 + 0.001 added 1000 times in bf16.  A fixed (seed, offset) gives
+    each element the same threshold at every step (means far from 2); a stream draws fresh
+    bits at every call, and the mean is 2 within SR's noise."""
+
+    def accumulate(**randomness) -> torch.Tensor:
+        total = torch.ones(2048, dtype=torch.bfloat16)
+        for _ in range(1000):
+            total = sr.cast(total.float() + 1e-3, torch.bfloat16, "sr", **randomness)
+        return total.float()
+
+    frozen = accumulate(seed=0, offset=0)  # elements stuck at 1.0, others far above 2
+    assert frozen.min().item() == 1.0 and frozen.max().item() >= 8.0
+    fresh = accumulate(stream=sr.Stream(0))
+    # each element: unbiased, with a standard deviation below 0.1 (the mean's: 0.002)
+    assert abs(fresh.mean().item() - 2.0) < 0.01
+    assert fresh.min().item() > 1.5 and fresh.max().item() < 2.5
+
+
+def test_stream_refuses_seed_offset_and_rand() -> None:
+    x, stream = torch.ones(4), sr.Stream(1)
+    zeros = torch.zeros(4, dtype=torch.int64)
+    for extra in ({"seed": 1}, {"offset": 0}, {"rand": "data"}, {"rand": zeros}):
+        with pytest.raises(ValueError, match="not both"):
+            sr.round(x, "bf16", "sr", stream=stream, **extra)
+    with pytest.raises(TypeError, match=r"stream must be a stochround\.Stream"):
+        sr.round(x, "bf16", "sr", stream=3)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        sr.round(x, "bf16", "stochastic", stream=stream)
+    assert stream.offset == 0  # refused calls take nothing
+
+
+def test_a_stream_compiles_once_and_equals_eager() -> None:
+    """A stream held by a module (an attribute Dynamo would specialize were it an int)
+    compiles once for 12 steps, each step equal to eager's and different from the last."""
+
+    class Rounder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stream = sr.Stream(5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return sr.round(x, "e4m3fn", "sr", stream=self.stream)
+
+    x = torch.randn(64, generator=torch.Generator().manual_seed(41)) * 3
+    module = Rounder()
+    compiled, counter = _compile_counted(module)
+    results = [compiled(x) for _ in range(12)]
+    assert counter.frame_count == 1 and module.stream.offset == 12
+    eager = Rounder()
+    assert all(torch.equal(r, eager(x)) for r in results)
+    assert len({tuple(r.tolist()) for r in results}) == 12
+
+
+# --- what the entry points accept ---------------------------------------------------------
+
+
+def test_hardware_presets_cast_and_encode() -> None:
+    """hardware= in cast and encode: the preset's rounding (round's), as the dtype's values
+    or the format's codes; the preset's format must be the dtype's (or fmt's)."""
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(50)) * 100
+    rand = torch.randint(0, 2**16, x.shape, generator=torch.Generator().manual_seed(51))
+    for name, dtype in (
+        ("nvidia-cvt-rs-e4m3", torch.float8_e4m3fn),
+        ("amd-mi300-fp8", torch.float8_e4m3fnuz),
+        ("nvidia-cvt-rs-bf16", torch.bfloat16),
+        ("graphcore-ipu-fp16", torch.float16),
+    ):
+        values = sr.round(x, hardware=name, rand=rand)
+        cast = sr.cast(x, dtype, hardware=name, rand=rand)
+        assert cast.dtype == dtype and torch.equal(cast.to(torch.float32), values), name
+        fmt = sr.formats.format_of_dtype(dtype)
+        assert torch.equal(sr.encode(x, None, hardware=name, rand=rand), sr.encode(values, fmt))
+        assert torch.equal(sr.encode(x, fmt, hardware=name, rand=rand), sr.encode(values, fmt))
+    assert torch.equal(  # a family's member picked by the dtype
+        sr.cast(x, torch.float8_e5m2fnuz, hardware="amd-mi300", seed=3).float(),
+        sr.round(x, "e5m2fnuz", hardware="amd-mi300", seed=3),
+    )
+    e2m1 = sr.cast(x, torch.float4_e2m1fn_x2, hardware="nvidia-cvt-rs-e2m1", seed=3)
+    assert torch.equal(e2m1.view(torch.uint8), sr.pack(sr.encode(
+        sr.round(x, hardware="nvidia-cvt-rs-e2m1", seed=3), "e2m1"), 4))  # fmt: skip
+    with pytest.raises(ValueError, match="rounds to e4m3fn, not to fmt=e5m2"):
+        sr.cast(x, torch.float8_e5m2, hardware="nvidia-cvt-rs-e4m3")
+    with pytest.raises(ValueError, match="sets the mode, rbits, variant and sat"):
+        sr.cast(x, torch.float8_e4m3fn, hardware="nvidia-cvt-rs-e4m3", sat="finite")
+    with pytest.raises(ValueError, match="backend='triton' cannot"):
+        sr.encode(x, None, hardware="nvidia-cvt-rs-e4m3", backend="triton")
+
+
+def _narrowed(
+    values: torch.Tensor, fmt: sr.Format, dtype: torch.dtype, saturating: bool
+) -> torch.Tensor:
+    """float64 values of fmt in x's dtype as round documents: to nearest, a saturating
+    call's finite results that narrow beyond the format's range stepped one value of the
+    dtype back toward zero (a code one lower in magnitude)."""
+    narrowed = values.to(dtype)
+    if not saturating:
+        return narrowed
+    beyond = torch.isfinite(values) & (narrowed.to(torch.float64).abs() > fmt.max)
+    integer = {2: torch.int16, 4: torch.int32, 8: torch.int64}[narrowed.element_size()]
+    inward = (narrowed.view(integer) - 1).view(dtype)
+    return torch.where(beyond, inward, narrowed)
+
+
+def test_hardware_through_the_api_equals_the_presets_float64_rounding() -> None:
+    """round(hardware=) rounds on the PyTorch path as round_preset does in float64: the
+    operand, the contract's SR, the flush (Graphcore's), in every input dtype."""
+    from stochround.rounding import preset_operand, round_preset
+
+    generator = torch.Generator().manual_seed(52)
+    x = torch.randn(4096, generator=generator) * torch.exp2(
+        torch.randint(-30, 20, (4096,), generator=generator).float()
+    )
+    for name in sr.hardware.PRESETS:
+        unit = sr.hardware.preset(name)
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            xd = x.to(dtype)
+            exact = round_preset(preset_operand(xd, unit), unit, 5, 2, None)
+            expected = _narrowed(exact, unit.target, dtype, unit.sat != "none")
+            got = sr.round(xd, hardware=name, seed=5, offset=2)
+            _assert_same_bits_or_both_nan(got, expected, f"{name} {dtype}")
+
+
+def test_a_torch_dtype_names_its_format() -> None:
+    x = torch.randn(64, generator=torch.Generator().manual_seed(53))
+    for dtype, name in ((torch.float8_e4m3fn, "e4m3fn"), (torch.bfloat16, "bf16"),
+                        (torch.int8, "int8"), (torch.float8_e8m0fnu, "e8m0")):  # fmt: skip
+        assert sr.format(dtype) is sr.format(name)
+        by_dtype, by_name = sr.round(x, dtype, "sr", seed=1), sr.round(x, name, "sr", seed=1)
+        assert torch.equal(by_dtype.view(torch.int32), by_name.view(torch.int32))
+        assert torch.equal(sr.encode(x, dtype, sat="finite"), sr.encode(x, name, sat="finite"))
+    with pytest.raises(ValueError, match=r"dtype torch\.complex64 has no matching"):
+        sr.round(x, torch.complex64)
+
+
+def test_numpy_integers_are_ints() -> None:
+    x = torch.randn(64, generator=torch.Generator().manual_seed(54))
+    expected = sr.round(x, "e4m3fn", "sr", rbits=4, seed=2**64 - 1, offset=3, index_offset=5)
+    got = sr.round(
+        x,
+        "e4m3fn",
+        "sr",
+        rbits=np.int8(4),
+        seed=np.uint64(2**64 - 1),
+        offset=np.int32(3),
+        index_offset=np.int64(5),
+    )
+    assert torch.equal(got, expected)
+    assert sr.Format(ebits=np.int64(4), mbits=np.int32(3)) == sr.Format(ebits=4, mbits=3)
+    assert sr.Format.p3109(np.int64(8), np.uint8(4)) == sr.Format.p3109(8, 4)
+    assert sr.Format.integer(np.int16(8)) == sr.Format.integer(8)
+    assert sr.Format.cfloat8(np.int8(4), np.int8(3), np.int8(20)) == sr.Format.cfloat8(4, 3, 20)
+    with pytest.raises(ValueError, match="rbits must be"):
+        sr.round(x, "e4m3fn", "sr", rbits=np.float32(4))
+
+
+@pytest.mark.parametrize(
+    ("what", "call"),
+    [
+        ("torch.sparse_coo", lambda x: sr.round(x.to_sparse(), "bf16")),
+        ("torch.sparse_csr", lambda x: sr.cast(x.to_sparse_csr(), torch.bfloat16)),
+        ("meta", lambda x: sr.encode(torch.empty(4, device="meta"), "e4m3fn")),
+        ("torch.func", lambda x: torch.func.vmap(lambda r: sr.round(r, "bf16", "sr", seed=1))(x)),
+        ("torch.func", lambda x: torch.func.grad(lambda r: sr.round(r, "bf16").sum())(x)),
+        ("torch.jit.trace", lambda x: torch.jit.trace(lambda r: sr.round(r, "bf16"), (x,))),
+    ],
+)
+def test_unsupported_inputs_raise_one_clear_error(what: str, call) -> None:
+    with pytest.raises(TypeError, match=f"stochround does not support {what}"):
+        call(torch.randn(4, 4))
+
+
+def test_the_custom_op_passes_torch_opcheck() -> None:
+    """The op's schema (typed arguments), shape function and autograd agree with its body
+    (torch.library.opcheck), for values with a gradient and for 8-bit float codes."""
+    from stochround.rounding import _CHOICES, _format_fields
+
+    def choices(*values: str) -> list[int]:
+        return [options.index(v) for options, v in zip(_CHOICES, values, strict=True)]
+
+    fields = _format_fields(sr.format("e4m3fn"))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(60))
+    value_choices = choices("sr", "none", "c", "stream", "raise", "auto", "value")
+    value_call = (x.requires_grad_(), None, None, None, [3, -5, 32, 7, 0], value_choices)
+    value_call += (fields, "e4m3fn", torch.float32, None)
+    codes_choices = choices("rne", "finite", "c", "stream", "raise", "torch", "codes")
+    codes_call = (x.detach(), None, torch.tensor([2]), None, [2**63 - 1, 0, 32, 0, 0])
+    codes_call += (codes_choices, fields, "e4m3fn", torch.float8_e4m3fn, None)
+    for args in (value_call, codes_call):
+        results = torch.library.opcheck(torch.ops.stochround.round.default, args)
+        assert set(results.values()) == {"SUCCESS"}, results

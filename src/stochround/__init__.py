@@ -4,6 +4,7 @@ from . import arith as ops
 from . import hardware, optim
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .packing import pack, unpack
+from .random import Stream
 from .reference import MODES, SATURATIONS, VARIANTS
 from .rounding import cast, decode, encode, round  # noqa: A004
 
@@ -13,6 +14,7 @@ __all__ = [
     "SATURATIONS",
     "VARIANTS",
     "Format",
+    "Stream",
     "cast",
     "decode",
     "encode",

@@ -24,6 +24,7 @@ and there is no zero.  Integer grids are formats with ``ebits == 0`` whose ulp i
 from __future__ import annotations
 
 import difflib
+import numbers
 import re
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
@@ -71,6 +72,10 @@ class Format:
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        for name in ("ebits", "mbits", "bias"):  # numpy integers are ints too
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                object.__setattr__(self, name, int(value))
         if self.bias is None:  # IEEE's 2**(ebits-1) - 1; 0 for integer-like grids
             object.__setattr__(self, "bias", 2 ** max(self.ebits - 1, 0) - 1)
         self._validate()
@@ -252,6 +257,7 @@ class Format:
         ``mbits = p - 1``); bias 2**(k-p-1) when ``signed``, 2**(k-p) unsigned; NaN on the
         negative-zero code (signed) or the all-ones code (unsigned); with ``extended``
         +-infinity on the largest magnitude codes."""
+        k, p = _as_int(k), _as_int(p)
         if not (isinstance(k, int) and 2 <= k <= 16):
             raise ValueError(f"k must be an int in 2..16, got {k!r}")
         if not (isinstance(p, int) and 1 <= p <= k):
@@ -273,6 +279,7 @@ class Format:
     def cfloat8(ebits: int, mbits: int, bias: int) -> Format:
         """Tesla CFloat8 (Dojo): 1 sign bit, ebits + mbits = 7, a configurable bias in
         0..63, subnormals, no infinities and no NaN."""
+        ebits, mbits, bias = _as_int(ebits), _as_int(mbits), _as_int(bias)
         if ebits + mbits != 7 or ebits < 1:
             raise ValueError(f"cfloat8 needs ebits + mbits == 7, got ebits={ebits}, mbits={mbits}")
         if not (isinstance(bias, int) and 0 <= bias <= 63):
@@ -289,6 +296,7 @@ class Format:
     @staticmethod
     def integer(bits: int, signed: bool = True) -> Format:
         """The integers representable in ``bits`` bits: two's complement when signed."""
+        bits = _as_int(bits)
         if not (isinstance(bits, int) and 2 <= bits <= 32):
             raise ValueError(f"bits must be an int in 2..32, got {bits!r}")
         mbits = bits - int(signed)
@@ -302,6 +310,14 @@ class Format:
             twos_complement=signed,
             name=f"{'' if signed else 'u'}int{bits}",
         )
+
+
+def _as_int(value: int) -> int:
+    """A numpy (or other integral, not bool) integer as a Python int; anything else as is,
+    for the checks that follow to name it."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
 
 
 def _ieee(name: str, ebits: int, mbits: int) -> Format:
@@ -376,16 +392,22 @@ _P3109_NAME = re.compile(r"p3109_k(\d+)p(\d+)([su])([ef])")
 _CFLOAT8_NAME = re.compile(r"cfloat8_e(\d+)m(\d+)_b(\d+)")
 
 
-def format(name: str | Format) -> Format:  # noqa: A001 - the public name users type (sr.format)
-    """Find a format by name or alias (case-insensitive); a `Format` is returned as is.
+def format(name: str | Format | torch.dtype) -> Format:  # noqa: A001 - the public name (sr.format)
+    """Find a format by name or alias (case-insensitive); a `Format` is returned as is, and
+    a torch dtype gives the format its values have (`format_of_dtype`: torch.float8_e4m3fn
+    is e4m3fn, torch.int8 the int8 grid).
 
     Besides the registry, P3109 names (``p3109_k8p4se``: k, p, signed/unsigned,
     extended/finite) and CFloat8 names (``cfloat8_e4m3_b20``) are parsed.
     """
     if isinstance(name, Format):
         return name
+    if isinstance(name, torch.dtype):
+        return format_of_dtype(name)
     if not isinstance(name, str):
-        raise TypeError(f"format must be a name (str) or a Format, got {type(name).__name__}")
+        raise TypeError(
+            f"format must be a name (str), a Format or a torch dtype, got {type(name).__name__}"
+        )
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key in FORMATS:
@@ -405,8 +427,10 @@ def format(name: str | Format) -> Format:  # noqa: A001 - the public name users 
 
 
 def format_of_dtype(dtype: torch.dtype) -> Format:
-    """The format whose values a torch floating-point dtype holds."""
+    """The format whose values a torch dtype holds: the floating dtypes (float4_e2m1fn_x2:
+    e2m1, the format of each of its two codes), int8 and uint8."""
     fmt = _FORMAT_OF_DTYPE.get(dtype)
     if fmt is None:
-        raise ValueError(f"dtype {dtype} has no matching stochround format")
+        known = ", ".join(str(d) for d in _FORMAT_OF_DTYPE)
+        raise ValueError(f"dtype {dtype} has no matching stochround format; known: {known}")
     return fmt

@@ -20,12 +20,14 @@ one Philox block, and since ``offset`` fills the upper half of the counter, the 
 of two different ``(seed, offset)`` pairs never share a counter block.
 
 Besides the PRNG, :func:`data_words` is a state-free, data-derived source: a hash of a
-value's bit pattern and its global index.
+value's bit pattern and its global index.  :class:`Stream` is the one stateful object: a
+``(seed, offset)`` that the rounding functions' ``stream=`` advances by one offset a call.
 """
 
 from __future__ import annotations
 
 import numbers
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -35,11 +37,15 @@ __all__ = [
     "PHILOX_KEY_B",
     "PHILOX_ROUND_A",
     "PHILOX_ROUND_B",
+    "Stream",
+    "as_signed64",
+    "as_unsigned64",
     "bit_pattern",
     "check_index",
     "check_seed",
     "data_words",
     "default_seed",
+    "default_seed_tensor",
     "philox4x32",
     "random_words",
     "random_words_like",
@@ -154,11 +160,17 @@ def philox4x32(
 
 
 def check_seed(value: object, name: str) -> int | Tensor:
-    """A seed or offset, checked: an int in ``[0, 2**64)``, or a single-element int64 tensor
-    (two's complement for values at or above ``2**63``); the ValueError/TypeError name it
-    ``name``."""
+    """A seed or offset, checked: an int in ``[0, 2**64)`` (any integral type: a numpy
+    integer, or a `torch.SymInt` under `torch.compile`; returned as an int or SymInt), or a
+    single-element int64 tensor (two's complement for values at or above ``2**63``); the
+    ValueError/TypeError name it ``name``."""
     if type(value) is int and 0 <= value < TWO_POW_64:  # the common case, before the ABCs
         return value
+    if isinstance(value, torch.SymInt):
+        # a traced int (a step counter under torch.compile): its range becomes a guard
+        if not 0 <= value < TWO_POW_64:
+            raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+        return cast(int, value)  # a SymInt stands for an int
     if isinstance(value, Tensor):
         if value.dtype != torch.int64:
             raise TypeError(f"{name} must be an int or an int64 tensor, got a {value.dtype} tensor")
@@ -173,6 +185,18 @@ def check_seed(value: object, name: str) -> int | Tensor:
     if not 0 <= value < TWO_POW_64:
         raise ValueError(f"{name} must be in [0, 2**64), got {value}")
     return value
+
+
+def as_signed64(value: int) -> int:
+    """A seed or offset in ``[0, 2**64)`` as the signed 64-bit integer of the same bits
+    (two's complement at or above ``2**63``): what an op schema's int and an int64 tensor
+    hold.  Works on a `torch.SymInt` too (a guard on its range)."""
+    return value - TWO_POW_64 if value > INT64_MAX else value
+
+
+def as_unsigned64(value: int) -> int:
+    """The inverse of `as_signed64`: a signed 64-bit integer back in ``[0, 2**64)``."""
+    return value + TWO_POW_64 if value < 0 else value
 
 
 def _split_u64(value: int | Tensor, name: str, device: torch.device) -> tuple[IntLike, IntLike]:
@@ -272,6 +296,96 @@ def default_seed() -> int:
     halves = torch.randint(0, 1 << 32, (2,), dtype=torch.int64, device="cpu")
     low, high = (int(v) for v in halves)
     return low | (high << 32)
+
+
+def default_seed_tensor() -> Tensor:
+    """`default_seed` as a one-element int64 CPU tensor (two's complement above 2**63):
+    the same two draws of torch's default generator, with no host read of them, so
+    `torch.compile` traces it (the seed of a ``seed=None`` call there)."""
+    halves = torch.randint(0, 1 << 32, (2,), dtype=torch.int64, device="cpu")
+    return halves[:1] | (halves[1:] << 32)
+
+
+class Stream:
+    """A stateful random stream, as `torch.Generator` is for torch's random functions:
+    pass it as ``stream=`` to `stochround.round`, `cast` or `encode`, and each call that
+    draws random words (SR without ``rand=``) draws them from ``(seed, offset)`` and then
+    advances ``offset`` by one.
+
+    An offset is the upper half of the Philox counter (module docstring): each one is a
+    stream of its own, which shares no word with any other, whatever the elements' indices.
+    So one step per call moves past every word the call used, however many elements it
+    rounded, and consecutive calls draw fresh bits — where a fixed ``(seed, offset)``
+    reused in a loop gives each element the same threshold at every step.
+
+    ``seed``: an int in ``[0, 2**64)``, or None to draw one from torch's default generator
+    (`default_seed`: ``torch.manual_seed`` makes it reproducible); ``offset``: the first
+    call's offset, in ``[0, 2**64)`` (it wraps to 0 after ``2**64 - 1``); ``device``:
+    where the offset is kept (default: the CPU).  The offset lives in a one-element int64
+    tensor advanced in place, so that `torch.compile` traces a call without specializing
+    on its value (a stream held by an `nn.Module` compiles once), and a stream on the
+    CUDA device can be captured in a CUDA graph, whose replays each advance it.  Outside
+    `torch.compile` a CPU stream passes its offset as an int (no copy to the device).
+    `state_dict` / `load_state_dict` save and restore it as two ints.
+    """
+
+    def __init__(
+        self, seed: int | None = None, offset: int = 0, device: torch.device | str | None = None
+    ) -> None:
+        self.seed = default_seed() if seed is None else _int_state(seed, "seed")
+        where = torch.device("cpu" if device is None else device)
+        self._offset = seed_tensor(_int_state(offset, "offset"), "offset", where)
+
+    @property
+    def offset(self) -> int:
+        """The offset the next call draws from (a read of the device tensor: it waits)."""
+        return as_unsigned64(int(self._offset[0]))
+
+    @property
+    def device(self) -> torch.device:
+        """Where the offset is kept."""
+        return self._offset.device
+
+    def take(self) -> tuple[int, int | Tensor]:
+        """The ``(seed, offset)`` of the next call, advancing the offset by one: the offset
+        as an int from a CPU stream outside `torch.compile`, as a one-element int64 tensor
+        (two's complement above ``2**63``) otherwise."""
+        offset = self._offset
+        if offset.device.type == "cpu" and not torch.compiler.is_compiling():
+            value = as_unsigned64(int(offset[0]))
+            offset.add_(1)  # int64 arithmetic wraps: 2**64 - 1 (as -1) + 1 is 0
+            return self.seed, value
+        taken = offset.clone()
+        offset.add_(1)
+        return self.seed, taken
+
+    def state_dict(self) -> dict[str, int]:
+        """The stream's state: ``{"seed": seed, "offset": offset}`` (the next call's)."""
+        return {"seed": self.seed, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Restore a state saved by `state_dict` (both keys required, ints checked); the
+        offset is written into the stream's tensor in place."""
+        if not isinstance(state, dict) or set(state) != {"seed", "offset"}:
+            raise ValueError(
+                f"state must be a dict with keys 'seed' and 'offset' (Stream.state_dict()); "
+                f"got {state!r}"
+            )
+        seed, offset = _int_state(state["seed"], "seed"), _int_state(state["offset"], "offset")
+        self.seed = seed
+        self._offset.fill_(as_signed64(offset))
+
+    def __repr__(self) -> str:
+        device = "" if self.device.type == "cpu" else f", device={str(self.device)!r}"
+        return f"Stream(seed={self.seed}, offset={self.offset}{device})"
+
+
+def _int_state(value: object, name: str) -> int:
+    """A Stream's seed or offset: an int in [0, 2**64) (a Python or numpy integer; a tensor
+    is refused: the state saves as ints)."""
+    if isinstance(value, Tensor):
+        raise TypeError(f"a Stream's {name} must be an int, got a tensor")
+    return int(check_seed(value, name))
 
 
 # --------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ rounding contract, with saturation and each variant's bias, is explained in the 
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 
 from .formats import Format, floor_log2_ratio
@@ -47,9 +48,12 @@ def check_rbits(rbits: int | None) -> int:
     """The number of random bits: ``rbits`` in 1..32, or 32 for exact SR (None)."""
     if rbits is None:
         return WORD_BITS
-    if isinstance(rbits, bool) or not isinstance(rbits, int) or not 1 <= rbits <= WORD_BITS:
+    # a numpy integer is an int too; a bool is not
+    if isinstance(rbits, bool) or not isinstance(rbits, numbers.Integral):
         raise ValueError(f"rbits must be None (exact SR) or an int in 1..32; got {rbits!r}")
-    return rbits
+    if not 1 <= rbits <= WORD_BITS:
+        raise ValueError(f"rbits must be None (exact SR) or an int in 1..32; got {rbits!r}")
+    return int(rbits)
 
 
 def divide_half_even(numerator: int, denominator: int) -> int:

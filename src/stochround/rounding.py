@@ -6,30 +6,35 @@ custom op, DTensor inputs, and rounding as a hardware preset's unit does.
 routed once per set of them (`_call_route`, cached), its per-call values (seed, offset,
 rand, index_offset) on every call.  The route picks the backend: ``backend="auto"`` uses
 the Triton kernels (`stochround.kernels.rounding`) for CUDA tensors they support and the
-PyTorch path (`stochround.torch_path`) otherwise.  Calls under `torch.compile`, for
-autograd or on DTensors go through the custom op, whose body (`_dispatch`) routes them the
-same way.
+PyTorch path (`stochround.torch_path`) otherwise; hardware presets (``hardware=``) round
+on the PyTorch path.  Calls under `torch.compile`, for autograd or on DTensors go through
+the custom op, whose arguments are typed (no value is formatted into text, so a traced
+int passes as a `torch.SymInt`) and whose body (`_dispatch`) routes them the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import math
+import numbers
+import typing
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 
 import torch
 from torch import Tensor
 
 from . import random as streams
-from .formats import Format, format_of_dtype
+from .formats import NAN_ENCODINGS, Format, format_of_dtype
 from .formats import format as find_format
 from .kernels.availability import kernels_refusal
 from .packing import PACK_GROUPS, PACKINGS
 from .presets import HardwarePreset, preset
-from .reference import MODES, SATURATIONS, VARIANTS, check_choice, check_rbits
+from .reference import MODES, SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
 from .torch_path import (
     FLOAT_DTYPES,
+    OUTPUTS,
     Request,
     checks_nan,
     code_dtype,
@@ -52,18 +57,42 @@ NAN_POLICIES = ("raise", "zero")
 
 
 def check_input(x: object) -> Tensor:
-    """x, if it is a tensor of a floating dtype the rounding functions take."""
+    """x, if it is a tensor of a floating dtype the rounding functions take: dense, with
+    data (not on the meta device), and not one of `torch.func`'s transformed tensors nor
+    under `torch.jit.trace` (TypeError naming what is not supported)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         allowed = ", ".join(str(dtype) for dtype in FLOAT_DTYPES)
         raise TypeError(f"x must have a floating dtype ({allowed}); got {x.dtype}")
+    if not torch.compiler.is_compiling():  # traced, x is a fake tensor: these hold
+        unsupported = _unsupported_input(x)
+        if unsupported is not None:
+            raise TypeError(f"stochround does not support {unsupported}")
     return x
+
+
+def _unsupported_input(x: Tensor) -> str | None:
+    """What makes x an input the rounding functions do not support, or None."""
+    if x.layout != torch.strided:
+        return f"{x.layout} tensors: x must be dense (strided); pass x.to_dense()"
+    if x.is_meta:
+        return "meta tensors: x has no data to round"
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return (
+            "torch.func transforms (vmap, grad, jvp, functionalize): round outside the "
+            "transform, or use torch.autograd for the straight-through gradient"
+        )
+    if torch.jit.is_tracing():
+        return "torch.jit.trace: use torch.compile (fullgraph=True traces every entry point)"
+    return None
 
 
 def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
     """rand as int64 integers on x's device, checked: the whole tensor's (a DTensor's
-    shards are gathered: a DTensor input takes the rows of its shard)."""
+    shards are gathered: a DTensor input takes the part of its shard).  Under
+    `torch.compile` its values are checked by the custom op when it runs (a check here
+    would read them back while tracing)."""
     if _is_dtensor(rand):
         rand = rand.full_tensor()
     if not isinstance(rand, Tensor):
@@ -81,16 +110,23 @@ def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
             f"rand of shape {tuple(rand.shape)} does not broadcast to x's shape {tuple(x.shape)}"
         )
     rand = rand.to(device=x.device, dtype=torch.int64)
+    if not torch.compiler.is_compiling():
+        check_rand_values(rand, n)
+    return rand
+
+
+def check_rand_values(rand: Tensor, n: int) -> None:
+    """ValueError unless the int64 tensor ``rand`` holds integers in [0, 2**n) (a read of
+    its extremes: on CUDA the call waits for it)."""
     if rand.numel() and (int(rand.min()) < 0 or int(rand.max()) >= 2**n):
         raise ValueError(
             f"rand must hold integers in [0, 2**{n}) (rbits={n}); got values in "
             f"[{int(rand.min())}, {int(rand.max())}]"
         )
-    return rand
 
 
 def _check_choices(
-    fmt: Format | str, mode: str, rbits: int | None, variant: str, sat: str, nan: str
+    fmt: Format | str | torch.dtype, mode: str, rbits: int | None, variant: str, sat: str, nan: str
 ) -> tuple[Format, int]:
     """The format and random bits n of a call's choices, each choice checked (an error
     naming it)."""
@@ -114,27 +150,51 @@ def _check_values(
     rbits: int | None,
     n: int,
     seed: int | Tensor | None,
-    offset: int | Tensor,
+    offset: int | Tensor | None,
     rand: Tensor | str | None,
     index_offset: int,
-) -> tuple[int | Tensor, int | Tensor, Tensor | None]:
+) -> tuple[int | Tensor, int | Tensor, Tensor | None, int]:
     """A call's per-call values checked (an error naming each), as the paths take them:
-    (seed, offset, rand) — the seed drawn if None, rand as int64 integers of x's shape,
-    and 0, 0, None for what the call does not use."""
-    if isinstance(index_offset, bool) or not isinstance(index_offset, int) or index_offset < 0:
-        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
+    (seed, offset, rand, index_offset) — the seed drawn if None, the offset 0 if None,
+    rand as int64 integers of x's shape, and 0, 0, None for what the call does not use."""
+    index_offset = check_index_offset(index_offset)
     if mode != "sr":
         if rbits is not None or rand is not None:
             raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
-        return 0, 0, None
+        return 0, 0, None, index_offset
     if rand is None:
-        seed = streams.default_seed() if seed is None else streams.check_seed(seed, "seed")
-        return seed, streams.check_seed(offset, "offset"), None
+        offset = 0 if offset is None else streams.check_seed(offset, "offset")
+        return _drawn_seed(seed), offset, None, index_offset
     if isinstance(rand, str):
         if rand != "data":
             raise ValueError(f"rand must be an integer tensor or 'data'; got {rand!r}")
-        return 0, 0, None
-    return 0, 0, _check_rand(x, rand, n).expand(x.shape)
+        return 0, 0, None, index_offset
+    return 0, 0, _check_rand(x, rand, n).expand(x.shape), index_offset
+
+
+def check_index_offset(index_offset: object) -> int:
+    """index_offset, checked: a nonnegative int (a numpy integer is one too; a `torch.SymInt`
+    under `torch.compile`, a traced int, is kept as it is)."""
+    if isinstance(index_offset, torch.SymInt):
+        if index_offset < 0:  # a guard on the traced value
+            raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
+        return typing.cast(int, index_offset)  # a SymInt stands for an int
+    if isinstance(index_offset, bool) or not isinstance(index_offset, numbers.Integral):
+        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
+    if index_offset < 0:
+        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
+    return int(index_offset)
+
+
+def _drawn_seed(seed: int | Tensor | None) -> int | Tensor:
+    """The seed checked, or for None one drawn from torch's default generator: an int, or
+    under `torch.compile` a one-element tensor of the same draws (`default_seed_tensor`:
+    reading the draws back while tracing would break the graph)."""
+    if seed is not None:
+        return streams.check_seed(seed, "seed")
+    if torch.compiler.is_compiling():
+        return streams.default_seed_tensor()
+    return streams.default_seed()
 
 
 def check_request(
@@ -145,7 +205,7 @@ def check_request(
     variant: str,
     sat: str,
     seed: int | Tensor | None,
-    offset: int | Tensor,
+    offset: int | Tensor | None,
     rand: Tensor | str | None,
     index_offset: int,
     nan: str = "raise",
@@ -154,7 +214,9 @@ def check_request(
     check_input(x)
     fmt, n = _check_choices(fmt, mode, rbits, variant, sat, nan)
     source = _source(rand)
-    seed, offset, rand = _check_values(x, mode, rbits, n, seed, offset, rand, index_offset)
+    seed, offset, rand, index_offset = _check_values(
+        x, mode, rbits, n, seed, offset, rand, index_offset
+    )
     return Request(fmt, mode, sat, n, variant, source, seed, offset, index_offset, rand, nan)
 
 
@@ -189,7 +251,7 @@ def _output_of(
 
 @functools.lru_cache(maxsize=512, typed=True)  # typed: rbits=True is no rbits=1
 def _call_route(
-    fmt: Format | str,
+    fmt: Format | str | torch.dtype,
     mode: str,
     rbits: int | None,
     variant: str,
@@ -211,7 +273,7 @@ def _call_route(
 
     ``through_op`` (`_through_op`): the call goes through the custom op, whose body routes
     it again; its route has no plan (no backend decided), so that `torch.compile`, which
-    traces this function, never builds one (a `KernelPlan` cannot be traced)."""
+    traces this function (`_route`), never builds one (a `KernelPlan` cannot be traced)."""
     fmt, n = _check_choices(fmt, mode, rbits, variant, sat, nan)
     check_choice("backend", backend, BACKENDS)
     output, out_dtype = _output_of(fmt, output, out_dtype, x_dtype)
@@ -232,6 +294,19 @@ def _call_route(
     return route  # auto: what the kernels cannot do
 
 
+def _route(choices: tuple, x_dtype: torch.dtype, on_cuda: bool, through_op: bool) -> Route:
+    """`_call_route` of a call's choices: from its cache, except under `torch.compile`,
+    which traces the function itself (calling the cached wrapper there makes Dynamo warn
+    at every compiled call) and folds it to constants, and for unhashable choices, which
+    are routed uncached for the error naming them."""
+    if torch.compiler.is_compiling():
+        return _call_route.__wrapped__(*choices, x_dtype, on_cuda, through_op)
+    try:
+        return _call_route(*choices, x_dtype, on_cuda, through_op)
+    except TypeError:  # an unhashable choice
+        return _call_route.__wrapped__(*choices, x_dtype, on_cuda, through_op)
+
+
 def _through_op(x: Tensor) -> bool:
     """Whether a call goes through the `stochround::round` custom op: under
     `torch.compile`, for autograd, or for a DTensor (shard by shard)."""
@@ -242,36 +317,92 @@ def _through_op(x: Tensor) -> bool:
     )
 
 
+def _stream_values(
+    stream: object, seed: int | Tensor | None, offset: int | Tensor | None, rand: object, sr: bool
+) -> tuple[int | Tensor | None, int | Tensor | None]:
+    """The (seed, offset) a call with ``stream=`` draws from: the stream's, which an SR
+    call (``sr``) advances; a call in a deterministic mode draws nothing and leaves it as
+    it is.  ValueError where seed=, offset= or rand= is given too."""
+    if not isinstance(stream, streams.Stream):
+        raise TypeError(f"stream must be a stochround.Stream, got {type(stream).__name__}")
+    if seed is not None or offset is not None:
+        raise ValueError(
+            "stream= gives the seed and offset: pass stream= or seed=/offset=, not both"
+        )
+    if rand is not None:
+        raise ValueError("rand= replaces the random stream: pass stream= or rand=, not both")
+    return stream.take() if sr else (None, None)
+
+
+def _hardware_unit(
+    hardware: str | HardwarePreset,
+    fmt: Format | str | torch.dtype | None,
+    mode: str,
+    rbits: int | None,
+    variant: str,
+    sat: str,
+    rand: object,
+    backend: str,
+) -> HardwarePreset:
+    """The preset a call's ``hardware=`` names (``fmt`` picks the unit of a family or
+    confirms it), checked against the call's other choices: the preset fixes the mode,
+    rbits, variant and saturation, and rounds on the PyTorch path."""
+    if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
+        raise ValueError(
+            f"hardware={hardware!r} sets the mode, rbits, variant and sat; pass only x, the "
+            "format (to pick or confirm the unit's), seed, offset or stream, rand, "
+            "index_offset and nan"
+        )
+    if isinstance(rand, str):
+        raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
+    check_choice("backend", backend, BACKENDS)
+    if backend == "triton":
+        raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
+    return preset(hardware, None if fmt is None else find_format(fmt))
+
+
 def _round_call(
     x: Tensor,
-    fmt: Format | str,
+    fmt: Format | str | torch.dtype | None,
     mode: str,
     rbits: int | None,
     variant: str,
     sat: str,
     seed: int | Tensor | None,
-    offset: int | Tensor,
+    offset: int | Tensor | None,
     rand: Tensor | str | None,
     index_offset: int,
     nan: str,
     backend: str,
     output: str,
     out_dtype: torch.dtype | None,
+    hardware: str | HardwarePreset | None = None,
+    stream: streams.Stream | None = None,
 ) -> Tensor:
     """The entry points' one body: check a call and round it (``output`` and ``out_dtype``
-    as `_output_of` takes them).  The choices are checked and routed in one cached lookup
-    and the per-call values checked apart; a call the kernels round that needs no custom
-    op (`_through_op`) goes to the kernels' plan directly, the others to `_round_to` with
-    a `Request` (the op's dispatch would only flatten the arguments and unflatten them
-    again: about 40% of such a call's host time)."""
+    as `_output_of` takes them; ``hardware`` and ``stream`` as `round` takes them).  The
+    choices are checked and routed in one cached lookup and the per-call values checked
+    apart; a call the kernels round that needs no custom op (`_through_op`) goes to the
+    kernels' plan directly, the others to `_round_to` with a `Request` (the op's dispatch
+    would only flatten the arguments and unflatten them again: about 40% of such a call's
+    host time)."""
     check_input(x)
+    operand: Format | None = None
+    flush_below: float | None = None
+    if hardware is not None:
+        unit = _hardware_unit(hardware, fmt, mode, rbits, variant, sat, rand, backend)
+        fmt, mode, rbits, variant, sat = unit.target, "sr", unit.rbits, unit.variant, unit.sat
+        operand, flush_below, backend = unit.operand, unit.flush_below, "torch"
+    elif fmt is None:
+        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
     source, through_op = _source(rand), _through_op(x)
     choices = (fmt, mode, rbits, variant, sat, nan, source, backend, output, out_dtype)
-    try:
-        route = _call_route(*choices, x.dtype, x.is_cuda, through_op)
-    except TypeError:  # an unhashable choice: routed uncached, for the error naming it
-        route = _call_route.__wrapped__(*choices, x.dtype, x.is_cuda, through_op)
-    seed, offset, rand = _check_values(x, mode, rbits, route.n, seed, offset, rand, index_offset)
+    route = _route(choices, x.dtype, x.is_cuda, through_op)
+    if stream is not None:  # taken once the choices are checked: a refused call takes none
+        seed, offset = _stream_values(stream, seed, offset, rand, mode == "sr")
+    seed, offset, rand, index_offset = _check_values(
+        x, mode, rbits, route.n, seed, offset, rand, index_offset
+    )
     group = PACK_GROUPS.get(route.output)
     if group is not None and (x.dim() == 0 or x.shape[-1] % group):
         raise ValueError(
@@ -281,9 +412,65 @@ def _round_call(
     if route.plan is not None:  # (none through the op)
         return route.plan.round(x, seed, offset, index_offset, rand)
     request = Request(
-        route.fmt, mode, sat, route.n, variant, source, seed, offset, index_offset, rand, nan
+        route.fmt,
+        mode,
+        sat,
+        route.n,
+        variant,
+        source,
+        seed,
+        offset,
+        index_offset,
+        rand,
+        nan,
+        operand,
+        flush_below,
     )
     return _round_to(x, request, backend, route.output, route.out_dtype)
+
+
+# The op's arguments are few and typed: the dispatcher's autograd path re-reads the schema
+# once per argument for every argument, so its cost grows with their square.  The choices
+# travel as their indices in these tuples, a format as its integer fields.
+_SOURCES = ("stream", "rand", "data")
+_CHOICES: tuple[tuple[str, ...], ...] = (
+    MODES,
+    SATURATIONS,
+    VARIANTS,
+    _SOURCES,
+    NAN_POLICIES,
+    BACKENDS,
+    OUTPUTS,
+)
+_OUTPUT = _CHOICES.index(OUTPUTS)  # the choice the shape function and autograd read
+_FORMAT_FIELDS = 8  # the ints of a format (`_format_fields`)
+
+
+def _format_fields(fmt: Format | None) -> list[int]:
+    """A format as op arguments: its fields as ints, the NaN encoding by its index in
+    `NAN_ENCODINGS` (none for no format); its name travels apart."""
+    if fmt is None:
+        return []
+    fields = (fmt.ebits, fmt.mbits, fmt.exponent_bias, fmt.signed, fmt.inf, fmt.subnormals)
+    nan = NAN_ENCODINGS.index(fmt.nan)
+    return [int(value) for value in (*fields, fmt.twos_complement, nan)]
+
+
+@functools.lru_cache(maxsize=256)
+def _format_from_fields(fields: tuple[int, ...], name: str = "") -> Format:
+    """The format `_format_fields` flattened (``name`` empty: the layout's default)."""
+    ebits, mbits, bias, signed, inf, subnormals, twos_complement, nan = fields
+    return Format(
+        ebits=ebits,
+        mbits=mbits,
+        bias=bias,
+        signed=bool(signed),
+        inf=bool(inf),
+        nan=NAN_ENCODINGS[nan],
+        subnormals=bool(subnormals),
+        twos_complement=bool(twos_complement),
+        name=name,
+    )
 
 
 def _round_to(
@@ -291,123 +478,124 @@ def _round_to(
 ) -> Tensor:
     """Round a checked request through the `stochround::round` custom op (DTensors shard
     by shard), so `torch.compile(fullgraph=True)` sees one opaque op and autograd passes
-    gradients straight through; calls that need no op (`_through_op`) call its body."""
+    gradients straight through; calls that need no op (`_through_op`) call its body.
+
+    The op's arguments are typed, none formatted into text: ints, a `torch.SymInt` where
+    `torch.compile` traces a changing int (a step counter as the offset) included, pass
+    through as they are (seeds and offsets as the signed 64-bit integers of their bits,
+    `stochround.random.as_signed64`: an op's int is int64)."""
     if _is_dtensor(x):
         return _round_dtensor(
             x, request, output, lambda local, req: _round_to(local, req, backend, output, out_dtype)
         )
     if not _through_op(x):
         return _dispatch(x, request, backend, output, out_dtype)
-    fmt = request.fmt
     seed, offset = request.seed, request.offset
+    chosen = (request.mode, request.sat, request.variant, request.source, request.nan)
+    choices = [
+        options.index(value)
+        for options, value in zip(_CHOICES, (*chosen, backend, output), strict=True)
+    ]
     return torch.ops.stochround.round(
         x,
         seed if isinstance(seed, Tensor) else None,
         offset if isinstance(offset, Tensor) else None,
-        # ints travel as text: seeds span [0, 2**64), beyond an op schema's int64
-        f"{0 if isinstance(seed, Tensor) else seed}:{0 if isinstance(offset, Tensor) else offset}",
         request.rand,
-        [fmt.ebits, fmt.mbits, fmt.bias, fmt.signed, fmt.inf, fmt.subnormals, fmt.twos_complement],
-        f"{fmt.nan}:{fmt.name}",
-        f"{request.mode}:{request.sat}:{request.variant}:{request.source}:{backend}:{output}:"
-        f"{request.nan}",
-        request.n,
-        request.index_offset,
+        [
+            0 if isinstance(seed, Tensor) else streams.as_signed64(seed),
+            0 if isinstance(offset, Tensor) else streams.as_signed64(offset),
+            request.n,
+            request.index_offset,
+            # traced, rand's values are checked when the op runs (`_check_rand`)
+            int(request.rand is not None and torch.compiler.is_compiling()),
+        ],
+        choices,
+        _format_fields(request.fmt) + _format_fields(request.operand),
+        request.fmt.name,
         out_dtype,
+        request.flush_below,
     )
 
 
 @torch.library.custom_op("stochround::round", mutates_args=())
 def _round_op(
     x: Tensor,
-    seed: Tensor | None,
-    offset: Tensor | None,
-    seed_and_offset: str,
+    seed_tensor: Tensor | None,
+    offset_tensor: Tensor | None,
     rand: Tensor | None,
+    ints: list[int],
+    choices: list[int],
     format_fields: list[int],
-    format_names: str,
-    choices: str,
-    n: int,
-    index_offset: int,
+    format_name: str,
     out_dtype: torch.dtype,
+    flush_below: float | None,
 ) -> Tensor:
-    """The op behind every entry point (arguments flattened to types an op schema takes)."""
-    request, backend, output = _unflatten(
-        seed if seed is not None else int(seed_and_offset.split(":")[0]),
-        offset if offset is not None else int(seed_and_offset.split(":")[1]),
-        rand,
-        format_fields,
-        format_names,
-        choices,
+    """The op behind every entry point, its arguments typed as an op schema takes them: a
+    `Request` flattened (`_round_to`).  ``ints``: the seed and offset (signed 64-bit ints;
+    0 where a tensor gives them), the random bits, ``index_offset``, and whether to check
+    ``rand``'s values; ``choices``: indices into `_CHOICES`; ``format_fields``: the
+    target format's fields, then a hardware unit's operand format's, if any."""
+    seed, offset, n, index_offset, check_rand = ints
+    mode, sat, variant, source, nan, backend, output = (
+        options[index] for options, index in zip(_CHOICES, choices, strict=True)
+    )
+    if check_rand:
+        assert rand is not None  # set only with rand
+        check_rand_values(rand, n)
+    operand = tuple(format_fields[_FORMAT_FIELDS:])
+    request = Request(
+        _format_from_fields(tuple(format_fields[:_FORMAT_FIELDS]), format_name),
+        mode,
+        sat,
         n,
+        variant,
+        source,
+        seed_tensor if seed_tensor is not None else streams.as_unsigned64(seed),
+        offset_tensor if offset_tensor is not None else streams.as_unsigned64(offset),
         index_offset,
+        rand,
+        nan,
+        _format_from_fields(operand) if operand else None,
+        flush_below,
     )
     return _dispatch(x, request, backend, output, out_dtype)
 
 
 @_round_op.register_fake
-def _(
-    x,
-    seed,
-    offset,
-    seed_and_offset,
-    rand,
-    format_fields,
-    format_names,
-    choices,
-    n,
-    index_offset,
-    out_dtype,
-):
-    return x.new_empty(output_shape(x.shape, choices.split(":")[5]), dtype=out_dtype)
+def _(x, seed_tensor, offset_tensor, rand, ints, choices, format_fields, name, out_dtype, flush):
+    output = OUTPUTS[choices[_OUTPUT]]
+    return x.new_empty(output_shape(x.shape, output), dtype=out_dtype)
+
+
+def _passes_gradient(output: str, out_dtype: torch.dtype) -> bool:
+    """Whether an output carries the straight-through gradient: values, and `cast`'s 8-bit
+    float dtypes (one value an element); packed codes (several values a byte) and integer
+    codes do not (they are not differentiable)."""
+    return output in ("value", "codes") and out_dtype.is_floating_point
 
 
 def _straight_through(ctx, grad: Tensor) -> tuple:
-    """d round(x) / dx := 1 (the straight-through estimator), for value outputs."""
-    return (grad.to(ctx.x_dtype) if ctx.is_value else None,) + (None,) * 10
+    """d round(x) / dx := 1 (the straight-through estimator): the output's gradient, in x's
+    dtype (a gradient of an 8-bit float cast arrives in that dtype)."""
+    return (grad.to(ctx.x_dtype),) + (None,) * (ctx.inputs - 1)
 
 
 def _save_for_backward(ctx, inputs: tuple, output: Tensor) -> None:
-    ctx.x_dtype = inputs[0].dtype
-    ctx.is_value = inputs[7].split(":")[5] == "value"
+    x, choices, out_dtype = inputs[0], inputs[5], inputs[8]
+    ctx.x_dtype, ctx.inputs = x.dtype, len(inputs)
+    if not _passes_gradient(OUTPUTS[choices[_OUTPUT]], out_dtype):
+        ctx.mark_non_differentiable(output)
 
 
 _round_op.register_autograd(_straight_through, setup_context=_save_for_backward)
-
-
-def _unflatten(
-    seed: int | Tensor,
-    offset: int | Tensor,
-    rand: Tensor | None,
-    format_fields: list[int],
-    format_names: str,
-    choices: str,
-    n: int,
-    index_offset: int,
-) -> tuple[Request, str, str]:
-    ebits, mbits, bias, signed, inf, subnormals, twos_complement = format_fields
-    nan, name = format_names.split(":", 1)
-    fmt = Format(
-        ebits=ebits,
-        mbits=mbits,
-        bias=bias,
-        signed=bool(signed),
-        inf=bool(inf),
-        nan=nan,
-        subnormals=bool(subnormals),
-        twos_complement=bool(twos_complement),
-        name=name,
-    )
-    mode, sat, variant, source, backend, output, nan = choices.split(":")
-    request = Request(fmt, mode, sat, n, variant, source, seed, offset, index_offset, rand, nan)
-    return request, backend, output
 
 
 def _dispatch(
     x: Tensor, request: Request, backend: str, output: str, out_dtype: torch.dtype
 ) -> Tensor:
     """The one dispatch point between the PyTorch path and the Triton kernels, for a
-    checked request (``output`` and ``out_dtype`` decided)."""
+    checked request (``output`` and ``out_dtype`` decided).  A hardware unit's request
+    (``request.operand`` set) rounds on the PyTorch path."""
     route = _call_route(
         request.fmt,
         request.mode,
@@ -416,7 +604,7 @@ def _dispatch(
         request.sat,
         request.nan,
         request.source,
-        backend,
+        "torch" if request.operand is not None else backend,
         output,
         out_dtype,
         x.dtype,
@@ -437,36 +625,84 @@ def _round_dtensor(
     x: DTensor, request: Request, output: str, round_local: Callable[[Tensor, Request], Tensor]
 ) -> Tensor:
     """Round a DTensor shard by shard: each rank rounds its local tensor with
-    ``round_local`` and the random words of its global indices (explicit integers: the rows
-    of ``rand`` it holds), so the result does not depend on the sharding; replicated
-    placements round identically.  Values, codes and packed codes alike (a Shard(0) shard
-    holds whole rows); a checked call (``nan="raise"``) raises on the ranks whose shard
-    holds a NaN result."""
+    ``round_local`` and the random words of its elements' global (row-major) indices, so
+    the result does not depend on the sharding; replicated placements round identically.
+
+    Placements: `Replicate` and `Shard(d)` of any dimension, on meshes of any shape.  A
+    shard of whole rows (sharded along dimension 0 only) is a range of global indices: it
+    rounds from its first one (``index_offset``).  Any other shard draws its words (the
+    stream's, or ``rand="data"``'s) at its elements' global indices and rounds with them
+    as explicit integers; explicit ``rand`` gives each shard its part.  Packed codes
+    (`encode(packed=True)`, `cast` to fp4) may be sharded along the last dimension where
+    every shard holds whole groups of codes and the packed shards are the chunks of the
+    packed result.  A checked call (``nan="raise"``) raises on the ranks whose shard holds
+    a NaN result."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     for placement in x.placements:
-        sharded_rows = isinstance(placement, Shard) and placement.dim == 0
-        if not (isinstance(placement, Replicate) or sharded_rows):
+        # exactly Shard: its subclass _StridedShard holds no block of the global tensor
+        if not (isinstance(placement, Replicate) or type(placement) is Shard):
             raise ValueError(
-                f"DTensor placements must be Replicate or Shard(0) for SR; got {x.placements}"
+                f"DTensor placements must be Replicate or Shard(dim) for SR; got {x.placements}"
             )
-    local_shape, global_offset = compute_local_shape_and_global_offset(
-        x.shape, x.device_mesh, x.placements
-    )
-    first_row = global_offset[0] if global_offset else 0
-    row = 1
-    for size in x.shape[1:]:
-        row *= size
-    rand = request.rand  # x's shape (checked): the shard's rows
-    if rand is not None and x.dim():
-        rand = rand[first_row : first_row + local_shape[0]]
-    start = request.index_offset + first_row * row
-    local = round_local(x.to_local(), request._replace(index_offset=start, rand=rand))
+    mesh, placements = x.device_mesh, x.placements
+    local_shape, global_offset = compute_local_shape_and_global_offset(x.shape, mesh, placements)
     # the global result: x's shape (packed codes: shorter rows), contiguous
     shape = torch.Size(output_shape(x.shape, output))
+    expected = compute_local_shape_and_global_offset(shape, mesh, placements)[0]
+    group = PACK_GROUPS.get(output)
+    if group is not None and (
+        local_shape[-1] % group or tuple(output_shape(torch.Size(local_shape), output)) != expected
+    ):
+        raise ValueError(
+            f"packed codes of x of shape {tuple(x.shape)} sharded as {placements}: every "
+            f"shard must hold whole groups of {group} codes along the last dimension, and "
+            "the packed shards must be the chunks of the packed result"
+        )
+    local_x = x.to_local()
+    local = round_local(local_x, _shard_request(x, local_x, request, local_shape, global_offset))
     stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, x.device_mesh, x.placements, shape=shape, stride=stride)
+    return DTensor.from_local(local, mesh, placements, shape=shape, stride=stride)
+
+
+def _shard_request(
+    x: Tensor,
+    local_x: Tensor,
+    request: Request,
+    local_shape: Sequence[int],
+    global_offset: Sequence[int],
+) -> Request:
+    """The request of a shard (local shape and global offset of its block of ``x``) that
+    rounds its elements as the whole tensor's request rounds them (`_round_dtensor`)."""
+    if tuple(local_shape[1:]) == tuple(x.shape[1:]):  # whole rows: a range of indices
+        first_row = global_offset[0] if x.dim() else 0
+        rand = request.rand  # x's shape (checked): the shard's rows
+        if rand is not None and x.dim():
+            rand = rand[first_row : first_row + local_shape[0]]
+        start = request.index_offset + first_row * math.prod(x.shape[1:])
+        return request._replace(index_offset=start, rand=rand)
+    block = tuple(
+        slice(first, first + size) for first, size in zip(global_offset, local_shape, strict=True)
+    )
+    if request.source == "rand":
+        assert request.rand is not None  # checked: x's shape
+        return request._replace(rand=request.rand[block])
+    if request.mode != "sr":
+        return request
+    strides, device = torch.empty(x.shape, device="meta").stride(), local_x.device
+    index = torch.full(tuple(local_shape), request.index_offset, dtype=torch.int64, device=device)
+    for dim, (first, size) in enumerate(zip(global_offset, local_shape, strict=True)):
+        along = torch.arange(first, first + size, dtype=torch.int64, device=device)
+        index = index + (along * strides[dim]).reshape(
+            [size if d == dim else 1 for d in range(x.dim())]
+        )
+    if request.source == "data":
+        words = streams.data_words(local_x.detach(), index)
+    else:
+        words = streams.random_words(index, request.seed, request.offset)
+    rand = words >> (WORD_BITS - request.n)
+    return request._replace(source="rand", rand=rand, index_offset=0)
 
 
 def round_float64(
@@ -494,43 +730,50 @@ def round_float64(
 
 def round(  # noqa: A001 - the public name users type, shadowing the builtin on purpose
     x: Tensor,
-    fmt: Format | str | None = None,
+    fmt: Format | str | torch.dtype | None = None,
     mode: str = "rne",
     *,
     rbits: int | None = None,
     variant: str = "c",
     sat: str = "none",
     seed: int | Tensor | None = None,
-    offset: int | Tensor = 0,
+    offset: int | Tensor | None = None,
     rand: Tensor | str | None = None,
     index_offset: int = 0,
     backend: str = "auto",
     hardware: str | HardwarePreset | None = None,
+    stream: streams.Stream | None = None,
 ) -> Tensor:
     """Round every element of ``x`` to a value of ``fmt``; the result has x's dtype and shape.
 
-    ``mode``: rne, rna, rz, ru, rd, ro (round to odd) or sr.  For ``sr``, ``rbits`` random
-    bits (1..32; None: exact SR with 32-bit words) and ``variant`` a/b/c/odd decide: with
-    nu the fraction being rounded away (in ulps) and r the random integer, the value rounds
-    away from zero iff count + r >= 2**rbits, count the floor (a), half-up (b), half-even
-    (c) or half-odd (odd) rounding of nu 2**rbits (the rounding contract in the docs).
-    The random integers are the top ``rbits`` bits of the word of
-    ``(seed, offset, index_offset + flat index)`` in the Philox stream (seed None: drawn
-    from torch's default generator), or ``rand``: integers in [0, 2**rbits) broadcastable
-    to x, or ``"data"``: words hashed from each value and its index (no state at all).
-    ``sat``: finite, propagate or none (P3109).  ``backend``: auto, torch or triton.
-    A rounded value outside x's dtype's range becomes infinite or zero in that dtype.
+    ``fmt``: a format, its name, or a torch dtype (its format: ``torch.float8_e4m3fn`` is
+    e4m3fn).  ``mode``: rne, rna, rz, ru, rd, ro (round to odd) or sr.  For ``sr``,
+    ``rbits`` random bits (1..32; None: exact SR with 32-bit words) and ``variant``
+    a/b/c/odd decide: with nu the fraction being rounded away (in ulps) and r the random
+    integer, the value rounds away from zero iff count + r >= 2**rbits, count the floor
+    (a), half-up (b), half-even (c) or half-odd (odd) rounding of nu 2**rbits (the
+    rounding contract in the docs).  The random integers are the top ``rbits`` bits of the
+    word of ``(seed, offset, index_offset + flat index)`` in the Philox stream (seed None:
+    drawn from torch's default generator; offset None: 0), or of a `stochround.Stream`'s
+    next ``(seed, offset)`` (``stream=``, which the call advances; not with seed= or
+    offset=), or ``rand``: integers in [0, 2**rbits) broadcastable to x, or ``"data"``:
+    words hashed from each value and its index (no state at all).  Ints may be Python or
+    numpy integers.  ``sat``: finite, propagate or none (P3109).  ``backend``: auto, torch
+    or triton.  A rounded value outside x's dtype's range becomes infinite or zero in that
+    dtype, except that with ``sat`` finite or propagate a saturated result is the value of
+    x's dtype nearest the format's bound and within it (bf16 holds no 65504: fp16's max
+    becomes 65280).
+
     ``hardware``: a `stochround.hardware` preset or its name (``"amd-mi300-fp8"``, ...),
     which sets the format, variant, rbits and saturation of a documented SR unit, or of a
     family of them with ``fmt`` naming the unit's format (``"amd-mi300"`` with
     ``"e5m2fnuz"``); PyTorch path only.
+
+    Gradients pass straight through (d round(x) / dx := 1, also with ``hardware``).  Under
+    `torch.compile(fullgraph=True)` every form of the call traces as one op; an int seed
+    or offset that changes between calls (a step counter) compiles once more, as a
+    dynamic int, and then not again.
     """
-    if hardware is not None:
-        return _round_hardware(
-            x, fmt, hardware, mode, rbits, variant, sat, seed, offset, rand, index_offset, backend
-        )
-    if fmt is None:
-        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
     return _round_call(
         x,
         fmt,
@@ -546,41 +789,9 @@ def round(  # noqa: A001 - the public name users type, shadowing the builtin on 
         backend,
         "value",
         None,
+        hardware,
+        stream,
     )
-
-
-def _round_hardware(
-    x: Tensor,
-    fmt: Format | str | None,
-    name: str | HardwarePreset,
-    mode: str,
-    rbits: int | None,
-    variant: str,
-    sat: str,
-    seed: int | Tensor | None,
-    offset: int | Tensor,
-    rand: Tensor | str | None,
-    index_offset: int,
-    backend: str,
-) -> Tensor:
-    """`round(x, hardware=name)`: the preset fixes everything but the random bits; ``fmt``
-    picks the unit of a family (``amd-mi300``: e4m3fnuz or e5m2fnuz) or confirms it.  The
-    presets round on the PyTorch path, in float64."""
-    if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
-        raise ValueError(
-            f"hardware={name!r} sets the mode, rbits, variant and sat; pass only x, fmt (to "
-            "pick or confirm the unit's format), seed, offset, rand and index_offset"
-        )
-    if isinstance(rand, str):
-        raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
-    check_choice("backend", backend, BACKENDS)
-    if backend == "triton":
-        raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
-    unit = preset(name, fmt)
-    result = round_preset(
-        preset_operand(x, unit), unit, seed, offset, rand, index_offset=index_offset
-    )
-    return result.to(x.dtype)
 
 
 def preset_operand(x: Tensor, unit: HardwarePreset) -> Tensor:
@@ -630,21 +841,23 @@ def round_preset(
 
 def encode(
     x: Tensor,
-    fmt: Format | str,
+    fmt: Format | str | torch.dtype | None,
     mode: str = "rne",
     *,
     rbits: int | None = None,
     variant: str = "c",
     sat: str = "none",
     seed: int | Tensor | None = None,
-    offset: int | Tensor = 0,
+    offset: int | Tensor | None = None,
     rand: Tensor | str | None = None,
     index_offset: int = 0,
     backend: str = "auto",
     nan: str = "raise",
     packed: bool = False,
+    hardware: str | HardwarePreset | None = None,
+    stream: streams.Stream | None = None,
 ) -> Tensor:
-    """Round x to ``fmt`` (as `round`) and return the bit patterns.
+    """Round x to ``fmt`` (as `round`, with the same arguments) and return the bit patterns.
 
     Codes are uint8 for formats of at most 8 bits, else int16/int32/int64 holding the bit
     pattern as `Tensor.view` would (``encode(x, "bf16") == x.to(bf16).view(int16)``).
@@ -657,6 +870,8 @@ def encode(
     ``packed=True`` (4-bit and 6-bit formats) returns the codes packed along the last
     dimension as `pack` packs them — two 4-bit codes a byte, four 6-bit codes in three
     bytes — written by the rounding kernel itself on CUDA (no uint8 codes in between).
+    ``hardware``: a preset's codes (``fmt`` None: the preset's target format).  Codes are
+    integers: they carry no gradient (the result does not require grad).
     """
     if not isinstance(packed, bool):
         raise TypeError(f"packed must be a bool, got {type(packed).__name__}")
@@ -676,10 +891,14 @@ def encode(
         backend,
         output,
         None,
+        hardware,
+        stream,
     )
 
 
-def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32) -> Tensor:
+def decode(
+    codes: Tensor, fmt: Format | str | torch.dtype, dtype: torch.dtype = torch.float32
+) -> Tensor:
     """The values of bit patterns (any integer dtype; the low ``fmt.bits`` bits are used)."""
     fmt = find_format(fmt)
     if not isinstance(codes, Tensor) or codes.dtype.is_floating_point or codes.dtype == torch.bool:
@@ -691,15 +910,36 @@ def decode(codes: Tensor, fmt: Format | str, dtype: torch.dtype = torch.float32)
     return decode_values(codes.to(torch.int64), fmt, dtype)
 
 
-def _cast_target(dtype: torch.dtype) -> tuple[Format, str]:
-    """A `cast` dtype's format and the output that holds it (fp4 packed two a byte, 8-bit
-    formats as codes, wider ones as values)."""
+def _torch_saturation(dtype: torch.dtype) -> str:
+    """The ``sat`` that gives the overflow of ``x.to(dtype)`` in this torch: e4m3fn
+    saturates to +-448 (torch 2.x releases before it gave NaN, as sat="none"; read off
+    torch itself); every other dtype gives +-inf where it has infinities, NaN where it has
+    none."""
+    if dtype != getattr(torch, "float8_e4m3fn", None):
+        return "none"
+    overflow = torch.tensor([1000.0]).to(dtype).to(torch.float32)
+    return "finite" if bool(overflow[0] == 448) else "none"
+
+
+class _CastTarget(NamedTuple):
+    """What `cast` rounds to for a dtype: its format, the output that holds it (fp4 packed
+    two a byte, 8-bit formats as codes, wider ones as values), and ``sat=None``'s
+    saturation (`_torch_saturation`)."""
+
+    fmt: Format
+    output: str
+    sat: str
+
+
+def _cast_target(dtype: torch.dtype) -> _CastTarget:
     fmt = format_of_dtype(dtype)
-    return fmt, {4: "fp4x2", 8: "codes"}.get(fmt.bits, "value")
+    return _CastTarget(
+        fmt, {4: "fp4x2", 8: "codes"}.get(fmt.bits, "value"), _torch_saturation(dtype)
+    )
 
 
 # the dtypes `cast` rounds to (those this torch has)
-_CAST_TARGETS: dict[torch.dtype, tuple[Format, str]] = {
+_CAST_TARGETS: dict[torch.dtype, _CastTarget] = {
     dtype: _cast_target(dtype)
     for dtype in (
         getattr(torch, name)
@@ -729,28 +969,46 @@ def cast(
     *,
     rbits: int | None = None,
     variant: str = "c",
-    sat: str = "none",
+    sat: str | None = None,
     seed: int | Tensor | None = None,
-    offset: int | Tensor = 0,
+    offset: int | Tensor | None = None,
     rand: Tensor | str | None = None,
     index_offset: int = 0,
     backend: str = "auto",
     nan: str = "raise",
+    hardware: str | HardwarePreset | None = None,
+    stream: streams.Stream | None = None,
 ) -> Tensor:
-    """Round x to the format of a torch dtype and return the result in that dtype.
+    """Round x to the format of a torch dtype and return the result in that dtype (the
+    other arguments as in `round`).
+
+    ``sat=None`` (the default) handles overflow as ``x.to(dtype)`` does, so that
+    ``cast(x, dtype)`` equals ``x.to(dtype)`` bit for bit (NaN for NaN: torch's NaN sign
+    and payload bits are not kept): ``"finite"`` for float8_e4m3fn (torch saturates its
+    overflow and infinities to +-448), ``"none"`` for every other dtype (+-inf where the
+    dtype has infinities: float64/32, bf16, fp16, float8_e5m2; NaN where it has none:
+    the fnuz dtypes and float8_e8m0fnu; and float4_e2m1fn_x2, which torch does not cast
+    to, where NaN needs ``nan``).  float8_e8m0fnu is the exception: torch rounds it to
+    nearest with ties up (mode ``"rna"`` here), takes negative values by their magnitude
+    (here NaN: e8m0 has no negative values) and rounds fp32 subnormals apart.  ``sat``
+    "none", "finite" or "propagate" choose P3109's handling instead.
 
     8-bit float dtypes hold the format's codes (`encode`); ``float4_e2m1fn_x2`` packs two
     e2m1 codes per byte along the last dimension (which must be even), the first in the
     low nibble.  ``nan``: what e2m1, which has no NaN code, holds for a NaN result, as in
     `encode` ("raise": ValueError, the call synchronizes; "zero": code 0, asynchronous).
+    ``hardware``: a preset whose target format is the dtype's (its saturation replaces
+    ``sat``).  Gradients pass straight through to x (in x's dtype) for every dtype but
+    the packed float4_e2m1fn_x2, whose result does not require grad.
     """
     target = _CAST_TARGETS.get(dtype) if isinstance(dtype, torch.dtype) else None
     if target is None:
         raise ValueError(f"dtype must be one of {', '.join(map(str, CAST_DTYPES))}; got {dtype}")
-    fmt, output = target
+    if sat is None:
+        sat = "none" if hardware is not None else target.sat
     return _round_call(
         x,
-        fmt,
+        target.fmt,
         mode,
         rbits,
         variant,
@@ -761,8 +1019,10 @@ def cast(
         index_offset,
         nan,
         backend,
-        output,
+        target.output,
         dtype,
+        hardware,
+        stream,
     )
 
 
@@ -771,7 +1031,9 @@ __all__ = [
     "CAST_DTYPES",
     "NAN_POLICIES",
     "cast",
+    "check_index_offset",
     "check_input",
+    "check_rand_values",
     "check_request",
     "decode",
     "encode",

@@ -17,6 +17,8 @@ and finishes a rounding into the output an entry point asks for (`finish`).
 
 from __future__ import annotations
 
+import functools
+import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -26,7 +28,7 @@ from torch import Tensor
 from . import random as streams
 from .formats import Format, format_of_dtype
 from .packing import pack
-from .reference import WORD_BITS, overflow_value
+from .reference import WORD_BITS, overflow_value, round_checked
 
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 
@@ -207,6 +209,11 @@ class Request(NamedTuple):
     index_offset: int
     rand: Tensor | None
     nan: str = "raise"  # what codes of a format without a NaN code hold for NaN: raise or zero
+    # a hardware unit's steps around the contract (`stochround.presets`): x is first rounded
+    # to nearest-even in ``operand`` (the instruction's input format), and results whose
+    # operand lies below ``flush_below`` in magnitude become zero; None: no such step
+    operand: Format | None = None
+    flush_below: float | None = None
 
 
 def random_integers(x: Tensor, request: Request, start: int = 0) -> Tensor:
@@ -240,12 +247,42 @@ def canonical_nan(dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.tensor(bits, dtype=integer, device=device).view(dtype)
 
 
-def finish(values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, nan: str) -> Tensor:
+@functools.lru_cache(maxsize=256)
+def saturation_bounds(fmt: Format, dtype: torch.dtype) -> tuple[float, float] | None:
+    """The bounds a saturating call (``sat`` finite or propagate) clamps its finite results
+    to in a float ``dtype`` that cannot hold the format's largest or most negative value:
+    the largest value of ``dtype`` not above ``fmt.max``, and for a format with negative
+    values the most negative not below ``fmt.lowest`` (-inf for one without: narrowing
+    never takes a value below zero).  Narrowing to nearest would step beyond them: bf16
+    holds no 65504, fp16's max, and rounds it to 65536.  None where ``dtype`` holds both."""
+    held = format_of_dtype(dtype)
+    high = round_checked(fmt.max, held, "rz", WORD_BITS, "c", "none", None)
+    low = -math.inf
+    if fmt.lowest < 0:
+        low = round_checked(fmt.lowest, held, "rz", WORD_BITS, "c", "none", None)
+    return None if high == fmt.max and low in (fmt.lowest, -math.inf) else (low, high)
+
+
+def _narrow_saturated(values: Tensor, narrowed: Tensor, bounds: tuple[float, float]) -> Tensor:
+    """``narrowed`` with the finite results clamped to ``bounds`` (`saturation_bounds`):
+    infinite results (``sat="propagate"`` of infinite inputs) stay infinite."""
+    low, high = bounds
+    return torch.where(torch.isfinite(values), narrowed.clamp(low, high), narrowed)
+
+
+def finish(
+    values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, nan: str, sat: str = "none"
+) -> Tensor:
     """Rounded values (compute dtype) to the requested output in ``out_dtype`` (codes and
     packed codes: their bytes viewed as it, `cast`'s 8-bit and fp4 dtypes; ``nan``:
-    NAN_POLICIES)."""
+    NAN_POLICIES).  Values narrow to nearest, except that with ``sat`` finite or propagate
+    no finite result lies beyond the format's range (`saturation_bounds`)."""
     if output == "value":
         narrowed = values.to(out_dtype)
+        if sat != "none" and out_dtype != values.dtype:
+            bounds = saturation_bounds(fmt, out_dtype)
+            if bounds is not None:
+                narrowed = _narrow_saturated(values, narrowed, bounds)
         is_nan = torch.isnan(values)
         if bool(is_nan.any()):
             narrowed = torch.where(is_nan, canonical_nan(out_dtype, values.device), narrowed)
@@ -267,10 +304,15 @@ def round_tensor(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     def piece(start: int) -> Tensor:
         values = flat[start : start + chunk]
         r = random_integers(values, request, start) if request.mode == "sr" else None
+        operand = values
+        if request.operand is not None:  # a hardware unit's input: rne to its format
+            operand = round_values(values, request.operand, "rne", "none", WORD_BITS, "c", None)
         rounded = round_values(
-            values, request.fmt, request.mode, request.sat, request.n, request.variant, r
+            operand, request.fmt, request.mode, request.sat, request.n, request.variant, r
         )
-        return finish(rounded, request.fmt, output, out_dtype, request.nan)
+        if request.flush_below is not None:
+            rounded = _flush(operand, rounded, request.fmt, request.flush_below)
+        return finish(rounded, request.fmt, output, out_dtype, request.nan, request.sat)
 
     if x.device.type != "cpu" or flat.numel() <= _CPU_CHUNK:
         chunk = flat.numel()
@@ -279,6 +321,16 @@ def round_tensor(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
     starts = range(0, flat.numel(), chunk)
     with ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
         return torch.cat(list(pool.map(piece, starts))).reshape(shape)
+
+
+def _flush(operand: Tensor, rounded: Tensor, fmt: Format, below: float) -> Tensor:
+    """A hardware unit's flush (`stochround.presets.HardwarePreset.flush`): the results
+    whose operand lies below ``below`` in magnitude (compared in float64, which holds
+    both) become zero, signed as the operand where ``fmt`` has -0."""
+    zero = torch.zeros_like(rounded)
+    if fmt.has_negative_zero:
+        zero = torch.copysign(zero, operand.to(rounded.dtype))
+    return torch.where(operand.to(torch.float64).abs() < below, zero, rounded)
 
 
 def output_shape(shape: torch.Size, output: str) -> tuple[int, ...]:
@@ -412,5 +464,6 @@ __all__ = [
     "refuse_capture",
     "round_tensor",
     "round_values",
+    "saturation_bounds",
     "scale_by_power_of_two",
 ]

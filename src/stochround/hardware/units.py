@@ -20,6 +20,7 @@ from ..formats import Format
 from ..formats import format as find_format
 from ..presets import HardwarePreset, preset
 from ..rounding import check_input, preset_operand, round_float64, round_preset
+from ..rounding import round as round_api
 
 __all__ = [
     "ENUMERATE_MAX_RBITS",
@@ -61,10 +62,12 @@ def round_hardware(
     otherwise the top ``rbits`` bits of the counter-based word ``(seed, offset, index)``,
     the index counted from ``index_offset`` (a shard's place in the whole tensor).
     Values outside x's dtype's range become infinite or zero in it, as in ``sr.round``.
+    This is ``sr.round(x, hardware=name_or_preset, ...)``: gradients pass straight through,
+    and `torch.compile` traces it.
     """
-    p = preset(name_or_preset)
-    operand = operand_values(x, p)
-    return round_preset(operand, p, seed, offset, rand, index_offset=index_offset).to(x.dtype)
+    return round_api(
+        x, hardware=name_or_preset, seed=seed, offset=offset, rand=rand, index_offset=index_offset
+    )
 
 
 def round_hardware_float64(

@@ -34,7 +34,14 @@ from triton.language.extra.cuda import libdevice
 
 from ..formats import Format
 from ..random import seed_tensor
-from ..torch_path import checks_nan, nan_code, nan_without_code, output_shape, refuse_capture
+from ..torch_path import (
+    checks_nan,
+    nan_code,
+    nan_without_code,
+    output_shape,
+    refuse_capture,
+    saturation_bounds,
+)
 from .availability import INTERPRETED
 from .common import (
     INPUT_DTYPES,
@@ -165,6 +172,11 @@ def _round_kernel(
     CODE_MASK: tl.constexpr,
     ROWS: tl.constexpr,
     WIDE: tl.constexpr,
+    CLAMP: tl.constexpr,
+    CLAMP_LOW: tl.constexpr,
+    CLAMP_HIGH: tl.constexpr,
+    CLAMP_LOW_BITS: tl.constexpr,
+    CLAMP_HIGH_BITS: tl.constexpr,
 ):
     program = tl.program_id(0)
     if WIDE:  # positions beyond int32
@@ -206,6 +218,9 @@ def _round_kernel(
             tl.store(out_ptr + position, result.to(tl.float32, bitcast=True), mask=mask)
         else:
             narrow = narrow_to_16_bits(result, out_ptr.dtype.element_ty, NAN16)
+            if CLAMP:
+                narrow = _clamp_narrowed(result, narrow, CLAMP_LOW, CLAMP_HIGH, CLAMP_LOW_BITS,
+                                         CLAMP_HIGH_BITS)  # fmt: skip
             tl.store(out_ptr + position, narrow, mask=mask)
     else:
         code = encode_bits(
@@ -223,6 +238,22 @@ def _round_kernel(
         _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
         if CHECK_NAN:
             _flag_nan(flag_ptr, (result & 0x7FFFFFFF) > 0x7F800000, mask)
+
+
+@triton.jit
+def _clamp_narrowed(result, narrow, LOW, HIGH, LOW_BITS: tl.constexpr, HIGH_BITS: tl.constexpr):
+    """16-bit values narrowed to nearest from finite fp32 results (``result``: their bits)
+    clamped to [LOW, HIGH], the saturation bounds of a 16-bit dtype that cannot hold the
+    format's range (`stochround.torch_path.saturation_bounds`); infinite and NaN results
+    keep their narrowing.  Values inside the bounds keep their bits (the bounds' bits are
+    selected, no value is converted back)."""
+    dtype: tl.constexpr = narrow.dtype
+    bits = narrow.to(tl.int16, bitcast=True)
+    value = narrow.to(tl.float32)
+    finite = (result & 0x7FFFFFFF) < 0x7F800000
+    bits = tl.where(finite & (value > HIGH), HIGH_BITS, bits)
+    bits = tl.where(finite & (value < LOW), LOW_BITS, bits)
+    return bits.to(tl.int16).to(dtype, bitcast=True)
 
 
 @triton.jit
@@ -845,6 +876,7 @@ class KernelPlan:
             "OUTPUT": self.output,
             "NAN16": NAN16_BITS.get(self.out_dtype, 0),
             "ROWS": ROWS,
+            **_clamp_constants(self.fmt, self.output, self.out_dtype, self.sat),
             **stream,
         }
         return Launch(_round_kernel, constants)
@@ -858,6 +890,30 @@ def _stream_constants(common: tuple[bool, bool, bool]) -> dict[str, bool]:
     """The per-call constexprs of every rounding kernel: (FROM_TENSORS, ALIGNED, WIDE)."""
     from_tensors, aligned, wide = common
     return {"FROM_TENSORS": from_tensors, "ALIGNED": aligned, "WIDE": wide}
+
+
+def _clamp_constants(
+    fmt: Format, output: str, out_dtype: torch.dtype, sat: str
+) -> dict[str, object]:
+    """`_round_kernel`'s clamp of saturated 16-bit values: with ``sat`` finite or propagate,
+    a 16-bit result dtype that cannot hold the format's range clamps the finite results to
+    `saturation_bounds` (the PyTorch path's rule: narrowing to nearest would step beyond
+    the format's max, bf16 rounding fp16's 65504 to 65536)."""
+    bounds = None
+    if output == "value" and sat != "none" and out_dtype in NAN16_BITS:
+        bounds = saturation_bounds(fmt, out_dtype)
+    if bounds is None:
+        return {"CLAMP": False, "CLAMP_LOW": 0.0, "CLAMP_HIGH": 0.0, "CLAMP_LOW_BITS": 0,
+                "CLAMP_HIGH_BITS": 0}  # fmt: skip
+    low, high = bounds
+    low_bits, high_bits = torch.tensor([low, high], dtype=out_dtype).view(torch.int16).tolist()
+    return {
+        "CLAMP": True,
+        "CLAMP_LOW": low,
+        "CLAMP_HIGH": high,
+        "CLAMP_LOW_BITS": low_bits,
+        "CLAMP_HIGH_BITS": high_bits,
+    }
 
 
 @functools.cache
