@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -419,3 +420,20 @@ def test_a_gradient_the_kernel_cannot_take_after_the_first_step():
     params[0].data = buffer[1:]  # 2 bytes past an allocation
     with pytest.raises(ValueError, match="multiple of 16 bytes"):
         optimizer.step()
+
+
+def test_a_compiled_fused_step_warns_nothing_from_stochround():
+    """torch.compile warns about lru_cache-wrapped functions in the code it traces: the
+    compiled step's own code has none (the kernels' availability check included)."""
+    torch._dynamo.reset()
+    params = _params(torch.bfloat16)
+    optimizer = AdamW(params, lr=1e-2, seed=3, backend="triton")
+    step = torch.compile(optimizer.step, backend="aot_eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for index in range(2):
+            for param, grad in zip(params, _gradients(index, torch.bfloat16), strict=True):
+                param.grad = grad
+            step()
+    ours = [w for w in caught if "lru_cache" in str(w.message) or "stochround" in w.filename]
+    assert not ours, [str(w.message) for w in ours]

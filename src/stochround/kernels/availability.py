@@ -10,20 +10,27 @@ optimizers' own checks of a parameter).
 
 from __future__ import annotations
 
-import functools
 import os
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@functools.cache
+# Triton's importability, once known (a list read by a plain function: torch.compile warns
+# about lru_cache-wrapped functions in the code it traces, and the optimizers' compiled step
+# asks this)
+_TRITON_IMPORT: list[str | None] = []
+
+
 def triton_missing() -> str | None:
     """Why Triton cannot be imported (None if it can); tried once per process."""
-    try:
-        import triton  # noqa: F401 - imported only to learn whether it can be
-    except ImportError as error:
-        return f"triton is not importable ({error})"
-    return None
+    if not _TRITON_IMPORT:
+        try:
+            import triton  # noqa: F401 - imported only to learn whether it can be
+        except ImportError as error:
+            _TRITON_IMPORT.append(f"triton is not importable ({error})")
+        else:
+            _TRITON_IMPORT.append(None)
+    return _TRITON_IMPORT[0]
 
 
 def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:
