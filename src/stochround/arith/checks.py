@@ -4,6 +4,9 @@ a device, broadcast together and have floating dtypes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
 import torch
 from torch import Tensor
 
@@ -11,6 +14,9 @@ from ..formats import Format
 from ..formats import format as find_format
 from ..reference import MODES, check_choice
 from ..torch_path import FLOAT_DTYPES
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = ["check_operands", "format_and_mode", "operands"]
 
@@ -66,3 +72,19 @@ def check_operands(
             "inputs of at most 26 significand bits; pass fp32/bf16/fp16 inputs"
         )
     return shape, dtype
+
+
+def eager_only(function: Callable[P, R]) -> Callable[P, R]:
+    """``function``, run eagerly where `torch.compile` meets it: the operations emulate
+    rounded arithmetic step by step, with Python control flow on the data that torch.compile
+    cannot trace.  Without ``fullgraph`` the compiled code calls it eagerly (a graph break);
+    with ``fullgraph=True`` compiling raises an error that names it and says what to do."""
+    reason = (
+        f"stochround.ops.{function.__name__} emulates rounded arithmetic step by step, with "
+        "data-dependent Python control flow that torch.compile cannot trace: call it outside "
+        "the compiled function (sr.round, sr.cast and sr.encode compile)"
+    )
+    try:
+        return torch.compiler.disable(function, reason=reason)
+    except TypeError:  # torch releases whose disable takes no reason
+        return torch.compiler.disable(function)

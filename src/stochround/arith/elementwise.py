@@ -64,7 +64,7 @@ from .. import rounding
 from ..formats import Format
 from ..reference import SATURATIONS, VARIANTS, check_choice, check_rbits
 from ..torch_path import canonical_nan
-from .checks import format_and_mode, operands
+from .checks import eager_only, format_and_mode, operands
 from .gradients import with_exact_gradient
 
 __all__ = ["add", "div", "fma", "mul", "round_pair", "sqrt", "sub"]
@@ -167,6 +167,7 @@ def _check_stand_ins(tiny: Tensor, huge: Tensor, fmt: Format, operation: str) ->
         )
 
 
+@eager_only
 def round_pair(
     hi: Tensor,
     lo: Tensor,
@@ -271,6 +272,7 @@ def _rounded(
     return finish(round_pair(hi, lo, fmt, mode, **options), dtype)
 
 
+@eager_only
 def add(
     x: Tensor,
     y: Tensor,
@@ -293,6 +295,7 @@ def add(
     return with_exact_gradient(rounded, torch.add, x, y)
 
 
+@eager_only
 def sub(
     x: Tensor,
     y: Tensor,
@@ -396,6 +399,7 @@ def _fused_pair(a: Tensor, b: Tensor, c: Tensor, mode: str, fmt: Format) -> tupl
     return _exact_zero_sign(hi, product, c, mode), torch.where(regular, lo, 0.0)
 
 
+@eager_only
 def mul(
     x: Tensor,
     y: Tensor,
@@ -418,6 +422,7 @@ def mul(
     return with_exact_gradient(rounded, torch.mul, x, y)
 
 
+@eager_only
 def div(
     x: Tensor,
     y: Tensor,
@@ -440,6 +445,7 @@ def div(
     return with_exact_gradient(rounded, torch.div, x, y)
 
 
+@eager_only
 def fma(
     x: Tensor,
     y: Tensor,
@@ -463,6 +469,7 @@ def fma(
     return with_exact_gradient(rounded, _fused, x, y, z)
 
 
+@eager_only
 def sqrt(
     x: Tensor,
     fmt: Format | str,

@@ -13,7 +13,7 @@ from torch import Tensor
 from .. import random as streams
 from .. import rounding
 from ..formats import Format
-from .checks import format_and_mode
+from .checks import eager_only, format_and_mode
 
 __all__ = ["MonteCarloResult", "monte_carlo"]
 
@@ -29,6 +29,7 @@ class MonteCarloResult:
     digits: Tensor
 
 
+@eager_only
 def monte_carlo(
     fn: Callable[..., object],
     *args: object,

@@ -28,7 +28,7 @@ from ..formats import Format
 from ..formats import format as find_format
 from ..kernels.availability import kernels_refusal
 from ..reference import MODES, check_choice
-from .checks import check_operands, format_and_mode, operands
+from .checks import check_operands, eager_only, format_and_mode, operands
 from .elementwise import add, finish, round_pair, sub
 from .gradients import with_exact_gradient
 
@@ -183,6 +183,7 @@ def _sum_options(
     return dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset)
 
 
+@eager_only
 def sum(  # noqa: A001 - the reduction's public name, as torch.sum's
     x: Tensor,
     fmt: Format | str,
@@ -247,6 +248,7 @@ def _split_rand(rand: object) -> tuple[object, object]:
     raise TypeError("rand must be None, 'data' or a pair (product_rand, sum_rand)")
 
 
+@eager_only
 def dot(
     x: Tensor,
     y: Tensor,
@@ -309,6 +311,7 @@ def _dot(x: Tensor, y: Tensor, dim: int) -> Tensor:
     return (x * y).sum(dim)
 
 
+@eager_only
 def matmul(
     a: Tensor,
     b: Tensor,
