@@ -7,6 +7,7 @@ from .packing import pack, unpack
 from .random import Stream
 from .reference import MODES, SATURATIONS, VARIANTS
 from .rounding import cast, decode, encode, round  # noqa: A004
+from .version import __version__ as __version__  # re-exported: the package's version
 
 __all__ = [
     "FORMATS",
@@ -26,4 +27,3 @@ __all__ = [
     "round",
     "unpack",
 ]
-__version__ = "0.1.0"

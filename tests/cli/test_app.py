@@ -2,6 +2,7 @@
 input to any command printing the library's message and exiting with status 2, --version and
 `python -m stochround`."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -99,7 +100,10 @@ def test_run_takes_several_names_in_the_order_given_and_the_largest_seed(tmp_pat
 
 def test_version_prints_the_package_version():
     assert ok("--version") == f"stochround {stochround.__version__}\n"
-    assert metadata.version("stochround") == stochround.__version__
+    # where the package is installed, its metadata says the same (the GPU machine runs the
+    # tests from a source tree that was never installed)
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        assert metadata.version("stochround") == stochround.__version__
 
 
 def test_python_dash_m_stochround_runs_the_same_app():

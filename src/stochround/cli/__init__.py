@@ -10,11 +10,11 @@ naming the option and what it accepts), and exit status 2, never a traceback;
 ``stochround --version`` prints the version.  ``python -m stochround`` runs the same app.
 """
 
-from importlib import metadata
 from typing import Annotated
 
 import typer
 
+from ..version import __version__
 from .experiments import demo_command, run_command
 from .formats import formats_command, info_command
 from .hardware import HARDWARE_EPILOG, hardware_command
@@ -33,15 +33,6 @@ app = typer.Typer(
 )
 
 
-def package_version() -> str:
-    """The installed distribution's version, which ``stochround.__version__`` repeats (the
-    command cannot import the package facade: it sits below it in the layers)."""
-    try:
-        return metadata.version("stochround")
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed: pip install -e .)"
-
-
 def print_version(value: bool) -> None:
     """The ``--version`` callback.
 
@@ -50,7 +41,7 @@ def print_version(value: bool) -> None:
             with status 0 before any command runs (the option is eager).
     """
     if value:
-        print(f"stochround {package_version()}")
+        print(f"stochround {__version__}")
         raise typer.Exit()
 
 

@@ -126,7 +126,12 @@ def demo_command(
     out: Annotated[Path, typer.Option(help=OUT_HELP, metavar="DIR")] = Path("stochround-demo"),
     seed: Annotated[
         str | None,
-        typer.Option(help=SEED_HELP, metavar="SEED", show_default=str(experiments.DEFAULT_SEED)),
+        typer.Option(
+            "--seed",  # named: typer releases before 0.29 took the metavar for the name
+            help=SEED_HELP,
+            metavar="SEED",
+            show_default=str(experiments.DEFAULT_SEED),
+        ),
     ] = None,
 ) -> None:
     """The tour: a few formats, one value under every mode, then the quick version of every
@@ -182,7 +187,12 @@ def run_command(
     quick: Annotated[bool, typer.Option(help="Small sizes: seconds instead of minutes.")] = False,
     seed: Annotated[
         str | None,
-        typer.Option(help=SEED_HELP, metavar="SEED", show_default=str(experiments.DEFAULT_SEED)),
+        typer.Option(
+            "--seed",  # named: typer releases before 0.29 took the metavar for the name
+            help=SEED_HELP,
+            metavar="SEED",
+            show_default=str(experiments.DEFAULT_SEED),
+        ),
     ] = None,
     out: Annotated[Path, typer.Option(help=OUT_HELP, metavar="DIR")] = Path("stochround-report"),
 ) -> None:
