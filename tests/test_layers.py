@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("reference", "outcomes"),
     ("presets",),
     ("random",),
-    ("packing", "torch_path"),
+    ("packing", "torch_path", "cpu_path"),
     ("kernels",),
     ("rounding",),
     ("hardware",),

@@ -13,7 +13,7 @@ import torch
 from helpers import TEST_FORMATS, all_bit_patterns, assert_same_values
 
 import stochround as sr
-from stochround import reference
+from stochround import cpu_path, reference
 from stochround.rounding import CAST_DTYPES, round_float64
 
 DETERMINISTIC_MODES = ("rne", "rna", "rz", "ru", "rd", "ro")
@@ -921,3 +921,34 @@ def test_the_custom_op_passes_torch_opcheck() -> None:
     for args in (value_call, codes_call):
         results = torch.library.opcheck(torch.ops.stochround.round.default, args)
         assert set(results.values()) == {"SUCCESS"}, results
+
+
+COMPILED_CPU = pytest.mark.skipif(
+    cpu_path.compile_refusal() is not None, reason="no C++ compiler for the compiled CPU path"
+)
+
+
+@COMPILED_CPU
+@pytest.mark.compiles
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_large_cpu_bf16_sr_casts_take_the_compiled_path_with_the_same_bits(monkeypatch) -> None:
+    calls = []
+    original = cpu_path.bf16_sr_cpu
+    monkeypatch.setattr(
+        cpu_path, "bf16_sr_cpu", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
+    x = torch.randn(cpu_path.MIN_COMPILED_ELEMENTS + 3, generator=torch.Generator().manual_seed(0))
+    for options in (
+        {"seed": 1},
+        {"seed": 2, "offset": torch.tensor(5), "rbits": 7, "variant": "a", "sat": "finite"},
+    ):
+        auto = sr.cast(x, torch.bfloat16, "sr", **options)
+        torch_path = sr.cast(x, torch.bfloat16, "sr", backend="torch", **options)
+        assert torch.equal(auto.view(torch.int16), torch_path.view(torch.int16))
+        values = sr.round(x, "bf16", "sr", **options)  # fp32 values of bf16
+        assert values.dtype == torch.float32 and torch.equal(values, torch_path.float())
+    assert len(calls) == 4
+    sr.cast(x[:100], torch.bfloat16, "sr", seed=1)  # small: the PyTorch path
+    sr.cast(x, torch.bfloat16, "sr", seed=1, backend="torch")
+    sr.cast(x, torch.bfloat16, "sr", rbits=8, variant="c", seed=1)  # not a variant it takes
+    assert len(calls) == 4

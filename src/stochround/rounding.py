@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeGuard
 import torch
 from torch import Tensor
 
+from . import cpu_path
 from . import random as streams
 from .formats import NAN_ENCODINGS, Format, format_of_dtype
 from .formats import format as find_format
@@ -229,6 +230,7 @@ class Route(NamedTuple):
     out_dtype: torch.dtype  # the result's: values' dtype, codes' integer dtype, or cast's
     plan: KernelPlan | None  # the Triton kernels' plan; None: the PyTorch path rounds
     checked: bool  # whether the call checks for NaN results (`checks_nan`)
+    cpu: bool = False  # the compiled CPU path rounds it where x is large enough (`_dispatch`)
 
 
 def _output_of(
@@ -278,8 +280,11 @@ def _call_route(
     check_choice("backend", backend, BACKENDS)
     output, out_dtype = _output_of(fmt, output, out_dtype, x_dtype)
     route = Route(fmt, n, output, out_dtype, None, checks_nan(fmt, nan, output))
-    if through_op or backend == "torch" or (backend == "auto" and not on_cuda):
+    if through_op or backend == "torch":
         return route
+    if backend == "auto" and not on_cuda:
+        serves = _cpu_path_serves(fmt, mode, source, output, out_dtype, x_dtype, n, variant)
+        return route._replace(cpu=serves)
     reason = kernels_refusal("x", on_cuda)
     if reason is None:
         # imported here: the kernels import Triton, which CPU-only calls never need
@@ -292,6 +297,30 @@ def _call_route(
     if backend == "triton":
         raise ValueError(f"backend='triton' cannot round this call: {reason}")
     return route  # auto: what the kernels cannot do
+
+
+def _cpu_path_serves(
+    fmt: Format,
+    mode: str,
+    source: str,
+    output: str,
+    out_dtype: torch.dtype,
+    x_dtype: torch.dtype,
+    n: int,
+    variant: str,
+) -> bool:
+    """Whether the compiled CPU path (`stochround.cpu_path`) takes a CPU call of these
+    choices: SR from the stream to bfloat16 values (a bf16 result, or fp32 values), with
+    the random bits and variants it takes (`_dispatch` sends it there where x is large
+    enough and `torch.compile` can build the path)."""
+    return (
+        mode == "sr"
+        and source == "stream"
+        and output == "value"
+        and fmt.name == "bfloat16"
+        and out_dtype in (torch.bfloat16, torch.float32)
+        and cpu_path.supports(x_dtype, n, variant)
+    )
 
 
 def _route(choices: tuple, x_dtype: torch.dtype, on_cuda: bool, through_op: bool) -> Route:
@@ -613,6 +642,10 @@ def _dispatch(
     )
     if route.plan is not None:
         return route.plan.round(x, request.seed, request.offset, request.index_offset, request.rand)
+    if route.cpu and cpu_path.worth_compiling(x.numel()) and cpu_path.compile_refusal() is None:
+        stream = (request.seed, request.offset, request.index_offset)
+        rounded = cpu_path.bf16_sr_cpu(x, *stream, request.n, request.variant, request.sat)
+        return rounded if out_dtype == torch.bfloat16 else rounded.to(out_dtype)
     refuse_capture(route.checked, x, request.fmt)
     return round_tensor(x, request, output, out_dtype)
 

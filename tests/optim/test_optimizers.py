@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import stochround as sr
+from stochround import cpu_path
 from stochround.optim import SGD, Adam, AdamW, Lion, stream_offset
 from stochround.optim.base import ecc_decode, ecc_encode, ulp
 
@@ -573,3 +574,34 @@ def test_steps_are_device_tensors_and_lr_may_be_a_tensor():
     for a, b in zip(params, floats, strict=True):
         assert torch.equal(a, b)
         assert opt.state[a]["step"].dtype == torch.int64 and int(opt.state[a]["step"]) == 3
+
+
+COMPILED_CPU = pytest.mark.skipif(
+    cpu_path.compile_refusal() is not None, reason="no C++ compiler for the compiled CPU path"
+)
+
+
+@COMPILED_CPU
+@pytest.mark.compiles
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_adamw_on_a_large_cpu_parameter_takes_the_compiled_step_with_the_same_bits() -> None:
+    shape = (cpu_path.MIN_COMPILED_ELEMENTS // 64 + 1, 64)
+    g = torch.Generator().manual_seed(1)
+    initial = torch.randn(shape, generator=g).bfloat16()
+    grads = [torch.randn(shape, generator=g).bfloat16() for _ in range(3)]
+    params = [torch.nn.Parameter(initial.clone()) for _ in range(2)]
+    opts = [
+        sr.optim.AdamW([p], lr=0.01, seed=9, backend=b)
+        for p, b in zip(params, ("auto", "torch"), strict=True)
+    ]
+    assert opts[0].param_groups[0]["params"][0] is params[0]
+    for grad in grads:
+        for p, opt in zip(params, opts, strict=True):
+            p.grad = grad.clone()
+            opt.step()
+        assert torch.equal(params[0].view(torch.int16), params[1].view(torch.int16))
+        for name in ("exp_avg", "exp_avg_sq"):
+            a, b = (opt.state[p][name] for p, opt in zip(params, opts, strict=True))
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    assert opts[0].compiled_cpu_step(opts[0].param_groups[0], params[0])
+    assert not opts[1].compiled_cpu_step(opts[1].param_groups[0], params[1])

@@ -22,7 +22,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import SROptimizer, check_betas, check_flag, check_float
+from ..cpu_path import worth_compiling
+from .base import (
+    TENSOR_SLOTS,
+    SROptimizer,
+    check_betas,
+    check_flag,
+    check_float,
+    grad_of,
+    stream_offset,
+)
+from .cpu_adamw import adamw_step_cpu, refusal
 from .updates import (
     adamw_scalars,
     adamw_update,
@@ -186,6 +196,20 @@ class AdamW(SROptimizer):
     def kernel_options(self, group: dict[str, Any], param: Tensor) -> dict[str, Any]:
         return {"decay": self.coupled(group) and group["weight_decay"] != 0}
 
+    def compiled_cpu_step(self, group: dict[str, Any], param: Tensor) -> bool:
+        """Whether the compiled CPU step (`stochround.optim.cpu_adamw`, the PyTorch path's
+        bits) updates ``param``: backend "auto", rounding "sr" with no extra parameter
+        state, outside torch.compile (which compiles this path itself), a CPU parameter
+        large enough to be worth a compilation (`stochround.cpu_path.worth_compiling`)
+        whose tensors the step takes (`stochround.optim.cpu_adamw.refusal`)."""
+        if self.backend != "auto" or group["rounding"] != "sr" or param.is_cuda:
+            return False
+        if self.param_state_name(group, param) is not None or torch.compiler.is_compiling():
+            return False
+        state = self.state[param]
+        tensors = (param, grad_of(param), state["exp_avg"], state["exp_avg_sq"])
+        return worth_compiling(param.numel()) and refusal(*tensors) is None
+
     def group_kernel_options(
         self, group: dict[str, Any], states: Sequence[dict[str, Any]]
     ) -> dict[str, Any] | None:
@@ -195,13 +219,23 @@ class AdamW(SROptimizer):
         self, group: dict[str, Any], index: int, param: Tensor, scalars: Tensor, step: Tensor
     ) -> None:
         state = self.state[param]
+        coupled = self.coupled(group) and group["weight_decay"] != 0
+        if self.compiled_cpu_step(group, param):
+            slots = (TENSOR_SLOTS[name] for name in ("param", "exp_avg", "exp_avg_sq"))
+            p, m, v = (stream_offset(step, index, slot) for slot in slots)
+            tensors = (param, grad_of(param), state["exp_avg"], state["exp_avg_sq"])
+            maximize = group["maximize"]
+            adamw_step_cpu(
+                *tensors, scalars, group["seed"], (p, m, v), coupled=coupled, maximize=maximize
+            )
+            return
         value, exp_avg, exp_avg_sq = adamw_update(
             self.load_param(group, param),
             self.gradient(group, param),
             state["exp_avg"].float(),
             state["exp_avg_sq"].float(),
             scalars,
-            coupled=self.coupled(group) and group["weight_decay"] != 0,
+            coupled=coupled,
         )
         self.store_param(group, param, value, step, index)
         self.store_states(group, param, (exp_avg, exp_avg_sq), step, index)
