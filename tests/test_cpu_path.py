@@ -18,7 +18,7 @@ from torch import Tensor
 
 import stochround as sr
 from stochround import cpu_path
-from stochround.random import philox4x32, random_words
+from stochround.random import philox4x32, philox_rounds, random_words
 
 # (rbits, variant) the path takes: n >= 16 with every variant, and variant a with fewer
 VARIANTS = [
@@ -100,13 +100,35 @@ def _cpu_path(
     return cpu_path.bf16_sr_cpu(x, n=n, variant=variant, sat=sat, eager=eager, **stream)
 
 
+def _two_multiply_philox(words: torch.Tensor) -> list[torch.Tensor]:
+    """Philox4x32-10 with each product's halves from two 16-bit-split multiplies (every
+    intermediate below 2**49): an independent check of the one-multiply product the
+    stream's rounds use."""
+    c0, c1, c2, c3, k0, k1 = words
+
+    def mulhilo(constant: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        high = x * (constant >> 16)
+        partial = x * (constant & 0xFFFF) + ((high & 0xFFFF) << 16)
+        return (partial >> 32) + (high >> 16), partial & 0xFFFFFFFF
+
+    for _ in range(10):
+        hi_b, lo_b = mulhilo(0xCD9E8D57, c2)
+        hi_a, lo_a = mulhilo(0xD2511F53, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = (k0 + 0x9E3779B9) & 0xFFFFFFFF, (k1 + 0xBB67AE85) & 0xFFFFFFFF
+    return [c0, c1, c2, c3]
+
+
 def test_philox_rounds_are_the_streams_generator() -> None:
+    """The rounds the compiled path traces are the stream's generator (one function), and
+    its one-multiply products equal a two-multiply computation on extreme and random words."""
     generator = torch.Generator().manual_seed(3)
     words = torch.randint(0, 2**32, (6, 1000), dtype=torch.int64, generator=generator)
     words[:, :4] = torch.tensor([0, 1, 2**32 - 1, 2**31]).expand(6, 4)
+    assert cpu_path.philox_rounds is philox_rounds
     assert all(
         torch.equal(mine, theirs)
-        for mine, theirs in zip(cpu_path.philox4x32_10(*words), philox4x32(*words), strict=True)
+        for mine, theirs in zip(philox4x32(*words), _two_multiply_philox(words), strict=True)
     )
 
 

@@ -22,11 +22,8 @@ Two compiled kernels, each a loop over blocks of four elements (one Philox block
 
 - the noise kernel (`sr_noise_groups`, vectorized) runs Philox4x32-10 once a block and
   stream and packs the four elements' noise into one int64 (element ``j`` of a block in
-  bits ``16 j``).  Each product ``hi, lo`` of a round comes from one int64 multiply by the
-  round constant minus ``2**32``: the exact product ``x * c`` is ``x * (c - 2**32) +
-  x * 2**32``, whose low half is the first term's and whose high half is the first term's
-  plus ``x``; with ``x`` below ``2**32`` and ``2**32 - c`` below ``2**30`` no intermediate
-  leaves int64;
+  bits ``16 j``), with the stream's own rounds (`stochround.random.philox_rounds`: one
+  int64 multiply a product, which the compiler vectorizes);
 - the cast's loop (`cast_groups`, vectorized) adds each element's noise to its fp32
   pattern, truncates, and writes the four bf16 results of a block as one int64 (viewed as
   bf16 afterwards: inductor vectorizes no 16-bit integer type).  The optimizers' fused
@@ -52,11 +49,8 @@ import torch
 from torch import Tensor
 
 from .random import (
-    PHILOX_KEY_A,
-    PHILOX_KEY_B,
-    PHILOX_ROUND_A,
-    PHILOX_ROUND_B,
     check_seed,
+    philox_rounds,
 )
 from .reference import SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
 
@@ -73,7 +67,6 @@ __all__ = [
     "lane_noise",
     "noise_shifts",
     "normal_mode",
-    "philox4x32_10",
     "saturation_limit",
     "sr_noise",
     "sr_noise_groups",
@@ -83,8 +76,6 @@ __all__ = [
 ]
 
 MASK32 = 0xFFFFFFFF
-TWO_POW_32 = 1 << 32
-PHILOX_ROUNDS = 10
 # the patterns the rounding reads: magnitude mask, +infinity, the canonical bf16 NaN
 MAGNITUDE_MASK = 0x7FFFFFFF
 INFINITY_BITS = 0x7F800000
@@ -105,28 +96,6 @@ MIN_COMPILED_ELEMENTS = 1 << 16
 # --------------------------------------------------------------------------------------
 # the traced functions (integer tensor operations; run eagerly or compiled)
 # --------------------------------------------------------------------------------------
-
-
-def _mul_high_low(x: Tensor, constant: int) -> tuple[Tensor, Tensor]:
-    """``(hi, lo)`` of the exact 64-bit product ``x * constant`` (both in ``[0, 2**32)``),
-    from one int64 multiply by ``constant - 2**32`` (module docstring)."""
-    product = x * (constant - TWO_POW_32)
-    return (product >> 32) + x, product & MASK32
-
-
-def philox4x32_10(
-    c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor, k0: Tensor, k1: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Philox4x32-10 of counter ``(c0, c1, c2, c3)`` and key ``(k0, k1)``: int64 tensors
-    holding values in ``[0, 2**32)``, broadcast together; the rounds of
-    `stochround.random.philox4x32`, bit for bit, in fewer operations."""
-    for _ in range(PHILOX_ROUNDS):
-        high_b, low_b = _mul_high_low(c2, PHILOX_ROUND_B)
-        high_a, low_a = _mul_high_low(c0, PHILOX_ROUND_A)
-        c0, c1, c2, c3 = high_b ^ c1 ^ k0, low_b, high_a ^ c3 ^ k1, low_a
-        k0 = (k0 + PHILOX_KEY_A) & MASK32
-        k1 = (k1 + PHILOX_KEY_B) & MASK32
-    return c0, c1, c2, c3
 
 
 def bf16_sr_bits(bits: Tensor, noise: Tensor, limit: Tensor | int) -> Tensor:
@@ -159,7 +128,7 @@ def sr_noise_groups(streams: Tensor, shared: Tensor, like: Tensor) -> Tensor:
     first_group, right, left = shared.unbind()
     low, high = _blocks(first_group, like.shape[0])
     key0, key1, counter2, counter3 = (streams[:, column, None] for column in range(4))
-    words = philox4x32_10(low, high, counter2, counter3, key0, key1)
+    words = philox_rounds(low, high, counter2, counter3, key0, key1)
     packed = torch.zeros_like(words[0])
     for lane in range(LANES):
         packed = packed | (((words[lane] >> right) << left) << (BF16_SHIFT * lane))

@@ -47,6 +47,7 @@ __all__ = [
     "default_seed",
     "default_seed_tensor",
     "philox4x32",
+    "philox_rounds",
     "random_words",
     "random_words_like",
     "seed_tensor",
@@ -76,12 +77,21 @@ IntLike = int | Tensor
 # --------------------------------------------------------------------------------------
 
 
+TWO_POW_32 = 1 << 32
+
+
 def _mulhilo32(constant: int, x: Tensor) -> tuple[Tensor, Tensor]:
     """``(hi, lo)`` of the exact 64-bit product ``constant * x`` (both in ``[0, 2**32)``).
 
-    ``constant = b1 * 2**16 + b0``, so ``constant * x = x*b0 + (t1 * 2**16 + t0) * 2**16``
-    with ``t = x*b1``; every intermediate stays below ``2**49``, so int64 never wraps.
+    For a constant in ``(2**31, 2**32)``, as the Philox multipliers are: ``constant * x =
+    p + x 2**32`` with ``p = x (constant - 2**32)``, one int64 multiply of magnitude below
+    ``2**63`` (which traced code vectorizes), so ``hi = floor(p / 2**32) + x`` and ``lo = p
+    mod 2**32``.  Otherwise ``constant = b1 * 2**16 + b0``, so ``constant * x = x*b0 + (t1 *
+    2**16 + t0) * 2**16`` with ``t = x*b1``; every intermediate stays below ``2**49``.
     """
+    if 2**31 < constant < TWO_POW_32:
+        product = x * (constant - TWO_POW_32)
+        return (product >> 32) + x, product & MASK32
     high_part = x * (constant >> 16)  # < 2**48
     partial = x * (constant & MASK16) + ((high_part & MASK16) << 16)  # < 2**49
     hi = (partial >> 32) + (high_part >> 16)
@@ -143,15 +153,26 @@ def philox4x32(
         raise ValueError(f"rounds must be non-negative, got {rounds}")
     inputs = (c0, c1, c2, c3, k0, k1)
     device = next((v.device for v in inputs if isinstance(v, Tensor)), None)
-    x0, x1, x2, x3, key0, key1 = (_as_word_tensor(v, device) for v in inputs)
-    shape = torch.broadcast_shapes(*(v.shape for v in (x0, x1, x2, x3, key0, key1)))
+    words = [_as_word_tensor(v, device) for v in inputs]
+    shape = torch.broadcast_shapes(*(v.shape for v in words))
+    outputs = philox_rounds(*words, rounds=rounds)
+    return tuple(v.expand(shape) if v.shape != shape else v for v in outputs)  # type: ignore[return-value]
+
+
+def philox_rounds(
+    c0: Tensor, c1: Tensor, c2: Tensor, c3: Tensor, k0: Tensor, k1: Tensor, rounds: int = 10
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The rounds of `philox4x32` on int64 tensors already holding words in ``[0, 2**32)``
+    (broadcast together; the outputs have the broadcast shape only where an input does):
+    no checks, integer tensor operations only, so traced code (`stochround.cpu_path`)
+    computes the stream with this very function."""
     for _ in range(rounds):
-        hi_b, lo_b = _mulhilo32(PHILOX_ROUND_B, x2)
-        hi_a, lo_a = _mulhilo32(PHILOX_ROUND_A, x0)
-        x0, x1, x2, x3 = hi_b ^ x1 ^ key0, lo_b, hi_a ^ x3 ^ key1, lo_a
-        key0 = (key0 + PHILOX_KEY_A) & MASK32
-        key1 = (key1 + PHILOX_KEY_B) & MASK32
-    return tuple(v.expand(shape) if v.shape != shape else v for v in (x0, x1, x2, x3))  # type: ignore[return-value]
+        hi_b, lo_b = _mulhilo32(PHILOX_ROUND_B, c2)
+        hi_a, lo_a = _mulhilo32(PHILOX_ROUND_A, c0)
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0 = (k0 + PHILOX_KEY_A) & MASK32
+        k1 = (k1 + PHILOX_KEY_B) & MASK32
+    return c0, c1, c2, c3
 
 
 # --------------------------------------------------------------------------------------
