@@ -403,14 +403,20 @@ def largest_at_most(bound: float, dtype: torch.dtype) -> float:
 def narrowed_as_documented(
     expected: torch.Tensor, fmt: Format, dtype: torch.dtype, saturated: bool
 ) -> torch.Tensor:
-    """float64 results in x's dtype as `sr.round` documents: to nearest, except that with
-    saturation a finite result beyond the largest value of the dtype within the format's
-    range becomes that value (bf16 holds no 65504: fp16's max is 65280 there)."""
+    """float64 results in x's dtype as `sr.round` documents: to nearest, except that a
+    finite result beyond the largest value of the dtype within the format's range becomes
+    that value (bf16 holds no 65504: fp16's max is 65280 there), where the dtype's range
+    holds the format's bound or the call saturates."""
     narrowed = expected.to(dtype)
-    if not saturated:
-        return narrowed
-    high = largest_at_most(fmt.max, dtype)
-    low = -largest_at_most(-fmt.lowest, dtype) if fmt.lowest < 0 else -math.inf
+    dtype_max = torch.finfo(dtype).max
+
+    def bound(value: float) -> float:
+        if not saturated and value > dtype_max:
+            return math.inf
+        return largest_at_most(value, dtype)
+
+    high = bound(fmt.max)
+    low = -bound(-fmt.lowest) if fmt.lowest < 0 else -math.inf
     clamped = narrowed.clamp(low, high)
     return torch.where(torch.isfinite(expected), clamped, narrowed)
 

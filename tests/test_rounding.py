@@ -704,6 +704,17 @@ def test_saturated_values_stay_within_the_format_in_x_dtype() -> None:
     assert sr.round(bf16, "e4m3fn", sat="finite").tolist() == [448.0, -448.0] * 2
 
 
+@pytest.mark.parametrize("mode", ["rz", "rd", "ru"])
+def test_directed_modes_stay_within_the_format_in_x_dtype(mode: str) -> None:
+    """A directed mode keeps an overflow at the format's max on its side whatever ``sat``
+    says; where x's dtype cannot hold that max (bf16 and fp16's 65504), the result is the
+    largest value of x's dtype inside the format, as for sat="finite" (narrowing to
+    nearest would give 65536, a value fp16 does not have)."""
+    bf16 = torch.tensor([1e9, -1e9, 65280.0, 1.0], dtype=torch.bfloat16)
+    inward = {"rz": [65280.0, -65280.0], "rd": [65280.0, -math.inf], "ru": [math.inf, -65280.0]}
+    assert sr.round(bf16, "fp16", mode).tolist() == [*inward[mode], 65280.0, 1.0]
+
+
 # --- stream= ------------------------------------------------------------------------------
 
 
@@ -782,6 +793,31 @@ def test_a_stream_compiles_once_and_equals_eager() -> None:
     eager = Rounder()
     assert all(torch.equal(r, eager(x)) for r in results)
     assert len({tuple(r.tolist()) for r in results}) == 12
+
+
+def test_a_module_int_counter_compiles_twice_with_torchs_switch() -> None:
+    """An int step counter kept as a module attribute: Dynamo specializes it (torch's rule
+    for int attributes of an nn.Module, which recompiles at every step); with
+    ``torch._dynamo.config.allow_unspec_int_on_nn_module`` it is a dynamic int, and the op
+    takes it as one: two compiles for 10 steps, each equal to eager's."""
+
+    class Counted(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.step += 1
+            return sr.round(x, "e4m3fn", "sr", seed=0, offset=self.step)
+
+    x = torch.randn(64, generator=torch.Generator().manual_seed(42)) * 3
+    for switch, compiles in ((False, 5), (True, 2)):
+        with torch._dynamo.config.patch(allow_unspec_int_on_nn_module=switch):
+            compiled, counter = _compile_counted(Counted())
+            results = [compiled(x) for _ in range(5 if not switch else 10)]
+        assert counter.frame_count == compiles, switch
+        for step, result in enumerate(results, start=1):
+            assert torch.equal(result, sr.round(x, "e4m3fn", "sr", seed=0, offset=step))
 
 
 # --- what the entry points accept ---------------------------------------------------------

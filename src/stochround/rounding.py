@@ -793,9 +793,9 @@ def round(  # noqa: A001 - the public name users type, shadowing the builtin on 
     words hashed from each value and its index (no state at all).  Ints may be Python or
     numpy integers.  ``sat``: finite, propagate or none (P3109).  ``backend``: auto, torch
     or triton.  A rounded value outside x's dtype's range becomes infinite or zero in that
-    dtype, except that with ``sat`` finite or propagate a saturated result is the value of
-    x's dtype nearest the format's bound and within it (bf16 holds no 65504: fp16's max
-    becomes 65280).
+    dtype, except that a finite result at the format's bound (saturated by ``sat`` finite
+    or propagate, or kept there by a directed mode) is the value of x's dtype nearest the
+    bound and within it (bf16 holds no 65504: fp16's max becomes 65280).
 
     ``hardware``: a `stochround.hardware` preset or its name (``"amd-mi300-fp8"``, ...),
     which sets the format, variant, rbits and saturation of a documented SR unit, or of a

@@ -248,19 +248,28 @@ def canonical_nan(dtype: torch.dtype, device: torch.device) -> Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def saturation_bounds(fmt: Format, dtype: torch.dtype) -> tuple[float, float] | None:
-    """The bounds a saturating call (``sat`` finite or propagate) clamps its finite results
-    to in a float ``dtype`` that cannot hold the format's largest or most negative value:
-    the largest value of ``dtype`` not above ``fmt.max``, and for a format with negative
-    values the most negative not below ``fmt.lowest`` (-inf for one without: narrowing
-    never takes a value below zero).  Narrowing to nearest would step beyond them: bf16
-    holds no 65504, fp16's max, and rounds it to 65536.  None where ``dtype`` holds both."""
+def saturation_bounds(fmt: Format, dtype: torch.dtype, sat: str) -> tuple[float, float] | None:
+    """The bounds the finite results of a rounding are clamped to in a float ``dtype`` that
+    cannot hold the format's largest or most negative value: the largest value of
+    ``dtype`` not above ``fmt.max``, and for a format with negative values the most
+    negative not below ``fmt.lowest`` (-inf for one without: narrowing never takes a value
+    below zero).  Narrowing to nearest would step beyond them: bf16 holds no 65504, fp16's
+    max, and rounds it to 65536.  Results at the bound come from a saturating ``sat``
+    (finite or propagate) and from the directed modes, which keep an overflow at the max on
+    their side whatever ``sat`` says.  With ``sat="none"`` a bound beyond ``dtype``'s range
+    is none (±inf): a value the dtype cannot hold becomes infinite, as any narrowing does.
+    None where no finite result needs clamping."""
     held = format_of_dtype(dtype)
-    high = round_checked(fmt.max, held, "rz", WORD_BITS, "c", "none", None)
-    low = -math.inf
-    if fmt.lowest < 0:
-        low = round_checked(fmt.lowest, held, "rz", WORD_BITS, "c", "none", None)
-    return None if high == fmt.max and low in (fmt.lowest, -math.inf) else (low, high)
+
+    def bound(value: float) -> float:
+        if sat == "none" and abs(value) > held.max:
+            return math.copysign(math.inf, value)
+        return round_checked(value, held, "rz", WORD_BITS, "c", "none", None)
+
+    high = bound(fmt.max)
+    low = bound(fmt.lowest) if fmt.lowest < 0 else -math.inf
+    kept = high in (fmt.max, math.inf) and low in (fmt.lowest, -math.inf)
+    return None if kept else (low, high)
 
 
 def _narrow_saturated(values: Tensor, narrowed: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -275,12 +284,12 @@ def finish(
 ) -> Tensor:
     """Rounded values (compute dtype) to the requested output in ``out_dtype`` (codes and
     packed codes: their bytes viewed as it, `cast`'s 8-bit and fp4 dtypes; ``nan``:
-    NAN_POLICIES).  Values narrow to nearest, except that with ``sat`` finite or propagate
-    no finite result lies beyond the format's range (`saturation_bounds`)."""
+    NAN_POLICIES).  Values narrow to nearest, except that no finite result lies beyond the
+    format's range where ``out_dtype`` holds it (`saturation_bounds`)."""
     if output == "value":
         narrowed = values.to(out_dtype)
-        if sat != "none" and out_dtype != values.dtype:
-            bounds = saturation_bounds(fmt, out_dtype)
+        if out_dtype != values.dtype:
+            bounds = saturation_bounds(fmt, out_dtype, sat)
             if bounds is not None:
                 narrowed = _narrow_saturated(values, narrowed, bounds)
         is_nan = torch.isnan(values)

@@ -895,22 +895,25 @@ def _stream_constants(common: tuple[bool, bool, bool]) -> dict[str, bool]:
 def _clamp_constants(
     fmt: Format, output: str, out_dtype: torch.dtype, sat: str
 ) -> dict[str, object]:
-    """`_round_kernel`'s clamp of saturated 16-bit values: with ``sat`` finite or propagate,
-    a 16-bit result dtype that cannot hold the format's range clamps the finite results to
-    `saturation_bounds` (the PyTorch path's rule: narrowing to nearest would step beyond
-    the format's max, bf16 rounding fp16's 65504 to 65536)."""
+    """`_round_kernel`'s clamp of 16-bit values: a 16-bit result dtype that cannot hold the
+    format's range clamps the finite results to `saturation_bounds` (the PyTorch path's
+    rule: narrowing to nearest would step beyond the format's max, bf16 rounding fp16's
+    65504 to 65536)."""
     bounds = None
-    if output == "value" and sat != "none" and out_dtype in NAN16_BITS:
-        bounds = saturation_bounds(fmt, out_dtype)
+    if output == "value" and out_dtype in NAN16_BITS:
+        bounds = saturation_bounds(fmt, out_dtype, sat)
     if bounds is None:
         return {"CLAMP": False, "CLAMP_LOW": 0.0, "CLAMP_HIGH": 0.0, "CLAMP_LOW_BITS": 0,
                 "CLAMP_HIGH_BITS": 0}  # fmt: skip
     low, high = bounds
     low_bits, high_bits = torch.tensor([low, high], dtype=out_dtype).view(torch.int16).tolist()
+    # An infinite bound (none on that side) is passed as fp32's largest value, which only
+    # an infinity exceeds: it is selected as itself, by its bits.
+    largest = torch.finfo(torch.float32).max
     return {
         "CLAMP": True,
-        "CLAMP_LOW": low,
-        "CLAMP_HIGH": high,
+        "CLAMP_LOW": max(low, -largest),
+        "CLAMP_HIGH": min(high, largest),
         "CLAMP_LOW_BITS": low_bits,
         "CLAMP_HIGH_BITS": high_bits,
     }
