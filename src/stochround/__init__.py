@@ -1,7 +1,7 @@
 """stochround: stochastic rounding and low-precision number formats on PyTorch."""
 
 from . import arith as ops
-from . import hardware, optim
+from . import blocks, hardware, optim
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .packing import pack, unpack
 from .random import Stream
@@ -16,6 +16,7 @@ __all__ = [
     "VARIANTS",
     "Format",
     "Stream",
+    "blocks",
     "cast",
     "decode",
     "encode",

@@ -25,9 +25,11 @@ from its seed operand (``S1[31:12]`` / ``S1[31:11]``).
 
 Presets: ``amd-mi300-fp8`` / ``amd-mi300-bf8`` (FNUZ) and ``amd-mi350-fp8`` /
 ``amd-mi350-bf8`` (OCP), ``nvidia-cvt-rs-{fp16,bf16,e4m3,e5m2,e2m3,e3m2,e2m1}``,
-``graphcore-ipu-fp16``, ``intel-fp16`` and ``intel-e5m2``; a family's name (the preset's
-without its destination: ``amd-mi300``, ``amd-mi350``, ``nvidia-cvt-rs``, ``graphcore-ipu``,
-``intel``) with the target format picks a preset, as in ``sr.round(x, "e5m2fnuz",
+``graphcore-ipu-fp16``, ``intel-fp16``, ``intel-e5m2`` and ``transformer-engine-sr-e2m1``
+(Transformer Engine's software SR, beside ``nvidia-cvt-rs-e2m1``: their sources disagree on
+the random bits per value, 8 or 16); a family's name (the preset's without its destination:
+``amd-mi300``, ``amd-mi350``, ``nvidia-cvt-rs``, ``graphcore-ipu``, ``intel``,
+``transformer-engine-sr``) with the target format picks a preset, as in ``sr.round(x, "e5m2fnuz",
 hardware="amd-mi300")``. Each preset's ``description``
 says what the unit does, ``source`` which documents say so, ``decisions`` what was chosen
 where they disagree or are silent, and ``exact_domain`` where the preset equals
@@ -415,6 +417,68 @@ _INTEL_FP16 = HardwarePreset(
 )
 
 
+_TRANSFORMER_ENGINE_E2M1 = HardwarePreset(
+    name="transformer-engine-sr-e2m1",
+    source_format="binary32",
+    target_format="e2m1",
+    variant="a",
+    rbits=8,
+    sat="finite",
+    description=(
+        "Transformer Engine's software stochastic rounding to e2m1 (its NVFP4 path on GPUs "
+        "without cvt.rs, ptx::stochastic_round_fp4_e2m1): for a scaled fp32 value x with "
+        "a = |x|, u = r / 256 from 8 random bits r and the e2m1 step s at a (0.5 below 2, "
+        "1 in [2, 4), 2 from 4), t = fmaf(u, s, a), and the result is floor(t / s_t) * s_t "
+        "with s_t the step at t, clamped to 6, with x's sign: in exact arithmetic it rounds "
+        "away when floor(nu 2**8) + r >= 2**8 (nu the dropped fraction in ulps), variant a "
+        "with 8 random bits, which is gfloat's StochasticFastest with srnumbits=8. Values "
+        "above 6 and infinities saturate to +-6 (the satfinite behaviour). e2m1 drops 22 "
+        "bits of an fp32 significand, so 8 random bits truncate the lowest 14: a bias "
+        "toward zero below 2**-8 ulp."
+    ),
+    source=(
+        "NVIDIA Transformer Engine (github.com/NVIDIA/TransformerEngine), "
+        "transformer_engine/common/util/ptx.cuh: stochastic_round_fp4_e2m1 ('Software "
+        "stochastic rounding onto the e2m1 grid, for architectures without cvt.rs. Takes 8 "
+        "random bits per element, which is what cvt.rs.satfinite.e2m1x4.f32 takes from its "
+        "rbits operand'); its callers in util/ptx_arch_spec.cuh and "
+        "transpose/quantize_transpose_vector_blockwise_fp4.cu give the four values of an "
+        "e2m1x4 group the bytes 0..3 of one 32-bit word (rbits, rbits >> 8, >> 16, >> 24), "
+        "and cast/nvfp4/core_nvfp4.cuh (get_rbits) takes those words in turn from one "
+        "Philox4x32 call (curanddx), so one Philox call serves 16 values. The issue text "
+        "(TE reports the distributions match cvt.rs) and gfloat's RoundMode.StochasticFastest."
+    ),
+    decisions=(
+        "The sources disagree on cvt.rs for e2m1: TE's comment reads the PTX rbits operand "
+        "of cvt.rs.satfinite.e2m1x4.f32 as 8 random bits per value, while the "
+        "nvidia-cvt-rs-e2m1 preset follows the PTX ISA read as a 16-bit field per pair of "
+        "operands, and a measurement on sm_100a found 16 bits per value (for e4m3x4). Both "
+        "presets are kept, each named for its source: this one for TE's software path, "
+        "nvidia-cvt-rs-e2m1 for the instruction. "
+        "Random bits: with a seed, each element's 8 bits are the top 8 bits of its own "
+        "stochround word (random_words of its global index), not TE's byte of a word shared "
+        "by four values from TE's Philox stream: the same distribution (uniform, independent "
+        "across elements), not TE's bits. To reproduce TE's bits, pass rand= with the bytes "
+        "extracted from TE's words. "
+        "fp32 arithmetic: TE forms t = fmaf(u, s, a) with one rounding to fp32. Where a is "
+        "below 0.25 and carries bits below t's ulp, within 2**-26 under a multiple of "
+        "2**-9, that rounding can land t on 0.5 and round up for one integer r more than "
+        "the exact rule; the preset follows the exact rule (variant a), as gfloat does. "
+        "NaN: TE returns +6 for a NaN input (fminf drops the NaN); the preset returns NaN, "
+        "stochround's flag for a value e2m1 cannot hold (an encode with the default "
+        "nan='raise' refuses it)."
+    ),
+    exact_domain=(
+        "fp32 inputs (any input, after its rounding to fp32): equal to sr.round(x, 'e2m1', "
+        "'sr', rbits=8, variant='a', sat='finite') everywhere, and to gfloat's "
+        "round_ndarray(e2m1, x, StochasticFastest, sat=True, srbits=r, srnumbits=8); equal "
+        "to TE's fp32 function for every finite input and r except the fmaf rounding case "
+        "and NaN of the decisions. SR with 8 of the 22 dropped bits: bias toward zero "
+        "below 2**-8 ulp"
+    ),
+)
+
+
 def _build_presets() -> dict[str, HardwarePreset]:
     presets = [
         _amd_preset("mi300", "fp8"),
@@ -425,6 +489,7 @@ def _build_presets() -> dict[str, HardwarePreset]:
         _GRAPHCORE,
         _INTEL_FP16,
         _INTEL_E5M2,
+        _TRANSFORMER_ENGINE_E2M1,
     ]
     return {p.name: p for p in presets}
 

@@ -112,3 +112,76 @@ def test_info_says_whether_the_format_has_a_zero():
         "no zero code: 0 and |x| < 2^-127 round to the smallest value (underflow)",
     ]
     assert row(ok("info", "e4m3fn", "--no-values"), "zero")[1:] == ["yes", "has a zero code"]
+
+
+def test_formats_lists_the_block_formats_in_a_second_table():
+    """One row per named block format: element, block, scale, rule, tensor scale and the
+    bits an element costs with its share of the block scale (element bits + 8 / 32 for
+    MX, 4 + 8 / 16 for NVFP4)."""
+    from stochround.blocks.formats import BLOCK_FORMATS
+
+    output = ok("formats")
+    assert "Block formats" in output
+    for name in BLOCK_FORMATS:
+        assert row(output, name)
+    assert row(output, "mxfp4")[1:] == ["e2m1", "32", "e8m0", "floor", "no", "4.25"]
+    assert row(output, "mxfp8_e4m3")[1:] == ["e4m3fn", "32", "e8m0", "floor", "no", "8.25"]
+    assert row(output, "mxfp6_e3m2")[-1] == "6.25"
+    assert row(output, "nvfp4")[1:] == ["e2m1", "16", "e4m3fn", "nvfp4", "fp32", "4.5"]
+    rowwise = ["int8", "row", "binary32", "absmax", "no", "8 + 32/row"]
+    assert row(output, "int8_rowwise")[1:] == rowwise
+
+
+def test_the_block_formats_table_fits_a_narrow_terminal_unsplit():
+    output = ok("formats", columns=80)
+    block_part = output[output.index("Block formats") :]
+    assert "(1/2)" not in block_part
+    assert max(map(len, block_part.splitlines())) <= 80
+    assert row(block_part, "mxfp4")[-1] == "4.25"
+
+
+@pytest.mark.parametrize(
+    ("name", "element", "block", "scale", "rule", "tensor", "bits"),
+    [
+        ("mxfp4", "e2m1", "32", "e8m0", "floor", "no", "4.25"),
+        ("mxfp6_e2m3", "e2m3", "32", "e8m0", "floor", "no", "6.25"),
+        ("mxint8", "ocp_int8", "32", "e8m0", "floor", "no", "8.25"),
+        ("nvfp4", "e2m1", "16", "e4m3fn", "nvfp4", "fp32", "4.5"),
+        ("int8_rowwise", "int8", "row", "binary32", "absmax", "no", "8 + 32/row"),
+    ],
+)
+def test_info_describes_a_block_format(name, element, block, scale, rule, tensor, bits):
+    output = ok("info", name, "--no-values")
+    assert f"Block format {name}" in output
+    assert row(output, "element")[1] == element
+    assert row(output, "block")[1] == block
+    assert row(output, "scale")[1] == scale
+    assert row(output, "scale rule")[1] == rule
+    assert row(output, "tensor scale")[1] == tensor
+    assert row(output, "bits per element")[1] == bits
+    # then the element format's own properties
+    assert f"Format {element}" in output
+
+
+def test_info_of_a_block_format_lists_its_element_codes():
+    """mxfp4's elements are e2m1: the value table of its 16 codes follows the block
+    format's properties; mxint8's grid (k / 64) is not a registered format, and is listed
+    all the same."""
+    rows = _value_rows(ok("info", "mxfp4"))
+    assert sorted(rows) == list(range(16))
+    assert rows[0x7] == ("0 11 1", 6.0, "normal")
+    output = ok("info", "MXINT8")
+    assert row(output, "element")[1:] == ["ocp_int8", "8 bits, max 1.984375"]
+    int_rows = _value_rows(output)
+    assert len(int_rows) == 256
+    assert int_rows[0x01][1] == 2**-6
+    assert int_rows[0x80][1] == -2.0
+
+
+def test_info_of_an_unknown_name_lists_the_block_formats():
+    from helpers import invoke
+
+    result = invoke("info", "mxfp3")
+    assert result.exit_code == 2
+    assert "unknown format 'mxfp3'" in result.output
+    assert "block formats: mxfp8_e4m3, mxfp8_e5m2" in result.output

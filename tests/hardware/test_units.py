@@ -4,7 +4,8 @@ Each unit is modelled here a second time, directly from its documented algorithm
 input's integer bit pattern: add the random integer to the dropped bits, keep the bits
 above (AMD, NVIDIA, Intel fp32 -> fp16); mask the random number to the bits dropped and
 add it to the fp32 significand, flushing below 2**-25 (Graphcore); add the bias byte to
-the fp16 bit pattern and keep its upper byte (Intel fp16 -> bf8). The presets must equal
+the fp16 bit pattern and keep its upper byte (Intel fp16 -> bf8); Transformer Engine's
+software e2m1 SR as its fp32 code computes it. The presets must equal
 these models bit for bit, and equal `sr.round`'s contract wherever DESIGN.md's variant a
 describes the unit, for every random integer where the count allows it (rbits <= 16, and
 one subnormal AMD case with all 2**20), and at the decision threshold and its neighbours
@@ -39,6 +40,7 @@ EXPECTED_PRESETS = {
     "graphcore-ipu-fp16": ("binary32", "binary16", 24, "propagate"),
     "intel-fp16": ("binary32", "binary16", 13, "none"),
     "intel-e5m2": ("binary16", "e5m2", 8, "none"),
+    "transformer-engine-sr-e2m1": ("binary32", "e2m1", 8, "finite"),
 }
 ADD_AND_TRUNCATE = [name for name in EXPECTED_PRESETS if name.startswith(("amd", "nvidia"))]
 ADD_AND_TRUNCATE.append("intel-fp16")
@@ -534,6 +536,7 @@ def test_families_pick_their_unit_by_target_format() -> None:
         "nvidia-cvt-rs",
         "graphcore-ipu",
         "intel",
+        "transformer-engine-sr",
     }
     for family, members in hardware.FAMILIES.items():
         for member in members:
@@ -582,3 +585,117 @@ def test_presets_round_cuda_tensors_as_cpu_ones(dtype: torch.dtype) -> None:
         assert torch.equal(on_gpu, sr.round(x, hardware=name, seed=4, index_offset=5)), name
         on_gpu = sr.round(x.cuda(), hardware=name, rand=rand.cuda()).cpu()
         assert torch.equal(on_gpu, sr.round(x, hardware=name, rand=rand)), name
+
+
+# --- Transformer Engine's software SR to e2m1 ----------------------------------------------
+
+TE_NAME = "transformer-engine-sr-e2m1"
+
+
+def _e2m1_step(a: torch.Tensor) -> torch.Tensor:
+    """The e2m1 grid step at magnitude a: 0.5 below 2, 1 in [2, 4), 2 from 4."""
+    return torch.where(a >= 4, 2.0, torch.where(a >= 2, 1.0, 0.5)).to(torch.float64)
+
+
+def transformer_engine_model(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """TE's ptx::stochastic_round_fp4_e2m1 on fp32 x with 8-bit r, in float64 tensors:
+    u = r / 256, s = step(|x|), t = fmaf(u, s, |x|) (one rounding to fp32), q =
+    min(floor(t / step(t)) * step(t), 6), with x's sign; NaN gives +6. The float64 sum
+    |x| + u s is exact where |x| >= 2**-28 or |x| = 0 (|x| has 24 significant bits, u s is
+    a multiple of 2**-9 below 8), so converting it to fp32 is fmaf's single rounding:
+    callers pass only such x."""
+    xd = x.to(torch.float32).to(torch.float64)
+    a = xd.abs()
+    exact_sum = a + r.to(torch.float64) / 256 * _e2m1_step(a)
+    t = exact_sum.to(torch.float32).to(torch.float64)
+    step_t = _e2m1_step(t)
+    q = torch.clamp(torch.floor(t / step_t) * step_t, max=6.0)
+    q = torch.where(torch.isnan(xd), 6.0, torch.copysign(q, xd))
+    return q
+
+
+def te_inputs() -> torch.Tensor:
+    """fp32 inputs for TE's e2m1 SR: every bf16 pattern with magnitude in [2**-28, 16]
+    (every grid point, midpoint and the values between at bf16 resolution), random fp32
+    values with full 24-bit significands over the same range, both signs, zeros, values
+    beyond 6, infinities, and values just under multiples of 2**-9 whose sum with u s
+    fmaf rounds onto 0.5 (and one just outside that band)."""
+    patterns = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    bf16 = patterns.to(torch.float32)
+    bf16 = bf16[(bf16.abs() >= 2.0**-28) & (bf16.abs() <= 16)]
+    generator = torch.Generator().manual_seed(30)
+    magnitude = torch.exp2(torch.rand(4096, generator=generator, dtype=torch.float64) * 32 - 28)
+    sign = torch.where(torch.rand(4096, generator=generator) < 0.5, -1.0, 1.0)
+    fp32 = (magnitude * sign).to(torch.float32)
+    specials = torch.tensor([0.0, -0.0, 6.0, -6.0, 7.0, 1e30, -3e38, math.inf, -math.inf])
+    near = [2.0**-9 - 2.0**-26, 2.0**-9 - 2.0**-33, 2.0**-8 - 2.0**-32, 0.25 - 2.0**-26]
+    outside = [2.0**-9 - 2.0**-25]
+    carried = torch.tensor(near + [-v for v in near] + outside, dtype=torch.float32)
+    return torch.cat([bf16, fp32, specials, carried])
+
+
+def test_transformer_engine_preset_equals_gfloat_stochastic_fastest() -> None:
+    """The preset is gfloat's round_ndarray(e2m1, x, StochasticFastest, sat=True,
+    srbits=r, srnumbits=8) bit for bit, for every r in [0, 256) on every test input."""
+    from gfloat import RoundMode, round_ndarray
+    from gfloat import formats as gf
+
+    x, r = grid(te_inputs(), torch.arange(256))
+    actual = hardware.round_hardware(x, TE_NAME, rand=r)
+    expected = round_ndarray(
+        gf.format_info_ocp_e2m1,
+        x.to(torch.float64).numpy(),
+        RoundMode.StochasticFastest,
+        True,
+        r.numpy(),
+        8,
+    )
+    assert_bitwise(actual, torch.from_numpy(expected), "TE preset vs gfloat StochasticFastest")
+    assert_bitwise(actual, contract(x, TE_NAME, r), "TE preset vs sr.round")
+
+
+def test_transformer_engine_preset_follows_tes_fp32_code_except_where_documented() -> None:
+    """Against TE's fp32 function for every r: equal everywhere except (1) where fmaf's
+    rounding carries |x| + u s from [0.5 - 2**-26, 0.5) onto 0.5 (ties go to 0.5, whose
+    significand is even), which rounds up where the exact rule does not, and (2) NaN,
+    which TE turns into +6. Both are the preset's documented decisions; the inputs hold cases of
+    (1), so the difference is shown, not assumed."""
+    x, r = grid(te_inputs(), torch.arange(256))
+    actual = hardware.round_hardware(x, TE_NAME, rand=r).to(torch.float64)
+    te = transformer_engine_model(x, r)
+    exact_sum = x.to(torch.float64).abs() + r.to(torch.float64) / 512
+    carried = (exact_sum >= 0.5 - 2.0**-26) & (exact_sum < 0.5)
+    same = actual.view(torch.int64) == te.view(torch.int64)
+    assert bool(same[~carried].all())
+    assert int(carried.sum()) > 0 and bool((actual[carried] == 0).all())
+    assert bool((te[carried] == 0.5 * torch.sign(x[carried])).all())
+    # the rare inputs where the rounding happens, explicitly
+    cases = torch.tensor([2.0**-9 - 2.0**-26, 2.0**-9 - 2.0**-33, 0.25 - 2.0**-26])
+    rs = torch.tensor([255, 255, 128])
+    assert hardware.round_hardware(cases, TE_NAME, rand=rs).tolist() == [0.0, 0.0, 0.0]
+    assert transformer_engine_model(cases, rs).tolist() == [0.5, 0.5, 0.5]
+    nan = torch.tensor([math.nan])
+    assert transformer_engine_model(nan, torch.tensor([3])).item() == 6.0
+    assert math.isnan(hardware.round_hardware(nan, TE_NAME, rand=torch.tensor([3])).item())
+
+
+def test_transformer_engine_preset_takes_the_top_byte_of_each_elements_word() -> None:
+    """With a seed, element i's 8 bits are the top 8 bits of random_words(i, seed, offset):
+    one word per element, not TE's four bytes of a shared word."""
+    from stochround import random as streams
+
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(31)) * 3
+    words = streams.random_words(torch.arange(1000), 12, 3)
+    assert torch.equal(
+        sr.round(x, hardware=TE_NAME, seed=12, offset=3),
+        hardware.round_hardware(x, TE_NAME, rand=words >> 24),
+    )
+    assert hardware.preset("transformer-engine-sr", "e2m1").name == TE_NAME
+
+
+def test_the_two_e2m1_presets_differ_in_their_random_bits() -> None:
+    """nvidia-cvt-rs-e2m1 (16 bits per value) and transformer-engine-sr-e2m1 (8 bits):
+    the bias against exact SR is the truncated fraction at 2**-16 and 2**-8 resolution."""
+    x = torch.tensor([1.0 + 2.0**-10], dtype=torch.float32)  # nu = 2**-9: below 2**-8
+    assert hardware.bias_against_exact(TE_NAME, x).item() == -(2.0**-9)
+    assert hardware.bias_against_exact("nvidia-cvt-rs-e2m1", x).item() == 0.0

@@ -4,6 +4,7 @@
 from types import ModuleType
 
 from . import (
+    block_formats,
     gradient_descent,
     hardware_units,
     limited_bits,
@@ -23,6 +24,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     "hardware-units": hardware_units,
     "lorenz96": lorenz96,
     "tall-thin": tall_thin,
+    "block-formats": block_formats,
     "optimizer-state": optimizer_state,
 }
 DEFAULT_SEED = 2024

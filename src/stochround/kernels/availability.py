@@ -10,7 +10,12 @@ optimizers' own checks of a parameter).
 
 from __future__ import annotations
 
+import functools
 import os
+
+import torch
+
+from ..formats import Format, format_of_dtype
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -42,3 +47,10 @@ def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:
 
 
 __all__ = ["INTERPRETED", "kernels_refusal", "triton_missing"]
+
+
+@functools.cache  # Format is frozen; fits_in works in exact fractions
+def kernel_supports(fmt: Format) -> bool:
+    """Formats the kernels round exactly: values exact in fp32 and emin >= -126."""
+    fp32 = format_of_dtype(torch.float32)
+    return fmt.fits_in(fp32) and fmt.emin >= fp32.emin

@@ -27,9 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats import Format, format_of_dtype
+from ..formats import Format
 from ..reference import overflow_value
 from ..torch_path import nan_code
+from .availability import kernel_supports
 from .philox import four_words
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -41,13 +42,6 @@ def fp32_bits(value: float) -> int:
     """The fp32 bit pattern of a float that fp32 holds exactly (NaN: 0x7FC00000), as the
     signed int32 the kernels compare and select."""
     return struct.unpack("<i", struct.pack("<f", value))[0]
-
-
-@functools.cache  # Format is frozen; fits_in works in exact fractions
-def kernel_supports(fmt: Format) -> bool:
-    """Formats the kernels round exactly: values exact in fp32 and emin >= -126."""
-    fp32 = format_of_dtype(torch.float32)
-    return fmt.fits_in(fp32) and fmt.emin >= fp32.emin
 
 
 @triton.jit
@@ -216,6 +210,16 @@ def encode_bits(
 
 
 @triton.jit
+def sign_bit(bits, code, SIGN_SHIFT: tl.constexpr, HAS_NEGATIVE_ZERO: tl.constexpr):
+    """The sign bit of each code (at bit SIGN_SHIFT of a sign-magnitude code) from x's fp32
+    bits (int32): x's sign, except on zero in formats without -0."""
+    sign = (bits >> (31 - SIGN_SHIFT)) & (1 << SIGN_SHIFT)
+    if not HAS_NEGATIVE_ZERO:
+        sign = tl.where(code != 0, sign, 0)
+    return sign
+
+
+@triton.jit
 def fp32_bits_of(x):
     """The fp32 bit pattern (int32) of fp32/bf16/fp16 values; bf16 widened with integer
     operations (the interpreter's bf16 -> fp32 conversion flushes subnormals)."""
@@ -332,6 +336,7 @@ __all__ = [
     "overflow_bits",
     "rounded_fp32_bits",
     "seed_and_offset",
+    "sign_bit",
     "sr_count",
     "sr_count_rounds_up",
     "tile_words",

@@ -58,6 +58,7 @@ from .common import (
     overflow_bits,
     rounded_fp32_bits,
     seed_and_offset,
+    sign_bit,
     tile_words,
 )
 from .grid import cdiv, next_power_of_2
@@ -364,16 +365,7 @@ def _exact_codes(
         is_nan = is_nan | (code < 0)
     if CHECK_NAN:
         _flag_nan(flag_ptr, is_nan, mask)
-    return tl.where(is_nan, NAN_CODE, code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO))
-
-
-@triton.jit
-def _sign_bit(bits, code, SIGN_SHIFT: tl.constexpr, HAS_NEGATIVE_ZERO: tl.constexpr):
-    """The sign bit of each code: x's, except on zero in formats without -0."""
-    sign = (bits >> (31 - SIGN_SHIFT)) & (1 << SIGN_SHIFT)
-    if not HAS_NEGATIVE_ZERO:
-        sign = tl.where(code != 0, sign, 0)
-    return sign
+    return tl.where(is_nan, NAN_CODE, code | sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO))
 
 
 @triton.jit
@@ -529,7 +521,7 @@ def _sr_codes_kernel(
     # rounded before the tile's check: inside its branch the compiler keeps more registers
     # live (128 against 100 on sm_90), fewer programs fit an SM, and the kernel is slower
     if tl.max(magnitude) <= CLAMP_BITS:
-        code = code | _sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO)
+        code = code | sign_bit(bits, code, SIGN_SHIFT, HAS_NEGATIVE_ZERO)
         _store_codes(out_ptr, code, program, lane, count, OUTPUT, ROWS)
     else:
         slot = tl.atomic_add(flag_ptr + 1, 1, sem="relaxed")

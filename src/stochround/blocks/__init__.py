@@ -1,0 +1,30 @@
+"""Block-scaled formats: MX (OCP v1.0), NVFP4, int8 row-wise and any block format of the
+core's element formats, quantized with every rounding mode of the core, with random
+Hadamard transforms and the 128x4 swizzled scale layout of block-scaled GEMMs.
+
+`formats` describes the formats, `scales` the scale rules, `quantize` the PyTorch path
+and the entry points, `hadamard` the rotations and `layout` the scale layouts.
+"""
+
+from __future__ import annotations
+
+from .formats import BLOCK_FORMATS, SCALE_RULES, BlockFormat, block_format
+from .hadamard import hadamard, inverse_hadamard, random_signs
+from .layout import swizzle_scales, unswizzle_scales
+from .quantize import BlockTensor, fake_quantize, quantize, to_nvfp4
+
+__all__ = [
+    "BLOCK_FORMATS",
+    "SCALE_RULES",
+    "BlockFormat",
+    "BlockTensor",
+    "block_format",
+    "fake_quantize",
+    "hadamard",
+    "inverse_hadamard",
+    "quantize",
+    "random_signs",
+    "swizzle_scales",
+    "to_nvfp4",
+    "unswizzle_scales",
+]

@@ -1,0 +1,985 @@
+"""Block quantization: `quantize` (a `BlockTensor`), `fake_quantize` and `to_nvfp4`.
+
+The PyTorch path (`quantize_torch`) is the executable definition; the Triton kernel
+(`stochround.kernels.blocks.quantize_blocks`) computes the same bits for 1-D blocks along a
+contiguous last axis and is chosen by ``backend``.
+
+One call:
+
+1. optionally rotate x with a random Hadamard transform of ``rht`` values along the axis
+   (`stochround.blocks.hadamard`), rounding the rotation to bf16 with ``rht_bf16``;
+2. move the quantized axis last (1-D blocks) and cut it into blocks (2-D tiles cover the
+   last two axes in place);
+3. each block's ``amax`` (NaN if the block holds a NaN), its scale and fp32 multiplier by
+   the scale rule (`stochround.blocks.scales`), and NVFP4's tensor scale;
+4. the elements ``v = fp32(x) * multiplier`` rounded to the element format by the rounding
+   core (every mode, ``rbits``/``variant``, hardware presets), saturating to the finite
+   range (``sat="finite"``); a NaN element in a format without a NaN code stores code 0
+   (its block's scale is NaN, so it dequantizes to NaN).
+
+Stochastic rounding draws the core stream's word of each element's global row-major index
+in the original x (before the axis is moved): ``random_words(index, seed, offset)``, so
+results are the same on every device, eager or compiled, whole or sharded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import typing
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .. import random as streams
+from ..formats import Format
+from ..kernels.availability import kernels_refusal
+from ..packing import unpack
+from ..presets import preset
+from ..reference import MODES, VARIANTS, WORD_BITS, check_choice, check_rbits
+from ..rounding import check_input, decode, encode
+from .formats import (
+    OCP_INT8,
+    POWER_OF_TWO_RULES,
+    SCALE_RULES,
+    Block,
+    BlockFormat,
+    block_format,
+    check_block,
+)
+from .hadamard import HADAMARD_SIZES, hadamard, inverse_hadamard, random_signs
+from .layout import swizzle_scales, unswizzle_scales
+from .scales import (
+    RESCALE,
+    absmax_scales,
+    check_flavour,
+    e8m0_scales,
+    nvfp4_scales,
+    nvfp4_tensor_scale,
+    power_of_two_exponent,
+    power_of_two_multiply,
+)
+
+BACKENDS = ("auto", "torch", "triton")
+ROUNDING_MODES = {"rn": "rne", "rs": "sr"}  # to_nvfp4's names (torchao RFC #3264)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads
+
+# the fixed sign vector of ``rht_signs=None``: random_signs(size, seed=RHT_SEED), one
+# rotation shared by every call, so that two operands of a GEMM quantized with different
+# rounding seeds still share their rotation (as Transformer Engine's fixed sign vector)
+RHT_SEED = 0
+
+# those sign vectors per (size, device), made once: drawing them takes dozens of small
+# operations, a cost every eager call would pay again (under torch.compile they are drawn
+# in the graph instead)
+_DEFAULT_SIGNS: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def default_signs(size: int, device: torch.device) -> Tensor:
+    """``random_signs(size, seed=RHT_SEED)`` on ``device``: the signs of ``rht_signs=None``."""
+    if torch.compiler.is_compiling():
+        return random_signs(size, RHT_SEED, device=device)
+    key = (size, device)
+    if key not in _DEFAULT_SIGNS:
+        _DEFAULT_SIGNS[key] = random_signs(size, RHT_SEED, device=device)
+    return _DEFAULT_SIGNS[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockTensor:
+    """A block-quantized tensor.
+
+    ``codes``: the elements' codes in the quantized layout (1-D blocks: x with the
+    quantized axis moved last, ``x.movedim(axis, -1)``; 2-D tiles: x's layout): e2m1 packed
+    two per byte along the last axis, low nibble first (uint8, `stochround.packing`);
+    e4m3fn/e5m2 as torch.float8_e4m3fn/float8_e5m2; int8 grids (int8, MXINT8) as int8; other
+    formats one code per byte (uint8).  ``scales``: one per block, shaped like the codes'
+    layout with the last axis (2-D tiles: the last two) divided by the block,
+    torch.float8_e8m0fnu (power-of-two rules), torch.float8_e4m3fn (NVFP4) or x's dtype
+    (absmax); with ``swizzled`` True, in the 128x4 tiled layout of `swizzle_scales` over
+    ``scale_shape``.  ``tensor_scale``: NVFP4's fp32 decoding tensor scale (0-d), or None.
+    ``format``: the `BlockFormat` (with the call's block and scale rule); ``axis``: the
+    quantized axis of x (nonnegative; -1 is ``ndim - 1``); ``shape`` and ``dtype``: x's;
+    ``rht`` and ``rht_signs``: the Hadamard rotation applied before quantizing, or None;
+    ``scale_shape``: the unswizzled scales' shape.
+    """
+
+    codes: Tensor
+    scales: Tensor
+    tensor_scale: Tensor | None
+    format: BlockFormat
+    axis: int
+    shape: torch.Size
+    dtype: torch.dtype
+    rht: int | None = None
+    rht_signs: Tensor | None = None
+    swizzled: bool = False
+    scale_shape: tuple[int, ...] = ()
+
+    def dequantize(self, dtype: torch.dtype | None = None, *, unrotate: bool = False) -> Tensor:
+        """The values ``element * (scale * tensor_scale)`` in fp32 (times 4/3 for the
+        ``floor-3/4`` rule), then in ``dtype`` (default: x's), in x's layout.
+
+        With a Hadamard rotation the values stay in the rotated basis (what a GEMM of two
+        operands rotated alike consumes, as Transformer Engine and torchao keep them);
+        ``unrotate=True`` applies the inverse rotation (in fp32) to give x's basis."""
+        values = dequantize_values(self)
+        if self.rht is not None and unrotate:
+            values = inverse_hadamard(values, self.rht, signs=self.rht_signs, axis=self.axis)
+        return values.to(self.dtype if dtype is None else dtype)
+
+
+def element_values(q: BlockTensor) -> Tensor:
+    """The elements' values (fp32) in the quantized layout: the codes looked up in the
+    format's table of values (`BlockFormat.element_table`; formats of more than 16 bits
+    are decoded by `stochround.decode`, which torch.compile does not trace)."""
+    element = q.format.element
+    codes = q.codes
+    if element.bits == 4:
+        integers = unpack(codes, 4)
+    elif codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8):
+        integers = codes.view(torch.uint8)
+    else:
+        integers = codes
+    table = q.format.element_table
+    if table is None:
+        return decode(integers, element, torch.float32)
+    values = torch.tensor(table, dtype=torch.float32, device=codes.device)
+    return values[integers.to(torch.int64) & (len(table) - 1)]
+
+
+def scale_values(q: BlockTensor) -> Tensor:
+    """The block scales as fp32 values times the tensor scale, unswizzled (``scale_shape``):
+    E8M0 code c is ``2**(c - 127)`` (``2**-127`` an fp32 subnormal), 0xFF NaN."""
+    scales = q.scales
+    if q.swizzled:
+        rows = 1
+        for size in q.scale_shape[:-1]:
+            rows *= size
+        scales = unswizzle_scales(scales, rows, q.scale_shape[-1]).reshape(q.scale_shape)
+    if scales.dtype == torch.float8_e8m0fnu:
+        bits = scales.view(torch.uint8).to(torch.int32)
+        # code c's fp32 bits are c << 23, except 0 (2**-127 lies below fp32's normals)
+        values = torch.where(bits == 0, 2.0**-127, (bits << 23).view(torch.float32))
+        values = torch.where(bits == 0xFF, float("nan"), values)
+    else:
+        values = scales.to(torch.float32)
+    if q.tensor_scale is not None:
+        values = values * q.tensor_scale
+    return values
+
+
+def dequantize_values(q: BlockTensor) -> Tensor:
+    """The dequantized values in fp32 and x's layout (rotated basis)."""
+    elements = element_values(q)
+    scales = scale_values(q)
+    block = q.format.block
+    if isinstance(block, tuple):
+        *lead, rows, cols = elements.shape
+        tiles = elements.reshape(*lead, rows // block[0], block[0], cols // block[1], block[1])
+        values = (tiles * scales.unsqueeze(-1).unsqueeze(-3)).reshape(elements.shape)
+    else:
+        length = elements.shape[-1]
+        size = length if block is None else block
+        blocks = elements.reshape(*elements.shape[:-1], length // size, size)
+        values = (blocks * scales.unsqueeze(-1)).reshape(elements.shape)
+        values = values.movedim(-1, q.axis)
+    if q.format.scale_rule == "floor-3/4":
+        values = values * RESCALE
+    return values
+
+
+class BlockRequest(NamedTuple):
+    """A quantize call's checked choices (what the PyTorch path and the kernel take)."""
+
+    fmt: BlockFormat
+    mode: str
+    n: int
+    variant: str
+    axis: int
+    flavour: str
+    hardware: str | None
+
+
+def check_axis(axis: object, ndim: int) -> int:
+    """axis as a nonnegative int below ndim (ValueError naming the range otherwise)."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise ValueError(f"axis must be an int in [-{ndim}, {ndim}); got {axis!r}")
+    axis = int(axis)
+    if not -ndim <= axis < ndim:
+        raise ValueError(
+            f"axis must be an int in [-{ndim}, {ndim}) for x of {ndim} dims; got {axis}"
+        )
+    return axis % ndim
+
+
+def resolve_format(fmt: str | BlockFormat, block: object, scale_rule: object) -> BlockFormat:
+    """The call's block format: ``fmt`` with ``block`` and ``scale_rule`` replaced where
+    given (the replacement is validated as a `BlockFormat`)."""
+    found = block_format(fmt)
+    changes: dict[str, Any] = {}
+    if block is not None:
+        changes["block"] = check_block(block)
+    if scale_rule is not None:
+        check_choice("scale_rule", scale_rule, SCALE_RULES)
+        changes["scale_rule"] = scale_rule
+    return dataclasses.replace(found, **changes) if changes else found
+
+
+def check_blocks(fmt: BlockFormat, shape: torch.Size, axis: int) -> None:
+    """ValueError unless the block divides the quantized axis (2-D tiles: the last two axes,
+    with axis the last one)."""
+    block = fmt.block
+    if isinstance(block, tuple):
+        if len(shape) < 2:
+            raise ValueError(
+                f"2-D blocks {block} need x of at least 2 dims; got shape {tuple(shape)}"
+            )
+        if axis != len(shape) - 1:
+            raise ValueError(
+                f"2-D blocks {block} cover the last two axes: axis must be -1; got {axis}"
+            )
+        for size, length, name in zip(block, shape[-2:], ("rows", "columns"), strict=True):
+            if length % size:
+                raise ValueError(
+                    f"block {block} must divide x's last two axes: {length} {name} is not a "
+                    f"multiple of {size}"
+                )
+    elif block is not None and shape[axis] % block:
+        raise ValueError(
+            f"block {block} must divide the length {shape[axis]} of axis {axis} (no padding)"
+        )
+    if fmt.element.bits == 4:
+        last = shape[-1] if isinstance(block, tuple) else shape[axis]
+        if last % 2:
+            raise ValueError(f"4-bit codes pack two per byte: the axis length {last} must be even")
+
+
+def _tensor_scale_choice(fmt: BlockFormat, tensor_scale: object) -> str:
+    """What the call's tensor scale is: "none", "amax" (computed) or "given"."""
+    if tensor_scale is False:
+        return "none"
+    if tensor_scale is None:
+        return "amax" if fmt.tensor_scale else "none"
+    if isinstance(tensor_scale, bool):
+        raise ValueError("tensor_scale must be None, False, a float or an fp32 tensor; got True")
+    if not fmt.tensor_scale:
+        raise ValueError(
+            f"tensor_scale applies to formats with a per-tensor scale (nvfp4); {fmt.name} has none"
+        )
+    if isinstance(tensor_scale, numbers.Real) or (
+        isinstance(tensor_scale, Tensor) and tensor_scale.numel() == 1
+    ):
+        return "given"
+    raise ValueError(
+        "tensor_scale must be None (from the tensor's amax), False (single-level), a float "
+        f"or a one-element fp32 tensor; got {tensor_scale!r}"
+    )
+
+
+def _check_extras(
+    x: Tensor, request: BlockRequest, tensor_scale: object, rht: object, rht_signs: object
+) -> None:
+    """The tensor scale and RHT options checked before a stream is drawn from (a refused
+    call takes nothing from it): ``rht`` one of `HADAMARD_SIZES`, dividing the axis."""
+    _tensor_scale_choice(request.fmt, tensor_scale)
+    if rht is None:
+        if rht_signs is not None:
+            raise ValueError("rht_signs applies with rht= (the Hadamard size); got rht=None")
+        return
+    if isinstance(rht, bool) or rht not in HADAMARD_SIZES:
+        allowed = ", ".join(map(str, HADAMARD_SIZES))
+        raise ValueError(f"rht must be None or a Hadamard size in {allowed}; got {rht!r}")
+    length = x.shape[request.axis]
+    if length % typing.cast(int, rht):
+        raise ValueError(f"rht={rht} must divide the length {length} of axis {request.axis}")
+
+
+def _random_source(
+    mode: str,
+    seed: int | Tensor | None,
+    offset: int | Tensor | None,
+    stream: streams.Stream | None,
+) -> tuple[int | Tensor, int | Tensor]:
+    """The (seed, offset) of an SR call: given, drawn from torch's default generator
+    (seed None, as the core draws it), or taken from ``stream`` (advanced by one)."""
+    if stream is not None:
+        if not isinstance(stream, streams.Stream):
+            raise TypeError(f"stream must be a stochround.Stream, got {type(stream).__name__}")
+        if seed is not None or offset is not None:
+            raise ValueError("stream= gives the seed and offset: pass stream= or seed=/offset=")
+        if mode != "sr":
+            return 0, 0
+        return stream.take()
+    if mode != "sr":
+        return 0, 0
+    offset = 0 if offset is None else streams.check_seed(offset, "offset")
+    if seed is not None:
+        return streams.check_seed(seed, "seed"), offset
+    if torch.compiler.is_compiling():
+        return streams.default_seed_tensor(), offset
+    return streams.default_seed(), offset
+
+
+def _rotate(
+    x: Tensor, rht: int | None, signs: Tensor | None, axis: int, rht_bf16: bool
+) -> tuple[Tensor, Tensor | None]:
+    """x rotated by the Hadamard transform of ``rht`` values along axis (and its signs)."""
+    if rht is None:
+        if signs is not None:
+            raise ValueError("rht_signs applies with rht= (the Hadamard size); got rht=None")
+        return x, None
+    if signs is None:
+        signs = default_signs(rht, x.device)
+    rotated = hadamard(x, rht, signs=signs, axis=axis)
+    if rht_bf16:
+        rotated = rotated.to(torch.bfloat16)
+    return rotated, signs
+
+
+def _blocked_amax(values: Tensor, block: Block) -> Tensor:
+    """Each block's max |value| (NaN where the block holds NaN), with a unit axis per block
+    axis so that it broadcasts over ``_blocked(values)``."""
+    return _blocked(values, block).abs().amax(dim=_block_dims(block), keepdim=True)
+
+
+def _blocked(values: Tensor, block: Block) -> Tensor:
+    """values (quantized layout) with the block axes split out."""
+    if isinstance(block, tuple):
+        *lead, rows, cols = values.shape
+        return values.reshape(*lead, rows // block[0], block[0], cols // block[1], block[1])
+    length = values.shape[-1]
+    size = length if block is None else block
+    return values.reshape(*values.shape[:-1], length // size, size)
+
+
+def _block_dims(block: Block) -> tuple[int, ...]:
+    return (-3, -1) if isinstance(block, tuple) else (-1,)
+
+
+def _squeeze_blocks(scales: Tensor, block: Block) -> Tensor:
+    return scales.squeeze(-1).squeeze(-2) if isinstance(block, tuple) else scales.squeeze(-1)
+
+
+def scale_and_multiplier(
+    values: Tensor,
+    fmt: BlockFormat,
+    flavour: str,
+    tensor_scale: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The blocks' scales (squeezed) and the scaled fp32 elements (blocked layout) of
+    ``values`` (the quantized layout, x's dtype)."""
+    rule = fmt.scale_rule
+    amax = _blocked_amax(values, fmt.block)
+    blocked = _blocked(values, fmt.block).to(torch.float32)
+    if rule in POWER_OF_TWO_RULES:
+        exponent = power_of_two_exponent(
+            amax, rule, emax=fmt.element_emax, mbits=fmt.element_mbits, max_value=fmt.element_max
+        )
+        scaled = power_of_two_multiply(blocked, exponent, amax, rule)
+        return _squeeze_blocks(e8m0_scales(exponent, amax), fmt.block), scaled
+    if rule == "nvfp4":
+        scales, multiplier = nvfp4_scales(amax, tensor_scale, flavour)
+    else:
+        scales, multiplier = absmax_scales(amax, fmt.element_max)
+    return _squeeze_blocks(scales, fmt.block), blocked * multiplier
+
+
+def _element_codes(
+    scaled: Tensor,
+    element: Format,
+    request: BlockRequest,
+    seed: int | Tensor,
+    offset: int | Tensor,
+    index: Tensor | None,
+) -> Tensor:
+    """The elements' codes (uint8; 4-bit codes packed two a byte) of the scaled fp32
+    values, rounded by the core with sat="finite"; ``index``: the elements' global indices
+    in x where they differ from the flat positions (a moved axis), whose words are passed
+    as ``rand``.  A hardware preset rounds with its own saturation: the values are first
+    clamped to the element's finite range, which saturates them whatever the preset's."""
+    packed = element.bits == 4
+    kwargs: dict[str, Any] = {"nan": "zero", "packed": packed, "backend": "torch"}
+    if request.mode == "sr":
+        if index is None:
+            kwargs.update(seed=seed, offset=offset)
+        else:
+            words = streams.random_words(index, seed, offset)
+            kwargs["rand"] = words >> (WORD_BITS - request.n)
+    if request.hardware is not None:
+        bound = request.fmt.element_max
+        clamped = scaled.clamp(-bound, bound)
+        return encode(clamped, element, "sr", hardware=request.hardware, **kwargs)
+    rbits = request.n if request.mode == "sr" and request.n != WORD_BITS else None
+    return encode(
+        scaled,
+        element,
+        request.mode,
+        rbits=rbits,
+        variant=request.variant,
+        sat="finite",
+        **kwargs,
+    )
+
+
+def _code_storage(codes: Tensor, element: Format) -> Tensor:
+    """Codes in their stored dtype: float8 dtypes for e4m3fn/e5m2, int8 for two's
+    complement grids, uint8 otherwise."""
+    if element.name in ("e4m3fn", "e5m2") and element.torch_dtype is not None:
+        return codes.view(element.torch_dtype)
+    if element.twos_complement and element.bits == 8:
+        return codes.view(torch.int8)
+    return codes
+
+
+def quantize_torch(
+    x: Tensor,
+    request: BlockRequest,
+    *,
+    tensor_scale: Tensor | float | bool | None = None,
+    rht: int | None = None,
+    rht_signs: Tensor | None = None,
+    rht_bf16: bool = False,
+    seed: int | Tensor = 0,
+    offset: int | Tensor = 0,
+    swizzle: bool = False,
+) -> tuple[BlockTensor, Tensor]:
+    """The PyTorch path: the `BlockTensor` of x and a bool mask, in x's layout, of the
+    elements whose scaled value lay beyond the element's finite range (clipped by the
+    saturation), for `fake_quantize`'s ``clip_mask``.  Arguments as `quantize` takes them,
+    checked (``request``: the choices; ``seed``/``offset`` the stream, already drawn)."""
+    fmt, axis = request.fmt, request.axis
+    rotated, signs = _rotate(x, rht, rht_signs, axis, rht_bf16)
+    choice = _tensor_scale_choice(fmt, tensor_scale)
+    decoding: Tensor | None = None
+    if choice == "amax":
+        decoding = nvfp4_tensor_scale(rotated.abs().amax().to(torch.float32), request.flavour)
+    elif choice == "given":
+        decoding = torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device).reshape(())
+    tiles = isinstance(fmt.block, tuple)
+    moved = not tiles and axis != x.dim() - 1
+    layout = rotated.movedim(axis, -1) if moved else rotated
+    scales, scaled = scale_and_multiplier(layout, fmt, request.flavour, decoding)
+    flat = scaled.reshape(layout.shape)
+    index = None
+    if moved and request.mode == "sr":
+        index = torch.arange(x.numel(), device=x.device).reshape(x.shape).movedim(axis, -1)
+    codes = _element_codes(flat, fmt.element, request, seed, offset, index)
+    clipped = flat.abs() > fmt.element_max
+    if moved:
+        clipped = clipped.movedim(-1, axis)
+    scale_shape = tuple(scales.shape)
+    if swizzle:
+        scales = swizzle_scales(scales.reshape(-1, scale_shape[-1]))
+    result = BlockTensor(
+        codes=_code_storage(codes, fmt.element),
+        scales=scales,
+        tensor_scale=decoding,
+        format=fmt,
+        axis=axis,
+        shape=x.shape,
+        dtype=x.dtype,
+        rht=rht,
+        rht_signs=signs,
+        swizzled=swizzle,
+        scale_shape=scale_shape,
+    )
+    return result, clipped
+
+
+def _kernel_serves(x: Tensor, request: BlockRequest, rht: int | None, swizzle: bool) -> bool:
+    """Whether the Triton kernel computes this call's blocks: 1-D blocks (or whole rows)
+    along x's contiguous last axis (float32, bfloat16 or float16), elements of at most 8
+    bits, without hardware presets or swizzled scales; an RHT with a power-of-two block and
+    a power-of-two scale rule or NVFP4's."""
+    fmt = request.fmt
+    if isinstance(fmt.block, tuple) or request.axis != x.dim() - 1 or not x.is_contiguous():
+        return False
+    if x.dtype not in KERNEL_DTYPES or fmt.element.bits > 8:
+        return False
+    if request.hardware is not None or swizzle or not fmt.kernel_element:
+        return False
+    if rht is not None:
+        block = x.shape[-1] if fmt.block is None else fmt.block
+        return fmt.scale_rule != "absmax" and block >= 4 and block & (block - 1) == 0
+    return True
+
+
+def uses_kernel(
+    x: Tensor, request: BlockRequest, backend: str, rht: int | None, swizzle: bool
+) -> bool:
+    """The one routing decision: True for the Triton kernel, False for the PyTorch path.
+    "auto" takes the kernel for CUDA tensors it serves where Triton runs; "triton" takes it
+    or raises ValueError saying why it cannot."""
+    if backend == "torch" or (backend == "auto" and not x.is_cuda):
+        return False
+    serves = _kernel_serves(x, request, rht, swizzle)
+    refusal = kernels_refusal("x", x.is_cuda)
+    if backend == "auto":
+        return serves and x.is_cuda and refusal is None
+    if not serves:
+        raise ValueError(
+            "backend='triton' serves 1-D blocks along x's contiguous last axis (float32, "
+            "bfloat16 or float16) of elements of at most 8 bits, without hardware presets "
+            "or swizzle (rht with power-of-two blocks, not absmax); use backend='torch' or "
+            "'auto'"
+        )
+    if refusal is not None:
+        raise ValueError(f"backend='triton' cannot run: {refusal}; use backend='torch' or 'auto'")
+    return True
+
+
+class KernelCall(NamedTuple):
+    """What the kernel takes beyond x and the choices: the tensor scale, the rotation and
+    the stream."""
+
+    tensor_scale: Tensor | None
+    rht: int | None
+    rht_signs: Tensor | None
+    rht_bf16: bool
+    seed: int | Tensor
+    offset: int | Tensor
+
+
+def _kernel_call(
+    x: Tensor,
+    request: BlockRequest,
+    tensor_scale: Tensor | float | bool | None,
+    rotation: tuple[int | None, Tensor | None, bool],
+    seed: int | Tensor,
+    offset: int | Tensor,
+) -> KernelCall:
+    """The kernel's arguments: the signs of ``rht_signs=None`` drawn (`RHT_SEED`), and the
+    decoding tensor scale given, or computed from the (rotated) amax by the kernels'
+    one-read `tensor_amax`."""
+    rht, signs, rht_bf16 = rotation
+    if rht is not None and signs is None:
+        signs = default_signs(rht, x.device)
+    choice = _tensor_scale_choice(request.fmt, tensor_scale)
+    decoding: Tensor | None = None
+    if choice == "amax":
+        scale = _tensor_scale_op if torch.compiler.is_compiling() else _run_tensor_scale
+        decoding = scale(x, signs, request.flavour, rht or 0, rht_bf16)
+    elif choice == "given":
+        decoding = torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device).reshape(())
+    return KernelCall(decoding, rht, signs, rht_bf16, seed, offset)
+
+
+def _run_tensor_scale(
+    x: Tensor, rht_signs: Tensor | None, flavour: str, rht: int, rht_bf16: bool
+) -> Tensor:
+    """NVFP4's decoding tensor scale of x (rotated by an RHT of size ``rht``, 0: none) by
+    the kernels (`stochround.kernels.blocks.nvfp4_tensor_scale`), as an op that
+    torch.compile traces as one node."""
+    from ..kernels.blocks import nvfp4_tensor_scale as kernel_tensor_scale
+
+    rotation = rht or None
+    return kernel_tensor_scale(x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16)[0]
+
+
+_tensor_scale_op = torch.library.custom_op(
+    "stochround::nvfp4_tensor_scale", _run_tensor_scale, mutates_args=()
+)
+
+
+@_tensor_scale_op.register_fake
+def _(x: Tensor, rht_signs: Tensor | None, flavour: str, rht: int, rht_bf16: bool) -> Tensor:
+    return x.new_empty((), dtype=torch.float32)
+
+
+def _stream_arguments(value: int | Tensor) -> tuple[Tensor | None, int]:
+    """A seed or offset as the ops take it: a tensor, or an int as a signed 64-bit int."""
+    if isinstance(value, Tensor):
+        return value, 0
+    return None, streams.as_signed64(value)
+
+
+def _stream_value(tensor: Tensor | None, signed: int) -> int | Tensor:
+    """The seed or offset `_stream_arguments` passed."""
+    return tensor if tensor is not None else streams.as_unsigned64(signed)
+
+
+def _run_quantize_blocks(
+    x: Tensor,
+    tensor_scale: Tensor | None,
+    rht_signs: Tensor | None,
+    seed_tensor: Tensor | None,
+    offset_tensor: Tensor | None,
+    ints: list[int],
+    element: str,
+    scale_rule: str,
+    mode: str,
+    variant: str,
+    flavour: str,
+    output: str,
+) -> list[Tensor]:
+    """The kernel's launch as an op, so that torch.compile traces a call as one opaque node
+    with the eager bits.  ``ints``: block, random bits, seed and offset (signed 64-bit; 0
+    where a tensor gives them), the RHT size (0: none), rht_bf16.  ``output``: "codes",
+    "fp4x2" (codes and scales returned) or "dequantized" (the values alone)."""
+    from ..kernels.blocks import fake_quantize_blocks, quantize_blocks
+
+    block, n, seed, offset, rht, rht_bf16 = ints
+    element_format = OCP_INT8 if element == OCP_INT8.name else element
+    options: dict[str, Any] = {
+        "tensor_scale": tensor_scale,
+        "mode": mode,
+        "n": n,
+        "variant": variant,
+        "seed": _stream_value(seed_tensor, seed),
+        "offset": _stream_value(offset_tensor, offset),
+        "nvfp4_flavour": flavour,
+        "rht": rht or None,
+        "rht_signs": rht_signs,
+        "rht_bf16": bool(rht_bf16),
+    }
+    if output == "dequantized":
+        return [fake_quantize_blocks(x, element_format, block, scale_rule, **options)]
+    return list(quantize_blocks(x, element_format, block, scale_rule, output=output, **options))
+
+
+_quantize_blocks_op = torch.library.custom_op(
+    "stochround::quantize_blocks", _run_quantize_blocks, mutates_args=()
+)
+
+
+@_quantize_blocks_op.register_fake
+def _(
+    x: Tensor,
+    tensor_scale: Tensor | None,
+    rht_signs: Tensor | None,
+    seed_tensor: Tensor | None,
+    offset_tensor: Tensor | None,
+    ints: list[int],
+    element: str,
+    scale_rule: str,
+    mode: str,
+    variant: str,
+    flavour: str,
+    output: str,
+) -> list[Tensor]:
+    if output == "dequantized":
+        return [torch.empty_like(x)]
+    rows, cols = x.shape
+    block = ints[0]
+    width = cols // 2 if output == "fp4x2" else cols
+    scale_dtype = torch.float32 if scale_rule == "absmax" else torch.uint8
+    codes = x.new_empty((rows, width), dtype=torch.uint8)
+    return [codes, x.new_empty((rows, cols // block), dtype=scale_dtype)]
+
+
+def _launch(x: Tensor, request: BlockRequest, call: KernelCall, dequantized: bool) -> Any:
+    """`stochround.kernels.blocks.quantize_blocks` (or `fake_quantize_blocks`) on x's
+    [rows, last axis] view, through `_quantize_blocks_op`."""
+    fmt = request.fmt
+    rows = x.numel() // x.shape[-1]
+    block = x.shape[-1] if fmt.block is None else typing.cast(int, fmt.block)
+    seed_tensor, seed = _stream_arguments(call.seed)
+    offset_tensor, offset = _stream_arguments(call.offset)
+    ints = [block, request.n, seed, offset, call.rht or 0, int(call.rht_bf16)]
+    output = "fp4x2" if fmt.element.bits == 4 else "codes"
+    output = "dequantized" if dequantized else output
+    # eager calls run the kernel directly: the op's dispatch is host time a call need not pay
+    launch = _quantize_blocks_op if torch.compiler.is_compiling() else _run_quantize_blocks
+    results = launch(
+        x.reshape(rows, x.shape[-1]),
+        call.tensor_scale,
+        call.rht_signs,
+        seed_tensor,
+        offset_tensor,
+        ints,
+        fmt.element.name,
+        fmt.scale_rule,
+        request.mode,
+        request.variant,
+        request.flavour,
+        output,
+    )
+    return results[0] if dequantized else tuple(results)
+
+
+def _quantize_kernel(x: Tensor, request: BlockRequest, call: KernelCall) -> BlockTensor:
+    """The Triton kernel's quantization (`stochround.kernels.blocks.quantize_blocks`)."""
+    fmt = request.fmt
+    codes, scales = _launch(x, request, call, dequantized=False)
+    lead = tuple(x.shape[:-1])
+    codes = codes.reshape(*lead, codes.shape[-1])
+    scales = scales.reshape(*lead, scales.shape[-1])
+    if fmt.scale_rule in POWER_OF_TWO_RULES:
+        scales = scales.view(torch.float8_e8m0fnu)
+    elif fmt.scale_rule == "nvfp4":
+        scales = scales.view(torch.float8_e4m3fn)
+    else:
+        scales = scales.to(x.dtype)  # the kernel's fp32 holds the scale of x's dtype
+    return BlockTensor(
+        codes=_code_storage(codes, fmt.element),
+        scales=scales,
+        tensor_scale=call.tensor_scale,
+        format=fmt,
+        axis=request.axis,
+        shape=x.shape,
+        dtype=x.dtype,
+        rht=call.rht,
+        rht_signs=call.rht_signs,
+        scale_shape=tuple(scales.shape),
+    )
+
+
+def check_call(
+    x: object,
+    fmt: str | BlockFormat,
+    mode: str,
+    *,
+    axis: object,
+    block: object,
+    scale_rule: object,
+    nvfp4_flavour: object,
+    rbits: int | None,
+    variant: str,
+    hardware: str | None,
+    backend: str,
+) -> tuple[Tensor, BlockRequest]:
+    """x and the call's choices, each checked (an error naming it)."""
+    x = check_input(x)
+    if x.dim() == 0:
+        raise ValueError("x must have at least one dimension to hold blocks; got a 0-d tensor")
+    resolved = resolve_format(fmt, block, scale_rule)
+    check_choice("mode", mode, MODES)
+    check_choice("variant", variant, VARIANTS)
+    check_choice("backend", backend, BACKENDS)
+    flavour = check_flavour(nvfp4_flavour)
+    if mode != "sr" and rbits is not None:
+        raise ValueError(f"rbits applies to mode='sr' only; got mode={mode!r}")
+    n = check_rbits(rbits)
+    if hardware is not None:
+        if mode != "sr" or rbits is not None or variant != "c":
+            raise ValueError(
+                f"hardware={hardware!r} is an SR unit that sets rbits and variant: pass "
+                "mode='sr' and leave rbits and variant at their defaults"
+            )
+        unit = preset(hardware, resolved.element)
+        if unit.target != resolved.element:
+            raise ValueError(
+                f"hardware={hardware!r} rounds to {unit.target.name}, not to {resolved.name}'s "
+                f"elements ({resolved.element.name})"
+            )
+        n = unit.rbits
+    axis_index = check_axis(axis, x.dim())
+    check_blocks(resolved, x.shape, axis_index)
+    hardware_name = None if hardware is None else str(hardware)
+    return x, BlockRequest(resolved, mode, n, variant, axis_index, flavour, hardware_name)
+
+
+def quantize(
+    x: Tensor,
+    fmt: str | BlockFormat,
+    mode: str = "rne",
+    *,
+    axis: int = -1,
+    block: Block = None,
+    scale_rule: str | None = None,
+    tensor_scale: Tensor | float | bool | None = None,
+    nvfp4_flavour: str = "te",
+    rht: int | None = None,
+    rht_signs: Tensor | None = None,
+    rht_bf16: bool = False,
+    rbits: int | None = None,
+    variant: str = "c",
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
+    stream: streams.Stream | None = None,
+    hardware: str | None = None,
+    backend: str = "auto",
+    swizzle: bool = False,
+) -> BlockTensor:
+    """Quantize x into a block-scaled format: each block's scale from its amax by the scale
+    rule, the elements ``fp32(x) * multiplier`` rounded to the element format (module
+    docstring; the rules in `stochround.blocks.scales`).
+
+    Args:
+        x: a float64, float32, bfloat16 or float16 tensor (TypeError otherwise); its
+            values are scaled in fp32 (float64 values are rounded to fp32 first).
+        fmt: a block format name (`BLOCK_FORMATS`) or a `BlockFormat`.
+        mode: the elements' rounding mode: rne, rna, rz, ru, rd, ro or sr.
+        axis: the axis the 1-D blocks run along (moved last in the codes and scales);
+            2-D tiles cover the last two axes (axis -1).
+        block: replaces the format's block (an int, a 2-D tile ``(rows, cols)``, or None
+            for the format's); it must divide the axis (ValueError; no padding).
+        scale_rule: replaces the format's scale rule (one of `SCALE_RULES`, matching its
+            scale format: the power-of-two rules for E8M0 scales).
+        tensor_scale: NVFP4's per-tensor scale: None computes it from x's amax, a float
+            or one-element tensor gives the decoding scale (delayed scaling; stored as
+            ``BlockTensor.tensor_scale``), False quantizes single-level.
+        nvfp4_flavour: "te" (default) or "torchao": whose operation order computes NVFP4
+            scales (`stochround.blocks.scales`).
+        rht: the size of a random Hadamard transform applied along ``axis`` before
+            quantizing (16..256, dividing the axis), or None.
+        rht_signs: its ±1 signs (a tensor of ``rht`` values), or None for
+            ``random_signs(rht, seed=RHT_SEED)``: one fixed rotation for every call, so
+            that two GEMM operands share it whatever their rounding seeds.
+        rht_bf16: round the rotated values to bf16 before taking amax (as TE does).
+        rbits, variant: limited-bit SR (1..32 random bits; None: exact SR) and its variant
+            a/b/c/odd, as `stochround.round`.
+        seed, offset, stream: the SR stream, as `stochround.round` takes them (seed None:
+            drawn from torch's default generator; ``stream`` advances by one per SR call).
+            Element ``i`` (row-major index in x) draws ``random_words(i, seed, offset)``.
+        hardware: a hardware SR preset for the elements (for instance
+            ``"nvidia-cvt-rs-e2m1"``), with mode "sr".
+        backend: "auto" (the Triton kernel for CUDA tensors it serves, else the PyTorch
+            path), "torch" or "triton".
+        swizzle: store the scales in the 128x4 tiled layout (`swizzle_scales`).
+
+    Returns a `BlockTensor`.
+    """
+    x, request = check_call(
+        x,
+        fmt,
+        mode,
+        axis=axis,
+        block=block,
+        scale_rule=scale_rule,
+        nvfp4_flavour=nvfp4_flavour,
+        rbits=rbits,
+        variant=variant,
+        hardware=hardware,
+        backend=backend,
+    )
+    if not isinstance(rht_bf16, bool) or not isinstance(swizzle, bool):
+        raise TypeError("rht_bf16 and swizzle must be bools")
+    _check_extras(x, request, tensor_scale, rht, rht_signs)
+    seed_value, offset_value = _random_source(mode, seed, offset, stream)
+    if uses_kernel(x, request, backend, rht, swizzle):
+        rotation = (rht, rht_signs, rht_bf16)
+        call = _kernel_call(x, request, tensor_scale, rotation, seed_value, offset_value)
+        return _quantize_kernel(x, request, call)
+    result, _ = quantize_torch(
+        x,
+        request,
+        tensor_scale=tensor_scale,
+        rht=rht,
+        rht_signs=rht_signs,
+        rht_bf16=rht_bf16,
+        seed=seed_value,
+        offset=offset_value,
+        swizzle=swizzle,
+    )
+    return result
+
+
+class _FakeQuantize(torch.autograd.Function):
+    """Quantize-dequantize with a straight-through gradient (masked where clipped)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, clip_mask: bool, options: dict[str, Any]) -> Tensor:
+        x_checked, request = check_call(x, **options["call"])
+        rest = options["rest"]
+        _check_extras(x_checked, request, rest["tensor_scale"], rest["rht"], rest["rht_signs"])
+        seed, offset = _random_source(request.mode, *options["stream"])
+        backend = options["call"]["backend"]
+        ctx.clip_mask = clip_mask
+        if not clip_mask and uses_kernel(x_checked, request, backend, rest["rht"], False):
+            rotation = (rest["rht"], rest["rht_signs"], rest["rht_bf16"])
+            call = _kernel_call(x_checked, request, rest["tensor_scale"], rotation, seed, offset)
+            return _launch(x_checked, request, call, dequantized=True).reshape(x.shape)
+        q, clipped = quantize_torch(x_checked, request, seed=seed, offset=offset, **options["rest"])
+        if clip_mask:
+            ctx.save_for_backward(clipped)
+        return q.dequantize(x.dtype, unrotate=True)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        if ctx.clip_mask:
+            (clipped,) = ctx.saved_tensors
+            grad = torch.where(clipped, torch.zeros_like(grad), grad)
+        return grad, None, None
+
+
+def fake_quantize(
+    x: Tensor,
+    fmt: str | BlockFormat,
+    mode: str = "rne",
+    *,
+    clip_mask: bool = False,
+    axis: int = -1,
+    block: Block = None,
+    scale_rule: str | None = None,
+    tensor_scale: Tensor | float | bool | None = None,
+    nvfp4_flavour: str = "te",
+    rht: int | None = None,
+    rht_signs: Tensor | None = None,
+    rht_bf16: bool = False,
+    rbits: int | None = None,
+    variant: str = "c",
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
+    stream: streams.Stream | None = None,
+    hardware: str | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """``quantize(x, ...).dequantize(x.dtype, unrotate=True)``: the quantized values in x's
+    dtype, shape and basis (a Hadamard rotation is undone), with a straight-through
+    gradient: d out / d x := 1, or 0 where ``clip_mask`` is True and the element's scaled
+    value lay beyond the element's finite range (saturated).  The other arguments as in
+    `quantize`; the Triton kernel writes the dequantized values itself where it serves the
+    call (``backend``, routed as `quantize` routes it), except with ``clip_mask``, whose
+    mask the PyTorch path computes."""
+    check_choice("backend", backend, BACKENDS)
+    if backend == "triton" and clip_mask:
+        raise ValueError("clip_mask=True runs on the PyTorch path: pass backend='auto' or 'torch'")
+    if not isinstance(clip_mask, bool):
+        raise TypeError(f"clip_mask must be a bool, got {type(clip_mask).__name__}")
+    options = {
+        "call": {
+            "fmt": fmt,
+            "mode": mode,
+            "axis": axis,
+            "block": block,
+            "scale_rule": scale_rule,
+            "nvfp4_flavour": nvfp4_flavour,
+            "rbits": rbits,
+            "variant": variant,
+            "hardware": hardware,
+            "backend": backend,
+        },
+        "stream": (seed, offset, stream),
+        "rest": {
+            "tensor_scale": tensor_scale,
+            "rht": rht,
+            "rht_signs": rht_signs,
+            "rht_bf16": rht_bf16,
+        },
+    }
+    return _FakeQuantize.apply(x, clip_mask, options)
+
+
+def to_nvfp4(x: Tensor, rounding_mode: str = "rn", **options: Any) -> BlockTensor:
+    """``quantize(x, "nvfp4", mode)`` with torchao RFC #3264's names for the mode:
+    ``rounding_mode="rn"`` (round to nearest-even) or ``"rs"`` (stochastic rounding); the
+    other keyword arguments as `quantize` takes them."""
+    check_choice("rounding_mode", rounding_mode, tuple(ROUNDING_MODES))
+    if "mode" in options:
+        raise ValueError("to_nvfp4 takes rounding_mode= ('rn' or 'rs'), not mode=")
+    return quantize(x, "nvfp4", ROUNDING_MODES[rounding_mode], **options)
+
+
+__all__ = [
+    "BACKENDS",
+    "RHT_SEED",
+    "ROUNDING_MODES",
+    "BlockRequest",
+    "BlockTensor",
+    "check_axis",
+    "check_blocks",
+    "check_call",
+    "dequantize_values",
+    "element_values",
+    "fake_quantize",
+    "quantize",
+    "quantize_torch",
+    "resolve_format",
+    "scale_and_multiplier",
+    "scale_values",
+    "to_nvfp4",
+    "uses_kernel",
+]

@@ -1,0 +1,245 @@
+"""Scale rules: a block's scale from its largest magnitude ``amax``, exactly.
+
+Each rule returns the stored scale and the fp32 *multiplier* that takes x's values to the
+element grid (``v = x * multiplier``, rounded to the element format, saturating).
+
+Power-of-two rules (E8M0 scales ``2**e``, ``e`` clamped to E8M0's range [-127, 127]; the
+multiplier is ``2**-e``, exact): with ``emax`` the element format's largest exponent and
+``max`` its largest value,
+
+* ``floor``: ``e = floor(log2 amax) - emax``: OCP Microscaling Formats v1.0, section 6.3,
+  and torchao's ``ScaleCalculationMode.FLOOR``.
+* ``ceil``: ``e = ceil(log2 amax) - emax`` (torchao ``CEIL``).
+* ``even``: ``e = floor(log2 amax') - emax`` with ``amax'`` amax rounded to the element's
+  precision (``mbits`` fraction bits), ties away from zero (torchao ``EVEN``, which adds half
+  an element ulp to amax's bits and truncates).
+* ``rceil``: ``e = ceil(log2 d)`` with ``d = amax * fp32(1 / max)``, the product with the
+  fp32 reciprocal of the element max, as Transformer Engine computes it (``amax *
+  max_norm_rcp``; cuBLAS's rule; torchao ``RCEIL``, whose eager path divides by max on the
+  CPU and multiplies by the reciprocal on CUDA).
+* ``floor-3/4``: the floor scale, and the multiplier ``2**-e`` times 3/4 (Tseng et al.,
+  "Training LLMs with MXFP4", 2025): ``amax * 2**-e < 2**(emax + 1)``, so that the scaled
+  values stay below ``1.5 * 2**emax``, which every element format of the MX family holds
+  (e2m1: 6; e2m3: 7.5; e3m2: 28; e4m3fn: 448; e5m2: 57344): stochastic rounding can never
+  clip.  The 3/4 multiplies the scaled elements (``x * 2**-e`` in fp32, then ``* 0.75``
+  in fp32, exact for inputs of at most 22 significant bits such as bf16 and fp16); the
+  stored scale is the floor scale, and dequantization multiplies by 4/3 (`RESCALE`).
+
+Edge cases, decided: an all-zero block takes the smallest scale ``2**-127`` (its elements
+are 0); a block whose amax is NaN or infinite takes the NaN scale (E8M0 code 0xFF, as the
+OCP spec's NaN scale) and a NaN multiplier, so that its elements are NaN in element formats
+with a NaN code and code 0 in those without (the block dequantizes to NaN either way); an
+fp32-subnormal amax is handled exactly (``floor(log2)`` from `torch.frexp`, not from the
+exponent field).  At the bottom of E8M0's range the multiplier is exactly ``2**127``:
+torchao's FLOOR/CEIL/EVEN divide by ``max(2**e, 2**-126)`` instead, which halves the
+elements of blocks whose scale is ``2**-127``, and its RCEIL multiplies those blocks by
+1 instead of ``2**127``; we do not copy either.
+
+NVFP4 (``nvfp4``, an E4M3 block scale under an FP32 tensor scale), in two flavours:
+
+* ``"te"`` (Transformer Engine's ``quantize_transpose_nvfp4`` and its reference quantizer,
+  ``core_nvfp4.cuh``): ``S_enc = min(448 * 6 / amax_tensor, FLT_MAX)``, 1 where amax_tensor
+  is 0 or not finite; ``S_dec = 1 / S_enc``; block scale ``s = e4m3(min(amax * (S_enc *
+  fp32(1/6)), FLT_MAX))`` (saturating at 448, no lower clamp); multiplier ``min(1 / (s *
+  S_dec), FLT_MAX)``.  Single-level (no tensor scale): ``S_enc = S_dec = 1``.
+* ``"torchao"`` (torchao's ``nvfp4_quantize``): tensor scale ``t = amax_tensor / 2688``
+  (``per_tensor_amax_to_scale``); block scale ``s = e4m3(clamp(amax / 6 / t, 2**-6, 448))``;
+  multiplier ``(1 / t) / s``.  Single-level: ``s = e4m3(clamp(amax / 6, 2**-6, 448))``,
+  multiplier ``1 / s``.  An all-zero tensor takes ``t = 1`` (torchao would divide 0 by 0).
+
+``absmax`` (int8 row-wise, torchao's ``quantize_int8_rowwise``): scale ``amax / max`` in
+x's dtype, multiplier ``1 / max(fp32(scale), 1e-12)``.
+
+All quotients and products are fp32 operations rounded to nearest-even, in the order
+written: that order is what makes the results bit-identical to the peers'.  Every quotient
+is a correctly rounded division of two tensors (`quotient`) on every device: PyTorch's CUDA
+kernels divide by a Python number as a product with its reciprocal, so torchao's eager
+``amax / 6``, ``amax / 2688`` and ``amax / 127`` differ between its CPU and CUDA runs in
+rare blocks; ours follow its CPU arithmetic (the written division) everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..torch_path import scale_by_power_of_two
+from .formats import POWER_OF_TWO_RULES
+
+NVFP4_FLAVOURS = ("te", "torchao")
+
+E8M0_MIN_EXPONENT = -127
+E8M0_MAX_EXPONENT = 127
+E8M0_BIAS = 127
+E8M0_NAN_CODE = 0xFF
+
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+E4M3_EPS = 2.0**-6  # torchao's lower clamp of NVFP4 block scales (e4m3's smallest normal)
+FLT_MAX = torch.finfo(torch.float32).max
+ABSMAX_EPS = 1e-12  # torchao's quantize_int8_rowwise eps
+
+# floor-3/4: what the scaled elements are multiplied by, and dequantization undoes
+SHRINK = 0.75
+RESCALE = 4.0 / 3.0
+
+
+def quotient(numerator: Tensor | float, denominator: Tensor | float, like: Tensor) -> Tensor:
+    """numerator / denominator correctly rounded in ``like``'s dtype, on every device.
+
+    Both operands become tensors of ``like``'s shape, dtype and device first: PyTorch
+    computes ``tensor / python_float`` on CUDA as a product with the float's reciprocal
+    (two roundings) and ``python_float / tensor`` everywhere as ``reciprocal * float``,
+    so that a quotient written with a Python number differs between devices."""
+    return torch.div(_full(numerator, like), _full(denominator, like))
+
+
+def _full(value: Tensor | float, like: Tensor) -> Tensor:
+    if isinstance(value, Tensor):
+        return value.to(dtype=like.dtype, device=like.device).expand(like.shape)
+    return torch.full_like(like, value)
+
+
+def floor_log2(value: Tensor) -> Tensor:
+    """floor(log2 value) for positive finite fp32 values (subnormals included), exactly,
+    as int32: `torch.frexp`'s exponent less one (frexp's mantissa lies in [0.5, 1))."""
+    _, exponent = torch.frexp(value)
+    return exponent.to(torch.int32) - 1
+
+
+def is_power_of_two(value: Tensor) -> Tensor:
+    """Whether positive finite values are powers of two (frexp's mantissa is 0.5)."""
+    mantissa, _ = torch.frexp(value)
+    return mantissa == 0.5
+
+
+def power_of_two_exponent(
+    amax: Tensor, rule: str, *, emax: int, mbits: int, max_value: float
+) -> Tensor:
+    """The exponent e of the E8M0 scale ``2**e`` of blocks with largest magnitudes ``amax``
+    (fp32) under a power-of-two rule (module docstring), clamped to [-127, 127], int32,
+    for an element format with largest exponent ``emax``, ``mbits`` fraction bits and
+    largest value ``max_value``.  Zero (and non-finite) amax gives -127: the caller marks
+    non-finite blocks NaN."""
+    if rule not in POWER_OF_TWO_RULES:
+        raise ValueError(
+            f"rule must be one of {', '.join(map(repr, POWER_OF_TWO_RULES))}; got {rule!r}"
+        )
+    amax = amax.to(torch.float32)
+    if rule == "rceil":
+        # TE's `amax * max_norm_rcp`: the product with the fp32 reciprocal of the max
+        amax = amax * torch.tensor(1.0 / max_value, dtype=torch.float32, device=amax.device)
+    regular = torch.isfinite(amax) & (amax > 0)
+    safe = torch.where(regular, amax, 1.0)
+    exponent = floor_log2(safe)
+    if rule in ("ceil", "rceil"):
+        exponent = exponent + (~is_power_of_two(safe)).to(torch.int32)
+    elif rule == "even":
+        mantissa, _ = torch.frexp(safe)
+        # rounding the significand 2m in [1, 2) to mbits fraction bits, ties away, reaches 2
+        up = mantissa >= 1.0 - 2.0 ** -(mbits + 2)
+        exponent = exponent + up.to(torch.int32)
+    if rule != "rceil":
+        exponent = exponent - emax
+    exponent = torch.where(regular, exponent, E8M0_MIN_EXPONENT)
+    return exponent.clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
+
+
+def e8m0_scales(exponent: Tensor, amax: Tensor) -> Tensor:
+    """E8M0 scales (torch.float8_e8m0fnu) of exponents in [-127, 127]: biased code
+    ``e + 127``, and the NaN code 0xFF where amax is NaN or infinite."""
+    code = (exponent + E8M0_BIAS).to(torch.int32)
+    code = torch.where(torch.isfinite(amax), code, E8M0_NAN_CODE)
+    return code.to(torch.uint8).view(torch.float8_e8m0fnu)
+
+
+def power_of_two_multiply(x: Tensor, exponent: Tensor, amax: Tensor, rule: str) -> Tensor:
+    """x (fp32) times ``2**-exponent`` (exactly, wherever the product is an fp32 normal
+    number), times 3/4 for ``floor-3/4``; NaN where the block's amax is not finite."""
+    scaled = scale_by_power_of_two(x, -exponent.to(torch.int64))
+    if rule == "floor-3/4":
+        scaled = scaled * SHRINK
+    return torch.where(torch.isfinite(amax), scaled, float("nan"))
+
+
+def check_flavour(flavour: object) -> str:
+    """nvfp4_flavour, checked: "te" or "torchao"."""
+    if flavour not in NVFP4_FLAVOURS:
+        raise ValueError(
+            f"nvfp4_flavour must be one of {', '.join(map(repr, NVFP4_FLAVOURS))}; got {flavour!r}"
+        )
+    return flavour  # type: ignore[return-value]
+
+
+def nvfp4_tensor_scale(amax_tensor: Tensor, flavour: str) -> Tensor:
+    """The FP32 decoding tensor scale of a tensor with largest magnitude ``amax_tensor``
+    (a one-element fp32 tensor): TE's ``S_dec = 1 / S_enc`` with ``S_enc = min(2688 /
+    amax, FLT_MAX)`` (1 where amax is 0 or not finite), or torchao's ``amax / 2688``
+    (1 where amax is 0 or not finite)."""
+    amax = amax_tensor.to(torch.float32)
+    bad = (amax == 0) | ~torch.isfinite(amax)
+    if check_flavour(flavour) == "te":
+        encode = torch.clamp(quotient(E4M3_MAX * E2M1_MAX, amax, amax), max=FLT_MAX)
+        encode = torch.where(bad | (encode == 0), 1.0, encode)
+        return quotient(1.0, encode, encode)
+    return torch.where(bad, 1.0, quotient(amax, E4M3_MAX * E2M1_MAX, amax))
+
+
+def nvfp4_scales(amax: Tensor, tensor_scale: Tensor | None, flavour: str) -> tuple[Tensor, Tensor]:
+    """NVFP4 block scales (torch.float8_e4m3fn) and fp32 multipliers of blocks with
+    largest magnitudes ``amax`` (fp32), under the decoding tensor scale ``tensor_scale``
+    (a one-element fp32 tensor; None: single-level scaling), in TE's or torchao's
+    operation order (module docstring)."""
+    amax = amax.to(torch.float32)
+    if check_flavour(flavour) == "te":
+        if tensor_scale is None:
+            encode = decode = torch.ones((), dtype=torch.float32, device=amax.device)
+        else:
+            decode = tensor_scale.to(device=amax.device, dtype=torch.float32)
+            encode = quotient(1.0, decode, decode)
+        sixth = torch.tensor(1.0 / E2M1_MAX, dtype=torch.float32, device=amax.device)
+        wanted = torch.clamp(amax * (encode * sixth), max=FLT_MAX)
+        scales = torch.clamp(wanted, max=E4M3_MAX).to(torch.float8_e4m3fn)
+        decoded = scales.to(torch.float32) * decode
+        return scales, torch.clamp(quotient(1.0, decoded, decoded), max=FLT_MAX)
+    block = quotient(amax, E2M1_MAX, amax)
+    if tensor_scale is not None:
+        block = quotient(block, tensor_scale, block)
+    scales = torch.clamp(block, min=E4M3_EPS, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    values = scales.to(torch.float32)
+    if tensor_scale is None:
+        return scales, quotient(1.0, values, values)
+    return scales, quotient(quotient(1.0, tensor_scale, values), values, values)
+
+
+def absmax_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
+    """Row-wise absmax scales ``amax / max`` in amax's dtype (x's) and the fp32 multipliers
+    ``1 / max(fp32(scale), 1e-12)`` (torchao's ``quantize_int8_rowwise``)."""
+    scales = quotient(amax, max_value, amax)
+    clipped = scales.to(torch.float32).clamp(min=ABSMAX_EPS)
+    return scales, quotient(1.0, clipped, clipped)
+
+
+__all__ = [
+    "ABSMAX_EPS",
+    "E2M1_MAX",
+    "E4M3_EPS",
+    "E4M3_MAX",
+    "E8M0_BIAS",
+    "E8M0_MAX_EXPONENT",
+    "E8M0_MIN_EXPONENT",
+    "E8M0_NAN_CODE",
+    "NVFP4_FLAVOURS",
+    "RESCALE",
+    "SHRINK",
+    "absmax_scales",
+    "check_flavour",
+    "e8m0_scales",
+    "floor_log2",
+    "is_power_of_two",
+    "nvfp4_scales",
+    "nvfp4_tensor_scale",
+    "power_of_two_exponent",
+    "power_of_two_multiply",
+    "quotient",
+]

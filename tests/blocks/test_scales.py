@@ -1,0 +1,186 @@
+"""The scale rules against exact rational arithmetic, and their decided edge cases."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from stochround import format as find_format
+from stochround.blocks import scales
+from stochround.formats import floor_log2
+
+# amax values over fp32's whole range: subnormals, powers of two and their neighbours,
+# values just below the element maxima's binades, the largest finite value
+AMAX = sorted(
+    {
+        *(float(np.float32(2.0) ** e) for e in range(-149, 128, 7)),
+        *(float(np.nextafter(np.float32(2.0) ** e, np.float32(np.inf))) for e in (-140, -3, 0, 5)),
+        *(float(np.nextafter(np.float32(2.0) ** e, np.float32(0))) for e in (-126, 0, 3, 9)),
+        1.75,
+        1.874,
+        1.875,
+        1.9375,
+        3.0,
+        6.0,
+        7.0,
+        448.0,
+        449.0,
+        57344.0,
+        1e-40,
+        3.0e38,
+        float(np.finfo(np.float32).max),
+    }
+)
+
+ELEMENTS = ["e2m1", "e2m3", "e3m2", "e4m3fn", "e5m2"]
+
+
+def _expected_exponent(amax: float, rule: str, element: str) -> int:
+    """The rule's exponent by exact rational arithmetic (the scales module docstring)."""
+    fmt = find_format(element)
+    value = Fraction(amax)
+    if value == 0:
+        return -127
+    if rule == "rceil":
+        # TE's amax * max_norm_rcp: the product with the fp32 reciprocal of the max
+        quotient = float(np.float32(amax) * (np.float32(1.0) / np.float32(fmt.max)))
+        if quotient == 0:
+            return -127
+        q = Fraction(quotient)
+        e = floor_log2(q) + (q != Fraction(2) ** floor_log2(q))
+        return max(-127, min(127, e))
+    e = floor_log2(value)
+    if rule == "ceil":
+        e += value != Fraction(2) ** e
+    if rule == "even":
+        # amax rounded to mbits fraction bits, ties away from zero
+        ulp = Fraction(2) ** (e - fmt.mbits)
+        rounded = math.floor(value / ulp + Fraction(1, 2)) * ulp
+        e = floor_log2(rounded)
+    return max(-127, min(127, e - fmt.emax))
+
+
+@pytest.mark.parametrize("element", ELEMENTS)
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil", "floor-3/4"])
+def test_power_of_two_rules_equal_exact_rational_arithmetic(rule: str, element: str) -> None:
+    fmt = find_format(element)
+    amax = torch.tensor(AMAX, dtype=torch.float32)
+    got = scales.power_of_two_exponent(
+        amax, rule, emax=fmt.emax, mbits=fmt.mbits, max_value=float(fmt.max)
+    )
+    exact_rule = "floor" if rule == "floor-3/4" else rule
+    expected = [_expected_exponent(a, exact_rule, element) for a in AMAX]
+    assert got.tolist() == expected
+
+
+def test_an_all_zero_block_takes_the_smallest_scale_and_a_nonfinite_one_the_nan_scale() -> None:
+    amax = torch.tensor([0.0, float("nan"), float("inf"), 1.0])
+    exponent = scales.power_of_two_exponent(amax, "floor", emax=2, mbits=1, max_value=6.0)
+    codes = scales.e8m0_scales(exponent, amax).view(torch.uint8).tolist()
+    assert codes == [0, 0xFF, 0xFF, 127 - 2]
+    x = torch.tensor([[1.0, -1.0]] * 4)
+    scaled = scales.power_of_two_multiply(x, exponent.unsqueeze(-1), amax.unsqueeze(-1), "floor")
+    assert torch.isnan(scaled[1:3]).all()
+    assert scaled[3].tolist() == [4.0, -4.0]
+
+
+def test_the_multiplier_at_the_bottom_of_e8m0_is_exactly_two_to_the_127() -> None:
+    # torchao divides by max(2**e, 2**-126), halving these values: we do not
+    x = torch.tensor([2.0**-130, -(2.0**-127) * 1.5, 2.0**-149])
+    exponent = torch.full((3,), -127, dtype=torch.int32)
+    amax = torch.ones(3)
+    scaled = scales.power_of_two_multiply(x, exponent, amax, "floor")
+    assert scaled.tolist() == [2.0**-3, -1.5, 2.0**-22]
+
+
+@pytest.mark.parametrize("element", ELEMENTS)
+def test_floor_three_quarters_keeps_every_scaled_value_within_the_element_max(element: str) -> None:
+    # amax * 2**-e < 2**(emax + 1), times 3/4 is below 1.5 * 2**emax <= max
+    fmt = find_format(element)
+    amax = torch.tensor(AMAX[1:-1], dtype=torch.float32)  # nonzero, below fp32's max
+    amax = amax[amax > 2.0**-100]  # scales inside E8M0's range
+    exponent = scales.power_of_two_exponent(
+        amax, "floor-3/4", emax=fmt.emax, mbits=fmt.mbits, max_value=float(fmt.max)
+    )
+    scaled = scales.power_of_two_multiply(amax, exponent, amax, "floor-3/4")
+    assert bool((scaled < 1.5 * 2**fmt.emax).all())
+    assert 1.5 * 2**fmt.emax <= fmt.max
+
+
+def _te_reference(amax: np.ndarray, amax_tensor: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Transformer Engine's NVFP4 scales, transcribed from its reference quantizer
+    (custom_recipes/reference_nvfp4.py, `_quantize_blockwise_reference`) with numpy fp32."""
+    f32 = np.float32
+    flt_max = np.finfo(np.float32).max
+    if amax_tensor is None:
+        encode = decode = f32(1.0)
+    else:
+        encode = min(f32(448.0) * f32(6.0) / f32(amax_tensor), flt_max)
+        if amax_tensor == 0 or encode == 0:
+            encode = f32(1.0)
+        decode = f32(1.0) / encode
+    multiplier = encode * (f32(1.0) / f32(6.0))
+    wanted = np.minimum(amax.astype(np.float32) * multiplier, flt_max)
+    block = torch.from_numpy(np.clip(wanted, -448, 448)).to(torch.float8_e4m3fn)
+    with np.errstate(divide="ignore"):  # a zero scale: 1 / 0 is inf, clamped to FLT_MAX
+        inverse = np.minimum(f32(1.0) / (block.float().numpy() * decode), flt_max)
+    return block.view(torch.uint8).numpy(), inverse
+
+
+@pytest.mark.parametrize("tensor_amax", [None, 1.0, 37.25, 1e-3, 3.3, 0.7071, 123.456, 9.87e4])
+def test_te_flavour_equals_transformer_engines_operation_order(tensor_amax: float | None) -> None:
+    rng = np.random.default_rng(0)
+    amax = np.abs(rng.standard_normal(4096) * np.exp(rng.uniform(-12, 6, 4096))).astype(np.float32)
+    amax[:3] = [0.0, 2.0**-140, 448 * 6 * 4.0]
+    tensor_scale = None
+    if tensor_amax is not None:
+        tensor_scale = scales.nvfp4_tensor_scale(torch.tensor(tensor_amax), "te")
+    block, inverse = scales.nvfp4_scales(torch.from_numpy(amax), tensor_scale, "te")
+    want_block, want_inverse = _te_reference(amax, tensor_amax)
+    assert np.array_equal(block.view(torch.uint8).numpy(), want_block)
+    assert np.array_equal(inverse.numpy(), want_inverse)
+
+
+def test_te_tensor_scale_is_one_for_an_all_zero_or_infinite_tensor() -> None:
+    for amax in (0.0, float("inf"), float("nan")):
+        assert scales.nvfp4_tensor_scale(torch.tensor(amax), "te").item() == 1.0
+        assert scales.nvfp4_tensor_scale(torch.tensor(amax), "torchao").item() == 1.0
+    assert scales.nvfp4_tensor_scale(torch.tensor(2688.0), "torchao").item() == 1.0
+
+
+def test_the_flavours_differ_where_torchao_clamps_small_block_scales() -> None:
+    # single-level: amax / 6 below 2**-6 is an e4m3 subnormal for TE, 2**-6 for torchao
+    amax = torch.tensor([0.01, 0.06, 6.0])
+    te, _ = scales.nvfp4_scales(amax, None, "te")
+    ao, _ = scales.nvfp4_scales(amax, None, "torchao")
+    assert te.float().tolist() == [2.0**-9, 0.009765625, 1.0]
+    assert ao.float().tolist() == [2.0**-6, 2.0**-6, 1.0]
+
+
+def test_absmax_scales_divide_in_x_dtype_and_clip_the_reciprocal() -> None:
+    amax = torch.tensor([127.0, 1.0, 0.0], dtype=torch.bfloat16)
+    scale, inverse = scales.absmax_scales(amax, 127.0)
+    assert scale.dtype == torch.bfloat16
+    assert scale.tolist() == [1.0, float(torch.tensor(1 / 127, dtype=torch.bfloat16)), 0.0]
+    assert inverse[2].item() == np.float32(1.0) / np.float32(1e-12)
+
+
+def test_quotients_are_correctly_rounded_divisions_whatever_the_operands() -> None:
+    # a Python number divided by a tensor is reciprocal * number in PyTorch: two roundings
+    t = torch.tensor([3.0, 7.0, 2688.0 / 37.25, 1.0e-3], dtype=torch.float32)
+    want = [float(np.float32(2688.0) / np.float32(v)) for v in t.tolist()]
+    assert scales.quotient(2688.0, t, t).tolist() == want
+    assert scales.quotient(t, 6.0, t).tolist() == [
+        float(np.float32(v) / np.float32(6.0)) for v in t.tolist()
+    ]
+
+
+def test_an_unknown_flavour_or_rule_names_the_allowed_values() -> None:
+    with pytest.raises(ValueError, match="nvfp4_flavour must be one of 'te', 'torchao'"):
+        scales.check_flavour("cublas")
+    with pytest.raises(ValueError, match="rule must be one of 'floor'"):
+        scales.power_of_two_exponent(torch.ones(1), "nvfp4", emax=2, mbits=1, max_value=6.0)
