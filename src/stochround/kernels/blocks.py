@@ -64,6 +64,7 @@ from .common import (
 )
 from .grid import cdiv, next_power_of_2
 from .philox import four_words, random_word
+from .runtime import Launch
 
 # the scale rules the kernel computes (`stochround.blocks.formats.SCALE_RULES`)
 SCALE_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4", "absmax", "nvfp4")
@@ -608,6 +609,22 @@ def fast_bits(fmt: Format, mode: str, n: int, variant: str) -> int:
 
 
 @functools.cache
+@functools.cache
+def _bound(kernel: triton.JITFunction, constants: tuple[tuple[str, object], ...]) -> Launch:
+    """``kernel`` with one set of constexprs and options bound (`stochround.kernels.runtime`):
+    a launch then costs Triton's specialization of the runtime arguments alone."""
+    return Launch(kernel, dict(constants))
+
+
+def _run(
+    kernel: triton.JITFunction, programs: int, x: Tensor, *args: object, **constants: object
+) -> None:
+    """``kernel[(programs,)](*args, **constants)`` on x's device (the current one), through
+    its `Launch` for these constants."""
+    device = x.device.index if x.is_cuda else -1
+    _bound(kernel, tuple(constants.items()))(device, programs, *args)
+
+
 def _element_constants(fmt: Format, mode: str, n: int, variant: str) -> Mapping[str, object]:
     """The element format's launch constants, saturating to its finite range."""
     return MappingProxyType(
@@ -720,7 +737,10 @@ def _partial_maxima(x: Tensor, rht: int | None, rht_signs: Tensor | None, rht_bf
             return _partial_maxima(x, rht, rht_signs, rht_bf16)
     programs = cdiv(count, AMAX_BLOCK)
     partial = x.new_empty(programs, dtype=torch.int32)
-    _amax_kernel[(programs,)](
+    _run(
+        _amax_kernel,
+        programs,
+        x,
         x,
         partial,
         signs,
@@ -807,7 +827,10 @@ def nvfp4_tensor_scale(
     scale = x.new_empty((), dtype=torch.float32)
     block = min(next_power_of_2(partial.numel()), 1024)
     steps = cdiv(partial.numel(), block)
-    _tensor_scale_kernel[(1,)](
+    _run(
+        _tensor_scale_kernel,
+        1,
+        x,
         partial,
         amax,
         scale,
@@ -1000,7 +1023,10 @@ def _launch(
             f"than 'absmax'; got block {block}, rule {scale_rule!r}"
         )
     signs, rotation_constants = _rotation_constants(x, rht, rht_signs, rht_bf16, tile * groups * 4)
-    _quantize_blocks_kernel[(cdiv(blocks, tile),)](
+    _run(
+        _quantize_blocks_kernel,
+        cdiv(blocks, tile),
+        x,
         x,
         codes,
         scales,
