@@ -561,3 +561,40 @@ def test_cuda_results_equal_the_cpus_bit_for_bit(name: str, backend: str) -> Non
         assert torch.equal(cuda.dequantize().cpu(), cpu.dequantize())
         fake = blocks.fake_quantize(x.cuda(), name, mode, backend=backend, **options)
         assert torch.equal(fake.cpu(), cpu.dequantize())
+
+
+# --- shards: index_offset ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "torch",
+        pytest.param(
+            "triton",
+            marks=pytest.mark.skipif(
+                not (INTERPRETED or torch.cuda.is_available()), reason="needs Triton"
+            ),
+        ),
+    ],
+)
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4", "mxfp8_e4m3", "int8_rowwise"])
+def test_a_row_shard_with_its_index_offset_gets_the_whole_tensors_bits(
+    name: str, backend: str
+) -> None:
+    """Rows 8..15 of a 16 x 64 tensor quantized alone with index_offset = 8 * 64 give the
+    codes and scales of those rows in the whole tensor's quantization, with SR (NVFP4
+    single-level: a tensor scale would be the shard's own); without it they differ."""
+    device = KERNEL_DEVICE if backend == "triton" else "cpu"
+    x = _x(16, 64, seed=9).to(device)
+    options = {"seed": 12, "backend": backend}
+    if name == "nvfp4":
+        options["tensor_scale"] = False
+    whole = blocks.quantize(x, name, "sr", **options)
+    shard = blocks.quantize(x[8:], name, "sr", index_offset=8 * 64, **options)
+    unshifted = blocks.quantize(x[8:], name, "sr", **options)
+    assert torch.equal(shard.codes.view(torch.uint8), whole.codes[8:].view(torch.uint8))
+    assert torch.equal(shard.scales.view(torch.uint8), whole.scales[8:].view(torch.uint8))
+    assert not torch.equal(unshifted.codes.view(torch.uint8), whole.codes[8:].view(torch.uint8))
+    fake = blocks.fake_quantize(x[8:], name, "sr", index_offset=8 * 64, **options)
+    assert torch.equal(fake, blocks.fake_quantize(x, name, "sr", **options)[8:])

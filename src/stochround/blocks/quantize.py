@@ -38,7 +38,7 @@ from ..kernels.availability import kernels_refusal
 from ..packing import unpack
 from ..presets import preset
 from ..reference import MODES, VARIANTS, WORD_BITS, check_choice, check_rbits
-from ..rounding import check_input, decode, encode
+from ..rounding import check_index_offset, check_input, decode, encode
 from .formats import (
     OCP_INT8,
     POWER_OF_TWO_RULES,
@@ -200,6 +200,7 @@ class BlockRequest(NamedTuple):
     axis: int
     flavour: str
     hardware: str | None
+    index_offset: int = 0
 
 
 def check_axis(axis: object, ndim: int) -> int:
@@ -403,9 +404,9 @@ def _element_codes(
     kwargs: dict[str, Any] = {"nan": "zero", "packed": packed, "backend": "torch"}
     if request.mode == "sr":
         if index is None:
-            kwargs.update(seed=seed, offset=offset)
+            kwargs.update(seed=seed, offset=offset, index_offset=request.index_offset)
         else:
-            words = streams.random_words(index, seed, offset)
+            words = streams.random_words(index + request.index_offset, seed, offset)
             kwargs["rand"] = words >> (WORD_BITS - request.n)
     if request.hardware is not None:
         bound = request.fmt.element_max
@@ -620,7 +621,7 @@ def _run_quantize_blocks(
     "fp4x2" (codes and scales returned) or "dequantized" (the values alone)."""
     from ..kernels.blocks import fake_quantize_blocks, quantize_blocks
 
-    block, n, seed, offset, rht, rht_bf16 = ints
+    block, n, seed, offset, rht, rht_bf16, index_offset = ints
     element_format = OCP_INT8 if element == OCP_INT8.name else element
     options: dict[str, Any] = {
         "tensor_scale": tensor_scale,
@@ -629,6 +630,7 @@ def _run_quantize_blocks(
         "variant": variant,
         "seed": _stream_value(seed_tensor, seed),
         "offset": _stream_value(offset_tensor, offset),
+        "index_offset": index_offset,
         "nvfp4_flavour": flavour,
         "rht": rht or None,
         "rht_signs": rht_signs,
@@ -677,7 +679,7 @@ def _launch(x: Tensor, request: BlockRequest, call: KernelCall, dequantized: boo
     block = x.shape[-1] if fmt.block is None else typing.cast(int, fmt.block)
     seed_tensor, seed = _stream_arguments(call.seed)
     offset_tensor, offset = _stream_arguments(call.offset)
-    ints = [block, request.n, seed, offset, call.rht or 0, int(call.rht_bf16)]
+    ints = [block, request.n, seed, offset, call.rht or 0, int(call.rht_bf16), request.index_offset]
     output = "fp4x2" if fmt.element.bits == 4 else "codes"
     output = "dequantized" if dequantized else output
     # eager calls run the kernel directly: the op's dispatch is host time a call need not pay
@@ -739,6 +741,7 @@ def check_call(
     variant: str,
     hardware: str | None,
     backend: str,
+    index_offset: object = 0,
 ) -> tuple[Tensor, BlockRequest]:
     """x and the call's choices, each checked (an error naming it)."""
     x = check_input(x)
@@ -768,7 +771,10 @@ def check_call(
     axis_index = check_axis(axis, x.dim())
     check_blocks(resolved, x.shape, axis_index)
     hardware_name = None if hardware is None else str(hardware)
-    return x, BlockRequest(resolved, mode, n, variant, axis_index, flavour, hardware_name)
+    index_offset = check_index_offset(index_offset)
+    return x, BlockRequest(
+        resolved, mode, n, variant, axis_index, flavour, hardware_name, index_offset
+    )
 
 
 def quantize(
@@ -790,6 +796,7 @@ def quantize(
     offset: int | Tensor | None = None,
     stream: streams.Stream | None = None,
     hardware: str | None = None,
+    index_offset: int = 0,
     backend: str = "auto",
     swizzle: bool = False,
 ) -> BlockTensor:
@@ -826,6 +833,10 @@ def quantize(
             Element ``i`` (row-major index in x) draws ``random_words(i, seed, offset)``.
         hardware: a hardware SR preset for the elements (for instance
             ``"nvidia-cvt-rs-e2m1"``), with mode "sr".
+        index_offset: the global row-major index of x's first element in the tensor x is
+            a shard of (element ``i`` draws the word of ``index_offset + i``): a shard of
+            whole rows quantized with ``index_offset = first_row * row_length`` gets the
+            bits of the same rows of the whole tensor.
         backend: "auto" (the Triton kernel for CUDA tensors it serves, else the PyTorch
             path), "torch" or "triton".
         swizzle: store the scales in the 128x4 tiled layout (`swizzle_scales`).
@@ -844,6 +855,7 @@ def quantize(
         variant=variant,
         hardware=hardware,
         backend=backend,
+        index_offset=index_offset,
     )
     if not isinstance(rht_bf16, bool) or not isinstance(swizzle, bool):
         raise TypeError("rht_bf16 and swizzle must be bools")
@@ -915,6 +927,7 @@ def fake_quantize(
     offset: int | Tensor | None = None,
     stream: streams.Stream | None = None,
     hardware: str | None = None,
+    index_offset: int = 0,
     backend: str = "auto",
 ) -> Tensor:
     """``quantize(x, ...).dequantize(x.dtype, unrotate=True)``: the quantized values in x's
@@ -941,6 +954,7 @@ def fake_quantize(
             "variant": variant,
             "hardware": hardware,
             "backend": backend,
+            "index_offset": index_offset,
         },
         "stream": (seed, offset, stream),
         "rest": {
