@@ -1,7 +1,7 @@
 """stochround: stochastic rounding and low-precision number formats on PyTorch."""
 
 from . import arith as ops
-from . import blocks, hardware, optim
+from . import blocks, hardware, nn, optim
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .packing import pack, unpack
 from .random import Stream
@@ -22,6 +22,7 @@ __all__ = [
     "encode",
     "format",
     "hardware",
+    "nn",
     "ops",
     "optim",
     "pack",

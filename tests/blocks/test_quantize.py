@@ -598,3 +598,21 @@ def test_a_row_shard_with_its_index_offset_gets_the_whole_tensors_bits(
     assert not torch.equal(unshifted.codes.view(torch.uint8), whole.codes[8:].view(torch.uint8))
     fake = blocks.fake_quantize(x[8:], name, "sr", index_offset=8 * 64, **options)
     assert torch.equal(fake, blocks.fake_quantize(x, name, "sr", **options)[8:])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("dtype", "rht_bf16"), [(torch.float32, True), (torch.bfloat16, False)], ids=["fp32", "bf16"]
+)
+def test_the_rotation_narrows_alike_under_inductor(dtype: torch.dtype, rht_bf16: bool) -> None:
+    """The rotated values are narrowed (to x's 16-bit dtype, then with rht_bf16 to bf16) by
+    the core's op: inductor, which keeps a cast's input at full precision where the cast
+    only feeds arithmetic, compiles the PyTorch path to the eager bits."""
+    x = (_x(64, 128, seed=5) * 3).to("cuda", dtype)
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        q = blocks.quantize(x, "nvfp4", "sr", seed=2, rht=16, rht_bf16=rht_bf16, backend="torch")
+        return q.codes.view(torch.uint8)
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(call, fullgraph=True)(x), call(x))

@@ -39,6 +39,7 @@ from ..packing import unpack
 from ..presets import preset
 from ..reference import MODES, VARIANTS, WORD_BITS, check_choice, check_rbits
 from ..rounding import check_index_offset, check_input, decode, encode
+from ..rounding import round as round_to
 from .formats import (
     OCP_INT8,
     POWER_OF_TWO_RULES,
@@ -333,9 +334,15 @@ def _rotate(
         return x, None
     if signs is None:
         signs = default_signs(rht, x.device)
-    rotated = hadamard(x, rht, signs=signs, axis=axis)
+    narrow = x.dtype in (torch.bfloat16, torch.float16)
+    rotated = hadamard(x.float() if narrow else x, rht, signs=signs, axis=axis)
+    # narrowed by the core's op, not a cast: where a narrowed tensor only feeds further
+    # arithmetic, inductor keeps the cast's input at full precision, which would change
+    # the bits under torch.compile; the op's values are on the narrow grid whatever follows
+    if narrow:
+        rotated = round_to(rotated, x.dtype, "rne").to(x.dtype)
     if rht_bf16:
-        rotated = rotated.to(torch.bfloat16)
+        rotated = round_to(rotated, torch.bfloat16, "rne").to(torch.bfloat16)
     return rotated, signs
 
 

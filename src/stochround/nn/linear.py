@@ -1,0 +1,408 @@
+"""`QuantizedLinear`: an `nn.Linear` whose three GEMMs take quantized operands.
+
+With ``x`` the input as a matrix of tokens ``(T, in_features)``, ``W`` ``(out, in)`` and
+``dy`` the output's gradient ``(T, out)``, and Q each role's `QuantSpec` applied with the
+blocks along the GEMM's contraction axis (`stochround.nn.recipes`)::
+
+    fprop   y  = Q(x) Q(W)^T        x, W blocked along in_features
+    dgrad   dx = Q(dy) Q(W)         dy, W blocked along out_features
+    wgrad   dW = Q(dy)^T Q(x)       dy, x blocked along the tokens (the RHT runs here)
+
+The GEMMs are emulated: each operand is quantized and dequantized to fp32 (exactly: an
+NVFP4 value, a product of an e2m1 element, an e4m3 scale and an fp32 tensor scale, need
+not fit in bf16), multiplied by an fp32 matmul and the result cast to x's dtype (W's
+for dW).  A block-scaled tensor core computes the same products with fp32 accumulation,
+so the results agree up to the order of accumulation.
+
+Random bits: the operand of ``role`` at step ``s`` of layer ``l`` draws
+``random_words(index, seed, stream_offset(s, l, slot))`` (`stream_offset`), ``index`` its
+row-major element index with the contraction axis last.  The step is a buffer (in the
+``state_dict``): it advances by one at each forward under grad mode, so a run is a pure
+function of the recipe's seed and resumes bit-exactly from a checkpoint; torch's global
+generator is never drawn from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import typing
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from ..blocks.formats import BlockFormat
+from ..blocks.hadamard import random_signs
+from ..blocks.quantize import check_blocks, quantize
+from ..blocks.scales import absmax_scales
+from ..random import random_words
+from ..rounding import round as round_values
+from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
+
+# offset = step * 2**32 + layer * 16 + slot: the roles take slots 0..5, the per-step RHT
+# signs of each GEMM slots 8..10, so no two draws of a run share an offset (a Philox
+# counter's upper half): no random word is used twice
+SLOTS_PER_LAYER = 16
+ROLE_SLOTS = {role: slot for slot, role in enumerate(ROLES)}
+SIGN_SLOTS = {gemm: 8 + index for index, gemm in enumerate(GEMMS)}
+MAX_LAYERS = 1 << 28
+STEP_SHIFT = 32
+
+
+def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
+    """``step * 2**32 + layer * 16 + slot``: the stream offset of one draw.  ``step``: an
+    int in [0, 2**32) or an int64 tensor (giving a tensor); ``layer`` in [0, 2**28);
+    ``slot`` in [0, 16) (`ROLE_SLOTS`, `SIGN_SLOTS`)."""
+    if not 0 <= layer < MAX_LAYERS:
+        raise ValueError(f"layer must be in [0, 2**28), got {layer}")
+    if not 0 <= slot < SLOTS_PER_LAYER:
+        raise ValueError(f"slot must be in [0, 16), got {slot}")
+    low = layer * SLOTS_PER_LAYER + slot
+    if isinstance(step, Tensor):
+        return (step << STEP_SHIFT) | low
+    if not 0 <= step < 1 << STEP_SHIFT:
+        raise ValueError(f"step must be in [0, 2**32), got {step}")
+    return (step << STEP_SHIFT) | low
+
+
+class Operand(NamedTuple):
+    """A role's spec and its resolved `BlockFormat` (None: passthrough), made once per
+    layer so that a call builds no format."""
+
+    role: str
+    spec: QuantSpec
+    fmt: BlockFormat | None
+
+
+class Plan(NamedTuple):
+    """What a layer's GEMMs need: the six operands, the seed and the layer's index."""
+
+    operands: dict[str, Operand]
+    seed: int
+    layer: int
+
+
+def make_plan(recipe: Recipe, layer: int) -> Plan:
+    """The `Plan` of ``recipe`` for layer number ``layer``."""
+    operands = {}
+    for role in ROLES:
+        spec = recipe.spec(role)
+        fmt = spec.block_format() if spec.quantized else None
+        operands[role] = Operand(role, spec, fmt)
+    stream_offset(0, layer, 0)  # checks the layer index
+    return Plan(operands, recipe.seed, layer)
+
+
+def row_noise_values(operand: Tensor, fmt: BlockFormat, words: Tensor) -> Tensor:
+    """fp32 values of an absmax (row-scaled) format with the random words ``words`` (one
+    per element, int64 in [0, 2**32), shaped like ``operand``): ``e * scale`` with ``e`` the
+    scaled value ``fp32(x) / scale`` rounded stochastically to the element format by the
+    words (saturating), ``scale = amax_row / max``.  Equal to `stochround.blocks.quantize`
+    with mode "sr" when the words are its own; `quantize_operand` passes one word per row."""
+    amax = operand.abs().amax(dim=-1, keepdim=True)
+    scales, multiplier = absmax_scales(amax, fmt.element_max)
+    scaled = operand.to(torch.float32) * multiplier
+    elements = round_values(scaled, fmt.element, "sr", rand=words, sat="finite", backend="torch")
+    return elements * scales.to(torch.float32)
+
+
+# the roles whose operand is the transpose of the tensor the layer holds (W^T in dgrad,
+# dy^T and x^T in wgrad): their contraction axis is the tensor's first axis
+TRANSPOSED_ROLES = ("dgrad_weight", "wgrad_grad_output", "wgrad_input")
+
+
+def row_words(operand: Tensor, role: str, seed: int, offset: int | Tensor) -> Tensor:
+    """Qwix's channelwise noise (``channelwise_noise_axes=(0,)``): one word per index of
+    the first axis of the tensor the layer holds (x and dy: one per token; W: one per
+    output feature), ``random_words(i, seed, offset)``, broadcast along its other axis.
+    Returned per element of ``operand`` (the GEMM's layout: transposed for
+    `TRANSPOSED_ROLES`)."""
+    rows, cols = operand.shape
+    transposed = role in TRANSPOSED_ROLES
+    count = cols if transposed else rows
+    index = torch.arange(count, dtype=torch.int64, device=operand.device)
+    words = random_words(index, seed, offset)
+    shared = words.unsqueeze(0) if transposed else words.unsqueeze(-1)
+    return shared.expand(rows, cols).contiguous()
+
+
+def quantize_operand(
+    operand: Tensor,
+    entry: Operand,
+    seed: int,
+    offset: int | Tensor,
+    signs: Tensor | None,
+) -> Tensor:
+    """Q(operand) as fp32 values: ``operand`` (2-D, contiguous, the GEMM's contraction axis
+    last) quantized by the entry's spec and dequantized in its own basis (an RHT undone);
+    a passthrough entry gives the operand in fp32.  ``seed``/``offset``: its SR stream;
+    ``signs``: the per-step RHT signs (None: the fixed ones)."""
+    spec, fmt = entry.spec, entry.fmt
+    if fmt is None:
+        return operand.to(torch.float32)
+    if spec.format in TENSOR_FORMATS:
+        # one scale for the whole tensor: the tensor as one row of the row-wise rule, in
+        # fp32 (the rule keeps the scale in x's dtype; current scaling keeps it in fp32)
+        flat = operand.reshape(1, -1).to(torch.float32)
+        whole = quantize(
+            flat, fmt, spec.mode, rbits=spec.rbits, variant=spec.variant, seed=seed, offset=offset
+        )
+        return whole.dequantize(torch.float32).reshape(operand.shape)
+    if spec.noise == "row":
+        return row_noise_values(operand, fmt, row_words(operand, entry.role, seed, offset))
+    tensor_scale = False if spec.tensor_scale == "none" else None
+    quantized = quantize(
+        operand,
+        fmt,
+        spec.mode,
+        tensor_scale=tensor_scale,
+        rht=spec.rht,
+        rht_signs=signs,
+        rht_bf16=spec.rht_bf16,
+        rbits=spec.rbits,
+        variant=spec.variant,
+        seed=seed,
+        offset=offset,
+    )
+    return quantized.dequantize(torch.float32, unrotate=True)
+
+
+def gemm_operands(
+    plan: Plan, gemm: str, left: Tensor, right: Tensor, step: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
+    from its role's stream at ``step``; per-step RHT signs come from the GEMM's own
+    stream (`SIGN_SLOTS`), so that both operands draw the same rotation."""
+    results = []
+    for role, operand in zip(GEMMS[gemm], (left, right), strict=True):
+        entry = plan.operands[role]
+        signs = None
+        if entry.spec.rht is not None and entry.spec.rht_signs == "per_step":
+            sign_offset = stream_offset(step, plan.layer, SIGN_SLOTS[gemm])
+            signs = random_signs(
+                entry.spec.rht, plan.seed, offset=sign_offset, device=operand.device
+            )
+        offset = stream_offset(step, plan.layer, ROLE_SLOTS[role])
+        results.append(quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs))
+    return results[0], results[1]
+
+
+def _advance_step(step: Tensor) -> Tensor:
+    """The step's value before it advances by one (in place)."""
+    current = step.clone()
+    step.add_(1)
+    return current
+
+
+# One op that reads and advances the step: torch.compile's partitioner would otherwise
+# recompute a copy of the step in the backward graph from the buffer, after the forward
+# graph has advanced it, and the backward would draw the next step's bits
+advance_step = torch.library.custom_op(
+    "stochround::nn_advance_step", _advance_step, mutates_args=("step",)
+)
+
+
+@advance_step.register_fake
+def _(step: Tensor) -> Tensor:
+    return torch.empty_like(step)
+
+
+@contextlib.contextmanager
+def autocast_off(device_type: str) -> Iterator[None]:
+    """Autocast disabled for ``device_type``: the emulated GEMMs choose their own dtypes
+    (fp32 operands and accumulation) whatever autocast would pick."""
+    with torch.autocast(device_type, enabled=False):
+        yield
+
+
+class QuantizedMatmul(torch.autograd.Function):
+    """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, step: Tensor, plan: Plan
+    ) -> Tensor:
+        with autocast_off(x.device.type):
+            qx, qw = gemm_operands(plan, "fprop", x, weight, step)
+            out = qx @ qw.T
+            if bias is not None:
+                out = out + bias.to(torch.float32)
+        ctx.save_for_backward(x, weight, step)
+        ctx.plan = plan
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, weight, step = ctx.saved_tensors
+        plan: Plan = ctx.plan
+        grad_x = grad_weight = grad_bias = None
+        with autocast_off(grad.device.type):
+            if ctx.needs_input_grad[0]:
+                qdy, qw = gemm_operands(plan, "dgrad", grad, weight.T, step)
+                grad_x = (qdy @ qw.T).to(x.dtype)
+            if ctx.needs_input_grad[1]:
+                qdy, qx = gemm_operands(plan, "wgrad", grad.T, x.T, step)
+                grad_weight = (qdy @ qx.T).to(weight.dtype)
+            if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+                grad_bias = grad.to(torch.float32).sum(0).to(ctx.bias_dtype)
+        return grad_x, grad_weight, grad_bias, None, None
+
+
+def check_operand_shapes(plan: Plan, tokens: int, in_features: int, out_features: int) -> None:
+    """ValueError, naming the role, unless every quantized operand's blocks (and RHT)
+    divide its shape with the contraction axis last: x ``(T, in)`` and W ``(out, in)`` in
+    fprop, dy ``(T, out)`` and W^T ``(in, out)`` in dgrad, dy^T ``(out, T)`` and x^T
+    ``(in, T)`` in wgrad."""
+    shapes = {
+        "fprop_input": (tokens, in_features),
+        "fprop_weight": (out_features, in_features),
+        "dgrad_grad_output": (tokens, out_features),
+        "dgrad_weight": (in_features, out_features),
+        "wgrad_grad_output": (out_features, tokens),
+        "wgrad_input": (in_features, tokens),
+    }
+    for role, entry in plan.operands.items():
+        if entry.fmt is None or entry.spec.format in TENSOR_FORMATS:
+            continue
+        shape = torch.Size(shapes[role])
+        try:
+            check_blocks(entry.fmt, shape, 1)
+            rht = entry.spec.rht
+            if rht is not None and shape[1] % rht:
+                raise ValueError(f"rht={rht} must divide the contraction length {shape[1]}")
+        except ValueError as error:
+            raise ValueError(
+                f"{role}: the operand {tuple(shape)} (contraction axis last) does not fit "
+                f"its blocks: {error}"
+            ) from None
+
+
+class QuantizedLinear(nn.Linear):
+    """A drop-in `nn.Linear` whose fprop, dgrad and wgrad GEMMs take the operands
+    quantized by ``recipe`` (module docstring).
+
+    Args:
+        in_features, out_features, bias, device, dtype: as `nn.Linear`.
+        recipe: the `Recipe` (keyword).
+        layer_index: the layer's number in its model, in [0, 2**28): its random streams
+            (`stream_offset`); `stochround.nn.quantize_` numbers the layers it replaces.
+
+    The buffer ``step`` (a 0-d int64 tensor, saved in ``state_dict``) counts the forward
+    calls made under grad mode; a state dict without it (an `nn.Linear`'s) loads and keeps
+    the layer's step.  Under ``torch.no_grad`` the step does not advance.
+    """
+
+    step: Tensor
+    layer_index: int
+    recipe: Recipe
+    plan: Plan
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        recipe: Recipe,
+        layer_index: int = 0,
+    ) -> None:
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))
+        self.set_recipe(recipe, layer_index)
+
+    def set_recipe(self, recipe: Recipe, layer_index: int | None = None) -> None:
+        """Switch the layer to ``recipe`` (and ``layer_index``, if given); the step stays."""
+        if not isinstance(recipe, Recipe):
+            raise TypeError(f"recipe must be a stochround.nn.Recipe, got {type(recipe).__name__}")
+        layer = self.layer_index if layer_index is None else layer_index
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layer_index must be an int, got {type(layer).__name__}")
+        if not 0 <= layer < MAX_LAYERS:
+            raise ValueError(f"layer_index must be in [0, 2**28), got {layer}")
+        self.recipe = recipe
+        self.layer_index = layer
+        self.plan = make_plan(recipe, layer)
+        # 2-D weight tiles and the weight's blocks are known now; the tokens at each call
+        check_operand_shapes(self.plan, 0, self.in_features, self.out_features)
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, recipe: Recipe, layer_index: int = 0
+    ) -> QuantizedLinear:
+        """A `QuantizedLinear` sharing ``linear``'s weight and bias (the same Parameter
+        objects: an optimizer built on ``linear`` keeps working), with its hooks dropped."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        layer = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=False,
+            device="meta",
+            recipe=recipe,
+            layer_index=layer_index,
+        )
+        layer.weight = linear.weight
+        layer.bias = linear.bias
+        layer.step = torch.zeros((), dtype=torch.int64, device=linear.weight.device)
+        layer.train(linear.training)
+        return layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        weight: Tensor = self.weight
+        bias: Tensor | None = self.bias
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            dtype = torch.get_autocast_dtype(device_type)
+            x, weight = x.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        lead = x.shape[:-1]
+        tokens = x.reshape(-1, self.in_features)
+        check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features)
+        step = advance_step(self.step) if torch.is_grad_enabled() else self.step.clone()
+        out = QuantizedMatmul.apply(tokens, weight, bias, step, self.plan)
+        return typing.cast(Tensor, out).reshape(*lead, self.out_features)
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # an nn.Linear's state dict has no step: loading one keeps this layer's
+        key = prefix + "step"
+        if key not in state_dict:
+            state_dict[key] = self.step.detach().clone()
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe.name}, layer_index={self.layer_index}"
+
+
+__all__ = [
+    "MAX_LAYERS",
+    "ROLE_SLOTS",
+    "SIGN_SLOTS",
+    "SLOTS_PER_LAYER",
+    "TRANSPOSED_ROLES",
+    "Operand",
+    "Plan",
+    "QuantizedLinear",
+    "QuantizedMatmul",
+    "advance_step",
+    "gemm_operands",
+    "make_plan",
+    "quantize_operand",
+    "row_noise_values",
+    "row_words",
+    "stream_offset",
+]

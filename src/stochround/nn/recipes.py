@@ -1,0 +1,495 @@
+"""Quantized-training recipes: which operand of which GEMM is quantized, and how.
+
+A linear layer ``y = x W^T`` runs three GEMMs, each with two operands (six *roles*)::
+
+    fprop   y  = Q(x)    Q(W)^T     fprop_input,       fprop_weight       (contract in_features)
+    dgrad   dx = Q(dy)   Q(W)       dgrad_grad_output, dgrad_weight       (contract out_features)
+    wgrad   dW = Q(dy)^T Q(x)       wgrad_grad_output, wgrad_input        (contract tokens)
+
+A `Recipe` gives each role a `QuantSpec` (block format, element rounding mode, scale rule,
+1-D or 2-D blocks, RHT, NVFP4's tensor scale; blocks always run along the GEMM's
+contraction dimension), a seed for the random bits, and a filter of layers kept in high
+precision.  Recipes are frozen dataclasses: they print, compare with ``==`` and serialize
+(`Recipe.to_dict` / `Recipe.from_dict`, JSON-able).  The named recipes (`nvfp4`,
+`mxfp4_tseng`, `mxfp8`, `fp8`, `int8`) each cite the table they reproduce.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..blocks import BLOCK_FORMATS, BlockFormat
+from ..blocks.formats import check_block
+from ..blocks.hadamard import HADAMARD_SIZES
+from ..blocks.quantize import resolve_format
+from ..formats import format as find_format
+from ..reference import MODES, VARIANTS, check_choice, check_rbits
+
+# the six operands of a linear layer's three GEMMs, in the order of their stream slots
+ROLES: tuple[str, ...] = (
+    "fprop_input",
+    "fprop_weight",
+    "dgrad_grad_output",
+    "dgrad_weight",
+    "wgrad_grad_output",
+    "wgrad_input",
+)
+# each GEMM's two roles (left operand, right operand)
+GEMMS: dict[str, tuple[str, str]] = {
+    "fprop": ("fprop_input", "fprop_weight"),
+    "dgrad": ("dgrad_grad_output", "dgrad_weight"),
+    "wgrad": ("wgrad_grad_output", "wgrad_input"),
+}
+SIGN_POLICIES: tuple[str, ...] = ("fixed", "per_step")
+TENSOR_SCALE_POLICIES: tuple[str, ...] = ("amax", "none")
+NOISE_POLICIES: tuple[str, ...] = ("element", "row")
+
+# Per-tensor scaled FP8 (Transformer Engine's current scaling): one fp32 scale
+# ``amax / max`` for the whole tensor, which the layer flattens into a single row so that
+# the row-wise ``absmax`` rule gives one scale
+_FP32 = find_format("binary32")
+TENSOR_FORMATS: dict[str, BlockFormat] = {
+    "fp8_e4m3_tensor": BlockFormat("fp8_e4m3_tensor", find_format("e4m3fn"), None, _FP32, "absmax"),
+    "fp8_e5m2_tensor": BlockFormat("fp8_e5m2_tensor", find_format("e5m2"), None, _FP32, "absmax"),
+}
+FORMAT_NAMES: tuple[str, ...] = (*BLOCK_FORMATS, *TENSOR_FORMATS)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one GEMM operand is quantized: ``fake_quantize`` along the contraction axis.
+
+    Args:
+        format: a block format name (`stochround.blocks.BLOCK_FORMATS`), or
+            ``"fp8_e4m3_tensor"`` / ``"fp8_e5m2_tensor"`` (one fp32 scale ``amax / max``
+            for the whole tensor, `TENSOR_FORMATS`), or None: no quantization, the operand
+            enters the GEMM as it is (bf16 in a bf16 model).
+        mode: the elements' rounding mode (rne, rna, rz, ru, rd, ro, sr).
+        rbits, variant: limited-bit SR (1..32 bits, None: exact) and its variant a/b/c/odd.
+        scale_rule: replaces the format's scale rule (None: the format's).
+        block: replaces the format's block: an int, a 2-D tile ``(rows, cols)`` of the
+            operand laid out with the contraction axis last, or None (the format's).
+        rht: the size of a random Hadamard transform along the contraction axis before
+            quantizing (16..256), or None.
+        rht_signs: "fixed" (the library's one fixed sign vector, as Transformer Engine) or
+            "per_step" (fresh signs each step, shared by the GEMM's two operands).
+        rht_bf16: round the rotated values to bf16 before the amax (as Transformer Engine).
+        tensor_scale: NVFP4's per-tensor scale: "amax" (from the operand's amax, after the
+            RHT: a rotated copy has its own) or "none" (single-level).
+        noise: "element" (one random word per element) or "row" (Qwix's channelwise
+            noise: one word per index of the first axis of the tensor the layer holds,
+            x and dy: per token, W: per output feature, shared along the other axis;
+            absmax formats only).
+    """
+
+    format: str | None = None
+    mode: str = "rne"
+    rbits: int | None = None
+    variant: str = "c"
+    scale_rule: str | None = None
+    block: int | tuple[int, int] | None = None
+    rht: int | None = None
+    rht_signs: str = "fixed"
+    rht_bf16: bool = False
+    tensor_scale: str = "amax"
+    noise: str = "element"
+
+    def __post_init__(self) -> None:
+        if self.format is not None:
+            check_choice("format", self.format, FORMAT_NAMES)
+        check_choice("mode", self.mode, MODES)
+        if self.rbits is not None:
+            if self.mode != "sr":
+                raise ValueError(f"rbits applies to mode='sr' only; got mode={self.mode!r}")
+            check_rbits(self.rbits)
+        check_choice("variant", self.variant, VARIANTS)
+        # from_dict gives a 2-D block as a JSON list
+        block = tuple(self.block) if isinstance(self.block, list) else self.block
+        object.__setattr__(self, "block", check_block(block))
+        if self.rht is not None and (isinstance(self.rht, bool) or self.rht not in HADAMARD_SIZES):
+            allowed = ", ".join(map(str, HADAMARD_SIZES))
+            raise ValueError(f"rht must be None or a Hadamard size in {allowed}; got {self.rht!r}")
+        check_choice("rht_signs", self.rht_signs, SIGN_POLICIES)
+        if not isinstance(self.rht_bf16, bool):
+            raise TypeError(f"rht_bf16 must be a bool, got {type(self.rht_bf16).__name__}")
+        if self.rht_bf16 and self.rht is None:
+            raise ValueError("rht_bf16=True applies with rht= (the Hadamard size); got rht=None")
+        check_choice("tensor_scale", self.tensor_scale, TENSOR_SCALE_POLICIES)
+        check_choice("noise", self.noise, NOISE_POLICIES)
+        if self.format is not None:
+            self._check_format()
+
+    def _check_format(self) -> None:
+        """The format with the block and rule replaced must be a valid `BlockFormat`, and
+        the options must apply to it."""
+        fmt = self.block_format()
+        if self.noise == "row" and (self.mode != "sr" or fmt.scale_rule != "absmax"):
+            raise ValueError(
+                "noise='row' (one random word per row) applies to mode='sr' with an absmax "
+                f"(row-scaled) format; got mode={self.mode!r}, format={self.format!r}"
+            )
+        if self.noise == "row" and self.rht is not None:
+            raise ValueError(f"noise='row' applies without rht; got rht={self.rht}")
+        if isinstance(fmt.block, tuple) and self.rht is not None:
+            raise ValueError(f"rht applies to 1-D blocks; got block={fmt.block}")
+        if self.format in TENSOR_FORMATS and self.block is not None:
+            raise ValueError(f"{self.format} has one scale per tensor: block must be None")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the operand is quantized at all (False: it enters the GEMM as it is)."""
+        return self.format is not None
+
+    @property
+    def stochastic(self) -> bool:
+        """Whether the operand is rounded stochastically (draws random bits)."""
+        return self.format is not None and self.mode == "sr"
+
+    def block_format(self) -> BlockFormat:
+        """The operand's `BlockFormat`: the named format with ``block`` and ``scale_rule``
+        replaced where given (ValueError for a passthrough spec)."""
+        if self.format is None:
+            raise ValueError("a QuantSpec with format=None (passthrough) has no block format")
+        if self.format in TENSOR_FORMATS:
+            return resolve_format(TENSOR_FORMATS[self.format], None, self.scale_rule)
+        return resolve_format(self.format, self.block, self.scale_rule)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-able dict (a 2-D block as a list)."""
+        data = dataclasses.asdict(self)
+        if isinstance(self.block, tuple):
+            data["block"] = list(self.block)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QuantSpec:
+        """The spec `to_dict` wrote (ValueError naming unknown keys)."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(
+                f"unknown QuantSpec keys {sorted(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        return cls(**data)
+
+
+PASSTHROUGH = QuantSpec()
+
+
+def spec_words(spec: QuantSpec) -> str:
+    """One line saying what ``spec`` does: ``nvfp4 16x16 rne``, ``mxfp4 32 sr
+    floor-3/4 rht64/per_step``, or ``passthrough``."""
+    if spec.format is None:
+        return "passthrough"
+    fmt = spec.block_format()
+    if isinstance(fmt.block, tuple):
+        block = f"{fmt.block[0]}x{fmt.block[1]}"
+    else:
+        block = "tensor" if spec.format in TENSOR_FORMATS else str(fmt.block or "row")
+    words = [spec.format, block, spec.mode]
+    if spec.mode == "sr" and spec.rbits is not None:
+        words.append(f"rbits={spec.rbits}/{spec.variant}")
+    if spec.scale_rule is not None:
+        words.append(spec.scale_rule)
+    if spec.rht is not None:
+        words.append(f"rht{spec.rht}/{spec.rht_signs}" + ("/bf16" if spec.rht_bf16 else ""))
+    if spec.tensor_scale == "none" and fmt.tensor_scale:
+        words.append("single-level")
+    if spec.noise == "row":
+        words.append("row-noise")
+    return " ".join(words)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A quantized-training recipe: a `QuantSpec` per GEMM operand (module docstring).
+
+    Args:
+        name: the recipe's name (a named recipe's function name, or your own).
+        fprop_input, fprop_weight, dgrad_grad_output, dgrad_weight, wgrad_grad_output,
+            wgrad_input: the spec of each role (default: passthrough).
+        seed: the seed of every random bit the recipe draws, an int in [0, 2**64).  A layer
+            draws ``random_words(index, seed, offset)`` with ``offset = step * 2**32 +
+            layer * 16 + slot`` (`stochround.nn.linear.stream_offset`).
+        source: where the recipe's table comes from (a citation, for people).
+        keep: regular expressions of module paths (``re.search``) kept in high precision:
+            `stochround.nn.quantize_` leaves the layers they match as they are.
+    """
+
+    name: str = "custom"
+    fprop_input: QuantSpec = PASSTHROUGH
+    fprop_weight: QuantSpec = PASSTHROUGH
+    dgrad_grad_output: QuantSpec = PASSTHROUGH
+    dgrad_weight: QuantSpec = PASSTHROUGH
+    wgrad_grad_output: QuantSpec = PASSTHROUGH
+    wgrad_input: QuantSpec = PASSTHROUGH
+    seed: int = 0
+    source: str = ""
+    keep: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        for role in ROLES:
+            spec = getattr(self, role)
+            if not isinstance(spec, QuantSpec):
+                raise TypeError(f"{role} must be a QuantSpec, got {type(spec).__name__}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an int, got {type(self.seed).__name__}")
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        if not isinstance(self.source, str):
+            raise TypeError(f"source must be a str, got {type(self.source).__name__}")
+        keep = (self.keep,) if isinstance(self.keep, str) else tuple(self.keep)
+        for pattern in keep:
+            if not isinstance(pattern, str):
+                raise TypeError(f"keep must hold regular expressions (str); got {pattern!r}")
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(
+                    f"keep: {pattern!r} is not a regular expression: {error}"
+                ) from None
+        object.__setattr__(self, "keep", keep)
+
+    def spec(self, role: str) -> QuantSpec:
+        """The `QuantSpec` of ``role`` (one of `ROLES`)."""
+        check_choice("role", role, ROLES)
+        spec: QuantSpec = getattr(self, role)
+        return spec
+
+    def keeps(self, path: str) -> bool:
+        """Whether the module at ``path`` (its fully qualified name) stays in high
+        precision: some ``keep`` pattern is found in it."""
+        return any(re.search(pattern, path) for pattern in self.keep)
+
+    def describe(self) -> str:
+        """The recipe as a table: one line per role (format, blocks, rounding, RHT)."""
+        lines = [f"{self.name}: seed {self.seed}" + (f" ({self.source})" if self.source else "")]
+        for role in ROLES:
+            lines.append(f"  {role:<18} {spec_words(self.spec(role))}")
+        if self.keep:
+            lines.append(f"  kept in high precision: {', '.join(self.keep)}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def replace(self, **changes: Any) -> Recipe:
+        """A copy with fields replaced (``dataclasses.replace``), for instance another seed."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as a JSON-able dict (``json.dumps(recipe.to_dict())``)."""
+        data: dict[str, Any] = {"name": self.name, "seed": self.seed, "source": self.source}
+        data["keep"] = list(self.keep)
+        for role in ROLES:
+            data[role] = self.spec(role).to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
+        """The recipe `to_dict` wrote (ValueError naming unknown keys)."""
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(
+                f"unknown Recipe keys {sorted(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        fields = dict(data)
+        for role in ROLES:
+            if role in fields:
+                fields[role] = QuantSpec.from_dict(fields[role])
+        if "keep" in fields:
+            fields["keep"] = tuple(fields["keep"])
+        return cls(**fields)
+
+
+def nvfp4(
+    rht: bool = True,
+    stochastic_rounding: bool = True,
+    weight_2d: bool = True,
+    *,
+    seed: int = 0,
+    keep: tuple[str, ...] = (),
+) -> Recipe:
+    """NVIDIA's NVFP4 training recipe, as Transformer Engine's ``NVFP4BlockScaling``
+    (transformer_engine/common/recipe; NVIDIA, "Pretraining Large Language Models with
+    NVFP4", 2025): every operand NVFP4 (16 e2m1 elements, e4m3 block scale, fp32 tensor
+    scale from the tensor's amax):
+
+    - x, in fprop and wgrad: 1x16 blocks, round to nearest; in wgrad after a 16-point RHT
+      along the tokens, with its own tensor scale (the rotated copy's amax);
+    - W, in fprop and dgrad: 16x16 2-D blocks, round to nearest (so the dgrad W is the
+      exact transpose of the fprop W);
+    - dy, in dgrad and wgrad: 1x16 blocks, stochastic rounding; in wgrad after the same
+      16-point RHT, with its own tensor scale.
+
+    The switches are TE's: ``rht`` (its ``disable_rht`` negated), ``stochastic_rounding``
+    (``disable_stochastic_rounding`` negated), ``weight_2d`` (``disable_2d_quantization``
+    negated; False gives W 1x16 blocks).  TE's RHT uses one fixed sign vector and computes
+    the rotation in bf16 (``rht_bf16``).  ``keep``: module-path regexes left in bf16 (TE's
+    advice: the first and last blocks and the LM head, for instance ``("lm_head",)``).
+    """
+    weight_block = (16, 16) if weight_2d else None
+    rotation = 16 if rht else None
+    grad_mode = "sr" if stochastic_rounding else "rne"
+    weight = QuantSpec("nvfp4", block=weight_block)
+    return Recipe(
+        name="nvfp4",
+        fprop_input=QuantSpec("nvfp4"),
+        fprop_weight=weight,
+        dgrad_grad_output=QuantSpec("nvfp4", grad_mode),
+        dgrad_weight=weight,
+        wgrad_grad_output=QuantSpec("nvfp4", grad_mode, rht=rotation, rht_bf16=rht),
+        wgrad_input=QuantSpec("nvfp4", rht=rotation, rht_bf16=rht),
+        seed=seed,
+        source="Transformer Engine NVFP4BlockScaling; NVIDIA, Pretraining LLMs with NVFP4 (2025)",
+        keep=keep,
+    )
+
+
+def mxfp4_tseng(*, rht: int = 64, seed: int = 0, keep: tuple[str, ...] = ()) -> Recipe:
+    """Tseng et al., "Training LLMs with MXFP4" (AISTATS 2025), Algorithm 1: the forward
+    GEMM in high precision (passthrough); both backward GEMMs in MXFP4 with every operand
+    rounded stochastically, the ``floor-3/4`` scale rule (no element can clip, so SR stays
+    unbiased) and a random Hadamard transform of ``rht`` (64) values along the contraction
+    axis, with fresh signs every step shared by the GEMM's two operands (the rotations
+    cancel in the product)."""
+    spec = QuantSpec("mxfp4", "sr", scale_rule="floor-3/4", rht=rht, rht_signs="per_step")
+    return Recipe(
+        name="mxfp4_tseng",
+        dgrad_grad_output=spec,
+        dgrad_weight=spec,
+        wgrad_grad_output=spec,
+        wgrad_input=spec,
+        seed=seed,
+        source="Tseng, Yu, Park: Training LLMs with MXFP4 (AISTATS 2025), Algorithm 1",
+        keep=keep,
+    )
+
+
+def mxfp8(*, seed: int = 0, keep: tuple[str, ...] = ()) -> Recipe:
+    """Transformer Engine's ``MXFP8BlockScaling`` (default ``Format.E4M3``): every operand
+    MXFP8 e4m3 (blocks of 32 along the contraction axis), E8M0 scales by the ``rceil`` rule
+    (cuBLAS's), elements rounded to nearest even."""
+    spec = QuantSpec("mxfp8_e4m3", scale_rule="rceil")
+    return Recipe(
+        name="mxfp8",
+        **dict.fromkeys(ROLES, spec),
+        seed=seed,
+        source="Transformer Engine MXFP8BlockScaling (E4M3, rceil scales)",
+        keep=keep,
+    )
+
+
+def fp8(*, seed: int = 0, keep: tuple[str, ...] = ()) -> Recipe:
+    """Transformer Engine's ``Float8CurrentScaling`` with ``Format.HYBRID``: per-tensor
+    current scaling (one fp32 scale ``amax / max`` per tensor, from this step's amax), e4m3
+    for the forward tensors (x and W, in every GEMM) and e5m2 for the gradient dy, round
+    to nearest even.  TE multiplies by ``max / amax`` where this divides by ``amax / max``
+    (`stochround.blocks.scales.absmax_scales`): the elements can differ where the fp32
+    reciprocal rounds."""
+    forward = QuantSpec("fp8_e4m3_tensor")
+    gradient = QuantSpec("fp8_e5m2_tensor")
+    return Recipe(
+        name="fp8",
+        fprop_input=forward,
+        fprop_weight=forward,
+        dgrad_grad_output=gradient,
+        dgrad_weight=forward,
+        wgrad_grad_output=gradient,
+        wgrad_input=forward,
+        seed=seed,
+        source="Transformer Engine Float8CurrentScaling, Format.HYBRID",
+        keep=keep,
+    )
+
+
+BWD_STOCHASTIC_ROUNDINGS: tuple[str | None, ...] = (None, "uniform")
+
+
+def int8(
+    bwd_stochastic_rounding: str | None = "uniform",
+    *,
+    noise: str = "element",
+    seed: int = 0,
+    keep: tuple[str, ...] = (),
+) -> Recipe:
+    """Qwix's int8 QAT rule (``QtRule(weight_qtype=int8, act_qtype=int8, bwd_qtype=int8,
+    bwd_stochastic_rounding="uniform")``): every operand int8 with a row-wise absmax scale
+    along the contraction axis, the forward operands and the backward weights and inputs
+    rounded to nearest, the gradient dy rounded stochastically in both backward GEMMs
+    (``bwd_stochastic_rounding=None``: to nearest).
+
+    ``noise="element"`` (the default) draws one random word per element: exact SR, each
+    element unbiased and independent.  ``noise="row"`` reproduces Qwix, whose uniform noise
+    varies along the cotangent's first axis only (``channelwise_noise_axes=(0,)``): one
+    value per token, shared by the token's output features.  Each element is still
+    unbiased, but the errors of one token are correlated (they share a threshold): in
+    dgrad, which sums along a token's features, a row's sum then has a larger variance
+    than with independent noise.
+    """
+    if bwd_stochastic_rounding not in BWD_STOCHASTIC_ROUNDINGS:
+        raise ValueError(
+            "bwd_stochastic_rounding must be one of 'uniform', None; "
+            f"got {bwd_stochastic_rounding!r}"
+        )
+    check_choice("noise", noise, NOISE_POLICIES)
+    nearest = QuantSpec("int8_rowwise")
+    if bwd_stochastic_rounding is None:
+        grad = nearest
+    else:
+        grad = QuantSpec("int8_rowwise", "sr", noise=noise)
+    return Recipe(
+        name="int8",
+        fprop_input=nearest,
+        fprop_weight=nearest,
+        dgrad_grad_output=grad,
+        dgrad_weight=nearest,
+        wgrad_grad_output=grad,
+        wgrad_input=nearest,
+        seed=seed,
+        source='Qwix QtRule(int8, bwd_stochastic_rounding="uniform")',
+        keep=keep,
+    )
+
+
+def bf16(*, seed: int = 0) -> Recipe:
+    """No quantization: every operand passes through (the baseline)."""
+    return Recipe(name="bf16", seed=seed, source="no quantization")
+
+
+RECIPES = {
+    "bf16": bf16,
+    "nvfp4": nvfp4,
+    "mxfp4_tseng": mxfp4_tseng,
+    "mxfp8": mxfp8,
+    "fp8": fp8,
+    "int8": int8,
+}
+
+
+__all__ = [
+    "FORMAT_NAMES",
+    "GEMMS",
+    "NOISE_POLICIES",
+    "PASSTHROUGH",
+    "RECIPES",
+    "ROLES",
+    "SIGN_POLICIES",
+    "TENSOR_FORMATS",
+    "TENSOR_SCALE_POLICIES",
+    "QuantSpec",
+    "Recipe",
+    "bf16",
+    "fp8",
+    "int8",
+    "mxfp4_tseng",
+    "mxfp8",
+    "nvfp4",
+    "spec_words",
+]

@@ -1,0 +1,131 @@
+"""quantize_: torchao's filter_fn, Qwix's module-path rules, the recipe's keep patterns,
+shared parameters and layer numbering."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import stochround.nn as srnn
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.Linear(32, 32)
+        self.mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.attn(x))
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.lm_head = nn.Linear(32, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(x)
+
+
+def quantized_paths(model: nn.Module) -> dict[str, str]:
+    return {
+        path: module.recipe.name
+        for path, module in model.named_modules()
+        if isinstance(module, srnn.QuantizedLinear)
+    }
+
+
+def test_every_linear_is_replaced_sharing_its_parameters_numbered_in_order() -> None:
+    model = Tiny()
+    weights = {path: m.weight for path, m in model.named_modules() if isinstance(m, nn.Linear)}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert srnn.quantize_(model, srnn.mxfp8()) is model
+    layers = [(p, m) for p, m in model.named_modules() if isinstance(m, srnn.QuantizedLinear)]
+    assert [p for p, _ in layers] == list(weights)
+    assert [m.layer_index for _, m in layers] == list(range(len(weights)))
+    for path, module in layers:
+        assert module.weight is weights[path]
+    model(torch.randn(32, 32)).sum().backward()
+    optimizer.step()  # the optimizer built before the swap still holds the parameters
+
+
+def test_filter_fn_follows_torchaos_convention() -> None:
+    model = Tiny()
+    seen: list[str] = []
+
+    def not_head(module: nn.Module, fqn: str) -> bool:
+        seen.append(fqn)
+        assert isinstance(module, nn.Linear)
+        return fqn != "lm_head"
+
+    srnn.quantize_(model, srnn.nvfp4(), filter_fn=not_head)
+    assert "lm_head" in seen and "lm_head" not in quantized_paths(model)
+    assert len(quantized_paths(model)) == 6
+
+
+def test_rules_by_module_path_first_match_wins_and_none_keeps_the_layer() -> None:
+    model = Tiny()
+    rules = [
+        (r"blocks\.0\..*", None),
+        (r".*mlp.*", srnn.int8()),
+        (r".*mlp\.0", srnn.fp8()),  # never reached: the rule above matches first
+        (r"lm_head", srnn.mxfp8()),
+    ]
+    srnn.quantize_(model, srnn.nvfp4(), rules=rules)
+    assert quantized_paths(model) == {
+        "blocks.1.attn": "nvfp4",
+        "blocks.1.mlp.0": "int8",
+        "blocks.1.mlp.2": "int8",
+        "lm_head": "mxfp8",
+    }
+
+
+def test_rules_match_the_whole_path_and_unmatched_layers_take_the_default() -> None:
+    model = Tiny()
+    srnn.quantize_(model, rules=[(r"attn", srnn.mxfp8())])  # matches no whole path
+    assert quantized_paths(model) == {}
+    srnn.quantize_(model, rules=[(r".*attn", srnn.mxfp8())])
+    assert quantized_paths(model) == {"blocks.0.attn": "mxfp8", "blocks.1.attn": "mxfp8"}
+
+
+def test_the_recipes_keep_patterns_stay_in_high_precision() -> None:
+    model = Tiny()
+    srnn.quantize_(model, srnn.nvfp4(keep=("lm_head", r"^blocks\.0\.")))
+    assert set(quantized_paths(model)) == {"blocks.1.attn", "blocks.1.mlp.0", "blocks.1.mlp.2"}
+    assert type(model.lm_head) is nn.Linear
+
+
+def test_a_second_call_leaves_quantized_layers_alone_and_a_bare_linear_is_returned() -> None:
+    model = Tiny()
+    srnn.quantize_(model, srnn.mxfp8())
+    srnn.quantize_(model, srnn.nvfp4())
+    assert set(quantized_paths(model).values()) == {"mxfp8"}
+    layer = nn.Linear(32, 32)
+    replaced = srnn.quantize_(layer, srnn.mxfp8())
+    assert isinstance(replaced, srnn.QuantizedLinear) and replaced.weight is layer.weight
+
+
+def test_a_layer_that_does_not_fit_its_recipe_leaves_the_model_untouched() -> None:
+    model = Tiny()
+    model.lm_head = nn.Linear(32, 40)  # 40 outputs: NVFP4's 16x16 weight tiles do not fit
+    with pytest.raises(ValueError, match="fprop_weight"):
+        srnn.quantize_(model, srnn.nvfp4())
+    assert quantized_paths(model) == {}
+
+
+def test_bad_arguments_raise_naming_them() -> None:
+    with pytest.raises(TypeError, match=r"model must be an nn\.Module"):
+        srnn.quantize_("model", srnn.nvfp4())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="recipe must be a Recipe"):
+        srnn.quantize_(Tiny(), "nvfp4")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rules must hold"):
+        srnn.quantize_(Tiny(), rules=["lm_head"])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="not a regular expression"):
+        srnn.quantize_(Tiny(), rules=[("(", None)])
+    with pytest.raises(TypeError, match="filter_fn must be callable"):
+        srnn.quantize_(Tiny(), srnn.nvfp4(), filter_fn=3)  # type: ignore[arg-type]

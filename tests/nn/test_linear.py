@@ -1,0 +1,461 @@
+"""QuantizedLinear: the three emulated GEMMs, where SR is applied, unbiased gradients,
+2-D weights, random streams, checkpoints, no_grad, autocast and torch.compile."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+import stochround as sr
+import stochround.nn as srnn
+from stochround.nn import linear
+from stochround.nn.recipes import ROLES, QuantSpec, Recipe
+
+# every named recipe fits 64 x 64 layers and 64 tokens (MXFP4's RHT-64 included)
+SIZE = 64
+
+
+@contextmanager
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, Tensor]]]:
+    """Every quantized operand the layer computes, as (role, fp32 values), in call order."""
+    calls: list[tuple[str, Tensor]] = []
+    original = linear.quantize_operand
+
+    def spy(operand: Tensor, entry: linear.Operand, *args: Any) -> Tensor:
+        result = original(operand, entry, *args)
+        calls.append((entry.role, result.clone()))
+        return result
+
+    with monkeypatch.context() as patch:
+        patch.setattr(linear, "quantize_operand", spy)
+        yield calls
+
+
+def fixed_data(seed: int = 0) -> tuple[nn.Linear, Tensor, Tensor]:
+    """A 64 x 64 fp32 layer, 64 tokens of input and an upstream gradient."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = nn.Linear(SIZE, SIZE)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(SIZE, SIZE, generator=generator) / 8)
+        layer.bias.copy_(torch.randn(SIZE, generator=generator))
+    x = torch.randn(SIZE, SIZE, generator=generator)
+    grad = torch.randn(SIZE, SIZE, generator=generator)
+    return layer, x, grad
+
+
+def one_step(layer: nn.Module, x: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(y, dx, dW) of one forward and backward with upstream gradient ``grad``."""
+    inputs = x.clone().requires_grad_()
+    layer.zero_grad()
+    y = layer(inputs)
+    y.backward(grad)
+    return y.detach(), inputs.grad, layer.weight.grad.clone()  # type: ignore[union-attr, operator, return-value]
+
+
+def test_a_passthrough_recipe_computes_what_nn_linear_computes() -> None:
+    reference, x, grad = fixed_data()
+    layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), srnn.bf16())
+    y, dx, dw = one_step(layer, x, grad)
+    y_ref, dx_ref, dw_ref = one_step(reference, x, grad)
+    # fp32 GEMMs of the same operands: equal up to the order of accumulation
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw, dw_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(layer.bias.grad, reference.bias.grad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng", "mxfp8", "fp8", "int8"])
+def test_sr_is_applied_exactly_where_the_recipe_says(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each role is quantized once a step; between two seeds the stochastic roles change
+    and the round-to-nearest roles (and passthrough roles) are bit-identical."""
+    recipe = srnn.RECIPES[name]()
+    results = []
+    for seed in (1, 2):
+        reference, x, grad = fixed_data()
+        layer = srnn.QuantizedLinear.from_linear(reference, recipe.replace(seed=seed))
+        with recorded(monkeypatch) as calls:
+            one_step(layer, x, grad)
+        assert sorted(role for role, _ in calls) == sorted(ROLES)
+        results.append(dict(calls))
+    for role in ROLES:
+        spec = recipe.spec(role)
+        same = torch.equal(results[0][role], results[1][role])
+        assert same != spec.stochastic, f"{name} {role}: stochastic={spec.stochastic}"
+    stochastic = any(recipe.spec(role).stochastic for role in ROLES)
+    assert stochastic == (name in ("nvfp4", "mxfp4_tseng", "int8"))
+
+
+def gradient_samples(
+    layer: nn.Module, x: Tensor, grad: Tensor, steps: int
+) -> tuple[Tensor, Tensor]:
+    """dx and dW of ``steps`` consecutive steps (each draws fresh bits), stacked, float64."""
+    dxs, dws = [], []
+    for _ in range(steps):
+        _, dx, dw = one_step(layer, x, grad)
+        dxs.append(dx.double())
+        dws.append(dw.double())
+    return torch.stack(dxs), torch.stack(dws)
+
+
+def assert_unbiased(samples: Tensor, exact: Tensor, what: str) -> None:
+    """The mean of n samples lies within 6 standard errors (the sample standard deviation
+    over sqrt(n), per element) of the exact value, plus fp32 accumulation slack.  The mean
+    of n >= 100 bounded samples is close to normal: |Z| > 6 has probability 2e-9 an
+    element, under 1e-5 over the 4096 elements of a test."""
+    n = samples.shape[0]
+    mean = samples.mean(0)
+    error = (samples.std(0) / n**0.5).clamp_min(0)
+    slack = 1e-5 * exact.abs().max()
+    excess = (mean - exact).abs() - (6 * error + slack)
+    assert float(excess.max()) <= 0, f"{what}: mean off by more than 6 standard errors"
+    assert float((samples.std(0) > 0).double().mean()) > 0.9, f"{what}: SR looks off"
+
+
+def test_mxfp4_tseng_gradients_are_unbiased_with_the_per_step_rht() -> None:
+    """Every backward operand rounds stochastically (floor-3/4: nothing clips) after an RHT
+    with fresh signs each step: E[dx] = dy W and E[dW] = dy^T x exactly."""
+    reference, x, grad = fixed_data()
+    exact_dx = grad.double() @ reference.weight.detach().double()
+    exact_dw = grad.double().T @ x.double()
+    layer = srnn.QuantizedLinear.from_linear(reference, srnn.mxfp4_tseng(seed=7))
+    dxs, dws = gradient_samples(layer, x, grad, steps=128)
+    assert_unbiased(dxs, exact_dx, "dgrad")
+    assert_unbiased(dws, exact_dw, "wgrad")
+
+
+def block_maxima(values: Tensor, block: int = 16) -> Tensor:
+    """``values`` with each block's first element set to +-4 max|values|: every NVFP4
+    block then has the tensor's amax, its e4m3 scale is 448 exactly, and no element can
+    round past e2m1's largest value (so SR is unbiased)."""
+    out = values.clone()
+    top = 4 * values.abs().max()
+    out[..., ::block] = torch.where(values[..., ::block] < 0, -top, top)
+    return out
+
+
+def test_nvfp4_dgrad_is_unbiased_about_the_rn_weight_and_biased_with_rn_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nvfp4(): dx = Q_sr(dy) Q_rn(W), whose mean is dy Q_rn(W) within the variance band;
+    with stochastic_rounding=False every step gives the same dx, away from it."""
+    reference, x, grad = fixed_data()
+    grad = block_maxima(grad)
+    layer = srnn.QuantizedLinear.from_linear(reference, srnn.nvfp4(seed=3))
+    with recorded(monkeypatch) as calls:
+        one_step(layer, x, grad)
+    weight_rn = dict(calls)["dgrad_weight"].double()  # (in, out): Q(W)^T
+    exact = grad.double() @ weight_rn.T
+    dxs, _ = gradient_samples(layer, x, grad, steps=128)
+    assert_unbiased(dxs, exact, "nvfp4 dgrad")
+    rn = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.nvfp4(stochastic_rounding=False))
+    rn_dxs, _ = gradient_samples(rn, x, grad, steps=3)
+    assert torch.equal(rn_dxs[0], rn_dxs[1]) and torch.equal(rn_dxs[0], rn_dxs[2])
+    bias = (rn_dxs[0] - exact).abs().max() / exact.abs().max()
+    assert float(bias) > 1e-3  # round to nearest errs the same way at every step
+
+
+def test_2d_weight_blocks_make_the_dgrad_weight_the_exact_transpose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reference, x, grad = fixed_data()
+    layer = srnn.QuantizedLinear.from_linear(reference, srnn.nvfp4())
+    with recorded(monkeypatch) as calls:
+        one_step(layer, x, grad)
+    quantized = dict(calls)
+    assert torch.equal(quantized["fprop_weight"].T, quantized["dgrad_weight"])
+    layer_1d = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.nvfp4(weight_2d=False))
+    with recorded(monkeypatch) as calls:
+        one_step(layer_1d, x, grad)
+    quantized = dict(calls)
+    assert not torch.equal(quantized["fprop_weight"].T, quantized["dgrad_weight"])
+
+
+def test_the_streams_of_a_run_never_share_an_offset() -> None:
+    offsets = {
+        int(srnn.stream_offset(step, layer, slot))
+        for step in range(3)
+        for layer in range(4)
+        for slot in range(16)
+    }
+    assert len(offsets) == 3 * 4 * 16
+    assert int(srnn.stream_offset(torch.tensor(2), 1, 3)) == srnn.stream_offset(2, 1, 3)
+    for kwargs in ({"step": -1}, {"layer": 2**28}, {"slot": 16}):
+        arguments = {"step": 0, "layer": 0, "slot": 0, **kwargs}
+        with pytest.raises(ValueError, match="must be in"):
+            srnn.stream_offset(**arguments)  # type: ignore[arg-type]
+
+
+def test_layers_draw_their_own_bits_and_a_step_draws_fresh_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reference, x, grad = fixed_data()
+    recipe = srnn.nvfp4(seed=1)
+    first = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe, layer_index=0)
+    second = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe, layer_index=1)
+    with recorded(monkeypatch) as calls:
+        one_step(first, x, grad)
+        one_step(second, x, grad)
+        one_step(first, x, grad)
+    dy = [values for role, values in calls if role == "dgrad_grad_output"]
+    assert not torch.equal(dy[0], dy[1]) and not torch.equal(dy[0], dy[2])
+    assert first.step.item() == 2 and second.step.item() == 1
+
+
+def test_no_grad_inference_uses_the_step_without_advancing_it() -> None:
+    stochastic_input = Recipe(fprop_input=QuantSpec("mxfp8_e4m3", "sr"), seed=4)
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=stochastic_input)
+    x = torch.randn(2, SIZE, SIZE)
+    with torch.no_grad():
+        before = layer(x)
+    assert layer.step.item() == 0
+    trained = layer(x)
+    assert layer.step.item() == 1 and torch.equal(trained.detach(), before)
+    with torch.no_grad():
+        after = layer(x)
+    assert not torch.equal(after, before) and after.shape == (2, SIZE, SIZE)
+
+
+def make_model(recipe: Recipe) -> nn.Sequential:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(SIZE, SIZE), nn.GELU(), nn.Linear(SIZE, SIZE))
+    srnn.quantize_(model, recipe)
+    return model
+
+
+def train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Tensor]) -> None:
+    for batch in batches:
+        optimizer.zero_grad()
+        model(batch).square().mean().backward()
+        optimizer.step()
+
+
+def test_a_checkpoint_resumes_bit_exactly() -> None:
+    batches = [
+        torch.randn(SIZE, SIZE, generator=torch.Generator().manual_seed(i)) for i in range(6)
+    ]
+    model = make_model(srnn.nvfp4(seed=9))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train(model, optimizer, batches[:3])
+    checkpoint = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    assert checkpoint[0]["0.step"].item() == 3
+    train(model, optimizer, batches[3:])
+
+    resumed = make_model(srnn.nvfp4(seed=9))
+    resumed_optimizer = torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9)
+    resumed.load_state_dict(checkpoint[0])
+    resumed_optimizer.load_state_dict(checkpoint[1])
+    train(resumed, resumed_optimizer, batches[3:])
+    for (name, value), other in zip(
+        model.state_dict().items(), resumed.state_dict().values(), strict=True
+    ):
+        assert torch.equal(value, other), name
+
+
+def test_from_linear_shares_the_parameters_and_loads_a_linear_state_dict() -> None:
+    reference = nn.Linear(SIZE, 32, bias=False)
+    layer = srnn.QuantizedLinear.from_linear(reference, srnn.mxfp8())
+    assert layer.weight is reference.weight and layer.bias is None
+    assert set(layer.state_dict()) == {"weight", "step"}
+    layer.step.fill_(5)
+    fresh = nn.Linear(SIZE, 32, bias=False)
+    layer.load_state_dict(fresh.state_dict())  # no step: the layer keeps its own
+    assert torch.equal(layer.weight, fresh.weight) and layer.step.item() == 5
+    assert "recipe=mxfp8" in repr(layer)
+    with pytest.raises(TypeError, match=r"linear must be an nn\.Linear"):
+        srnn.QuantizedLinear.from_linear(nn.Conv1d(1, 1, 1), srnn.mxfp8())  # type: ignore[arg-type]
+
+
+def test_blocks_that_do_not_fit_a_gemm_raise_naming_the_role() -> None:
+    with pytest.raises(ValueError, match=r"fprop_weight.*16"):
+        srnn.QuantizedLinear(SIZE, 40, recipe=srnn.nvfp4())
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.nvfp4())
+    with pytest.raises(ValueError, match="wgrad_grad_output"):
+        layer(torch.randn(24, SIZE))
+    with pytest.raises(TypeError, match="recipe must be"):
+        srnn.QuantizedLinear(SIZE, SIZE, recipe="nvfp4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="layer_index must be in"):
+        srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.nvfp4(), layer_index=-1)
+
+
+def test_autocast_runs_the_layer_in_the_autocast_dtype() -> None:
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.nvfp4())
+    x = torch.randn(SIZE, SIZE, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad is not None and x.grad.dtype == torch.float32
+    assert layer.weight.grad is not None and layer.weight.grad.dtype == torch.float32
+
+
+def test_bf16_layers_accumulate_in_fp32_and_return_bf16() -> None:
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.nvfp4(), dtype=torch.bfloat16)
+    x = torch.randn(SIZE, SIZE, dtype=torch.bfloat16, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    assert y.dtype == x.grad.dtype == layer.weight.grad.dtype == torch.bfloat16  # type: ignore[union-attr]
+
+
+def test_per_tensor_fp8_has_one_scale_for_the_whole_tensor() -> None:
+    x = torch.randn(8, SIZE) * torch.logspace(-2, 2, 8).unsqueeze(1)
+    entry = linear.make_plan(srnn.fp8(), 0).operands["fprop_input"]
+    got = linear.quantize_operand(x, entry, 0, 0, None)
+    scale = x.abs().max() / 448
+    expected = sr.round(x * (1 / scale), "e4m3fn", sat="finite") * scale
+    assert torch.equal(got, expected)
+
+
+def test_row_noise_values_match_blocks_given_the_blocks_words() -> None:
+    x = torch.randn(8, SIZE)
+    fmt = sr.blocks.BLOCK_FORMATS["int8_rowwise"]
+    words = sr.random.random_words(torch.arange(x.numel()).reshape(x.shape), 5, 11)
+    blocks = sr.blocks.quantize(x, "int8_rowwise", "sr", seed=5, offset=11)
+    assert torch.equal(linear.row_noise_values(x, fmt, words), blocks.dequantize(torch.float32))
+
+
+def test_row_noise_is_one_word_per_token_in_both_backward_gemms() -> None:
+    """Qwix's channelwise noise: dgrad's dy (tokens, out) shares a word along each row,
+    wgrad's dy^T (out, tokens) along each column: token t draws word t."""
+    dy = torch.randn(32, SIZE)
+    fmt = sr.blocks.BLOCK_FORMATS["int8_rowwise"]
+    plan = linear.make_plan(srnn.int8(noise="row"), 0)
+    token_words = sr.random.random_words(torch.arange(32), 5, 11)
+    dgrad = linear.quantize_operand(dy, plan.operands["dgrad_grad_output"], 5, 11, None)
+    per_row = token_words[:, None].expand(32, SIZE).contiguous()
+    assert torch.equal(dgrad, linear.row_noise_values(dy, fmt, per_row))
+    transposed = dy.T.contiguous()
+    wgrad = linear.quantize_operand(transposed, plan.operands["wgrad_grad_output"], 5, 11, None)
+    per_column = token_words[None, :].expand(SIZE, 32).contiguous()
+    assert torch.equal(wgrad, linear.row_noise_values(transposed, fmt, per_column))
+
+
+def test_compiled_fullgraph_compiles_once_and_equals_eager() -> None:
+    """torch.compile(fullgraph=True) with AOTAutograd (backend "aot_eager": the traced
+    forward and backward graphs run by PyTorch's own kernels, so the comparison is bit for
+    bit) gives eager's results for several steps and compiles once: the step is a tensor
+    advanced by one op (`linear.advance_step`), which also keeps the backward graph from
+    reading the step after the forward advanced it.  Inductor is not run here: its CPU
+    compile of the RHT path takes minutes on CI's cores."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    batches = [
+        torch.randn(SIZE, SIZE, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    ]
+    eager = make_model(srnn.nvfp4(seed=2))
+    compiled_model = make_model(srnn.nvfp4(seed=2))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(compiled_model, fullgraph=True, backend=counter)
+    for batch in batches:
+        expected = eager(batch)
+        expected.square().sum().backward()
+        got = compiled(batch)
+        got.square().sum().backward()
+        assert torch.equal(got, expected)
+    assert counter.frame_count == 1
+    for a, b in zip(eager.parameters(), compiled_model.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)  # type: ignore[arg-type]
+    assert int(compiled_model[0].step) == 3  # type: ignore[arg-type]
+
+
+def test_sr_rounds_up_with_the_probability_of_the_discarded_fraction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dgrad's dy under an MXFP8 SR spec: over n steps each element takes its upper
+    neighbour with frequency within 6 binomial standard deviations, sqrt(p (1 - p) / n),
+    of p = (v - lower) / (upper - lower), its position between its two neighbours (the
+    round-down and round-up results, read off the recorded values themselves)."""
+    recipe = Recipe(dgrad_grad_output=QuantSpec("mxfp8_e4m3", "sr"), seed=6)
+    reference, x, grad = fixed_data()
+    layer = srnn.QuantizedLinear.from_linear(reference, recipe)
+    steps = 200
+    with recorded(monkeypatch) as calls:
+        for _ in range(steps):
+            one_step(layer, x, grad)
+    samples = torch.stack([v for role, v in calls if role == "dgrad_grad_output"]).double()
+    lower, upper = samples.min(0).values, samples.max(0).values
+    moved = upper > lower
+    assert float(moved.double().mean()) > 0.9  # nearly every element is inexact in e4m3
+    p = ((grad.double() - lower) / (upper - lower))[moved]
+    frequency = (samples == upper).double().mean(0)[moved]
+    band = 6 * (p * (1 - p) / steps).sqrt() + 1e-12
+    assert bool(((frequency - p).abs() <= band).all())
+
+
+def test_bf16_parameters_with_the_sr_optimizer_train_under_nvfp4_and_resume_exactly() -> None:
+    """The 6-byte configuration: bf16 parameters and bf16 AdamW states stored with SR
+    (`stochround.optim.AdamW`), every linear layer under nvfp4(); the loss falls and a
+    checkpoint resumes bit for bit."""
+
+    def build() -> tuple[nn.Sequential, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(SIZE, SIZE), nn.GELU(), nn.Linear(SIZE, SIZE))
+        model = model.to(torch.bfloat16)
+        srnn.quantize_(model, srnn.nvfp4(seed=1))
+        return model, sr.optim.AdamW(model.parameters(), lr=1e-2, seed=2)
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(SIZE, SIZE, generator=generator).to(torch.bfloat16)
+    target = torch.randn(SIZE, SIZE, generator=generator).to(torch.bfloat16)
+
+    def steps(model: nn.Module, optimizer: torch.optim.Optimizer, count: int) -> list[float]:
+        losses = []
+        for _ in range(count):
+            optimizer.zero_grad()
+            loss = (model(inputs).float() - target.float()).square().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    model, optimizer = build()
+    losses = steps(model, optimizer, 10)
+    assert losses[-1] < 0.8 * losses[0]
+    state = optimizer.state[model[0].weight]  # type: ignore[index]
+    assert model[0].weight.dtype == state["exp_avg"].dtype == torch.bfloat16
+    checkpoint = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    steps(model, optimizer, 3)
+    resumed, resumed_optimizer = build()
+    resumed.load_state_dict(checkpoint[0])
+    resumed_optimizer.load_state_dict(checkpoint[1])
+    steps(resumed, resumed_optimizer, 3)
+    for value, other in zip(
+        model.state_dict().values(), resumed.state_dict().values(), strict=True
+    ):
+        assert torch.equal(value, other)
+
+
+def test_per_step_signs_are_fresh_each_step_and_shared_by_a_gemms_operands(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    drawn: list[tuple[int, int]] = []
+    original = linear.random_signs
+
+    def spy(size: int, seed: int, *, offset: Tensor, device: torch.device) -> Tensor:
+        drawn.append((seed, int(offset)))
+        return original(size, seed, offset=offset, device=device)
+
+    monkeypatch.setattr(linear, "random_signs", spy)
+    reference, x, grad = fixed_data()
+    layer = srnn.QuantizedLinear.from_linear(reference, srnn.mxfp4_tseng(seed=8), layer_index=3)
+    one_step(layer, x, grad)
+    one_step(layer, x, grad)
+    dgrad = [srnn.stream_offset(step, 3, linear.SIGN_SLOTS["dgrad"]) for step in (0, 1)]
+    wgrad = [srnn.stream_offset(step, 3, linear.SIGN_SLOTS["wgrad"]) for step in (0, 1)]
+    expected = [(8, dgrad[0])] * 2 + [(8, wgrad[0])] * 2 + [(8, dgrad[1])] * 2 + [(8, wgrad[1])] * 2
+    assert drawn == expected
+
+
+def test_training_steps_leave_torchs_global_generator_alone() -> None:
+    reference, x, grad = fixed_data()
+    layer = srnn.QuantizedLinear.from_linear(reference, srnn.nvfp4(seed=1))
+    state = torch.get_rng_state()
+    one_step(layer, x, grad)
+    assert torch.equal(torch.get_rng_state(), state)
