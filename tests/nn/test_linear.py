@@ -15,6 +15,7 @@ from torch import Tensor, nn
 import stochround as sr
 import stochround.nn as srnn
 from stochround.nn import linear
+from stochround.nn.linear import COMPILES
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe
 
 # every named recipe fits 64 x 64 layers and 64 tokens (MXFP4's RHT-64 included)
@@ -353,6 +354,11 @@ def test_compiled_fullgraph_compiles_once_and_equals_eager() -> None:
     compiled_model = make_model(srnn.nvfp4(seed=2))
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(compiled_model, fullgraph=True, backend=counter)
+    if not COMPILES:  # older torch: a refusal instead of wrong gradients (under fullgraph
+        # Dynamo reports it as an observed exception; without fullgraph it is the layer's)
+        with pytest.raises(Exception):  # noqa: B017 - Dynamo's wrapper type varies
+            compiled(batches[0])
+        return
     for batch in batches:
         expected = eager(batch)
         expected.square().sum().backward()

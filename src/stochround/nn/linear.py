@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.torch_version import TorchVersion
 
 from ..blocks.formats import BlockFormat
 from ..blocks.hadamard import random_signs
@@ -48,6 +49,9 @@ ROLE_SLOTS = {role: slot for slot, role in enumerate(ROLES)}
 SIGN_SLOTS = {gemm: 8 + index for index, gemm in enumerate(GEMMS)}
 MAX_LAYERS = 1 << 28
 STEP_SHIFT = 32
+
+# the releases whose compiled backward of `QuantizedMatmul` is tested to equal eager's
+COMPILES = TorchVersion(torch.__version__) >= "2.13"
 
 
 def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
@@ -359,6 +363,12 @@ class QuantizedLinear(nn.Linear):
             dtype = torch.get_autocast_dtype(device_type)
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
+        if torch.compiler.is_compiling() and not COMPILES:
+            raise RuntimeError(
+                "QuantizedLinear compiles with torch >= 2.13 (on older releases the "
+                f"compiled backward was seen to give zero weight gradients); torch "
+                f"{torch.__version__} runs it eagerly: leave the model uncompiled"
+            )
         lead = x.shape[:-1]
         tokens = x.reshape(-1, self.in_features)
         check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features)
