@@ -58,6 +58,17 @@ TENSOR_FORMATS: dict[str, BlockFormat] = {
 FORMAT_NAMES: tuple[str, ...] = (*BLOCK_FORMATS, *TENSOR_FORMATS)
 
 
+def check_keys(cls: type, data: dict[str, Any]) -> None:
+    """ValueError naming the keys of ``data`` that are not fields of the dataclass ``cls``
+    (what `to_dict` wrote is read back by ``from_dict``)."""
+    known = {field.name for field in dataclasses.fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ValueError(
+            f"unknown {cls.__name__} keys {sorted(unknown)}; known: {', '.join(sorted(known))}"
+        )
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     """How one GEMM operand is quantized: ``fake_quantize`` along the contraction axis.
@@ -167,12 +178,7 @@ class QuantSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QuantSpec:
         """The spec `to_dict` wrote (ValueError naming unknown keys)."""
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(
-                f"unknown QuantSpec keys {sorted(unknown)}; known: {', '.join(sorted(known))}"
-            )
+        check_keys(cls, data)
         return cls(**data)
 
 
@@ -293,12 +299,7 @@ class Recipe:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Recipe:
         """The recipe `to_dict` wrote (ValueError naming unknown keys)."""
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(
-                f"unknown Recipe keys {sorted(unknown)}; known: {', '.join(sorted(known))}"
-            )
+        check_keys(cls, data)
         fields = dict(data)
         for role in ROLES:
             if role in fields:
