@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 import pytest
+import torch
 
+import stochround as sr
 import stochround.nn as srnn
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe
 
@@ -207,3 +209,27 @@ def test_bad_recipes_raise_naming_the_argument() -> None:
         srnn.nvfp4().spec("input")
     with pytest.raises(ValueError, match="bwd_stochastic_rounding must be one of"):
         srnn.int8("gaussian")
+
+
+def test_a_hardware_preset_rounds_the_operand_as_blocks_quantize_does() -> None:
+    """QuantSpec(hardware=...) quantizes its operand with the preset (Transformer Engine's
+    8-bit software SR for e2m1), the bits of ``sr.blocks.quantize(..., hardware=...)``,
+    which differ from the core's exact SR (8 of the word's 32 bits decide: about one
+    element in 256 rounds the other way, dozens of 16384); it prints, round-trips through
+    JSON, and refuses what the preset cannot do."""
+    from stochround.nn.linear import Operand, quantize_operand
+
+    spec = QuantSpec("nvfp4", "sr", hardware="transformer-engine-sr-e2m1")
+    assert "hardware=transformer-engine-sr-e2m1" in str(Recipe(dgrad_grad_output=spec))
+    assert QuantSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    operand = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    entry = Operand("dgrad_grad_output", spec, spec.block_format())
+    got = quantize_operand(operand, entry, 5, 7, None)
+    preset = sr.blocks.quantize(operand, "nvfp4", "sr", seed=5, offset=7, hardware=spec.hardware)
+    exact = sr.blocks.quantize(operand, "nvfp4", "sr", seed=5, offset=7)
+    assert torch.equal(got, preset.dequantize(torch.float32))
+    assert not torch.equal(got, exact.dequantize(torch.float32))
+    with pytest.raises(ValueError, match="rounds to e2m1"):
+        QuantSpec("mxfp8_e4m3", "sr", hardware="transformer-engine-sr-e2m1")
+    with pytest.raises(ValueError, match="sets rbits and variant"):
+        QuantSpec("nvfp4", "sr", rbits=8, hardware="transformer-engine-sr-e2m1")

@@ -168,6 +168,7 @@ def quantize_operand(
         variant=spec.variant,
         seed=seed,
         offset=offset,
+        hardware=spec.hardware,
     )
     return quantized.dequantize(torch.float32, unrotate=True)
 

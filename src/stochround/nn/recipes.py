@@ -26,6 +26,7 @@ from ..blocks.formats import check_block
 from ..blocks.hadamard import HADAMARD_SIZES
 from ..blocks.quantize import resolve_format
 from ..formats import format as find_format
+from ..presets import preset
 from ..reference import MODES, VARIANTS, check_choice, check_rbits
 
 # the six operands of a linear layer's three GEMMs, in the order of their stream slots
@@ -94,6 +95,11 @@ class QuantSpec:
             noise: one word per index of the first axis of the tensor the layer holds,
             x and dy: per token, W: per output feature, shared along the other axis;
             absmax formats only).
+        hardware: a hardware SR preset for the elements (`stochround.hardware`), for
+            instance ``"transformer-engine-sr-e2m1"``, Transformer Engine's software SR on
+            GPUs without ``cvt.rs``; with mode "sr", rbits and variant left at their
+            defaults (the preset sets them), per-element noise and a block format whose
+            elements are the preset's target. None: the core's SR.
     """
 
     format: str | None = None
@@ -107,6 +113,7 @@ class QuantSpec:
     rht_bf16: bool = False
     tensor_scale: str = "amax"
     noise: str = "element"
+    hardware: str | None = None
 
     def __post_init__(self) -> None:
         if self.format is not None:
@@ -148,6 +155,24 @@ class QuantSpec:
             raise ValueError(f"rht applies to 1-D blocks; got block={fmt.block}")
         if self.format in TENSOR_FORMATS and self.block is not None:
             raise ValueError(f"{self.format} has one scale per tensor: block must be None")
+        if self.hardware is not None:
+            self._check_hardware(fmt)
+
+    def _check_hardware(self, fmt: BlockFormat) -> None:
+        """The preset must exist, round to the format's elements, and be the only SR choice."""
+        if self.mode != "sr" or self.rbits is not None or self.variant != "c":
+            raise ValueError(
+                f"hardware={self.hardware!r} is an SR unit that sets rbits and variant: pass "
+                "mode='sr' and leave rbits and variant at their defaults"
+            )
+        if self.noise != "element" or self.format in TENSOR_FORMATS:
+            raise ValueError("hardware= applies to block formats with per-element noise")
+        unit = preset(str(self.hardware), fmt.element)
+        if unit.target != fmt.element:
+            raise ValueError(
+                f"hardware={self.hardware!r} rounds to {unit.target.name}, not to the elements "
+                f"of {self.format} ({fmt.element.name})"
+            )
 
     @property
     def quantized(self) -> bool:
@@ -206,6 +231,8 @@ def spec_words(spec: QuantSpec) -> str:
         words.append("single-level")
     if spec.noise == "row":
         words.append("row-noise")
+    if spec.hardware is not None:
+        words.append(f"hardware={spec.hardware}")
     return " ".join(words)
 
 
