@@ -64,7 +64,7 @@ from .common import (
 )
 from .grid import cdiv, next_power_of_2
 from .philox import four_words, random_word
-from .runtime import Launch
+from .runtime import Launch, current_device
 
 # the scale rules the kernel computes (`stochround.blocks.formats.SCALE_RULES`)
 SCALE_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4", "absmax", "nvfp4")
@@ -732,7 +732,7 @@ def _partial_maxima(x: Tensor, rht: int | None, rht_signs: Tensor | None, rht_bf
     count = x.numel()
     if count == 0:
         return x.new_zeros(1, dtype=torch.int32)
-    if x.is_cuda and x.device.index != torch.cuda.current_device():
+    if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             return _partial_maxima(x, rht, rht_signs, rht_bf16)
     programs = cdiv(count, AMAX_BLOCK)
@@ -819,7 +819,7 @@ def nvfp4_tensor_scale(
     ``stochround.blocks.scales.nvfp4_tensor_scale(x.abs().amax(), flavour)``.  ``flavour``
     "te" or "torchao"; the rotation as `tensor_amax` takes it.  Returns (scale, amax)."""
     check_choice("flavour", flavour, NVFP4_FLAVOURS)
-    if x.is_cuda and x.device.index != torch.cuda.current_device():
+    if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             return nvfp4_tensor_scale(x, flavour, rht=rht, rht_signs=rht_signs, rht_bf16=rht_bf16)
     partial = _partial_maxima(x, rht, rht_signs, rht_bf16)
@@ -1000,7 +1000,7 @@ def _launch(
         or tensor_scale.device != x.device
     ):
         raise ValueError("tensor_scale must be a one-element float32 tensor on x's device")
-    if x.is_cuda and x.device.index != torch.cuda.current_device():
+    if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             _launch(x, codes, scales, out, request, rotation, seed, offset, index_offset)
         return
