@@ -510,11 +510,13 @@ def test_a_compiled_call_advances_its_stream_once_per_call() -> None:
 def test_backend_triton_says_why_it_cannot_serve_a_call() -> None:
     x = _x(4, 64)
     with pytest.raises(ValueError, match="backend='triton' serves 1-D blocks"):
-        blocks.quantize(_x(16, 64), "nvfp4", block=(16, 16), backend="triton")
+        blocks.quantize(_x(16, 64), "nvfp4", block=(16, 16), rht=16, backend="triton")
     with pytest.raises(ValueError, match="backend='triton' serves 1-D blocks"):
         blocks.quantize(x, "nvfp4", swizzle=True, backend="triton")
     with pytest.raises(ValueError, match="backend='triton' serves 1-D blocks"):
         blocks.quantize(x, "int8_rowwise", rht=16, backend="triton")
+    with pytest.raises(ValueError, match="whole rows of at most 16384"):
+        blocks.quantize(_x(1, 2**14 + 16), "int8_rowwise", backend="triton")
     if not INTERPRETED:
         with pytest.raises(ValueError, match="backend='triton' cannot run: x is not a CUDA"):
             blocks.quantize(x, "nvfp4", backend="triton")
@@ -530,6 +532,9 @@ KERNEL_CALLS = {
     "nvfp4-torchao-rht-bf16": ("nvfp4", {"nvfp4_flavour": "torchao", "rht": 16, "rht_bf16": True}),
     "nvfp4-single-level": ("nvfp4", {"tensor_scale": False, "mode": "rz"}),
     "int8-rowwise-sr": ("int8_rowwise", {"mode": "sr", "seed": 2}),
+    "nvfp4-2d-tiles": ("nvfp4", {"block": (16, 16)}),
+    "nvfp4-2d-tiles-sr": ("nvfp4", {"block": (16, 16), "mode": "sr", "seed": 2}),
+    "mxfp4-2d-tiles-rect": ("mxfp4", {"block": (8, 32), "mode": "sr", "seed": 3}),
 }
 
 
@@ -537,7 +542,8 @@ KERNEL_CALLS = {
 @pytest.mark.parametrize("case", list(KERNEL_CALLS))
 def test_the_kernel_seam_returns_the_pytorch_paths_block_tensor(case: str) -> None:
     name, options = KERNEL_CALLS[case]
-    x = _x(4, 64)
+    x = _x(32, 64)
+    x[16:, 32:] *= 1e-3  # tiles of unlike amax
     kernel = blocks.quantize(x, name, backend="triton", **options)
     torch_path = blocks.quantize(x, name, backend="torch", **options)
     assert torch.equal(kernel.codes.view(torch.uint8), torch_path.codes.view(torch.uint8))

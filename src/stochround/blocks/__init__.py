@@ -3,27 +3,41 @@ core's element formats, quantized with every rounding mode of the core, with ran
 Hadamard transforms and the 128x4 swizzled scale layout of block-scaled GEMMs.
 
 `formats` describes the formats, `scales` the scale rules, `quantize` the PyTorch path
-and the entry points, `hadamard` the rotations and `layout` the scale layouts.
+and the entry points, `gemm` the emulated block-scaled GEMM, `hadamard` the rotations and
+`layout` the scale layouts.
 """
 
 from __future__ import annotations
 
 from .formats import BLOCK_FORMATS, SCALE_RULES, BlockFormat, block_format
+from .gemm import scaled_mm
 from .hadamard import hadamard, inverse_hadamard, random_signs
 from .layout import swizzle_scales, unswizzle_scales
-from .quantize import BlockTensor, fake_quantize, quantize, to_nvfp4
+from .quantize import (
+    BlockTensor,
+    GemmOperand,
+    fake_quantize,
+    gemm_operand,
+    gemm_operand_of,
+    quantize,
+    to_nvfp4,
+)
 
 __all__ = [
     "BLOCK_FORMATS",
     "SCALE_RULES",
     "BlockFormat",
     "BlockTensor",
+    "GemmOperand",
     "block_format",
     "fake_quantize",
+    "gemm_operand",
+    "gemm_operand_of",
     "hadamard",
     "inverse_hadamard",
     "quantize",
     "random_signs",
+    "scaled_mm",
     "swizzle_scales",
     "to_nvfp4",
     "unswizzle_scales",

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -86,6 +88,7 @@ class BlockFormat:
     element_table: tuple[float, ...] | None = dataclasses.field(
         init=False, repr=False, compare=False
     )
+    gemm_dtype: torch.dtype = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -115,6 +118,7 @@ class BlockFormat:
         object.__setattr__(self, "element_emax", int(self.element.emax))
         object.__setattr__(self, "element_mbits", int(self.element.mbits))
         object.__setattr__(self, "element_table", element_table(self.element))
+        object.__setattr__(self, "gemm_dtype", gemm_dtype(self))
         # whether the Triton kernel's op can name and round the element format
         registered = self.element in (FORMATS.get(self.element.name), OCP_INT8)
         object.__setattr__(self, "kernel_element", registered and kernel_supports(self.element))
@@ -205,6 +209,46 @@ def element_table(element: Format) -> tuple[float, ...] | None:
 
 
 _TABLES: dict[tuple[object, ...], tuple[float, ...] | None] = {}
+
+
+def _in_bf16(value: float) -> bool:
+    """Whether the float64 ``value`` is a bf16 value, or is beyond fp32's range (where the
+    fp32 product a dequantization computes is infinite as well)."""
+    try:
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    except OverflowError:
+        return True
+    return struct.unpack("<f", struct.pack("<I", bits))[0] == value and bits & 0xFFFF == 0
+
+
+def _scale_values(fmt: BlockFormat) -> tuple[float, ...] | None:
+    """Every finite positive block scale of ``fmt`` (None: not enumerable, an fp32 or
+    x-dtype scale): 2**-127 .. 2**127 for E8M0, the positive E4M3 values for NVFP4."""
+    if fmt.scale_rule in POWER_OF_TWO_RULES:
+        return tuple(2.0**k for k in range(-127, 128))
+    if fmt.scale_rule == "nvfp4":
+        return tuple(v for v in element_table(_E4M3) or () if math.isfinite(v) and v > 0)
+    return None
+
+
+def gemm_dtype(fmt: BlockFormat) -> torch.dtype:
+    """The dtype in which a GEMM can take ``fmt``'s operand exactly: torch.bfloat16 where
+    every product ``element * block scale`` is a bf16 value (NVFP4, MXFP4, MXFP6; for a
+    whole-row block, whose scale the GEMM applies to its result, every element: the int8
+    grids), else torch.float32 (where E8M0's small scales take e4m3/e5m2 elements below
+    bf16's subnormals, or an fp32 scale has too many bits).  The tensor scale and
+    floor-3/4's 4/3 multiply the GEMM's result and do not count."""
+    key = (fmt.element, fmt.scale_rule, fmt.block is None)
+    if key not in _GEMM_DTYPES:
+        elements = [v for v in fmt.element_table or () if math.isfinite(v)]
+        scales = (1.0,) if fmt.block is None else _scale_values(fmt)
+        exact = bool(elements) and scales is not None
+        exact = exact and all(_in_bf16(e * s) for e in elements for s in scales or ())
+        _GEMM_DTYPES[key] = torch.bfloat16 if exact else torch.float32
+    return _GEMM_DTYPES[key]
+
+
+_GEMM_DTYPES: dict[tuple[object, ...], torch.dtype] = {}
 
 
 def check_block(block: object) -> Block:

@@ -65,6 +65,11 @@ from .scales import (
 BACKENDS = ("auto", "torch", "triton")
 ROUNDING_MODES = {"rn": "rne", "rs": "sr"}  # to_nvfp4's names (torchao RFC #3264)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads
+# the longest row a whole-row block may have on the kernel: one program holds a block, and
+# a longer one would not fit its registers (such rows take the PyTorch path)
+MAX_KERNEL_ROW = 2**14
+# the kernel op's GEMM-operand outputs and their dtypes (`gemm_operand`)
+GEMM_OUTPUTS = {"gemm_bf16": torch.bfloat16, "gemm_fp32": torch.float32}
 
 # the fixed sign vector of ``rht_signs=None``: random_signs(size, seed=RHT_SEED), one
 # rotation shared by every call, so that two operands of a GEMM quantized with different
@@ -150,9 +155,10 @@ def element_values(q: BlockTensor) -> Tensor:
     return values[integers.to(torch.int64) & (len(table) - 1)]
 
 
-def scale_values(q: BlockTensor) -> Tensor:
-    """The block scales as fp32 values times the tensor scale, unswizzled (``scale_shape``):
-    E8M0 code c is ``2**(c - 127)`` (``2**-127`` an fp32 subnormal), 0xFF NaN."""
+def scale_values(q: BlockTensor, *, tensor_scale: bool = True) -> Tensor:
+    """The block scales as fp32 values times the tensor scale (``tensor_scale=False``:
+    without it), unswizzled (``scale_shape``): E8M0 code c is ``2**(c - 127)`` (``2**-127``
+    an fp32 subnormal), 0xFF NaN."""
     scales = q.scales
     if q.swizzled:
         rows = 1
@@ -166,29 +172,64 @@ def scale_values(q: BlockTensor) -> Tensor:
         values = torch.where(bits == 0xFF, float("nan"), values)
     else:
         values = scales.to(torch.float32)
-    if q.tensor_scale is not None:
+    if q.tensor_scale is not None and tensor_scale:
         values = values * q.tensor_scale
     return values
 
 
-def dequantize_values(q: BlockTensor) -> Tensor:
-    """The dequantized values in fp32 and x's layout (rotated basis)."""
-    elements = element_values(q)
-    scales = scale_values(q)
-    block = q.format.block
+def scaled_elements(elements: Tensor, scales: Tensor, block: Block) -> Tensor:
+    """Each element (fp32, quantized layout) times its block's scale, in that layout."""
     if isinstance(block, tuple):
         *lead, rows, cols = elements.shape
         tiles = elements.reshape(*lead, rows // block[0], block[0], cols // block[1], block[1])
-        values = (tiles * scales.unsqueeze(-1).unsqueeze(-3)).reshape(elements.shape)
-    else:
-        length = elements.shape[-1]
-        size = length if block is None else block
-        blocks = elements.reshape(*elements.shape[:-1], length // size, size)
-        values = (blocks * scales.unsqueeze(-1)).reshape(elements.shape)
+        return (tiles * scales.unsqueeze(-1).unsqueeze(-3)).reshape(elements.shape)
+    length = elements.shape[-1]
+    size = length if block is None else block
+    blocks = elements.reshape(*elements.shape[:-1], length // size, size)
+    return (blocks * scales.unsqueeze(-1)).reshape(elements.shape)
+
+
+def dequantize_values(q: BlockTensor) -> Tensor:
+    """The dequantized values in fp32 and x's layout (rotated basis)."""
+    values = scaled_elements(element_values(q), scale_values(q), q.format.block)
+    if not isinstance(q.format.block, tuple):
         values = values.movedim(-1, q.axis)
     if q.format.scale_rule == "floor-3/4":
         values = values * RESCALE
     return values
+
+
+class GemmOperand(NamedTuple):
+    """A quantized GEMM operand as a block-scaled tensor core takes it: ``values`` (2-D,
+    the contraction axis last) each an element times its block scale, in the format's
+    `BlockFormat.gemm_dtype` (bf16 where exact), and the factors that scale the GEMM's
+    result: ``tensor_scale`` (fp32 0-d: NVFP4's tensor scale, or None), ``row_scale``
+    (fp32 ``(rows, 1)``: the scales of whole-row blocks, or None) and ``factor`` (floor-3/4's
+    fp32 4/3, else 1.0).  Q(x) = values * row_scale * tensor_scale * factor."""
+
+    values: Tensor
+    tensor_scale: Tensor | None
+    row_scale: Tensor | None
+    factor: float
+
+
+def gemm_operand_of(q: BlockTensor) -> GemmOperand:
+    """The `GemmOperand` of a `BlockTensor` of a 2-D x quantized along its last axis (the
+    rotated basis kept: a GEMM of two operands rotated alike needs no inverse)."""
+    if len(q.shape) != 2 or q.axis != 1 or q.swizzled:
+        raise ValueError(
+            "a GEMM operand is a 2-D tensor quantized along its last axis, scales unswizzled; "
+            f"got shape {tuple(q.shape)}, axis {q.axis}, swizzled {q.swizzled}"
+        )
+    elements = element_values(q)
+    scales = scale_values(q, tensor_scale=False)
+    row_scale = None
+    if q.format.block is None:
+        values, row_scale = elements, scales
+    else:
+        values = scaled_elements(elements, scales, q.format.block)
+    factor = RESCALE if q.format.scale_rule == "floor-3/4" else 1.0
+    return GemmOperand(values.to(q.format.gemm_dtype), q.tensor_scale, row_scale, factor)
 
 
 class BlockRequest(NamedTuple):
@@ -498,18 +539,24 @@ def quantize_torch(
 
 def _kernel_serves(x: Tensor, request: BlockRequest, rht: int | None, swizzle: bool) -> bool:
     """Whether the Triton kernel computes this call's blocks: 1-D blocks (or whole rows)
-    along x's contiguous last axis (float32, bfloat16 or float16), elements of at most 8
-    bits, without hardware presets or swizzled scales; an RHT with a power-of-two block and
-    a power-of-two scale rule or NVFP4's."""
+    along x's contiguous last axis, or 2-D tiles (without an RHT; the kernel quantizes each
+    tile's rows as 1-D blocks given the tile's amax), of x float32, bfloat16 or float16,
+    elements of at most 8 bits, without hardware presets or swizzled scales; an RHT with a
+    power-of-two block and a power-of-two scale rule or NVFP4's; whole-row blocks of at
+    most `MAX_KERNEL_ROW` elements."""
     fmt = request.fmt
-    if isinstance(fmt.block, tuple) or request.axis != x.dim() - 1 or not x.is_contiguous():
+    if request.axis != x.dim() - 1 or not x.is_contiguous():
+        return False
+    if isinstance(fmt.block, tuple) and (rht is not None or x.dim() < 2):
+        return False
+    if fmt.block is None and x.shape[-1] > MAX_KERNEL_ROW:
         return False
     if x.dtype not in KERNEL_DTYPES or fmt.element.bits > 8:
         return False
     if request.hardware is not None or swizzle or not fmt.kernel_element:
         return False
     if rht is not None:
-        block = x.shape[-1] if fmt.block is None else fmt.block
+        block = x.shape[-1] if fmt.block is None else typing.cast(int, fmt.block)
         return fmt.scale_rule != "absmax" and block >= 4 and block & (block - 1) == 0
     return True
 
@@ -528,10 +575,10 @@ def uses_kernel(
         return serves and x.is_cuda and refusal is None
     if not serves:
         raise ValueError(
-            "backend='triton' serves 1-D blocks along x's contiguous last axis (float32, "
-            "bfloat16 or float16) of elements of at most 8 bits, without hardware presets "
-            "or swizzle (rht with power-of-two blocks, not absmax); use backend='torch' or "
-            "'auto'"
+            "backend='triton' serves 1-D blocks along x's contiguous last axis or 2-D tiles "
+            "(float32, bfloat16 or float16) of elements of at most 8 bits, without hardware "
+            "presets or swizzle (rht with power-of-two 1-D blocks, not absmax; whole rows "
+            f"of at most {MAX_KERNEL_ROW}); use backend='torch' or 'auto'"
         )
     if refusal is not None:
         raise ValueError(f"backend='triton' cannot run: {refusal}; use backend='torch' or 'auto'")
@@ -548,6 +595,16 @@ class KernelCall(NamedTuple):
     rht_bf16: bool
     seed: int | Tensor
     offset: int | Tensor
+    amax: Tensor | None = None
+
+
+def tile_amax(x: Tensor, tile: tuple[int, int]) -> Tensor:
+    """Each 2-D tile's amax (NaN where it holds a NaN) in fp32, repeated for each of the
+    tile's rows: one value a 1-D block of ``tile[1]`` elements of x's [rows, last axis]
+    view, what the kernel reads to quantize the tiles as those blocks."""
+    amax = _blocked_amax(x, tile).to(torch.float32)
+    per_row = amax.squeeze(-1).squeeze(-2).repeat_interleave(tile[0], dim=-2)
+    return per_row.reshape(-1, per_row.shape[-1]).contiguous()
 
 
 def _kernel_call(
@@ -558,9 +615,9 @@ def _kernel_call(
     seed: int | Tensor,
     offset: int | Tensor,
 ) -> KernelCall:
-    """The kernel's arguments: the signs of ``rht_signs=None`` drawn (`RHT_SEED`), and the
+    """The kernel's arguments: the signs of ``rht_signs=None`` drawn (`RHT_SEED`), the
     decoding tensor scale given, or computed from the (rotated) amax by the kernels'
-    one-read `tensor_amax`."""
+    one-read `tensor_amax`, and 2-D tiles' amax (`tile_amax`)."""
     rht, signs, rht_bf16 = rotation
     if rht is not None and signs is None:
         signs = default_signs(rht, x.device)
@@ -571,7 +628,9 @@ def _kernel_call(
         decoding = scale(x, signs, request.flavour, rht or 0, rht_bf16)
     elif choice == "given":
         decoding = torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device).reshape(())
-    return KernelCall(decoding, rht, signs, rht_bf16, seed, offset)
+    block = request.fmt.block
+    amax = tile_amax(x, block) if isinstance(block, tuple) else None
+    return KernelCall(decoding, rht, signs, rht_bf16, seed, offset, amax)
 
 
 def _run_tensor_scale(
@@ -612,6 +671,7 @@ def _run_quantize_blocks(
     x: Tensor,
     tensor_scale: Tensor | None,
     rht_signs: Tensor | None,
+    amax: Tensor | None,
     seed_tensor: Tensor | None,
     offset_tensor: Tensor | None,
     ints: list[int],
@@ -625,8 +685,9 @@ def _run_quantize_blocks(
     """The kernel's launch as an op, so that torch.compile traces a call as one opaque node
     with the eager bits.  ``ints``: block, random bits, seed and offset (signed 64-bit; 0
     where a tensor gives them), the RHT size (0: none), rht_bf16.  ``output``: "codes",
-    "fp4x2" (codes and scales returned) or "dequantized" (the values alone)."""
-    from ..kernels.blocks import fake_quantize_blocks, quantize_blocks
+    "fp4x2" (codes and scales returned), "dequantized" or a GEMM's operand in bf16 or fp32,
+    "gemm_bf16" or "gemm_fp32" (the values alone)."""
+    from ..kernels.blocks import fake_quantize_blocks, gemm_blocks, quantize_blocks
 
     block, n, seed, offset, rht, rht_bf16, index_offset = ints
     element_format = OCP_INT8 if element == OCP_INT8.name else element
@@ -644,8 +705,17 @@ def _run_quantize_blocks(
         "rht_bf16": bool(rht_bf16),
     }
     if output == "dequantized":
-        return [fake_quantize_blocks(x, element_format, block, scale_rule, **options)]
-    return list(quantize_blocks(x, element_format, block, scale_rule, output=output, **options))
+        return [fake_quantize_blocks(x, element_format, block, scale_rule, amax=amax, **options)]
+    if output in GEMM_OUTPUTS:
+        out_dtype = GEMM_OUTPUTS[output]
+        gemm = gemm_blocks(
+            x, element_format, block, scale_rule, out_dtype=out_dtype, amax=amax, **options
+        )
+        return [gemm]
+    codes = quantize_blocks(
+        x, element_format, block, scale_rule, output=output, amax=amax, **options
+    )
+    return list(codes)
 
 
 _quantize_blocks_op = torch.library.custom_op(
@@ -658,6 +728,7 @@ def _(
     x: Tensor,
     tensor_scale: Tensor | None,
     rht_signs: Tensor | None,
+    amax: Tensor | None,
     seed_tensor: Tensor | None,
     offset_tensor: Tensor | None,
     ints: list[int],
@@ -670,6 +741,8 @@ def _(
 ) -> list[Tensor]:
     if output == "dequantized":
         return [torch.empty_like(x)]
+    if output in GEMM_OUTPUTS:
+        return [torch.empty_like(x, dtype=GEMM_OUTPUTS[output])]
     rows, cols = x.shape
     block = ints[0]
     width = cols // 2 if output == "fp4x2" else cols
@@ -678,23 +751,29 @@ def _(
     return [codes, x.new_empty((rows, cols // block), dtype=scale_dtype)]
 
 
-def _launch(x: Tensor, request: BlockRequest, call: KernelCall, dequantized: bool) -> Any:
-    """`stochround.kernels.blocks.quantize_blocks` (or `fake_quantize_blocks`) on x's
-    [rows, last axis] view, through `_quantize_blocks_op`."""
+def _launch(x: Tensor, request: BlockRequest, call: KernelCall, output: str) -> Any:
+    """`stochround.kernels.blocks.quantize_blocks` (``output`` "codes": the codes and
+    scales), `fake_quantize_blocks` ("dequantized") or `gemm_blocks` (a key of
+    `GEMM_OUTPUTS`) on x's [rows, last axis] view, through `_quantize_blocks_op`; 2-D tiles
+    as the 1-D blocks of their rows."""
     fmt = request.fmt
     rows = x.numel() // x.shape[-1]
-    block = x.shape[-1] if fmt.block is None else typing.cast(int, fmt.block)
+    if fmt.block is None:
+        block = x.shape[-1]
+    else:
+        block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
     seed_tensor, seed = _stream_arguments(call.seed)
     offset_tensor, offset = _stream_arguments(call.offset)
     ints = [block, request.n, seed, offset, call.rht or 0, int(call.rht_bf16), request.index_offset]
-    output = "fp4x2" if fmt.element.bits == 4 else "codes"
-    output = "dequantized" if dequantized else output
+    if output == "codes" and fmt.element.bits == 4:
+        output = "fp4x2"
     # eager calls run the kernel directly: the op's dispatch is host time a call need not pay
     launch = _quantize_blocks_op if torch.compiler.is_compiling() else _run_quantize_blocks
     results = launch(
         x.reshape(rows, x.shape[-1]),
         call.tensor_scale,
         call.rht_signs,
+        call.amax,
         seed_tensor,
         offset_tensor,
         ints,
@@ -705,16 +784,18 @@ def _launch(x: Tensor, request: BlockRequest, call: KernelCall, dequantized: boo
         request.flavour,
         output,
     )
-    return results[0] if dequantized else tuple(results)
+    return tuple(results) if output in ("codes", "fp4x2") else results[0]
 
 
 def _quantize_kernel(x: Tensor, request: BlockRequest, call: KernelCall) -> BlockTensor:
     """The Triton kernel's quantization (`stochround.kernels.blocks.quantize_blocks`)."""
     fmt = request.fmt
-    codes, scales = _launch(x, request, call, dequantized=False)
+    codes, scales = _launch(x, request, call, "codes")
     lead = tuple(x.shape[:-1])
     codes = codes.reshape(*lead, codes.shape[-1])
     scales = scales.reshape(*lead, scales.shape[-1])
+    if isinstance(fmt.block, tuple):  # the rows of a tile hold its scale alike: keep one
+        scales = scales[..., :: fmt.block[0], :].contiguous()
     if fmt.scale_rule in POWER_OF_TWO_RULES:
         scales = scales.view(torch.float8_e8m0fnu)
     elif fmt.scale_rule == "nvfp4":
@@ -900,7 +981,7 @@ class _FakeQuantize(torch.autograd.Function):
         if not clip_mask and uses_kernel(x_checked, request, backend, rest["rht"], False):
             rotation = (rest["rht"], rest["rht_signs"], rest["rht_bf16"])
             call = _kernel_call(x_checked, request, rest["tensor_scale"], rotation, seed, offset)
-            return _launch(x_checked, request, call, dequantized=True).reshape(x.shape)
+            return _launch(x_checked, request, call, "dequantized").reshape(x.shape)
         q, clipped = quantize_torch(x_checked, request, seed=seed, offset=offset, **options["rest"])
         if clip_mask:
             ctx.save_for_backward(clipped)
@@ -974,6 +1055,78 @@ def fake_quantize(
     return _FakeQuantize.apply(x, clip_mask, options)
 
 
+def gemm_operand(
+    x: Tensor,
+    fmt: str | BlockFormat,
+    mode: str = "rne",
+    *,
+    block: Block = None,
+    scale_rule: str | None = None,
+    tensor_scale: Tensor | float | bool | None = None,
+    nvfp4_flavour: str = "te",
+    rht: int | None = None,
+    rht_signs: Tensor | None = None,
+    rht_bf16: bool = False,
+    rbits: int | None = None,
+    variant: str = "c",
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
+    stream: streams.Stream | None = None,
+    hardware: str | None = None,
+    index_offset: int = 0,
+    backend: str = "auto",
+) -> GemmOperand:
+    """``gemm_operand_of(quantize(x, ...))``: a 2-D x quantized along its last axis (the
+    GEMM's contraction axis) as a GEMM takes it (`GemmOperand`), the rotated basis kept.
+    Arguments as `quantize` takes them; the Triton kernel writes the values itself where
+    it serves the call (blocks with their own scales: not whole rows, whose scales the
+    `GemmOperand` keeps apart), as exact as the codes."""
+    x_checked, request = check_call(
+        x,
+        fmt,
+        mode,
+        axis=-1,
+        block=block,
+        scale_rule=scale_rule,
+        nvfp4_flavour=nvfp4_flavour,
+        rbits=rbits,
+        variant=variant,
+        hardware=hardware,
+        backend=backend,
+        index_offset=index_offset,
+    )
+    if x_checked.dim() != 2:
+        raise ValueError(f"x must be 2-D (rows, contraction); got shape {tuple(x.shape)}")
+    if request.fmt.block is None or not uses_kernel(x_checked, request, backend, rht, False):
+        q = quantize(
+            x_checked,
+            request.fmt,
+            mode,
+            tensor_scale=tensor_scale,
+            nvfp4_flavour=nvfp4_flavour,
+            rht=rht,
+            rht_signs=rht_signs,
+            rht_bf16=rht_bf16,
+            rbits=rbits,
+            variant=variant,
+            seed=seed,
+            offset=offset,
+            stream=stream,
+            hardware=hardware,
+            index_offset=index_offset,
+            backend=backend,
+        )
+        return gemm_operand_of(q)
+    _check_extras(x_checked, request, tensor_scale, rht, rht_signs)
+    seed_value, offset_value = _random_source(mode, seed, offset, stream)
+    rotation = (rht, rht_signs, rht_bf16)
+    call = _kernel_call(x_checked, request, tensor_scale, rotation, seed_value, offset_value)
+    output = "gemm_bf16" if request.fmt.gemm_dtype == torch.bfloat16 else "gemm_fp32"
+    values = _launch(x_checked, request, call, output)
+    factor = RESCALE if request.fmt.scale_rule == "floor-3/4" else 1.0
+    return GemmOperand(values, call.tensor_scale, None, factor)
+
+
 def to_nvfp4(x: Tensor, rounding_mode: str = "rn", **options: Any) -> BlockTensor:
     """``quantize(x, "nvfp4", mode)`` with torchao RFC #3264's names for the mode:
     ``rounding_mode="rn"`` (round to nearest-even) or ``"rs"`` (stochastic rounding); the
@@ -986,21 +1139,28 @@ def to_nvfp4(x: Tensor, rounding_mode: str = "rn", **options: Any) -> BlockTenso
 
 __all__ = [
     "BACKENDS",
+    "GEMM_OUTPUTS",
+    "MAX_KERNEL_ROW",
     "RHT_SEED",
     "ROUNDING_MODES",
     "BlockRequest",
     "BlockTensor",
+    "GemmOperand",
     "check_axis",
     "check_blocks",
     "check_call",
     "dequantize_values",
     "element_values",
     "fake_quantize",
+    "gemm_operand",
+    "gemm_operand_of",
     "quantize",
     "quantize_torch",
     "resolve_format",
     "scale_and_multiplier",
     "scale_values",
+    "scaled_elements",
+    "tile_amax",
     "to_nvfp4",
     "uses_kernel",
 ]

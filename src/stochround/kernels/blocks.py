@@ -7,7 +7,8 @@ the block's scale by the scale rule (`stochround.blocks.scales`, operation for o
 fp32 quotients by `tl.math.div_rn`, products as the PyTorch path orders them, clamps as
 selects that keep NaN), scales the elements, rounds them to the element format saturating
 to its finite range, and stores the codes and the scales.  `fake_quantize_blocks` stores
-the dequantized values in x's dtype instead (`fake_quantize` in one pass), and
+the dequantized values in x's dtype instead (`fake_quantize` in one pass), `gemm_blocks`
+each element times its block scale (a GEMM's operand), and
 `tensor_amax` reads x once for NVFP4's tensor scale, which the kernel then reads from
 device memory (no host synchronization).  With ``rht``, a random Hadamard transform of the
 rows (`stochround.blocks.hadamard`'s fp32 butterfly) is applied in registers first.
@@ -70,8 +71,10 @@ from .runtime import Launch, current_device
 SCALE_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4", "absmax", "nvfp4")
 NVFP4_FLAVOURS = ("te", "torchao")
 # what the kernel writes: element codes one a byte, fp4 codes two a byte (low nibble
-# first), or the dequantized values in x's dtype
-OUTPUTS = ("codes", "fp4x2", "dequantized")
+# first), the dequantized values in x's dtype, or a GEMM's operand: each element times its
+# block scale alone (the tensor scale and floor-3/4's factor left to the GEMM's result, the
+# values left in the rotated basis), in bf16 or fp32
+OUTPUTS = ("codes", "fp4x2", "dequantized", "gemm")
 # elements a program handles (a power of two): enough to hide the memory latency; the
 # interpreter runs programs one after another, so there a larger tile costs less
 TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
@@ -251,12 +254,13 @@ def _e4m3(value):
 
 @triton.jit
 def _nvfp4_scale(amax, tensor_scale_ptr, FLAVOUR: tl.constexpr, TENSOR_SCALE: tl.constexpr):
-    """Each block's NVFP4 scale (E4M3 code), its fp32 value times the decoding tensor scale
-    (read from ``tensor_scale_ptr`` with TENSOR_SCALE; else single-level) and the elements'
-    fp32 multiplier, in the flavour's operation order (`stochround.blocks.scales.nvfp4_scales`):
-    "te": s = e4m3(min(amax * (S_enc * fp32(1/6)), 448)), S_enc = 1 / S_dec, multiplier
-    min(1 / (s * S_dec), FLT_MAX); "torchao": s = e4m3(clamp(amax / 6 / t, 2**-6, 448)),
-    multiplier (1 / t) / s.  Clamps are selects, which keep NaN as the PyTorch path does."""
+    """Each block's NVFP4 scale (E4M3 code), its E4M3 value, that value times the decoding
+    tensor scale (read from ``tensor_scale_ptr`` with TENSOR_SCALE; else single-level) and
+    the elements' fp32 multiplier, in the flavour's operation order
+    (`stochround.blocks.scales.nvfp4_scales`): "te": s = e4m3(min(amax * (S_enc *
+    fp32(1/6)), 448)), S_enc = 1 / S_dec, multiplier min(1 / (s * S_dec), FLT_MAX);
+    "torchao": s = e4m3(clamp(amax / 6 / t, 2**-6, 448)), multiplier (1 / t) / s.  Clamps
+    are selects, which keep NaN as the PyTorch path does."""
     if TENSOR_SCALE:
         decode = tl.load(tensor_scale_ptr)
     if FLAVOUR == "te":
@@ -266,6 +270,7 @@ def _nvfp4_scale(amax, tensor_scale_ptr, FLAVOUR: tl.constexpr, TENSOR_SCALE: tl
             multiplier = ONE_SIXTH
         # e4m3 rounding saturates: FLT_MAX's and 448's clamps give 448 as it does
         code, scale = _e4m3(amax * multiplier)
+        block_value = scale
         if TENSOR_SCALE:
             scale = scale * decode
         inverse = tl.math.div_rn(1.0, scale)
@@ -276,12 +281,13 @@ def _nvfp4_scale(amax, tensor_scale_ptr, FLAVOUR: tl.constexpr, TENSOR_SCALE: tl
         if TENSOR_SCALE:
             wanted = tl.math.div_rn(wanted, decode)
         code, scale = _e4m3(tl.where(wanted < E4M3_EPS, E4M3_EPS, wanted))
+        block_value = scale
         if TENSOR_SCALE:
             inverse = tl.math.div_rn(tl.math.div_rn(1.0, decode), scale)
             scale = scale * decode
         else:
             inverse = tl.math.div_rn(1.0, scale)
-    return code, scale, inverse
+    return code, block_value, scale, inverse
 
 
 @triton.jit
@@ -384,6 +390,7 @@ def _quantize_blocks_kernel(
     out_ptr,
     tensor_scale_ptr,
     signs_ptr,
+    amax_ptr,
     seed_ptr,
     offset_ptr,
     seed_value,
@@ -391,6 +398,8 @@ def _quantize_blocks_kernel(
     blocks,
     index_offset,
     FROM_TENSORS: tl.constexpr,
+    AMAX_GIVEN: tl.constexpr,
+    OUT_NAN16: tl.constexpr,
     ALIGNED: tl.constexpr,
     WIDE: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -432,7 +441,10 @@ def _quantize_blocks_kernel(
     RHT_BF16: tl.constexpr,
 ):
     """Quantize TILE blocks of BLOCK elements (module docstring); RHT > 0: rotate them
-    first (`_rotated`), and for OUTPUT "dequantized" rotate the result back."""
+    first (`_rotated`), and for OUTPUT "dequantized" rotate the result back.  AMAX_GIVEN:
+    each block's amax is read from ``amax_ptr`` (a 2-D tile's, shared by its 1-D blocks)
+    instead of taken from its elements; OUT_NAN16: the NaN of the bf16 "gemm" output (0:
+    fp32)."""
     program = tl.program_id(0)
     if WIDE:  # positions beyond int32
         program = program.to(tl.int64)
@@ -451,14 +463,18 @@ def _quantize_blocks_kernel(
         rotated = _rotation_rounded(rotated, NAN16, x.dtype, RHT_BF16)
         bits = rotated.to(tl.int32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
-    amax_bits = _amax_bits(magnitude)
+    if AMAX_GIVEN:  # a 2-D tile's amax, one a 1-D block of the tile (fp32)
+        given = tl.load(amax_ptr + block_id, mask=block_id < blocks, other=0.0)
+        amax_bits = given.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    else:
+        amax_bits = _amax_bits(magnitude)
     value = bits.to(tl.float32, bitcast=True)
     amax = amax_bits.to(tl.float32, bitcast=True)
 
     # each block's scale: its stored form (code or fp32), its fp32 value (times the
     # tensor scale: what dequantizing multiplies by), and the scaled fp32 elements
     if SCALE_RULE == "nvfp4":
-        stored_scale, scale_value, multiplier = _nvfp4_scale(
+        stored_scale, block_value, scale_value, multiplier = _nvfp4_scale(
             amax, tensor_scale_ptr, FLAVOUR, TENSOR_SCALE
         )
         scaled = value * multiplier[:, None, None]
@@ -467,6 +483,7 @@ def _quantize_blocks_kernel(
         if NAN16 != 0:  # the scale is held in x's dtype
             scale_value = _narrowed_value(scale_value, x.dtype, NAN16)
         stored_scale = scale_value
+        block_value = scale_value
         floor = tl.where(scale_value < ABSMAX_EPS, ABSMAX_EPS, scale_value)  # keeps NaN
         multiplier = tl.math.div_rn(1.0, floor)
         scaled = value * multiplier[:, None, None]
@@ -475,6 +492,7 @@ def _quantize_blocks_kernel(
         finite = amax_bits < 0x7F800000
         stored_scale = tl.where(finite, exponent + 127, 255)
         scale_value = _nan_where(~finite, _power_of_two(exponent))
+        block_value = scale_value
         # x 2**-e as two fp32 products by normal powers of two, as the PyTorch path
         # (`torch_path.scale_by_power_of_two`) multiplies: the same roundings below fp32's
         # normal range.  A non-finite block's second factor is NaN, which makes every
@@ -556,6 +574,13 @@ def _quantize_blocks_kernel(
         else:
             dequantized_bits = dequantized.to(tl.int32, bitcast=True)
             narrow = narrow_to_16_bits(dequantized_bits, out_ptr.dtype.element_ty, NAN16)
+            tl.store(out_ptr + position, narrow, mask=mask)
+    elif OUTPUT == "gemm":
+        operand = element * block_value[:, None, None]
+        if OUT_NAN16 == 0:
+            tl.store(out_ptr + position, operand, mask=mask)
+        else:  # exact: the caller asks for bf16 only where every product is a bf16 value
+            narrow = narrow_to_16_bits(operand.to(tl.int32, bitcast=True), tl.bfloat16, OUT_NAN16)
             tl.store(out_ptr + position, narrow, mask=mask)
     else:
         _store_codes(codes_ptr, code, block_id, blocks, lane, position, mask, BLOCK, GROUPS, OUTPUT)
@@ -812,6 +837,7 @@ def nvfp4_tensor_scale(
     rht: int | None = None,
     rht_signs: Tensor | None = None,
     rht_bf16: bool = False,
+    amax: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """NVFP4's decoding tensor scale of x, and x's amax, as 0-d fp32 tensors on x's device,
     in two launches and one read of x (no host synchronization): `tensor_amax`'s partial
@@ -861,6 +887,7 @@ def quantize_blocks(
     rht: int | None = None,
     rht_signs: Tensor | None = None,
     rht_bf16: bool = False,
+    amax: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Quantize the 1-D blocks of ``block`` consecutive elements along the last axis of a
     contiguous 2-D ``x`` (fp32, bf16 or fp16) in one pass (module docstring), as
@@ -882,7 +909,9 @@ def quantize_blocks(
     Hadamard transform applied along the rows first (`stochround.blocks.hadamard`'s fp32
     arithmetic, the result rounded to x's dtype and with ``rht_bf16`` to bf16), one of
     `RHT_SIZES`, with ``block`` a power of two and not the "absmax" rule; ``rht_signs``
-    its fp32 ±1 signs on x's device.
+    its fp32 ±1 signs on x's device; ``amax`` each block's amax (fp32, one a block, on
+    x's device) to use instead of the block's own: 2-D tiles quantized as the 1-D blocks
+    of their rows, each given its tile's amax (no ``rht``).
 
     Returns (codes, scales): codes uint8 [rows, cols] ([rows, cols / 2] for "fp4x2"),
     scales [rows, cols / block]: uint8 E8M0 or E4M3 codes, or for "absmax" fp32 values (of
@@ -903,7 +932,8 @@ def quantize_blocks(
     scales = x.new_empty(rows, cols // block, dtype=scale_dtype)
     request = (fmt, block, scale_rule, tensor_scale, mode, n, variant, nvfp4_flavour, output)
     rotation = (rht, rht_signs, rht_bf16)
-    _launch(x, codes, scales, x.new_empty(0), request, rotation, seed, offset, index_offset)
+    streams = (seed, offset, index_offset)
+    _launch(x, codes, scales, x.new_empty(0), request, rotation, streams, amax)
     return codes, scales
 
 
@@ -924,6 +954,7 @@ def fake_quantize_blocks(
     rht: int | None = None,
     rht_signs: Tensor | None = None,
     rht_bf16: bool = False,
+    amax: Tensor | None = None,
 ) -> Tensor:
     """Quantize and dequantize in one pass: the values ``element * scale`` (times the
     tensor scale; times fp32(4/3) for "floor-3/4") in fp32, rounded to nearest-even into
@@ -936,7 +967,44 @@ def fake_quantize_blocks(
     empty = x.new_empty(0, dtype=torch.uint8)
     request = (fmt, block, scale_rule, tensor_scale, mode, n, variant, nvfp4_flavour, "dequantized")
     rotation = (rht, rht_signs, rht_bf16)
-    _launch(x, empty, empty, out, request, rotation, seed, offset, index_offset)
+    _launch(x, empty, empty, out, request, rotation, (seed, offset, index_offset), amax)
+    return out
+
+
+def gemm_blocks(
+    x: Tensor,
+    element: Format | str,
+    block: int,
+    scale_rule: str,
+    *,
+    out_dtype: torch.dtype,
+    tensor_scale: Tensor | None = None,
+    mode: str = "rne",
+    n: int = 32,
+    variant: str = "c",
+    seed: int | Tensor = 0,
+    offset: int | Tensor = 0,
+    index_offset: int = 0,
+    nvfp4_flavour: str = "te",
+    rht: int | None = None,
+    rht_signs: Tensor | None = None,
+    rht_bf16: bool = False,
+    amax: Tensor | None = None,
+) -> Tensor:
+    """Quantize in one pass and store what a block-scaled GEMM multiplies: each element
+    times its block's scale, ``element * scale`` in fp32 (the E4M3 or E8M0 value, without
+    NVFP4's tensor scale or floor-3/4's 4/3, which scale the GEMM's result), in the
+    rotated basis where ``rht`` is given, stored in ``out_dtype`` (torch.bfloat16, which
+    the caller asks for only where every such product is a bf16 value, or torch.float32).
+    Arguments as `quantize_blocks`'s; returns a tensor shaped like x."""
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
+    fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+    out = torch.empty_like(x, dtype=out_dtype)
+    empty = x.new_empty(0, dtype=torch.uint8)
+    request = (fmt, block, scale_rule, tensor_scale, mode, n, variant, nvfp4_flavour, "gemm")
+    rotation = (rht, rht_signs, rht_bf16)
+    _launch(x, empty, empty, out, request, rotation, (seed, offset, index_offset), amax)
     return out
 
 
@@ -983,17 +1051,29 @@ def _launch(
     out: Tensor,
     request: tuple,
     rotation: tuple,
-    seed: int | Tensor,
-    offset: int | Tensor,
-    index_offset: int,
+    streams: tuple[int | Tensor, int | Tensor, int],
+    amax: Tensor | None,
 ) -> None:
     """Launch the kernel on x's device (made current for the launch: Triton launches on
     the current device) with a checked request (element format, block, scale rule, tensor
-    scale, mode, n, variant, flavour, output) and rotation (rht, signs, rht_bf16)."""
+    scale, mode, n, variant, flavour, output), rotation (rht, signs, rht_bf16), streams
+    (seed, offset, index_offset) and the blocks' given amax (or None)."""
     fmt, block, scale_rule, tensor_scale, mode, n, variant, flavour, output = request
+    seed, offset, index_offset = streams
     count = x.numel()
     if count == 0:
         return
+    if amax is not None and (
+        amax.dtype != torch.float32
+        or amax.numel() != count // block
+        or amax.device != x.device
+        or not amax.is_contiguous()
+        or rotation[0] is not None
+    ):
+        raise ValueError(
+            "amax must be a contiguous float32 tensor of one value a block on x's device, "
+            "without rht"
+        )
     if tensor_scale is not None and (
         tensor_scale.dtype != torch.float32
         or tensor_scale.numel() != 1
@@ -1002,7 +1082,7 @@ def _launch(
         raise ValueError("tensor_scale must be a one-element float32 tensor on x's device")
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
-            _launch(x, codes, scales, out, request, rotation, seed, offset, index_offset)
+            _launch(x, codes, scales, out, request, rotation, streams, amax)
         return
     seed_pointer: Tensor | None = None
     offset_pointer: Tensor | None = None
@@ -1033,6 +1113,7 @@ def _launch(
         out,
         tensor_scale,
         signs,
+        amax,
         seed_pointer,
         offset_pointer,
         seed_value,
@@ -1040,6 +1121,8 @@ def _launch(
         blocks,
         index_offset,
         FROM_TENSORS=from_tensors,
+        AMAX_GIVEN=amax is not None,
+        OUT_NAN16=NAN16_BITS.get(out.dtype, 0) if output == "gemm" else 0,
         ALIGNED=index_offset % 4 == 0 and block % 4 == 0,
         WIDE=count + index_offset + tile * groups * 4 >= 2**31,
         BLOCK=block,
@@ -1070,6 +1153,7 @@ __all__ = [
     "SCALE_RULES",
     "fake_quantize_blocks",
     "fast_bits",
+    "gemm_blocks",
     "nvfp4_tensor_scale",
     "quantize_blocks",
     "rht_normalization",

@@ -1,0 +1,58 @@
+"""The emulated block-scaled GEMM: two quantized operands multiplied as a block-scaled
+tensor core multiplies them.
+
+A tensor core computes ``D = alpha * sum_k (e_a[k] s_a[k]) (e_b[k] s_b[k])``: each element
+times its block's scale, the products accumulated in fp32, and the per-tensor scales in
+``alpha``.  `scaled_mm` takes the operands as `stochround.blocks.GemmOperand` values (each
+element times its block scale, exact in bf16 for NVFP4 and MXFP4), multiplies them with fp32
+accumulation (a bf16 GEMM with an fp32 output on CUDA, an fp32 matmul elsewhere: the same
+sums up to their order), then applies the whole-row scales, the tensor scales and
+floor-3/4's factor to the result.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .quantize import GemmOperand
+
+# torch's mm with an fp32 output for bf16 operands (CUDA only): fp32 accumulation without
+# widening the operands first
+MM_TO_FP32 = hasattr(torch.ops.aten.mm, "dtype")
+
+
+def fp32_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b.T`` in fp32, accumulated in fp32: ``a`` (M, K), ``b`` (N, K), each bf16 or
+    fp32 (a bf16 operand's values are exact in fp32, so widening it changes no product)."""
+    if MM_TO_FP32 and a.is_cuda and a.dtype == b.dtype == torch.bfloat16:
+        return torch.mm(a, b.T, out_dtype=torch.float32)
+    return a.to(torch.float32) @ b.to(torch.float32).T
+
+
+def scaled_mm(a: GemmOperand, b: GemmOperand) -> Tensor:
+    """``Q(a) Q(b)^T`` in fp32: ``a.values`` (M, K) and ``b.values`` (N, K) multiplied with
+    fp32 accumulation (`fp32_product`), then times ``a.row_scale`` (M, 1) and
+    ``b.row_scale`` transposed (1, N), the product of the tensor scales (fp32), and the
+    factors.  Both operands must share their basis (two rotated operands: the same
+    rotation, which the product cancels)."""
+    if a.values.dim() != 2 or b.values.dim() != 2 or a.values.shape[1] != b.values.shape[1]:
+        raise ValueError(
+            "a and b must be 2-D with the contraction axis last and of one length; got "
+            f"{tuple(a.values.shape)} and {tuple(b.values.shape)}"
+        )
+    product = fp32_product(a.values, b.values)
+    if a.row_scale is not None:
+        product = product * a.row_scale
+    if b.row_scale is not None:
+        product = product * b.row_scale.T
+    scales = [scale for scale in (a.tensor_scale, b.tensor_scale) if scale is not None]
+    if scales:  # one product of the two, as a tensor core's alpha
+        product = product * (scales[0] * scales[1] if len(scales) == 2 else scales[0])
+    for factor in (a.factor, b.factor):
+        if factor != 1.0:
+            product = product * factor
+    return product
+
+
+__all__ = ["MM_TO_FP32", "fp32_product", "scaled_mm"]
