@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 import stochround as sr
 import stochround.nn as srnn
+from stochround.blocks.quantize import RHT_SEED
 from stochround.nn import linear
 from stochround.nn.linear import COMPILES
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe
@@ -28,9 +29,9 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, Tensor
     calls: list[tuple[str, Tensor]] = []
     original = linear.quantize_operand
 
-    def spy(operand: Tensor, entry: linear.Operand, *args: Any) -> Tensor:
+    def spy(operand: Tensor, entry: linear.Operand, *args: Any) -> linear.GemmOperand:
         result = original(operand, entry, *args)
-        calls.append((entry.role, result.clone()))
+        calls.append((entry.role, linear.operand_values(result).clone()))
         return result
 
     with monkeypatch.context() as patch:
@@ -160,6 +161,36 @@ def test_nvfp4_dgrad_is_unbiased_about_the_rn_weight_and_biased_with_rn_gradient
     rn_dxs, _ = gradient_samples(rn, x, grad, steps=3)
     assert torch.equal(rn_dxs[0], rn_dxs[1]) and torch.equal(rn_dxs[0], rn_dxs[2])
     bias = (rn_dxs[0] - exact).abs().max() / exact.abs().max()
+    assert float(bias) > 1e-3  # round to nearest errs the same way at every step
+
+
+def test_nvfp4_wgrad_is_unbiased_through_the_rht_and_biased_with_rn_gradients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """nvfp4(): dW = Q_sr(r) Q_rn(H x^T)^T with r = bf16(H dy^T), both operands rotated by
+    the same RHT-16 (fixed signs) and multiplied in the rotated basis; its mean is
+    r Q_rn(H x^T)^T within the variance band.  dy is chosen so that each 16-block of r
+    holds the tensor's amax (no element can round past e2m1's largest value).  With
+    stochastic_rounding=False every step gives the same dW, away from it."""
+    reference, x, _ = fixed_data()
+    signs = sr.blocks.random_signs(16, RHT_SEED)
+    generator = torch.Generator().manual_seed(5)
+    wanted = block_maxima(torch.randn(SIZE, SIZE, generator=generator)).bfloat16()
+    grad_t = sr.blocks.inverse_hadamard(wanted.double(), 16, signs=signs.double()).float()
+    grad = grad_t.T.contiguous()  # (tokens, out): dy^T = grad_t, rotated along the tokens
+    # what the layer rotates: r, as wanted up to the rounding of the round trip
+    rotated = sr.blocks.hadamard(grad_t, 16, signs=signs).bfloat16().float()
+    layer = srnn.QuantizedLinear.from_linear(reference, srnn.nvfp4(seed=3))
+    with recorded(monkeypatch) as calls:
+        one_step(layer, x, grad)
+    input_rn = dict(calls)["wgrad_input"].double()  # (in, tokens), rotated basis
+    exact = rotated.double() @ input_rn.T
+    _, dws = gradient_samples(layer, x, grad, steps=128)
+    assert_unbiased(dws, exact, "nvfp4 wgrad")
+    rn = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.nvfp4(stochastic_rounding=False))
+    _, rn_dws = gradient_samples(rn, x, grad, steps=3)
+    assert torch.equal(rn_dws[0], rn_dws[1]) and torch.equal(rn_dws[0], rn_dws[2])
+    bias = (rn_dws[0] - exact).abs().max() / exact.abs().max()
     assert float(bias) > 1e-3  # round to nearest errs the same way at every step
 
 
@@ -308,18 +339,20 @@ def test_bf16_layers_accumulate_in_fp32_and_return_bf16() -> None:
 def test_per_tensor_fp8_has_one_scale_for_the_whole_tensor() -> None:
     x = torch.randn(8, SIZE) * torch.logspace(-2, 2, 8).unsqueeze(1)
     entry = linear.make_plan(srnn.fp8(), 0).operands["fprop_input"]
-    got = linear.quantize_operand(x, entry, 0, 0, None)
+    got = linear.operand_values(linear.quantize_operand(x, entry, 0, 0, None))
     scale = x.abs().max() / 448
     expected = sr.round(x * (1 / scale), "e4m3fn", sat="finite") * scale
     assert torch.equal(got, expected)
 
 
-def test_row_noise_values_match_blocks_given_the_blocks_words() -> None:
+def test_row_noise_operands_match_blocks_given_the_blocks_words() -> None:
     x = torch.randn(8, SIZE)
     fmt = sr.blocks.BLOCK_FORMATS["int8_rowwise"]
     words = sr.random.random_words(torch.arange(x.numel()).reshape(x.shape), 5, 11)
-    blocks = sr.blocks.quantize(x, "int8_rowwise", "sr", seed=5, offset=11)
-    assert torch.equal(linear.row_noise_values(x, fmt, words), blocks.dequantize(torch.float32))
+    got = linear.row_noise_operand(x, fmt, words)
+    expected = sr.blocks.gemm_operand(x, "int8_rowwise", "sr", seed=5, offset=11)
+    assert torch.equal(got.values, expected.values)
+    assert torch.equal(got.row_scale, expected.row_scale)  # type: ignore[arg-type]
 
 
 def test_row_noise_is_one_word_per_token_in_both_backward_gemms() -> None:
@@ -331,11 +364,12 @@ def test_row_noise_is_one_word_per_token_in_both_backward_gemms() -> None:
     token_words = sr.random.random_words(torch.arange(32), 5, 11)
     dgrad = linear.quantize_operand(dy, plan.operands["dgrad_grad_output"], 5, 11, None)
     per_row = token_words[:, None].expand(32, SIZE).contiguous()
-    assert torch.equal(dgrad, linear.row_noise_values(dy, fmt, per_row))
+    assert torch.equal(dgrad.values, linear.row_noise_operand(dy, fmt, per_row).values)
     transposed = dy.T.contiguous()
     wgrad = linear.quantize_operand(transposed, plan.operands["wgrad_grad_output"], 5, 11, None)
     per_column = token_words[None, :].expand(SIZE, 32).contiguous()
-    assert torch.equal(wgrad, linear.row_noise_values(transposed, fmt, per_column))
+    expected = linear.row_noise_operand(transposed, fmt, per_column)
+    assert torch.equal(wgrad.values, expected.values)
 
 
 def test_compiled_fullgraph_compiles_once_and_equals_eager() -> None:
@@ -465,3 +499,25 @@ def test_training_steps_leave_torchs_global_generator_alone() -> None:
     state = torch.get_rng_state()
     one_step(layer, x, grad)
     assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng", "mxfp8", "fp8", "int8"])
+def test_cuda_quantizes_every_operand_as_the_cpu_does(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of the six operands bit for bit on CUDA (the Triton kernels) and on the CPU
+    (the PyTorch path); y, dx and dW agree up to the GEMMs' order of accumulation."""
+    results = []
+    for device in ("cpu", "cuda"):
+        reference, x, grad = fixed_data()
+        layer = srnn.QuantizedLinear.from_linear(reference.to(device), srnn.RECIPES[name]())
+        with recorded(monkeypatch) as calls:
+            outputs = one_step(layer, x.to(device), grad.to(device))
+        results.append((dict(calls), [t.cpu() for t in outputs]))
+    (cpu_calls, cpu_out), (cuda_calls, cuda_out) = results
+    assert cpu_calls.keys() == cuda_calls.keys()
+    for role, values in cpu_calls.items():
+        assert torch.equal(cuda_calls[role].cpu(), values), role
+    for mine, theirs in zip(cuda_out, cpu_out, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4 * float(theirs.abs().max()))

@@ -227,8 +227,9 @@ def test_a_hardware_preset_rounds_the_operand_as_blocks_quantize_does() -> None:
     got = quantize_operand(operand, entry, 5, 7, None)
     preset = sr.blocks.quantize(operand, "nvfp4", "sr", seed=5, offset=7, hardware=spec.hardware)
     exact = sr.blocks.quantize(operand, "nvfp4", "sr", seed=5, offset=7)
-    assert torch.equal(got, preset.dequantize(torch.float32))
-    assert not torch.equal(got, exact.dequantize(torch.float32))
+    assert torch.equal(got.values, sr.blocks.gemm_operand_of(preset).values)
+    assert torch.equal(got.tensor_scale, preset.tensor_scale)  # type: ignore[arg-type]
+    assert not torch.equal(got.values, sr.blocks.gemm_operand_of(exact).values)
     with pytest.raises(ValueError, match="rounds to e2m1"):
         QuantSpec("mxfp8_e4m3", "sr", hardware="transformer-engine-sr-e2m1")
     with pytest.raises(ValueError, match="sets rbits and variant"):

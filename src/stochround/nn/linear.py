@@ -8,11 +8,15 @@ blocks along the GEMM's contraction axis (`stochround.nn.recipes`)::
     dgrad   dx = Q(dy) Q(W)         dy, W blocked along out_features
     wgrad   dW = Q(dy)^T Q(x)       dy, x blocked along the tokens (the RHT runs here)
 
-The GEMMs are emulated: each operand is quantized and dequantized to fp32 (exactly: an
-NVFP4 value, a product of an e2m1 element, an e4m3 scale and an fp32 tensor scale, need
-not fit in bf16), multiplied by an fp32 matmul and the result cast to x's dtype (W's
-for dW).  A block-scaled tensor core computes the same products with fp32 accumulation,
-so the results agree up to the order of accumulation.
+The GEMMs are emulated as a block-scaled tensor core computes them
+(`stochround.blocks.scaled_mm`): each operand quantized to its elements times their block
+scales (`stochround.blocks.GemmOperand`: exact in bf16 for NVFP4, MXFP4 and the int8
+grids, else fp32), the products accumulated in fp32, then the result multiplied by the
+tensor scales (and whole-row scales) and cast to x's dtype (W's for dW).  Results agree
+with a tensor core's up to the order of accumulation.  Two operands rotated alike (the
+same RHT size and sign policy: the wgrad operands of the NVFP4 and MXFP4 recipes) are
+multiplied in the rotated basis, where the rotations cancel, as Transformer Engine does;
+an operand rotated alone is rotated back first (in fp32).
 
 Random bits: the operand of ``role`` at step ``s`` of layer ``l`` draws
 ``random_words(index, seed, stream_offset(s, l, slot))`` (`stream_offset`), ``index`` its
@@ -34,8 +38,9 @@ from torch import Tensor, nn
 from torch.torch_version import TorchVersion
 
 from ..blocks.formats import BlockFormat
+from ..blocks.gemm import scaled_mm
 from ..blocks.hadamard import random_signs
-from ..blocks.quantize import check_blocks, quantize
+from ..blocks.quantize import GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
 from ..random import random_words
 from ..rounding import round as round_values
@@ -98,17 +103,29 @@ def make_plan(recipe: Recipe, layer: int) -> Plan:
     return Plan(operands, recipe.seed, layer)
 
 
-def row_noise_values(operand: Tensor, fmt: BlockFormat, words: Tensor) -> Tensor:
-    """fp32 values of an absmax (row-scaled) format with the random words ``words`` (one
-    per element, int64 in [0, 2**32), shaped like ``operand``): ``e * scale`` with ``e`` the
-    scaled value ``fp32(x) / scale`` rounded stochastically to the element format by the
-    words (saturating), ``scale = amax_row / max``.  Equal to `stochround.blocks.quantize`
-    with mode "sr" when the words are its own; `quantize_operand` passes one word per row."""
+def row_noise_operand(operand: Tensor, fmt: BlockFormat, words: Tensor) -> GemmOperand:
+    """The `GemmOperand` of an absmax (row-scaled) format with the random words ``words``
+    (one per element, int64 in [0, 2**32), shaped like ``operand``): the elements ``e``,
+    the scaled values ``fp32(x) / scale`` rounded stochastically to the element format by
+    the words (saturating), and the row scales ``scale = amax_row / max``.  Equal to
+    `stochround.blocks.gemm_operand` with mode "sr" when the words are its own;
+    `quantize_operand` passes one word per row."""
     amax = operand.abs().amax(dim=-1, keepdim=True)
     scales, multiplier = absmax_scales(amax, fmt.element_max)
     scaled = operand.to(torch.float32) * multiplier
     elements = round_values(scaled, fmt.element, "sr", rand=words, sat="finite", backend="torch")
-    return elements * scales.to(torch.float32)
+    return GemmOperand(elements.to(fmt.gemm_dtype), None, scales.to(torch.float32), 1.0)
+
+
+def operand_values(operand: GemmOperand) -> Tensor:
+    """Q(x) in fp32: ``values * row_scale * tensor_scale * factor`` (the basis the values
+    are in)."""
+    values = operand.values.to(torch.float32)
+    if operand.row_scale is not None:
+        values = values * operand.row_scale
+    if operand.tensor_scale is not None:
+        values = values * operand.tensor_scale
+    return values * operand.factor if operand.factor != 1.0 else values
 
 
 # the roles whose operand is the transpose of the tensor the layer holds (W^T in dgrad,
@@ -137,50 +154,63 @@ def quantize_operand(
     seed: int,
     offset: int | Tensor,
     signs: Tensor | None,
-) -> Tensor:
-    """Q(operand) as fp32 values: ``operand`` (2-D, contiguous, the GEMM's contraction axis
-    last) quantized by the entry's spec and dequantized in its own basis (an RHT undone);
-    a passthrough entry gives the operand in fp32.  ``seed``/``offset``: its SR stream;
-    ``signs``: the per-step RHT signs (None: the fixed ones)."""
+    rotated: bool = False,
+) -> GemmOperand:
+    """Q(operand) as a GEMM takes it (`stochround.blocks.GemmOperand`): ``operand`` (2-D,
+    contiguous, the GEMM's contraction axis last) quantized by the entry's spec; a
+    passthrough entry gives the operand itself.  ``seed``/``offset``: its SR stream;
+    ``signs``: the per-step RHT signs (None: the fixed ones); ``rotated``: keep an RHT's
+    rotated basis (the other operand is rotated alike), else the values are rotated back
+    (fp32)."""
     spec, fmt = entry.spec, entry.fmt
     if fmt is None:
-        return operand.to(torch.float32)
+        return GemmOperand(operand, None, None, 1.0)
     if spec.format in TENSOR_FORMATS:
         # one scale for the whole tensor: the tensor as one row of the row-wise rule, in
         # fp32 (the rule keeps the scale in x's dtype; current scaling keeps it in fp32)
         flat = operand.reshape(1, -1).to(torch.float32)
-        whole = quantize(
+        whole = gemm_operand(
             flat, fmt, spec.mode, rbits=spec.rbits, variant=spec.variant, seed=seed, offset=offset
         )
-        return whole.dequantize(torch.float32).reshape(operand.shape)
+        assert whole.row_scale is not None  # a whole-row format
+        return GemmOperand(
+            whole.values.reshape(operand.shape), whole.row_scale.reshape(()), None, 1.0
+        )
     if spec.noise == "row":
-        return row_noise_values(operand, fmt, row_words(operand, entry.role, seed, offset))
-    tensor_scale = False if spec.tensor_scale == "none" else None
-    quantized = quantize(
-        operand,
-        fmt,
-        spec.mode,
-        tensor_scale=tensor_scale,
-        rht=spec.rht,
-        rht_signs=signs,
-        rht_bf16=spec.rht_bf16,
-        rbits=spec.rbits,
-        variant=spec.variant,
-        seed=seed,
-        offset=offset,
-        hardware=spec.hardware,
-    )
-    return quantized.dequantize(torch.float32, unrotate=True)
+        return row_noise_operand(operand, fmt, row_words(operand, entry.role, seed, offset))
+    options: dict[str, Any] = {
+        "tensor_scale": False if spec.tensor_scale == "none" else None,
+        "rht": spec.rht,
+        "rht_signs": signs,
+        "rht_bf16": spec.rht_bf16,
+        "rbits": spec.rbits,
+        "variant": spec.variant,
+        "seed": seed,
+        "offset": offset,
+        "hardware": spec.hardware,
+    }
+    if spec.rht is not None and not rotated:
+        quantized = quantize(operand, fmt, spec.mode, **options)
+        return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
+    return gemm_operand(operand, fmt, spec.mode, **options)
+
+
+def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
+    """Whether a GEMM's two operands are rotated alike (the same RHT size and sign policy,
+    so the same signs), so that it can multiply them in the rotated basis."""
+    return left.rht is not None and (left.rht, left.rht_signs) == (right.rht, right.rht_signs)
 
 
 def gemm_operands(
     plan: Plan, gemm: str, left: Tensor, right: Tensor, step: Tensor
-) -> tuple[Tensor, Tensor]:
+) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
     from its role's stream at ``step``; per-step RHT signs come from the GEMM's own
     stream (`SIGN_SLOTS`), so that both operands draw the same rotation."""
+    left_role, right_role = GEMMS[gemm]
+    rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
     results = []
-    for role, operand in zip(GEMMS[gemm], (left, right), strict=True):
+    for role, operand in ((left_role, left), (right_role, right)):
         entry = plan.operands[role]
         signs = None
         if entry.spec.rht is not None and entry.spec.rht_signs == "per_step":
@@ -189,7 +219,8 @@ def gemm_operands(
                 entry.spec.rht, plan.seed, offset=sign_offset, device=operand.device
             )
         offset = stream_offset(step, plan.layer, ROLE_SLOTS[role])
-        results.append(quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs))
+        quantized = quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs, rotated)
+        results.append(quantized)
     return results[0], results[1]
 
 
@@ -230,7 +261,7 @@ class QuantizedMatmul(torch.autograd.Function):
     ) -> Tensor:
         with autocast_off(x.device.type):
             qx, qw = gemm_operands(plan, "fprop", x, weight, step)
-            out = qx @ qw.T
+            out = scaled_mm(qx, qw)
             if bias is not None:
                 out = out + bias.to(torch.float32)
         ctx.save_for_backward(x, weight, step)
@@ -246,10 +277,10 @@ class QuantizedMatmul(torch.autograd.Function):
         with autocast_off(grad.device.type):
             if ctx.needs_input_grad[0]:
                 qdy, qw = gemm_operands(plan, "dgrad", grad, weight.T, step)
-                grad_x = (qdy @ qw.T).to(x.dtype)
+                grad_x = scaled_mm(qdy, qw).to(x.dtype)
             if ctx.needs_input_grad[1]:
                 qdy, qx = gemm_operands(plan, "wgrad", grad.T, x.T, step)
-                grad_weight = (qdy @ qx.T).to(weight.dtype)
+                grad_weight = scaled_mm(qdy, qx).to(weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = grad.to(torch.float32).sum(0).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias, None, None
@@ -412,8 +443,10 @@ __all__ = [
     "advance_step",
     "gemm_operands",
     "make_plan",
+    "operand_values",
     "quantize_operand",
-    "row_noise_values",
+    "row_noise_operand",
     "row_words",
+    "shares_rotation",
     "stream_offset",
 ]
