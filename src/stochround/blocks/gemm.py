@@ -30,28 +30,44 @@ def fp32_product(a: Tensor, b: Tensor) -> Tensor:
     return a.to(torch.float32) @ b.to(torch.float32).T
 
 
-def scaled_mm(a: GemmOperand, b: GemmOperand) -> Tensor:
-    """``Q(a) Q(b)^T`` in fp32: ``a.values`` (M, K) and ``b.values`` (N, K) multiplied with
+def scaled_mm(
+    a: GemmOperand,
+    b: GemmOperand,
+    *,
+    bias: Tensor | None = None,
+    out_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """``Q(a) Q(b)^T (+ bias)``: ``a.values`` (M, K) and ``b.values`` (N, K) multiplied with
     fp32 accumulation (`fp32_product`), then times ``a.row_scale`` (M, 1) and
-    ``b.row_scale`` transposed (1, N), the product of the tensor scales (fp32), and the
-    factors.  Both operands must share their basis (two rotated operands: the same
-    rotation, which the product cancels)."""
+    ``b.row_scale`` transposed (1, N), the product of the tensor scales and the factors,
+    each in fp32, plus ``bias`` (N,) in fp32, and rounded once to ``out_dtype`` (the last
+    of these operations writes it).  Both operands must share their basis (two rotated
+    operands: the same rotation, which the product cancels)."""
     if a.values.dim() != 2 or b.values.dim() != 2 or a.values.shape[1] != b.values.shape[1]:
         raise ValueError(
             "a and b must be 2-D with the contraction axis last and of one length; got "
             f"{tuple(a.values.shape)} and {tuple(b.values.shape)}"
         )
     product = fp32_product(a.values, b.values)
+    steps: list[tuple[str, Tensor | float]] = []
     if a.row_scale is not None:
-        product = product * a.row_scale
+        steps.append(("mul", a.row_scale))
     if b.row_scale is not None:
-        product = product * b.row_scale.T
+        steps.append(("mul", b.row_scale.T))
     scales = [scale for scale in (a.tensor_scale, b.tensor_scale) if scale is not None]
     if scales:  # one product of the two, as a tensor core's alpha
-        product = product * (scales[0] * scales[1] if len(scales) == 2 else scales[0])
-    for factor in (a.factor, b.factor):
-        if factor != 1.0:
-            product = product * factor
+        steps.append(("mul", scales[0] * scales[1] if len(scales) == 2 else scales[0]))
+    steps += [("mul", factor) for factor in (a.factor, b.factor) if factor != 1.0]
+    if bias is not None:
+        steps.append(("add", bias.to(torch.float32)))
+    if not steps:
+        return product.to(out_dtype)
+    for index, (operation, operand) in enumerate(steps):
+        last = index == len(steps) - 1
+        # the last operation rounds straight into out_dtype: one pass, one rounding
+        out = torch.empty_like(product, dtype=out_dtype) if last else None
+        function = torch.mul if operation == "mul" else torch.add
+        product = function(product, operand, out=out) if last else function(product, operand)
     return product
 
 

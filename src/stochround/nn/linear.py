@@ -42,6 +42,7 @@ from ..blocks.gemm import scaled_mm
 from ..blocks.hadamard import random_signs
 from ..blocks.quantize import GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
+from ..kernels.transpose import transpose
 from ..random import random_words
 from ..rounding import round as round_values
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
@@ -261,13 +262,11 @@ class QuantizedMatmul(torch.autograd.Function):
     ) -> Tensor:
         with autocast_off(x.device.type):
             qx, qw = gemm_operands(plan, "fprop", x, weight, step)
-            out = scaled_mm(qx, qw)
-            if bias is not None:
-                out = out + bias.to(torch.float32)
+            out = scaled_mm(qx, qw, bias=bias, out_dtype=x.dtype)
         ctx.save_for_backward(x, weight, step)
         ctx.plan = plan
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return out.to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -276,11 +275,12 @@ class QuantizedMatmul(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         with autocast_off(grad.device.type):
             if ctx.needs_input_grad[0]:
-                qdy, qw = gemm_operands(plan, "dgrad", grad, weight.T, step)
-                grad_x = scaled_mm(qdy, qw).to(x.dtype)
+                qdy, qw = gemm_operands(plan, "dgrad", grad, transpose(weight), step)
+                grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
-                qdy, qx = gemm_operands(plan, "wgrad", grad.T, x.T, step)
-                grad_weight = scaled_mm(qdy, qx).to(weight.dtype)
+                grad_t, x_t = transpose(grad.contiguous()), transpose(x.contiguous())
+                qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, step)
+                grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = grad.to(torch.float32).sum(0).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias, None, None

@@ -1,0 +1,78 @@
+"""A tiled Triton transpose: the contiguous transpose of a 2-D tensor in one pass.
+
+The wgrad GEMM's operands are x and dy transposed (the tokens become the contraction axis,
+which the block quantizer wants last and contiguous).  PyTorch's strided copy of a
+transposed view reads or writes across rows element by element; this kernel loads a square
+tile of rows, transposes it in registers and stores it as rows of the result, so both the
+loads and the stores are contiguous runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .availability import INTERPRETED
+from .grid import cdiv
+from .runtime import Launch, current_device
+
+# the tile's side: a power of two, large enough for full memory transactions on both sides
+TILE = 64
+NUM_WARPS = 4
+
+
+@triton.jit
+def _transpose_kernel(
+    x_ptr, out_ptr, rows, cols, col_tiles, WIDE: tl.constexpr, TILE: tl.constexpr
+):
+    """out[j, i] = x[i, j] for one TILE x TILE tile of x (rows x cols, row-major); program
+    p takes tile (p // col_tiles, p % col_tiles)."""
+    program = tl.program_id(0)
+    if WIDE:  # positions beyond int32
+        program = program.to(tl.int64)
+    tile_row = program // col_tiles
+    tile_col = program % col_tiles
+    row = tile_row * TILE + tl.arange(0, TILE)[:, None]
+    col = tile_col * TILE + tl.arange(0, TILE)[None, :]
+    mask = (row < rows) & (col < cols)
+    tile = tl.load(x_ptr + row * cols + col, mask=mask)
+    out_row = tile_col * TILE + tl.arange(0, TILE)[:, None]
+    out_col = tile_row * TILE + tl.arange(0, TILE)[None, :]
+    out_mask = (out_row < cols) & (out_col < rows)
+    tl.store(out_ptr + out_row * rows + out_col, tl.trans(tile), mask=out_mask)
+
+
+_LAUNCHES: dict[tuple[bool, int], Launch] = {}
+
+
+def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
+    """``x.T.contiguous()`` of a 2-D tensor (any dtype): by the tiled kernel for a
+    contiguous CUDA tensor (``kernel=None``; True: also a CPU tensor under Triton's
+    interpreter, for tests), else by PyTorch's copy.  The values are copied, never
+    converted: the result equals ``x.T`` bit for bit."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D; got shape {tuple(x.shape)}")
+    use_kernel = x.is_cuda if kernel is None else kernel
+    if kernel and not (x.is_cuda or INTERPRETED):
+        raise ValueError("kernel=True needs a CUDA tensor or TRITON_INTERPRET=1")
+    if not use_kernel or not x.is_contiguous() or x.numel() == 0:
+        return x.T.contiguous()
+    rows, cols = x.shape
+    out = x.new_empty((cols, rows))
+    wide = x.numel() + TILE * max(rows, cols) >= 2**31
+    key = (wide, TILE)
+    if key not in _LAUNCHES:
+        constants = {"WIDE": wide, "TILE": TILE, "num_warps": NUM_WARPS}
+        _LAUNCHES[key] = Launch(_transpose_kernel, constants)
+    if x.is_cuda and x.device.index != current_device():
+        with torch.cuda.device(x.device):
+            return transpose(x, kernel=kernel)
+    col_tiles = cdiv(cols, TILE)
+    device = x.device.index if x.is_cuda else -1
+    _LAUNCHES[key](device, cdiv(rows, TILE) * col_tiles, x, out, rows, cols, col_tiles)
+    return out
+
+
+__all__ = ["NUM_WARPS", "TILE", "transpose"]
