@@ -603,10 +603,11 @@ def tile_amax(x: Tensor, tile: tuple[int, int]) -> Tensor:
     tile's rows: one value a 1-D block of ``tile[1]`` elements of x's [rows, last axis]
     view, what the kernel reads to quantize the tiles as those blocks."""
     rows, cols = tile
-    # the max over each row's runs of ``cols`` first (a contiguous reduction), then over
-    # the tile's rows: the same maxima as one reduction over the tile, in one fast pass
-    runs = x.reshape(-1, x.shape[-1] // cols, cols).abs().amax(dim=-1)
-    tiles = runs.reshape(-1, rows, runs.shape[-1]).amax(dim=1)
+    # the max over each tile's rows first (a reduction across rows, which reads whole rows
+    # at a time), then over runs of ``cols`` of the result, a tile-row's size: the same
+    # maxima as one reduction over each tile
+    columns = x.reshape(-1, rows, x.shape[-1]).abs().amax(dim=1)
+    tiles = columns.reshape(columns.shape[0], -1, cols).amax(dim=-1)
     return tiles.to(torch.float32).repeat_interleave(rows, dim=0)
 
 

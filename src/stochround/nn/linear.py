@@ -76,6 +76,15 @@ def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
     return (step << STEP_SHIFT) | low
 
 
+def step_offsets(step: Tensor, layer: int) -> Tensor:
+    """The stream offsets of all `SLOTS_PER_LAYER` slots of ``layer`` at ``step`` (a 0-d
+    int64 tensor) as one int64 tensor: element ``slot`` is ``stream_offset(step, layer,
+    slot)``, made by three operations however many operands a step quantizes."""
+    stream_offset(0, layer, 0)  # checks the layer index
+    slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=step.device)
+    return (step << STEP_SHIFT) | (slots + layer * SLOTS_PER_LAYER)
+
+
 class Operand(NamedTuple):
     """A role's spec and its resolved `BlockFormat` (None: passthrough), made once per
     layer so that a call builds no format."""
@@ -203,11 +212,12 @@ def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
 
 
 def gemm_operands(
-    plan: Plan, gemm: str, left: Tensor, right: Tensor, step: Tensor
+    plan: Plan, gemm: str, left: Tensor, right: Tensor, offsets: Tensor
 ) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
-    from its role's stream at ``step``; per-step RHT signs come from the GEMM's own
-    stream (`SIGN_SLOTS`), so that both operands draw the same rotation."""
+    from its role's stream at the step whose `step_offsets` are ``offsets``; per-step RHT
+    signs come from the GEMM's own stream (`SIGN_SLOTS`), so that both operands draw the
+    same rotation."""
     left_role, right_role = GEMMS[gemm]
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
     results = []
@@ -215,11 +225,11 @@ def gemm_operands(
         entry = plan.operands[role]
         signs = None
         if entry.spec.rht is not None and entry.spec.rht_signs == "per_step":
-            sign_offset = stream_offset(step, plan.layer, SIGN_SLOTS[gemm])
+            sign_offset = offsets[SIGN_SLOTS[gemm]]
             signs = random_signs(
                 entry.spec.rht, plan.seed, offset=sign_offset, device=operand.device
             )
-        offset = stream_offset(step, plan.layer, ROLE_SLOTS[role])
+        offset = offsets[ROLE_SLOTS[role]]
         quantized = quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs, rotated)
         results.append(quantized)
     return results[0], results[1]
@@ -261,25 +271,26 @@ class QuantizedMatmul(torch.autograd.Function):
         ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, step: Tensor, plan: Plan
     ) -> Tensor:
         with autocast_off(x.device.type):
-            qx, qw = gemm_operands(plan, "fprop", x, weight, step)
+            offsets = step_offsets(step, plan.layer)
+            qx, qw = gemm_operands(plan, "fprop", x, weight, offsets)
             out = scaled_mm(qx, qw, bias=bias, out_dtype=x.dtype)
-        ctx.save_for_backward(x, weight, step)
+        ctx.save_for_backward(x, weight, offsets)
         ctx.plan = plan
         ctx.bias_dtype = None if bias is None else bias.dtype
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, step = ctx.saved_tensors
+        x, weight, offsets = ctx.saved_tensors
         plan: Plan = ctx.plan
         grad_x = grad_weight = grad_bias = None
         with autocast_off(grad.device.type):
             if ctx.needs_input_grad[0]:
-                qdy, qw = gemm_operands(plan, "dgrad", grad, transpose(weight), step)
+                qdy, qw = gemm_operands(plan, "dgrad", grad, transpose(weight), offsets)
                 grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
                 grad_t, x_t = transpose(grad.contiguous()), transpose(x.contiguous())
-                qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, step)
+                qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = grad.to(torch.float32).sum(0).to(ctx.bias_dtype)
@@ -448,5 +459,6 @@ __all__ = [
     "row_noise_operand",
     "row_words",
     "shares_rotation",
+    "step_offsets",
     "stream_offset",
 ]
