@@ -36,6 +36,8 @@ import torch
 from torch import Tensor
 
 from .. import random as streams
+from ..kernels.availability import kernels_refusal
+from ..kernels.philox import random_words_triton
 
 __all__ = [
     "HADAMARD_DTYPES",
@@ -266,5 +268,14 @@ def random_signs(
     if device is None:
         device = seed.device if isinstance(seed, Tensor) else torch.device("cpu")
     index = torch.arange(int(size), dtype=torch.int64, device=device)
-    top_bits = streams.random_words(index, seed, offset) >> 31
-    return (1 - 2 * top_bits).to(torch.float32)
+    if (
+        index.is_cuda
+        and not torch.compiler.is_compiling()
+        and kernels_refusal("index", True) is None
+    ):
+        # one launch instead of the PyTorch path's Philox rounds (dozens of small
+        # operations): the same words (`stochround.kernels.philox`, tested equal)
+        words = random_words_triton(index, seed, offset)
+    else:
+        words = streams.random_words(index, seed, offset)
+    return (1 - 2 * (words >> 31)).to(torch.float32)

@@ -650,8 +650,10 @@ def _run(
     _bound(kernel, tuple(constants.items()))(device, programs, *args)
 
 
+@functools.cache
 def _element_constants(fmt: Format, mode: str, n: int, variant: str) -> Mapping[str, object]:
-    """The element format's launch constants, saturating to its finite range."""
+    """The element format's launch constants, saturating to its finite range (made once
+    per choice: a launch on the hot path reads them)."""
     return MappingProxyType(
         {
             **format_constants(fmt),

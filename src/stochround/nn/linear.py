@@ -221,14 +221,16 @@ def gemm_operands(
     left_role, right_role = GEMMS[gemm]
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
     results = []
+    drawn: dict[int, Tensor] = {}  # the GEMM's per-step signs by RHT size, drawn once
     for role, operand in ((left_role, left), (right_role, right)):
         entry = plan.operands[role]
         signs = None
-        if entry.spec.rht is not None and entry.spec.rht_signs == "per_step":
-            sign_offset = offsets[SIGN_SLOTS[gemm]]
-            signs = random_signs(
-                entry.spec.rht, plan.seed, offset=sign_offset, device=operand.device
-            )
+        size = entry.spec.rht
+        if size is not None and entry.spec.rht_signs == "per_step":
+            if size not in drawn:
+                sign_offset = offsets[SIGN_SLOTS[gemm]]
+                drawn[size] = random_signs(size, plan.seed, offset=sign_offset, device=left.device)
+            signs = drawn[size]
         offset = offsets[ROLE_SLOTS[role]]
         quantized = quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs, rotated)
         results.append(quantized)
