@@ -5,7 +5,8 @@ import json
 import re
 
 import pytest
-from helpers import ok, row
+import torch
+from helpers import invoke, ok, row
 
 
 def _rows(output: str, first_cell: str) -> list[list[str]]:
@@ -51,3 +52,24 @@ def test_demo_runs_every_quick_experiment_and_writes_one_report(tmp_path):
     assert "## Some formats" in report
     assert f"| bf16 | 1.0 | {stagnation[2]} |" in report
     assert "| e4m3fn | 8 | 4 | 3 | 7 | 4 | -6 | 8 | 448 |" in report
+
+
+def test_run_rejects_an_unknown_device_before_running(tmp_path):
+    result = invoke("run", "lm", "--device", "gpu", "--out", str(tmp_path / "new"))
+    assert result.exit_code == 2
+    assert "--device must be one of auto, cpu, cuda; got 'gpu'" in result.output
+    assert not (tmp_path / "new").exists()  # checked before the folder is made
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_run_on_cuda_without_cuda_is_a_bad_input_exit(tmp_path):
+    result = invoke("run", "lm", "--device", "cuda", "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert "--device cuda needs CUDA" in result.output
+
+
+def test_the_device_reaches_only_the_experiments_that_take_one():
+    from stochround.cli.experiments import takes_device
+    from stochround.experiments import EXPERIMENTS
+
+    assert [name for name, module in EXPERIMENTS.items() if takes_device(module.run)] == ["lm"]

@@ -5,6 +5,7 @@ Both check every argument (names, --seed, --out) before the first experiment sta
 bad one costs no time and leaves no half-written report.
 """
 
+import inspect
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -99,8 +100,35 @@ def seed_or_default(text: str | None) -> int:
     return experiments.DEFAULT_SEED if text is None else output.parse_seed(text)
 
 
+DEVICES = ("auto", "cpu", "cuda")
+DEVICE_HELP = (
+    "Where experiments that train models (lm) run: cpu, cuda, or auto (cuda for the full "
+    "sizes where available, else cpu; the quick sizes on the cpu)."
+)
+
+
+def takes_device(function: Any) -> bool:
+    """Whether an experiment's ``run`` takes a ``device`` argument."""
+    return "device" in inspect.signature(function).parameters
+
+
+def checked_device(text: str) -> str | None:
+    """The --device option as ``run(device=...)`` takes it: None for "auto", else "cpu" or
+    "cuda"; another value, or "cuda" without CUDA, is a bad-input exit."""
+    if text not in DEVICES:
+        output.fail(f"--device must be one of {', '.join(DEVICES)}; got {text!r}")
+    if text == "cuda" and not torch.cuda.is_available():
+        output.fail("--device cuda needs CUDA, and torch.cuda.is_available() is False here")
+    return None if text == "auto" else text
+
+
 def run_experiments(
-    names: list[str], quick: bool, seed: int, out: Path, console: Console
+    names: list[str],
+    quick: bool,
+    seed: int,
+    out: Path,
+    console: Console,
+    device: str | None = None,
 ) -> list[Experiment]:
     """Run the named experiments in order, printing each one's tables as it finishes.
 
@@ -110,13 +138,17 @@ def run_experiments(
         seed: the seed every experiment gets.
         out: the folder the experiments write their figures to (already created).
         console: where the progress bars and tables go.
+        device: "cpu", "cuda" or None (each experiment's default), passed to the
+            experiments whose ``run`` takes ``device``.
 
     Returns the experiments' results, in the order of ``names``.
     """
     results = []
     for name in names:
+        module = experiments.EXPERIMENTS[name]
+        options = {"device": device} if takes_device(module.run) else {}
         with report.progress_bar(console, enabled=console.is_terminal) as progress:
-            result = experiments.EXPERIMENTS[name].run(quick, seed, out, progress)
+            result = module.run(quick, seed, out, progress, **options)
         report.print_experiment(result, console)
         results.append(result)
     return results
@@ -195,14 +227,18 @@ def run_command(
         ),
     ] = None,
     out: Annotated[Path, typer.Option(help=OUT_HELP, metavar="DIR")] = Path("stochround-report"),
+    device: Annotated[
+        str, typer.Option("--device", help=DEVICE_HELP, metavar="cpu|cuda|auto")
+    ] = "auto",
 ) -> None:
     """Run experiments, print their tables, write report.md, results.json and plots to DIR
     (one report for all of them)."""
     # every argument is checked before the first experiment: no half-written report
     chosen = experiment_names(names)
     checked_seed = seed_or_default(seed)
+    chosen_device = checked_device(device)
     output.prepare_out(out)
     console = output.new_console()
-    results = run_experiments(chosen, quick, checked_seed, out, console)
+    results = run_experiments(chosen, quick, checked_seed, out, console, chosen_device)
     json_path, report_path = report.write_results(results, out)
     console.print(f"wrote {report_path} and {json_path}", markup=False, soft_wrap=True)

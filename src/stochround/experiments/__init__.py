@@ -1,5 +1,6 @@
 """The experiment suite: one module per experiment, each with
-``run(quick, seed, out, progress) -> Experiment``; `report` holds the shared helpers."""
+``run(quick, seed, out, progress) -> Experiment`` (those that train a model, lm, also take
+``device``); `report` holds the shared helpers."""
 
 from types import ModuleType
 
@@ -7,6 +8,7 @@ from . import (
     block_formats,
     gradient_descent,
     hardware_units,
+    language_model,
     limited_bits,
     lorenz96,
     optimizer_state,
@@ -26,6 +28,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     "tall-thin": tall_thin,
     "block-formats": block_formats,
     "optimizer-state": optimizer_state,
+    "lm": language_model,
 }
 DEFAULT_SEED = 2024
 
