@@ -608,7 +608,9 @@ def tile_amax(x: Tensor, tile: tuple[int, int]) -> Tensor:
     # maxima as one reduction over each tile
     columns = x.reshape(-1, rows, x.shape[-1]).abs().amax(dim=1)
     tiles = columns.reshape(columns.shape[0], -1, cols).amax(dim=-1)
-    return tiles.to(torch.float32).repeat_interleave(rows, dim=0)
+    # repeated by a broadcast copy (repeat_interleave would read its size on the host)
+    repeated = tiles.to(torch.float32).unsqueeze(1).expand(-1, rows, -1)
+    return repeated.reshape(-1, tiles.shape[-1])
 
 
 def _kernel_call(

@@ -417,7 +417,12 @@ class QuantizedLinear(nn.Linear):
         lead = x.shape[:-1]
         tokens = x.reshape(-1, self.in_features)
         check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features)
-        step = advance_step(self.step) if torch.is_grad_enabled() else self.step.clone()
+        if not torch.is_grad_enabled():
+            step = self.step.clone()
+        elif torch.compiler.is_compiling():
+            step = advance_step(self.step)
+        else:  # eager: the op's dispatch is host time an eager step need not pay
+            step = _advance_step(self.step)
         out = QuantizedMatmul.apply(tokens, weight, bias, step, self.plan)
         return typing.cast(Tensor, out).reshape(*lead, self.out_features)
 
