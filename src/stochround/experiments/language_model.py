@@ -196,10 +196,10 @@ FULL = Sizes(
     n_head=6,
     context=256,
     batch=64,
-    steps=2000,
-    warmup=100,
+    steps=1200,
+    warmup=60,
     lr=1e-3,
-    log_every=100,
+    log_every=50,
     eval_batches=8,
     seeds=3,
 )
