@@ -842,16 +842,33 @@ def summarize(
 
 
 def plot_curves(results: dict[str, list[RunResult]], out: Path) -> Path:
-    """Validation loss over training, the mean over seeds per row."""
-    figure, axes = new_figure(width=7.5, height=4.5)
-    for row_key, runs in results.items():
+    """Validation loss over training, the mean over seeds per row (left), and each row's
+    loss relative to bf16's, ``100 (L / L_bf16 - 1)`` per seed then the mean (right: the
+    differences the left panel's scale hides)."""
+    figure, (absolute, relative) = new_figure(width=11.0, height=4.5, columns=2)
+    baseline = results.get("bf16")
+    for index, (row_key, runs) in enumerate(results.items()):
+        # one colour a row in both panels (the right one has no bf16 line)
+        style = {"linestyle": "-" if row_key in ("bf16", "nvfp4") else "--", "color": f"C{index}"}
+        label = row_by_key(row_key).label
         curve = np.mean([run.validation for run in runs], axis=0)
-        style = "-" if row_key in ("bf16", "nvfp4") else "--"
-        axes.plot(runs[0].steps, curve, style, label=row_by_key(row_key).label)
-    axes.set_xlabel("step")
-    axes.set_ylabel("validation loss (nats/byte)")
-    axes.set_title("Byte-level GPT under each recipe (mean over seeds)", fontsize=10)
-    axes.legend(fontsize=8)
+        absolute.plot(runs[0].steps, curve, label=label, **style)
+        if baseline is None or row_key == "bf16":
+            continue
+        percent = [
+            100 * (np.asarray(run.validation) / np.asarray(base.validation) - 1)
+            for run, base in zip(runs, baseline, strict=True)
+        ]
+        relative.plot(runs[0].steps, np.mean(percent, axis=0), label=label, **style)
+    absolute.set_xlabel("step")
+    absolute.set_ylabel("validation loss (nats/byte)")
+    absolute.set_title("Byte-level GPT under each recipe (mean over seeds)", fontsize=10)
+    absolute.legend(fontsize=8)
+    relative.axhline(0.0, color="black", linewidth=0.8)
+    relative.set_xlabel("step")
+    relative.set_ylabel("validation loss vs bf16 (%)")
+    relative.set_title("Relative to bf16, same seeds (mean over seeds)", fontsize=10)
+    relative.legend(fontsize=8)
     return save_figure(figure, out, "lm_loss")
 
 

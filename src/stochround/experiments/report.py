@@ -150,15 +150,16 @@ def write_results(
     return json_path, report_path
 
 
-def new_figure(width: float = 6.4, height: float = 4.2):
-    """A matplotlib figure (``width`` x ``height`` inches) and axes on the Agg backend (no
-    display needed)."""
+def new_figure(width: float = 6.4, height: float = 4.2, columns: int = 1):
+    """A matplotlib figure (``width`` x ``height`` inches) and its axes (an array of
+    ``columns`` side by side where ``columns`` > 1) on the Agg backend (no display
+    needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(width, height))
+    return plt.subplots(1, columns, figsize=(width, height))
 
 
 def save_figure(figure, out: Path, name: str) -> Path:
