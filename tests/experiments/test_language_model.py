@@ -135,6 +135,11 @@ def test_each_row_builds_its_recipe_with_the_run_seed_and_the_lm_head_kept():
         "mxfp8": snn.mxfp8(seed=7, keep=("lm_head",)),
         "int8": snn.int8("uniform", seed=7, keep=("lm_head",)),
         "nvfp4_fp32_adamw": snn.nvfp4(seed=7, keep=("lm_head",)),
+        "gaussws_e3m2": None,
+        "gaussws_e2m3": None,
+        "gaussws_e4m3": None,
+        "diffq_e3m2": None,
+        "sr_e3m2": None,
     }
     assert [row.key for row in lm.ROWS] == list(expected)
     for row in lm.ROWS:
@@ -290,3 +295,13 @@ def test_the_experiment_reports_every_row_and_records_its_settings(tmp_path, mon
         assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stored = sorted(path.name for path in (tmp_path / "lm-runs").iterdir())
     assert stored == sorted(f"{row.key}-seed9.json" for row in lm.ROWS)
+
+
+def test_the_sampling_rows_sample_the_four_linears_of_each_block_and_not_the_head(micro_runs):
+    """GaussWS, DiffQ and SR fake-quantization rows parametrize the blocks' Linears (4 a
+    block) and leave the lm_head bf16; no other row samples weights."""
+    for key, (run,) in micro_runs.items():
+        row = lm.row_by_key(key)
+        expected = 4 * MICRO.n_layer if row.sampling is not None else 0
+        assert run.sampled_layers == expected, key
+        assert run.quantized_layers == 0 or row.sampling is None

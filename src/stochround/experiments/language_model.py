@@ -28,15 +28,20 @@ every Linear of the blocks runs its three GEMMs on quantized operands, the lm_he
 bf16.  The recipes: ``nvfp4()`` (SR gradients, RHT-16 in wgrad, 2-D weight blocks),
 ``nvfp4(stochastic_rounding=False)``, ``nvfp4(rht=False)``, ``mxfp4_tseng()``, ``mxfp8()``
 and ``int8()`` (Qwix's rule, SR per element), each seeded with the run's seed.
-Optimizer: every row but the last uses ``stochround.optim.AdamW`` on the bf16 parameters
+Optimizer: every row but ``nvfp4_fp32_adamw`` uses ``stochround.optim.AdamW`` on the bf16 parameters
 with bf16 states, stored by SR (6 bytes a parameter), seeded with the run's seed + 2**63
 (mod 2**64: the layers' and the optimizer's stream offsets overlap, and a seed of its own
 keeps their random words apart); the ``nvfp4`` row is thus the NVFP4 recipe with the
-6-byte SR optimizer.  The last row is ``nvfp4()`` with fp32 master weights and torch's
-fp32 ``AdamW`` (14 bytes a parameter: the master copy and its two states, and the bf16
-model copy): the master copy is updated, then rounded to nearest into the bf16 model,
-so the forward and backward passes are those of the other rows and only the optimizer's
-storage differs.  AdamW: betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every 2-D
+6-byte SR optimizer.  The row ``nvfp4_fp32_adamw`` is ``nvfp4()`` with fp32 master
+weights and torch's fp32 ``AdamW`` (14 bytes a parameter: the master copy and its two
+states, and the bf16 model copy): the master copy is updated, then rounded to nearest
+into the bf16 model, so the forward and backward passes are those of the other rows and
+only the optimizer's storage differs.  Gaussian weight sampling rows (issue 32): the bf16 model with
+``stochround.nn.gaussws_(model, fmt, noise=...)`` on the blocks' Linears (the lm_head
+kept, as the recipes keep it), seeded with the run's seed: each training forward samples
+``W~ = bf16(W + R u(W))`` toward an FP6 (e3m2, e2m3) or FP8 (e4m3fn) target, and the two
+other noises for contrast, DiffQ's unrounded Gaussian and SR fake quantization, toward
+e3m2.  AdamW: betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every 2-D
 tensor (the Linears' weights and both embeddings), none on the LayerNorms' parameters.
 
 Schedule.  Linear warmup over the first ``warmup`` steps to ``lr``, a cosine decay to
@@ -81,6 +86,7 @@ from __future__ import annotations
 import json
 import math
 import platform
+import re
 import sys
 import sysconfig
 import time
@@ -391,15 +397,18 @@ def build_model(sizes: Sizes, generator: torch.Generator) -> GPT:
 
 @dataclass(frozen=True)
 class Row:
-    """One row: a recipe (None: bf16) and the optimizer ("sr-bf16": stochround AdamW on
+    """One row: a recipe (None: bf16), the optimizer ("sr-bf16": stochround AdamW on
     the bf16 parameters with bf16 SR states; "fp32-master": fp32 master weights and
-    torch's AdamW)."""
+    torch's AdamW) and the weight sampling (``sampling``: `gaussws_`'s options, applied to
+    the blocks' Linears with the run's seed; None: none)."""
 
     key: str
     label: str
     recipe: Callable[..., snn.Recipe] | None
     options: tuple[tuple[str, Any], ...] = ()
     optimizer: str = "sr-bf16"
+    # Gaussian weight sampling (`stochround.nn.gaussws_` options; None: none)
+    sampling: tuple[tuple[str, Any], ...] | None = None
 
     def make_recipe(self, seed: int) -> snn.Recipe | None:
         """The row's recipe with the run's ``seed`` and ``keep=KEEP`` (None for bf16)."""
@@ -417,13 +426,26 @@ ROWS: tuple[Row, ...] = (
     Row("mxfp8", "mxfp8", snn.mxfp8),
     Row("int8", "int8 (SR dy)", snn.int8),
     Row("nvfp4_fp32_adamw", "nvfp4, fp32 AdamW", snn.nvfp4, optimizer="fp32-master"),
+    Row("gaussws_e3m2", "GaussWS e3m2", None, sampling=(("fmt", "e3m2"),)),
+    Row("gaussws_e2m3", "GaussWS e2m3", None, sampling=(("fmt", "e2m3"),)),
+    Row("gaussws_e4m3", "GaussWS e4m3fn", None, sampling=(("fmt", "e4m3fn"),)),
+    Row("diffq_e3m2", "DiffQ noise, 6 bits", None, sampling=(("fmt", "e3m2"), ("noise", "diffq"))),
+    Row("sr_e3m2", "SR fake-quant e3m2", None, sampling=(("fmt", "e3m2"), ("noise", "sr"))),
 )
 # (row, the row it is compared with, what the comparison isolates)
 COMPARISONS: tuple[tuple[str, str, str], ...] = (
     ("nvfp4", "nvfp4_rn", "SR vs RN gradients"),
     ("nvfp4", "nvfp4_no_rht", "RHT vs none"),
     ("nvfp4", "nvfp4_fp32_adamw", "bf16 SR AdamW (6 B) vs fp32 (14 B)"),
+    ("gaussws_e3m2", "diffq_e3m2", "rounded Gaussian vs DiffQ noise"),
+    ("gaussws_e3m2", "sr_e3m2", "GaussWS vs SR fake quantization"),
 )
+
+
+def keeps_out_lm_head(module: nn.Module, path: str) -> bool:
+    """`gaussws_`'s filter: every Linear but those `KEEP` names (the lm_head), as the
+    recipes keep them."""
+    return not any(re.search(pattern, path) for pattern in KEEP)
 
 
 def row_by_key(key: str) -> Row:
@@ -582,6 +604,7 @@ class RunResult:
     seconds: float
     quantized_layers: int
     recipe_names: list[str] = field(default_factory=list)
+    sampled_layers: int = 0  # Linears whose weight GaussWS samples
 
     @property
     def final(self) -> float:
@@ -611,6 +634,8 @@ def train_run(
     recipe = row.make_recipe(seed)
     if recipe is not None:
         snn.quantize_(model, recipe)
+    if row.sampling is not None:
+        snn.gaussws_(model, filter_fn=keeps_out_lm_head, seed=seed, **dict(row.sampling))
     quantized = [m for m in model.modules() if isinstance(m, snn.QuantizedLinear)]
     optimizer = make_optimizer(model, sizes, row, seed)
     probe = NoiseProbe(model)
@@ -654,6 +679,7 @@ def train_run(
         seconds=time.perf_counter() - started,
         quantized_layers=len(quantized),
         recipe_names=sorted({m.recipe.name for m in quantized}),
+        sampled_layers=sum(isinstance(m, snn.GaussWS) for m in model.modules()),
     )
 
 

@@ -1,16 +1,20 @@
 """Quantized training: recipes (`Recipe`, `QuantSpec` and the named NVFP4, MXFP4, MXFP8,
 FP8 and int8 recipes), the `QuantizedLinear` layer whose three GEMMs take quantized
 operands (emulated: dequantized operands, fp32 matmul), and `quantize_`, which swaps a
-model's `nn.Linear` layers for it.
+model's `nn.Linear` layers for it; Gaussian weight sampling (`GaussWS`, a parametrization
+that samples each training forward's weight with rounded-Gaussian noise at a target
+format's resolution, `gaussws_`, which registers it on a model's `nn.Linear` weights, and
+the functional `sample_weight`).
 
 `recipes` holds the data, `linear` the layer and its autograd function, `apply` the
-module swap.
+module swap, `gaussws` the weight sampling.
 """
 
 from __future__ import annotations
 
 from . import recipes
 from .apply import quantize_
+from .gaussws import GaussWS, gaussws_, sample_weight
 from .linear import QuantizedLinear, stream_offset
 from .recipes import (
     RECIPES,
@@ -28,16 +32,19 @@ from .recipes import (
 __all__ = [
     "RECIPES",
     "ROLES",
+    "GaussWS",
     "QuantSpec",
     "QuantizedLinear",
     "Recipe",
     "bf16",
     "fp8",
+    "gaussws_",
     "int8",
     "mxfp4_tseng",
     "mxfp8",
     "nvfp4",
     "quantize_",
     "recipes",
+    "sample_weight",
     "stream_offset",
 ]
