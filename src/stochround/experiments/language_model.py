@@ -871,11 +871,15 @@ def plot_curves(results: dict[str, list[RunResult]], out: Path) -> Path:
     """Validation loss over training, the mean over seeds per row (left), and each row's
     loss relative to bf16's, ``100 (L / L_bf16 - 1)`` per seed then the mean (right: the
     differences the left panel's scale hides)."""
-    figure, (absolute, relative) = new_figure(width=11.0, height=4.5, columns=2)
+    figure, (absolute, relative) = new_figure(width=12.0, height=4.8, columns=2)
+    colours = row_colours()
     baseline = results.get("bf16")
     for index, (row_key, runs) in enumerate(results.items()):
         # one colour a row in both panels (the right one has no bf16 line)
-        style = {"linestyle": "-" if row_key in ("bf16", "nvfp4") else "--", "color": f"C{index}"}
+        style = {
+            "linestyle": "-" if row_key in ("bf16", "nvfp4") else "--",
+            "color": colours(index % colours.N),
+        }
         label = row_by_key(row_key).label
         curve = np.mean([run.validation for run in runs], axis=0)
         absolute.plot(runs[0].steps, curve, label=label, **style)
@@ -896,6 +900,13 @@ def plot_curves(results: dict[str, list[RunResult]], out: Path) -> Path:
     relative.set_title("Relative to bf16, same seeds (mean over seeds)", fontsize=10)
     relative.legend(fontsize=8)
     return save_figure(figure, out, "lm_loss")
+
+
+def row_colours():
+    """matplotlib's 20 distinct colours (more rows than its default cycle's 10)."""
+    import matplotlib
+
+    return matplotlib.colormaps["tab20"]
 
 
 def plot_ratio(results: dict[str, list[RunResult]], out: Path) -> Path:
