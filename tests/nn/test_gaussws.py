@@ -5,6 +5,7 @@ streams), the straight-through gradient, the `GaussWS` parametrization and `gaus
 
 from __future__ import annotations
 
+import copy
 import math
 from fractions import Fraction
 
@@ -282,6 +283,31 @@ def test_the_kernel_backend_gives_the_pytorch_paths_bits_in_a_training_step() ->
     assert torch.equal(outputs[0], outputs[1])
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(a.grad, b.grad)  # type: ignore[arg-type]
+    # the eager kernel path is the prepared launch, which copies leave behind
+    weight = models[0][0].parametrizations.weight
+    assert weight[0].prepared is not None and weight[0].prepared.matches(weight.original)
+    assert copy.deepcopy(models[0])[0].parametrizations.weight[0].prepared is None
+
+
+@pytest.mark.skipif(
+    kernels_refusal("w", torch.cuda.is_available()) is not None,
+    reason="the Triton kernel needs Triton and a GPU or the interpreter",
+)
+def test_a_prepared_launch_gives_the_kernels_bits_and_refuses_other_weights() -> None:
+    from stochround.kernels.gaussws import PreparedSample
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    w = torch.randn(8, 64, device=device).to(torch.bfloat16)
+    table = gaussws.gaussian_thresholds(32)
+    prepared = PreparedSample(w, "e3m2", 32, table, 32)
+    seed = torch.tensor([5], device=device)
+    offset = torch.tensor([2**40 + 7], device=device)
+    expected = gaussws.sample_weight_torch(w, "e3m2", seed=5, offset=2**40 + 7)
+    assert torch.equal(prepared(w, seed, offset), expected)
+    with pytest.raises(ValueError, match="as prepared"):
+        prepared(w.float(), seed, offset)
+    with pytest.raises(ValueError, match="one-element int64"):
+        prepared(w, seed.int(), offset)
 
 
 # ---------------------------------------------------------------------------------------

@@ -356,7 +356,38 @@ def _sample(
         # Triton launches on the current device
         with torch.cuda.device(w.device):
             return _sample(w, exponents, block, table, noise_bits, seed, offset, index_offset)
+    launch, programs, blocks = _launch_plan(
+        w, exponents, block, table, noise_bits, from_tensors, index_offset
+    )
+    device = w.device.index if w.is_cuda else -1
+    launch(
+        device,
+        programs,
+        w,
+        out,
+        seed_pointer,
+        offset_pointer,
+        seed_value,
+        offset_value,
+        blocks,
+        index_offset,
+    )
+    return out
+
+
+def _launch_plan(
+    w: Tensor,
+    exponents: tuple[int, int, int],
+    block: int,
+    table: tuple[int, ...],
+    noise_bits: int,
+    from_tensors: bool,
+    index_offset: int,
+) -> tuple[Launch, int, int]:
+    """The bound launch of w's sample (its constexprs), its number of programs and of
+    blocks."""
     emin, emax, mbits = exponents
+    count = w.numel()
     groups = next_power_of_2(cdiv(block, 4))
     tile = max(1, TILE_ELEMENTS // (groups * 4))
     blocks = count // block
@@ -377,20 +408,60 @@ def _sample(
         # no multiply-add contraction: the sum is rounded once, as the PyTorch path rounds it
         "enable_fp_fusion": False,
     }
-    device = w.device.index if w.is_cuda else -1
-    _bound(tuple(constants.items()))(
-        device,
-        cdiv(blocks, tile),
-        w,
-        out,
-        seed_pointer,
-        offset_pointer,
-        seed_value,
-        offset_value,
-        blocks,
-        index_offset,
-    )
-    return out
+    return _bound(tuple(constants.items())), cdiv(blocks, tile), blocks
+
+
+class PreparedSample:
+    """`gaussws_blocks` prepared for one weight, for a hot path that samples it at every
+    step: the checks and the launch's constants made once for w's shape, dtype and
+    device, the target ``fmt``, ``block``, ``thresholds`` and ``noise_bits``; a call takes
+    the weight and the stream's seed and offset as single-element int64 tensors on its
+    device (what `stochround.random.seed_tensor` makes) and launches the kernel: the bits
+    of ``gaussws_blocks(w, fmt, block, thresholds, noise_bits, seed, offset)``."""
+
+    def __init__(
+        self,
+        w: Tensor,
+        fmt: Format | str,
+        block: int | None,
+        thresholds: Sequence[int],
+        noise_bits: int,
+    ) -> None:
+        target, length = _check_call(w, fmt, block, 0)
+        table = check_thresholds(thresholds, noise_bits)
+        exponents = (target.emin, target.emax, target.mbits)
+        self.shape, self.dtype, self.device = w.shape, w.dtype, w.device
+        self.launch, self.programs, self.blocks = _launch_plan(
+            w, exponents, length, table, int(noise_bits), True, 0
+        )
+
+    def matches(self, w: Tensor) -> bool:
+        """Whether ``w`` is a weight this launch was prepared for."""
+        return (
+            w.shape == self.shape
+            and w.dtype == self.dtype
+            and w.device == self.device
+            and w.is_contiguous()
+        )
+
+    def __call__(self, w: Tensor, seed: Tensor, offset: Tensor) -> Tensor:
+        """The sampled weight (a new tensor); ``w`` must `match`, ``seed`` and ``offset``
+        be one-element int64 tensors on w's device (ValueError otherwise)."""
+        if not self.matches(w):
+            raise ValueError(
+                f"w must be a contiguous {self.dtype} tensor of shape {tuple(self.shape)} on "
+                f"{self.device}, as prepared; got {w.dtype} {tuple(w.shape)} on {w.device}"
+            )
+        for name, value in (("seed", seed), ("offset", offset)):
+            if value.dtype != torch.int64 or value.numel() != 1 or value.device != w.device:
+                raise ValueError(f"{name} must be a one-element int64 tensor on w's device")
+        if w.is_cuda and w.device.index != current_device():
+            with torch.cuda.device(w.device):
+                return self(w, seed, offset)
+        out = torch.empty_like(w)
+        device = w.device.index if w.is_cuda else -1
+        self.launch(device, self.programs, w, out, seed, offset, 0, 0, self.blocks, 0)
+        return out
 
 
 def _run_gaussws_op(
@@ -421,4 +492,11 @@ def _(
     return torch.empty_like(w)
 
 
-__all__ = ["NUM_WARPS", "THRESHOLDS", "TILE_ELEMENTS", "check_thresholds", "gaussws_blocks"]
+__all__ = [
+    "NUM_WARPS",
+    "THRESHOLDS",
+    "TILE_ELEMENTS",
+    "PreparedSample",
+    "check_thresholds",
+    "gaussws_blocks",
+]

@@ -115,7 +115,7 @@ from ..blocks.scales import quotient
 from ..formats import Format
 from ..formats import format as find_format
 from ..kernels.availability import kernels_refusal
-from ..random import check_seed, random_words_like
+from ..random import check_seed, random_words_like, seed_tensor
 from ..reference import check_choice
 from .linear import MAX_LAYERS, advance_step, stream_offset
 
@@ -540,6 +540,19 @@ class StraightThroughSample(torch.autograd.Function):
         return grad, None, None, None, None, None
 
 
+class PreparedStraightThrough(torch.autograd.Function):
+    """A prepared kernel launch's sample with a straight-through gradient (`GaussWS`'s
+    eager kernel path)."""
+
+    @staticmethod
+    def forward(ctx: Any, w: Tensor, prepared: Any, seed: Tensor, offset: Tensor) -> Tensor:
+        return typing.cast(Tensor, prepared(w, seed, offset))
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        return grad, None, None, None
+
+
 def sample_weight(
     w: Tensor,
     fmt: str | Format,
@@ -623,6 +636,9 @@ class GaussWS(nn.Module):
         self.layer_index = int(layer_index)
         self.backend = check_choice("backend", backend, BACKENDS)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
+        # the eager kernel path's launch and seed tensors (not state: remade on demand)
+        self.prepared: Any = None
+        self.seeds: dict[torch.device, Tensor] = {}
 
     def check_weight(self, w: Tensor) -> None:
         """ValueError/TypeError unless ``w`` can be sampled (dtype, blocks fitting)."""
@@ -637,8 +653,50 @@ class GaussWS(nn.Module):
         else:
             step = advance_step_eagerly(self.step)
         offset = stream_offset(step, self.layer_index, GAUSSWS_SLOT)
-        out = StraightThroughSample.apply(w, self.sampler, self.seed, offset, 0, self.backend)
+        prepared = None if torch.compiler.is_compiling() else self.prepared_for(w)
+        if prepared is not None:
+            seed = self.seed_on(w.device)
+            out = PreparedStraightThrough.apply(w, prepared, seed, typing.cast(Tensor, offset))
+        else:
+            out = StraightThroughSample.apply(w, self.sampler, self.seed, offset, 0, self.backend)
         return typing.cast(Tensor, out)
+
+    def prepared_for(self, w: Tensor) -> Any:
+        """The kernel's launch prepared for ``w`` (`stochround.kernels.gaussws.
+        PreparedSample`, made at the first call and again when w's shape, dtype or device
+        changes), where an eager call takes the kernel: noise "gaussws", a contiguous 2-D
+        weight, on CUDA with backend "auto" or "triton" (or on the CPU under Triton's
+        interpreter with "triton"); else None.  It skips the functional path's checks and
+        launch set-up, a host cost every sampled layer would pay at every step; the bits
+        are the same."""
+        if self.sampler.noise != "gaussws" or w.dim() != 2 or not w.is_contiguous():
+            return None
+        cuda = w.is_cuda and self.backend in ("auto", "triton")
+        if not (cuda or self.backend == "triton") or kernel_refusal(w, self.sampler):
+            return None
+        if self.prepared is None or not self.prepared.matches(w):
+            from ..kernels.gaussws import PreparedSample  # the kernel module imports Triton
+
+            sampler = self.sampler
+            block = w.shape[-1] if sampler.block is None else sampler.block
+            self.prepared = PreparedSample(
+                w, sampler.target.format, block, sampler.thresholds, sampler.noise_bits
+            )
+        return self.prepared
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The module's state without the prepared launch and seed tensors (remade on
+        demand): copies and pickles carry no compiled kernel."""
+        state = dict(self.__dict__)
+        state["prepared"] = None
+        state["seeds"] = {}
+        return state
+
+    def seed_on(self, device: torch.device) -> Tensor:
+        """The seed as the one-element int64 tensor the kernel reads, made once a device."""
+        if device not in self.seeds:
+            self.seeds[device] = seed_tensor(self.seed, "seed", device)
+        return self.seeds[device]
 
     def extra_repr(self) -> str:
         sampler = self.sampler
