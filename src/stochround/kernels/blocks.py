@@ -65,7 +65,7 @@ from .common import (
 )
 from .grid import cdiv, next_power_of_2
 from .philox import four_words, random_word
-from .runtime import Launch, current_device
+from .runtime import bound_launch, current_device
 
 # the scale rules the kernel computes (`stochround.blocks.formats.SCALE_RULES`)
 SCALE_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4", "absmax", "nvfp4")
@@ -633,21 +633,13 @@ def fast_bits(fmt: Format, mode: str, n: int, variant: str) -> int:
     return -1
 
 
-@functools.cache
-@functools.cache
-def _bound(kernel: triton.JITFunction, constants: tuple[tuple[str, object], ...]) -> Launch:
-    """``kernel`` with one set of constexprs and options bound (`stochround.kernels.runtime`):
-    a launch then costs Triton's specialization of the runtime arguments alone."""
-    return Launch(kernel, dict(constants))
-
-
 def _run(
     kernel: triton.JITFunction, programs: int, x: Tensor, *args: object, **constants: object
 ) -> None:
     """``kernel[(programs,)](*args, **constants)`` on x's device (the current one), through
     its `Launch` for these constants."""
     device = x.device.index if x.is_cuda else -1
-    _bound(kernel, tuple(constants.items()))(device, programs, *args)
+    bound_launch(kernel, tuple(constants.items()))(device, programs, *args)
 
 
 @functools.cache

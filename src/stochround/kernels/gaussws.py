@@ -47,7 +47,6 @@ as the PyTorch path rounds it.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import numbers
 from collections.abc import Sequence
@@ -71,7 +70,7 @@ from .common import (
 )
 from .grid import cdiv, next_power_of_2
 from .philox import four_words, random_word
-from .runtime import Launch, current_device
+from .runtime import Launch, bound_launch, current_device
 
 # elements a program handles (a power of two; a program takes at least one whole block):
 # enough to hide the memory latency; the interpreter runs programs one after another, so
@@ -211,14 +210,6 @@ def _gaussws_kernel(
         result = narrow_to_16_bits(sampled.to(tl.int32, bitcast=True), w.dtype, NAN16)
     result = tl.where(unchanged[:, None, None], w, result)
     tl.store(out_ptr + position, result, mask=mask)
-
-
-@functools.cache
-def _bound(constants: tuple[tuple[str, object], ...]) -> Launch:
-    """The kernel with one set of constexprs and options bound
-    (`stochround.kernels.runtime.Launch`): a launch then costs Triton's specialization of
-    the runtime arguments alone."""
-    return Launch(_gaussws_kernel, dict(constants))
 
 
 def check_thresholds(thresholds: Sequence[int], noise_bits: int) -> tuple[int, ...]:
@@ -408,7 +399,7 @@ def _launch_plan(
         # no multiply-add contraction: the sum is rounded once, as the PyTorch path rounds it
         "enable_fp_fusion": False,
     }
-    return _bound(tuple(constants.items())), cdiv(blocks, tile), blocks
+    return bound_launch(_gaussws_kernel, tuple(constants.items())), cdiv(blocks, tile), blocks
 
 
 class PreparedSample:

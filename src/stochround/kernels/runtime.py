@@ -168,6 +168,14 @@ class Launch:
         )
 
 
+@functools.cache
+def bound_launch(kernel: triton.JITFunction, constants: tuple[tuple[str, object], ...]) -> Launch:
+    """The `Launch` of ``kernel`` with one set of constexprs and options (``constants``,
+    as ``tuple(dict.items())``), made once: a launch then costs Triton's specialization of
+    the runtime arguments alone."""
+    return Launch(kernel, dict(constants))
+
+
 def current_device() -> int:
     """The index of the current CUDA device (PyTorch's own getter, without building a
     `torch.device`: this runs on every kernel call)."""

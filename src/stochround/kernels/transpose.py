@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .availability import INTERPRETED
 from .grid import cdiv
-from .runtime import Launch, current_device
+from .runtime import bound_launch, current_device
 
 # the tile's side: a power of two, large enough for full memory transactions on both sides
 TILE = 64
@@ -44,9 +44,6 @@ def _transpose_kernel(
     tl.store(out_ptr + out_row * rows + out_col, tl.trans(tile), mask=out_mask)
 
 
-_LAUNCHES: dict[tuple[bool, int], Launch] = {}
-
-
 def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
     """``x.T.contiguous()`` of a 2-D tensor (any dtype): by the tiled kernel for a
     contiguous CUDA tensor (``kernel=None``; True: also a CPU tensor under Triton's
@@ -62,16 +59,14 @@ def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
     rows, cols = x.shape
     out = x.new_empty((cols, rows))
     wide = x.numel() + TILE * max(rows, cols) >= 2**31
-    key = (wide, TILE)
-    if key not in _LAUNCHES:
-        constants = {"WIDE": wide, "TILE": TILE, "num_warps": NUM_WARPS}
-        _LAUNCHES[key] = Launch(_transpose_kernel, constants)
+    constants = (("WIDE", wide), ("TILE", TILE), ("num_warps", NUM_WARPS))
+    launch = bound_launch(_transpose_kernel, constants)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             return transpose(x, kernel=kernel)
     col_tiles = cdiv(cols, TILE)
     device = x.device.index if x.is_cuda else -1
-    _LAUNCHES[key](device, cdiv(rows, TILE) * col_tiles, x, out, rows, cols, col_tiles)
+    launch(device, cdiv(rows, TILE) * col_tiles, x, out, rows, cols, col_tiles)
     return out
 
 

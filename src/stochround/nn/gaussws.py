@@ -117,7 +117,7 @@ from ..formats import format as find_format
 from ..kernels.availability import kernels_refusal
 from ..random import check_seed, random_words_like, seed_tensor
 from ..reference import check_choice
-from .linear import MAX_LAYERS, advance_step, stream_offset
+from .linear import MAX_LAYERS, advance_step, advance_step_eagerly, stream_offset
 
 NOISES = ("gaussws", "diffq", "sr")
 BACKENDS = ("auto", "torch", "triton")
@@ -580,14 +580,6 @@ def sample_weight(
     return typing.cast(Tensor, out)
 
 
-def advance_step_eagerly(step: Tensor) -> Tensor:
-    """The step's value before it advances by one (in place): `advance_step` without its
-    op's dispatch, which an eager forward need not pay."""
-    current = step.clone()
-    step.add_(1)
-    return current
-
-
 class GaussWS(nn.Module):
     """A parametrization (`torch.nn.utils.parametrize`) that samples a weight at every
     training forward: ``w -> sample_weight(w, fmt, ...)`` with the stream offset
@@ -767,7 +759,6 @@ __all__ = [
     "Sampler",
     "StraightThroughSample",
     "Target",
-    "advance_step_eagerly",
     "check_weight",
     "gaussian_counts",
     "gaussian_thresholds",

@@ -237,8 +237,9 @@ def gemm_operands(
     return results[0], results[1]
 
 
-def _advance_step(step: Tensor) -> Tensor:
-    """The step's value before it advances by one (in place)."""
+def advance_step_eagerly(step: Tensor) -> Tensor:
+    """The step's value before it advances by one (in place): `advance_step` without its
+    op's dispatch, which an eager forward need not pay."""
     current = step.clone()
     step.add_(1)
     return current
@@ -248,7 +249,7 @@ def _advance_step(step: Tensor) -> Tensor:
 # recompute a copy of the step in the backward graph from the buffer, after the forward
 # graph has advanced it, and the backward would draw the next step's bits
 advance_step = torch.library.custom_op(
-    "stochround::nn_advance_step", _advance_step, mutates_args=("step",)
+    "stochround::nn_advance_step", advance_step_eagerly, mutates_args=("step",)
 )
 
 
@@ -422,7 +423,7 @@ class QuantizedLinear(nn.Linear):
         elif torch.compiler.is_compiling():
             step = advance_step(self.step)
         else:  # eager: the op's dispatch is host time an eager step need not pay
-            step = _advance_step(self.step)
+            step = advance_step_eagerly(self.step)
         out = QuantizedMatmul.apply(tokens, weight, bias, step, self.plan)
         return typing.cast(Tensor, out).reshape(*lead, self.out_features)
 
@@ -459,6 +460,7 @@ __all__ = [
     "QuantizedLinear",
     "QuantizedMatmul",
     "advance_step",
+    "advance_step_eagerly",
     "gemm_operands",
     "make_plan",
     "operand_values",
