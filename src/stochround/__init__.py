@@ -2,6 +2,10 @@
 
 from . import arith as ops
 from . import blocks, hardware, nn, optim
+
+# the functions take the subpackage's name: `sr.emulate` is the dispatch mode's entry
+# point (import stochround.emulate.mode for the module)
+from .emulate import emulate, mca
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .packing import pack, unpack
 from .random import Stream
@@ -19,9 +23,11 @@ __all__ = [
     "blocks",
     "cast",
     "decode",
+    "emulate",
     "encode",
     "format",
     "hardware",
+    "mca",
     "nn",
     "ops",
     "optim",

@@ -1,6 +1,6 @@
 """The ``stochround`` command: the format registry, one format in detail, one value rounded
-(with the exact probability of each neighbour), the hardware SR units, the experiments and a
-short demo.
+(with the exact probability of each neighbour), the hardware SR units, the experiments, a
+short demo, and Monte Carlo arithmetic on a script (``stochround mca``).
 
 Each command lives in its own module and holds no numerics of its own: every number it
 prints about a format or a probability comes from the scalar reference (through
@@ -18,6 +18,7 @@ from ..version import __version__
 from .experiments import demo_command, run_command
 from .formats import formats_command, info_command
 from .hardware import HARDWARE_EPILOG, hardware_command
+from .mca import MCA_EPILOG, mca_command
 from .round import ROUND_CONTEXT, ROUND_EPILOG, round_command
 
 app = typer.Typer(
@@ -72,5 +73,6 @@ app.command("hardware", epilog=HARDWARE_EPILOG)(hardware_command)
 app.command("demo")(demo_command)
 # `stochround run` alone shows its help, as `stochround` alone does
 app.command("run", no_args_is_help=True)(run_command)
+app.command("mca", no_args_is_help=True, epilog=MCA_EPILOG)(mca_command)
 
 __all__ = ["app"]

@@ -1,0 +1,365 @@
+"""Monte Carlo arithmetic on unmodified PyTorch code: run a function n times under
+`stochround.emulate.emulate` with random rounding at a virtual precision and measure how many
+significant decimal digits its results keep, and, with ``trace=True``, where (at which line
+of the program) the digits are lost (Parker 1997; Verificarlo's and PyTracer's reports, at
+the level of ATen operations).
+
+A run rounds every floating output of every ATen op, so its result is one sample of the
+computation's random-rounding distribution; n samples give, elementwise, a mean, a sample
+std and the significant digits ``-log10(std / |mean|)`` (`significant_digits`, the
+definition of `stochround.arith.montecarlo`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .. import random as streams
+from ..formats import Format, format_of_dtype
+from ..reference import MODES, check_choice
+from ..torch_path import FLOAT_DTYPES
+from .mode import Emulation, FormatSpec, target_formats
+
+__all__ = [
+    "MAX_PRECISION",
+    "NO_PYTHON_FRAME",
+    "MCAResult",
+    "SiteDigits",
+    "call_site",
+    "mca",
+    "significant_digits",
+    "virtual_precision",
+]
+
+# float64, the widest dtype an emulation rounds, has 53 significant bits
+MAX_PRECISION = 53
+
+# the site of an op run where no Python frame outside torch and stochround is on the stack
+# (an autograd engine thread running a backward pass on an accelerator)
+NO_PYTHON_FRAME = "<no Python frame>"
+
+# the folders whose frames `call_site` skips: the library's and torch's own code
+_LIBRARY_FOLDERS = tuple(
+    str(folder) + os.sep for folder in (Path(torch.__file__).parent, Path(__file__).parents[1])
+)
+
+
+@dataclass(frozen=True)
+class SiteDigits:
+    """The digits of one op call site over the n runs of `mca` with ``trace=True``.
+
+    ``site``: ``"file:line function"`` of the first Python frame outside torch and
+    stochround (`call_site`); ``calls``: the ATen ops that site ran in a run (the most over
+    the runs); ``digits``: the minimum, over those calls and over every element
+    of their floating outputs, of the significant digits across the n runs (NaN where a
+    call's outputs hold NaN, or where it happened in only one run).
+    """
+
+    site: str
+    calls: int
+    digits: float
+
+
+@dataclass(frozen=True)
+class MCAResult:
+    """The n results of a function under Monte Carlo arithmetic, per output.
+
+    The function's tensor outputs are flattened in order (a tuple's or list's items, a
+    dict's values in insertion order, nested); ``labels`` names each one by its place
+    (``"result"`` for a single tensor, ``"[0]"``, ``"['loss']"``, ``"['a'][1]"``).  For each
+    output i: ``samples[i]`` (float64, shape ``(n, *shape)``), and elementwise ``mean[i]``,
+    ``std[i]`` (sample std, n - 1; samples, mean and std carry fn's gradient, straight
+    through the roundings) and ``digits[i]`` (`significant_digits` with the
+    precision of the format the output's dtype was rounded to).  ``sites``: with
+    ``trace=True``, one `SiteDigits` per op call site, worst (fewest digits, NaN first)
+    first; empty otherwise.  ``formats``: the format each dtype's results were rounded to;
+    ``seed``: the stream's seed.
+    """
+
+    labels: tuple[str, ...]
+    samples: tuple[Tensor, ...]
+    mean: tuple[Tensor, ...]
+    std: tuple[Tensor, ...]
+    digits: tuple[Tensor, ...]
+    sites: tuple[SiteDigits, ...]
+    formats: Mapping[torch.dtype, Format]
+    seed: int
+
+
+def significant_digits(mean: Tensor, std: Tensor, precision: int) -> Tensor:
+    """Significant decimal digits of samples with this mean and std, elementwise (Parker
+    1997): ``-log10(std / |mean|)``, clamped to ``[0, p log10 2]`` with ``p = precision``;
+    std == 0 (every sample agrees) gives ``p log10 2``, mean == 0 with std > 0 gives 0, NaN
+    gives NaN.
+
+    The definition `stochround.arith.montecarlo.monte_carlo` computes inline (it has no
+    function of its own to import); the tests check the two agree.
+
+    Args:
+        mean: the samples' mean (a float tensor).
+        std: their sample standard deviation, the shape of ``mean``.
+        precision: the significant bits p of the format the samples were rounded to.
+    """
+    max_digits = precision * math.log10(2)
+    with torch.no_grad():
+        ratio = std / mean.abs()
+        return torch.where(std == 0, max_digits, (-torch.log10(ratio)).clamp(0, max_digits))
+
+
+def virtual_precision(precision: int) -> dict[torch.dtype, Format]:
+    """Verificarlo's virtual precision of t significant bits: for each floating dtype with
+    at least t bits, the format with its exponent range (exponent bits and bias) and t - 1
+    mantissa bits.  Dtypes with fewer bits are left out: their results already have at most
+    t bits, so rounding them to t bits would change nothing.
+
+    Args:
+        precision: t, an int in 1..`MAX_PRECISION` (ValueError/TypeError otherwise).
+    """
+    if isinstance(precision, bool) or not isinstance(precision, int):
+        raise TypeError(f"precision must be an int in 1..{MAX_PRECISION}; got {precision!r}")
+    if not 1 <= precision <= MAX_PRECISION:
+        raise ValueError(f"precision must be an int in 1..{MAX_PRECISION}; got {precision}")
+    formats = {}
+    for dtype in FLOAT_DTYPES:
+        native = format_of_dtype(dtype)
+        if native.precision >= precision:
+            formats[dtype] = Format(
+                ebits=native.ebits,
+                mbits=precision - 1,
+                bias=native.exponent_bias,
+                name=f"{native.name}_t{precision}",
+            )
+    return formats
+
+
+def call_site() -> str:
+    """``"file:line function"`` of the innermost Python frame outside torch's and
+    stochround's folders: the line of the user's program that ran the current op (for an
+    ``nn.Module``, the line that called it); `NO_PYTHON_FRAME` where there is none."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_FOLDERS):
+        frame = frame.f_back
+    if frame is None:
+        return NO_PYTHON_FRAME
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+
+
+def flat_outputs(value: object, label: str = "") -> list[tuple[str, Tensor]]:
+    """The tensors of a function's result with their labels, in order: a tensor; a Python
+    number (as a tensor); a tuple's or list's items; a dict's values; None holds none.
+    Another type is a TypeError naming it and its place.
+
+    Args:
+        value: the result (or a part of it).
+        label: its place in the whole result (``""`` for the whole).
+    """
+    if isinstance(value, Tensor):
+        return [(label or "result", value)]
+    if isinstance(value, bool | int | float):
+        return [(label or "result", torch.as_tensor(value))]
+    if value is None:
+        return []
+    if isinstance(value, tuple | list):
+        items: list[tuple[object, object]] = list(enumerate(value))
+    elif isinstance(value, Mapping):
+        items = list(value.items())
+    else:
+        raise TypeError(
+            f"fn must return tensors, numbers, None, or tuples, lists and dicts of them; "
+            f"got {type(value).__name__} at {label or 'the top'}"
+        )
+    found = []
+    for key, item in items:
+        found += flat_outputs(item, f"{label}[{key!r}]")
+    return found
+
+
+class SiteStatistics:
+    """Running mean and sum of squared deviations (Welford) of the outputs of each op call,
+    keyed by (site, call index within the run), gathered as an `Emulation`'s observer.
+
+    Only the moments are kept (float64, the output's shape), not the n samples: a trace
+    costs twice the program's intermediate values in float64, whatever n is.
+    """
+
+    def __init__(self, formats: Mapping[torch.dtype, Format]) -> None:
+        self.formats = formats
+        # (site, index) -> per floating output: [count, mean, sum of squared deviations, p]
+        self.moments: dict[tuple[str, int], list[list[Any]]] = {}
+        self.calls_in_run: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+
+    def start_run(self) -> None:
+        """Restart the call indices: the next run's calls match this run's by index."""
+        self.calls_in_run = {}
+
+    def observe(self, func: torch._ops.OpOverload, outputs: object) -> None:
+        """The observer: fold the op's floating outputs into its call's moments.  The
+        emulation calls it with its rounding turned off, so these float64 ops are not
+        rounded to the emulated format."""
+        site = call_site()
+        index = self.calls_in_run.get(site, 0)
+        self.calls_in_run[site] = index + 1
+        self.calls[site] = max(self.calls.get(site, 0), index + 1)
+        tensors = [
+            t
+            for t in _tensors(outputs)
+            if t.is_floating_point() and t.numel() > 0  # an empty output has no digits
+        ]
+        entries = self.moments.setdefault((site, index), [])
+        if entries and len(entries) != len(tensors):
+            raise RuntimeError(
+                f"trace: the op call #{index} at {site} gave {len(tensors)} outputs in one "
+                f"run and {len(entries)} in another; fn must run the same ops in every run"
+            )
+        for position, tensor in enumerate(tensors):
+            value = tensor.detach().to(torch.float64, copy=True)
+            if position == len(entries):
+                p = _precision(self.formats, tensor.dtype)
+                entries.append([1, value, torch.zeros_like(value), p])
+                continue
+            entry = entries[position]
+            if entry[1].shape != value.shape:
+                raise RuntimeError(
+                    f"trace: the op call #{index} at {site} gave shapes "
+                    f"{tuple(entry[1].shape)} and {tuple(value.shape)} in two runs; fn must "
+                    "run the same ops in every run"
+                )
+            entry[0] += 1
+            delta = value - entry[1]
+            entry[1] = entry[1] + delta / entry[0]
+            entry[2] = entry[2] + delta * (value - entry[1])
+
+    def sites(self) -> tuple[SiteDigits, ...]:
+        """Per site, the fewest digits of any element of any of its calls' outputs (NaN if
+        any is NaN); sorted worst first (NaN first, then ascending), ties in order of first
+        call.  Sites whose outputs are all non-floating or empty have no digits: left out."""
+        per_site: dict[str, list[float]] = {}
+        for (site, _), entries in self.moments.items():
+            for count, mean, squares, p in entries:
+                std = (squares / (count - 1)).sqrt() if count > 1 else mean * math.nan
+                per_site.setdefault(site, []).append(float(significant_digits(mean, std, p).min()))
+        found = [
+            SiteDigits(site, self.calls[site], math.nan if math.isnan(sum(d)) else min(d))
+            for site, d in per_site.items()
+        ]
+        return tuple(sorted(found, key=lambda s: -math.inf if math.isnan(s.digits) else s.digits))
+
+
+def _tensors(value: object) -> list[Tensor]:
+    """The tensors in an op's result (a tensor, or a tuple or list of them, nested)."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _precision(formats: Mapping[torch.dtype, Format], dtype: torch.dtype) -> int:
+    """The significant bits of ``dtype``'s results under the emulation: its target format's,
+    its own where it has none (its ops are unrounded), float64's for non-floating values
+    (the samples hold them as float64 exactly)."""
+    if dtype in formats:
+        return formats[dtype].precision
+    if dtype in FLOAT_DTYPES:
+        return format_of_dtype(dtype).precision
+    return MAX_PRECISION
+
+
+def mca(
+    fn: Callable[..., object],
+    *args: object,
+    n: int = 32,
+    precision: int | None = None,
+    fmt: FormatSpec | Mapping[torch.dtype, FormatSpec] | None = None,
+    mode: str = "sr",
+    seed: int = 0,
+    trace: bool = False,
+    **kwargs: object,
+) -> MCAResult:
+    """Monte Carlo arithmetic on an unmodified function: ``fn(*args, **kwargs)`` run n times
+    under one `Emulation` (every floating ATen op's outputs rounded with ``mode``), and per
+    output its mean, sample std and significant digits ``-log10(std / |mean|)``
+    (`significant_digits`), clamped to the p log10 2 digits of the format it was rounded to.
+
+    Random words: one stream ``seed`` for the n runs, its counter continuing from one run
+    to the next (run 0 draws offsets 0..k-1, run 1 offsets k..2k-1, ...), as
+    `stochround.arith.monte_carlo` does: every rounding draws fresh words, the whole is
+    reproducible from ``seed``, and run 0 is ``with emulate(formats, mode, seed=seed):
+    fn(*args, **kwargs)``.
+
+    Args:
+        fn: the function; it returns tensors, Python numbers, None, or tuples, lists and
+            dicts of them (`flat_outputs`).
+        args, kwargs: its arguments (not rounded; fn's ops round their results).
+        n: the number of runs, an int >= 2 (a std needs two samples).
+        precision: t, a virtual precision of t significant bits (Verificarlo's MCA): every
+            dtype with at least t bits rounded to t bits in its own exponent range
+            (`virtual_precision`).  Give ``precision`` or ``fmt``, not both.
+        fmt: the format(s), as `emulate` takes them (a name, `Format` or dtype, or a dict
+            {dtype: format}).
+        mode: the rounding mode, one of `stochround.reference.MODES` ("sr" for MCA;
+            a deterministic mode gives std 0 and the format's full digits).
+        seed: the stream's seed, an int in [0, 2**64).
+        trace: also record, per op call site (`call_site`), the fewest significant digits
+            of its outputs across the n runs, the calls matched by (site, call index within
+            the run) (`MCAResult.sites`).
+
+    Every argument error is a ValueError or TypeError naming the argument.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n must be an int >= 2 (a std needs two samples); got {n!r}")
+    if (precision is None) == (fmt is None):
+        raise ValueError(
+            "give exactly one of precision (a virtual precision in bits) and fmt (a format); "
+            f"got precision={precision!r}, fmt={fmt!r}"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int in [0, 2**64); got {seed!r}")
+    streams.check_seed(seed, "seed")
+    check_choice("mode", mode, MODES)
+    if not isinstance(trace, bool):
+        raise TypeError(f"trace must be a bool; got {trace!r}")
+    target = virtual_precision(precision) if precision is not None else fmt
+    assert target is not None  # exactly one of precision and fmt is None (checked above)
+    formats = target_formats(target)
+    statistics = SiteStatistics(formats)
+    emulation = Emulation(target, mode, seed=seed, observer=statistics.observe if trace else None)
+    runs = []
+    for _ in range(n):
+        statistics.start_run()
+        with emulation:
+            result = fn(*args, **kwargs)
+        # copies, made outside the emulation (not rounded), and now: a later run may
+        # overwrite a tensor this one returned.  Not detached: as `arith.monte_carlo`'s, the
+        # samples carry fn's gradient (straight through every rounding)
+        runs.append(
+            [(label, t.dtype, t.to(torch.float64, copy=True)) for label, t in flat_outputs(result)]
+        )
+    layout = [(label, dtype) for label, dtype, _ in runs[0]]
+    if any([(label, dtype) for label, dtype, _ in run] != layout for run in runs):
+        raise RuntimeError(
+            "fn returned results of different structures or dtypes in different runs"
+        )
+    labels = tuple(label for label, _ in layout)
+    dtypes = [dtype for _, dtype in layout]
+    samples = tuple(torch.stack([run[i][2] for run in runs]) for i in range(len(labels)))
+    mean = tuple(s.mean(dim=0) for s in samples)
+    std = tuple(s.std(dim=0, correction=1) for s in samples)
+    digits = tuple(
+        significant_digits(m, s, _precision(formats, dtype))
+        for m, s, dtype in zip(mean, std, dtypes, strict=True)
+    )
+    sites = statistics.sites() if trace else ()
+    return MCAResult(labels, samples, mean, std, digits, sites, formats, seed)
