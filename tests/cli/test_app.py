@@ -44,7 +44,10 @@ SEED_RANGE = "--seed must be an integer in [0, 2**64) (0 to 18446744073709551615
         (["demo", "--seed", "abc"], f"{SEED_RANGE}; got 'abc'"),
         (["demo", "--seed", "-5"], f"{SEED_RANGE}; got -5"),
         (["run", "nope"], "NAME must be one of stagnation, summation, limited-bits, "),
-        (["run", "limited-bits", "nope", "zz"], "optimizer-state, lm, all; got 'nope', 'zz'"),
+        (
+            ["run", "limited-bits", "nope", "zz"],
+            "optimizer-state, emulate-science, lm, all; got 'nope', 'zz'",
+        ),
         (["run", "all", "stagnation"], "NAME all runs every experiment: give it alone"),
         (["run", "summation", "summation"], "summation given more than once"),
     ],

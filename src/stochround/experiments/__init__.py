@@ -6,6 +6,7 @@ from types import ModuleType
 
 from . import (
     block_formats,
+    emulate_science,
     gradient_descent,
     hardware_units,
     language_model,
@@ -28,6 +29,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     "tall-thin": tall_thin,
     "block-formats": block_formats,
     "optimizer-state": optimizer_state,
+    "emulate-science": emulate_science,
     "lm": language_model,
 }
 DEFAULT_SEED = 2024
