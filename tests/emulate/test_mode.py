@@ -416,3 +416,122 @@ def test_cuda_rounds_elementwise_code_as_the_cpu_does(mode: str) -> None:
             out = out * out - a
         results.append(out.cpu())
     assert torch.equal(results[0], results[1])
+
+
+# accumulate="per_op": matmuls and sums computed by stochround.arith, every addition rounded
+
+
+def _operands() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(7)
+    return torch.randn(5, 9, generator=generator), torch.randn(9, 4, generator=generator)
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+def test_per_op_matmul_equals_arith_matmul_at_the_documented_offsets(mode):
+    """a @ b at counter k = 0 takes offsets 0 (products) and 1..K (additions): the next
+    op starts at K + 1 = 10."""
+    a, b = _operands()
+    with emulate("bfloat16", mode, seed=11, accumulate="per_op") as emulation:
+        product = a @ b
+        again = a @ b
+    assert emulation.calls == 2 * (a.shape[1] + 1)
+    expected = sr.ops.matmul(a, b, "bfloat16", mode, seed=11, offset=0)
+    expected_again = sr.ops.matmul(a, b, "bfloat16", mode, seed=11, offset=a.shape[1] + 1)
+    assert torch.equal(product.view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(again.view(torch.int32), expected_again.view(torch.int32))
+
+
+def test_per_op_mv_dot_and_linear_use_arith():
+    """mv and dot as arith.matmul/arith.dot; linear with a bias (addmm) adds the bias
+    with arith.add at the offset after the matmul's, K + 1."""
+    a, b = _operands()
+    v, bias, inputs = b[:, 0].clone(), torch.linspace(-1, 1, 5), b.T.contiguous()
+    with emulate("bfloat16", "sr", seed=3, accumulate="per_op"):
+        mv = a @ v
+        dot = v @ v
+        linear = torch.nn.functional.linear(inputs, a, bias)
+    k = a.shape[1] + 1
+    expected_mv = sr.ops.matmul(a, v[:, None], "bfloat16", "sr", seed=3, offset=0)[:, 0]
+    expected_dot = sr.ops.dot(v, v, "bfloat16", "sr", seed=3, offset=k)
+    product = sr.ops.matmul(b.T, a.T, "bfloat16", "sr", seed=3, offset=2 * k)
+    expected_linear = sr.ops.add(bias, product, "bfloat16", "sr", seed=3, offset=3 * k)
+    assert torch.equal(mv.view(torch.int32), expected_mv.view(torch.int32))
+    assert torch.equal(dot.view(torch.int32), expected_dot.view(torch.int32))
+    assert torch.equal(linear.view(torch.int32), expected_linear.view(torch.int32))
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+def test_per_op_sum_and_mean_equal_arith_sum_at_the_documented_offsets(mode):
+    """x.sum() over n terms: offsets 0..n-1; x.sum(1, keepdim=True): n..n+m-1 (m per
+    row); x.mean(0): the sum over dim 0 at the next 5 offsets, the division after."""
+    a, _ = _operands()
+    n, rows, columns = a.numel(), a.shape[0], a.shape[1]
+    with emulate("bfloat16", mode, seed=5, accumulate="per_op") as emulation:
+        total = a.sum()
+        per_row = a.sum(1, keepdim=True)
+        mean = a.mean(0)
+    assert emulation.calls == n + columns + rows + 1
+    expected = sr.ops.sum(a.flatten(), "bfloat16", mode, seed=5, offset=0)
+    expected_rows = sr.ops.sum(a, "bfloat16", mode, dim=1, seed=5, offset=n)[:, None]
+    column_sums = sr.ops.sum(a.T, "bfloat16", mode, dim=1, seed=5, offset=n + columns)
+    divisor = torch.full_like(column_sums, float(rows))
+    expected_mean = sr.ops.div(
+        column_sums, divisor, "bfloat16", mode, seed=5, offset=n + columns + rows
+    )
+    assert torch.equal(total.view(torch.int32), expected.view(torch.int32))
+    assert torch.equal(per_row.view(torch.int32), expected_rows.view(torch.int32))
+    assert torch.equal(mean.view(torch.int32), expected_mean.view(torch.int32))
+
+
+def test_per_op_rne_sum_of_the_harmonic_terms_stagnates_and_once_does_not():
+    """x.sum() of 1/k, k = 1..2000 (fp32 terms made outside the block): per_op rne adds
+    them one by one in bf16 and stops at 5.0625 (the sum of the first 65 terms, as the
+    loop above finds); once rounds the fp32 sum 8.178... once, to bf16's 8.1875."""
+    terms = 1.0 / torch.arange(1, 2001, dtype=torch.float32)
+    with emulate("bfloat16", "rne", accumulate="per_op"):
+        per_op = terms.sum()
+        first = terms[:65].sum()
+    with emulate("bfloat16", "rne"):
+        once = terms.sum()
+    assert float(per_op) == float(first) == 5.0625
+    assert float(once) == 8.1875
+
+
+def test_per_op_raises_for_accumulating_ops_it_cannot_compute():
+    a, b = _operands()
+    with emulate("bfloat16", "rne", accumulate="per_op"):
+        with pytest.raises(ValueError, match="cumsum"):
+            a.cumsum(0)
+        with pytest.raises(ValueError, match="addmm"):
+            torch.addmm(a[:, :4], a, b, beta=2.0)
+        with pytest.raises(ValueError, match="_softmax"):
+            a.softmax(0)
+        elementwise = a + 1  # one op, one rounding, as under "once"
+    assert torch.equal(elementwise, sr.round(a + 1, "bfloat16", "rne"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"accumulate": "per_add"}, ValueError, "accumulate"),
+        ({"accumulate": "per_op", "hardware": "amd-mi300-fp8"}, ValueError, "hardware"),
+    ],
+)
+def test_bad_accumulate_arguments_raise_naming_them(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        emulate("bfloat16", **kwargs)
+
+
+def test_per_op_backward_computes_the_gradients_per_operation_too():
+    """The backward's mm and bias sums are per_op ops as well: the weight gradient of a
+    linear layer is grad.T @ x by arith.matmul, a bf16 value."""
+    torch.manual_seed(0)
+    layer, inputs = torch.nn.Linear(4, 3, bias=False), torch.randn(5, 4)
+    with emulate("bfloat16", "rne", accumulate="per_op"):
+        layer(inputs).sum().backward()
+    assert layer.weight.grad is not None
+    grad = layer.weight.grad
+    assert torch.equal(grad, sr.round(grad, "bfloat16", "rne"))
+    # d sum / d W = ones(5, 3).T @ inputs: every product and addition rounded to bf16
+    expected = sr.ops.matmul(torch.ones(3, 5), inputs, "bfloat16", "rne")
+    assert torch.equal(grad.view(torch.int32), expected.view(torch.int32))

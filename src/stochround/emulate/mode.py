@@ -16,6 +16,11 @@ ops compute nothing and are not rounded, so aliasing is kept; an in-place op (``
 (``empty``, ``resize_``, ``set_``) are not rounded either.  A conversion (``x.to(dtype)``,
 ``copy_``) rounds its source with the mode before converting, so that SR is not lost to
 the conversion's own round-to-nearest (`emulate`).
+
+Accumulation: under ``accumulate="once"`` a matmul or a sum is rounded once, like any op;
+under ``accumulate="per_op"`` the ops of `PER_OP_OPS` are computed by `stochround.arith`,
+every product and addition rounded, with offsets k, k + 1, ... from the same counter, and
+the accumulating ops it cannot compute raise ValueError naming the op (`emulate`).
 """
 
 from __future__ import annotations
@@ -29,18 +34,20 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import arith, rounding
 from .. import random as streams
-from .. import rounding
 from ..formats import Format, format_of_dtype
 from ..formats import format as find_format
 from ..presets import HardwarePreset
 from ..reference import MODES, check_choice
 from ..torch_path import FLOAT_DTYPES
 
-__all__ = ["COMPUTES", "FLOAT8_DTYPES", "MATMUL_OPS", "OPS", "Emulation", "emulate"]
+__all__ = ["ACCUMULATES", "COMPUTES", "FLOAT8_DTYPES", "MATMUL_OPS", "OPS", "PER_OP_OPS"]
+__all__ += ["Emulation", "emulate"]
 
 OPS = ("all", "matmul")
 COMPUTES = ("native", "float64")
+ACCUMULATES = ("once", "per_op")
 
 aten = torch.ops.aten
 
@@ -63,6 +70,54 @@ MATMUL_OPS = frozenset(
         aten._convolution,
     }
 )
+
+# the overloads `accumulate="per_op"` computes with `stochround.arith`, every addition of the
+# accumulation rounded (`Emulation._per_op`)
+PER_OP_OPS = frozenset(
+    {
+        aten.mm.default,
+        aten.bmm.default,
+        aten.mv.default,
+        aten.dot.default,
+        aten.addmm.default,
+        aten.sum.default,
+        aten.sum.dim_IntList,
+        aten.mean.default,
+        aten.mean.dim,
+    }
+)
+
+# ops that accumulate but that `accumulate="per_op"` cannot compute per operation: it
+# raises for them (and for the other overloads of `PER_OP_OPS`' packets) rather than
+# rounding their result once
+_ACCUMULATING = frozenset(
+    {
+        aten.baddbmm,
+        aten.addbmm,
+        aten.addmv,
+        aten._addmm_activation,
+        aten.convolution,
+        aten.convolution_backward,
+        aten._convolution,
+        aten.cumsum,
+        aten.cumprod,
+        aten.prod,
+        aten.nansum,
+        aten.var,
+        aten.std,
+        aten.var_mean,
+        aten.std_mean,
+        aten.norm,
+        aten.linalg_vector_norm,
+        aten.logsumexp,
+        aten.trace,
+        aten._softmax,
+        aten._log_softmax,
+        aten.native_layer_norm,
+        aten.native_batch_norm,
+    }
+)
+_PER_OP_PACKETS = frozenset(op.overloadpacket for op in PER_OP_OPS)
 
 # ops whose outputs hold no computed values (uninitialized memory, storage changes)
 _NO_VALUES = frozenset(
@@ -220,6 +275,7 @@ class Emulation(TorchDispatchMode):
         hardware: str | HardwarePreset | None = None,
         round_inputs: bool = False,
         compute: str = "native",
+        accumulate: str = "once",
         observer: Observer | None = None,
     ) -> None:
         super().__init__()
@@ -228,6 +284,12 @@ class Emulation(TorchDispatchMode):
         self.mode = check_choice("mode", mode, MODES)
         self.ops = check_ops(ops)
         self.compute = check_choice("compute", compute, COMPUTES)
+        self.accumulate = check_choice("accumulate", accumulate, ACCUMULATES)
+        if self.accumulate == "per_op" and hardware is not None:
+            raise ValueError(
+                "accumulate='per_op' rounds with stochround.arith, which takes no hardware "
+                f"preset; got hardware={hardware!r}: pass accumulate='once' or hardware=None"
+            )
         if not isinstance(round_inputs, bool):
             raise TypeError(f"round_inputs must be a bool; got {round_inputs!r}")
         if observer is not None and not callable(observer):
@@ -304,8 +366,13 @@ class Emulation(TorchDispatchMode):
             args, kwargs = self._inputs_rounded(kind, args, kwargs)
         before = self.calls
         cast = self._cast(func, args, kwargs)
+        per_op = None
+        if cast is None and self.accumulate == "per_op":
+            per_op = self._per_op(func, args, kwargs)
         if cast is not None:
             out = cast
+        elif per_op is not None:
+            out = per_op
         elif self.compute == "float64" and not kind.seeded:
             out = self._wide(func, kind, args, kwargs)
         else:
@@ -342,6 +409,101 @@ class Emulation(TorchDispatchMode):
             rounded = self._next_rounding(source.to(torch.float64), target)
             return func(destination, rounded, *args[2:], **kwargs)
         return None
+
+    def _per_op(
+        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Tensor | None:
+        """accumulate="per_op": an op of `PER_OP_OPS` computed by `stochround.arith`, every
+        product and every addition rounded to the format with the mode; None for an op that
+        does not accumulate (rounded once, as under "once") or whose result has no format.
+        ValueError naming the op for an accumulating op it cannot compute (`_ACCUMULATING`,
+        the other overloads of `PER_OP_OPS`' ops)."""
+        if func not in PER_OP_OPS:
+            if func.overloadpacket in _ACCUMULATING or func.overloadpacket in _PER_OP_PACKETS:
+                raise ValueError(
+                    f"accumulate='per_op' cannot compute {func} per operation (it computes "
+                    f"{', '.join(sorted(str(op) for op in PER_OP_OPS))}); run it under "
+                    "accumulate='once' or leave it out with an ops filter"
+                )
+            return None
+        first = args[0]
+        dtype = kwargs.get("dtype") or first.dtype
+        target = self.formats.get(dtype)
+        if target is None:
+            return None
+        if func.overloadpacket in (aten.sum, aten.mean):
+            return self._per_op_sum(func, first.to(dtype), args[1:], kwargs, target)
+        return self._per_op_product(func, args, kwargs, target)
+
+    def _arith_options(self, steps: int) -> dict[str, Any]:
+        """The rounding options of an arith call that consumes ``steps`` offsets, starting
+        at the counter, which it advances past them."""
+        options = dict(rbits=self.rbits, variant=self.variant, seed=self.seed, offset=self.calls)
+        self.calls += steps
+        return options
+
+    def _per_op_sum(
+        self,
+        func: torch._ops.OpOverload,
+        x: Tensor,
+        rest: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        target: Format,
+    ) -> Tensor:
+        """sum/mean over ``dim`` (None or []: every dim): the reduced dims moved last and
+        flattened row-major, `arith.sum` in recursive order (offsets k .. k + n - 1 for n
+        terms); mean divides that sum by n with `arith.div`, the next offset, k + n."""
+        dim = rest[0] if rest else kwargs.get("dim")
+        keepdim = bool(rest[1]) if len(rest) > 1 else bool(kwargs.get("keepdim", False))
+        dims = sorted(d % max(x.ndim, 1) for d in dim) if dim else list(range(x.ndim))
+        kept = [d for d in range(x.ndim) if d not in dims]
+        terms = x.detach().permute([*kept, *dims]).reshape(*(x.shape[d] for d in kept), -1)
+        count = terms.shape[-1]
+        if count == 0:
+            raise ValueError(f"accumulate='per_op' cannot compute {func} of no elements")
+        total = arith.sum(terms, target, self.mode, dim=-1, **self._arith_options(count))
+        if func.overloadpacket is aten.mean:
+            divisor = torch.full_like(total, float(count))
+            total = arith.div(total, divisor, target, self.mode, **self._arith_options(1))
+        if keepdim:
+            shape = [1 if d in dims else size for d, size in enumerate(x.shape)]
+            total = total.reshape(shape)
+        return total
+
+    def _per_op_product(
+        self,
+        func: torch._ops.OpOverload,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        target: Format,
+    ) -> Tensor:
+        """mm, bmm, mv, dot, addmm: `arith.matmul` (`arith.dot` for dot), products rounded
+        to the format and summed in recursive order, offsets k (the products) and
+        k + 1 .. k + K (the K steps of the sum); addmm adds its ``input`` with `arith.add`
+        at offset k + K + 1 (beta = alpha = 1 only)."""
+        if func is aten.addmm.default:
+            bias, a, b = args[0], args[1], args[2]
+            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+            if beta != 1 or alpha != 1:
+                raise ValueError(
+                    f"accumulate='per_op' computes {func} with beta = alpha = 1 only; got "
+                    f"beta={beta!r}, alpha={alpha!r}"
+                )
+        else:
+            bias, a, b = None, args[0], args[1]
+        a, b = a.detach(), b.detach()
+        count = a.shape[-1]
+        if func is aten.dot.default:
+            return arith.dot(a, b, target, self.mode, **self._arith_options(count + 1))
+        if func is aten.mv.default:
+            column = arith.matmul(
+                a, b.unsqueeze(-1), target, self.mode, **self._arith_options(count + 1)
+            )
+            return column.squeeze(-1)
+        out = arith.matmul(a, b, target, self.mode, **self._arith_options(count + 1))
+        if bias is not None:
+            out = arith.add(bias.detach(), out, target, self.mode, **self._arith_options(1))
+        return out
 
     def _cast_format(self, dtype: torch.dtype) -> Format | None:
         """The format a conversion into ``dtype`` rounds to (None: none)."""
@@ -468,6 +630,7 @@ def emulate(
     hardware: str | HardwarePreset | None = None,
     round_inputs: bool = False,
     compute: str = "native",
+    accumulate: str = "once",
 ) -> Emulation:
     """A dispatch mode under which unmodified PyTorch code computes in ``fmt`` with ``mode``:
     ``with emulate("bfloat16", "sr", seed=0): y = model(x)``.
@@ -505,6 +668,23 @@ def emulate(
     (``normal_``, ``dropout``) compute natively in both.  Under ``"float64"`` a functional
     op runs natively too, for its outputs' dtypes and layout: twice the work.
 
+    ``accumulate``: ``"once"``: a matmul or reduction is an op like the others, its result
+    rounded once.  ``"per_op"``: the ops of `PER_OP_OPS` (mm, bmm, mv, dot, addmm with
+    beta = alpha = 1, sum, mean; ``matmul`` and ``linear`` reach the dispatcher as these)
+    are computed by `stochround.arith` as a machine with that arithmetic computes them:
+    each product rounded to the format (`arith.matmul`, `arith.dot`), the K products summed
+    in recursive order, every addition rounded (`arith.sum`), with the emulation's seed and
+    offsets from its counter k: a matmul of inner size K takes k (products) and
+    k + 1 .. k + K (the additions), addmm's bias addition k + K + 1; a sum of n terms
+    (the reduced dims moved last and flattened row-major) takes k .. k + n - 1, and mean's
+    division by n the next offset, k + n.  The counter advances past every offset used.
+    Memory: M N K doubles per matmul (`arith.matmul`), for small problems.  Such ops
+    ignore ``compute`` (arith computes exactly); the elementwise ops round once as under
+    "once" (one op, one rounding).  Ops that accumulate and that it cannot compute
+    (``baddbmm``, ``addmv``, convolutions, ``cumsum``, ``prod``, ``var``, ``softmax``,
+    ``layer_norm``, the ``out=`` overloads of the ops above, ...) raise ValueError naming
+    the op: nothing falls back to "once".  It takes no ``hardware``.
+
     Conversions into a dtype with a format (``x.to(dtype)``, ``dst.copy_(src)`` from a
     floating source; with one ``fmt``, also into the 8-bit float dtypes that hold it,
     `FLOAT8_DTYPES`) round the source once to that format with the mode and then convert,
@@ -536,4 +716,5 @@ def emulate(
         hardware=hardware,
         round_inputs=round_inputs,
         compute=compute,
+        accumulate=accumulate,
     )
