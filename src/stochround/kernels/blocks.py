@@ -53,6 +53,7 @@ from .availability import INTERPRETED
 from .common import (
     NAN16_BITS,
     as_int64,
+    block_tile_words,
     encode_bits,
     format_constants,
     fp32_bits_of,
@@ -64,7 +65,6 @@ from .common import (
     sign_bit,
 )
 from .grid import cdiv, next_power_of_2
-from .philox import four_words, random_word
 from .runtime import bound_launch, current_device
 
 # the scale rules the kernel computes (`stochround.blocks.formats.SCALE_RULES`)
@@ -366,22 +366,6 @@ def _rotation_rounded(value, NAN16: tl.constexpr, X_DTYPE: tl.constexpr, RHT_BF1
     return value
 
 
-@triton.jit
-def _words(seed, offset, index, lane, ALIGNED: tl.constexpr):
-    """The uint32 stream word of each element of a [TILE, GROUPS, 4] tile (``index``: the
-    global indices); ALIGNED: the four lanes of each group are one Philox block, computed
-    once (its number, index >> 2, taken as a max over the lanes, a reduction within each
-    thread: the words then come in the tile's own layout, with no conversion)."""
-    if ALIGNED:
-        group = tl.max(index, axis=2) >> 2
-        word0, word1, word2, word3 = four_words(seed, offset, group)
-        word = tl.where(lane == 0, word0[:, :, None], word1[:, :, None])
-        word = tl.where(lane == 2, word2[:, :, None], word)
-        return tl.where(lane == 3, word3[:, :, None], word)
-    else:
-        return random_word(seed, offset, index)
-
-
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
 def _quantize_blocks_kernel(
     x_ptr,
@@ -510,7 +494,7 @@ def _quantize_blocks_kernel(
         # the indices made to depend on x's bits (magnitude >> 31 is 0), so that they,
         # the group numbers reduced from them and the words take the layout of x's load
         index = position + index_offset + (magnitude >> 31)
-        word = _words(seed, offset, index, lane, ALIGNED)
+        word = block_tile_words(seed, offset, index, lane, ALIGNED)
         r = (word >> (32 - NBITS)).to(tl.int64)
     else:
         r = bits.to(tl.int64) * 0

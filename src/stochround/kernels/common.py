@@ -31,7 +31,7 @@ from ..formats import Format
 from ..reference import overflow_value
 from ..torch_path import nan_code
 from .availability import kernel_supports
-from .philox import four_words
+from .philox import four_words, random_word
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -51,6 +51,23 @@ def tile_words(seed, offset, group, lane):
     word = tl.where(lane == 0, word0[:, None], word1[:, None])
     word = tl.where(lane == 2, word2[:, None], word)
     return tl.where(lane == 3, word3[:, None], word)
+
+
+@triton.jit
+def block_tile_words(seed, offset, index, lane, ALIGNED: tl.constexpr):
+    """The uint32 stream word of each element of a [TILE, GROUPS, 4] tile of blocks
+    (``index``: the global indices; the block kernels' tile); ALIGNED: the four lanes of
+    each group are one Philox block, computed once (its number, index >> 2, taken as a max
+    over the lanes, a reduction within each thread: the words then come in the tile's own
+    layout, with no conversion)."""
+    if ALIGNED:
+        group = tl.max(index, axis=2) >> 2
+        word0, word1, word2, word3 = four_words(seed, offset, group)
+        word = tl.where(lane == 0, word0[:, :, None], word1[:, :, None])
+        word = tl.where(lane == 2, word2[:, :, None], word)
+        return tl.where(lane == 3, word3[:, :, None], word)
+    else:
+        return random_word(seed, offset, index)
 
 
 @triton.jit
@@ -325,6 +342,7 @@ __all__ = [
     "NAN16_BITS",
     "as_int64",
     "bf16_sr",
+    "block_tile_words",
     "deterministic_away",
     "encode_bits",
     "format_constants",

@@ -64,12 +64,12 @@ from .common import (
     INPUT_DTYPES,
     NAN16_BITS,
     as_int64,
+    block_tile_words,
     fp32_bits_of,
     narrow_to_16_bits,
     seed_and_offset,
 )
 from .grid import cdiv, next_power_of_2
-from .philox import four_words, random_word
 from .runtime import Launch, bound_launch, current_device
 
 # elements a program handles (a power of two; a program takes at least one whole block):
@@ -106,22 +106,6 @@ def _power_of_two(exponent):
     subnormal = tl.where(exponent >= -149, 1 << shift, 0)
     bits = tl.where(exponent >= -126, normal, subnormal)
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _words(seed, offset, index, lane, ALIGNED: tl.constexpr):
-    """The uint32 stream word of each element of a [TILE, GROUPS, 4] tile (``index``: the
-    global indices); ALIGNED: the four lanes of each group are one Philox block, computed
-    once (its number, index >> 2, taken as a max over the lanes, a reduction within each
-    thread: the words then come in the tile's own layout, with no conversion)."""
-    if ALIGNED:
-        group = tl.max(index, axis=2) >> 2
-        word0, word1, word2, word3 = four_words(seed, offset, group)
-        word = tl.where(lane == 0, word0[:, :, None], word1[:, :, None])
-        word = tl.where(lane == 2, word2[:, :, None], word)
-        return tl.where(lane == 3, word3[:, :, None], word)
-    else:
-        return random_word(seed, offset, index)
 
 
 @triton.jit
@@ -200,7 +184,7 @@ def _gaussws_kernel(
     # the indices made to depend on w's bits (magnitude >> 31 is 0), so that they, the
     # group numbers reduced from them and the words take the layout of w's load
     index = position + index_offset + (magnitude >> 31)
-    word = _words(seed, offset, index, lane, ALIGNED)
+    word = block_tile_words(seed, offset, index, lane, ALIGNED)
     noise = _rounded_gaussian(word, NBITS, T1, T2, T3, T4, T5, T6)
 
     sampled = bits.to(tl.float32, bitcast=True) + noise.to(tl.float32) * spacing
