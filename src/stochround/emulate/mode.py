@@ -511,11 +511,15 @@ class Emulation(TorchDispatchMode):
         return self.cast_formats.get(dtype) if target is None else target
 
     def _output_rounded(self, out: Tensor) -> Tensor:
-        """A fresh output rounded in place (its strides and identity kept), if its dtype has
-        a format."""
-        if out.dtype in self.formats:
-            out.copy_(self._next_rounding(out, self.formats[out.dtype]))
-        return out
+        """A fresh output rounded, if its dtype has a format: the rounding's own result where
+        its strides are the output's (one pass: a dense output, the common case), else
+        copied into the output (its strides kept: a transposed ``mm`` result, ...)."""
+        if out.dtype not in self.formats:
+            return out
+        rounded = self._next_rounding(out, self.formats[out.dtype])
+        if rounded.stride() == out.stride():
+            return rounded
+        return out.copy_(rounded)
 
     def _mutated(
         self, kind: _OpKind, args: tuple[Any, ...], kwargs: dict[str, Any]

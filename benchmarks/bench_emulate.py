@@ -1,0 +1,181 @@
+"""The overhead of `stochround.emulate`: a small MLP's training step run unmodified under
+``emulate("bfloat16", "sr")`` against the same step run plain, and against the same model
+written with explicit quantizers (issue 33's performance report).
+
+Model: an MLP of ``--layers`` fp32 Linear layers of width ``--width`` with ReLU between them,
+on a batch of ``--batch`` random inputs and class targets (seed 0); one step is the forward,
+the mean cross-entropy, its backward and a `torch.optim.SGD` step (lr 0.01, foreach off:
+one op a parameter, as a user's loop computes it). Rows (case ``mlp_step``):
+
+- ``fp32``: the step as it is (the reference row).
+- ``emulate_rne``, ``emulate_sr``: the step inside ``with emulate("bfloat16", mode,
+  seed=0)``: every floating op's fp32 result rounded to bf16 values (forward, backward and
+  the optimizer's update alike), one rounding kernel a result.
+- ``explicit_sr``: the model written for it, as mptorch's quantized layers are: each
+  Linear's input, weight and output rounded to bf16 by SR in the forward and the
+  gradients of its input and output in the backward (`stochround.round`, one call each),
+  and the parameters rounded by SR after the optimizer's step. Fewer roundings than
+  ``emulate_sr`` (the elementwise ops, the loss and the update's intermediates are not
+  rounded), and code the user must change.
+
+Each emulated row reports its roundings a step (``roundings``: `Emulation.calls`) and the
+overhead a rounding: (step - fp32 step) / roundings. Checks before timing: the loss is
+finite and within 5% of the fp32 loss (bf16 rounding moves it by far less).
+
+    python benchmarks/bench_emulate.py                   # GPU
+    python benchmarks/bench_emulate.py --device cpu --width 256 --batch 64
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable
+from functools import partial
+
+# harness before stochround: without a GPU it selects Triton's interpreter
+import harness  # noqa: F401
+import torch
+import torch.nn.functional as F
+from harness import Benchmark, CheckFailed, Run
+
+import stochround as sr
+
+CASE = "mlp_step"
+CLASSES = 10
+LOSS_BOUND = 0.05  # relative distance of a rounded step's loss from the fp32 step's
+SEED = 0
+
+
+class Rounded(torch.autograd.Function):
+    """x rounded to bf16 by SR in the forward and its gradient in the backward, each with
+    the next offset of a shared counter (mptorch's quantizer, written with stochround)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, counter: itertools.count) -> torch.Tensor:  # type: ignore[override]
+        ctx.counter = counter
+        return sr.round(x, "bfloat16", "sr", seed=SEED, offset=next(counter))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return sr.round(grad, "bfloat16", "sr", seed=SEED, offset=next(ctx.counter)), None
+
+
+class QuantizedLinear(torch.nn.Linear):
+    """A Linear whose input, weight and output are rounded (`Rounded`)."""
+
+    def __init__(self, linear: torch.nn.Linear, counter: itertools.count) -> None:
+        super().__init__(linear.in_features, linear.out_features, device=linear.weight.device)
+        self.load_state_dict(linear.state_dict())
+        self.counter = counter
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        quantized = partial(Rounded.apply, counter=self.counter)
+        return quantized(F.linear(quantized(x), quantized(self.weight), self.bias))
+
+
+def build_model(width: int, layers: int, device: torch.device) -> torch.nn.Sequential:
+    """The MLP in fp32, its weights drawn from a seeded generator (the same for every row)."""
+    torch.manual_seed(SEED)
+    blocks: list[torch.nn.Module] = []
+    for index in range(layers):
+        blocks.append(torch.nn.Linear(width, CLASSES if index == layers - 1 else width))
+        if index < layers - 1:
+            blocks.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*blocks).to(device)
+
+
+def training_step(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+) -> Callable[[], torch.Tensor]:
+    """Gradients set to None, the loss, its backward and an SGD step; returns the loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
+
+    def call() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    return call
+
+
+def row(
+    shape: tuple[int, int, int],
+    device: torch.device,
+    kind: str,
+    reference: list[float],
+) -> Run:
+    """A row: ``kind`` fp32, emulate_rne, emulate_sr or explicit_sr (module docstring); the
+    fp32 row records its loss and step time in ``reference`` for the others."""
+    width, layers, batch = shape
+    generator = torch.Generator(device=device).manual_seed(SEED)
+    inputs = torch.randn(batch, width, generator=generator, device=device)
+    targets = torch.randint(0, CLASSES, (batch,), generator=generator, device=device)
+    model = build_model(width, layers, device)
+    extra: dict[str, object] = {}
+    if kind == "explicit_sr":
+        counter = itertools.count()
+        for index, layer in enumerate(model):
+            if isinstance(layer, torch.nn.Linear):
+                model[index] = QuantizedLinear(layer, counter)
+        step = training_step(model, inputs, targets)
+
+        def call() -> torch.Tensor:
+            loss = step()
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.copy_(
+                        sr.round(parameter, "bfloat16", "sr", seed=SEED, offset=next(counter))
+                    )
+            return loss
+
+    elif kind.startswith("emulate_"):
+        step = training_step(model, inputs, targets)
+        emulation = sr.emulate("bfloat16", kind.removeprefix("emulate_"), seed=SEED)
+
+        def call() -> torch.Tensor:
+            with emulation:
+                return step()
+
+        before = emulation.calls
+        call()
+        extra["roundings"] = emulation.calls - before
+    else:
+        call = training_step(model, inputs, targets)
+
+    def check(loss: object) -> str:
+        value = float(loss)  # type: ignore[arg-type]
+        if not value == value or value in (float("inf"), float("-inf")):
+            raise CheckFailed(f"loss {value}")
+        if kind == "fp32":
+            reference.append(value)
+        elif reference and abs(value / reference[0] - 1) > LOSS_BOUND:
+            raise CheckFailed(f"loss {value:.4f} against fp32's {reference[0]:.4f}")
+        roundings = extra.get("roundings")
+        counted = f"; {roundings} roundings a step" if roundings else ""
+        return f"ok loss {value:.4f}{counted}"
+
+    return Run(call, check, batch, notes="eager", extra=extra)
+
+
+def main() -> int:
+    bench = Benchmark("bench_emulate", __doc__, timer="host", reference=f"{CASE}/fp32")
+    bench.parser.set_defaults(calls=50)
+    add = bench.parser.add_argument
+    add("--width", type=int, default=1024, help="hidden width (1024)")
+    add("--layers", type=int, default=4, help="Linear layers (4)")
+    add("--batch", type=int, default=256, help="inputs a step (256)")
+    args = bench.parse_args()
+    shape = (args.width, args.layers, args.batch)
+    reference: list[float] = []
+    build = partial(row, shape, bench.device)
+    bench.add(CASE, "fp32", partial(build, "fp32", reference), reference=True)
+    for kind in ("emulate_rne", "emulate_sr", "explicit_sr"):
+        bench.add(CASE, kind, partial(build, kind, reference), ours=True)
+    return bench.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
