@@ -70,7 +70,9 @@ class QuantizedLinear(torch.nn.Linear):
         self.counter = counter
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        quantized = partial(Rounded.apply, counter=self.counter)
+        def quantized(t: torch.Tensor) -> torch.Tensor:
+            return Rounded.apply(t, self.counter)
+
         return quantized(F.linear(quantized(x), quantized(self.weight), self.bias))
 
 

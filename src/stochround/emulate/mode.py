@@ -26,7 +26,7 @@ the accumulating ops it cannot compute raise ValueError naming the op (`emulate`
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -237,6 +237,30 @@ def check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
     return check_choice("ops", ops, OPS)
 
 
+def _tensors(values: Iterable[object]) -> Iterator[Tensor]:
+    """The tensors among an ATen op's arguments or outputs: its schema admits tensors,
+    lists and tuples of them (optional ones: None) and scalars, never a dict, so a walk of
+    the lists and tuples finds them all (a general pytree walk costs every op's dispatch
+    more than the op itself)."""
+    for value in values:
+        if isinstance(value, Tensor):
+            yield value
+        elif isinstance(value, list | tuple):
+            yield from _tensors(value)
+
+
+def _each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
+    """``function`` applied to each tensor of an op's output: a tensor, or a tuple or list
+    of tensors and other values (the shapes an ATen op returns)."""
+    if isinstance(out, Tensor):
+        return function(out)
+    if isinstance(out, list):
+        return [_each_output(function, value) for value in out]
+    if isinstance(out, tuple):
+        return tuple(_each_output(function, value) for value in out)
+    return out
+
+
 def _unsupported(value: object) -> None:
     """TypeError for a complex or sparse (any non-strided) tensor: SR of their values is
     not defined here (complex) or would lose their structure (sparse)."""
@@ -348,7 +372,8 @@ class Emulation(TorchDispatchMode):
         kwargs = kwargs or {}
         if getattr(_handling, "active", False):  # an inner emulation's op or rounding
             return func(*args, **kwargs)
-        pytree.tree_map_only(Tensor, _unsupported, (args, kwargs))
+        for tensor in _tensors((args, kwargs.values())):
+            _unsupported(tensor)
         kind = _kind(func)
         if kind.aliases_only or not self._selected(func):
             return func(*args, **kwargs)
@@ -381,8 +406,9 @@ class Emulation(TorchDispatchMode):
                 if tensor.dtype in self.formats:
                     tensor.copy_(self._next_rounding(tensor, self.formats[tensor.dtype]))
             if not kind.mutated_positions:
-                out = pytree.tree_map_only(Tensor, self._output_rounded, out)
-        pytree.tree_map_only(Tensor, _unsupported, out)
+                out = _each_output(self._output_rounded, out)
+        for tensor in _tensors((out,)):
+            _unsupported(tensor)
         if self.observer is not None and self.calls > before:
             self.observer(func, out)
         return out
