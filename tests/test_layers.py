@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "stochround"
 # modules of its own layer and of the layers before it.  A name stands for a module and,
 # for a package, every module inside it.
 LAYERS: list[tuple[str, ...]] = [
-    ("formats", "version"),
+    ("formats", "version", "shards"),
     ("reference", "outcomes"),
     ("presets",),
     ("random",),

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import numbers
 import typing
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,6 +32,7 @@ from .kernels.availability import kernels_refusal
 from .packing import PACK_GROUPS, PACKINGS
 from .presets import HardwarePreset, preset
 from .reference import MODES, SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
+from .shards import first_index, is_dtensor, local_block
 from .torch_path import (
     FLOAT_DTYPES,
     OUTPUTS,
@@ -94,7 +94,7 @@ def _check_rand(x: Tensor, rand: object, n: int) -> Tensor:
     shards are gathered: a DTensor input takes the part of its shard).  Under
     `torch.compile` its values are checked by the custom op when it runs (a check here
     would read them back while tracing)."""
-    if _is_dtensor(rand):
+    if is_dtensor(rand):
         rand = rand.full_tensor()
     if not isinstance(rand, Tensor):
         raise TypeError(
@@ -342,7 +342,7 @@ def _through_op(x: Tensor) -> bool:
     return (
         torch.compiler.is_compiling()
         or (x.requires_grad and torch.is_grad_enabled())
-        or _is_dtensor(x)
+        or is_dtensor(x)
     )
 
 
@@ -513,7 +513,7 @@ def _round_to(
     `torch.compile` traces a changing int (a step counter as the offset) included, pass
     through as they are (seeds and offsets as the signed 64-bit integers of their bits,
     `stochround.random.as_signed64`: an op's int is int64)."""
-    if _is_dtensor(x):
+    if is_dtensor(x):
         return _round_dtensor(
             x, request, output, lambda local, req: _round_to(local, req, backend, output, out_dtype)
         )
@@ -650,10 +650,6 @@ def _dispatch(
     return round_tensor(x, request, output, out_dtype)
 
 
-def _is_dtensor(x: object) -> TypeGuard[DTensor]:
-    return type(x).__name__ == "DTensor"
-
-
 def _round_dtensor(
     x: DTensor, request: Request, output: str, round_local: Callable[[Tensor, Request], Tensor]
 ) -> Tensor:
@@ -670,17 +666,11 @@ def _round_dtensor(
     every shard holds whole groups of codes and the packed shards are the chunks of the
     packed result.  A checked call (``nan="raise"``) raises on the ranks whose shard holds
     a NaN result."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    for placement in x.placements:
-        # exactly Shard: its subclass _StridedShard holds no block of the global tensor
-        if not (isinstance(placement, Replicate) or type(placement) is Shard):
-            raise ValueError(
-                f"DTensor placements must be Replicate or Shard(dim) for SR; got {x.placements}"
-            )
     mesh, placements = x.device_mesh, x.placements
-    local_shape, global_offset = compute_local_shape_and_global_offset(x.shape, mesh, placements)
+    local_shape, global_offset = local_block(x)
     # the global result: x's shape (packed codes: shorter rows), contiguous
     shape = torch.Size(output_shape(x.shape, output))
     expected = compute_local_shape_and_global_offset(shape, mesh, placements)[0]
@@ -708,13 +698,12 @@ def _shard_request(
 ) -> Request:
     """The request of a shard (local shape and global offset of its block of ``x``) that
     rounds its elements as the whole tensor's request rounds them (`_round_dtensor`)."""
-    if tuple(local_shape[1:]) == tuple(x.shape[1:]):  # whole rows: a range of indices
-        first_row = global_offset[0] if x.dim() else 0
+    start = first_index(x)
+    if start is not None:  # whole rows: a range of indices
         rand = request.rand  # x's shape (checked): the shard's rows
         if rand is not None and x.dim():
-            rand = rand[first_row : first_row + local_shape[0]]
-        start = request.index_offset + first_row * math.prod(x.shape[1:])
-        return request._replace(index_offset=start, rand=rand)
+            rand = rand[global_offset[0] : global_offset[0] + local_shape[0]]
+        return request._replace(index_offset=request.index_offset + start, rand=rand)
     block = tuple(
         slice(first, first + size) for first, size in zip(global_offset, local_shape, strict=True)
     )
@@ -754,7 +743,7 @@ def round_float64(
     """The PyTorch path's rounded values as float64, which holds every format exactly
     (DTensors shard by shard, as `round`)."""
     request = check_request(x, fmt, mode, rbits, variant, sat, seed, offset, rand, index_offset)
-    if _is_dtensor(x):
+    if is_dtensor(x):
         return _round_dtensor(
             x, request, "value", lambda local, req: round_tensor(local, req, "value", torch.float64)
         )

@@ -50,7 +50,8 @@ ALGORITHMS = ("adamw", "sgd", "lion")
 ROWS = 1024 if INTERPRETED else 64
 WARPS = 2
 BLOCKS = 2 if INTERPRETED else 4
-COLUMNS = tl.constexpr(7)  # table row: 4 tensor offsets, numel, index, step offset
+# table row: 4 tensor offsets, numel, index, step offset, the shard's first Philox block
+COLUMNS = tl.constexpr(8)
 SCALARS = tl.constexpr(8)  # float32 scalars per parameter
 
 _FP16 = {
@@ -218,8 +219,10 @@ def _step_kernel(
     The table's row t: element offsets of the parameter, gradient and two states from
     ``param_base``, ``grad_base`` and ``state_base`` (multiples of 16 bytes, which
     `fused_step` checks: a thread then loads a row of four elements as one vector and
-    draws its Philox block once), the element count, the global parameter index and the
-    offset of its step count from ``step_base``.
+    draws its Philox block once), the element count, the global parameter index, the
+    offset of its step count from ``step_base`` and the Philox block of the tensor's first
+    element: its global index over 4 (a rank's shard of a sharded parameter starts at a
+    multiple of 4 elements into the whole; a whole parameter, at 0).
 
     Scalars (float32, row t of ``scalars``, written by `_scalars_kernel`), by ALGORITHM:
     AdamW and Adam (decay, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2^t), eps, lr / (1 - b1^t), L2
@@ -238,6 +241,7 @@ def _step_kernel(
     second_base = state_base + tl.multiple_of(tl.load(row_ptr + 3), 4)
     bases = (param_base, grad_base, first_base, second_base)
     base, scalars = _parameter_scalars(step_base, row_ptr, scalars_ptr, tensor, DEPENDENT)
+    first_group = tl.load(row_ptr + 7)
     if (first_block + BLOCKS) * (ROWS * 4) <= numel:
         # every block full: load the next block while this one is updated (two blocks in
         # flight a thread; the last prefetch is masked off as a whole)
@@ -248,8 +252,9 @@ def _step_kernel(
             block = first_block + i
             following = _load_block(bases, (block + 1) * (ROWS * 4), i + 1 < BLOCKS, ALGORITHM,
                                     MOMENTUM, FIRST_STEP, ROWS)  # fmt: skip
-            _update_block(bases, scalars, loaded, block * (ROWS * 4), None, seed, base, block,
-                          ALGORITHM, SR, MAXIMIZE, DECAY, MOMENTUM, FIRST_STEP, ROWS)  # fmt: skip
+            _update_block(bases, scalars, loaded, block * (ROWS * 4), None, seed, base,
+                          first_group + block * ROWS, ALGORITHM, SR, MAXIMIZE, DECAY, MOMENTUM,
+                          FIRST_STEP, ROWS)  # fmt: skip
             loaded = following
     else:
         for i in range(BLOCKS):
@@ -258,8 +263,9 @@ def _step_kernel(
             if start < numel:
                 mask = _block_position(start, ROWS) < numel
                 loaded = _load_block(bases, start, mask, ALGORITHM, MOMENTUM, FIRST_STEP, ROWS)
-                _update_block(bases, scalars, loaded, start, mask, seed, base, block, ALGORITHM,
-                              SR, MAXIMIZE, DECAY, MOMENTUM, FIRST_STEP, ROWS)  # fmt: skip
+                _update_block(bases, scalars, loaded, start, mask, seed, base,
+                              first_group + block * ROWS, ALGORITHM, SR, MAXIMIZE, DECAY,
+                              MOMENTUM, FIRST_STEP, ROWS)  # fmt: skip
 
 
 @triton.jit
@@ -323,7 +329,7 @@ def _update_block(
     mask,
     seed,
     base,
-    block,
+    first_row_group,
     ALGORITHM: tl.constexpr,
     SR: tl.constexpr,
     MAXIMIZE: tl.constexpr,
@@ -334,11 +340,12 @@ def _update_block(
 ):
     """Update the ``ROWS x 4`` elements from ``start`` of one parameter from what
     `_load_block` read of them (``bases``: its parameter, gradient and state pointers;
-    ``mask`` None for a full block)."""
+    ``mask`` None for a full block; ``first_row_group``: the Philox block of its first row
+    of four, in the whole parameter)."""
     scalar0, scalar1, scalar2, scalar3, scalar4, scalar5, scalar6, scalar7 = scalars
     lane = tl.arange(0, 4)[None, :]
     position = _block_position(start, ROWS)
-    group = block * ROWS + tl.arange(0, ROWS)  # Philox block of each row
+    group = first_row_group + tl.arange(0, ROWS)  # Philox block of each row
     param_ptr = bases[0] + position
     first_ptr = bases[2] + position
     grad, value, first, second = loaded
@@ -407,12 +414,14 @@ def _tensor_table(
     sizes: tuple[int, ...],
     numels: tuple[int, ...],
     indices: tuple[int, ...],
+    first_groups: tuple[int, ...],
     device: torch.device,
 ) -> tuple[Tensor, Tensor]:
     """int64 rows (`_step_kernel`'s table) from the columns' data pointers: parameter,
     gradient, the two states (both counted from the first state) and the step count, in
     elements of ``sizes`` from each column's first tensor (`MisalignedError` unless the
-    first four columns' pointers are multiples of 16 bytes); and the float32 rows of
+    first four columns' pointers are multiples of 16 bytes), with each tensor's element
+    count, global parameter index and first Philox block (``first_groups``); and the float32 rows of
     scalars that `_scalars_kernel` writes for them and `_step_kernel` reads.  Cached by
     the pointers, so a step over the same tensors copies nothing to the device and
     allocates nothing (CUDA graphs can capture it); the scalars can be shared by every
@@ -429,7 +438,7 @@ def _tensor_table(
         [(address - base) // size for address in column]
         for column, base, size in zip(addresses, bases, sizes, strict=True)
     ]
-    rows = [*offsets[:4], list(numels), list(indices), offsets[4]]
+    rows = [*offsets[:4], list(numels), list(indices), offsets[4], list(first_groups)]
     table = torch.tensor(rows, dtype=torch.int64).T.contiguous().to(device)
     scalars = torch.empty((len(numels), SCALARS), dtype=torch.float32, device=device)
     return table, scalars
@@ -458,6 +467,7 @@ def fused_step(
     decay: bool = False,
     momentum: str = "none",
     first_step: bool = False,
+    first_indices: list[int] | None = None,
 ) -> None:
     """Advance the int64 step counts ``steps`` and update ``params`` and their ``states``
     (one list per state slot, each as long as ``params``) in place: two launches, the
@@ -468,9 +478,22 @@ def fused_step(
     b2, wd);
     ``lr`` a float or a one-element tensor (a float is a constant to a compiled graph);
     ``decay``: Adam's L2 or SGD's weight decay applied to the gradient; ``momentum`` (SGD):
-    "none", "momentum" or "nesterov", ``first_step`` its buffer's first step."""
+    "none", "momentum" or "nesterov", ``first_step`` its buffer's first step;
+    ``first_indices``: where each tensor starts in the parameter it is a shard of (the
+    global row-major index of its first element, a multiple of 4: `stochround.shards.
+    first_index`), its elements drawing the words of their global indices; None: every
+    tensor is a whole parameter (0)."""
     if not params:
         return
+    if first_indices is None:
+        first_groups = [0] * len(params)
+    else:
+        if any(start % 4 for start in first_indices):
+            raise ValueError(
+                f"first_indices must be multiples of 4 (a Philox block of four words); got "
+                f"{first_indices}"
+            )
+        first_groups = [start // 4 for start in first_indices]
     device = params[0].device
     lr_tensor, lr_value = None, 0.0
     if isinstance(lr, Tensor):
@@ -502,6 +525,7 @@ def fused_step(
         decay,
         momentum,
         first_step,
+        first_groups,
     )
 
 
@@ -521,9 +545,10 @@ def _fused_step_impl(
     decay: bool,
     momentum: str,
     first_step: bool,
+    first_groups: list[int],
 ) -> None:
-    """`fused_step` with the states flattened slot by slot and the lr a 0-d tensor or, with
-    none, ``lr_value``."""
+    """`fused_step` with the states flattened slot by slot, the lr a 0-d tensor or, with
+    none, ``lr_value``, and each tensor's first Philox block (``first_groups``)."""
     count = len(params)
     slots = [states[i : i + count] for i in range(0, len(states), count)]
     state_lists = slots + [params] * (2 - len(slots))  # SGD without momentum: unused
@@ -536,6 +561,7 @@ def _fused_step_impl(
         tuple(column[0].element_size() for column in columns),
         numels,
         tuple(indices),
+        tuple(first_groups),
         device,
     )
     blocks = _block_table(numels, ROWS, BLOCKS, device)
@@ -623,7 +649,7 @@ _fused_step_op = torch.library.custom_op(
 
 @_fused_step_op.register_fake
 def _(params, grads, states, steps, lr_tensor, lr_value, algorithm, indices, constants, seed,
-      sr, maximize, decay, momentum, first_step) -> None:  # fmt: skip
+      sr, maximize, decay, momentum, first_step, first_groups) -> None:  # fmt: skip
     return None
 
 

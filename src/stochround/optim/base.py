@@ -14,6 +14,19 @@ added. The step lives in the optimizer state (``state[p]["step"]``, a 0-d int64 
 the parameter's device) and the seed in the parameter group, so a run restored from
 ``state_dict`` continues bit for bit.
 
+Sharded parameters (torch.distributed: FSDP2's ``fully_shard``, DTensor placements). The
+element indices are those of the whole parameter, in row-major order: a rank updates its
+shard with the words of its elements' global indices, so a sharded run rounds every
+element as the single-device run does, whatever the number of ranks, and its states
+(DTensors like their parameters) save and resume through torch.distributed.checkpoint
+onto any number of ranks. The fused kernel updates each rank's local shards in place (no
+gather) when a shard is one range of the parameter's elements (placements Replicate or
+Shard(0): whole rows) starting at a multiple of 4 elements (`shard_refusal`); the
+PyTorch path updates any other shard (Shard of another dimension: each element's words
+computed at its global index) — with ``backend="triton"`` such a shard raises ValueError
+instead. Replicated parameters (DDP) round identically on every rank from the agreed
+seed (below).
+
 Parameter storage (``rounding`` and ``master_weights``). The update is always computed in
 float32 from the parameter's float32 value ``x``; how ``x`` is kept between steps:
 
@@ -79,6 +92,7 @@ from ..kernels.availability import INTERPRETED, kernels_refusal
 from ..random import check_seed
 from ..reference import check_choice
 from ..rounding import cast
+from ..shards import first_index, is_dtensor
 
 BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
@@ -295,6 +309,37 @@ def grad_of(param: Tensor) -> Tensor:
     return grad
 
 
+def local_tensor(tensor: Tensor) -> Tensor:
+    """A DTensor's local tensor (this rank's shard, what the fused kernel updates), or the
+    tensor itself."""
+    return tensor.to_local() if is_dtensor(tensor) else tensor
+
+
+def holds_dtensors(tensors: list[Tensor]) -> bool:
+    """Whether any of ``tensors`` is a DTensor (their types looked at once each: a step
+    over plain parameters pays one pass at C speed)."""
+    return any(kind.__name__ == "DTensor" for kind in set(map(type, tensors)))
+
+
+def shard_refusal(param: Tensor) -> str | None:
+    """Why the fused kernel cannot update the local shard of DTensor ``param`` (None if it
+    can, and for a plain tensor): the kernel draws each row of four elements' words as one
+    Philox block, from the block of the shard's first element, so a shard must be one
+    range of the whole parameter's elements (`stochround.shards.first_index`: whole rows,
+    placements Replicate or Shard(0)) starting at a multiple of 4. The PyTorch path
+    updates any other shard on its DTensor, each element with the words of its global
+    index."""
+    start = first_index(param)
+    if start is None:
+        return (
+            f"its local shard (placements {getattr(param, 'placements', None)}) is not a "
+            "range of whole rows of the parameter"
+        )
+    if start % 4:
+        return f"its local shard starts at global element {start}, not a multiple of 4"
+    return None
+
+
 def setup_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
     """Why the fused kernel can never update ``param`` of ``group`` (None if it may): its
     device, a missing Triton, or an extra parameter state."""
@@ -309,10 +354,10 @@ def setup_refusal(param: Tensor, group: dict[str, Any]) -> str | None:
 def _triton_refusal(param: Tensor, group: dict[str, Any], compiling: bool) -> str | None:
     """Why the fused kernel cannot update ``param`` (None if it can); ``compiling``: whether
     torch.compile traces the step."""
-    refusal = setup_refusal(param, group)
+    refusal = setup_refusal(param, group) or shard_refusal(param)
     if refusal is not None:
         return refusal
-    grad = grad_of(param)
+    param, grad = local_tensor(param), local_tensor(grad_of(param))
     if not (param.is_contiguous() and grad.is_contiguous()):
         return "the parameter and its gradient must be contiguous"
     # torch.compile cannot trace addresses: compiled, the launch checks them (and raises)
@@ -491,6 +536,13 @@ class SROptimizer(torch.optim.Optimizer):
                 return True
         if any(map(IS_SPARSE, grads)):  # group_step raises
             return False
+        keys = params  # the states are the parameters' (DTensors' for sharded ones)
+        first_indices = None
+        if holds_dtensors(params):  # the kernel updates each rank's shards
+            if any(map(shard_refusal, params)):
+                return False
+            first_indices = [first_index(param) or 0 for param in params]  # none is None
+            params, grads = list(map(local_tensor, params)), list(map(local_tensor, grads))
         # `fused` for each parameter: "auto" takes CUDA parameters, "triton" also those the
         # interpreter runs; the others, and an extra parameter state, go to group_step
         on_cuda = all(map(IS_CUDA, params))
@@ -507,7 +559,7 @@ class SROptimizer(torch.optim.Optimizer):
             return False
         if not (all(map(IS_CONTIGUOUS, params)) and all(map(IS_CONTIGUOUS, grads))):
             return False
-        states = list(map(self.state.__getitem__, params))
+        states = list(map(self.state.__getitem__, keys))
         options = self.group_kernel_options(group, states)
         if options is None:
             return False
@@ -517,6 +569,8 @@ class SROptimizer(torch.optim.Optimizer):
             state_lists = [list(map(itemgetter(name), states)) for name in names]
         except KeyError:
             return False
+        if first_indices is not None:
+            state_lists = [list(map(local_tensor, column)) for column in state_lists]
         from ..kernels.optim import MisalignedError, fused_step  # needs triton: imported here
 
         try:  # the alignment is checked there, once for these tensors (their table)
@@ -532,6 +586,7 @@ class SROptimizer(torch.optim.Optimizer):
                 seed=group["seed"],
                 sr=group["rounding"] == "sr",
                 maximize=group["maximize"],
+                first_indices=first_indices,
                 **options,
             )
         except MisalignedError:  # raised before anything changed: group_step decides
@@ -600,11 +655,12 @@ class SROptimizer(torch.optim.Optimizer):
         names = self.state_names[: self.state_count(group)]
         for (_, _, device, options), members in buckets.items():
             params = [param for _, param, _ in members]
+            sharded = holds_dtensors(params)
             fused_step(
                 self.algorithm,
-                params,
-                [grad_of(param) for param in params],
-                [[state[name] for _, _, state in members] for name in names],
+                list(map(local_tensor, params)),
+                [local_tensor(grad_of(param)) for param in params],
+                [[local_tensor(state[name]) for _, _, state in members] for name in names],
                 [state["step"] for _, _, state in members],
                 [index for index, _, _ in members],
                 self.launch_lr(group["lr"], device),
@@ -612,6 +668,7 @@ class SROptimizer(torch.optim.Optimizer):
                 seed=group["seed"],
                 sr=group["rounding"] == "sr",
                 maximize=group["maximize"],
+                first_indices=[first_index(param) or 0 for param in params] if sharded else None,
                 **dict(options),
             )
 
