@@ -20,14 +20,21 @@ One call:
 Stochastic rounding draws the core stream's word of each element's global row-major index
 in the original x (before the axis is moved): ``random_words(index, seed, offset)``, so
 results are the same on every device, eager or compiled, whole or sharded.
+
+A DTensor x whose shards are ranges of whole rows (placements `Replicate` or `Shard(0)`)
+is quantized shard by shard (`quantize_shards`): each rank rounds its local tensor from
+``index_offset = first_row * row_length`` with the per-tensor scale of the whole tensor
+(the global amax), so the sharded codes and scales equal the whole tensor's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import numbers
 import typing
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -40,6 +47,7 @@ from ..presets import preset
 from ..reference import MODES, VARIANTS, WORD_BITS, check_choice, check_rbits
 from ..rounding import check_index_offset, check_input, decode, encode
 from ..rounding import round as round_to
+from ..shards import is_dtensor, local_block
 from .formats import (
     OCP_INT8,
     POWER_OF_TWO_RULES,
@@ -50,7 +58,7 @@ from .formats import (
     check_block,
 )
 from .hadamard import HADAMARD_SIZES, hadamard, inverse_hadamard, random_signs
-from .layout import swizzle_scales, unswizzle_scales
+from .layout import SCALE_TILE, swizzle_scales, swizzled_shape, unswizzle_scales
 from .scales import (
     RESCALE,
     absmax_scales,
@@ -61,6 +69,9 @@ from .scales import (
     power_of_two_exponent,
     power_of_two_multiply,
 )
+
+if TYPE_CHECKING:  # for annotations only: importing distributed costs every plain call
+    from torch.distributed.tensor import DTensor
 
 BACKENDS = ("auto", "torch", "triton")
 ROUNDING_MODES = {"rn": "rne", "rs": "sr"}  # to_nvfp4's names (torchao RFC #3264)
@@ -108,7 +119,9 @@ class BlockTensor:
     ``format``: the `BlockFormat` (with the call's block and scale rule); ``axis``: the
     quantized axis of x (nonnegative; -1 is ``ndim - 1``); ``shape`` and ``dtype``: x's;
     ``rht`` and ``rht_signs``: the Hadamard rotation applied before quantizing, or None;
-    ``scale_shape``: the unswizzled scales' shape.
+    ``scale_shape``: the unswizzled scales' shape.  Quantized from a DTensor x, the codes
+    and scales are DTensors placed as x, ``shape`` and ``scale_shape`` the whole tensor's,
+    the tensor scale a plain tensor equal on every rank (`quantize`).
     """
 
     codes: Tensor
@@ -130,6 +143,8 @@ class BlockTensor:
         With a Hadamard rotation the values stay in the rotated basis (what a GEMM of two
         operands rotated alike consumes, as Transformer Engine and torchao keep them);
         ``unrotate=True`` applies the inverse rotation (in fp32) to give x's basis."""
+        if is_dtensor(self.codes):
+            return dequantize_shards(self, dtype, unrotate)
         values = dequantize_values(self)
         if self.rht is not None and unrotate:
             values = inverse_hadamard(values, self.rht, signs=self.rht_signs, axis=self.axis)
@@ -871,6 +886,286 @@ def check_call(
     )
 
 
+# --- DTensor inputs: each rank quantizes its shard of whole rows ------------------------------
+
+
+class ShardLayout(NamedTuple):
+    """Where this rank's shard of a DTensor x lies and where its outputs go in the whole
+    tensor's: ``first_index``, the global row-major index of the shard's first element
+    (``first_row * row_length``); the global shapes of the codes and of the scales
+    (swizzled where swizzled) and the shard's first row in each; ``scale_shape``, the
+    global unswizzled scales' shape."""
+
+    first_index: int
+    codes_shape: tuple[int, ...]
+    codes_first: int
+    scales_shape: tuple[int, ...]
+    scales_first: int
+    scale_shape: tuple[int, ...]
+
+
+def output_shapes(
+    shape: typing.Sequence[int], fmt: BlockFormat, axis: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The codes' and the (unswizzled) scales' shapes of the `BlockTensor` of x of ``shape``
+    quantized along ``axis``: the quantized layout (1-D blocks: the axis moved last), 4-bit
+    codes two a byte, one scale a block (a tile)."""
+    layout = list(shape)
+    block = fmt.block
+    if not isinstance(block, tuple):
+        layout.append(layout.pop(axis))
+    codes = [*layout[:-1], layout[-1] // 2 if fmt.element.bits == 4 else layout[-1]]
+    if isinstance(block, tuple):
+        scales = [*layout[:-2], layout[-2] // block[0], layout[-1] // block[1]]
+    else:
+        scales = [*layout[:-1], layout[-1] // (layout[-1] if block is None else block)]
+    return tuple(codes), tuple(scales)
+
+
+def every_shard_rows(x: DTensor) -> list[tuple[int, int]]:
+    """(first row, rows) along dimension 0 of the shard of every rank of x's mesh:
+    computed alike on every rank, so that a rule refusing one rank's shard refuses the call
+    on every rank (none is left waiting in the amax's all-reduce)."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    mesh = x.device_mesh
+    shards = []
+    for coordinate in itertools.product(*(range(size) for size in mesh.shape)):
+        shape, offset = _compute_local_shape_and_global_offset(
+            x.shape, mesh.shape, list(coordinate), x.placements
+        )
+        shards.append((offset[0], shape[0]))
+    return shards
+
+
+def check_placements(x: DTensor, fmt: BlockFormat, axis: int) -> bool:
+    """Whether some placement of x shards it; ValueError unless every placement is
+    `Replicate` or `Shard(0)` (a shard of whole rows) and, where x is sharded, the 1-D
+    blocks run along another axis than 0 (no shard cuts a block)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    sharded = False
+    for placement in x.placements:
+        if isinstance(placement, Replicate):
+            continue
+        # exactly Shard: its subclass _StridedShard holds no range of whole rows
+        if type(placement) is not Shard or placement.dim != 0:
+            raise ValueError(
+                "a DTensor x must be placed Replicate or Shard(0) (each shard a range of "
+                f"whole rows, the blocks along the last axis); got placements {x.placements}: "
+                f"{placement} is not supported"
+            )
+        sharded = True
+    if sharded and axis == 0 and not isinstance(fmt.block, tuple):
+        raise ValueError(
+            f"x sharded as {x.placements} cuts its axis 0, which the blocks run along: "
+            "quantize a Shard(0) x along another axis (the last: axis=-1)"
+        )
+    return sharded
+
+
+def shard_layout(x: DTensor, request: BlockRequest, swizzle: bool) -> ShardLayout:
+    """This rank's `ShardLayout`, the sharding rules checked for every rank's shard
+    (ValueError naming the rule and the shard's rows): placements `Replicate` or `Shard(0)`
+    (`check_placements`); 2-D tiles over x's two axes: every shard's first row and row
+    count multiples of the tile's rows; swizzled scales: every shard's scale rows start on
+    a 128-row scale tile and fill their tiles (the last shard's may end short), so that
+    the swizzled shards are the chunks of the whole tensor's swizzled scales."""
+    fmt, axis = request.fmt, request.axis
+    sharded = check_placements(x, fmt, axis)
+    shards = every_shard_rows(x) if sharded else []
+    block = fmt.block
+    # the rows of x per row of scales along dimension 0 (2-D tiles over x's two axes)
+    tile_rows = block[0] if isinstance(block, tuple) and x.dim() == 2 else 1
+    codes_shape, scale_shape = output_shapes(x.shape, fmt, axis)
+    # the swizzle's [rows, cols] view: scale matrix rows per scale row of dimension 0
+    per_row, matrix_rows = math.prod(scale_shape[1:-1]), math.prod(scale_shape[:-1])
+    for first, rows in shards:
+        if first % tile_rows or rows % tile_rows:
+            raise ValueError(
+                f"2-D blocks {block} must not straddle shards: every shard's first row and "
+                f"row count must be multiples of {tile_rows}; a shard holds rows "
+                f"{first}..{first + rows} of {x.shape[0]} (placements {x.placements})"
+            )
+        start, count = first // tile_rows * per_row, rows // tile_rows * per_row
+        tile = SCALE_TILE[0]
+        if swizzle and (start % tile or (count % tile and start + count != matrix_rows)):
+            raise ValueError(
+                "swizzle=True with a sharded x needs every shard's scale rows to start on a "
+                f"multiple of {tile} and fill {tile}-row tiles (the last shard excepted), so "
+                f"that its swizzled scales are a chunk of the whole tensor's; a shard holds "
+                f"scale rows {start}..{start + count} of {matrix_rows}: pass swizzle=False"
+            )
+    local_shape, offset = local_block(x)
+    first_row = offset[0] if local_shape[0] else 0
+    scales_shape, scales_first = scale_shape, first_row // tile_rows
+    if swizzle:
+        scales_shape = swizzled_shape(matrix_rows, scale_shape[-1])
+        scales_first = swizzled_shape(scales_first * per_row, 1)[0]
+    return ShardLayout(
+        first_row * math.prod(x.shape[1:]),
+        codes_shape,
+        first_row,
+        scales_shape,
+        scales_first,
+        scale_shape,
+    )
+
+
+def as_shards(local: Tensor, x: DTensor, shape: tuple[int, ...], first: int) -> DTensor:
+    """``local`` (an output of this rank's shard) as the DTensor of global ``shape`` with
+    x's mesh and placements; ValueError unless it is that DTensor's shard on this rank
+    (its shape, and its first row ``first``)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    expected, offset = compute_local_shape_and_global_offset(shape, x.device_mesh, x.placements)
+    if tuple(local.shape) != tuple(expected) or (local.numel() and offset[0] != first):
+        raise ValueError(
+            f"x of shape {tuple(x.shape)} sharded as {x.placements}: this rank's output of "
+            f"shape {tuple(local.shape)} from row {first} is not the shard {tuple(expected)} "
+            f"from row {offset[0]} of the whole output of shape {shape}"
+        )
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(
+        local, x.device_mesh, x.placements, shape=torch.Size(shape), stride=stride
+    )
+
+
+def global_amax(x: DTensor, amax: Tensor) -> Tensor:
+    """The amax of the whole of x from this rank's shard's ``amax`` (fp32, 0-d): the
+    maximum over the ranks of each mesh dimension that shards x (all-reduce MAX), NaN if
+    any shard's is NaN (the NaN travels as a flag: a reduction's MAX need not keep it)."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard
+
+    nan = amax.isnan()
+    stats = torch.stack([torch.where(nan, torch.zeros_like(amax), amax), nan.to(amax.dtype)])
+    for dim, placement in enumerate(x.placements):
+        if isinstance(placement, Shard):
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=x.device_mesh.get_group(dim))
+    return torch.where(stats[1] > 0, torch.full_like(stats[0], float("nan")), stats[0])
+
+
+def sharded_tensor_scale(
+    x: DTensor, local: Tensor, request: BlockRequest, rest: dict[str, Any]
+) -> Tensor:
+    """NVFP4's decoding tensor scale of the whole of x: ``nvfp4_tensor_scale`` of the global
+    amax of x rotated as the call rotates it (``rest``: the call's rht, rht_signs,
+    rht_bf16), the same on every rank."""
+    rotated, _ = _rotate(local, rest["rht"], rest["rht_signs"], request.axis, rest["rht_bf16"])
+    if rotated.numel():
+        amax = rotated.abs().amax().to(torch.float32)
+    else:  # an empty shard: nothing to raise the maximum (|x| >= 0)
+        amax = torch.zeros((), dtype=torch.float32, device=local.device)
+    return nvfp4_tensor_scale(global_amax(x, amax), request.flavour)
+
+
+def sharded_call(
+    x: DTensor, options: dict[str, Any], swizzle: bool
+) -> tuple[Tensor, ShardLayout, dict[str, Any]]:
+    """A call on a DTensor x checked, and what each rank's call on its local tensor takes:
+    the local tensor, its `ShardLayout`, and the options (``call``, ``stream``, ``rest``,
+    as `fake_quantize` builds them) with ``index_offset`` moved by the shard's first index
+    and NVFP4's tensor scale from the global amax given.  SR needs ``seed=`` or
+    ``stream=``: a seed drawn from each rank's generator need not agree across ranks."""
+    x_checked, request = check_call(x, **options["call"])
+    rest = options["rest"]
+    _check_extras(x_checked, request, rest["tensor_scale"], rest["rht"], rest["rht_signs"])
+    layout = shard_layout(x, request, swizzle)
+    seed, _, stream = options["stream"]
+    if request.mode == "sr" and seed is None and stream is None:
+        raise ValueError(
+            "a DTensor x rounded with mode='sr' needs seed= (or stream=): every rank must "
+            "draw the same words, and a seed drawn from each rank's generator need not agree"
+        )
+    local = x.to_local()
+    tensor_scale = rest["tensor_scale"]
+    if _tensor_scale_choice(request.fmt, tensor_scale) == "amax":
+        tensor_scale = sharded_tensor_scale(x, local, request, rest)
+    call = {**options["call"], "index_offset": request.index_offset + layout.first_index}
+    local_options = {**options, "call": call, "rest": {**rest, "tensor_scale": tensor_scale}}
+    return local, layout, local_options
+
+
+def quantize_shards(x: DTensor, options: dict[str, Any], swizzle: bool) -> BlockTensor:
+    """`quantize` of a DTensor x: each rank quantizes its local tensor (`sharded_call`); the
+    codes and scales are DTensors with x's mesh and placements, equal (``full_tensor()``)
+    to the unsharded call's; the tensor scale a plain 0-d tensor, the same on every rank."""
+    local, layout, local_options = sharded_call(x, options, swizzle)
+    seed, offset, stream = local_options["stream"]
+    q = quantize(
+        local,
+        **local_options["call"],
+        **local_options["rest"],
+        seed=seed,
+        offset=offset,
+        stream=stream,
+        swizzle=swizzle,
+    )
+    return dataclasses.replace(
+        q,
+        codes=as_shards(q.codes, x, layout.codes_shape, layout.codes_first),
+        scales=as_shards(q.scales, x, layout.scales_shape, layout.scales_first),
+        shape=x.shape,
+        scale_shape=layout.scale_shape,
+    )
+
+
+def fake_quantize_shards(x: DTensor, clip_mask: bool, options: dict[str, Any]) -> DTensor:
+    """`fake_quantize` of a DTensor x: each rank's local tensor fake-quantized as a shard
+    of the whole (`sharded_call`; an empty shard gives an empty tensor), the result a
+    DTensor placed as x (the straight-through gradient passes through ``to_local`` and
+    ``from_local``)."""
+    from torch.distributed.tensor import DTensor
+
+    local, _, local_options = sharded_call(x, options, False)
+    seed, offset, stream = local_options["stream"]
+    if local.numel():
+        out = fake_quantize(
+            local,
+            clip_mask=clip_mask,
+            **local_options["call"],
+            **local_options["rest"],
+            seed=seed,
+            offset=offset,
+            stream=stream,
+        )
+    else:  # an empty shard (fewer rows than ranks): nothing to unpack, but the stream
+        # advances as on the other ranks
+        _random_source(local_options["call"]["mode"], seed, offset, stream)
+        out = local.clone()
+    return DTensor.from_local(out, x.device_mesh, x.placements, shape=x.shape, stride=x.stride())
+
+
+def dequantize_shards(q: BlockTensor, dtype: torch.dtype | None, unrotate: bool) -> Tensor:
+    """`BlockTensor.dequantize` of a sharded one (codes and scales DTensors): each rank
+    dequantizes its shard (an empty shard gives an empty tensor); a DTensor placed as the
+    codes, of x's shape."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    codes = typing.cast("DTensor", q.codes)
+    scales = typing.cast("DTensor", q.scales)
+    mesh, placements = codes.device_mesh, codes.placements
+    local_shape, _ = compute_local_shape_and_global_offset(q.shape, mesh, placements)
+    _, scale_shape = output_shapes(local_shape, q.format, q.axis)
+    local = dataclasses.replace(
+        q,
+        codes=codes.to_local(),
+        scales=scales.to_local(),
+        shape=torch.Size(local_shape),
+        scale_shape=scale_shape,
+    )
+    if math.prod(local_shape):
+        values = local.dequantize(dtype, unrotate=unrotate)
+    else:  # an empty shard (fewer rows than ranks): nothing to unpack
+        out_dtype = q.dtype if dtype is None else dtype
+        values = torch.empty(local_shape, dtype=out_dtype, device=codes.to_local().device)
+    stride = torch.empty(q.shape, device="meta").stride()
+    return DTensor.from_local(values, mesh, placements, shape=q.shape, stride=stride)
+
+
 def quantize(
     x: Tensor,
     fmt: str | BlockFormat,
@@ -935,8 +1230,45 @@ def quantize(
             path), "torch" or "triton".
         swizzle: store the scales in the 128x4 tiled layout (`swizzle_scales`).
 
+    A DTensor x (placements `Replicate` or `Shard(0)`, on any mesh: each rank's shard a
+    range of whole rows) is quantized shard by shard, each rank its local tensor with the
+    words of its elements' global indices and NVFP4's tensor scale from the global amax
+    (an all-reduce over the mesh dimensions that shard x): the codes and scales are
+    DTensors placed as x, equal (``full_tensor()``) to the unsharded call's bit for bit;
+    ``dequantize()`` gives a DTensor placed as x.  ValueError for: the blocks along axis 0
+    of a sharded x; 2-D tiles over x's two axes that a shard boundary cuts (every shard's
+    first row and row count must be multiples of the tile's rows); swizzled scales whose
+    shards are not the chunks of the whole tensor's (each shard's scale rows from a
+    multiple of 128, filling their tiles); other placements (`Shard(d)` of another
+    dimension, `Partial`, `_StridedShard`); and mode "sr" without ``seed=`` or
+    ``stream=`` (the ranks must agree on the seed).
+
     Returns a `BlockTensor`.
     """
+    if is_dtensor(x):
+        options = {
+            "call": {
+                "fmt": fmt,
+                "mode": mode,
+                "axis": axis,
+                "block": block,
+                "scale_rule": scale_rule,
+                "nvfp4_flavour": nvfp4_flavour,
+                "rbits": rbits,
+                "variant": variant,
+                "hardware": hardware,
+                "backend": backend,
+                "index_offset": index_offset,
+            },
+            "stream": (seed, offset, stream),
+            "rest": {
+                "tensor_scale": tensor_scale,
+                "rht": rht,
+                "rht_signs": rht_signs,
+                "rht_bf16": rht_bf16,
+            },
+        }
+        return quantize_shards(x, options, swizzle)
     x, request = check_call(
         x,
         fmt,
@@ -1030,7 +1362,9 @@ def fake_quantize(
     value lay beyond the element's finite range (saturated).  The other arguments as in
     `quantize`; the Triton kernel writes the dequantized values itself where it serves the
     call (``backend``, routed as `quantize` routes it), except with ``clip_mask``, whose
-    mask the PyTorch path computes."""
+    mask the PyTorch path computes.  A DTensor x (`Replicate` or `Shard(0)`, the rules of
+    `quantize`) gives a DTensor placed as x, equal (``full_tensor()``) to the unsharded
+    call's: each rank fake-quantizes its shard."""
     check_choice("backend", backend, BACKENDS)
     if backend == "triton" and clip_mask:
         raise ValueError("clip_mask=True runs on the PyTorch path: pass backend='auto' or 'torch'")
@@ -1058,6 +1392,8 @@ def fake_quantize(
             "rht_bf16": rht_bf16,
         },
     }
+    if is_dtensor(x):
+        return fake_quantize_shards(x, clip_mask, options)
     return _FakeQuantize.apply(x, clip_mask, options)
 
 
@@ -1152,20 +1488,32 @@ __all__ = [
     "BlockRequest",
     "BlockTensor",
     "GemmOperand",
+    "ShardLayout",
+    "as_shards",
     "check_axis",
     "check_blocks",
     "check_call",
+    "check_placements",
+    "dequantize_shards",
     "dequantize_values",
     "element_values",
+    "every_shard_rows",
     "fake_quantize",
+    "fake_quantize_shards",
     "gemm_operand",
     "gemm_operand_of",
+    "global_amax",
+    "output_shapes",
     "quantize",
+    "quantize_shards",
     "quantize_torch",
     "resolve_format",
     "scale_and_multiplier",
     "scale_values",
     "scaled_elements",
+    "shard_layout",
+    "sharded_call",
+    "sharded_tensor_scale",
     "tile_amax",
     "to_nvfp4",
     "uses_kernel",
