@@ -77,3 +77,13 @@ def test_pack_unpack_reject_bad_input():
         packing.unpack(torch.zeros(3, dtype=torch.int16), 6)
     with pytest.raises(ValueError, match="multiple of 3"):
         packing.unpack(torch.zeros(4, dtype=torch.uint8), 6)
+
+
+@pytest.mark.parametrize("bits", [4, 6])
+@pytest.mark.parametrize("shape", [(0, 8), (3, 0), (0,)])
+def test_pack_unpack_tensors_without_elements(bits, shape):
+    """No elements to infer a size from: the shapes come out spelled (a shard of no rows)."""
+    codes = torch.zeros(shape, dtype=torch.uint8)
+    packed = packing.pack(codes, bits)
+    assert packed.shape == (*shape[:-1], shape[-1] * bits // 8)
+    assert packing.unpack(packed, bits).shape == codes.shape

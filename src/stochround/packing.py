@@ -25,13 +25,15 @@ def pack(codes: Tensor, bits: int) -> Tensor:
         raise ValueError(
             f"the last dimension must be a multiple of {group} to pack {bits}-bit codes"
         )
-    grouped = codes.to(torch.int64).reshape(*codes.shape[:-1], -1, group)
+    # sizes spelled out, not -1: a tensor with no elements has no size to infer
+    groups = codes.shape[-1] // group
+    grouped = codes.to(torch.int64).reshape(*codes.shape[:-1], groups, group)
     shifts = torch.arange(group, device=codes.device) * bits
     word = (grouped << shifts).sum(-1)
     nbytes = group * bits // 8
     byte_shifts = torch.arange(nbytes, device=codes.device) * 8
     packed = (word.unsqueeze(-1) >> byte_shifts) & 0xFF
-    return packed.reshape(*codes.shape[:-1], -1).to(torch.uint8)
+    return packed.reshape(*codes.shape[:-1], groups * nbytes).to(torch.uint8)
 
 
 def unpack(packed: Tensor, bits: int) -> Tensor:
@@ -43,11 +45,12 @@ def unpack(packed: Tensor, bits: int) -> Tensor:
     nbytes = group * bits // 8
     if packed.shape[-1] % nbytes:
         raise ValueError(f"the last dimension must be a multiple of {nbytes} to unpack")
-    grouped = packed.to(torch.int64).reshape(*packed.shape[:-1], -1, nbytes)
+    groups = packed.shape[-1] // nbytes  # spelled out: -1 fails for no elements
+    grouped = packed.to(torch.int64).reshape(*packed.shape[:-1], groups, nbytes)
     word = (grouped << (torch.arange(nbytes, device=packed.device) * 8)).sum(-1)
     shifts = torch.arange(group, device=packed.device) * bits
     codes = (word.unsqueeze(-1) >> shifts) & (2**bits - 1)
-    return codes.reshape(*packed.shape[:-1], -1).to(torch.uint8)
+    return codes.reshape(*packed.shape[:-1], groups * group).to(torch.uint8)
 
 
 def check_bits(bits: int) -> int:

@@ -623,3 +623,17 @@ def test_inductor_keeps_the_kernels_bits_on_cuda(dtype: torch.dtype, rht_bf16: b
 
     torch._dynamo.reset()
     assert torch.equal(torch.compile(call, fullgraph=True)(x), call(x))
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4", "mxfp6_e3m2", "mxfp8_e4m3", "int8_rowwise"])
+def test_a_tensor_without_rows_quantizes_and_dequantizes(fmt):
+    """A shard of no rows (more ranks than rows) quantizes to empty codes and scales; NVFP4's
+    tensor scale from an amax of nothing (0) is the scale of an all-zero tensor."""
+    x = torch.zeros(0, 32)
+    q = sr.blocks.quantize(x, fmt, "sr", seed=1)
+    assert q.codes.shape[0] == 0 and q.scales.shape[0] == 0
+    assert q.dequantize().shape == x.shape
+    assert sr.blocks.fake_quantize(x, fmt, "sr", seed=1).shape == x.shape
+    if fmt == "nvfp4":
+        zeros = sr.blocks.quantize(torch.zeros(1, 32), fmt, "sr", seed=1)
+        assert torch.equal(q.tensor_scale, zeros.tensor_scale)

@@ -518,7 +518,7 @@ def quantize_torch(
     choice = _tensor_scale_choice(fmt, tensor_scale)
     decoding: Tensor | None = None
     if choice == "amax":
-        decoding = nvfp4_tensor_scale(rotated.abs().amax().to(torch.float32), request.flavour)
+        decoding = nvfp4_tensor_scale(absolute_max(rotated), request.flavour)
     elif choice == "given":
         decoding = torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device).reshape(())
     tiles = isinstance(fmt.block, tuple)
@@ -886,6 +886,14 @@ def check_call(
     )
 
 
+def absolute_max(x: Tensor) -> Tensor:
+    """max |x| in fp32, a 0-d tensor: NaN if x holds a NaN, 0 for an x with no elements
+    (nothing raises the maximum of |x| >= 0), as the kernels' amax gives it."""
+    if not x.numel():
+        return torch.zeros((), dtype=torch.float32, device=x.device)
+    return x.abs().amax().to(torch.float32)
+
+
 # --- DTensor inputs: each rank quantizes its shard of whole rows ------------------------------
 
 
@@ -1054,11 +1062,7 @@ def sharded_tensor_scale(
     amax of x rotated as the call rotates it (``rest``: the call's rht, rht_signs,
     rht_bf16), the same on every rank."""
     rotated, _ = _rotate(local, rest["rht"], rest["rht_signs"], request.axis, rest["rht_bf16"])
-    if rotated.numel():
-        amax = rotated.abs().amax().to(torch.float32)
-    else:  # an empty shard: nothing to raise the maximum (|x| >= 0)
-        amax = torch.zeros((), dtype=torch.float32, device=local.device)
-    return nvfp4_tensor_scale(global_amax(x, amax), request.flavour)
+    return nvfp4_tensor_scale(global_amax(x, absolute_max(rotated)), request.flavour)
 
 
 def sharded_call(
@@ -1114,33 +1118,28 @@ def quantize_shards(x: DTensor, options: dict[str, Any], swizzle: bool) -> Block
 
 def fake_quantize_shards(x: DTensor, clip_mask: bool, options: dict[str, Any]) -> DTensor:
     """`fake_quantize` of a DTensor x: each rank's local tensor fake-quantized as a shard
-    of the whole (`sharded_call`; an empty shard gives an empty tensor), the result a
+    of the whole (`sharded_call`), the result a
     DTensor placed as x (the straight-through gradient passes through ``to_local`` and
     ``from_local``)."""
     from torch.distributed.tensor import DTensor
 
     local, _, local_options = sharded_call(x, options, False)
     seed, offset, stream = local_options["stream"]
-    if local.numel():
-        out = fake_quantize(
-            local,
-            clip_mask=clip_mask,
-            **local_options["call"],
-            **local_options["rest"],
-            seed=seed,
-            offset=offset,
-            stream=stream,
-        )
-    else:  # an empty shard (fewer rows than ranks): nothing to unpack, but the stream
-        # advances as on the other ranks
-        _random_source(local_options["call"]["mode"], seed, offset, stream)
-        out = local.clone()
+    out = fake_quantize(
+        local,
+        clip_mask=clip_mask,
+        **local_options["call"],
+        **local_options["rest"],
+        seed=seed,
+        offset=offset,
+        stream=stream,
+    )
     return DTensor.from_local(out, x.device_mesh, x.placements, shape=x.shape, stride=x.stride())
 
 
 def dequantize_shards(q: BlockTensor, dtype: torch.dtype | None, unrotate: bool) -> Tensor:
     """`BlockTensor.dequantize` of a sharded one (codes and scales DTensors): each rank
-    dequantizes its shard (an empty shard gives an empty tensor); a DTensor placed as the
+    dequantizes its shard; a DTensor placed as the
     codes, of x's shape."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -1157,11 +1156,7 @@ def dequantize_shards(q: BlockTensor, dtype: torch.dtype | None, unrotate: bool)
         shape=torch.Size(local_shape),
         scale_shape=scale_shape,
     )
-    if math.prod(local_shape):
-        values = local.dequantize(dtype, unrotate=unrotate)
-    else:  # an empty shard (fewer rows than ranks): nothing to unpack
-        out_dtype = q.dtype if dtype is None else dtype
-        values = torch.empty(local_shape, dtype=out_dtype, device=codes.to_local().device)
+    values = local.dequantize(dtype, unrotate=unrotate)
     stride = torch.empty(q.shape, device="meta").stride()
     return DTensor.from_local(values, mesh, placements, shape=q.shape, stride=stride)
 
