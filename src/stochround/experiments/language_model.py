@@ -618,6 +618,32 @@ class RunResult:
         return None
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How `train_run` spreads a run over ranks; the default (`ONE_DEVICE`) trains on one
+    device.  `stochround.experiments.lm_distributed` fills it in for FSDP2.
+
+    Args:
+        shard: shards the model in place once its recipe or sampling is applied and before
+            the optimizer is made over its parameters (FSDP2's ``fully_shard``).
+        windows: this rank's offsets of a step, from all of the step's ``(batch,)``
+            offsets (None: every rank trains on the whole batch).
+        mean_loss: the training losses to log, from this rank's ``(steps,)`` fp32 losses
+            (e.g. their mean over the ranks; None: as they are).
+        ratio: whether the ratio is measured.  Off for sharded runs: `NoiseProbe` compares
+            a layer's whole gradient with the exact one of this rank's windows, and a
+            sharded, averaged gradient is neither.
+    """
+
+    shard: Callable[[nn.Module], None] | None = None
+    windows: Callable[[Tensor], Tensor] | None = None
+    mean_loss: Callable[[Tensor], Tensor] | None = None
+    ratio: bool = True
+
+
+ONE_DEVICE = Placement()
+
+
 def train_run(
     row: Row,
     sizes: Sizes,
@@ -625,9 +651,11 @@ def train_run(
     data: Data,
     device: str,
     progress: ProgressLike,
+    placement: Placement = ONE_DEVICE,
 ) -> RunResult:
     """Train ``row`` at ``sizes`` with ``seed`` on ``data`` on ``device`` (module
-    docstring) and return its `RunResult`."""
+    docstring) and return its `RunResult`; ``placement``: one device, or how the run is
+    spread over ranks (`Placement`)."""
     started = time.perf_counter()
     generator = torch.Generator().manual_seed(seed)
     model = build_model(sizes, generator).to(device=device, dtype=torch.bfloat16)
@@ -637,6 +665,8 @@ def train_run(
     if row.sampling is not None:
         snn.gaussws_(model, filter_fn=keeps_out_lm_head, seed=seed, **dict(row.sampling))
     quantized = [m for m in model.modules() if isinstance(m, snn.QuantizedLinear)]
+    if placement.shard is not None:
+        placement.shard(model)
     optimizer = make_optimizer(model, sizes, row, seed)
     probe = NoiseProbe(model)
     windows = validation_windows(data.validation, sizes.eval_batches * sizes.batch, sizes.context)
@@ -645,6 +675,7 @@ def train_run(
     starts = batch_starts(text.numel(), sizes.steps, sizes.batch, sizes.context, generator)
     starts = starts.to(device)
     logged = set(logging_steps(sizes))
+    measured = bool(quantized) and placement.ratio
     steps: list[int] = []
     validation: list[float] = []
     ratios: list[float] = []
@@ -652,8 +683,9 @@ def train_run(
     for step in progress.track(range(sizes.steps), f"lm {row.key} seed {seed}", sizes.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, sizes)
-        inputs, targets = windows_at(text, starts[step], sizes.context)
-        probe.active = step in logged and bool(quantized)
+        offsets = starts[step] if placement.windows is None else placement.windows(starts[step])
+        inputs, targets = windows_at(text, offsets, sizes.context)
+        probe.active = step in logged and measured
         logits = model(inputs).float()
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
@@ -667,6 +699,9 @@ def train_run(
             steps.append(step)
             validation.append(validation_loss(model, windows, sizes.batch))
     probe.remove()
+    train_loss = torch.stack(losses).float()
+    if placement.mean_loss is not None:
+        train_loss = placement.mean_loss(train_loss)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return RunResult(
@@ -675,7 +710,7 @@ def train_run(
         steps=steps,
         validation=validation,
         ratio=ratios,
-        train_loss=torch.stack(losses).float().cpu().tolist(),
+        train_loss=train_loss.cpu().tolist(),
         seconds=time.perf_counter() - started,
         quantized_layers=len(quantized),
         recipe_names=sorted({m.recipe.name for m in quantized}),
