@@ -45,6 +45,7 @@ from ..blocks.scales import absmax_scales
 from ..kernels.transpose import transpose
 from ..random import random_words
 from ..rounding import round as round_values
+from ..shards import is_dtensor
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
 
 # offset = step * 2**32 + layer * 16 + slot: the roles take slots 0..5, the per-step RHT
@@ -414,6 +415,15 @@ class QuantizedLinear(nn.Linear):
                 "QuantizedLinear compiles with torch >= 2.13 (on older releases the "
                 f"compiled backward was seen to give zero weight gradients); torch "
                 f"{torch.__version__} runs it eagerly: leave the model uncompiled"
+            )
+        if is_dtensor(weight) or is_dtensor(x):
+            # FSDP2 gathers the whole weight before the forward (a plain tensor here); a
+            # DTensor here is tensor parallelism, whose sharded GEMM operands this layer
+            # does not quantize
+            raise ValueError(
+                "QuantizedLinear takes plain tensors: its weight or input is a DTensor "
+                "(tensor parallelism), which it does not support; shard the model with "
+                "FSDP2 (fully_shard), which gathers the whole weight for the forward"
             )
         lead = x.shape[:-1]
         tokens = x.reshape(-1, self.in_features)
