@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/run_gpu2.sh
 #
-# 1. pytest -m gpus2 tests: the two-GPU tests (tests/distributed: the SR optimizers on
+# 1. pytest -m gpus2 over GPUS2_TESTS (the files that hold such tests): the two-GPU tests
+#    (tests/distributed: the SR optimizers on
 #    DTensor shards, FSDP2, DDP, DCP resumes; the lm experiment under FSDP2), NCCL;
 # 2. stochround.experiments.lm_distributed on 2 GPUs at the quick sizes (LM_STEPS steps,
 #    60): rows LM_ROWS ("nvfp4 bf16") with --batch-split same (must equal the single-GPU
@@ -62,7 +63,8 @@ stage() {  # stage NAME LOG CAP COMMAND...: run under `timeout`, log, one summar
 torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node)  # then the count
 
 stage "pytest -m gpus2" "$OUT/gpus2_tests.log" 240 \
-    python3 -m pytest -q -p no:cacheprovider -m gpus2 tests
+    python3 -m pytest -q -p no:cacheprovider -m gpus2 ${GPUS2_TESTS:-tests/distributed \
+    tests/kernels/test_devices.py tests/blocks/test_sharded.py tests/nn/test_fsdp.py tests/experiments/test_lm_distributed.py}
 tail -n 5 "$OUT/gpus2_tests.log"
 
 for row in $LM_ROWS; do

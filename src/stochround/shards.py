@@ -10,12 +10,15 @@ is a block of the tensor (`local_block`) whose indices are computed element by e
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, TypeGuard
 
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
 
@@ -29,17 +32,24 @@ def local_block(x: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(local shape, global offset) of this rank's shard of x: its block of the whole
     tensor. ValueError for placements other than `Replicate` and `Shard(d)` (`Partial`
     holds no values of the whole tensor yet; `_StridedShard`, no block of it)."""
+    return _block_of(x.shape, x.device_mesh, x.placements)
+
+
+def _block_of(
+    shape: torch.Size, mesh: DeviceMesh, placements: tuple
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`local_block` of a DTensor of ``shape`` on ``mesh`` placed by ``placements``."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    for placement in x.placements:
+    for placement in placements:
         # exactly Shard: its subclass _StridedShard holds no block of the global tensor
         if not (isinstance(placement, Replicate) or type(placement) is Shard):
             raise ValueError(
-                f"DTensor placements must be Replicate or Shard(dim) for SR; got {x.placements}"
+                f"DTensor placements must be Replicate or Shard(dim) for SR; got {placements}"
             )
-    shape, offset = compute_local_shape_and_global_offset(x.shape, x.device_mesh, x.placements)
-    return tuple(shape), tuple(offset)
+    local_shape, offset = compute_local_shape_and_global_offset(shape, mesh, placements)
+    return tuple(local_shape), tuple(offset)
 
 
 def holds_whole_rows(x: DTensor, local_shape: tuple[int, ...]) -> bool:
@@ -52,10 +62,17 @@ def first_index(x: Tensor) -> int | None:
     """The global row-major index of the first element of this rank's shard of x when the
     shard is a range of whole rows (`holds_whole_rows`), its elements then at
     ``first_index + i``; 0 for a plain tensor (the whole of itself); None for a shard that
-    is no such range (sharded along another dimension)."""
+    is no such range (sharded along another dimension).  Found once per shape, mesh and
+    placements (an optimizer asks for every parameter at every step)."""
     if not is_dtensor(x):
         return 0
-    local_shape, global_offset = local_block(x)
-    if not holds_whole_rows(x, local_shape):
+    return _first_index_of(x.shape, x.device_mesh, x.placements)
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_index_of(shape: torch.Size, mesh: DeviceMesh, placements: tuple) -> int | None:
+    """`first_index` of this rank's shard of a DTensor of ``shape`` on ``mesh``."""
+    local_shape, global_offset = _block_of(shape, mesh, placements)
+    if local_shape[1:] != tuple(shape[1:]):
         return None
-    return global_offset[0] * math.prod(x.shape[1:]) if x.dim() else 0
+    return global_offset[0] * math.prod(shape[1:]) if shape else 0
