@@ -235,45 +235,61 @@ def ddp_case(device: str, rank: int) -> list[torch.Tensor]:
     return [bits(p) for p in model.parameters()]
 
 
-def checkpoint_cases(device: str, folder: str) -> dict[str, Any]:
-    """Train STEPS steps sharded, save with DCP, train STEPS more: the parameters (rank 0's
-    gathered copy) and the uninterrupted single-process parameters; then resume from the
-    checkpoint on these ranks and train the same STEPS more."""
-    import torch.distributed.checkpoint as dcp
+def checkpoint_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The model's and optimizer's state dicts as DCP saves and loads them (FQN keys,
+    DTensor values)."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
+    )
+
+    return {
+        "model": get_model_state_dict(model),
+        "optimizer": get_optimizer_state_dict(model, optimizer),
+    }
+
+
+def resumed_run(device: str, folder: str) -> list[torch.Tensor]:
+    """A fresh sharded model and AdamW loaded from the checkpoint in ``folder`` (DCP
+    reshards it onto this world's ranks), trained steps STEPS .. 2 STEPS - 1."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
     model = sharded_model(device)
     optimizer = sr.optim.AdamW(model.parameters(), lr=1e-2, seed=SEED)
-    train(model, optimizer, range(STEPS), device)
-    state = {
-        "model": get_model_state_dict(model),
-        "optimizer": get_optimizer_state_dict(model, optimizer),
-    }
-    dcp.save(state, checkpoint_id=folder)
-    train(model, optimizer, range(STEPS, 2 * STEPS), device)
-    continued = parameters(model)
-
-    resumed = sharded_model(device)
-    resumed_optimizer = sr.optim.AdamW(resumed.parameters(), lr=1e-2, seed=SEED)
-    state = {
-        "model": get_model_state_dict(resumed),
-        "optimizer": get_optimizer_state_dict(resumed, resumed_optimizer),
-    }
+    state = checkpoint_state(model, optimizer)
     dcp.load(state, checkpoint_id=folder)
-    set_model_state_dict(resumed, state["model"])
-    set_optimizer_state_dict(resumed, resumed_optimizer, state["optimizer"])
-    train(resumed, resumed_optimizer, range(STEPS, 2 * STEPS), device)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    train(model, optimizer, range(STEPS, 2 * STEPS), device)
+    return parameters(model)
 
+
+def uninterrupted(device: str) -> list[torch.Tensor]:
+    """The single-process run of 2 STEPS steps."""
     whole = build_model(device)
     train(whole, sr.optim.AdamW(whole.parameters(), lr=1e-2, seed=SEED), range(2 * STEPS), device)
+    return parameters(whole)
+
+
+def checkpoint_cases(device: str, folder: str) -> dict[str, Any]:
+    """Train STEPS steps sharded, save with DCP, train STEPS more; resume from the
+    checkpoint on these ranks and train the same STEPS more: both equal the uninterrupted
+    single-process run."""
+    import torch.distributed.checkpoint as dcp
+
+    model = sharded_model(device)
+    optimizer = sr.optim.AdamW(model.parameters(), lr=1e-2, seed=SEED)
+    train(model, optimizer, range(STEPS), device)
+    dcp.save(checkpoint_state(model, optimizer), checkpoint_id=folder)
+    train(model, optimizer, range(STEPS, 2 * STEPS), device)
+    whole = uninterrupted(device)
     return {
-        "checkpoint/continued": same(continued, parameters(whole)),
-        "checkpoint/resumed_2_to_2": same(parameters(resumed), parameters(whole)),
+        "checkpoint/continued": same(parameters(model), whole),
+        "checkpoint/resumed_2_to_2": same(resumed_run(device, folder), whole),
     }
 
 
@@ -285,29 +301,9 @@ def two_rank_body(rank: int, world_size: int, device: str, folder: str) -> dict[
 
 
 def one_rank_resume(rank: int, world_size: int, device: str, folder: str) -> bool:
-    """A checkpoint of two ranks resumed on one (DCP reshards): STEPS more steps equal the
-    uninterrupted single-process run."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    model = sharded_model(device)  # one rank: each shard is the whole parameter
-    optimizer = sr.optim.AdamW(model.parameters(), lr=1e-2, seed=SEED)
-    state = {
-        "model": get_model_state_dict(model),
-        "optimizer": get_optimizer_state_dict(model, optimizer),
-    }
-    dcp.load(state, checkpoint_id=folder)
-    set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
-    train(model, optimizer, range(STEPS, 2 * STEPS), device)
-    whole = build_model(device)
-    train(whole, sr.optim.AdamW(whole.parameters(), lr=1e-2, seed=SEED), range(2 * STEPS), device)
-    return same(parameters(model), parameters(whole))
+    """A checkpoint of two ranks resumed on one (DCP reshards; one rank's shard is the
+    whole parameter): STEPS more steps equal the uninterrupted single-process run."""
+    return same(resumed_run(device, folder), uninterrupted(device))
 
 
 @pytest.fixture(scope="module", params=devices())

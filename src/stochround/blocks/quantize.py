@@ -1241,28 +1241,13 @@ def quantize(
     Returns a `BlockTensor`.
     """
     if is_dtensor(x):
-        options = {
-            "call": {
-                "fmt": fmt,
-                "mode": mode,
-                "axis": axis,
-                "block": block,
-                "scale_rule": scale_rule,
-                "nvfp4_flavour": nvfp4_flavour,
-                "rbits": rbits,
-                "variant": variant,
-                "hardware": hardware,
-                "backend": backend,
-                "index_offset": index_offset,
-            },
-            "stream": (seed, offset, stream),
-            "rest": {
-                "tensor_scale": tensor_scale,
-                "rht": rht,
-                "rht_signs": rht_signs,
-                "rht_bf16": rht_bf16,
-            },
-        }
+        checked = dict(
+            fmt=fmt, mode=mode, axis=axis, block=block, scale_rule=scale_rule,
+            nvfp4_flavour=nvfp4_flavour, rbits=rbits, variant=variant, hardware=hardware,
+            backend=backend, index_offset=index_offset,
+        )  # fmt: skip
+        rest = dict(tensor_scale=tensor_scale, rht=rht, rht_signs=rht_signs, rht_bf16=rht_bf16)
+        options = {"call": checked, "stream": (seed, offset, stream), "rest": rest}
         return quantize_shards(x, options, swizzle)
     x, request = check_call(
         x,
@@ -1365,28 +1350,13 @@ def fake_quantize(
         raise ValueError("clip_mask=True runs on the PyTorch path: pass backend='auto' or 'torch'")
     if not isinstance(clip_mask, bool):
         raise TypeError(f"clip_mask must be a bool, got {type(clip_mask).__name__}")
-    options = {
-        "call": {
-            "fmt": fmt,
-            "mode": mode,
-            "axis": axis,
-            "block": block,
-            "scale_rule": scale_rule,
-            "nvfp4_flavour": nvfp4_flavour,
-            "rbits": rbits,
-            "variant": variant,
-            "hardware": hardware,
-            "backend": backend,
-            "index_offset": index_offset,
-        },
-        "stream": (seed, offset, stream),
-        "rest": {
-            "tensor_scale": tensor_scale,
-            "rht": rht,
-            "rht_signs": rht_signs,
-            "rht_bf16": rht_bf16,
-        },
-    }
+    call = dict(
+        fmt=fmt, mode=mode, axis=axis, block=block, scale_rule=scale_rule,
+        nvfp4_flavour=nvfp4_flavour, rbits=rbits, variant=variant, hardware=hardware,
+        backend=backend, index_offset=index_offset,
+    )  # fmt: skip
+    rest = dict(tensor_scale=tensor_scale, rht=rht, rht_signs=rht_signs, rht_bf16=rht_bf16)
+    options = {"call": call, "stream": (seed, offset, stream), "rest": rest}
     if is_dtensor(x):
         return fake_quantize_shards(x, clip_mask, options)
     return _FakeQuantize.apply(x, clip_mask, options)
