@@ -11,7 +11,9 @@ multiply-adds, correctly rounded division and square root), and stores the param
 each state rounded to its dtype: to nearest even ("rne"), or stochastically ("sr") with
 the words of stream ``(seed, step * 2**32 + index * 4 + slot)`` at the element indices
 (`stochround.optim.base`), as `stochround.cast(value, dtype, "sr", seed=..., offset=...)`
-does.  Bit-identical to the PyTorch path given the seed.
+does: the indices in the whole parameter, so a rank's shard of a sharded parameter (a
+DTensor's local tensor) draws its elements' words from its first element's global index
+(the table's first Philox block).  Bit-identical to the PyTorch path given the seed.
 """
 
 from __future__ import annotations
