@@ -121,7 +121,27 @@ def dtensor_cases(device: str) -> dict[str, bool]:
                 ran = stepped(name, [p.requires_grad_() for p in params], sharded_grads, backend)
                 outcome[f"{name}/{backend}/{placement_name}"] = same(ran, whole)
     outcome["refusals"] = refusals(mesh)
+    outcome["compiled"] = compiled_step_case(mesh, values, grads)
     return outcome
+
+
+def compiled_step_case(
+    mesh: Any, values: list[torch.Tensor], grads: list[list[torch.Tensor]]
+) -> bool:
+    """``torch.compile(optimizer.step)`` over DTensor parameters steps them eagerly (a
+    compiled region's call runs `SROptimizer.eager_step`): the same bits as the eager run."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    whole = stepped("adamw", [v.clone().requires_grad_() for v in values], grads, "auto")
+    params = [distribute_tensor(v.clone(), mesh, [Shard(0)]).requires_grad_() for v in values]
+    optimizer = OPTIMIZERS["adamw"](params, seed=SEED, backend="auto")
+    step = torch.compile(optimizer.step)
+    for step_grads in grads:
+        for param, grad in zip(params, step_grads, strict=True):
+            param.grad = distribute_tensor(grad, mesh, [Shard(0)])
+        step()
+    states = [t for p in params for t in optimizer.state[p].values() if t.dim() > 0]
+    return same([*params, *states], whole)
 
 
 def refusals(mesh: Any) -> bool:
@@ -327,6 +347,11 @@ def test_sharded_and_replicated_dtensor_parameters_step_as_one_process(outcomes)
 def test_the_fused_kernel_names_the_shards_it_cannot_update(outcomes) -> None:
     results, _ = outcomes
     assert [outcome["refusals"] for outcome in results] == [True, True]
+
+
+def test_a_compiled_step_over_shards_runs_eagerly_with_the_same_bits(outcomes) -> None:
+    results, _ = outcomes
+    assert [outcome["compiled"] for outcome in results] == [True, True]
 
 
 def test_fsdp2_training_equals_the_single_process_run(outcomes) -> None:

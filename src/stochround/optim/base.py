@@ -475,8 +475,10 @@ class SROptimizer(torch.optim.Optimizer):
         Eagerly each group first tries `fused_group_step` (one launch for the whole group,
         its checks made over lists); a group it declines takes the general path
         (`group_step`), parameter by parameter."""
-        loss = self.evaluate(closure)
         compiling = torch.compiler.is_compiling()
+        if compiling and any(is_dtensor(p) for group in self.param_groups for p in group["params"]):
+            return self.eager_step(closure)
+        loss = self.evaluate(closure)
         if compiling:  # eagerly the loop below creates the states, at no extra cost
             for group in self.param_groups:
                 self._init_group(group)
@@ -487,6 +489,14 @@ class SROptimizer(torch.optim.Optimizer):
                 self.group_step(group, self.group_entries(group, start), compiling)
             start += len(params)
         return loss
+
+    @torch.compiler.disable
+    def eager_step(self, closure: Callable[[], float] | None) -> float | None:
+        """`step` run eagerly inside a compiled region: a step over DTensor parameters
+        (FSDP2) is not compiled, because inductor was seen to compile the sharded PyTorch
+        path's stream offsets into float arithmetic; eagerly the fused kernel updates the
+        shards (on CUDA) and the bits are the eager step's."""
+        return self.step(closure)
 
     def group_step(
         self, group: dict[str, Any], entries: list[tuple[int, Tensor]], compiling: bool
