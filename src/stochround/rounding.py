@@ -32,7 +32,7 @@ from .kernels.availability import kernels_refusal
 from .packing import PACK_GROUPS, PACKINGS
 from .presets import HardwarePreset, preset
 from .reference import MODES, SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
-from .shards import first_index, is_dtensor, local_block
+from .shards import block_of, first_index, is_dtensor, local_block, placed
 from .torch_path import (
     FLOAT_DTYPES,
     OUTPUTS,
@@ -666,14 +666,11 @@ def _round_dtensor(
     every shard holds whole groups of codes and the packed shards are the chunks of the
     packed result.  A checked call (``nan="raise"``) raises on the ranks whose shard holds
     a NaN result."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     mesh, placements = x.device_mesh, x.placements
     local_shape, global_offset = local_block(x)
     # the global result: x's shape (packed codes: shorter rows), contiguous
     shape = torch.Size(output_shape(x.shape, output))
-    expected = compute_local_shape_and_global_offset(shape, mesh, placements)[0]
+    expected = block_of(shape, mesh, placements)[0]
     group = PACK_GROUPS.get(output)
     if group is not None and (
         local_shape[-1] % group or tuple(output_shape(torch.Size(local_shape), output)) != expected
@@ -685,8 +682,7 @@ def _round_dtensor(
         )
     local_x = x.to_local()
     local = round_local(local_x, _shard_request(x, local_x, request, local_shape, global_offset))
-    stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, mesh, placements, shape=shape, stride=stride)
+    return placed(local, mesh, placements, shape)
 
 
 def _shard_request(

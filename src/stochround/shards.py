@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeGuard
 
 import torch
@@ -32,13 +33,14 @@ def local_block(x: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(local shape, global offset) of this rank's shard of x: its block of the whole
     tensor. ValueError for placements other than `Replicate` and `Shard(d)` (`Partial`
     holds no values of the whole tensor yet; `_StridedShard`, no block of it)."""
-    return _block_of(x.shape, x.device_mesh, x.placements)
+    return block_of(x.shape, x.device_mesh, x.placements)
 
 
-def _block_of(
+def block_of(
     shape: torch.Size, mesh: DeviceMesh, placements: tuple
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """`local_block` of a DTensor of ``shape`` on ``mesh`` placed by ``placements``."""
+    """`local_block` of a DTensor of ``shape`` on ``mesh`` placed by ``placements`` (also
+    the block of an output of another shape placed as its input)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -72,7 +74,18 @@ def first_index(x: Tensor) -> int | None:
 @functools.lru_cache(maxsize=4096)
 def _first_index_of(shape: torch.Size, mesh: DeviceMesh, placements: tuple) -> int | None:
     """`first_index` of this rank's shard of a DTensor of ``shape`` on ``mesh``."""
-    local_shape, global_offset = _block_of(shape, mesh, placements)
+    local_shape, global_offset = block_of(shape, mesh, placements)
     if local_shape[1:] != tuple(shape[1:]):
         return None
     return global_offset[0] * math.prod(shape[1:]) if shape else 0
+
+
+def placed(local: Tensor, mesh: DeviceMesh, placements: tuple, shape: Sequence[int]) -> DTensor:
+    """The DTensor of global ``shape`` (contiguous strides) on ``mesh`` placed by
+    ``placements`` whose shard on this rank is ``local``: an output computed shard by
+    shard."""
+    from torch.distributed.tensor import DTensor
+
+    size = torch.Size(shape)
+    stride = torch.empty(size, device="meta").stride()
+    return DTensor.from_local(local, mesh, placements, shape=size, stride=stride)

@@ -47,7 +47,7 @@ from ..presets import preset
 from ..reference import MODES, VARIANTS, WORD_BITS, check_choice, check_rbits
 from ..rounding import check_index_offset, check_input, decode, encode
 from ..rounding import round as round_to
-from ..shards import is_dtensor, local_block
+from ..shards import block_of, is_dtensor, local_block, placed
 from .formats import (
     OCP_INT8,
     POWER_OF_TWO_RULES,
@@ -1024,20 +1024,14 @@ def as_shards(local: Tensor, x: DTensor, shape: tuple[int, ...], first: int) -> 
     """``local`` (an output of this rank's shard) as the DTensor of global ``shape`` with
     x's mesh and placements; ValueError unless it is that DTensor's shard on this rank
     (its shape, and its first row ``first``)."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    expected, offset = compute_local_shape_and_global_offset(shape, x.device_mesh, x.placements)
+    expected, offset = block_of(torch.Size(shape), x.device_mesh, x.placements)
     if tuple(local.shape) != tuple(expected) or (local.numel() and offset[0] != first):
         raise ValueError(
             f"x of shape {tuple(x.shape)} sharded as {x.placements}: this rank's output of "
             f"shape {tuple(local.shape)} from row {first} is not the shard {tuple(expected)} "
             f"from row {offset[0]} of the whole output of shape {shape}"
         )
-    stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(
-        local, x.device_mesh, x.placements, shape=torch.Size(shape), stride=stride
-    )
+    return placed(local, x.device_mesh, x.placements, shape)
 
 
 def global_amax(x: DTensor, amax: Tensor) -> Tensor:
@@ -1141,13 +1135,10 @@ def dequantize_shards(q: BlockTensor, dtype: torch.dtype | None, unrotate: bool)
     """`BlockTensor.dequantize` of a sharded one (codes and scales DTensors): each rank
     dequantizes its shard; a DTensor placed as the
     codes, of x's shape."""
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     codes = typing.cast("DTensor", q.codes)
     scales = typing.cast("DTensor", q.scales)
     mesh, placements = codes.device_mesh, codes.placements
-    local_shape, _ = compute_local_shape_and_global_offset(q.shape, mesh, placements)
+    local_shape, _ = block_of(q.shape, mesh, placements)
     _, scale_shape = output_shapes(local_shape, q.format, q.axis)
     local = dataclasses.replace(
         q,
@@ -1156,9 +1147,7 @@ def dequantize_shards(q: BlockTensor, dtype: torch.dtype | None, unrotate: bool)
         shape=torch.Size(local_shape),
         scale_shape=scale_shape,
     )
-    values = local.dequantize(dtype, unrotate=unrotate)
-    stride = torch.empty(q.shape, device="meta").stride()
-    return DTensor.from_local(values, mesh, placements, shape=q.shape, stride=stride)
+    return placed(local.dequantize(dtype, unrotate=unrotate), mesh, placements, q.shape)
 
 
 def quantize(

@@ -549,9 +549,11 @@ class SROptimizer(torch.optim.Optimizer):
         keys = params  # the states are the parameters' (DTensors' for sharded ones)
         first_indices = None
         if holds_dtensors(params):  # the kernel updates each rank's shards
-            if any(map(shard_refusal, params)):
+            starts = list(map(first_index, params))
+            # `shard_refusal`'s rule: a range of the parameter, from a multiple of 4
+            if any(start is None or start % 4 for start in starts):
                 return False
-            first_indices = [first_index(param) or 0 for param in params]  # none is None
+            first_indices = [start for start in starts if start is not None]
             params, grads = list(map(local_tensor, params)), list(map(local_tensor, grads))
         # `fused` for each parameter: "auto" takes CUDA parameters, "triton" also those the
         # interpreter runs; the others, and an extra parameter state, go to group_step
