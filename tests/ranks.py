@@ -77,6 +77,32 @@ def run_ranks(
     return [outcome["result"] for outcome in outcomes]
 
 
+def integers(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bits as the integers of its element size."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bits as integers on the CPU (NaNs and signed zeros compare exactly); a
+    DTensor's gathered (``full_tensor()``), one-byte dtypes as uint8: gloo gathers no
+    float8 dtype (nor int16 and int32, which wider floats are gathered without)."""
+    if type(t).__name__ != "DTensor":
+        return integers(t.detach().cpu().contiguous())
+    if t.element_size() > 1:
+        return integers(t.full_tensor().detach().cpu().contiguous())  # type: ignore[attr-defined]
+    from torch.distributed.tensor import DTensor
+
+    local = integers(t.to_local().detach().contiguous())  # type: ignore[attr-defined]
+    placed = DTensor.from_local(
+        local,
+        t.device_mesh,  # type: ignore[attr-defined]
+        t.placements,  # type: ignore[attr-defined]
+        shape=t.shape,
+        stride=t.stride(),
+    )
+    return placed.full_tensor().cpu()
+
+
 def devices() -> list[Any]:
     """The devices a distributed test runs on: the CPU (gloo) always, CUDA (NCCL) marked
     ``gpus2`` (conftest.py leaves it out where fewer than two GPUs are present)."""

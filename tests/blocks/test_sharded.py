@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from ranks import devices, run_ranks
+from ranks import bits, devices, run_ranks
 
 import stochround as sr
 
@@ -71,31 +71,6 @@ REFUSALS: dict[str, tuple[tuple[int, ...], str, dict[str, Any], tuple[str, ...]]
     "swizzle": ((64, 64), "shard0", {"fmt": "mxfp8_e4m3", "swizzle": True}, ("scale rows 0..32",)),
     "sr_unseeded": ((16, 32), "shard0", {"fmt": "mxfp4", "mode": "sr"}, ("needs seed=",)),
 }
-
-
-def integers(t: torch.Tensor) -> torch.Tensor:
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bits as integers on the CPU (NaNs and signed zeros compare exactly); a
-    DTensor's gathered (``full_tensor()``), one-byte dtypes as uint8: gloo gathers no
-    float8 dtype (nor int16 and int32, which wider floats are gathered without)."""
-    if type(t).__name__ == "DTensor" and t.element_size() > 1:
-        return integers(t.full_tensor().detach().cpu().contiguous())  # type: ignore[attr-defined]
-    if type(t).__name__ == "DTensor":
-        from torch.distributed.tensor import DTensor
-
-        local = integers(t.to_local().detach().contiguous())  # type: ignore[attr-defined]
-        placed = DTensor.from_local(
-            local,
-            t.device_mesh,
-            t.placements,
-            shape=t.shape,
-            stride=t.stride(),  # type: ignore[attr-defined]
-        )
-        return placed.full_tensor().cpu()
-    return integers(t.detach().cpu().contiguous())
 
 
 def same(first: torch.Tensor | None, second: torch.Tensor | None) -> bool:

@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ranks import devices, run_ranks
+from ranks import bits, devices, run_ranks
 from torch import nn
 
 import stochround as sr
@@ -38,13 +38,6 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": lambda params, **kw: sr.optim.SGD(params, lr=1e-2, momentum=0.9, **kw),
     "lion": lambda params, **kw: sr.optim.Lion(params, lr=1e-3, weight_decay=0.1, **kw),
 }
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bits (an integer view: NaNs and signed zeros compare exactly), on the CPU."""
-    t = t.full_tensor() if type(t).__name__ == "DTensor" else t
-    t = t.detach().cpu().contiguous()
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def same(first: list[torch.Tensor], second: list[torch.Tensor]) -> bool:

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ranks import devices, run_ranks
+from ranks import bits, devices, run_ranks
 from torch import nn
 
 import stochround as sr
@@ -52,12 +52,6 @@ MODELS: dict[str, Callable[[nn.Module], nn.Module]] = {
     "int8": recipe_model(sr.nn.int8(seed=RECIPE_SEED)),
     "gaussws": gaussws_model,
 }
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's bits (an integer view), a DTensor's gathered, on the CPU."""
-    t = t.full_tensor() if type(t).__name__ == "DTensor" else t  # type: ignore[attr-defined]
-    return t.detach().cpu().contiguous().view(torch.int16)
 
 
 def build_model(name: str, device: str) -> nn.Module:
