@@ -44,6 +44,19 @@ def check_choice(argument: str, value: object, allowed: tuple[str, ...]) -> str:
     return value  # type: ignore[return-value]
 
 
+def check_mode(mode: object) -> str:
+    """The rounding mode ``mode`` names, spelled as in `MODES`: mode names, like format
+    names, are case-insensitive and surrounding spaces are ignored ("SR" names "sr").
+    Anything else is a ValueError naming the argument and `MODES`.
+
+    Every entry point that takes a mode keeps what this returns, so that the code below it
+    compares canonical names only."""
+    if mode in MODES:  # the common case, first: no string work per call
+        return mode  # type: ignore[return-value]
+    canonical = mode.strip().lower() if isinstance(mode, str) else mode
+    return check_choice("mode", canonical if canonical in MODES else mode, MODES)
+
+
 def check_rbits(rbits: int | None) -> int:
     """The number of random bits: ``rbits`` in 1..32, or 32 for exact SR (None)."""
     if rbits is None:
@@ -168,7 +181,7 @@ def round_value(
     kept where the format has it; NaN stays NaN.
     """
     fmt = find_format(fmt)
-    check_choice("mode", mode, MODES)
+    mode = check_mode(mode)
     check_choice("variant", variant, VARIANTS)
     check_choice("sat", sat, SATURATIONS)
     return round_checked(x, fmt, mode, check_rbits(rbits), variant, sat, rand)

@@ -31,7 +31,15 @@ from .formats import format as find_format
 from .kernels.availability import kernels_refusal
 from .packing import PACK_GROUPS, PACKINGS
 from .presets import HardwarePreset, preset
-from .reference import MODES, SATURATIONS, VARIANTS, WORD_BITS, check_choice, check_rbits
+from .reference import (
+    MODES,
+    SATURATIONS,
+    VARIANTS,
+    WORD_BITS,
+    check_choice,
+    check_mode,
+    check_rbits,
+)
 from .shards import block_of, first_index, is_dtensor, local_block, placed
 from .torch_path import (
     FLOAT_DTYPES,
@@ -131,7 +139,7 @@ def _check_choices(
 ) -> tuple[Format, int]:
     """The format and random bits n of a call's choices, each choice checked (an error
     naming it)."""
-    check_choice("mode", mode, MODES)
+    check_mode(mode)
     check_choice("variant", variant, VARIANTS)
     check_choice("sat", sat, SATURATIONS)
     check_choice("nan", nan, NAN_POLICIES)
@@ -213,6 +221,7 @@ def check_request(
 ) -> Request:
     """Check every argument (ValueError/TypeError naming it); draw the seed if None."""
     check_input(x)
+    mode = check_mode(mode)
     fmt, n = _check_choices(fmt, mode, rbits, variant, sat, nan)
     source = _source(rand)
     seed, offset, rand, index_offset = _check_values(
@@ -416,6 +425,7 @@ def _round_call(
     would only flatten the arguments and unflatten them again: about 40% of such a call's
     host time)."""
     check_input(x)
+    mode = check_mode(mode)  # "SR" is "sr" below: every comparison sees the canonical name
     operand: Format | None = None
     flush_below: float | None = None
     if hardware is not None:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..formats import Format
 from ..formats import format as find_format
-from ..reference import MODES, check_choice
+from ..reference import check_mode
 from ..torch_path import FLOAT_DTYPES
 
 P = ParamSpec("P")
@@ -21,12 +21,10 @@ R = TypeVar("R")
 __all__ = ["check_operands", "format_and_mode", "operands"]
 
 
-def format_and_mode(fmt: Format | str, mode: str) -> Format:
-    """The target format (a name resolved) after checking ``mode`` is one of `MODES`
-    (ValueError naming it otherwise)."""
-    fmt = find_format(fmt)
-    check_choice("mode", mode, MODES)
-    return fmt
+def format_and_mode(fmt: Format | str, mode: str) -> tuple[Format, str]:
+    """The target format (a name resolved) and the mode as `MODES` spells it (any case
+    given; ValueError naming it otherwise)."""
+    return find_format(fmt), check_mode(mode)
 
 
 def operands(

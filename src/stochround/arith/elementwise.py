@@ -201,7 +201,7 @@ def round_pair(
 
     Gradient: that of hi + lo (1 to each), straight through the rounding.
     """
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     check_choice("variant", variant, VARIANTS)
     check_choice("sat", sat, SATURATIONS)
     n = check_rbits(rbits)
@@ -287,7 +287,7 @@ def add(
     rand: Tensor | str | None = None,
 ) -> Tensor:
     """x + y exactly, rounded once to ``fmt`` (TwoSum); result in the promoted dtype."""
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     (a, b), dtype = operands("add", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _sum_pair(a, b, mode, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
@@ -310,7 +310,7 @@ def sub(
     rand: Tensor | str | None = None,
 ) -> Tensor:
     """x - y exactly (= x + (-y), IEEE 754), rounded once to ``fmt``."""
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     (a, b), dtype = operands("sub", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _sum_pair(a, -b, mode, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
@@ -414,7 +414,7 @@ def mul(
     rand: Tensor | str | None = None,
 ) -> Tensor:
     """x * y exactly (TwoProduct of the significands), rounded once to ``fmt``."""
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     (a, b), dtype = operands("mul", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _product_pair(a, b, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
@@ -437,7 +437,7 @@ def div(
     rand: Tensor | str | None = None,
 ) -> Tensor:
     """x / y exactly, rounded once: hi = fl(x/y), lo from the exact remainder x - hi y."""
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     (a, b), dtype = operands("div", ("x", "y"), (x, y), wide_ok=True)
     hi, lo = _quotient_pair(a, b, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
@@ -461,7 +461,7 @@ def fma(
     rand: Tensor | str | None = None,
 ) -> Tensor:
     """x * y + z exactly (TwoProduct of the significands plus z), rounded once to ``fmt``."""
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     (a, b, c), dtype = operands("fma", ("x", "y", "z"), (x, y, z), wide_ok=True)
     hi, lo = _fused_pair(a, b, c, mode, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)
@@ -484,7 +484,7 @@ def sqrt(
 ) -> Tensor:
     """sqrt(x) exactly, rounded once: hi = fl(sqrt x), lo from the exact x - hi**2.
     sqrt(-0) = -0, sqrt of a negative number is NaN (IEEE 754)."""
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     (a,), dtype = operands("sqrt", ("x",), (x,), wide_ok=True)
     hi, lo = _root_pair(a, fmt)
     options = dict(rbits=rbits, variant=variant, sat=sat, seed=seed, offset=offset, rand=rand)

@@ -52,7 +52,7 @@ def monte_carlo(
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an int >= 2 (a std needs two samples); got {n!r}")
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     streams.check_seed(seed, "seed")
     calls = 0
 

@@ -27,7 +27,7 @@ from .. import rounding
 from ..formats import Format
 from ..formats import format as find_format
 from ..kernels.availability import kernels_refusal
-from ..reference import MODES, check_choice
+from ..reference import check_choice, check_mode
 from .checks import check_operands, eager_only, format_and_mode, operands
 from .elementwise import add, finish, round_pair, sub
 from .gradients import with_exact_gradient
@@ -174,7 +174,7 @@ def _sum_options(
     offset: int | Tensor,
 ) -> dict:
     """The rounding options of every step; in SR, one seed drawn for the whole call."""
-    check_choice("mode", mode, MODES)
+    mode = check_mode(mode)
     if mode == "sr" and seed is None:
         seed = streams.default_seed()  # one seed for the whole reduction
     if mode == "sr":
@@ -223,7 +223,7 @@ def sum(  # noqa: A001 - the reduction's public name, as torch.sum's
     Gradient: torch.sum's over ``dim`` (1 for every term), straight through the roundings.
     """
     rounding.check_input(x)
-    fmt = find_format(fmt)
+    fmt, mode = format_and_mode(fmt, mode)
     _check_order(order, block)
     checked_dim = _check_dim(dim, x.ndim) if x.ndim else None  # None: 0-d x, one term
     values = x.detach().to(torch.float64)
@@ -279,7 +279,7 @@ def dot(
     Gradient: that of ``(x * y).sum(dim)`` with torch (d/dx = y, d/dy = x), straight
     through the roundings of the products and the sums.
     """
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     _check_order(order, block)
     (a, b), dtype = operands("dot", ("x", "y"), (x, y), wide_ok=False)
     dim = _check_dim(dim, max(a.ndim, 1))
@@ -370,7 +370,7 @@ def matmul(
         return with_exact_gradient(rounded, torch.matmul, exact_a, exact_b)
     # Check the arguments as `dot` does, in its order, and draw the default seed once: a
     # fallback to `dot` then gives the bits and errors it gives on its own.
-    fmt = format_and_mode(fmt, mode)
+    fmt, mode = format_and_mode(fmt, mode)
     _check_order(order, block)
     check_operands("dot", ("x", "y"), (x, y), wide_ok=True)
     _split_rand(rand)

@@ -44,7 +44,7 @@ from ..formats import Format
 from ..kernels.availability import kernels_refusal
 from ..packing import unpack
 from ..presets import preset
-from ..reference import MODES, VARIANTS, WORD_BITS, check_choice, check_rbits
+from ..reference import VARIANTS, WORD_BITS, check_choice, check_mode, check_rbits
 from ..rounding import check_index_offset, check_input, decode, encode
 from ..rounding import round as round_to
 from ..shards import block_of, is_dtensor, local_block, placed
@@ -857,7 +857,7 @@ def check_call(
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension to hold blocks; got a 0-d tensor")
     resolved = resolve_format(fmt, block, scale_rule)
-    check_choice("mode", mode, MODES)
+    mode = check_mode(mode)
     check_choice("variant", variant, VARIANTS)
     check_choice("backend", backend, BACKENDS)
     flavour = check_flavour(nvfp4_flavour)

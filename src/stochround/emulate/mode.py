@@ -39,7 +39,7 @@ from .. import random as streams
 from ..formats import Format, format_of_dtype
 from ..formats import format as find_format
 from ..presets import HardwarePreset
-from ..reference import MODES, check_choice
+from ..reference import check_choice, check_mode
 from ..torch_path import FLOAT_DTYPES
 
 __all__ = ["ACCUMULATES", "COMPUTES", "FLOAT8_DTYPES", "MATMUL_OPS", "OPS", "PER_OP_OPS"]
@@ -305,7 +305,7 @@ class Emulation(TorchDispatchMode):
         super().__init__()
         self.formats = target_formats(fmt)
         self.cast_formats = cast_formats(fmt)
-        self.mode = check_choice("mode", mode, MODES)
+        self.mode = check_mode(mode)
         self.ops = check_ops(ops)
         self.compute = check_choice("compute", compute, COMPUTES)
         self.accumulate = check_choice("accumulate", accumulate, ACCUMULATES)

@@ -27,7 +27,7 @@ from ..blocks.hadamard import HADAMARD_SIZES
 from ..blocks.quantize import resolve_format
 from ..formats import format as find_format
 from ..presets import preset
-from ..reference import MODES, VARIANTS, check_choice, check_rbits
+from ..reference import VARIANTS, check_choice, check_mode, check_rbits
 
 # the six operands of a linear layer's three GEMMs, in the order of their stream slots
 ROLES: tuple[str, ...] = (
@@ -118,7 +118,7 @@ class QuantSpec:
     def __post_init__(self) -> None:
         if self.format is not None:
             check_choice("format", self.format, FORMAT_NAMES)
-        check_choice("mode", self.mode, MODES)
+        object.__setattr__(self, "mode", check_mode(self.mode))
         if self.rbits is not None:
             if self.mode != "sr":
                 raise ValueError(f"rbits applies to mode='sr' only; got mode={self.mode!r}")
