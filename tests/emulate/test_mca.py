@@ -163,9 +163,9 @@ def test_outputs_are_flattened_in_order_with_their_labels():
     assert [s.dtype for s in result.samples] == [torch.float64] * 4
     assert not torch.equal(result.samples[1][0], result.samples[1][1])  # SR at 8 bits
     # numbers agree in every run (std 0): a float is a float64 value (8 bits at t = 8), an
-    # int is held exactly (53 bits)
+    # int no rounding touches: exact, inf digits
     assert float(result.digits[2]) == 8 * LOG10_2
-    assert float(result.digits[3]) == 53 * LOG10_2
+    assert float(result.digits[3]) == math.inf
     single = mca(lambda v: v * 3, x, n=2, fmt="bfloat16", mode="rne")
     assert single.labels == ("result",)
 
@@ -228,7 +228,22 @@ def test_virtual_precision_keeps_each_dtypes_exponent_range():
         (lambda: mca(torch.neg, torch.ones(1), precision=8, mode="up"), ValueError, "mode"),
         (lambda: mca(torch.neg, torch.ones(1), precision=8, trace=1), TypeError, "trace"),
         (lambda: mca(3, precision=8), TypeError, "fn must be callable"),
-        (lambda: mca(lambda: "text", precision=8), TypeError, "fn must return tensors"),
+        (
+            lambda: mca(lambda: "text", precision=8),
+            TypeError,
+            r"^fn returned str; mca needs a tensor, a Python number \(bool, int, float\), "
+            "None, or tuples, lists and dicts of them$",
+        ),
+        (
+            lambda: mca(lambda: {"a": [torch.ones(1), b"x"]}, precision=8),
+            TypeError,
+            r"^fn returned bytes at \['a'\]\[1\]; mca needs a tensor",
+        ),
+        (
+            lambda: mca(sorted, [object()], precision=8),
+            TypeError,
+            r"^sorted\(\) returned object at \[0\]; ",
+        ),
         (lambda: mca(torch.neg, torch.ones(1), fmt="e9m9"), ValueError, "unknown format"),
     ],
 )
@@ -258,3 +273,42 @@ def test_a_module_call_is_attributed_to_the_line_that_calls_it():
     result = mca(program, torch.randn(3, 4), n=2, precision=8, trace=True)
     line = line_of(program, "model(x).sum()")
     assert [(site.site, site.calls) for site in result.sites] == [(f"{__file__}:{line} program", 2)]
+
+
+def test_integer_and_bool_outputs_are_exact_where_every_run_agrees():
+    """No rounding touches an integer or bool output: where every run gives the same value
+    its digits are inf (not float64's 15.95); one computed from rounded floats can still
+    vary (a count of values above a threshold), and then has -log10(std / |mean|) digits,
+    not clamped to a float format's p log10 2."""
+    x = torch.linspace(0, 1, 100)
+
+    def program() -> tuple[object, ...]:
+        y = x * 3.3
+        return (y > 1.65).sum(), (y >= 0).sum(), torch.ones(3) > 0, 7, False
+
+    result = mca(program, n=8, precision=4, seed=0)
+    count, total, flags, seven, false = result.digits
+    assert math.isfinite(float(count))  # at 4 bits, values near 1.65 cross it at random
+    std, mean = result.std[0].item(), result.mean[0].item()
+    assert float(count) == -math.log10(std / abs(mean))
+    assert float(total) == math.inf  # every value stays >= 0 in every run
+    assert torch.equal(flags, torch.full((3,), math.inf, dtype=torch.float64))
+    assert float(seven) == math.inf and float(false) == math.inf  # std 0, whatever the mean
+    assert significant_digits(
+        torch.tensor([5.0, 0.0, 10.0]), torch.tensor([0.0, 1.0, 1e-20]), None
+    ).tolist() == [math.inf, 0.0, 21.0]
+
+
+def test_results_that_change_shape_between_runs_are_a_runtime_error():
+    """A list that grows, or a tensor whose shape changes (not torch.stack's error)."""
+    sizes = iter(range(1, 10))
+
+    def grows() -> list[float]:
+        return [0.5] * next(sizes)
+
+    def reshapes() -> torch.Tensor:
+        return torch.ones(next(sizes))
+
+    for fn in (grows, reshapes):
+        with pytest.raises(RuntimeError, match=rf"^{fn.__name__}\(\) returned results of "):
+            mca(fn, n=3, precision=8)

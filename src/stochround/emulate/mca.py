@@ -25,7 +25,7 @@ from torch import Tensor
 
 from .. import random as streams
 from ..formats import Format, format_of_dtype
-from ..reference import MODES, check_choice
+from ..reference import check_mode
 from ..torch_path import FLOAT_DTYPES
 from .mode import Emulation, FormatSpec, target_formats
 
@@ -78,8 +78,9 @@ class MCAResult:
     (``"result"`` for a single tensor, ``"[0]"``, ``"['loss']"``, ``"['a'][1]"``).  For each
     output i: ``samples[i]`` (float64, shape ``(n, *shape)``), and elementwise ``mean[i]``,
     ``std[i]`` (sample std, n - 1; samples, mean and std carry fn's gradient, straight
-    through the roundings) and ``digits[i]`` (`significant_digits` with the
-    precision of the format the output's dtype was rounded to).  ``sites``: with
+    through the roundings) and ``digits[i]`` (`significant_digits` with the precision of
+    the format the output's dtype was rounded to; for an integer or bool output, which no
+    rounding touches, unclamped: inf where every run agrees).  ``sites``: with
     ``trace=True``, one `SiteDigits` per op call site, worst (fewest digits, NaN first)
     first; empty otherwise.  ``formats``: the format each dtype's results were rounded to;
     ``seed``: the stream's seed.
@@ -95,7 +96,7 @@ class MCAResult:
     seed: int
 
 
-def significant_digits(mean: Tensor, std: Tensor, precision: int) -> Tensor:
+def significant_digits(mean: Tensor, std: Tensor, precision: int | None) -> Tensor:
     """Significant decimal digits of samples with this mean and std, elementwise (Parker
     1997): ``-log10(std / |mean|)``, clamped to ``[0, p log10 2]`` with ``p = precision``;
     std == 0 (every sample agrees) gives ``p log10 2``, mean == 0 with std > 0 gives 0, NaN
@@ -107,12 +108,17 @@ def significant_digits(mean: Tensor, std: Tensor, precision: int) -> Tensor:
     Args:
         mean: the samples' mean (a float tensor).
         std: their sample standard deviation, the shape of ``mean``.
-        precision: the significant bits p of the format the samples were rounded to.
+        precision: the significant bits p of the format the samples were rounded to, or
+            None for samples no rounding touched (integer and bool outputs): no upper
+            clamp, and std == 0 gives inf (every run gave the same exact value).
     """
-    max_digits = precision * math.log10(2)
+    max_digits = math.inf if precision is None else precision * math.log10(2)
     with torch.no_grad():
         ratio = std / mean.abs()
-        return torch.where(std == 0, max_digits, (-torch.log10(ratio)).clamp(0, max_digits))
+        digits = (-torch.log10(ratio)).clamp(min=0)
+        if precision is not None:
+            digits = digits.clamp(max=max_digits)
+        return torch.where(std == 0, max_digits, digits)
 
 
 def virtual_precision(precision: int) -> dict[torch.dtype, Format]:
@@ -153,14 +159,24 @@ def call_site() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
 
 
-def flat_outputs(value: object, label: str = "") -> list[tuple[str, Tensor]]:
+def returner(fn: Callable[..., object]) -> str:
+    """How error messages name ``fn``: ``name()`` for a named function (``main()``), else
+    ``fn`` (a lambda, a partial)."""
+    name = getattr(fn, "__name__", "")
+    return f"{name}()" if isinstance(name, str) and name.isidentifier() else "fn"
+
+
+def flat_outputs(
+    value: object, label: str = "", returned_by: str = "fn"
+) -> list[tuple[str, Tensor]]:
     """The tensors of a function's result with their labels, in order: a tensor; a Python
     number (as a tensor); a tuple's or list's items; a dict's values; None holds none.
-    Another type is a TypeError naming it and its place.
+    Another type is a TypeError naming it, its place and what mca takes.
 
     Args:
         value: the result (or a part of it).
         label: its place in the whole result (``""`` for the whole).
+        returned_by: the function's name for the error (`returner`).
     """
     if isinstance(value, Tensor):
         return [(label or "result", value)]
@@ -173,13 +189,14 @@ def flat_outputs(value: object, label: str = "") -> list[tuple[str, Tensor]]:
     elif isinstance(value, Mapping):
         items = list(value.items())
     else:
+        place = f" at {label}" if label else ""
         raise TypeError(
-            f"fn must return tensors, numbers, None, or tuples, lists and dicts of them; "
-            f"got {type(value).__name__} at {label or 'the top'}"
+            f"{returned_by} returned {type(value).__name__}{place}; mca needs a tensor, a "
+            "Python number (bool, int, float), None, or tuples, lists and dicts of them"
         )
     found = []
     for key, item in items:
-        found += flat_outputs(item, f"{label}[{key!r}]")
+        found += flat_outputs(item, f"{label}[{key!r}]", returned_by)
     return found
 
 
@@ -264,15 +281,15 @@ def _tensors(value: object) -> list[Tensor]:
     return []
 
 
-def _precision(formats: Mapping[torch.dtype, Format], dtype: torch.dtype) -> int:
+def _precision(formats: Mapping[torch.dtype, Format], dtype: torch.dtype) -> int | None:
     """The significant bits of ``dtype``'s results under the emulation: its target format's,
-    its own where it has none (its ops are unrounded), float64's for non-floating values
-    (the samples hold them as float64 exactly)."""
+    its own where it has none (its ops are unrounded); None for integer and bool values,
+    which no rounding touches (`significant_digits` does not clamp them)."""
     if dtype in formats:
         return formats[dtype].precision
     if dtype in FLOAT_DTYPES:
         return format_of_dtype(dtype).precision
-    return MAX_PRECISION
+    return None
 
 
 def mca(
@@ -299,7 +316,9 @@ def mca(
 
     Args:
         fn: the function; it returns tensors, Python numbers, None, or tuples, lists and
-            dicts of them (`flat_outputs`).
+            dicts of them (`flat_outputs`; a TypeError naming another type and its place).
+            Integer and bool outputs are not rounded: their digits are inf where every run
+            gives the same value, else ``-log10(std / |mean|)`` unclamped above.
         args, kwargs: its arguments (not rounded; fn's ops round their results).
         n: the number of runs, an int >= 2 (a std needs two samples).
         precision: t, a virtual precision of t significant bits (Verificarlo's MCA): every
@@ -307,7 +326,7 @@ def mca(
             (`virtual_precision`).  Give ``precision`` or ``fmt``, not both.
         fmt: the format(s), as `emulate` takes them (a name, `Format` or dtype, or a dict
             {dtype: format}).
-        mode: the rounding mode, one of `stochround.reference.MODES` ("sr" for MCA;
+        mode: the rounding mode, one of `stochround.reference.MODES`, any case ("sr" for MCA;
             a deterministic mode gives std 0 and the format's full digits).
         seed: the stream's seed, an int in [0, 2**64).
         trace: also record, per op call site (`call_site`), the fewest significant digits
@@ -328,7 +347,7 @@ def mca(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int in [0, 2**64); got {seed!r}")
     streams.check_seed(seed, "seed")
-    check_choice("mode", mode, MODES)
+    mode = check_mode(mode)
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be a bool; got {trace!r}")
     target = virtual_precision(precision) if precision is not None else fmt
@@ -337,6 +356,7 @@ def mca(
     statistics = SiteStatistics(formats)
     emulation = Emulation(target, mode, seed=seed, observer=statistics.observe if trace else None)
     runs = []
+    name = returner(fn)
     for _ in range(n):
         statistics.start_run()
         with emulation:
@@ -345,15 +365,19 @@ def mca(
         # overwrite a tensor this one returned.  Not detached: as `arith.monte_carlo`'s, the
         # samples carry fn's gradient (straight through every rounding)
         runs.append(
-            [(label, t.dtype, t.to(torch.float64, copy=True)) for label, t in flat_outputs(result)]
+            [
+                (label, t.dtype, t.to(torch.float64, copy=True))
+                for label, t in flat_outputs(result, returned_by=name)
+            ]
         )
-    layout = [(label, dtype) for label, dtype, _ in runs[0]]
-    if any([(label, dtype) for label, dtype, _ in run] != layout for run in runs):
+    layout = [(label, dtype, t.shape) for label, dtype, t in runs[0]]
+    if any([(label, dtype, t.shape) for label, dtype, t in run] != layout for run in runs):
         raise RuntimeError(
-            "fn returned results of different structures or dtypes in different runs"
+            f"{name} returned results of different structures, dtypes or shapes in different "
+            "runs; mca compares the runs output by output"
         )
-    labels = tuple(label for label, _ in layout)
-    dtypes = [dtype for _, dtype in layout]
+    labels = tuple(label for label, _, _ in layout)
+    dtypes = [dtype for _, dtype, _ in layout]
     samples = tuple(torch.stack([run[i][2] for run in runs]) for i in range(len(labels)))
     mean = tuple(s.mean(dim=0) for s in samples)
     std = tuple(s.std(dim=0, correction=1) for s in samples)
