@@ -50,6 +50,30 @@ SEED_RANGE = "--seed must be an integer in [0, 2**64) (0 to 18446744073709551615
         ),
         (["run", "all", "stagnation"], "NAME all runs every experiment: give it alone"),
         (["run", "summation", "summation"], "summation given more than once"),
+        # a block format has no rounding of one value: its element format is named instead
+        (
+            ["round", "1.3", "--format", "mxfp4"],
+            "--format mxfp4 is a block format (e2m1 elements, one e8m0 scale per 32 elements): "
+            "a value's rounding in it depends on its block's scale, which one value does not "
+            "have; to round to its elements pass --format e2m1, and see stochround info mxfp4",
+        ),
+        (
+            ["round", "1.3", "--format", "NVFP4"],
+            "pass --format e2m1, and see stochround info nvfp4",
+        ),
+        (
+            ["round", "1.3", "--format", "int8_rowwise"],
+            "(int8 elements, one binary32 scale per row)",
+        ),
+        (
+            ["round", "1.3", "--format", "mxint8"],
+            "its element grid has no format name here: see stochround info mxint8",
+        ),
+        (
+            ["round", "1.3", "--hardware", "nvidia-cvt-rs", "--format", "mxfp4"],
+            "--format mxfp4 is a block format",
+        ),
+        (["hardware", "nvidia-cvt-rs", "--format", "nvfp4"], "pass --format e2m1, and see"),
     ],
 )
 def test_bad_input_prints_the_message_and_exits_2(args, message):

@@ -95,12 +95,97 @@ def test_main_returning_nothing_still_gets_its_sites(tmp_path):
     assert row(text, f"{script}:4 main")[1] == "3"
 
 
-def test_an_error_in_main_is_the_scripts_own(tmp_path):
-    """Not bad input: the exception propagates (a traceback, exit status 1)."""
-    script = write_script(tmp_path, "def main():\n    raise KeyError('inside main')\n")
-    result = invoke("mca", str(script), "--precision", "11", "--out", str(tmp_path))
-    assert result.exit_code == 1
-    assert isinstance(result.exception, KeyError)
+def failure(tmp_path: Path, text: str, *options: str) -> str:
+    """The one stderr line of `stochround mca` on a script ``text`` that fails after its
+    import (exit status 2, no traceback, nothing on stdout)."""
+    script = write_script(tmp_path, text)
+    result = invoke("mca", str(script), "--precision", "11", "--n", "3", *options)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.output and result.stdout == ""
+    return result.stderr.removeprefix("error: ").rstrip("\n")
+
+
+def test_an_error_in_main_is_one_line_naming_it_and_the_scripts_line(tmp_path):
+    """The exception's type and message, and the script's line that raised it: the
+    innermost line of the script, also where the error comes from torch below it."""
+    out = str(tmp_path / "out")
+    script = tmp_path / "program.py"
+    message = failure(tmp_path, "def main():\n    raise KeyError('inside main')\n", "--out", out)
+    assert message == f"main() raised KeyError: 'inside main' (at {script}:2 main)"
+    text = "import torch\n\ndef main():\n    return torch.ones(2) @ torch.ones(3)\n"
+    message = failure(tmp_path, text, "--out", out)
+    assert message.startswith("main() raised RuntimeError: ")
+    assert message.endswith(f"(at {script}:4 main)")
+    bare = failure(tmp_path, "def main():\n    raise ValueError\n", "--out", out)
+    assert bare == f"main() raised ValueError (at {script}:2 main)"
+
+
+def test_sys_exit_in_main_or_at_import_is_one_line(tmp_path):
+    out = str(tmp_path / "out")
+    script = tmp_path / "program.py"
+    message = failure(tmp_path, "import sys\n\ndef main():\n    sys.exit(3)\n", "--out", out)
+    assert message == (
+        f"main() called sys.exit(3) (at {script}:4 main); mca needs main() to return what "
+        "it measures"
+    )
+    result = invoke(
+        "mca",
+        str(write_script(tmp_path, "import sys\nsys.exit('usage')\n")),
+        "--precision",
+        "8",
+        "--out",
+        out,
+    )
+    assert result.exit_code == 2
+    assert result.stderr == f"error: importing SCRIPT {str(script)!r} called sys.exit('usage')\n"
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (
+            "'done'",
+            "main() returned str; mca needs a tensor, a Python number (bool, int, float), "
+            "None, or tuples, lists and dicts of them",
+        ),
+        ("{'x': torch.ones(2), 'log': ['ok']}", "main() returned str at ['log'][0]; mca needs"),
+        ("torch.ones(2, dtype=torch.complex64)", "main() raised TypeError: emulate does not"),
+        (
+            "[0.5] * len(CALLS)",
+            "main() returned results of different structures, dtypes or shapes in different "
+            "runs; mca compares the runs output by output",
+        ),
+    ],
+)
+def test_results_mca_cannot_measure_are_one_line(tmp_path, returned, message):
+    """main() runs, but what it returns cannot be measured: the library's reason, one line.
+    (A list that grows run by run: no ATen op, so the check is mca's, not the trace's.)"""
+    text = f"import torch\nCALLS = []\n\ndef main():\n    CALLS.append(1)\n    return {returned}\n"
+    assert message in failure(tmp_path, text, "--out", str(tmp_path / "out"))
+
+
+def test_integer_and_bool_outputs_every_run_agrees_on_are_exact(tmp_path):
+    """Not 15.95 digits (float64's): no rounding touches them, and every run gave them."""
+    script = write_script(
+        tmp_path,
+        "import torch\n\ndef main():\n    x = torch.arange(4.0) * 0.1\n"
+        "    return {'count': (x > 0.15).sum(), 'any': bool((x > 0).any()), 'n': 4, "
+        "'mean': x.mean()}\n",
+    )
+    text = ok("mca", str(script), "--precision", "11", "--n", "4", "--out", str(tmp_path))
+    assert row(text, "['count']")[1:] == ["()", "exact", "2", "0"]
+    assert row(text, "['any']")[1:] == ["()", "exact", "1", "0"]
+    assert row(text, "['n']")[1:] == ["()", "exact", "4", "0"]
+    assert row(text, "['mean']")[2] != "exact"
+    assert "exact: an integer or bool output that every run gave the same" in text
+
+
+def test_mca_takes_a_mode_in_any_case(tmp_path):
+    script = write_script(tmp_path, VARIANCE_SCRIPT)
+    text = ok("mca", str(script), "--format", "bf16", "--mode", "RNE", "--out", str(tmp_path))
+    assert "bfloat16 with rne" in text
+    assert row(text, "['variance']")[4] == "0"
 
 
 @pytest.mark.parametrize(
@@ -124,6 +209,11 @@ def test_an_error_in_main_is_the_scripts_own(tmp_path):
         ("x = 1\n", ["--precision", "8"], "must define a function main()"),
         ("def main(x):\n    return x\n", ["--precision", "8"], "main() must take no arguments"),
         ("raise ImportError('no such thing')\n", ["--precision", "8"], "raised ImportError"),
+        (
+            "def main():\n    return 1.0\n",
+            ["--format", "mxfp4"],
+            "--format mxfp4 is a block format (e2m1 elements, one e8m0 scale per 32 elements)",
+        ),
     ],
 )
 def test_bad_input_exits_2_before_main_runs(tmp_path, script_text, options, message):

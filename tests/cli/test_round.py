@@ -182,3 +182,12 @@ def test_round_e8m0s_smallest_value_itself_and_negative_values_are_no_underflow(
     assert row(output, "lower (round down)")[1:3] == ["nan", "0xff"]
     assert "overflow: -1e-40 is beyond the format's lowest" in output
     assert "underflow" not in output
+
+
+@pytest.mark.parametrize("spelled", ["RNE", "Rne", " rne "])
+def test_round_takes_a_mode_in_any_case(spelled):
+    """--mode RNE is rne (as the library's mode= is): the same table, the name printed as
+    MODES spells it."""
+    assert ok("round", "1.3", "--format", "e4m3fn", "--mode", spelled) == ok(
+        "round", "1.3", "--format", "e4m3fn", "--mode", "rne"
+    )

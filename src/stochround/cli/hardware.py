@@ -84,5 +84,6 @@ def hardware_command(
             output.fail("--format picks a unit of the family NAME: give NAME too")
         hardware_section().print(console)
         return
-    unit = output.checked(lambda: hardware.preset(name, format_name))
+    target = None if format_name is None else output.checked_format(format_name)
+    unit = output.checked(lambda: hardware.preset(name, target))
     preset_section(unit).print(console)

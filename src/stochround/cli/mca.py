@@ -5,17 +5,22 @@ times with every floating ATen op rounded at random (`stochround.emulate.mca` wi
 
 The script is imported as a module (its top-level code runs once, unrounded: data set up
 there is exact); only ``main()`` runs under the emulation.  Bad options, a missing script, a
-script that cannot be imported or has no ``main()`` taking no arguments are bad-input exits;
-an exception raised by ``main()`` itself is the script's own, shown with its traceback.
+script that cannot be imported or has no ``main()`` taking no arguments are bad-input exits
+before ``main()`` runs; so are, after it, an exception ``main()`` raises (its type, message
+and the script's line that raised it, `raised_at`), a ``sys.exit`` in it, and results
+`stochround.emulate.mca.mca` cannot measure (a str, results that change from run to run):
+one ``error: ...`` line and exit status 2, as every command's bad input.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import math
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,8 +31,7 @@ import typer
 
 from ..emulate.mca import MCAResult, SiteDigits, mca, virtual_precision
 from ..experiments import report
-from ..formats import format as find_format
-from ..reference import MODES, check_choice
+from ..reference import MODES, check_mode
 from . import output
 from .output import Section
 
@@ -77,6 +81,8 @@ def load_main(script: Path) -> Callable[[], object]:
             spec.loader.exec_module(module)
     except Exception as error:  # the script's own code: any error it raises
         output.fail(f"importing SCRIPT {str(script)!r} raised {type(error).__name__}: {error}")
+    except SystemExit as error:  # sys.exit or argparse at the script's top level
+        output.fail(f"importing SCRIPT {str(script)!r} called sys.exit({error.code!r})")
     finally:
         sys.modules.pop(name, None)
     main = getattr(module, "main", None)
@@ -101,8 +107,44 @@ def checked_target(format_name: str | None, precision: int | None) -> str:
         formats = output.checked(lambda: virtual_precision(precision))
         dtypes = ", ".join(str(dtype).removeprefix("torch.") for dtype in formats)
         return f"a virtual precision of {precision} bits ({dtypes} results)"
-    fmt = output.checked(lambda: find_format(format_name))  # type: ignore[arg-type]
-    return fmt.name
+    assert format_name is not None  # exactly one of the two is given (checked above)
+    return output.checked_format(format_name).name
+
+
+class MainFailed(Exception):
+    """main() raised or called sys.exit during a run: the message says what and where."""
+
+
+def raised_at(error: BaseException, script: Path) -> str:
+    """Where ``error`` was raised, as a site ``file:line function`` (`short_site`): the
+    innermost frame in the script's own file (the line its author wrote, also for an error
+    raised inside torch or stochround by an op it called), else the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if Path(frame.filename).resolve() == script.resolve()]
+    frame = (own or frames)[-1]
+    return short_site(f"{frame.filename}:{frame.lineno} {frame.name}")
+
+
+def guarded(main: Callable[[], object], script: Path) -> Callable[[], object]:
+    """``main``, with what it raises (an exception, or ``SystemExit`` from ``sys.exit``)
+    turned into a `MainFailed` naming the exception's type and message and `raised_at`.
+    The wrapper keeps main's name, which `mca`'s own messages use (``main() returned ...``)."""
+
+    @functools.wraps(main)
+    def run() -> object:
+        try:
+            return main()
+        except Exception as error:
+            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            where = raised_at(error, script)
+            raise MainFailed(f"main() raised {message} (at {where})") from error
+        except SystemExit as error:
+            raise MainFailed(
+                f"main() called sys.exit({error.code!r}) (at {raised_at(error, script)}); "
+                "mca needs main() to return what it measures"
+            ) from error
+
+    return run
 
 
 def short_site(site: str) -> str:
@@ -118,7 +160,10 @@ def short_site(site: str) -> str:
 
 
 def digits_text(value: float) -> str:
-    """Significant digits, two decimals (NaN where the outputs hold NaN)."""
+    """Significant digits, two decimals; "nan" where the outputs hold NaN, "exact" for inf
+    (an integer or bool output that every run gave the same)."""
+    if math.isinf(value):
+        return "exact"
     return "nan" if math.isnan(value) else f"{value:.2f}"
 
 
@@ -149,6 +194,11 @@ def outputs_section(result: MCAResult, n: int) -> Section:
         "for the format of p bits the output's dtype was rounded to; mean and std are "
         "those of the element with the fewest digits."
     ]
+    if any(bool(digits.isinf().any()) for digits in result.digits):
+        notes.append(
+            "exact: an integer or bool output that every run gave the same (no rounding "
+            "touches it; one that varies has -log10(std / |mean|) digits, unclamped)."
+        )
     return Section(
         "Significant digits of main()'s results",
         ["output", "shape", "min digits", "mean", "std"],
@@ -215,7 +265,9 @@ def mca_command(
             show_default=False,
         ),
     ] = None,
-    mode: Annotated[str, typer.Option(help=f"Rounding mode: {', '.join(MODES)}.")] = "sr",
+    mode_text: Annotated[
+        str, typer.Option("--mode", help=f"Rounding mode: {', '.join(MODES)} (any case).")
+    ] = "sr",
     n: Annotated[int, typer.Option("--n", help="Runs of main() (at least 2).")] = 32,
     seed: Annotated[
         str, typer.Option("--seed", metavar="SEED", help="Seed of the random roundings.")
@@ -229,22 +281,27 @@ def mca_command(
     the most, and plot the digits of every line."""
     # every option is checked before main() runs once
     target = checked_target(format_name, precision)
-    output.checked(lambda: check_choice("mode", mode, MODES))
+    mode = output.checked(lambda: check_mode(mode_text))
     if n < 2:
         output.fail(f"--n must be an integer >= 2 (a std needs two runs); got {n}")
     checked_seed = output.parse_seed(seed)
     output.prepare_out(out)
     main = load_main(script)
     console = output.new_console()
-    result = mca(
-        main,
-        n=n,
-        precision=precision,
-        fmt=format_name,
-        mode=mode,
-        seed=checked_seed,
-        trace=True,
-    )
+    try:
+        result = mca(
+            guarded(main, script),
+            n=n,
+            precision=precision,
+            fmt=format_name,
+            mode=mode,
+            seed=checked_seed,
+            trace=True,
+        )
+    except MainFailed as error:
+        output.fail(str(error))
+    except (TypeError, RuntimeError) as error:  # what main() returned: mca cannot measure it
+        output.fail(str(error))
     console.print(
         f"{script}: main() run {n} times, every op rounded to {target} with {mode}, "
         f"seed {checked_seed}",

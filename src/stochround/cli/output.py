@@ -20,8 +20,10 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import outcomes
+from ..blocks.formats import BLOCK_FORMATS, BlockFormat
 from ..experiments import report
 from ..formats import Format
+from ..formats import format as find_format
 
 EXIT_BAD_INPUT = 2
 # Every seed the library's random streams take: torch.Generator's range too.
@@ -48,6 +50,42 @@ def checked(action: Callable[[], T]) -> T:
         return action()
     except (ValueError, TypeError) as error:
         fail(str(error))
+
+
+def block_format_message(block: BlockFormat, option: str) -> str:
+    """Why ``option`` cannot take the block format ``block``, and what to pass instead.
+
+    A value rounded in a block format is its element format's value times its block's
+    shared scale, which comes from the block's largest magnitude: a lone value (or each op
+    output, for mca) has no block, so its rounding is not defined by the name alone.  The
+    message names the element format, which is what a value with scale 1 rounds to."""
+    scale = block.scale.name if block.scale is not None else "no"
+    size = "row" if block.block_size is None else f"{block.block_size} elements"
+    shared = f"{block.element.name} elements, one {scale} scale per {size}"
+    try:
+        element = find_format(block.element.name).name
+    except ValueError:  # mxint8's element grid (ocp_int8) has no registered name
+        element = None
+    instead = (
+        f"to round to its elements pass {option} {element}, and see "
+        if element is not None
+        else "its element grid has no format name here: see "
+    )
+    return (
+        f"{option} {block.name} is a block format ({shared}): a value's rounding in it "
+        f"depends on its block's scale, which one value does not have; {instead}"
+        f"stochround info {block.name}"
+    )
+
+
+def checked_format(name: str, option: str = "--format") -> Format:
+    """The scalar format ``name`` names (a name or alias, any case); a block format (mxfp4,
+    nvfp4, ...) or an unknown name is a bad-input exit (`block_format_message`, or the
+    library's message)."""
+    block = BLOCK_FORMATS.get(name.strip().lower())
+    if block is not None:
+        fail(block_format_message(block, option))
+    return checked(lambda: find_format(name))
 
 
 def parse_seed(text: str, option: str = "--seed") -> int:

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from .. import hardware, outcomes, reference, rounding
 from ..formats import Format
-from ..formats import format as find_format
+from ..reference import check_mode
 from . import output
 from .output import Section
 
@@ -240,7 +240,7 @@ def draw(
     argument (format, mode, variant, sat, rbits) first."""
     if format_name is None:
         output.fail("--format is required (a format name or alias) unless --hardware is given")
-    fmt = output.checked(lambda: find_format(format_name))
+    fmt = output.checked_format(format_name)
     options: dict[str, Any] = {"rbits": rbits, "variant": variant, "sat": sat, "seed": seed}
     drawn = output.checked(
         lambda: rounding.round(torch.tensor([x], dtype=torch.float64), fmt, mode, **options)
@@ -253,7 +253,8 @@ def draw_with_unit(
 ) -> tuple[hardware.HardwarePreset, float, float]:
     """The hardware unit (a preset, or a family's with its format), x rounded to its operand
     format by the reference, and one result of stochround.round with the unit."""
-    unit = output.checked(lambda: hardware.preset(name, format_name))
+    target = None if format_name is None else output.checked_format(format_name)
+    unit = output.checked(lambda: hardware.preset(name, target))
     operand = reference.round_value(x, unit.operand, "rne")
     drawn = rounding.round(torch.tensor([x], dtype=torch.float64), hardware=unit.name, seed=seed)
     return unit, operand, float(drawn.item())
@@ -277,9 +278,12 @@ def round_command(
             show_default=False,
         ),
     ] = None,
-    mode: Annotated[
+    mode_text: Annotated[
         str,
-        typer.Option(help="Rounding mode: rne, rna, rz, ru, rd, ro (round to odd) or sr."),
+        typer.Option(
+            "--mode",
+            help="Rounding mode: rne, rna, rz, ru, rd, ro (round to odd) or sr (any case).",
+        ),
     ] = "sr",
     rbits: Annotated[
         int | None,
@@ -318,6 +322,7 @@ def round_command(
     the chosen mode (or hardware unit), and one result drawn with stochround.round."""
     x = parse_value(value_text)
     seed = output.parse_seed(seed_text)
+    mode = output.checked(lambda: check_mode(mode_text))
     if hardware_name is None:
         unit, operand = None, x
         fmt, drawn = draw(x, format_name, mode, rbits, variant, sat, seed)
