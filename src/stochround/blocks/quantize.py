@@ -445,8 +445,7 @@ def resolve_format(fmt: str | BlockFormat, block: object, scale_rule: object) ->
 
 def check_blocks(fmt: BlockFormat, shape: torch.Size, axis: int) -> None:
     """ValueError unless the block divides the quantized axis (2-D tiles: the last two axes,
-    with axis the last one; a whole-row block: an axis of at least one element, whose
-    scale ``amax / max`` a row of nothing has not)."""
+    with axis the last one)."""
     block = fmt.block
     if isinstance(block, tuple):
         if len(shape) < 2:
@@ -463,11 +462,6 @@ def check_blocks(fmt: BlockFormat, shape: torch.Size, axis: int) -> None:
                     f"block {block} must divide x's last two axes: {length} {name} is not a "
                     f"multiple of {size}"
                 )
-    elif block is None and shape[axis] == 0:
-        raise ValueError(
-            f"whole-row blocks (block=None: one scale per row along axis {axis}) need a "
-            "nonempty axis; its length is 0"
-        )
     elif block is not None and shape[axis] % block:
         raise ValueError(
             f"block {block} must divide the length {shape[axis]} of axis {axis} (no padding)"
@@ -1096,6 +1090,12 @@ def check_call(
         n = unit.rbits
     axis_index = check_axis(axis, x.dim())
     check_blocks(resolved, x.shape, axis_index)
+    if resolved.block is None and x.shape[axis_index] == 0:
+        # a row of nothing has no scale amax / max (and its blocks no length to divide by)
+        raise ValueError(
+            f"whole-row blocks (block=None: one scale per row along axis {axis_index}) need "
+            "a nonempty axis; its length is 0"
+        )
     hardware_name = None if hardware is None else str(hardware)
     index_offset = check_index_offset(index_offset)
     return x, BlockRequest(
