@@ -848,15 +848,15 @@ def _kernel_call(
     if rht is not None and signs is None:
         signs = default_signs(rht, x.device)
     choice = _tensor_scale_choice(request.fmt, tensor_scale)
-    decoding: Tensor | None = None
+    scales: Tensor | None = None  # S_dec and S_enc
     if choice == "amax":
         scale = _tensor_scale_op if torch.compiler.is_compiling() else _run_tensor_scale
-        decoding = scale(x, signs, request.flavour, rht or 0, rht_bf16)
+        scales = scale(x, signs, request.flavour, rht or 0, rht_bf16)
     elif choice != "none":
-        decoding = torch.stack(tuple(_given_scales(tensor_scale, x.device)))
+        scales = torch.stack(tuple(_given_scales(tensor_scale, x.device)))
     block = request.fmt.block
     amax = tile_amax(x, block) if isinstance(block, tuple) else None
-    return KernelCall(decoding, rht, signs, rht_bf16, seed, offset, amax)
+    return KernelCall(scales, rht, signs, rht_bf16, seed, offset, amax)
 
 
 def _decoding(call: KernelCall) -> Tensor | None:
@@ -1407,7 +1407,8 @@ def quantize(
             scale format: the power-of-two rules for E8M0 scales).
         tensor_scale: NVFP4's per-tensor scale: None computes it from x's amax, a float
             or one-element tensor gives the decoding scale (delayed scaling; stored as
-            ``BlockTensor.tensor_scale``), False quantizes single-level.
+            ``BlockTensor.tensor_scale``; positive and finite, else ValueError, checked
+            for numbers and CPU tensors), False quantizes single-level.
         nvfp4_flavour: "te" (default) or "torchao": whose operation order computes NVFP4
             scales (`stochround.blocks.scales`).
         rht: the size of a random Hadamard transform applied along ``axis`` before
