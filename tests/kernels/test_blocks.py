@@ -273,8 +273,8 @@ def test_bad_arguments_raise_errors_naming_them() -> None:
         fake_quantize_blocks(x, element, 32, "floor", mode="sto")
     with pytest.raises(ValueError, match="nvfp4_flavour must be one of"):
         fake_quantize_blocks(x, element, 16, "nvfp4", nvfp4_flavour="cutlass")
-    with pytest.raises(ValueError, match="tensor_scale must be a one-element float32"):
-        fake_quantize_blocks(x, element, 16, "nvfp4", tensor_scale=torch.ones(2, device=DEVICE))
+    with pytest.raises(ValueError, match="tensor_scale must be a contiguous float32 tensor of one"):
+        fake_quantize_blocks(x, element, 16, "nvfp4", tensor_scale=torch.ones(3, device=DEVICE))
     with pytest.raises(ValueError, match="at most 8 bits"):
         quantize_blocks(x, "bfloat16", 32, "floor")
 
@@ -341,8 +341,8 @@ def test_the_fused_hadamard_rotation_matches_the_pytorch_path(
         tensor_scale = None
         if fmt == "nvfp4":
             amax = kernel_blocks.tensor_amax(x, **rotation)
-            tensor_scale = nvfp4_tensor_scale(amax, "te")
-            assert _same_bits(tensor_scale, expected.tensor_scale), context
+            tensor_scale = torch.stack(tuple(nvfp4_tensor_scale(amax, "te")))
+            assert _same_bits(tensor_scale[0], expected.tensor_scale), context
         kernel_options = {
             "tensor_scale": tensor_scale,
             "mode": mode,
@@ -390,9 +390,10 @@ def test_the_nvfp4_tensor_scale_in_two_launches_equals_the_scale_rules(flavour: 
         for dtype in (torch.float32, torch.bfloat16):
             x_dtype = x.to(DEVICE).to(dtype)
             expected_amax = x_dtype.abs().amax().to(torch.float32)
-            expected = nvfp4_tensor_scale(expected_amax, flavour)
+            expected = torch.stack(tuple(nvfp4_tensor_scale(expected_amax, flavour)))
             scale, amax = kernel_blocks.nvfp4_tensor_scale(x_dtype, flavour)
             assert _same_values(amax, expected_amax), (flavour, dtype)
+            # S_dec and S_enc
             assert _same_bits(scale, expected), (flavour, dtype, float(expected_amax))
 
 

@@ -12,7 +12,11 @@ The named formats:
   ``mxfp6_e3m2``, ``mxfp4`` and ``mxint8``: blocks of 32, an E8M0 (power of two) scale
   chosen by the spec's rule ``2**(floor(log2 amax) - emax_elem)`` (``"floor"``).  MXINT8's
   elements are 8-bit two's complement integers times ``2**-6`` (the `OCP_INT8` grid, whose
-  ``emax`` is 0; its code ``-128``, the value -2, is kept, as gfloat's ``ocp_int8`` keeps it).
+  ``emax`` is 0).  Its code ``-128`` (the value -2) decodes, as gfloat's ``ocp_int8``
+  decodes it, but quantization never stores it: the scaled values are clamped to the
+  symmetric range ``[-127/64, 127/64]``, the spec's ``±1 63/64`` and the range Microsoft's
+  microxcaling library clamps MX int8 to (at the scale ``2**127``, -2 would dequantize a
+  finite block to an fp32 -inf).
 * NVIDIA NVFP4: ``nvfp4``: blocks of 16 E2M1 elements, an E4M3 scale, and an FP32
   per-tensor scale (rule ``"nvfp4"``).
 * ``int8_rowwise``: int8 elements with one scale per row (the whole last axis: ``block`` is
@@ -213,11 +217,12 @@ _TABLES: dict[tuple[object, ...], tuple[float, ...] | None] = {}
 
 def _in_bf16(value: float) -> bool:
     """Whether the float64 ``value`` is a bf16 value, or is beyond fp32's range (where the
-    fp32 product a dequantization computes is infinite as well)."""
-    try:
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
-    except OverflowError:
+    fp32 product a dequantization computes is infinite as well).  The range is tested
+    first, not left to struct's OverflowError: torch.compile traces this function where a
+    call builds a format (a ``scale_rule=`` override) and cannot trace that exception."""
+    if abs(value) >= 2.0**128:  # the products of elements and scales hold a few bits
         return True
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
     return struct.unpack("<f", struct.pack("<I", bits))[0] == value and bits & 0xFFFF == 0
 
 
@@ -238,7 +243,9 @@ def gemm_dtype(fmt: BlockFormat) -> torch.dtype:
     grids), else torch.float32 (where E8M0's small scales take e4m3/e5m2 elements below
     bf16's subnormals, or an fp32 scale has too many bits).  The tensor scale and
     floor-3/4's 4/3 multiply the GEMM's result and do not count."""
-    key = (fmt.element, fmt.scale_rule, fmt.block is None)
+    # keyed by the scale format (what the scale values depend on), not the rule: a rule
+    # override under torch.compile finds the named format's entry and traces no loop
+    key = (fmt.element, fmt.scale, fmt.block is None)
     if key not in _GEMM_DTYPES:
         elements = [v for v in fmt.element_table or () if math.isfinite(v)]
         scales = (1.0,) if fmt.block is None else _scale_values(fmt)

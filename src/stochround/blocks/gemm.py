@@ -42,7 +42,14 @@ def scaled_mm(
     ``b.row_scale`` transposed (1, N), the product of the tensor scales and the factors,
     each in fp32, plus ``bias`` (N,) in fp32, and rounded once to ``out_dtype`` (the last
     of these operations writes it).  Both operands must share their basis (two rotated
-    operands: the same rotation, which the product cancels)."""
+    operands: the same rotation, which the product cancels).  TypeError unless ``a`` and
+    ``b`` are `GemmOperand` values."""
+    for name, given in (("a", a), ("b", b)):
+        if not isinstance(given, GemmOperand):
+            raise TypeError(
+                f"{name} must be a GemmOperand: sr.blocks.gemm_operand(x, fmt) of a tensor, or "
+                f"sr.blocks.gemm_operand_of(q) of a BlockTensor; got {type(given).__name__}"
+            )
     if a.values.dim() != 2 or b.values.dim() != 2 or a.values.shape[1] != b.values.shape[1]:
         raise ValueError(
             "a and b must be 2-D with the contraction axis last and of one length; got "

@@ -61,9 +61,13 @@ from .hadamard import HADAMARD_SIZES, hadamard, inverse_hadamard, random_signs
 from .layout import SCALE_TILE, swizzle_scales, swizzled_shape, unswizzle_scales
 from .scales import (
     RESCALE,
+    TensorScale,
     absmax_scales,
+    as_e8m0,
     check_flavour,
-    e8m0_scales,
+    e8m0_bits,
+    e8m0_codes,
+    given_tensor_scale,
     nvfp4_scales,
     nvfp4_tensor_scale,
     power_of_two_exponent,
@@ -103,7 +107,7 @@ def default_signs(size: int, device: torch.device) -> Tensor:
     return _DEFAULT_SIGNS[key]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False, repr=False)
 class BlockTensor:
     """A block-quantized tensor.
 
@@ -122,7 +126,16 @@ class BlockTensor:
     ``scale_shape``: the unswizzled scales' shape.  Quantized from a DTensor x, the codes
     and scales are DTensors placed as x, ``shape`` and ``scale_shape`` the whole tensor's,
     the tensor scale a plain tensor equal on every rank (`quantize`).
+
+    ``repr`` is one line (the format, shapes, dtypes, device); ``==`` is True where the
+    formats and the layouts are equal and the codes, scales, tensor scale and rotation
+    signs are equal bit for bit (NaN codes included), so a BlockTensor is not hashable;
+    ``to(device)`` moves it; ``torch.save`` stores it as its tensors and plain data, which
+    ``torch.load`` reads back with ``weights_only=True`` (`rebuild_block_tensor`).
     """
+
+    # equal BlockTensors may hold different tensor objects, and tensors are mutable
+    __hash__ = None  # type: ignore[assignment]
 
     codes: Tensor
     scales: Tensor
@@ -150,6 +163,148 @@ class BlockTensor:
             values = inverse_hadamard(values, self.rht, signs=self.rht_signs, axis=self.axis)
         return values.to(self.dtype if dtype is None else dtype)
 
+    @property
+    def device(self) -> torch.device:
+        """The device the codes and scales live on."""
+        return self.codes.device
+
+    def to(self, device: torch.device | str | int, *, non_blocking: bool = False) -> BlockTensor:
+        """The same BlockTensor on ``device`` (codes, scales, tensor scale and rotation
+        signs moved; nothing is converted).  TypeError for a dtype: the codes' dtypes are
+        the format's (``dequantize(dtype)`` gives the values in a dtype)."""
+        if isinstance(device, torch.dtype) or not isinstance(device, (torch.device, str, int)):
+            raise TypeError(
+                "BlockTensor.to takes a device (torch.device, str or int); its codes' dtypes "
+                f"are the format's: dequantize(dtype) converts; got {device!r}"
+            )
+        target = torch.device(device)
+
+        def moved(tensor: Tensor | None) -> Tensor | None:
+            return None if tensor is None else tensor.to(target, non_blocking=non_blocking)
+
+        return dataclasses.replace(
+            self,
+            codes=self.codes.to(target, non_blocking=non_blocking),
+            scales=self.scales.to(target, non_blocking=non_blocking),
+            tensor_scale=moved(self.tensor_scale),
+            rht_signs=moved(self.rht_signs),
+        )
+
+    def __repr__(self) -> str:
+        def described(tensor: Tensor) -> str:
+            return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}"
+
+        parts = [
+            self.format.name,
+            f"shape={list(self.shape)}",
+            f"dtype={str(self.dtype).removeprefix('torch.')}",
+            f"axis={self.axis}",
+            f"codes={described(self.codes)}",
+            f"scales={described(self.scales)}" + (" swizzled" if self.swizzled else ""),
+        ]
+        if self.tensor_scale is not None:
+            parts.append(f"tensor_scale={float(self.tensor_scale):.6g}")
+        if self.rht is not None:
+            parts.append(f"rht={self.rht}")
+        parts.append(f"device={self.device}")
+        return f"BlockTensor({', '.join(parts)})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BlockTensor):
+            return NotImplemented
+        layout = ("format", "axis", "shape", "dtype", "rht", "swizzled", "scale_shape")
+        if any(getattr(self, name) != getattr(other, name) for name in layout):
+            return False
+        tensors = ("codes", "scales", "tensor_scale", "rht_signs")
+        return all(same_bits(getattr(self, name), getattr(other, name)) for name in tensors)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        """Pickled (torch.save) as `rebuild_block_tensor` of tensors and plain data, which
+        torch.load's ``weights_only`` unpickler accepts."""
+        state = {
+            "codes": self.codes,
+            "scales": self.scales,
+            "tensor_scale": self.tensor_scale,
+            "format": format_state(self.format),
+            "axis": self.axis,
+            "shape": tuple(self.shape),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "rht": self.rht,
+            "rht_signs": self.rht_signs,
+            "swizzled": self.swizzled,
+            "scale_shape": tuple(self.scale_shape),
+        }
+        return rebuild_block_tensor, (state,)
+
+
+def same_bits(a: Tensor | None, b: Tensor | None) -> bool:
+    """Whether two tensors (or None) have one dtype and shape and equal bits (compared on
+    a's device): NaN equals a NaN of the same pattern, -0.0 does not equal 0.0."""
+    if a is None or b is None:
+        return a is b
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.view(bits), b.view(bits)
+    return torch.equal(a, b.to(a.device))
+
+
+_FORMAT_FIELDS = ("ebits", "mbits", "bias", "signed", "inf", "nan", "subnormals")
+
+
+def format_state(fmt: BlockFormat) -> dict[str, Any]:
+    """A `BlockFormat` as plain data (`rebuild_block_tensor` reads it)."""
+
+    def element_state(element: Format) -> dict[str, Any]:
+        fields = {name: getattr(element, name) for name in _FORMAT_FIELDS}
+        return {**fields, "twos_complement": element.twos_complement, "name": element.name}
+
+    return {
+        "name": fmt.name,
+        "element": element_state(fmt.element),
+        "block": fmt.block,
+        "scale": None if fmt.scale is None else element_state(fmt.scale),
+        "scale_rule": fmt.scale_rule,
+        "tensor_scale": fmt.tensor_scale,
+    }
+
+
+def rebuild_block_tensor(state: dict[str, Any]) -> BlockTensor:
+    """The `BlockTensor` that `BlockTensor.__reduce__` stored as ``state`` (registered as a
+    safe global, so that ``torch.load(weights_only=True)`` may call it: it builds nothing
+    but a BlockTensor from tensors and plain data)."""
+    spec = state["format"]
+    scale = spec["scale"]
+    fmt = BlockFormat(
+        spec["name"],
+        Format(**spec["element"]),
+        spec["block"],
+        None if scale is None else Format(**scale),
+        spec["scale_rule"],
+        spec["tensor_scale"],
+    )
+    dtype = getattr(torch, state["dtype"])
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"a stored BlockTensor's dtype must name a torch dtype; got {dtype!r}")
+    return BlockTensor(
+        codes=state["codes"],
+        scales=state["scales"],
+        tensor_scale=state["tensor_scale"],
+        format=fmt,
+        axis=state["axis"],
+        shape=torch.Size(state["shape"]),
+        dtype=dtype,
+        rht=state["rht"],
+        rht_signs=state["rht_signs"],
+        swizzled=state["swizzled"],
+        scale_shape=tuple(state["scale_shape"]),
+    )
+
+
+# torch.load(weights_only=True) calls only the functions registered as safe
+torch.serialization.add_safe_globals([rebuild_block_tensor])
+
 
 def element_values(q: BlockTensor) -> Tensor:
     """The elements' values (fp32) in the quantized layout: the codes looked up in the
@@ -175,13 +330,16 @@ def scale_values(q: BlockTensor, *, tensor_scale: bool = True) -> Tensor:
     without it), unswizzled (``scale_shape``): E8M0 code c is ``2**(c - 127)`` (``2**-127``
     an fp32 subnormal), 0xFF NaN."""
     scales = q.scales
+    e8m0 = scales.dtype == torch.float8_e8m0fnu
+    if e8m0:  # unswizzled and decoded as codes (`e8m0_bits`)
+        scales = e8m0_bits(scales)
     if q.swizzled:
         rows = 1
         for size in q.scale_shape[:-1]:
             rows *= size
         scales = unswizzle_scales(scales, rows, q.scale_shape[-1]).reshape(q.scale_shape)
-    if scales.dtype == torch.float8_e8m0fnu:
-        bits = scales.view(torch.uint8).to(torch.int32)
+    if e8m0:
+        bits = scales.to(torch.int32)
         # code c's fp32 bits are c << 23, except 0 (2**-127 lies below fp32's normals)
         values = torch.where(bits == 0, 2.0**-127, (bits << 23).view(torch.float32))
         values = torch.where(bits == 0xFF, float("nan"), values)
@@ -315,11 +473,15 @@ def check_blocks(fmt: BlockFormat, shape: torch.Size, axis: int) -> None:
 
 
 def _tensor_scale_choice(fmt: BlockFormat, tensor_scale: object) -> str:
-    """What the call's tensor scale is: "none", "amax" (computed) or "given"."""
+    """What the call's tensor scale is: "none", "amax" (computed), "given" (a decoding
+    scale, checked: `check_tensor_scale`) or "pair" (a `TensorScale`: the whole tensor's,
+    which a sharded call gives each rank)."""
     if tensor_scale is False:
         return "none"
     if tensor_scale is None:
         return "amax" if fmt.tensor_scale else "none"
+    if isinstance(tensor_scale, TensorScale):
+        return "pair"
     if isinstance(tensor_scale, bool):
         raise ValueError("tensor_scale must be None, False, a float or an fp32 tensor; got True")
     if not fmt.tensor_scale:
@@ -329,11 +491,39 @@ def _tensor_scale_choice(fmt: BlockFormat, tensor_scale: object) -> str:
     if isinstance(tensor_scale, numbers.Real) or (
         isinstance(tensor_scale, Tensor) and tensor_scale.numel() == 1
     ):
+        check_tensor_scale(tensor_scale)
         return "given"
     raise ValueError(
         "tensor_scale must be None (from the tensor's amax), False (single-level), a float "
         f"or a one-element fp32 tensor; got {tensor_scale!r}"
     )
+
+
+def check_tensor_scale(tensor_scale: numbers.Real | Tensor) -> None:
+    """ValueError unless a given decoding tensor scale is positive and finite (a negative
+    one flips every block scale's sign, 0 zeroes the tensor, NaN or inf poisons it): a
+    number, or a tensor on the CPU, read at once; a tensor on an accelerator is not read
+    (that would wait for the device: the guide says so), nor under torch.compile."""
+    if isinstance(tensor_scale, Tensor):
+        if tensor_scale.device.type != "cpu" or torch.compiler.is_compiling():
+            return
+        if not tensor_scale.is_floating_point():
+            raise ValueError(f"tensor_scale must be a floating tensor; got {tensor_scale.dtype}")
+        value = float(tensor_scale.reshape(()).to(torch.float32))
+    else:
+        value = float(tensor_scale)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"tensor_scale must be a positive finite decoding scale (as float32); got {value!r}"
+        )
+
+
+def _given_scales(tensor_scale: object, device: torch.device) -> TensorScale:
+    """The `TensorScale` of a checked "given" (a decoding scale) or "pair" tensor scale."""
+    if isinstance(tensor_scale, TensorScale):
+        return TensorScale(*(scale.to(device) for scale in tensor_scale))
+    decode = torch.as_tensor(tensor_scale, dtype=torch.float32, device=device).reshape(())
+    return given_tensor_scale(decode)
 
 
 def _check_extras(
@@ -430,10 +620,11 @@ def scale_and_multiplier(
     values: Tensor,
     fmt: BlockFormat,
     flavour: str,
-    tensor_scale: Tensor | None,
+    tensor_scale: TensorScale | None,
 ) -> tuple[Tensor, Tensor]:
-    """The blocks' scales (squeezed) and the scaled fp32 elements (blocked layout) of
-    ``values`` (the quantized layout, x's dtype)."""
+    """The blocks' scales (squeezed; E8M0 scales as their uint8 codes, which `as_e8m0`
+    views as torch.float8_e8m0fnu) and the scaled fp32 elements (blocked layout) of
+    ``values`` (the quantized layout: fp32, bf16 or fp16)."""
     rule = fmt.scale_rule
     amax = _blocked_amax(values, fmt.block)
     blocked = _blocked(values, fmt.block).to(torch.float32)
@@ -442,7 +633,7 @@ def scale_and_multiplier(
             amax, rule, emax=fmt.element_emax, mbits=fmt.element_mbits, max_value=fmt.element_max
         )
         scaled = power_of_two_multiply(blocked, exponent, amax, rule)
-        return _squeeze_blocks(e8m0_scales(exponent, amax), fmt.block), scaled
+        return _squeeze_blocks(e8m0_codes(exponent, amax), fmt.block), scaled
     if rule == "nvfp4":
         scales, multiplier = nvfp4_scales(amax, tensor_scale, flavour)
     else:
@@ -471,6 +662,10 @@ def _element_codes(
         else:
             words = streams.random_words(index + request.index_offset, seed, offset)
             kwargs["rand"] = words >> (WORD_BITS - request.n)
+    if element == OCP_INT8:
+        # MXINT8's symmetric range (`OCP_INT8`): -2 (code -128) is never stored, so that
+        # the largest scale cannot take a finite block to -2 * 2**127, an fp32 -inf
+        scaled = scaled.clamp(min=-request.fmt.element_max)
     if request.hardware is not None:
         bound = request.fmt.element_max
         clamped = scaled.clamp(-bound, bound)
@@ -515,16 +710,21 @@ def quantize_torch(
     checked (``request``: the choices; ``seed``/``offset`` the stream, already drawn)."""
     fmt, axis = request.fmt, request.axis
     rotated, signs = _rotate(x, rht, rht_signs, axis, rht_bf16)
+    if rotated.dtype == torch.float64:
+        # rounded to fp32 before any amax, as the values are scaled in fp32: a value beyond
+        # fp32's range is an infinity, whose block is the one an fp32 infinity makes (NaN
+        # for the MX formats), not one scaled by a finite scale that its values overflow
+        rotated = rotated.to(torch.float32)
     choice = _tensor_scale_choice(fmt, tensor_scale)
-    decoding: Tensor | None = None
+    pair: TensorScale | None = None
     if choice == "amax":
-        decoding = nvfp4_tensor_scale(absolute_max(rotated), request.flavour)
-    elif choice == "given":
-        decoding = torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device).reshape(())
+        pair = nvfp4_tensor_scale(absolute_max(rotated), request.flavour)
+    elif choice != "none":
+        pair = _given_scales(tensor_scale, x.device)
     tiles = isinstance(fmt.block, tuple)
     moved = not tiles and axis != x.dim() - 1
     layout = rotated.movedim(axis, -1) if moved else rotated
-    scales, scaled = scale_and_multiplier(layout, fmt, request.flavour, decoding)
+    scales, scaled = scale_and_multiplier(layout, fmt, request.flavour, pair)
     flat = scaled.reshape(layout.shape)
     index = None
     if moved and request.mode == "sr":
@@ -533,13 +733,17 @@ def quantize_torch(
     clipped = flat.abs() > fmt.element_max
     if moved:
         clipped = clipped.movedim(-1, axis)
+    if fmt.scale_rule == "absmax":
+        scales = scales.to(x.dtype)  # held in x's dtype (float64's: its fp32 scale)
     scale_shape = tuple(scales.shape)
     if swizzle:
         scales = swizzle_scales(scales.reshape(-1, scale_shape[-1]))
+    if fmt.scale_rule in POWER_OF_TWO_RULES:
+        scales = as_e8m0(scales)
     result = BlockTensor(
         codes=_code_storage(codes, fmt.element),
         scales=scales,
-        tensor_scale=decoding,
+        tensor_scale=None if pair is None else pair.decode,
         format=fmt,
         axis=axis,
         shape=x.shape,
@@ -601,8 +805,8 @@ def uses_kernel(
 
 
 class KernelCall(NamedTuple):
-    """What the kernel takes beyond x and the choices: the tensor scale, the rotation and
-    the stream."""
+    """What the kernel takes beyond x and the choices: the tensor scales (S_dec and S_enc,
+    a 2-element fp32 tensor, or None), the rotation and the stream."""
 
     tensor_scale: Tensor | None
     rht: int | None
@@ -625,7 +829,8 @@ def tile_amax(x: Tensor, tile: tuple[int, int]) -> Tensor:
     tiles = columns.reshape(columns.shape[0], -1, cols).amax(dim=-1)
     # repeated by a broadcast copy (repeat_interleave would read its size on the host)
     repeated = tiles.to(torch.float32).unsqueeze(1).expand(-1, rows, -1)
-    return repeated.reshape(-1, tiles.shape[-1])
+    # contiguous: with one row of tiles the reshape is a view of the broadcast (stride 0)
+    return repeated.reshape(-1, tiles.shape[-1]).contiguous()
 
 
 def _kernel_call(
@@ -643,23 +848,29 @@ def _kernel_call(
     if rht is not None and signs is None:
         signs = default_signs(rht, x.device)
     choice = _tensor_scale_choice(request.fmt, tensor_scale)
-    decoding: Tensor | None = None
+    scales: Tensor | None = None  # S_dec and S_enc
     if choice == "amax":
         scale = _tensor_scale_op if torch.compiler.is_compiling() else _run_tensor_scale
-        decoding = scale(x, signs, request.flavour, rht or 0, rht_bf16)
-    elif choice == "given":
-        decoding = torch.as_tensor(tensor_scale, dtype=torch.float32, device=x.device).reshape(())
+        scales = scale(x, signs, request.flavour, rht or 0, rht_bf16)
+    elif choice != "none":
+        scales = torch.stack(tuple(_given_scales(tensor_scale, x.device)))
     block = request.fmt.block
     amax = tile_amax(x, block) if isinstance(block, tuple) else None
-    return KernelCall(decoding, rht, signs, rht_bf16, seed, offset, amax)
+    return KernelCall(scales, rht, signs, rht_bf16, seed, offset, amax)
+
+
+def _decoding(call: KernelCall) -> Tensor | None:
+    """The decoding tensor scale S_dec (0-d) of a kernel call's tensor scales, or None."""
+    return None if call.tensor_scale is None else call.tensor_scale[0]
 
 
 def _run_tensor_scale(
     x: Tensor, rht_signs: Tensor | None, flavour: str, rht: int, rht_bf16: bool
 ) -> Tensor:
-    """NVFP4's decoding tensor scale of x (rotated by an RHT of size ``rht``, 0: none) by
-    the kernels (`stochround.kernels.blocks.nvfp4_tensor_scale`), as an op that
-    torch.compile traces as one node."""
+    """NVFP4's tensor scales of x (S_dec, S_enc: a 2-element fp32 tensor; rotated by an
+    RHT of size ``rht``, 0: none) by the kernels
+    (`stochround.kernels.blocks.nvfp4_tensor_scale`), as an op that torch.compile traces as
+    one node."""
     from ..kernels.blocks import nvfp4_tensor_scale as kernel_tensor_scale
 
     rotation = rht or None
@@ -673,7 +884,7 @@ _tensor_scale_op = torch.library.custom_op(
 
 @_tensor_scale_op.register_fake
 def _(x: Tensor, rht_signs: Tensor | None, flavour: str, rht: int, rht_bf16: bool) -> Tensor:
-    return x.new_empty((), dtype=torch.float32)
+    return x.new_empty(2, dtype=torch.float32)
 
 
 def _stream_arguments(value: int | Tensor) -> tuple[Tensor | None, int]:
@@ -826,7 +1037,7 @@ def _quantize_kernel(x: Tensor, request: BlockRequest, call: KernelCall) -> Bloc
     return BlockTensor(
         codes=_code_storage(codes, fmt.element),
         scales=scales,
-        tensor_scale=call.tensor_scale,
+        tensor_scale=_decoding(call),
         format=fmt,
         axis=request.axis,
         shape=x.shape,
@@ -879,6 +1090,12 @@ def check_call(
         n = unit.rbits
     axis_index = check_axis(axis, x.dim())
     check_blocks(resolved, x.shape, axis_index)
+    if resolved.block is None and x.shape[axis_index] == 0:
+        # a row of nothing has no scale amax / max (and its blocks no length to divide by)
+        raise ValueError(
+            f"whole-row blocks (block=None: one scale per row along axis {axis_index}) need "
+            "a nonempty axis; its length is 0"
+        )
     hardware_name = None if hardware is None else str(hardware)
     index_offset = check_index_offset(index_offset)
     return x, BlockRequest(
@@ -1051,10 +1268,10 @@ def global_amax(x: DTensor, amax: Tensor) -> Tensor:
 
 def sharded_tensor_scale(
     x: DTensor, local: Tensor, request: BlockRequest, rest: dict[str, Any]
-) -> Tensor:
-    """NVFP4's decoding tensor scale of the whole of x: ``nvfp4_tensor_scale`` of the global
-    amax of x rotated as the call rotates it (``rest``: the call's rht, rht_signs,
-    rht_bf16), the same on every rank."""
+) -> TensorScale:
+    """NVFP4's tensor scales of the whole of x (a `TensorScale`): ``nvfp4_tensor_scale`` of
+    the global amax of x rotated as the call rotates it (``rest``: the call's rht,
+    rht_signs, rht_bf16), the same on every rank."""
     rotated, _ = _rotate(local, rest["rht"], rest["rht_signs"], request.axis, rest["rht_bf16"])
     return nvfp4_tensor_scale(global_amax(x, absolute_max(rotated)), request.flavour)
 
@@ -1190,7 +1407,8 @@ def quantize(
             scale format: the power-of-two rules for E8M0 scales).
         tensor_scale: NVFP4's per-tensor scale: None computes it from x's amax, a float
             or one-element tensor gives the decoding scale (delayed scaling; stored as
-            ``BlockTensor.tensor_scale``), False quantizes single-level.
+            ``BlockTensor.tensor_scale``; positive and finite, else ValueError, checked
+            for numbers and CPU tensors), False quantizes single-level.
         nvfp4_flavour: "te" (default) or "torchao": whose operation order computes NVFP4
             scales (`stochround.blocks.scales`).
         rht: the size of a random Hadamard transform applied along ``axis`` before
@@ -1420,7 +1638,7 @@ def gemm_operand(
     output = "gemm_bf16" if request.fmt.gemm_dtype == torch.bfloat16 else "gemm_fp32"
     values = _launch(x_checked, request, call, output)
     factor = RESCALE if request.fmt.scale_rule == "floor-3/4" else 1.0
-    return GemmOperand(values, call.tensor_scale, None, factor)
+    return GemmOperand(values, _decoding(call), None, factor)
 
 
 def to_nvfp4(x: Tensor, rounding_mode: str = "rn", **options: Any) -> BlockTensor:
@@ -1454,6 +1672,7 @@ __all__ = [
     "every_shard_rows",
     "fake_quantize",
     "fake_quantize_shards",
+    "format_state",
     "gemm_operand",
     "gemm_operand_of",
     "global_amax",
@@ -1461,7 +1680,9 @@ __all__ = [
     "quantize",
     "quantize_shards",
     "quantize_torch",
+    "rebuild_block_tensor",
     "resolve_format",
+    "same_bits",
     "scale_and_multiplier",
     "scale_values",
     "scaled_elements",

@@ -40,8 +40,10 @@ NVFP4 (``nvfp4``, an E4M3 block scale under an FP32 tensor scale), in two flavou
 * ``"te"`` (Transformer Engine's ``quantize_transpose_nvfp4`` and its reference quantizer,
   ``core_nvfp4.cuh``): ``S_enc = min(448 * 6 / amax_tensor, FLT_MAX)``, 1 where amax_tensor
   is 0 or not finite; ``S_dec = 1 / S_enc``; block scale ``s = e4m3(min(amax * (S_enc *
-  fp32(1/6)), FLT_MAX))`` (saturating at 448, no lower clamp); multiplier ``min(1 / (s *
-  S_dec), FLT_MAX)``.  Single-level (no tensor scale): ``S_enc = S_dec = 1``.
+  fp32(1/6)), FLT_MAX))`` (saturating at 448, no lower clamp), from ``S_enc`` itself (not
+  ``1 / S_dec``, which differs from it for many amax: `TensorScale` keeps both);
+  multiplier ``min(1 / (s * S_dec), FLT_MAX)``.  Single-level (no tensor scale): ``S_enc =
+  S_dec = 1``.  A decoding scale the caller gives takes ``S_enc = fp32(1 / S_dec)``.
 * ``"torchao"`` (torchao's ``nvfp4_quantize``): tensor scale ``t = amax_tensor / 2688``
   (``per_tensor_amax_to_scale``); block scale ``s = e4m3(clamp(amax / 6 / t, 2**-6, 448))``;
   multiplier ``(1 / t) / s``.  Single-level: ``s = e4m3(clamp(amax / 6, 2**-6, 448))``,
@@ -59,6 +61,8 @@ rare blocks; ours follow its CPU arithmetic (the written division) everywhere.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -145,12 +149,56 @@ def power_of_two_exponent(
     return exponent.clamp(E8M0_MIN_EXPONENT, E8M0_MAX_EXPONENT)
 
 
-def e8m0_scales(exponent: Tensor, amax: Tensor) -> Tensor:
-    """E8M0 scales (torch.float8_e8m0fnu) of exponents in [-127, 127]: biased code
-    ``e + 127``, and the NaN code 0xFF where amax is NaN or infinite."""
+def e8m0_codes(exponent: Tensor, amax: Tensor) -> Tensor:
+    """E8M0 codes (uint8) of exponents in [-127, 127]: the biased code ``e + 127``, and
+    the NaN code 0xFF where amax is NaN or infinite."""
     code = (exponent + E8M0_BIAS).to(torch.int32)
     code = torch.where(torch.isfinite(amax), code, E8M0_NAN_CODE)
-    return code.to(torch.uint8).view(torch.float8_e8m0fnu)
+    return code.to(torch.uint8)
+
+
+def e8m0_scales(exponent: Tensor, amax: Tensor) -> Tensor:
+    """E8M0 scales (torch.float8_e8m0fnu) of exponents in [-127, 127] (`e8m0_codes`)."""
+    return as_e8m0(e8m0_codes(exponent, amax))
+
+
+def as_e8m0(codes: Tensor) -> Tensor:
+    """uint8 E8M0 codes as torch.float8_e8m0fnu: a view, or under torch.compile a copy by
+    an op the compiler does not look into (inductor's CPU code has no type for e8m0, so
+    e8m0 tensors cross a compiled graph only through this op and `e8m0_bits`)."""
+    if torch.compiler.is_compiling():
+        return _as_e8m0_op(codes)
+    return codes.view(torch.float8_e8m0fnu)
+
+
+def e8m0_bits(scales: Tensor) -> Tensor:
+    """torch.float8_e8m0fnu scales as their uint8 codes: a view, or under torch.compile a
+    copy by an opaque op (`as_e8m0`)."""
+    if torch.compiler.is_compiling():
+        return _e8m0_bits_op(scales)
+    return scales.view(torch.uint8)
+
+
+def _as_e8m0_copy(codes: Tensor) -> Tensor:
+    return codes.view(torch.float8_e8m0fnu).clone()
+
+
+def _e8m0_bits_copy(scales: Tensor) -> Tensor:
+    return scales.view(torch.uint8).clone()
+
+
+_as_e8m0_op = torch.library.custom_op("stochround::as_e8m0", _as_e8m0_copy, mutates_args=())
+_e8m0_bits_op = torch.library.custom_op("stochround::e8m0_bits", _e8m0_bits_copy, mutates_args=())
+
+
+@_as_e8m0_op.register_fake
+def _(codes: Tensor) -> Tensor:
+    return torch.empty_like(codes, dtype=torch.float8_e8m0fnu)
+
+
+@_e8m0_bits_op.register_fake
+def _(scales: Tensor) -> Tensor:
+    return torch.empty_like(scales, dtype=torch.uint8)
 
 
 def power_of_two_multiply(x: Tensor, exponent: Tensor, amax: Tensor, rule: str) -> Tensor:
@@ -171,32 +219,54 @@ def check_flavour(flavour: object) -> str:
     return flavour  # type: ignore[return-value]
 
 
-def nvfp4_tensor_scale(amax_tensor: Tensor, flavour: str) -> Tensor:
-    """The FP32 decoding tensor scale of a tensor with largest magnitude ``amax_tensor``
-    (a one-element fp32 tensor): TE's ``S_dec = 1 / S_enc`` with ``S_enc = min(2688 /
-    amax, FLT_MAX)`` (1 where amax is 0 or not finite), or torchao's ``amax / 2688``
-    (1 where amax is 0 or not finite)."""
-    amax = amax_tensor.to(torch.float32)
+class TensorScale(NamedTuple):
+    """NVFP4's two per-tensor scales, 0-d fp32 tensors: ``decode`` (``S_dec``, what
+    dequantization multiplies by: `BlockTensor.tensor_scale`) and ``encode`` (``S_enc``,
+    what the "te" flavour computes the block scales with).  Computed from the amax, both
+    are kept: ``fp32(1 / fp32(1 / S_enc))`` differs from ``S_enc`` for many amax values,
+    and TE computes the block scales from ``S_enc`` itself."""
+
+    decode: Tensor
+    encode: Tensor
+
+
+def nvfp4_tensor_scale(amax_tensor: Tensor, flavour: str) -> TensorScale:
+    """NVFP4's per-tensor scales of a tensor with largest magnitude ``amax_tensor`` (a
+    one-element fp32 tensor): TE's ``S_enc = min(2688 / amax, FLT_MAX)`` (1 where amax is
+    0 or not finite) and ``S_dec = 1 / S_enc``, or torchao's ``S_dec = amax / 2688`` (1
+    where amax is 0 or not finite) and ``S_enc = 1 / S_dec`` (which torchao's order does
+    not read)."""
+    amax = amax_tensor.to(torch.float32).reshape(())
     bad = (amax == 0) | ~torch.isfinite(amax)
     if check_flavour(flavour) == "te":
         encode = torch.clamp(quotient(E4M3_MAX * E2M1_MAX, amax, amax), max=FLT_MAX)
         encode = torch.where(bad | (encode == 0), 1.0, encode)
-        return quotient(1.0, encode, encode)
-    return torch.where(bad, 1.0, quotient(amax, E4M3_MAX * E2M1_MAX, amax))
+        return TensorScale(quotient(1.0, encode, encode), encode)
+    decode = torch.where(bad, 1.0, quotient(amax, E4M3_MAX * E2M1_MAX, amax))
+    return TensorScale(decode, quotient(1.0, decode, decode))
 
 
-def nvfp4_scales(amax: Tensor, tensor_scale: Tensor | None, flavour: str) -> tuple[Tensor, Tensor]:
+def given_tensor_scale(decode: Tensor) -> TensorScale:
+    """The `TensorScale` of a decoding scale the caller gives (delayed scaling): ``S_enc =
+    fp32(1 / S_dec)``, the only encoding scale it implies."""
+    decode = decode.to(torch.float32).reshape(())
+    return TensorScale(decode, quotient(1.0, decode, decode))
+
+
+def nvfp4_scales(
+    amax: Tensor, tensor_scale: TensorScale | None, flavour: str
+) -> tuple[Tensor, Tensor]:
     """NVFP4 block scales (torch.float8_e4m3fn) and fp32 multipliers of blocks with
-    largest magnitudes ``amax`` (fp32), under the decoding tensor scale ``tensor_scale``
-    (a one-element fp32 tensor; None: single-level scaling), in TE's or torchao's
-    operation order (module docstring)."""
+    largest magnitudes ``amax`` (fp32), under the per-tensor scales ``tensor_scale``
+    (None: single-level scaling), in TE's or torchao's operation order (module
+    docstring)."""
     amax = amax.to(torch.float32)
     if check_flavour(flavour) == "te":
         if tensor_scale is None:
             encode = decode = torch.ones((), dtype=torch.float32, device=amax.device)
         else:
-            decode = tensor_scale.to(device=amax.device, dtype=torch.float32)
-            encode = quotient(1.0, decode, decode)
+            decode = tensor_scale.decode.to(device=amax.device, dtype=torch.float32)
+            encode = tensor_scale.encode.to(device=amax.device, dtype=torch.float32)
         sixth = torch.tensor(1.0 / E2M1_MAX, dtype=torch.float32, device=amax.device)
         wanted = torch.clamp(amax * (encode * sixth), max=FLT_MAX)
         scales = torch.clamp(wanted, max=E4M3_MAX).to(torch.float8_e4m3fn)
@@ -204,12 +274,13 @@ def nvfp4_scales(amax: Tensor, tensor_scale: Tensor | None, flavour: str) -> tup
         return scales, torch.clamp(quotient(1.0, decoded, decoded), max=FLT_MAX)
     block = quotient(amax, E2M1_MAX, amax)
     if tensor_scale is not None:
-        block = quotient(block, tensor_scale, block)
+        block = quotient(block, tensor_scale.decode, block)
     scales = torch.clamp(block, min=E4M3_EPS, max=E4M3_MAX).to(torch.float8_e4m3fn)
     values = scales.to(torch.float32)
     if tensor_scale is None:
         return scales, quotient(1.0, values, values)
-    return scales, quotient(quotient(1.0, tensor_scale, values), values, values)
+    inverse = quotient(1.0, tensor_scale.decode, values)
+    return scales, quotient(inverse, values, values)
 
 
 def absmax_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
@@ -232,10 +303,15 @@ __all__ = [
     "NVFP4_FLAVOURS",
     "RESCALE",
     "SHRINK",
+    "TensorScale",
     "absmax_scales",
+    "as_e8m0",
     "check_flavour",
+    "e8m0_bits",
+    "e8m0_codes",
     "e8m0_scales",
     "floor_log2",
+    "given_tensor_scale",
     "is_power_of_two",
     "nvfp4_scales",
     "nvfp4_tensor_scale",

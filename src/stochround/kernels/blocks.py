@@ -78,6 +78,9 @@ OUTPUTS = ("codes", "fp4x2", "dequantized", "gemm")
 # elements a program handles (a power of two): enough to hide the memory latency; the
 # interpreter runs programs one after another, so there a larger tile costs less
 TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
+# element formats whose most negative code quantization never stores: MXINT8's grid
+# (`stochround.blocks.formats.OCP_INT8`), clamped to the symmetric [-max, max]
+SYMMETRIC_ELEMENTS = ("ocp_int8",)
 # warps a program runs; both are read at each launch, so a benchmark can sweep them
 NUM_WARPS = 4
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -255,34 +258,37 @@ def _e4m3(value):
 @triton.jit
 def _nvfp4_scale(amax, tensor_scale_ptr, FLAVOUR: tl.constexpr, TENSOR_SCALE: tl.constexpr):
     """Each block's NVFP4 scale (E4M3 code), its E4M3 value, that value times the decoding
-    tensor scale (read from ``tensor_scale_ptr`` with TENSOR_SCALE; else single-level) and
-    the elements' fp32 multiplier, in the flavour's operation order
-    (`stochround.blocks.scales.nvfp4_scales`): "te": s = e4m3(min(amax * (S_enc *
-    fp32(1/6)), 448)), S_enc = 1 / S_dec, multiplier min(1 / (s * S_dec), FLT_MAX);
+    tensor scale and the elements' fp32 multiplier, in the flavour's operation order
+    (`stochround.blocks.scales.nvfp4_scales`); TENSOR_SCALE: how many fp32 values
+    ``tensor_scale_ptr`` holds: 0 (single-level), 1 (S_dec, and S_enc = 1 / S_dec) or 2
+    (S_dec, then S_enc).  "te": s = e4m3(min(amax * (S_enc * fp32(1/6)), 448)), multiplier
+    min(1 / (s * S_dec), FLT_MAX);
     "torchao": s = e4m3(clamp(amax / 6 / t, 2**-6, 448)), multiplier (1 / t) / s.  Clamps
     are selects, which keep NaN as the PyTorch path does."""
-    if TENSOR_SCALE:
+    if TENSOR_SCALE > 0:
         decode = tl.load(tensor_scale_ptr)
     if FLAVOUR == "te":
-        if TENSOR_SCALE:
+        if TENSOR_SCALE == 2:
+            multiplier = tl.load(tensor_scale_ptr + 1) * ONE_SIXTH
+        elif TENSOR_SCALE == 1:
             multiplier = tl.math.div_rn(1.0, decode) * ONE_SIXTH
         else:
             multiplier = ONE_SIXTH
         # e4m3 rounding saturates: FLT_MAX's and 448's clamps give 448 as it does
         code, scale = _e4m3(amax * multiplier)
         block_value = scale
-        if TENSOR_SCALE:
+        if TENSOR_SCALE > 0:
             scale = scale * decode
         inverse = tl.math.div_rn(1.0, scale)
         inverse = tl.where(inverse > FLT_MAX, FLT_MAX, inverse)
     else:
         tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te or torchao")
         wanted = tl.math.div_rn(amax, 6.0)
-        if TENSOR_SCALE:
+        if TENSOR_SCALE > 0:
             wanted = tl.math.div_rn(wanted, decode)
         code, scale = _e4m3(tl.where(wanted < E4M3_EPS, E4M3_EPS, wanted))
         block_value = scale
-        if TENSOR_SCALE:
+        if TENSOR_SCALE > 0:
             inverse = tl.math.div_rn(tl.math.div_rn(1.0, decode), scale)
             scale = scale * decode
         else:
@@ -392,6 +398,7 @@ def _quantize_blocks_kernel(
     SCALE_RULE: tl.constexpr,
     FLAVOUR: tl.constexpr,
     TENSOR_SCALE: tl.constexpr,
+    SYMMETRIC: tl.constexpr,
     EMAX: tl.constexpr,
     ELEMENT_MAX: tl.constexpr,
     MBITS: tl.constexpr,
@@ -487,6 +494,8 @@ def _quantize_blocks_kernel(
         scaled = scaled * second[:, None, None]
         if SCALE_RULE == "floor-3/4":
             scaled = scaled * 0.75
+    if SYMMETRIC:  # the element's negative range ends at -max (a select: NaN stays)
+        scaled = tl.where(scaled < -ELEMENT_MAX, -ELEMENT_MAX, scaled)
     scaled_bits = scaled.to(tl.int32, bitcast=True)
 
     if MODE == "sr":
@@ -785,10 +794,11 @@ def _tensor_scale_kernel(
     FLAVOUR: tl.constexpr,
 ):
     """One program: the max of ``count`` partial maxima (fp32 bits, int32; STEPS x BLOCK
-    of them cover ``count``), stored as the tensor's amax, and NVFP4's decoding tensor
-    scale from it (`stochround.blocks.scales.nvfp4_tensor_scale`): "te" 1 / S_enc with
-    S_enc = min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is 0);
-    "torchao" amax / 2688, 1 where amax is 0 or not finite."""
+    of them cover ``count``), stored as the tensor's amax, and NVFP4's tensor scales from
+    it, S_dec then S_enc (`stochround.blocks.scales.nvfp4_tensor_scale`): "te" S_enc =
+    min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is 0), and S_dec
+    = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not finite, and
+    S_enc = 1 / S_dec."""
     best = tl.zeros((BLOCK,), dtype=tl.int32)
     for step in tl.static_range(STEPS):
         position = step * BLOCK + tl.arange(0, BLOCK)
@@ -804,8 +814,10 @@ def _tensor_scale_kernel(
     else:
         tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te or torchao")
         scale = tl.where(bad, 1.0, tl.math.div_rn(amax, 2688.0))
+        encode = tl.math.div_rn(1.0, scale)
     tl.store(amax_ptr, amax)
     tl.store(scale_ptr, scale)
+    tl.store(scale_ptr + 1, encode)
 
 
 def nvfp4_tensor_scale(
@@ -817,18 +829,20 @@ def nvfp4_tensor_scale(
     rht_bf16: bool = False,
     amax: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """NVFP4's decoding tensor scale of x, and x's amax, as 0-d fp32 tensors on x's device,
-    in two launches and one read of x (no host synchronization): `tensor_amax`'s partial
-    maxima, then one program reducing them and computing the flavour's scale, equal to
+    """NVFP4's tensor scales of x, S_dec and S_enc (a 2-element fp32 tensor), and x's amax
+    (0-d fp32), on x's device, in two launches and one read of x (no host
+    synchronization): `tensor_amax`'s partial maxima, then one program reducing them and
+    computing the flavour's scales, equal to the `decode` and `encode` of
     ``stochround.blocks.scales.nvfp4_tensor_scale(x.abs().amax(), flavour)``.  ``flavour``
-    "te" or "torchao"; the rotation as `tensor_amax` takes it.  Returns (scale, amax)."""
+    "te" or "torchao"; the rotation as `tensor_amax` takes it.  Returns (scales, amax):
+    `quantize_blocks` takes the scales as its ``tensor_scale``."""
     check_choice("flavour", flavour, NVFP4_FLAVOURS)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             return nvfp4_tensor_scale(x, flavour, rht=rht, rht_signs=rht_signs, rht_bf16=rht_bf16)
     partial = _partial_maxima(x, rht, rht_signs, rht_bf16)
     amax = x.new_empty((), dtype=torch.float32)
-    scale = x.new_empty((), dtype=torch.float32)
+    scale = x.new_empty(2, dtype=torch.float32)
     block = min(next_power_of_2(partial.numel()), 1024)
     steps = cdiv(partial.numel(), block)
     _run(
@@ -875,8 +889,9 @@ def quantize_blocks(
     8 bits); ``block`` the block length, dividing x's last dimension (the row's length for
     row-wise scales); ``scale_rule`` one of `SCALE_RULES` (E8M0 scales for the
     power-of-two rules, E4M3 for "nvfp4", fp32 for "absmax");  ``tensor_scale`` NVFP4's
-    fp32 decoding tensor scale, a one-element tensor on x's device that the kernel reads
-    (no host synchronization), or None (single-level); ``mode`` (`stochround.reference.MODES`),
+    fp32 tensor scales on x's device that the kernel reads (no host synchronization):
+    one element (S_dec; S_enc = 1 / S_dec) or two (S_dec, S_enc: `nvfp4_tensor_scale`'s),
+    or None (single-level); ``mode`` (`stochround.reference.MODES`),
     ``n`` (random bits, 32 for exact SR) and ``variant`` (a, b, c, odd) the core's rounding
     choices for the elements, which saturate to the element's finite range; ``seed`` and
     ``offset`` the stream (ints in [0, 2**64) or one-element int64 tensors); ``index_offset``
@@ -1054,10 +1069,14 @@ def _launch(
         )
     if tensor_scale is not None and (
         tensor_scale.dtype != torch.float32
-        or tensor_scale.numel() != 1
+        or tensor_scale.numel() not in (1, 2)
         or tensor_scale.device != x.device
+        or not tensor_scale.is_contiguous()
     ):
-        raise ValueError("tensor_scale must be a one-element float32 tensor on x's device")
+        raise ValueError(
+            "tensor_scale must be a contiguous float32 tensor of one (S_dec) or two (S_dec, "
+            "S_enc) elements on x's device"
+        )
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             _launch(x, codes, scales, out, request, rotation, streams, amax)
@@ -1108,7 +1127,8 @@ def _launch(
         TILE=tile,
         SCALE_RULE=scale_rule,
         FLAVOUR=flavour,
-        TENSOR_SCALE=tensor_scale is not None,
+        TENSOR_SCALE=0 if tensor_scale is None else tensor_scale.numel(),
+        SYMMETRIC=fmt.twos_complement and fmt.name in SYMMETRIC_ELEMENTS,
         EMAX=fmt.emax,
         MODE=mode,
         VARIANT=variant,
@@ -1129,6 +1149,7 @@ __all__ = [
     "OUTPUTS",
     "RHT_SIZES",
     "SCALE_RULES",
+    "SYMMETRIC_ELEMENTS",
     "fake_quantize_blocks",
     "fast_bits",
     "gemm_blocks",
