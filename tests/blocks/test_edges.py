@@ -138,31 +138,40 @@ def test_a_positive_tensor_scale_is_its_decoding_scale() -> None:
 EPS = 1e-12  # torchao's quantize_int8_rowwise eps
 
 
-def test_int8_rowwise_rows_below_torchaos_eps_dequantize_shrunk() -> None:
-    """A row whose amax / 127 lies below eps = 1e-12 (amax below 1.27e-10) is scaled by
-    1 / eps but stores its scale amax / 127, as torchao's quantize_int8_rowwise does: it
-    dequantizes to x * (amax / 127) / eps, smaller than x (rows below 5e-13 round to 0).
-    SR is unbiased for the codes, so its mean is that shrunk value, not x."""
-    amax = 1e-11
-    x = torch.linspace(-amax, amax, 64).reshape(1, 64).repeat(2, 1)
-    x[1] *= 100.0  # amax 1e-9: above eps, dequantizes to x
-    q = blocks.quantize(x, "int8_rowwise")
-    scale = q.scales[0, 0]
-    assert scale.item() == (torch.tensor(amax, dtype=torch.float32) / 127).item()
-    multiplier = 1.0 / torch.tensor(EPS, dtype=torch.float32)
-    assert torch.equal(q.codes[0], torch.round(x[0] * multiplier).to(torch.int8))
-    assert int(q.codes[0].abs().max()) == 10  # not 127: the row uses 1/12.7 of the grid
-    shrink = float(scale) * float(multiplier)  # (amax / 127) / eps = 0.0787...
-    mean = torch.stack(
-        [blocks.quantize(x, "int8_rowwise", "sr", seed=seed).dequantize() for seed in range(400)]
-    ).mean(0)
-    expected = (x[0].double() * float(multiplier)) * float(scale)
-    sigma = 0.5 * float(scale) / math.sqrt(400)
-    assert float((mean[0].double() - expected).abs().max()) < 6 * sigma
-    assert abs(float(mean[0, -1] / x[0, -1]) - shrink) < 0.01
-    assert float((mean[1] - x[1]).abs().max()) < 6 * 0.5 * float(q.scales[1, 0]) / math.sqrt(400)
-    tiny = blocks.quantize(torch.full((1, 8), 1e-13), "int8_rowwise")
-    assert tiny.codes.tolist() == [[0] * 8] and tiny.scales.item() > 0
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_int8_rowwise_rows_below_torchaos_eps_store_the_scale_they_are_divided_by(
+    backend: str, dtype: torch.dtype
+) -> None:
+    """A row whose amax / 127 lies below eps = 1e-12 (amax below 1.27e-10) is divided by the
+    floor (eps rounded up to x's dtype) and stores that floor as its scale, so it
+    dequantizes to x on average under SR. torchao's quantize_int8_rowwise divides by eps
+    too but stores amax / 127, which shrinks such a row by (amax / 127) / eps."""
+    floor = blocks.scales.absmax_floor(dtype)
+    assert floor >= float(torch.tensor(EPS, dtype=torch.float32))
+    amax = 64 * floor  # codes up to +-64: a row below the floor's reach of 127 * floor
+    x = torch.linspace(-amax, amax, 64, dtype=torch.float64).to(dtype).reshape(1, 64).repeat(2, 1)
+    x[1] = x[1] * 2.0**20  # far above the floor: torchao's scale amax / 127, unchanged
+    q = blocks.quantize(x, "int8_rowwise", backend=backend)
+    assert q.scales[0].tolist() == [floor]
+    torchao_scale = (x[1].abs().amax() / 127).to(torch.float32)
+    assert q.scales[1].to(torch.float32).tolist() == [torchao_scale.item()]
+    multiplier = 1.0 / torch.tensor(floor, dtype=torch.float32)
+    assert torch.equal(q.codes[0], torch.round(x[0].float() * multiplier).to(torch.int8))
+    assert int(q.codes[0].abs().max()) == 64
+    draws = 400  # copies of both rows, each drawing its own words (their global indices)
+    sr_q = blocks.quantize(x.repeat(draws, 1), "int8_rowwise", "sr", seed=0, backend=backend)
+    values = sr_q.codes.double() * sr_q.scales.double()  # exact: what dequantizing rounds
+    mean = values.reshape(draws, 2, 64).mean(0)
+    # each element's SR error has variance <= scale**2 / 4: the mean of 400 draws is within
+    # six standard deviations of x
+    for row in range(2):
+        scale = float(q.scales[row, 0])
+        bound = 6 * 0.5 * scale / math.sqrt(draws)
+        assert float((mean[row] - x[row].double()).abs().max()) < bound
+    tiny = blocks.quantize(torch.full((1, 8), 1e-13, dtype=dtype), "int8_rowwise", backend=backend)
+    want = round(float(torch.tensor(1e-13, dtype=dtype)) / floor)
+    assert tiny.codes.tolist() == [[want] * 8] and tiny.scales.item() == floor
 
 
 # --- E: errors ------------------------------------------------------------------------------

@@ -128,12 +128,24 @@ def test_the_flavours_differ_where_torchao_clamps_small_block_scales() -> None:
     assert ao.float().tolist() == [2.0**-6, 2.0**-6, 1.0]
 
 
-def test_absmax_scales_divide_in_x_dtype_and_clip_the_reciprocal() -> None:
-    amax = torch.tensor([127.0, 1.0, 0.0], dtype=torch.bfloat16)
+def test_absmax_scales_divide_in_x_dtype_and_store_the_floor_they_divide_by() -> None:
+    amax = torch.tensor([127.0, 1.0, 0.0, float("nan")], dtype=torch.bfloat16)
     scale, inverse = scales.absmax_scales(amax, 127.0)
+    floor = scales.absmax_floor(torch.bfloat16)
     assert scale.dtype == torch.bfloat16
-    assert scale.tolist() == [1.0, float(torch.tensor(1 / 127, dtype=torch.bfloat16)), 0.0]
-    assert inverse[2].item() == np.float32(1.0) / np.float32(1e-12)
+    one_127th = float(torch.tensor(1 / 127, dtype=torch.bfloat16))
+    assert scale[:3].tolist() == [1.0, one_127th, floor]
+    assert scale[3].isnan()
+    assert inverse[2].item() == np.float32(1.0) / np.float32(floor)
+
+
+def test_the_absmax_floor_is_eps_rounded_up_to_the_scales_dtype() -> None:
+    eps = float(np.float32(1e-12))
+    assert scales.absmax_floor(torch.float32) == eps
+    bf16 = scales.absmax_floor(torch.bfloat16)
+    below = torch.nextafter(torch.tensor(bf16, dtype=torch.bfloat16), torch.tensor(0.0).bfloat16())
+    assert float(below) < eps <= bf16
+    assert scales.absmax_floor(torch.float16) == 2.0**-24  # fp16's smallest subnormal
 
 
 def test_quotients_are_correctly_rounded_divisions_whatever_the_operands() -> None:

@@ -283,12 +283,27 @@ def nvfp4_scales(
     return scales, quotient(inverse, values, values)
 
 
+def absmax_floor(dtype: torch.dtype) -> float:
+    """The least value of ``dtype`` (the scales' dtype, x's) at or above torchao's eps
+    ``fp32(1e-12)``: the smallest row scale stored and divided by."""
+    eps = torch.tensor(ABSMAX_EPS, dtype=torch.float32)
+    floor = eps.to(dtype)
+    if floor.to(torch.float32) < eps:
+        floor = torch.nextafter(floor, torch.ones((), dtype=dtype))
+    return float(floor)
+
+
 def absmax_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
-    """Row-wise absmax scales ``amax / max`` in amax's dtype (x's) and the fp32 multipliers
-    ``1 / max(fp32(scale), 1e-12)`` (torchao's ``quantize_int8_rowwise``)."""
+    """Row-wise absmax scales ``max(amax / max, floor)`` in amax's dtype (x's) and the fp32
+    multipliers ``1 / fp32(scale)`` (torchao's ``quantize_int8_rowwise`` for every scale at or
+    above its eps; below it torchao divides by eps but stores the smaller scale, which
+    shrinks the row: here the stored scale is the one divided by, so that dequantizing
+    gives x back on average under SR — `absmax_floor`, docs/guide/blocks.md)."""
     scales = quotient(amax, max_value, amax)
-    clipped = scales.to(torch.float32).clamp(min=ABSMAX_EPS)
-    return scales, quotient(1.0, clipped, clipped)
+    floor = absmax_floor(scales.dtype)
+    scales = torch.where(scales < floor, torch.full_like(scales, floor), scales)  # keeps NaN
+    wide = scales.to(torch.float32)
+    return scales, quotient(1.0, wide, wide)
 
 
 __all__ = [
@@ -304,6 +319,7 @@ __all__ = [
     "RESCALE",
     "SHRINK",
     "TensorScale",
+    "absmax_floor",
     "absmax_scales",
     "as_e8m0",
     "check_flavour",

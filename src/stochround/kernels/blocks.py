@@ -97,7 +97,10 @@ def _fp32(value: float) -> float:
 FLT_MAX = tl.constexpr(_fp32(torch.finfo(torch.float32).max))
 ONE_SIXTH = tl.constexpr(_fp32(1.0 / 6.0))  # TE's fp32 1/6
 E4M3_EPS = tl.constexpr(2.0**-6)  # torchao's lower clamp of NVFP4 block scales
-ABSMAX_EPS = tl.constexpr(_fp32(1e-12))  # torchao's quantize_int8_rowwise eps
+# torchao's quantize_int8_rowwise eps rounded up to x's dtype (`blocks.scales.absmax_floor`)
+ABSMAX_FLOOR = tl.constexpr(_fp32(1e-12))
+ABSMAX_FLOOR_BF16 = tl.constexpr(_fp32(1.0018652574217413e-12))
+ABSMAX_FLOOR_FP16 = tl.constexpr(2.0**-24)
 RESCALE = tl.constexpr(_fp32(4.0 / 3.0))  # floor-3/4's dequantization factor
 
 
@@ -473,10 +476,16 @@ def _quantize_blocks_kernel(
         scale_value = tl.math.div_rn(amax, ELEMENT_MAX)
         if NAN16 != 0:  # the scale is held in x's dtype
             scale_value = _narrowed_value(scale_value, x.dtype, NAN16)
+        if x.dtype == tl.bfloat16:
+            floor = ABSMAX_FLOOR_BF16
+        elif x.dtype == tl.float16:
+            floor = ABSMAX_FLOOR_FP16
+        else:
+            floor = ABSMAX_FLOOR
+        scale_value = tl.where(scale_value < floor, floor, scale_value)  # keeps NaN
         stored_scale = scale_value
         block_value = scale_value
-        floor = tl.where(scale_value < ABSMAX_EPS, ABSMAX_EPS, scale_value)  # keeps NaN
-        multiplier = tl.math.div_rn(1.0, floor)
+        multiplier = tl.math.div_rn(1.0, scale_value)
         scaled = value * multiplier[:, None, None]
     else:
         exponent = _e8m0_exponent(amax, EMAX, ELEMENT_MAX, MBITS, SCALE_RULE)
