@@ -29,12 +29,15 @@ generator is never drawn from.
 from __future__ import annotations
 
 import contextlib
+import math
 import typing
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional
+from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
 from ..blocks.formats import BlockFormat
@@ -96,11 +99,29 @@ class Operand(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """What a layer's GEMMs need: the six operands, the seed and the layer's index."""
+    """What a layer's GEMMs need: the six operands, the seed, the layer's index and the
+    multiple the wgrad GEMM pads its token count to (`token_multiple`)."""
 
     operands: dict[str, Operand]
     seed: int
     layer: int
+    token_multiple: int
+
+
+def token_multiple(operands: dict[str, Operand]) -> int:
+    """The multiple of tokens the wgrad operands need along their contraction axis (the
+    tokens): the lcm of their blocks' lengths along it, their RHT sizes and 2 for 4-bit
+    codes (which pack two per byte); 1 where nothing blocks the tokens."""
+    multiple = 1
+    for role in GEMMS["wgrad"]:
+        entry = operands[role]
+        if entry.fmt is None or entry.spec.format in TENSOR_FORMATS:
+            continue
+        block = entry.fmt.block
+        length = block[1] if isinstance(block, tuple) else (block or 1)
+        packing = 2 if entry.fmt.element.bits == 4 else 1
+        multiple = math.lcm(multiple, length, entry.spec.rht or 1, packing)
+    return multiple
 
 
 def make_plan(recipe: Recipe, layer: int) -> Plan:
@@ -111,7 +132,15 @@ def make_plan(recipe: Recipe, layer: int) -> Plan:
         fmt = spec.block_format() if spec.quantized else None
         operands[role] = Operand(role, spec, fmt)
     stream_offset(0, layer, 0)  # checks the layer index
-    return Plan(operands, recipe.seed, layer)
+    return Plan(operands, recipe.seed, layer, token_multiple(operands))
+
+
+def pad_tokens(operand: Tensor, multiple: int) -> Tensor:
+    """A wgrad operand ``(features, T)`` with zero columns appended up to a multiple of
+    ``multiple`` tokens: the operand of a batch padded with zero tokens, whose products
+    add nothing to dW's sums (itself where T is a multiple already)."""
+    missing = -operand.shape[1] % multiple
+    return operand if missing == 0 else functional.pad(operand, (0, missing))
 
 
 def row_noise_operand(operand: Tensor, fmt: BlockFormat, words: Tensor) -> GemmOperand:
@@ -293,7 +322,9 @@ class QuantizedMatmul(torch.autograd.Function):
                 qdy, qw = gemm_operands(plan, "dgrad", grad, transpose(weight), offsets)
                 grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
-                grad_t, x_t = transpose(grad.contiguous()), transpose(x.contiguous())
+                multiple = plan.token_multiple
+                grad_t = pad_tokens(transpose(grad.contiguous()), multiple)
+                x_t = pad_tokens(transpose(x.contiguous()), multiple)
                 qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
@@ -301,20 +332,29 @@ class QuantizedMatmul(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None
 
 
-def check_operand_shapes(plan: Plan, tokens: int, in_features: int, out_features: int) -> None:
-    """ValueError, naming the role, unless every quantized operand's blocks (and RHT)
-    divide its shape with the contraction axis last: x ``(T, in)`` and W ``(out, in)`` in
-    fprop, dy ``(T, out)`` and W^T ``(in, out)`` in dgrad, dy^T ``(out, T)`` and x^T
-    ``(in, T)`` in wgrad."""
+def check_operand_shapes(
+    plan: Plan,
+    tokens: int,
+    in_features: int,
+    out_features: int,
+    gemms: tuple[str, ...] = tuple(GEMMS),
+) -> None:
+    """ValueError, naming the role, unless every quantized operand of ``gemms`` has blocks
+    (and RHT) dividing its shape with the contraction axis last: x ``(T, in)`` and W
+    ``(out, in)`` in fprop, dy ``(T, out)`` and W^T ``(in, out)`` in dgrad, dy^T ``(out,
+    T')`` and x^T ``(in, T')`` in wgrad, with ``T'`` the tokens padded to the plan's
+    `token_multiple` (`pad_tokens`)."""
+    padded = -(-tokens // plan.token_multiple) * plan.token_multiple
     shapes = {
         "fprop_input": (tokens, in_features),
         "fprop_weight": (out_features, in_features),
         "dgrad_grad_output": (tokens, out_features),
         "dgrad_weight": (in_features, out_features),
-        "wgrad_grad_output": (out_features, tokens),
-        "wgrad_input": (in_features, tokens),
+        "wgrad_grad_output": (out_features, padded),
+        "wgrad_input": (in_features, padded),
     }
-    for role, entry in plan.operands.items():
+    for role in (role for gemm in gemms for role in GEMMS[gemm]):
+        entry = plan.operands[role]
         if entry.fmt is None or entry.spec.format in TENSOR_FORMATS:
             continue
         shape = torch.Size(shapes[role])
@@ -328,6 +368,15 @@ def check_operand_shapes(plan: Plan, tokens: int, in_features: int, out_features
                 f"{role}: the operand {tuple(shape)} (contraction axis last) does not fit "
                 f"its blocks: {error}"
             ) from None
+
+
+def running_gemms(x: Tensor, weight: Tensor) -> tuple[str, ...]:
+    """The GEMMs a call will run: fprop always; dgrad if x needs a gradient, wgrad if the
+    weight does (under grad mode)."""
+    grad_mode = torch.is_grad_enabled()
+    dgrad = ("dgrad",) if grad_mode and x.requires_grad else ()
+    wgrad = ("wgrad",) if grad_mode and weight.requires_grad else ()
+    return ("fprop", *dgrad, *wgrad)
 
 
 class QuantizedLinear(nn.Linear):
@@ -388,6 +437,15 @@ class QuantizedLinear(nn.Linear):
         objects: an optimizer built on ``linear`` keeps working), with its hooks dropped."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        if parametrize.is_parametrized(linear, "weight"):
+            parametrizations = linear.parametrizations["weight"]  # type: ignore[index, union-attr]
+            names = ", ".join(type(each).__name__ for each in parametrizations)
+            raise ValueError(
+                f"the layer's weight is parametrized ({names}), which the swap would drop: "
+                "quantize first, then parametrize (gaussws_ parametrizes QuantizedLinear "
+                "layers too), or remove the parametrization (stochround.nn.unquantize_ "
+                "removes GaussWS)"
+            )
         layer = cls(
             linear.in_features,
             linear.out_features,
@@ -425,17 +483,25 @@ class QuantizedLinear(nn.Linear):
                 "(tensor parallelism), which it does not support; shard the model with "
                 "FSDP2 (fully_shard), which gathers the whole weight for the forward"
             )
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"x must have in_features={self.in_features} values along its last axis; "
+                f"got an input of shape {tuple(x.shape)}"
+            )
         lead = x.shape[:-1]
         tokens = x.reshape(-1, self.in_features)
-        check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features)
+        gemms = running_gemms(x, weight)
+        check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features, gemms)
         if not torch.is_grad_enabled():
             step = self.step.clone()
         elif torch.compiler.is_compiling():
             step = advance_step(self.step)
         else:  # eager: the op's dispatch is host time an eager step need not pay
             step = advance_step_eagerly(self.step)
-        out = QuantizedMatmul.apply(tokens, weight, bias, step, self.plan)
-        return typing.cast(Tensor, out).reshape(*lead, self.out_features)
+        out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, self.plan))
+        # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
+        # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
+        return torch.ops.aten._unsafe_view(out, (*lead, self.out_features))
 
     def _load_from_state_dict(
         self,
@@ -474,10 +540,13 @@ __all__ = [
     "gemm_operands",
     "make_plan",
     "operand_values",
+    "pad_tokens",
     "quantize_operand",
     "row_noise_operand",
     "row_words",
+    "running_gemms",
     "shares_rotation",
     "step_offsets",
     "stream_offset",
+    "token_multiple",
 ]
