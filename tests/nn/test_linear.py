@@ -382,8 +382,8 @@ def test_compiled_fullgraph_compiles_once_and_equals_eager() -> None:
     forward and backward graphs run by PyTorch's own kernels, so the comparison is bit for
     bit) gives eager's results for several steps and compiles once: the step is a tensor
     advanced by one op (`linear.advance_step`), which also keeps the backward graph from
-    reading the step after the forward advanced it.  Inductor is not run here: its CPU
-    compile of the RHT path takes minutes on CI's cores."""
+    reading the step after the forward advanced it.  Inductor's own bits are compared in
+    `test_inductor_on_the_cpu_gives_eagers_bits_for_every_named_recipe`."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     batches = [
@@ -610,3 +610,72 @@ def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) ->
     assert y._base is None and y.shape == (*shape[:-1], SIZE)
     y.sum().backward()
     assert x.grad is not None and x.grad.shape == shape
+
+
+# the MX recipes' E8M0 scales reach inductor's C++ code generation, which has no C++ type
+# for torch.float8_e8m0fnu, until blocks/ keeps them as uint8 codes in the graph (issue
+# 40's blocks branch; the model-level test passes on the two branches merged)
+E8M0_IN_GRAPH = pytest.mark.xfail(
+    reason="torch.float8_e8m0fnu missing from inductor's DTYPE_TO_CPP (fixed in blocks/)",
+    strict=False,
+)
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
+@pytest.mark.parametrize(
+    "name",
+    [
+        "nvfp4",
+        pytest.param("mxfp4_tseng", marks=E8M0_IN_GRAPH),
+        pytest.param("mxfp8", marks=E8M0_IN_GRAPH),
+        "fp8",
+        "int8",
+    ],
+)
+def test_inductor_on_the_cpu_gives_eagers_bits_for_every_named_recipe(name: str) -> None:
+    """torch.compile(backend="inductor") on the CPU, forward and backward, two steps of
+    20 tokens (wgrad pads them): y, dx, dW and db equal eager's bit for bit.  What made
+    them differ or the compile slow, and is kept so: the RHT signs are drawn by one opaque
+    op (`linear.draw_signs`; inlined, their Philox rounds doubled at each butterfly stage
+    and the backward compiled for minutes), and db is summed by one opaque op
+    (`linear.bias_gradient_op`: inductor's reduction loop adds in another order)."""
+    reference, _, _ = fixed_data()
+    recipe = srnn.RECIPES[name](seed=1)
+    eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
+    compiled_layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
+    compiled = torch.compile(compiled_layer, backend="inductor", fullgraph=True)
+    for step in range(2):
+        generator = torch.Generator().manual_seed(step)
+        x = torch.randn(20, SIZE, generator=generator)
+        grad = torch.randn(20, SIZE, generator=generator)
+        expected = (*one_step(eager, x, grad), eager.bias.grad.clone())  # type: ignore[union-attr]
+        got = (*one_step(compiled, x, grad), compiled_layer.bias.grad.clone())  # type: ignore[union-attr]
+        for what, mine, theirs in zip(("y", "dx", "dW", "db"), got, expected, strict=True):
+            assert torch.equal(mine, theirs), f"{name} step {step}: {what}"
+
+
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng"])
+def test_the_compiled_graphs_draw_the_rht_signs_by_one_opaque_op(name: str) -> None:
+    """The graphs inductor receives hold no Philox round (aten.bitwise_xor): the RHT
+    signs, fixed (nvfp4) or per step (mxfp4_tseng), come from `linear.draw_signs`, once
+    per rotated GEMM.  Traced, the rounds were inlined into each butterfly stage, doubling
+    at each, which took inductor minutes to compile."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(module: torch.fx.GraphModule, inputs: Any) -> Any:
+        graphs.append(module)
+        return module.forward
+
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.RECIPES[name]())
+    compiled = torch.compile(
+        layer, fullgraph=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture)
+    )
+    compiled(torch.randn(SIZE, SIZE, requires_grad=True)).sum().backward()
+    targets = [str(node.target) for graph in graphs for node in graph.graph.nodes]
+    rotated_gemms = {"nvfp4": 1, "mxfp4_tseng": 2}[name]  # wgrad; and dgrad
+    assert targets.count("stochround.nn_rotation_signs.default") == rotated_gemms
+    assert not any("bitwise_xor" in target for target in targets)

@@ -18,6 +18,13 @@ same RHT size and sign policy: the wgrad operands of the NVFP4 and MXFP4 recipes
 multiplied in the rotated basis, where the rotations cancel, as Transformer Engine does;
 an operand rotated alone is rotated back first (in fp32).
 
+A call runs, and checks against its blocks, only the GEMMs it needs: fprop always, dgrad
+if x needs a gradient, wgrad if W does (under grad mode), so inference and frozen weights
+take any token count.  wgrad's operands are blocked (and rotated) along the tokens; a token
+count that fits no block is padded with zero tokens to the plan's `token_multiple`
+(`pad_tokens`): bit for bit the same step on a batch padded with zero rows, whose products
+add nothing to dW.
+
 Random bits: the operand of ``role`` at step ``s`` of layer ``l`` draws
 ``random_words(index, seed, stream_offset(s, l, slot))`` (`stream_offset`), ``index`` its
 row-major element index with the contraction axis last.  The step is a buffer (in the
@@ -43,10 +50,10 @@ from torch.torch_version import TorchVersion
 from ..blocks.formats import BlockFormat
 from ..blocks.gemm import scaled_mm
 from ..blocks.hadamard import random_signs
-from ..blocks.quantize import GemmOperand, check_blocks, gemm_operand, quantize
+from ..blocks.quantize import RHT_SEED, GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
 from ..kernels.transpose import transpose
-from ..random import random_words
+from ..random import random_words, seed_tensor
 from ..rounding import round as round_values
 from ..shards import is_dtensor
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
@@ -241,26 +248,64 @@ def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
     return left.rht is not None and (left.rht, left.rht_signs) == (right.rht, right.rht_signs)
 
 
+def draw_signs_eagerly(size: int, seed: Tensor, offset: Tensor) -> Tensor:
+    """``random_signs(size, seed, offset=offset)`` on ``offset``'s device (float32 ±1)."""
+    return random_signs(size, seed, offset=offset, device=offset.device)
+
+
+# One opaque op draws the RHT signs under torch.compile: traced, the Philox rounds that
+# draw them are pointwise operations which inductor inlines into every butterfly stage of
+# the rotation that reads them, and each stage reads its input twice, so the inlined
+# expression doubles at each stage and the backward's compile ran for minutes.  The op
+# runs the eager function, so the signs are eager's bit for bit.
+draw_signs = torch.library.custom_op(
+    "stochround::nn_rotation_signs", draw_signs_eagerly, mutates_args=()
+)
+
+
+@draw_signs.register_fake
+def _(size: int, seed: Tensor, offset: Tensor) -> Tensor:
+    return offset.new_empty((size,), dtype=torch.float32)
+
+
+def rotation_signs(
+    plan: Plan, gemm: str, spec: QuantSpec, offsets: Tensor, device: torch.device
+) -> Tensor | None:
+    """The RHT signs of ``spec``'s operand in ``gemm``: per-step signs from the GEMM's own
+    stream (`SIGN_SLOTS`, so that both operands draw the same rotation), fixed signs
+    ``random_signs(size, RHT_SEED)``.  Eagerly the fixed signs are None (the block
+    quantizer's cached copy); under torch.compile both are drawn by `draw_signs`."""
+    size = typing.cast(int, spec.rht)
+    per_step = spec.rht_signs == "per_step"
+    if not torch.compiler.is_compiling():
+        if not per_step:
+            return None
+        return random_signs(size, plan.seed, offset=offsets[SIGN_SLOTS[gemm]], device=device)
+    if per_step:
+        seed, offset = seed_tensor(plan.seed, "seed", device), offsets[SIGN_SLOTS[gemm]]
+    else:
+        seed = offset = torch.full((), RHT_SEED, dtype=torch.int64, device=device)
+    return typing.cast(Tensor, draw_signs(size, seed, offset))
+
+
 def gemm_operands(
     plan: Plan, gemm: str, left: Tensor, right: Tensor, offsets: Tensor
 ) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
-    from its role's stream at the step whose `step_offsets` are ``offsets``; per-step RHT
-    signs come from the GEMM's own stream (`SIGN_SLOTS`), so that both operands draw the
-    same rotation."""
+    from its role's stream at the step whose `step_offsets` are ``offsets``, rotated by
+    `rotation_signs` where its spec has an RHT."""
     left_role, right_role = GEMMS[gemm]
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
     results = []
-    drawn: dict[int, Tensor] = {}  # the GEMM's per-step signs by RHT size, drawn once
+    drawn: dict[tuple[int, str], Tensor | None] = {}  # the GEMM's signs, drawn once
     for role, operand in ((left_role, left), (right_role, right)):
         entry = plan.operands[role]
         signs = None
-        size = entry.spec.rht
-        if size is not None and entry.spec.rht_signs == "per_step":
-            if size not in drawn:
-                sign_offset = offsets[SIGN_SLOTS[gemm]]
-                drawn[size] = random_signs(size, plan.seed, offset=sign_offset, device=left.device)
-            signs = drawn[size]
+        if entry.spec.rht is not None:
+            key = (entry.spec.rht, entry.spec.rht_signs)
+            if key not in drawn:
+                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, left.device)
+            signs = drawn[key]
         offset = offsets[ROLE_SLOTS[role]]
         quantized = quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs, rotated)
         results.append(quantized)
@@ -296,6 +341,31 @@ def autocast_off(device_type: str) -> Iterator[None]:
         yield
 
 
+def bias_gradient_eagerly(grad: Tensor) -> Tensor:
+    """``db = sum_t dy[t]`` in fp32: torch's sum over the tokens, as nn.Linear's backward
+    computes it."""
+    return grad.to(torch.float32).sum(0)
+
+
+# One opaque op sums db under torch.compile: inductor's generated reduction loop adds in
+# another order than torch's sum kernel, and db's bits would differ from eager's
+bias_gradient_op = torch.library.custom_op(
+    "stochround::nn_bias_gradient", bias_gradient_eagerly, mutates_args=()
+)
+
+
+@bias_gradient_op.register_fake
+def _(grad: Tensor) -> Tensor:
+    return grad.new_empty((grad.shape[1],), dtype=torch.float32)
+
+
+def bias_gradient(grad: Tensor) -> Tensor:
+    """`bias_gradient_eagerly`'s db, through `bias_gradient_op` under torch.compile."""
+    if torch.compiler.is_compiling():
+        return typing.cast(Tensor, bias_gradient_op(grad))
+    return bias_gradient_eagerly(grad)
+
+
 class QuantizedMatmul(torch.autograd.Function):
     """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
 
@@ -328,7 +398,7 @@ class QuantizedMatmul(torch.autograd.Function):
                 qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-                grad_bias = grad.to(torch.float32).sum(0).to(ctx.bias_dtype)
+                grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias, None, None
 
 
@@ -537,11 +607,17 @@ __all__ = [
     "QuantizedMatmul",
     "advance_step",
     "advance_step_eagerly",
+    "bias_gradient",
+    "bias_gradient_eagerly",
+    "bias_gradient_op",
+    "draw_signs",
+    "draw_signs_eagerly",
     "gemm_operands",
     "make_plan",
     "operand_values",
     "pad_tokens",
     "quantize_operand",
+    "rotation_signs",
     "row_noise_operand",
     "row_words",
     "running_gemms",
