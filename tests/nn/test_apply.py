@@ -129,3 +129,77 @@ def test_bad_arguments_raise_naming_them() -> None:
         srnn.quantize_(Tiny(), rules=[("(", None)])
     with pytest.raises(TypeError, match="filter_fn must be callable"):
         srnn.quantize_(Tiny(), srnn.nvfp4(), filter_fn=3)  # type: ignore[arg-type]
+
+
+def test_the_attention_output_projection_is_left_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """nn.MultiheadAttention multiplies by out_proj.weight without calling out_proj (a
+    NonDynamicallyQuantizableLinear): swapped, it would never run quantized.  quantize_
+    leaves it, even where the filter and rules choose it, and logs its path; the layers
+    that run are swapped and advance their steps."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 2, 64, batch_first=True)
+    with caplog.at_level("INFO", logger="stochround.nn.apply"):
+        srnn.quantize_(
+            layer, srnn.mxfp8(), filter_fn=lambda module, fqn: True, rules=[(".*", srnn.mxfp8())]
+        )
+    assert type(layer.self_attn.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    assert set(quantized_paths(layer)) == {"linear1", "linear2"}
+    assert "self_attn.out_proj" in caplog.text and "without calling them" in caplog.text
+    layer(torch.randn(2, 16, 32)).sum().backward()
+    assert int(layer.linear1.step) == int(layer.linear2.step) == 1
+
+
+def test_a_model_under_gaussws_raises_saying_to_quantize_first() -> None:
+    model = Tiny()
+    srnn.gaussws_(model, "e3m2")
+    with pytest.raises(
+        ValueError,
+        match=r"blocks\.0\.attn: the layer's weight is parametrized \(GaussWS\).*quantize first",
+    ):
+        srnn.quantize_(model, srnn.mxfp8())
+    assert quantized_paths(model) == {}
+    ordered = srnn.gaussws_(srnn.quantize_(Tiny(), srnn.mxfp8()), "e3m2")  # the order that works
+    ordered(torch.randn(32, 32)).sum().backward()
+
+
+def test_a_second_call_numbers_its_layers_after_the_first_calls() -> None:
+    """Layers swapped by a later call take the numbers after those of the earlier one, so
+    no two layers share a random stream."""
+    model = Tiny()
+    srnn.quantize_(model, rules=[(r"blocks\.0\..*", srnn.mxfp8())])
+    srnn.quantize_(model, srnn.nvfp4())
+    numbers = [m.layer_index for m in model.modules() if isinstance(m, srnn.QuantizedLinear)]
+    assert numbers == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_unquantize_gives_back_plain_layers_holding_the_same_parameters() -> None:
+    """unquantize_ undoes quantize_ and gaussws_: nn.Linear layers holding the very
+    Parameter objects (dtype and device kept, so an optimizer keeps working), the original
+    weights (not a sample), and a state dict that a plain model loads strictly."""
+    model = Tiny().to(torch.bfloat16)
+    parameters = list(model.parameters())
+    srnn.quantize_(model, srnn.nvfp4())
+    srnn.gaussws_(model, "e3m2")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(32, 32, dtype=torch.bfloat16)).float().sum().backward()
+    optimizer.step()
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        Tiny().to(torch.bfloat16).load_state_dict(model.state_dict())  # the steps
+    assert srnn.unquantize_(model) is model
+    assert all(
+        type(m) in (Tiny, Block, nn.ModuleList, nn.Sequential, nn.GELU, nn.Linear)
+        for m in model.modules()
+    )
+    assert all(a is b for a, b in zip(model.parameters(), parameters, strict=True))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    plain = Tiny().to(torch.bfloat16)
+    plain.load_state_dict(model.state_dict())  # strict
+    x = torch.randn(32, 32, dtype=torch.bfloat16)
+    assert torch.equal(plain(x), model(x))
+    layer = srnn.quantize_(nn.Linear(32, 32), srnn.mxfp8())
+    back = srnn.unquantize_(layer)
+    assert type(back) is nn.Linear and back.weight is layer.weight
+    with pytest.raises(TypeError, match=r"model must be an nn\.Module"):
+        srnn.unquantize_("model")  # type: ignore[arg-type]

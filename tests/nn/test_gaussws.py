@@ -435,9 +435,52 @@ def test_gaussws_parametrizes_the_layers_the_filter_keeps_in_module_order() -> N
     assert [sampling_of(layer).layer_index for layer in indexed] == [0, 1, 2]
     sampling = sampling_of(model[2])
     assert (sampling.sampler.block, sampling.sampler.noise_bits) == (16, 12)
-    srnn.gaussws_(model, "e3m2")  # parametrized layers are skipped; the rest numbered anew
-    assert sampling_of(model[1][0]).layer_index == 0
+    # the same settings again: sampled layers are skipped, the rest numbered after them
+    # (layer 0's stream is model[0]'s)
+    srnn.gaussws_(model, "e2m1", block=16, noise_bits=12)
+    assert sampling_of(model[1][0]).layer_index == 3
     assert len(model[0].parametrizations.weight) == 1  # type: ignore[union-attr,arg-type]
+
+
+def test_a_second_call_with_other_settings_raises_naming_both() -> None:
+    """gaussws_ does not silently keep the first settings: another target (or block,
+    noise, bits, seed, backend) raises, naming the layer, what it has and what was asked;
+    unquantize_ removes the sampling, after which the new settings apply."""
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+    srnn.gaussws_(model, "e3m2")
+    srnn.gaussws_(model, "e3m2")  # the same settings: nothing changes
+    assert [sampling_of(layer).layer_index for layer in model] == [0, 1]
+    with pytest.raises(ValueError, match=r"0 is already sampled by GaussWS\(fmt=e3m2.*fmt=e2m1"):
+        srnn.gaussws_(model, "e2m1")
+    with pytest.raises(ValueError, match=r"already sampled.*seed=0.*seed=5"):
+        srnn.gaussws_(model, "e3m2", seed=5)
+    srnn.unquantize_(model)
+    srnn.gaussws_(model, "e2m1")
+    assert sampling_of(model[1]).sampler.target.format.name == "e2m1"
+
+
+def test_a_torch_dtype_names_the_target_as_everywhere_else() -> None:
+    model = srnn.gaussws_(nn.Sequential(nn.Linear(32, 32)), torch.float8_e4m3fn)
+    assert sampling_of(model[0]).sampler.target.format == sr.format("e4m3fn")
+    w = torch.randn(4, 32)
+    by_dtype = srnn.sample_weight(w, torch.float8_e4m3fn, seed=1, offset=2)
+    assert torch.equal(by_dtype, srnn.sample_weight(w, "e4m3fn", seed=1, offset=2))
+
+
+def test_the_attention_output_projection_is_sampled_when_the_attention_reads_it() -> None:
+    """nn.MultiheadAttention multiplies by out_proj.weight without calling out_proj; a
+    parametrization runs when the weight is read, so gaussws_ samples it (once a training
+    forward), unlike quantize_, which leaves it."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 2, 64, batch_first=True)
+    srnn.gaussws_(layer, "e3m2")
+    layer(torch.randn(2, 16, 32)).square().sum().backward()
+    steps = {path: int(m.step) for path, m in layer.named_modules() if isinstance(m, srnn.GaussWS)}
+    assert steps == {
+        "self_attn.out_proj.parametrizations.weight.0": 1,
+        "linear1.parametrizations.weight.0": 1,
+        "linear2.parametrizations.weight.0": 1,
+    }
 
 
 def test_a_layer_that_does_not_fit_leaves_the_model_untouched() -> None:

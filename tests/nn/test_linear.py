@@ -310,9 +310,12 @@ def test_from_linear_shares_the_parameters_and_loads_a_linear_state_dict() -> No
 def test_blocks_that_do_not_fit_a_gemm_raise_naming_the_role() -> None:
     with pytest.raises(ValueError, match=r"fprop_weight.*16"):
         srnn.QuantizedLinear(SIZE, 40, recipe=srnn.nvfp4())
-    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.nvfp4())
-    with pytest.raises(ValueError, match="wgrad_grad_output"):
-        layer(torch.randn(24, SIZE))
+    # wgrad pads the tokens; 2-D tiles over the tokens in fprop (a custom recipe) cannot
+    tiled = srnn.QuantizedLinear(
+        SIZE, SIZE, recipe=Recipe(fprop_input=QuantSpec("nvfp4", block=(16, 16)))
+    )
+    with pytest.raises(ValueError, match=r"fprop_input: the operand \(24, 64\).*24 rows"):
+        tiled(torch.randn(24, SIZE))
     with pytest.raises(TypeError, match="recipe must be"):
         srnn.QuantizedLinear(SIZE, SIZE, recipe="nvfp4")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="layer_index must be in"):
@@ -379,8 +382,8 @@ def test_compiled_fullgraph_compiles_once_and_equals_eager() -> None:
     forward and backward graphs run by PyTorch's own kernels, so the comparison is bit for
     bit) gives eager's results for several steps and compiles once: the step is a tensor
     advanced by one op (`linear.advance_step`), which also keeps the backward graph from
-    reading the step after the forward advanced it.  Inductor is not run here: its CPU
-    compile of the RHT path takes minutes on CI's cores."""
+    reading the step after the forward advanced it.  Inductor's own bits are compared in
+    `test_inductor_on_the_cpu_gives_eagers_bits_for_every_named_recipe`."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     batches = [
@@ -523,3 +526,156 @@ def test_cuda_quantizes_every_operand_as_the_cpu_does(
         assert torch.equal(cuda_calls[role].cpu(), values), role
     for mine, theirs in zip(cuda_out, cpu_out, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4 * float(theirs.abs().max()))
+
+
+NAMED = ["nvfp4", "mxfp4_tseng", "mxfp8", "fp8", "int8"]
+
+
+@pytest.mark.parametrize("name", NAMED)
+@pytest.mark.parametrize("context", ["eval", "no_grad", "inference_mode"])
+def test_inference_runs_one_token_and_checks_only_the_forward_gemm(name: str, context: str) -> None:
+    """A batch of one token fits no block along the tokens, which only wgrad contracts: in
+    eval mode (with grad mode on and x needing none), under no_grad and under
+    inference_mode only fprop runs and only fprop is checked."""
+    layer = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.RECIPES[name]())
+    x = torch.randn(1, SIZE)
+    if context == "eval":
+        layer.weight.requires_grad_(False)
+        y = layer.eval()(x)
+    else:
+        with torch.no_grad() if context == "no_grad" else torch.inference_mode():
+            y = layer(x)
+    assert y.shape == (1, SIZE) and bool(torch.isfinite(y).all())
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_a_frozen_weight_trains_the_input_with_any_token_count(name: str) -> None:
+    """weight.requires_grad False: no wgrad runs, so 3 tokens (no block's multiple) give
+    dx, and the weight no gradient."""
+    layer = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.RECIPES[name]())
+    layer.weight.requires_grad_(False)
+    x = torch.randn(3, SIZE, requires_grad=True)
+    layer(x).square().sum().backward()
+    assert x.grad is not None and x.grad.shape == (3, SIZE) and layer.weight.grad is None
+    assert int(layer.step) == 1
+
+
+def padded_tokens(values: Tensor, tokens: int) -> Tensor:
+    """``values`` (T, features) with zero rows appended up to ``tokens`` rows."""
+    return torch.cat([values, values.new_zeros(tokens - values.shape[0], values.shape[1])])
+
+
+@pytest.mark.parametrize(("name", "padded"), [("nvfp4", 32), ("mxfp4_tseng", 64), ("mxfp8", 32)])
+def test_wgrad_pads_the_tokens_with_zeros_bit_for_bit_as_a_padded_batch(
+    name: str, padded: int
+) -> None:
+    """20 tokens, no multiple of the wgrad blocks (and RHT): the layer pads dy^T and x^T
+    with zero tokens up to the recipe's `token_multiple` (16, 64, 32), so y, dx, dW and the
+    bias gradient equal, bit for bit, those of the same layer fed the batch padded with
+    zero rows (whose y and dx rows are then dropped): zero tokens add nothing to dW's
+    sums."""
+    recipe = srnn.RECIPES[name](seed=3)
+    assert linear.make_plan(recipe, 0).token_multiple == {"nvfp4": 16}.get(name, padded)
+    reference, x, grad = fixed_data()
+    x, grad = x[:20], grad[:20]
+    layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
+    y, dx, dw = one_step(layer, x, grad)
+    bias_grad = layer.bias.grad.clone()  # type: ignore[union-attr]
+    explicit = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
+    y_pad, dx_pad, dw_pad = one_step(
+        explicit, padded_tokens(x, padded), padded_tokens(grad, padded)
+    )
+    assert torch.equal(y, y_pad[:20]) and torch.equal(dx, dx_pad[:20])
+    assert torch.equal(dw, dw_pad)
+    assert torch.equal(bias_grad, explicit.bias.grad)  # type: ignore[arg-type]
+
+
+def test_an_input_of_the_wrong_width_raises_showing_its_shape() -> None:
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.mxfp8())
+    with pytest.raises(ValueError, match=r"in_features=64 .*shape \(3, 100\)"):
+        layer(torch.randn(3, 100))
+    with pytest.raises(ValueError, match=r"in_features=64 .*shape \(\)"):
+        layer(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("shape", [(SIZE,), (SIZE, SIZE), (2, 32, SIZE)])
+def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) -> None:
+    """nn.Linear returns a fresh tensor for a matrix (FSDP2 warns at every forward whose
+    output is a view: in-place use of it would drop its pre-backward hook); so does the
+    quantized layer, for every input shape."""
+    assert nn.Linear(SIZE, SIZE)(torch.randn(SIZE, SIZE))._base is None
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.mxfp8())
+    x = torch.randn(*shape, requires_grad=True)
+    y = layer(x)
+    assert y._base is None and y.shape == (*shape[:-1], SIZE)
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == shape
+
+
+# the MX recipes' E8M0 scales reach inductor's C++ code generation, which has no C++ type
+# for torch.float8_e8m0fnu, until blocks/ keeps them as uint8 codes in the graph (issue
+# 40's blocks branch; the model-level test passes on the two branches merged)
+E8M0_IN_GRAPH = pytest.mark.xfail(
+    reason="torch.float8_e8m0fnu missing from inductor's DTYPE_TO_CPP (fixed in blocks/)",
+    strict=False,
+)
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
+@pytest.mark.parametrize(
+    "name",
+    [
+        "nvfp4",
+        pytest.param("mxfp4_tseng", marks=E8M0_IN_GRAPH),
+        pytest.param("mxfp8", marks=E8M0_IN_GRAPH),
+        "fp8",
+        "int8",
+    ],
+)
+def test_inductor_on_the_cpu_gives_eagers_bits_for_every_named_recipe(name: str) -> None:
+    """torch.compile(backend="inductor") on the CPU, forward and backward, two steps of
+    20 tokens (wgrad pads them): y, dx, dW and db equal eager's bit for bit.  What made
+    them differ or the compile slow, and is kept so: the RHT signs are drawn by one opaque
+    op (`linear.draw_signs`; inlined, their Philox rounds doubled at each butterfly stage
+    and the backward compiled for minutes), and db is summed by one opaque op
+    (`linear.bias_gradient_op`: inductor's reduction loop adds in another order)."""
+    reference, _, _ = fixed_data()
+    recipe = srnn.RECIPES[name](seed=1)
+    eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
+    compiled_layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
+    compiled = torch.compile(compiled_layer, backend="inductor", fullgraph=True)
+    for step in range(2):
+        generator = torch.Generator().manual_seed(step)
+        x = torch.randn(20, SIZE, generator=generator)
+        grad = torch.randn(20, SIZE, generator=generator)
+        expected = (*one_step(eager, x, grad), eager.bias.grad.clone())  # type: ignore[union-attr]
+        got = (*one_step(compiled, x, grad), compiled_layer.bias.grad.clone())  # type: ignore[union-attr]
+        for what, mine, theirs in zip(("y", "dx", "dW", "db"), got, expected, strict=True):
+            assert torch.equal(mine, theirs), f"{name} step {step}: {what}"
+
+
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng"])
+def test_the_compiled_graphs_draw_the_rht_signs_by_one_opaque_op(name: str) -> None:
+    """The graphs inductor receives hold no Philox round (aten.bitwise_xor): the RHT
+    signs, fixed (nvfp4) or per step (mxfp4_tseng), come from `linear.draw_signs`, once
+    per rotated GEMM.  Traced, the rounds were inlined into each butterfly stage, doubling
+    at each, which took inductor minutes to compile."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(module: torch.fx.GraphModule, inputs: Any) -> Any:
+        graphs.append(module)
+        return module.forward
+
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.RECIPES[name]())
+    compiled = torch.compile(
+        layer, fullgraph=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture)
+    )
+    compiled(torch.randn(SIZE, SIZE, requires_grad=True)).sum().backward()
+    targets = [str(node.target) for graph in graphs for node in graph.graph.nodes]
+    rotated_gemms = {"nvfp4": 1, "mxfp4_tseng": 2}[name]  # wgrad; and dgrad
+    assert targets.count("stochround.nn_rotation_signs.default") == rotated_gemms
+    assert not any("bitwise_xor" in target for target in targets)

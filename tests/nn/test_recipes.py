@@ -194,6 +194,22 @@ def test_bad_specs_raise_naming_the_argument(kwargs: dict[str, object], message:
         QuantSpec(**kwargs)  # type: ignore[arg-type]
 
 
+def test_nvfp4_takes_a_hadamard_size_for_rht_and_names_rht_and_the_sizes_otherwise() -> None:
+    """rht=True is TE's 16 (the default), False none, and a Hadamard size a larger
+    rotation; anything else raises naming rht and the allowed values (not rht_bf16)."""
+    assert srnn.nvfp4(rht=True) == srnn.nvfp4()
+    wider = srnn.nvfp4(rht=32)
+    for role in ("wgrad_grad_output", "wgrad_input"):
+        assert (wider.spec(role).rht, wider.spec(role).rht_bf16) == (32, True)
+    with pytest.raises(
+        ValueError,
+        match=r"rht must be True \(16\), False or a Hadamard size in 16, 32, 64, 128, 256; got 24",
+    ):
+        srnn.nvfp4(rht=24)
+    with pytest.raises(TypeError, match=r"rht must be a bool or a Hadamard size \(16, 32"):
+        srnn.nvfp4(rht="16")  # type: ignore[arg-type]
+
+
 def test_bad_recipes_raise_naming_the_argument() -> None:
     with pytest.raises(TypeError, match="fprop_input must be a QuantSpec"):
         Recipe(fprop_input="nvfp4")  # type: ignore[arg-type]

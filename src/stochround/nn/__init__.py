@@ -1,19 +1,19 @@
 """Quantized training: recipes (`Recipe`, `QuantSpec` and the named NVFP4, MXFP4, MXFP8,
 FP8 and int8 recipes), the `QuantizedLinear` layer whose three GEMMs take quantized
-operands (emulated: dequantized operands, fp32 matmul), and `quantize_`, which swaps a
-model's `nn.Linear` layers for it; Gaussian weight sampling (`GaussWS`, a parametrization
-that samples each training forward's weight with rounded-Gaussian noise at a target
-format's resolution, `gaussws_`, which registers it on a model's `nn.Linear` weights, and
-the functional `sample_weight`).
+operands (emulated: dequantized operands, fp32 matmul), `quantize_`, which swaps a
+model's `nn.Linear` layers for it, and `unquantize_`, the way back; Gaussian weight
+sampling (`GaussWS`, a parametrization that samples each training forward's weight with
+rounded-Gaussian noise at a target format's resolution, `gaussws_`, which registers it on
+a model's `nn.Linear` weights, and the functional `sample_weight`).
 
 `recipes` holds the data, `linear` the layer and its autograd function, `apply` the
-module swap, `gaussws` the weight sampling.
+module swaps (both ways), `gaussws` the weight sampling.
 """
 
 from __future__ import annotations
 
 from . import recipes
-from .apply import quantize_
+from .apply import quantize_, unquantize_
 from .gaussws import GaussWS, gaussws_, sample_weight
 from .linear import QuantizedLinear, stream_offset
 from .recipes import (
@@ -47,4 +47,5 @@ __all__ = [
     "recipes",
     "sample_weight",
     "stream_offset",
+    "unquantize_",
 ]

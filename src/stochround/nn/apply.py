@@ -1,23 +1,48 @@
-"""`quantize_`: replace a model's `nn.Linear` layers by `QuantizedLinear` in place.
+"""`quantize_`: replace a model's `nn.Linear` layers by `QuantizedLinear` in place;
+`unquantize_`: the way back, from `quantize_` and `stochround.nn.gaussws_`.
 
 Two conventions select the layers and their recipes: torchao's ``filter_fn(module, fqn)``
 (True: quantize) and Qwix's rules by module path, ``rules=[(regex, recipe_or_None), ...]``,
 where the first regex that matches the whole path (``re.fullmatch``) decides, None leaving
 the layer as it is.  The recipe's own ``keep`` patterns leave their layers in high
 precision as well.
+
+Two kinds of layer are never swapped:
+
+* a layer whose parent reads its weight directly instead of calling it (torch's
+  ``NonDynamicallyQuantizableLinear``, the ``out_proj`` of ``nn.MultiheadAttention``,
+  which ``F.multi_head_attention_forward`` multiplies by ``out_proj.weight``): swapped, it
+  would print as quantized and never run quantized.  It is left as it is, whatever the
+  filter or rules say, and logged (logger ``stochround.nn.apply``), as torchao's default
+  filter skips it;
+* a layer whose weight is parametrized (`stochround.nn.gaussws_` or another
+  ``torch.nn.utils.parametrize`` parametrization): `quantize_` raises ValueError, as the
+  swap would drop the parametrization; quantize first, then sample (`gaussws_`
+  parametrizes `QuantizedLinear` layers too).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import typing
 from collections.abc import Callable, Sequence
 
 from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+from torch.nn.utils import parametrize
 
+from .gaussws import GaussWS, sampling_of
 from .linear import QuantizedLinear
 from .recipes import Recipe
 
 Rule = tuple[str, Recipe | None]
+
+LOGGER = logging.getLogger(__name__)
+
+# layers whose parents multiply by their weight without calling them (torch's own marker
+# class, which torchao's default filter skips for the same reason)
+WEIGHT_ONLY_LINEARS: tuple[type[nn.Linear], ...] = (NonDynamicallyQuantizableLinear,)
 
 
 def check_rules(rules: Sequence[Rule] | None) -> list[tuple[re.Pattern[str], Recipe | None]]:
@@ -79,8 +104,14 @@ def quantize_(
             the layer's whole path (``re.fullmatch``) gives its recipe, None leaving it.
 
     The replaced layers are numbered 0, 1, ... in ``model.named_modules()`` order (their
-    ``layer_index``, which gives each its own random streams).  Layers that are already
-    `QuantizedLinear` are left alone.  Returns the model.
+    ``layer_index``, which gives each its own random streams), after those an earlier
+    call numbered.  Layers that are already
+    `QuantizedLinear` are left alone, and so are layers whose parent uses their weight
+    without calling them (`WEIGHT_ONLY_LINEARS`: the ``out_proj`` of
+    ``nn.MultiheadAttention``), which would never run quantized: their paths are logged
+    at INFO level (logger ``stochround.nn.apply``).  A layer whose weight is parametrized
+    (`stochround.nn.gaussws_`) raises ValueError: call `quantize_` first.  Returns the
+    model.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -90,19 +121,38 @@ def quantize_(
         raise TypeError(f"filter_fn must be callable or None, got {type(filter_fn).__name__}")
     compiled = check_rules(rules)
     chosen: list[tuple[str, nn.Linear, Recipe]] = []
+    weight_only = []
     for path, module in model.named_modules():
         if not isinstance(module, nn.Linear) or isinstance(module, QuantizedLinear):
+            continue
+        if isinstance(module, WEIGHT_ONLY_LINEARS):
+            weight_only.append(path)
             continue
         layer_recipe = choose_recipe(path, recipe, compiled)
         if layer_recipe is None or (filter_fn is not None and not filter_fn(module, path)):
             continue
         chosen.append((path, module, layer_recipe))
+    if weight_only:
+        LOGGER.info(
+            "quantize_ left %d layer(s) whose parent uses their weight without calling "
+            "them (they would never run quantized): %s",
+            len(weight_only),
+            ", ".join(weight_only),
+        )
     # every replacement is built (and its blocks checked) before the first is swapped in,
     # so that a layer that does not fit its recipe leaves the model untouched
-    replacements = [
-        (path, QuantizedLinear.from_linear(module, layer_recipe, layer_index=index))
-        for index, (path, module, layer_recipe) in enumerate(chosen)
-    ]
+    # numbered after the layers an earlier call replaced, whose streams they must not share
+    first = 1 + max(
+        (each.layer_index for each in model.modules() if isinstance(each, QuantizedLinear)),
+        default=-1,
+    )
+    replacements = []
+    for index, (path, module, layer_recipe) in enumerate(chosen, start=first):
+        try:
+            replacement = QuantizedLinear.from_linear(module, layer_recipe, layer_index=index)
+        except ValueError as error:
+            raise ValueError(f"{path or 'model'}: {error}") from None
+        replacements.append((path, replacement))
     for path, replacement in replacements:
         if path == "":
             return replacement
@@ -112,4 +162,68 @@ def quantize_(
     return model
 
 
-__all__ = ["Rule", "check_rules", "choose_recipe", "quantize_"]
+def remove_sampling(module: nn.Module) -> None:
+    """``module``'s weight without its `GaussWS` parametrization: the original Parameter
+    object back in place (other parametrizations stay)."""
+    parametrizations = typing.cast(nn.ModuleList, module.parametrizations["weight"])  # type: ignore[index]
+    if len(parametrizations) == 1:
+        parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+        return
+    for index, each in enumerate(parametrizations):
+        if isinstance(each, GaussWS):
+            del parametrizations[index]
+            return
+
+
+def plain_linear(layer: QuantizedLinear) -> nn.Linear:
+    """An `nn.Linear` holding ``layer``'s weight and bias (the same Parameter objects, so
+    their dtype, device and optimizer state stay) in its training mode, hooks dropped."""
+    if parametrize.is_parametrized(layer, "weight"):
+        raise ValueError(
+            "unquantize_: a QuantizedLinear whose weight has a parametrization other than "
+            "GaussWS cannot become an nn.Linear; remove it first "
+            "(torch.nn.utils.parametrize.remove_parametrizations)"
+        )
+    plain = nn.Linear(layer.in_features, layer.out_features, bias=False, device="meta")
+    plain.weight = layer.weight
+    plain.bias = layer.bias
+    plain.train(layer.training)
+    return plain
+
+
+def unquantize_(model: nn.Module) -> nn.Module:
+    """Undo `quantize_` and `stochround.nn.gaussws_` in place: each `GaussWS`
+    parametrization is removed (the weight is the original Parameter again, not a sample)
+    and each `QuantizedLinear` replaced by an `nn.Linear` holding the same Parameter
+    objects.  The step counters go with them, so the model's ``state_dict`` is a plain
+    model's, which ``plain.load_state_dict(...)`` loads strictly.  ``model``: an
+    `nn.Module`; if it is a `QuantizedLinear` itself, the replacement is returned.
+    Returns the model."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for _, module in list(model.named_modules()):
+        if sampling_of(module) is not None:
+            remove_sampling(module)
+    swaps = [
+        (path, plain_linear(module))
+        for path, module in model.named_modules()
+        if isinstance(module, QuantizedLinear)
+    ]
+    for path, plain in swaps:
+        if path == "":
+            return plain
+        parent_path, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent_path), name, plain)
+    return model
+
+
+__all__ = [
+    "WEIGHT_ONLY_LINEARS",
+    "Rule",
+    "check_rules",
+    "choose_recipe",
+    "plain_linear",
+    "quantize_",
+    "remove_sampling",
+    "unquantize_",
+]

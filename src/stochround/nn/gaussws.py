@@ -224,14 +224,15 @@ class Target(NamedTuple):
 
 
 def resolve_format(fmt: object) -> Target:
-    """The `Target` of ``fmt``: a `stochround.Format` or a registered format's name
-    (TypeError otherwise; an unknown name gives `stochround.format`'s ValueError)."""
-    if isinstance(fmt, str):
+    """The `Target` of ``fmt``: a `stochround.Format`, a registered format's name or a
+    torch dtype (the format its values have, as `stochround.format` reads it: TypeError
+    otherwise; an unknown name or dtype gives `stochround.format`'s ValueError)."""
+    if isinstance(fmt, str | torch.dtype):
         fmt = find_format(fmt)
     if not isinstance(fmt, Format):
         raise TypeError(
-            f"fmt must be a stochround.Format or a format name (e.g. 'e3m2'), "
-            f"got {type(fmt).__name__}"
+            f"fmt must be a stochround.Format, a format name (e.g. 'e3m2') or a torch "
+            f"dtype (e.g. torch.float8_e4m3fn), got {type(fmt).__name__}"
         )
     return Target(fmt, int(fmt.emin), int(fmt.emax), int(fmt.mbits), int(fmt.bits))
 
@@ -632,6 +633,11 @@ class GaussWS(nn.Module):
         self.prepared: Any = None
         self.seeds: dict[torch.device, Tensor] = {}
 
+    def settings(self) -> tuple[Sampler, int, str]:
+        """What the sampling draws, all but the layer's stream: the `Sampler` (target,
+        block, noise, its bits), the seed and the backend; `gaussws_` compares them."""
+        return self.sampler, self.seed, self.backend
+
     def check_weight(self, w: Tensor) -> None:
         """ValueError/TypeError unless ``w`` can be sampled (dtype, blocks fitting)."""
         block_length(check_weight(w), self.sampler.block)
@@ -698,6 +704,33 @@ class GaussWS(nn.Module):
         )
 
 
+def sampling_of(module: nn.Module) -> GaussWS | None:
+    """The `GaussWS` parametrization of ``module``'s weight, or None."""
+    if not parametrize.is_parametrized(module, "weight"):
+        return None
+    parametrizations = module.parametrizations["weight"]  # type: ignore[index, union-attr]
+    found = [each for each in parametrizations if isinstance(each, GaussWS)]
+    return found[0] if found else None
+
+
+def check_resampling(path: str, module: nn.Module, wanted: tuple[Sampler, int, str]) -> None:
+    """ValueError if ``module``'s weight is sampled by a `GaussWS` whose settings are not
+    ``wanted`` (a second `gaussws_` call asking for other ones)."""
+    sampling = sampling_of(module)
+    if sampling is None or sampling.settings() == wanted:
+        return
+    sampler, seed, backend = wanted
+    asked = (
+        f"fmt={sampler.target.format.name}, block={sampler.block}, noise={sampler.noise}, "
+        f"noise_bits={sampler.noise_bits}, seed={seed}, backend={backend}"
+    )
+    raise ValueError(
+        f"gaussws_: {path or 'model'} is already sampled by GaussWS({sampling.extra_repr()}, "
+        f"backend={sampling.backend}), not the {asked} asked for; remove it first "
+        "(stochround.nn.unquantize_) to sample with other settings"
+    )
+
+
 def gaussws_(
     model: nn.Module,
     fmt: str | Format = "e3m2",
@@ -719,24 +752,38 @@ def gaussws_(
             layer as it is (None: every layer).
 
     The parametrized layers are numbered 0, 1, ... in ``model.named_modules()`` order (their
-    ``layer_index``, which gives each its own stream).  Layers whose weight is already
-    parametrized are left alone.  Every layer is checked (its weight's dtype and blocks)
-    before the first is parametrized, so a layer that does not fit leaves the model
-    untouched.  Returns the model.
+    ``layer_index``, which gives each its own stream), after those an earlier call
+    numbered.  A layer already sampled by a
+    `GaussWS` of the same settings (target, block, noise, noise bits, seed, backend) is
+    left alone, so that a second call is harmless; one sampled with other settings raises
+    ValueError naming both (`unquantize_` removes the first, to start again).  Layers whose
+    weight has another parametrization are left alone.  The ``out_proj`` of
+    ``nn.MultiheadAttention``, whose weight the attention reads without calling the layer,
+    is sampled all the same: a parametrization runs when the weight is read.  Every layer
+    is checked (its weight's dtype and blocks) before the first is parametrized, so a layer
+    that does not fit leaves the model untouched.  Returns the model.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable or None, got {type(filter_fn).__name__}")
+    wanted = GaussWS(fmt, block, noise, noise_bits, seed, 0, backend).settings()
     chosen = []
     for path, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or parametrize.is_parametrized(module, "weight"):
+        if not isinstance(module, nn.Linear):
             continue
         if filter_fn is not None and not filter_fn(module, path):
             continue
+        if parametrize.is_parametrized(module, "weight"):
+            check_resampling(path, module, wanted)
+            continue
         chosen.append((path, module))
+    # numbered after the layers an earlier call sampled, whose streams they must not share
+    first = 1 + max(
+        (each.layer_index for each in model.modules() if isinstance(each, GaussWS)), default=-1
+    )
     parametrizations = []
-    for index, (path, module) in enumerate(chosen):
+    for index, (path, module) in enumerate(chosen, start=first):
         sampling = GaussWS(fmt, block, noise, noise_bits, seed, index, backend)
         try:
             sampling.check_weight(module.weight)
@@ -759,6 +806,7 @@ __all__ = [
     "Sampler",
     "StraightThroughSample",
     "Target",
+    "check_resampling",
     "check_weight",
     "gaussian_counts",
     "gaussian_thresholds",
@@ -771,4 +819,5 @@ __all__ = [
     "sample_resolved",
     "sample_weight",
     "sample_weight_torch",
+    "sampling_of",
 ]

@@ -18,6 +18,13 @@ same RHT size and sign policy: the wgrad operands of the NVFP4 and MXFP4 recipes
 multiplied in the rotated basis, where the rotations cancel, as Transformer Engine does;
 an operand rotated alone is rotated back first (in fp32).
 
+A call runs, and checks against its blocks, only the GEMMs it needs: fprop always, dgrad
+if x needs a gradient, wgrad if W does (under grad mode), so inference and frozen weights
+take any token count.  wgrad's operands are blocked (and rotated) along the tokens; a token
+count that fits no block is padded with zero tokens to the plan's `token_multiple`
+(`pad_tokens`): bit for bit the same step on a batch padded with zero rows, whose products
+add nothing to dW.
+
 Random bits: the operand of ``role`` at step ``s`` of layer ``l`` draws
 ``random_words(index, seed, stream_offset(s, l, slot))`` (`stream_offset`), ``index`` its
 row-major element index with the contraction axis last.  The step is a buffer (in the
@@ -29,21 +36,24 @@ generator is never drawn from.
 from __future__ import annotations
 
 import contextlib
+import math
 import typing
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional
+from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
 from ..blocks.formats import BlockFormat
 from ..blocks.gemm import scaled_mm
 from ..blocks.hadamard import random_signs
-from ..blocks.quantize import GemmOperand, check_blocks, gemm_operand, quantize
+from ..blocks.quantize import RHT_SEED, GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
 from ..kernels.transpose import transpose
-from ..random import random_words
+from ..random import random_words, seed_tensor
 from ..rounding import round as round_values
 from ..shards import is_dtensor
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
@@ -96,11 +106,29 @@ class Operand(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """What a layer's GEMMs need: the six operands, the seed and the layer's index."""
+    """What a layer's GEMMs need: the six operands, the seed, the layer's index and the
+    multiple the wgrad GEMM pads its token count to (`token_multiple`)."""
 
     operands: dict[str, Operand]
     seed: int
     layer: int
+    token_multiple: int
+
+
+def token_multiple(operands: dict[str, Operand]) -> int:
+    """The multiple of tokens the wgrad operands need along their contraction axis (the
+    tokens): the lcm of their blocks' lengths along it, their RHT sizes and 2 for 4-bit
+    codes (which pack two per byte); 1 where nothing blocks the tokens."""
+    multiple = 1
+    for role in GEMMS["wgrad"]:
+        entry = operands[role]
+        if entry.fmt is None or entry.spec.format in TENSOR_FORMATS:
+            continue
+        block = entry.fmt.block
+        length = block[1] if isinstance(block, tuple) else (block or 1)
+        packing = 2 if entry.fmt.element.bits == 4 else 1
+        multiple = math.lcm(multiple, length, entry.spec.rht or 1, packing)
+    return multiple
 
 
 def make_plan(recipe: Recipe, layer: int) -> Plan:
@@ -111,7 +139,15 @@ def make_plan(recipe: Recipe, layer: int) -> Plan:
         fmt = spec.block_format() if spec.quantized else None
         operands[role] = Operand(role, spec, fmt)
     stream_offset(0, layer, 0)  # checks the layer index
-    return Plan(operands, recipe.seed, layer)
+    return Plan(operands, recipe.seed, layer, token_multiple(operands))
+
+
+def pad_tokens(operand: Tensor, multiple: int) -> Tensor:
+    """A wgrad operand ``(features, T)`` with zero columns appended up to a multiple of
+    ``multiple`` tokens: the operand of a batch padded with zero tokens, whose products
+    add nothing to dW's sums (itself where T is a multiple already)."""
+    missing = -operand.shape[1] % multiple
+    return operand if missing == 0 else functional.pad(operand, (0, missing))
 
 
 def row_noise_operand(operand: Tensor, fmt: BlockFormat, words: Tensor) -> GemmOperand:
@@ -212,26 +248,64 @@ def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
     return left.rht is not None and (left.rht, left.rht_signs) == (right.rht, right.rht_signs)
 
 
+def draw_signs_eagerly(size: int, seed: Tensor, offset: Tensor) -> Tensor:
+    """``random_signs(size, seed, offset=offset)`` on ``offset``'s device (float32 ±1)."""
+    return random_signs(size, seed, offset=offset, device=offset.device)
+
+
+# One opaque op draws the RHT signs under torch.compile: traced, the Philox rounds that
+# draw them are pointwise operations which inductor inlines into every butterfly stage of
+# the rotation that reads them, and each stage reads its input twice, so the inlined
+# expression doubles at each stage and the backward's compile ran for minutes.  The op
+# runs the eager function, so the signs are eager's bit for bit.
+draw_signs = torch.library.custom_op(
+    "stochround::nn_rotation_signs", draw_signs_eagerly, mutates_args=()
+)
+
+
+@draw_signs.register_fake
+def _(size: int, seed: Tensor, offset: Tensor) -> Tensor:
+    return offset.new_empty((size,), dtype=torch.float32)
+
+
+def rotation_signs(
+    plan: Plan, gemm: str, spec: QuantSpec, offsets: Tensor, device: torch.device
+) -> Tensor | None:
+    """The RHT signs of ``spec``'s operand in ``gemm``: per-step signs from the GEMM's own
+    stream (`SIGN_SLOTS`, so that both operands draw the same rotation), fixed signs
+    ``random_signs(size, RHT_SEED)``.  Eagerly the fixed signs are None (the block
+    quantizer's cached copy); under torch.compile both are drawn by `draw_signs`."""
+    size = typing.cast(int, spec.rht)
+    per_step = spec.rht_signs == "per_step"
+    if not torch.compiler.is_compiling():
+        if not per_step:
+            return None
+        return random_signs(size, plan.seed, offset=offsets[SIGN_SLOTS[gemm]], device=device)
+    if per_step:
+        seed, offset = seed_tensor(plan.seed, "seed", device), offsets[SIGN_SLOTS[gemm]]
+    else:
+        seed = offset = torch.full((), RHT_SEED, dtype=torch.int64, device=device)
+    return typing.cast(Tensor, draw_signs(size, seed, offset))
+
+
 def gemm_operands(
     plan: Plan, gemm: str, left: Tensor, right: Tensor, offsets: Tensor
 ) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
-    from its role's stream at the step whose `step_offsets` are ``offsets``; per-step RHT
-    signs come from the GEMM's own stream (`SIGN_SLOTS`), so that both operands draw the
-    same rotation."""
+    from its role's stream at the step whose `step_offsets` are ``offsets``, rotated by
+    `rotation_signs` where its spec has an RHT."""
     left_role, right_role = GEMMS[gemm]
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
     results = []
-    drawn: dict[int, Tensor] = {}  # the GEMM's per-step signs by RHT size, drawn once
+    drawn: dict[tuple[int, str], Tensor | None] = {}  # the GEMM's signs, drawn once
     for role, operand in ((left_role, left), (right_role, right)):
         entry = plan.operands[role]
         signs = None
-        size = entry.spec.rht
-        if size is not None and entry.spec.rht_signs == "per_step":
-            if size not in drawn:
-                sign_offset = offsets[SIGN_SLOTS[gemm]]
-                drawn[size] = random_signs(size, plan.seed, offset=sign_offset, device=left.device)
-            signs = drawn[size]
+        if entry.spec.rht is not None:
+            key = (entry.spec.rht, entry.spec.rht_signs)
+            if key not in drawn:
+                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, left.device)
+            signs = drawn[key]
         offset = offsets[ROLE_SLOTS[role]]
         quantized = quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs, rotated)
         results.append(quantized)
@@ -267,6 +341,31 @@ def autocast_off(device_type: str) -> Iterator[None]:
         yield
 
 
+def bias_gradient_eagerly(grad: Tensor) -> Tensor:
+    """``db = sum_t dy[t]`` in fp32: torch's sum over the tokens, as nn.Linear's backward
+    computes it."""
+    return grad.to(torch.float32).sum(0)
+
+
+# One opaque op sums db under torch.compile: inductor's generated reduction loop adds in
+# another order than torch's sum kernel, and db's bits would differ from eager's
+bias_gradient_op = torch.library.custom_op(
+    "stochround::nn_bias_gradient", bias_gradient_eagerly, mutates_args=()
+)
+
+
+@bias_gradient_op.register_fake
+def _(grad: Tensor) -> Tensor:
+    return grad.new_empty((grad.shape[1],), dtype=torch.float32)
+
+
+def bias_gradient(grad: Tensor) -> Tensor:
+    """`bias_gradient_eagerly`'s db, through `bias_gradient_op` under torch.compile."""
+    if torch.compiler.is_compiling():
+        return typing.cast(Tensor, bias_gradient_op(grad))
+    return bias_gradient_eagerly(grad)
+
+
 class QuantizedMatmul(torch.autograd.Function):
     """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
 
@@ -293,28 +392,39 @@ class QuantizedMatmul(torch.autograd.Function):
                 qdy, qw = gemm_operands(plan, "dgrad", grad, transpose(weight), offsets)
                 grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
-                grad_t, x_t = transpose(grad.contiguous()), transpose(x.contiguous())
+                multiple = plan.token_multiple
+                grad_t = pad_tokens(transpose(grad.contiguous()), multiple)
+                x_t = pad_tokens(transpose(x.contiguous()), multiple)
                 qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-                grad_bias = grad.to(torch.float32).sum(0).to(ctx.bias_dtype)
+                grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias, None, None
 
 
-def check_operand_shapes(plan: Plan, tokens: int, in_features: int, out_features: int) -> None:
-    """ValueError, naming the role, unless every quantized operand's blocks (and RHT)
-    divide its shape with the contraction axis last: x ``(T, in)`` and W ``(out, in)`` in
-    fprop, dy ``(T, out)`` and W^T ``(in, out)`` in dgrad, dy^T ``(out, T)`` and x^T
-    ``(in, T)`` in wgrad."""
+def check_operand_shapes(
+    plan: Plan,
+    tokens: int,
+    in_features: int,
+    out_features: int,
+    gemms: tuple[str, ...] = tuple(GEMMS),
+) -> None:
+    """ValueError, naming the role, unless every quantized operand of ``gemms`` has blocks
+    (and RHT) dividing its shape with the contraction axis last: x ``(T, in)`` and W
+    ``(out, in)`` in fprop, dy ``(T, out)`` and W^T ``(in, out)`` in dgrad, dy^T ``(out,
+    T')`` and x^T ``(in, T')`` in wgrad, with ``T'`` the tokens padded to the plan's
+    `token_multiple` (`pad_tokens`)."""
+    padded = -(-tokens // plan.token_multiple) * plan.token_multiple
     shapes = {
         "fprop_input": (tokens, in_features),
         "fprop_weight": (out_features, in_features),
         "dgrad_grad_output": (tokens, out_features),
         "dgrad_weight": (in_features, out_features),
-        "wgrad_grad_output": (out_features, tokens),
-        "wgrad_input": (in_features, tokens),
+        "wgrad_grad_output": (out_features, padded),
+        "wgrad_input": (in_features, padded),
     }
-    for role, entry in plan.operands.items():
+    for role in (role for gemm in gemms for role in GEMMS[gemm]):
+        entry = plan.operands[role]
         if entry.fmt is None or entry.spec.format in TENSOR_FORMATS:
             continue
         shape = torch.Size(shapes[role])
@@ -328,6 +438,15 @@ def check_operand_shapes(plan: Plan, tokens: int, in_features: int, out_features
                 f"{role}: the operand {tuple(shape)} (contraction axis last) does not fit "
                 f"its blocks: {error}"
             ) from None
+
+
+def running_gemms(x: Tensor, weight: Tensor) -> tuple[str, ...]:
+    """The GEMMs a call will run: fprop always; dgrad if x needs a gradient, wgrad if the
+    weight does (under grad mode)."""
+    grad_mode = torch.is_grad_enabled()
+    dgrad = ("dgrad",) if grad_mode and x.requires_grad else ()
+    wgrad = ("wgrad",) if grad_mode and weight.requires_grad else ()
+    return ("fprop", *dgrad, *wgrad)
 
 
 class QuantizedLinear(nn.Linear):
@@ -388,6 +507,15 @@ class QuantizedLinear(nn.Linear):
         objects: an optimizer built on ``linear`` keeps working), with its hooks dropped."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
+        if parametrize.is_parametrized(linear, "weight"):
+            parametrizations = linear.parametrizations["weight"]  # type: ignore[index, union-attr]
+            names = ", ".join(type(each).__name__ for each in parametrizations)
+            raise ValueError(
+                f"the layer's weight is parametrized ({names}), which the swap would drop: "
+                "quantize first, then parametrize (gaussws_ parametrizes QuantizedLinear "
+                "layers too), or remove the parametrization (stochround.nn.unquantize_ "
+                "removes GaussWS)"
+            )
         layer = cls(
             linear.in_features,
             linear.out_features,
@@ -425,17 +553,25 @@ class QuantizedLinear(nn.Linear):
                 "(tensor parallelism), which it does not support; shard the model with "
                 "FSDP2 (fully_shard), which gathers the whole weight for the forward"
             )
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"x must have in_features={self.in_features} values along its last axis; "
+                f"got an input of shape {tuple(x.shape)}"
+            )
         lead = x.shape[:-1]
         tokens = x.reshape(-1, self.in_features)
-        check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features)
+        gemms = running_gemms(x, weight)
+        check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features, gemms)
         if not torch.is_grad_enabled():
             step = self.step.clone()
         elif torch.compiler.is_compiling():
             step = advance_step(self.step)
         else:  # eager: the op's dispatch is host time an eager step need not pay
             step = advance_step_eagerly(self.step)
-        out = QuantizedMatmul.apply(tokens, weight, bias, step, self.plan)
-        return typing.cast(Tensor, out).reshape(*lead, self.out_features)
+        out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, self.plan))
+        # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
+        # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
+        return torch.ops.aten._unsafe_view(out, (*lead, self.out_features))
 
     def _load_from_state_dict(
         self,
@@ -471,13 +607,22 @@ __all__ = [
     "QuantizedMatmul",
     "advance_step",
     "advance_step_eagerly",
+    "bias_gradient",
+    "bias_gradient_eagerly",
+    "bias_gradient_op",
+    "draw_signs",
+    "draw_signs_eagerly",
     "gemm_operands",
     "make_plan",
     "operand_values",
+    "pad_tokens",
     "quantize_operand",
+    "rotation_signs",
     "row_noise_operand",
     "row_words",
+    "running_gemms",
     "shares_rotation",
     "step_offsets",
     "stream_offset",
+    "token_multiple",
 ]

@@ -336,8 +336,21 @@ class Recipe:
         return cls(**fields)
 
 
+def nvfp4_rotation(rht: object) -> int | None:
+    """`nvfp4`'s ``rht`` as the RHT size: True is TE's 16, False none, an int one of the
+    Hadamard sizes (ValueError/TypeError naming ``rht`` and the allowed values)."""
+    allowed = ", ".join(map(str, HADAMARD_SIZES))
+    if isinstance(rht, bool):
+        return 16 if rht else None
+    if not isinstance(rht, int):
+        raise TypeError(f"rht must be a bool or a Hadamard size ({allowed}); got {rht!r}")
+    if rht not in HADAMARD_SIZES:
+        raise ValueError(f"rht must be True (16), False or a Hadamard size in {allowed}; got {rht}")
+    return rht
+
+
 def nvfp4(
-    rht: bool = True,
+    rht: bool | int = True,
     stochastic_rounding: bool = True,
     weight_2d: bool = True,
     *,
@@ -358,12 +371,13 @@ def nvfp4(
 
     The switches are TE's: ``rht`` (its ``disable_rht`` negated), ``stochastic_rounding``
     (``disable_stochastic_rounding`` negated), ``weight_2d`` (``disable_2d_quantization``
-    negated; False gives W 1x16 blocks).  TE's RHT uses one fixed sign vector and computes
-    the rotation in bf16 (``rht_bf16``).  ``keep``: module-path regexes left in bf16 (TE's
+    negated; False gives W 1x16 blocks); ``rht`` may also be a Hadamard size (16, 32, 64,
+    128, 256; True is TE's 16).  TE's RHT uses one fixed sign vector and computes the
+    rotation in bf16 (``rht_bf16``).  ``keep``: module-path regexes left in bf16 (TE's
     advice: the first and last blocks and the LM head, for instance ``("lm_head",)``).
     """
     weight_block = (16, 16) if weight_2d else None
-    rotation = 16 if rht else None
+    rotation = nvfp4_rotation(rht)
     grad_mode = "sr" if stochastic_rounding else "rne"
     weight = QuantSpec("nvfp4", block=weight_block)
     return Recipe(
@@ -372,8 +386,8 @@ def nvfp4(
         fprop_weight=weight,
         dgrad_grad_output=QuantSpec("nvfp4", grad_mode),
         dgrad_weight=weight,
-        wgrad_grad_output=QuantSpec("nvfp4", grad_mode, rht=rotation, rht_bf16=rht),
-        wgrad_input=QuantSpec("nvfp4", rht=rotation, rht_bf16=rht),
+        wgrad_grad_output=QuantSpec("nvfp4", grad_mode, rht=rotation, rht_bf16=bool(rotation)),
+        wgrad_input=QuantSpec("nvfp4", rht=rotation, rht_bf16=bool(rotation)),
         seed=seed,
         source="Transformer Engine NVFP4BlockScaling; NVIDIA, Pretraining LLMs with NVFP4 (2025)",
         keep=keep,
