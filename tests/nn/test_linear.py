@@ -612,23 +612,14 @@ def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) ->
     assert x.grad is not None and x.grad.shape == shape
 
 
-# the MX recipes' E8M0 scales reach inductor's C++ code generation, which has no C++ type
-# for torch.float8_e8m0fnu, until blocks/ keeps them as uint8 codes in the graph (issue
-# 40's blocks branch; the model-level test passes on the two branches merged)
-E8M0_IN_GRAPH = pytest.mark.xfail(
-    reason="torch.float8_e8m0fnu missing from inductor's DTYPE_TO_CPP (fixed in blocks/)",
-    strict=False,
-)
-
-
 @pytest.mark.compiles
 @pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
 @pytest.mark.parametrize(
     "name",
     [
         "nvfp4",
-        pytest.param("mxfp4_tseng", marks=E8M0_IN_GRAPH),
-        pytest.param("mxfp8", marks=E8M0_IN_GRAPH),
+        "mxfp4_tseng",
+        "mxfp8",
         "fp8",
         "int8",
     ],

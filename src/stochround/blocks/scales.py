@@ -283,14 +283,25 @@ def nvfp4_scales(
     return scales, quotient(inverse, values, values)
 
 
-def absmax_floor(dtype: torch.dtype) -> float:
-    """The least value of ``dtype`` (the scales' dtype, x's) at or above torchao's eps
-    ``fp32(1e-12)``: the smallest row scale stored and divided by."""
+def _rounded_up_eps(dtype: torch.dtype) -> float:
     eps = torch.tensor(ABSMAX_EPS, dtype=torch.float32)
     floor = eps.to(dtype)
     if floor.to(torch.float32) < eps:
         floor = torch.nextafter(floor, torch.ones((), dtype=dtype))
     return float(floor)
+
+
+# computed once, so that a traced call reads a constant
+_ABSMAX_FLOORS = {
+    dtype: _rounded_up_eps(dtype)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+}
+
+
+def absmax_floor(dtype: torch.dtype) -> float:
+    """The least value of ``dtype`` (the scales' dtype, x's) at or above torchao's eps
+    ``fp32(1e-12)``: the smallest row scale stored and divided by."""
+    return _ABSMAX_FLOORS[dtype]
 
 
 def absmax_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
