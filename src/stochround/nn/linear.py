@@ -42,7 +42,7 @@ from ..blocks.gemm import scaled_mm
 from ..blocks.hadamard import random_signs
 from ..blocks.quantize import GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
-from ..kernels.transpose import transpose
+from ..kernels.availability import triton_missing
 from ..random import random_words
 from ..rounding import round as round_values
 from ..shards import is_dtensor
@@ -267,6 +267,17 @@ def autocast_off(device_type: str) -> Iterator[None]:
         yield
 
 
+def transposed(x: Tensor) -> Tensor:
+    """``x.T.contiguous()`` of a 2-D tensor: by the tiled Triton kernel for a CUDA tensor
+    where Triton is installed (`stochround.kernels.transpose`), else by PyTorch's copy; the
+    same bits either way."""
+    if x.is_cuda and triton_missing() is None:
+        from ..kernels.transpose import transpose  # needs triton: imported only here
+
+        return transpose(x)
+    return x.T.contiguous()
+
+
 class QuantizedMatmul(torch.autograd.Function):
     """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
 
@@ -290,10 +301,10 @@ class QuantizedMatmul(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         with autocast_off(grad.device.type):
             if ctx.needs_input_grad[0]:
-                qdy, qw = gemm_operands(plan, "dgrad", grad, transpose(weight), offsets)
+                qdy, qw = gemm_operands(plan, "dgrad", grad, transposed(weight), offsets)
                 grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
-                grad_t, x_t = transpose(grad.contiguous()), transpose(x.contiguous())
+                grad_t, x_t = transposed(grad.contiguous()), transposed(x.contiguous())
                 qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
