@@ -34,17 +34,12 @@ NEEDS_TRITON = {
     "stochround.kernels.transpose",
 }
 
-# a meta-path finder that refuses Triton, as an environment without the extra does
+# Triton made unimportable, as where it is not installed: `import triton` raises
+# ModuleNotFoundError and `importlib.util.find_spec("triton")` (which torch asks on CUDA)
+# answers None; a meta-path finder that raised would make find_spec raise instead
 BLOCK_TRITON = """
 import sys
-
-class NoTriton:
-    def find_spec(self, name, path=None, target=None):
-        if name == "triton" or name.startswith("triton."):
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-sys.meta_path.insert(0, NoTriton())
+sys.modules["triton"] = None
 """
 
 IMPORT_EVERY_MODULE = """
