@@ -4,6 +4,7 @@ a device, broadcast together and have floating dtypes."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -76,13 +77,47 @@ def eager_only(function: Callable[P, R]) -> Callable[P, R]:
     """``function``, run eagerly where `torch.compile` meets it: the operations emulate
     rounded arithmetic step by step, with Python control flow on the data that torch.compile
     cannot trace.  Without ``fullgraph`` the compiled code calls it eagerly (a graph break);
-    with ``fullgraph=True`` compiling raises an error that names it and says what to do."""
+    with ``fullgraph=True`` compiling raises an error that names it and says what to do.
+
+    The `torch.compiler.disable` wrapper is made when Dynamo first traces a call, not when
+    the module is imported: making it imports Dynamo, which `import stochround` should not
+    pay for; an eager call runs ``function`` itself."""
     reason = (
         f"stochround.ops.{function.__name__} emulates rounded arithmetic step by step, with "
         "data-dependent Python control flow that torch.compile cannot trace: call it outside "
         "the compiled function (sr.round, sr.cast and sr.encode compile)"
     )
+    untraced: list[Callable[P, R]] = []  # the disabled function, once made
+
+    @functools.wraps(function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        if not torch.compiler.is_compiling():
+            return function(*args, **kwargs)
+        if not untraced:
+            # Dynamo cannot trace the making of a disabled function: break the graph first
+            # (the error fullgraph=True raises, with the reason), so that what follows runs
+            # in Python, where the wrapper is made once
+            graph_break(reason)
+            untraced.append(disabled(function, reason))
+        return untraced[0](*args, **kwargs)
+
+    return run
+
+
+def disabled(function: Callable[P, R], reason: str) -> Callable[P, R]:
+    """`torch.compiler.disable` of ``function``, with ``reason`` where the release takes one."""
     try:
         return torch.compiler.disable(function, reason=reason)
     except TypeError:  # torch releases whose disable takes no reason
         return torch.compiler.disable(function)
+
+
+def graph_break(reason: str) -> None:
+    """Dynamo's graph break, with ``reason`` as its message where the release takes one;
+    called only while Dynamo traces, so Dynamo is imported already."""
+    import torch._dynamo
+
+    try:
+        torch._dynamo.graph_break(msg=reason)
+    except TypeError:  # torch releases whose graph_break takes no message
+        torch._dynamo.graph_break()

@@ -37,7 +37,6 @@ from torch import Tensor
 
 from .. import random as streams
 from ..kernels.availability import kernels_refusal
-from ..kernels.philox import random_words_triton
 
 __all__ = [
     "HADAMARD_DTYPES",
@@ -275,6 +274,8 @@ def random_signs(
     ):
         # one launch instead of the PyTorch path's Philox rounds (dozens of small
         # operations): the same words (`stochround.kernels.philox`, tested equal)
+        from ..kernels.philox import random_words_triton  # needs triton: imported here
+
         words = random_words_triton(index, seed, offset)
     else:
         words = streams.random_words(index, seed, offset)

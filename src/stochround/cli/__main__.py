@@ -2,4 +2,5 @@
 
 from . import app
 
-app()
+if __name__ == "__main__":  # run by ``python -m``; importing the module runs nothing
+    app()

@@ -52,7 +52,7 @@ from ..blocks.gemm import scaled_mm
 from ..blocks.hadamard import random_signs
 from ..blocks.quantize import RHT_SEED, GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
-from ..kernels.transpose import transpose
+from ..kernels.availability import triton_missing
 from ..random import random_words, seed_tensor
 from ..rounding import round as round_values
 from ..shards import is_dtensor
@@ -366,6 +366,17 @@ def bias_gradient(grad: Tensor) -> Tensor:
     return bias_gradient_eagerly(grad)
 
 
+def transposed(x: Tensor) -> Tensor:
+    """``x.T.contiguous()`` of a 2-D tensor: by the tiled Triton kernel for a CUDA tensor
+    where Triton is installed (`stochround.kernels.transpose`), else by PyTorch's copy; the
+    same bits either way."""
+    if x.is_cuda and triton_missing() is None:
+        from ..kernels.transpose import transpose  # needs triton: imported only here
+
+        return transpose(x)
+    return x.T.contiguous()
+
+
 class QuantizedMatmul(torch.autograd.Function):
     """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
 
@@ -389,12 +400,12 @@ class QuantizedMatmul(torch.autograd.Function):
         grad_x = grad_weight = grad_bias = None
         with autocast_off(grad.device.type):
             if ctx.needs_input_grad[0]:
-                qdy, qw = gemm_operands(plan, "dgrad", grad, transpose(weight), offsets)
+                qdy, qw = gemm_operands(plan, "dgrad", grad, transposed(weight), offsets)
                 grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
                 multiple = plan.token_multiple
-                grad_t = pad_tokens(transpose(grad.contiguous()), multiple)
-                x_t = pad_tokens(transpose(x.contiguous()), multiple)
+                grad_t = pad_tokens(transposed(grad.contiguous()), multiple)
+                x_t = pad_tokens(transposed(x.contiguous()), multiple)
                 qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:

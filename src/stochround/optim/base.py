@@ -490,13 +490,14 @@ class SROptimizer(torch.optim.Optimizer):
             start += len(params)
         return loss
 
-    @torch.compiler.disable
     def eager_step(self, closure: Callable[[], float] | None) -> float | None:
         """`step` run eagerly inside a compiled region: a step over DTensor parameters
         (FSDP2) is not compiled, because inductor was seen to compile the sharded PyTorch
         path's stream offsets into float arithmetic; eagerly the fused kernel updates the
         shards (on CUDA) and the bits are the eager step's."""
-        return self.step(closure)
+        # disabled here, where Dynamo traces (so has been imported), not by a decorator,
+        # which would import Dynamo with stochround; making it breaks the graph as well
+        return torch.compiler.disable(self.step)(closure)
 
     def group_step(
         self, group: dict[str, Any], entries: list[tuple[int, Tensor]], compiling: bool
