@@ -26,8 +26,10 @@ sharded step's time a local parameter within 10% of the single GPU's (``per_para
 in the JSON; ``% ref`` in the table is the inverse, as bandwidth). Checks: after the timed
 steps every local parameter is finite, the first changed, and the states are bf16.
 
-Rank 0 writes ``<out>/bench_distributed[_<tag>].json`` in the harness's form (machine,
-GPU, versions, commit from BENCH_COMMIT, date, rows) and prints the table.
+Rank 0 writes the rows into ``<results>/distributed.csv`` (`rows.Row`; shape: the local
+parameters and the ranks, ``2^26 x 2 ranks``), its record to
+``<out>/bench_distributed[_<tag>].json`` in the harness's form (machine, GPU, versions,
+commit from BENCH_COMMIT, date, rows) and prints the table.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import rows as results_rows
 import torch
 import torch.distributed as dist
 from harness import environment, print_table
@@ -69,6 +72,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--out", type=Path, default=Path("out/bench"), help="JSON folder (out/bench)")
     add("--tag", default="", help="JSON name suffix: bench_distributed_<tag>.json")
     add("--commit", default=os.environ.get("BENCH_COMMIT"), help="commit to record")
+    add("--results", type=Path, default=results_rows.RESULTS, help="rows folder")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("CUDA is not available: pass --device cpu")
@@ -194,6 +198,7 @@ def row(provider: str, ranks: list[dict], world: int) -> dict:
         "median_us": slowest["median_us"],
         "ranks_median_us": [r["median_us"] for r in ranks],
         "elements": elements,
+        "shape": f"{results_rows.size(elements)} x {world} ranks",
         "bytes": moved,
         "tb_s": moved / slowest["median_us"] / 1e6,
         "ns_per_param": 1e3 * slowest["median_us"] / elements,
@@ -266,7 +271,8 @@ def report(
         )
     verdict = "within" if ratio <= TARGET else "NOT within"
     print(f"sharded / single time a parameter: {ratio:.3f} ({verdict} the target {TARGET})")
-    print(f"wrote {path}")
+    written = results_rows.merge(args.results, results_rows.run_rows(info, rows))
+    print(f"wrote {path}", *(f"and {csv_path}" for csv_path in written))
 
 
 if __name__ == "__main__":

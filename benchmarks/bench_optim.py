@@ -18,7 +18,8 @@ A step is timed alone (do_bench) and back to back (b2b: 10 steps in a row, the h
 between them counted). ``bytes``: what a step moves as the provider stores things
 (parameter read and written, gradient read, each state tensor read and written);
 ``floor_bytes``: the least any step moves (AdamW 14 B/param: read p, g, m, v and write p,
-m, v in bf16; SGD-momentum and Lion 10), which `check.py` puts at the copy's bandwidth.
+m, v in bf16; SGD-momentum and Lion 10; in the JSON log), which `check.py` puts at the
+copy's bandwidth (targets.toml's ``floor_bytes_per_element``).
 Checks: after the first step every parameter is finite and the first one changed;
 stochround's rows also step a copy of the first parameter twice with seeds 0 and 1: under
 "sr" the stored parameter and each state differ between the seeds, under "rne" they agree.

@@ -1,63 +1,71 @@
 """Before and after: each benchmark row of a baseline run beside the same row of this run.
 
 ``run_gpu.sh`` with ``BASELINE_SRC`` runs every benchmark twice in one device call: on the
-tree under test and on another source tree (``--tag baseline``). This prints, per row run
-in both (stochround's rows; ``--all``: every row), the baseline's median, this run's, and
-the change in time (negative: faster now). A change within the spread of the two copy rows
-of a script (``copy`` and ``copy_repeat``, where it has them) is noise.
+tree under test (rows into ``<results>/rows``) and on another source tree (rows into
+``<results>/baseline``). This prints, per figure in both folders (same bench, case,
+provider, shape and machine; stochround's rows, ``--all``: every row), the baseline's
+median, this run's, and the change in time (negative: faster now). A change within the
+spread of the two copy rows of a script (``copy`` and ``copy_repeat``, where it has them)
+is noise.
 
-    python benchmarks/compare.py out/bench [--all] [--tag baseline]
+    python benchmarks/compare.py out/gpu/baseline out/gpu/rows [--all]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
-from check import results, row
 from rich.console import Console
 from rich.table import Table
+from rows import Row, read_folder
+
+
+def medians(rows: list[Row]) -> dict[tuple[str, ...], Row]:
+    """The ``median_us`` rows by key (the metric left out)."""
+    return {row.key[:4] + row.key[5:]: row for row in rows if row.metric == "median_us"}
+
+
+def number(row: Row) -> str:
+    return row.check if math.isnan(row.value) else f"{row.value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="where the benchmarks wrote their JSON")
-    parser.add_argument("--tag", default="baseline", help="the baseline's tag (baseline)")
+    parser.add_argument("before", type=Path, help="the baseline's rows")
+    parser.add_argument("after", type=Path, help="this run's rows")
     parser.add_argument("--all", action="store_true", help="every row, not only stochround's")
     args = parser.parse_args(argv)
-    after, before = results(args.folder, ""), results(args.folder, args.tag)
+    before, after = medians(read_folder(args.before)), medians(read_folder(args.after))
     console = Console(width=None if sys.stdout.isatty() else 160, highlight=False, markup=False)
-    for name in sorted(after.keys() & before.keys()):
-        new, old = after[name], before[name]
-        table = Table(title=f"{name}: {old['commit']} (before) -> {new['commit']} (after)")
+    benches = sorted({key[0] for key in after.keys() & before.keys()})
+    for bench in benches:
+        keys = [key for key in after if key[0] == bench and key in before]
+        commits = f"{before[keys[0]].commit} (before) -> {after[keys[0]].commit} (after)"
+        table = Table(title=f"{bench}: {commits}")
         for header in ("case/provider", "before us", "after us", "change"):
             table.add_column(header, justify="left" if header == "case/provider" else "right")
-        for entry in new["rows"]:
-            key = f"{entry['case']}/{entry['provider']}"
-            previous = row(old, key)
-            if previous is None or not (entry["ours"] or args.all):
+        for key in keys:
+            new, old = after[key], before[key]
+            if not (new.ours or args.all):
                 continue
-            if entry["median_us"] is None or previous["median_us"] is None:
-                table.add_row(key, previous["status"], entry["status"], "—")
+            name = f"{new.case}/{new.provider}"
+            if math.isnan(new.value) or math.isnan(old.value):
+                table.add_row(name, number(old), number(new), "—")
                 continue
-            change = 100 * (entry["median_us"] / previous["median_us"] - 1)
+            change = 100 * (new.value / old.value - 1)
             style = "red" if change > 2 else "green" if change < -2 else None
-            table.add_row(
-                key,
-                f"{previous['median_us']:.1f}",
-                f"{entry['median_us']:.1f}",
-                f"{change:+.1f}%",
-                style=style,
-            )
+            table.add_row(name, number(old), number(new), f"{change:+.1f}%", style=style)
         console.print(table)
-        copies = [row(new, key) for key in ("copy/torch", "copy_repeat/torch")]
-        if all(c is not None and c["median_us"] for c in copies):
-            first, last = (c["median_us"] for c in copies)
+        copies = [r for k, r in after.items() if k[0] == bench and k[1] in ("copy", "copy_repeat")]
+        if len(copies) == 2 and not any(math.isnan(c.value) for c in copies):
+            first, last = (c.value for c in copies)
             spread = 100 * abs(last - first) / first
             print(f"noise: the copy took {first:.1f} and {last:.1f} us ({spread:.1f}% apart)")
-    if not after.keys() & before.keys():
-        print(f"no benchmark has both a run and a {args.tag!r} run in {args.folder}")
+    if not benches:
+        print(f"no figure is in both {args.before} and {args.after}")
     return 0
 
 

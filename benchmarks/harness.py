@@ -15,10 +15,13 @@ and calls `Benchmark.run`. For each row:
    median of ``--repeats`` such runs (what a small call costs the host).
 
 Bandwidth (TB/s) counts bytes read plus bytes written, each element once, in the formats of
-input and output. Results go to ``<out>/<name>[_<tag>].json`` (machine, GPU, driver,
-versions, commit, date, rows) and to a table; `check.py` judges them against
-``targets.toml``. Scripts use stochround's public API only, so that they can time another
-source tree of it (``PYTHONPATH=that/src``).
+input and output. The figures go, as `rows.Row` lines, into ``<results>/<capability>.csv``
+(``--results``, by default ``benchmarks/results``: the committed current figures, each row
+replacing the one of the same case, provider, shape, metric and machine), which
+`check.py` judges against ``targets.toml`` and `report.py` turns into RESULTS.md; the run's
+whole record (statuses, output checks, notes, extra fields) goes to
+``<out>/<name>[_<tag>].json`` as its log, and a table is printed. Scripts use stochround's
+public API only, so that they can time another source tree of it (``PYTHONPATH=that/src``).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+import rows as results_rows
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -114,8 +118,14 @@ class Benchmark:
         add = self.parser.add_argument
         default_device = "cuda" if torch.cuda.is_available() else "cpu"
         add("--device", default=default_device, help=f"cuda or cpu ({default_device})")
-        add("--out", type=Path, default=Path("out/bench"), help="JSON folder (out/bench)")
+        add("--out", type=Path, default=Path("out/bench"), help="the JSON log's folder")
         add("--tag", default="", help="JSON name suffix: <name>_<tag>.json (e.g. baseline)")
+        add(
+            "--results",
+            type=Path,
+            default=results_rows.RESULTS,
+            help="folder of the rows <capability>.csv (benchmarks/results)",
+        )
         add("--only", default="", help="comma-separated patterns of case or case/provider")
         add("--ours-only", action="store_true", help="stochround's rows and the references")
         add("--commit", default=os.environ.get("BENCH_COMMIT"), help="commit to record")
@@ -150,8 +160,9 @@ class Benchmark:
         return [p for p in self.providers if wanted(p)]
 
     def run(self) -> int:
-        """Measure the selected rows, write the JSON, print the table. Exit status 1 where
-        a stochround row failed its call or its check, else 0."""
+        """Measure the selected rows, write them into the results' rows and the JSON log,
+        print the table. Exit status 1 where a stochround row failed its call or its
+        check, else 0."""
         info = environment(self.device, self.args.commit)
         print(f"{self.name}: {' '.join(sys.argv)}")
         print(", ".join(f"{k} {v}" for k, v in info.items() if k not in ("argv", "versions")))
@@ -167,7 +178,8 @@ class Benchmark:
         path = self.args.out / f"{self.name}{'_' + self.args.tag if self.args.tag else ''}.json"
         path.write_text(json.dumps(info, indent=1))
         print_table(f"{self.name} on {info.get('gpu', info['cpu'])}", rows, self.reference)
-        print(f"wrote {path}")
+        written = results_rows.merge(self.args.results, results_rows.run_rows(info, rows))
+        print(f"wrote {path}", *(f"and {csv_path}" for csv_path in written))
         return 1 if any(row["ours"] and failed(row) for row in rows) else 0
 
     def timer_name(self) -> str:
@@ -334,6 +346,7 @@ def environment(device: torch.device, commit: str | None) -> dict:
         properties = torch.cuda.get_device_properties(device)
         driver = command_output("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
         info.update(
+            gpu_name=properties.name,
             gpu=f"{properties.name} ({properties.multi_processor_count} SMs, "
             f"{properties.total_memory / 2**30:.0f} GiB)",
             driver=driver or "unknown",

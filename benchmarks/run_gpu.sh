@@ -7,7 +7,7 @@
 #                                      torch.compile, CUDA graphs, CPU == CUDA, the hardware
 #                                      presets on CUDA; two-GPU tests where there are two),
 #                                      8 pytest-xdist workers where xdist is installed
-#   bash benchmarks/run_gpu.sh bench   every benchmark script (JSON and logs), then check.py
+#   bash benchmarks/run_gpu.sh bench   every benchmark script (rows, JSON logs), then check.py
 #   bash benchmarks/run_gpu.sh         both
 #
 # Environment:
@@ -18,10 +18,13 @@
 #   BASELINE_SRC=path/to/src           run each script again right after, on that source tree
 #                                      (PYTHONPATH; --tag baseline --ours-only), then
 #                                      compare.py: before and after in one call
-#   BENCH_COMMIT, BASELINE_COMMIT      the commits the JSON records (no .git travels)
+#   BENCH_COMMIT, BASELINE_COMMIT      the commits the rows record (no .git travels)
 #
 # Under $OUT (at most 8 files come back): gpu_tests.log, bench.log (every script's
-# output), summary.txt (check.py, then compare.py), results.tar.gz (the JSON files).
+# output), summary.txt (check.py on this run's rows, then compare.py), results.tar.gz:
+# rows/ (this run's rows, <capability>.csv), baseline/ (the baseline's) and the JSON logs.
+# Then, here: tar xzf results.tar.gz -C out/gpu && python benchmarks/rows.py merge
+# out/gpu/rows && python benchmarks/report.py (the committed rows and RESULTS.md).
 # Exit status: pytest's, or 1 where check.py finds a FAIL.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -52,20 +55,22 @@ if [ "${1:-all}" != tests ]; then
         started=$SECONDS
         # shellcheck disable=SC2086
         BENCH_COMMIT=${BENCH_COMMIT:-} PYTHONPATH=/tmp/site:src python3 "benchmarks/$bench.py" \
-            --out "$RESULTS" ${BENCH_ARGS:-} ${!own:-} >>"$OUT/bench.log" 2>&1
+            --out "$RESULTS" --results "$RESULTS/rows" ${BENCH_ARGS:-} ${!own:-} \
+            >>"$OUT/bench.log" 2>&1
         echo "$bench: exit $? after $((SECONDS - started)) s"
         if [ -n "${BASELINE_SRC:-}" ]; then
             started=$SECONDS
             # shellcheck disable=SC2086
             BENCH_COMMIT=${BASELINE_COMMIT:-baseline} PYTHONPATH="/tmp/site:$BASELINE_SRC" \
                 python3 "benchmarks/$bench.py" --out "$RESULTS" --tag baseline --ours-only \
+                --results "$RESULTS/baseline" \
                 ${BENCH_ARGS:-} ${!own:-} >>"$OUT/bench.log" 2>&1
             echo "$bench (baseline $BASELINE_SRC): exit $? after $((SECONDS - started)) s"
         fi
     done
-    python3 benchmarks/check.py "$RESULTS" >"$OUT/summary.txt" 2>&1 || status=1
+    python3 benchmarks/check.py "$RESULTS/rows" >"$OUT/summary.txt" 2>&1 || status=1
     if [ -n "${BASELINE_SRC:-}" ]; then
-        python3 benchmarks/compare.py "$RESULTS" >>"$OUT/summary.txt" 2>&1
+        python3 benchmarks/compare.py "$RESULTS/baseline" "$RESULTS/rows" >>"$OUT/summary.txt" 2>&1
     fi
     tar czf "$OUT/results.tar.gz" -C "$RESULTS" .
     cat "$OUT/summary.txt"

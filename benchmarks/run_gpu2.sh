@@ -19,7 +19,8 @@
 # that overruns is cut (exit 124 in the summary) and the rest still run.
 #
 # Under $OUT (5 files): gpus2_tests.log, lm.log, bench.log, results.tar.gz (the JSON files
-# of lm_distributed and bench_distributed), summary.txt (printed last).
+# of lm_distributed and bench_distributed; rows/distributed.csv, bench_distributed's rows:
+# `python benchmarks/rows.py merge out/gpu2/rows` here), summary.txt (printed last).
 # Exit status: 1 where a stage failed, else 0.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -83,9 +84,11 @@ stage "lm_distributed nvfp4 split" "$OUT/lm.log" 80 \
     --steps "$LM_STEPS" --batch-split split --device cuda --out "$RESULTS"
 
 stage "bench_distributed 2 ranks" "$OUT/bench.log" 90 \
-    "${torchrun[@]}" 2 benchmarks/bench_distributed.py --out "$RESULTS" --tag x2
+    "${torchrun[@]}" 2 benchmarks/bench_distributed.py --out "$RESULTS" --tag x2 \
+    --results "$RESULTS/rows"
 stage "bench_distributed 1 rank" "$OUT/bench.log" 60 \
-    "${torchrun[@]}" 1 benchmarks/bench_distributed.py --out "$RESULTS" --tag x1
+    "${torchrun[@]}" 1 benchmarks/bench_distributed.py --out "$RESULTS" --tag x1 \
+    --results "$RESULTS/rows"
 
 tar czf "$OUT/results.tar.gz" -C "$RESULTS" .
 python3 - "$RESULTS" >>"$SUMMARY" 2>&1 <<'EOF'
