@@ -25,6 +25,13 @@ def pack(codes: Tensor, bits: int) -> Tensor:
         raise ValueError(
             f"the last dimension must be a multiple of {group} to pack {bits}-bit codes"
         )
+    return pack_codes(codes, bits)
+
+
+def pack_codes(codes: Tensor, bits: int) -> Tensor:
+    """`pack` of codes known to be in range (an encoder's), whose last dimension is a
+    multiple of the group: no checks, so no read of the values (a traced call)."""
+    group = PACKINGS[bits][1]
     # sizes spelled out, not -1: a tensor with no elements has no size to infer
     groups = codes.shape[-1] // group
     grouped = codes.to(torch.int64).reshape(*codes.shape[:-1], groups, group)
@@ -70,4 +77,4 @@ def _check_codes(codes: Tensor, bits: int) -> Tensor:
     return codes
 
 
-__all__ = ["PACKINGS", "PACK_GROUPS", "check_bits", "pack", "unpack"]
+__all__ = ["PACKINGS", "PACK_GROUPS", "check_bits", "pack", "pack_codes", "unpack"]

@@ -624,8 +624,9 @@ def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) ->
         "int8",
     ],
 )
-def test_inductor_on_the_cpu_gives_eagers_bits_for_every_named_recipe(name: str) -> None:
-    """torch.compile(backend="inductor") on the CPU, forward and backward, two steps of
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: str) -> None:
+    """torch.compile(backend="inductor") on the CPU and CUDA, forward and backward, two steps of
     20 tokens (wgrad pads them): y, dx, dW and db equal eager's bit for bit.  What made
     them differ or the compile slow, and is kept so: the RHT signs are drawn by one opaque
     op (`linear.draw_signs`; inlined, their Philox rounds doubled at each butterfly stage
@@ -633,13 +634,14 @@ def test_inductor_on_the_cpu_gives_eagers_bits_for_every_named_recipe(name: str)
     (`linear.bias_gradient_op`: inductor's reduction loop adds in another order)."""
     reference, _, _ = fixed_data()
     recipe = srnn.RECIPES[name](seed=1)
+    reference = reference.to(device)
     eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
     compiled_layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
     compiled = torch.compile(compiled_layer, backend="inductor", fullgraph=True)
     for step in range(2):
         generator = torch.Generator().manual_seed(step)
-        x = torch.randn(20, SIZE, generator=generator)
-        grad = torch.randn(20, SIZE, generator=generator)
+        x = torch.randn(20, SIZE, generator=generator).to(device)
+        grad = torch.randn(20, SIZE, generator=generator).to(device)
         expected = (*one_step(eager, x, grad), eager.bias.grad.clone())  # type: ignore[union-attr]
         got = (*one_step(compiled, x, grad), compiled_layer.bias.grad.clone())  # type: ignore[union-attr]
         for what, mine, theirs in zip(("y", "dx", "dW", "db"), got, expected, strict=True):

@@ -42,7 +42,7 @@ from torch import Tensor
 from .. import random as streams
 from ..formats import Format
 from ..kernels.availability import kernels_refusal
-from ..packing import unpack
+from ..packing import pack_codes, unpack
 from ..presets import preset
 from ..reference import VARIANTS, WORD_BITS, check_choice, check_mode, check_rbits
 from ..rounding import check_index_offset, check_input, decode, encode
@@ -647,21 +647,16 @@ def _element_codes(
     request: BlockRequest,
     seed: int | Tensor,
     offset: int | Tensor,
-    index: Tensor | None,
+    packed: bool,
 ) -> Tensor:
-    """The elements' codes (uint8; 4-bit codes packed two a byte) of the scaled fp32
-    values, rounded by the core with sat="finite"; ``index``: the elements' global indices
-    in x where they differ from the flat positions (a moved axis), whose words are passed
-    as ``rand``.  A hardware preset rounds with its own saturation: the values are first
-    clamped to the element's finite range, which saturates them whatever the preset's."""
-    packed = element.bits == 4
+    """The elements' codes (uint8; 4-bit codes packed two a byte where ``packed``) of the
+    scaled fp32 values, rounded by the core with sat="finite"; SR draws the word of each
+    value's row-major position in ``scaled``.  A hardware preset rounds with its own
+    saturation: the values are first clamped to the element's finite range, which
+    saturates them whatever the preset's."""
     kwargs: dict[str, Any] = {"nan": "zero", "packed": packed, "backend": "torch"}
     if request.mode == "sr":
-        if index is None:
-            kwargs.update(seed=seed, offset=offset, index_offset=request.index_offset)
-        else:
-            words = streams.random_words(index + request.index_offset, seed, offset)
-            kwargs["rand"] = words >> (WORD_BITS - request.n)
+        kwargs.update(seed=seed, offset=offset, index_offset=request.index_offset)
     if element == OCP_INT8:
         # MXINT8's symmetric range (`OCP_INT8`): -2 (code -128) is never stored, so that
         # the largest scale cannot take a finite block to -2 * 2**127, an fp32 -inf
@@ -726,10 +721,18 @@ def quantize_torch(
     layout = rotated.movedim(axis, -1) if moved else rotated
     scales, scaled = scale_and_multiplier(layout, fmt, request.flavour, pair)
     flat = scaled.reshape(layout.shape)
-    index = None
+    packed = fmt.element.bits == 4
     if moved and request.mode == "sr":
-        index = torch.arange(x.numel(), device=x.device).reshape(x.shape).movedim(axis, -1)
-    codes = _element_codes(flat, fmt.element, request, seed, offset, index)
+        # rounded in x's layout, where each value's row-major position is its index in x
+        # (its word's), then moved with the axis and packed along it; inside the core's one
+        # op, so that no Philox rounds reach inductor's graph
+        in_x = flat.movedim(-1, axis)
+        unpacked = _element_codes(in_x, fmt.element, request, seed, offset, packed=False)
+        codes = unpacked.movedim(axis, -1).contiguous()
+        if packed:
+            codes = pack_codes(codes, fmt.element.bits)
+    else:
+        codes = _element_codes(flat, fmt.element, request, seed, offset, packed=packed)
     clipped = flat.abs() > fmt.element_max
     if moved:
         clipped = clipped.movedim(-1, axis)
