@@ -16,6 +16,8 @@ from stochround.kernels.availability import INTERPRETED
 ALL = list(blocks.BLOCK_FORMATS)
 MX = [name for name in ALL if name.startswith("mx")]
 KERNEL_BACKENDS = ["torch"] + (["triton"] if INTERPRETED or torch.cuda.is_available() else [])
+# the device of a backend's tensors: the kernels take CPU tensors only in the interpreter
+DEVICE = {"torch": "cpu", "triton": "cpu" if INTERPRETED else "cuda"}
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:divide by zero encountered:RuntimeWarning",
@@ -79,6 +81,7 @@ def test_mxint8_clamps_to_its_symmetric_range_and_never_stores_minus_128(backend
     x[0, 1] = 1.999 * 2.0**127
     x[1, 0] = -1.999  # scale 1: -1.999 rounds to -2 without the clamp
     x[2, 0] = -2.0  # amax 2: scale 2, scaled -1: exact
+    x = x.to(DEVICE[backend])
     for mode, options in (("rne", {}), ("rd", {}), ("sr", {"seed": 3})):
         q = blocks.quantize(x, "mxint8", mode, backend=backend, **options)
         assert q.scales.float()[:, 0].tolist() == [2.0**127, 1.0, 2.0]
@@ -152,6 +155,7 @@ def test_int8_rowwise_rows_below_torchaos_eps_store_the_scale_they_are_divided_b
     amax = 64 * floor  # codes up to +-64: a row below the floor's reach of 127 * floor
     x = torch.linspace(-amax, amax, 64, dtype=torch.float64).to(dtype).reshape(1, 64).repeat(2, 1)
     x[1] = x[1] * 2.0**20  # far above the floor: torchao's scale amax / 127, unchanged
+    x = x.to(DEVICE[backend])
     q = blocks.quantize(x, "int8_rowwise", backend=backend)
     assert q.scales[0].tolist() == [floor]
     torchao_scale = (x[1].abs().amax() / 127).to(torch.float32)
@@ -169,7 +173,8 @@ def test_int8_rowwise_rows_below_torchaos_eps_store_the_scale_they_are_divided_b
         scale = float(q.scales[row, 0])
         bound = 6 * 0.5 * scale / math.sqrt(draws)
         assert float((mean[row] - x[row].double()).abs().max()) < bound
-    tiny = blocks.quantize(torch.full((1, 8), 1e-13, dtype=dtype), "int8_rowwise", backend=backend)
+    small = torch.full((1, 8), 1e-13, dtype=dtype, device=DEVICE[backend])
+    tiny = blocks.quantize(small, "int8_rowwise", backend=backend)
     want = round(float(torch.tensor(1e-13, dtype=dtype)) / floor)
     assert tiny.codes.tolist() == [[want] * 8] and tiny.scales.item() == floor
 

@@ -30,6 +30,7 @@ from ranks import bits, devices, run_ranks
 from torch import nn
 
 import stochround as sr
+from stochround.kernels.availability import INTERPRETED
 
 STEPS = 3
 SEED = 5
@@ -319,7 +320,15 @@ def one_rank_resume(rank: int, world_size: int, device: str, folder: str) -> boo
     return same(resumed_run(device, folder), uninterrupted(device))
 
 
-@pytest.fixture(scope="module", params=devices())
+def kernel_devices() -> list[Any]:
+    """`devices`, the CPU case only where the fused kernel runs on CPU tensors: in Triton's
+    interpreter (TRITON_INTERPRET=1, which conftest.py sets where there is no GPU)."""
+    cpu, cuda = devices()
+    reason = "the fused kernel takes CPU tensors only in Triton's interpreter"
+    return [pytest.param(cpu, marks=pytest.mark.skipif(not INTERPRETED, reason=reason)), cuda]
+
+
+@pytest.fixture(scope="module", params=kernel_devices())
 def outcomes(request: pytest.FixtureRequest) -> tuple[list[dict[str, Any]], bool]:
     """Every two-rank case of a device in one spawn, then the one-rank resume."""
     device = request.param

@@ -89,19 +89,27 @@ RESCALE = 4.0 / 3.0
 
 
 def quotient(numerator: Tensor | float, denominator: Tensor | float, like: Tensor) -> Tensor:
-    """numerator / denominator correctly rounded in ``like``'s dtype, on every device.
+    """numerator / denominator correctly rounded in ``like``'s dtype, on every device,
+    eager and compiled.
 
-    Both operands become tensors of ``like``'s shape, dtype and device first: PyTorch
-    computes ``tensor / python_float`` on CUDA as a product with the float's reciprocal
-    (two roundings) and ``python_float / tensor`` everywhere as ``reciprocal * float``,
-    so that a quotient written with a Python number differs between devices."""
-    return torch.div(_full(numerator, like), _full(denominator, like))
+    Both operands become tensors of ``like``'s shape and device first: PyTorch computes
+    ``tensor / python_float`` on CUDA as a product with the float's reciprocal (two
+    roundings) and ``python_float / tensor`` everywhere as ``reciprocal * float``, so that
+    a quotient written with a Python number differs between devices.  Narrower operands
+    are divided in float64 and the quotient rounded once to ``like``'s dtype: correctly
+    rounded (53 >= 2p + 2 bits for p = 24), and what inductor compiles for CUDA, whose fp32
+    division in Triton is not correctly rounded, while its float64 division is."""
+    wide = torch.float64
+    quotients = torch.div(_full(numerator, like, wide), _full(denominator, like, wide))
+    return quotients.to(like.dtype)
 
 
-def _full(value: Tensor | float, like: Tensor) -> Tensor:
+def _full(value: Tensor | float, like: Tensor, dtype: torch.dtype) -> Tensor:
+    """value as a tensor of ``like``'s shape and device, in ``dtype``: a Python number
+    rounded to ``like``'s dtype first, as the operand it stands for."""
     if isinstance(value, Tensor):
-        return value.to(dtype=like.dtype, device=like.device).expand(like.shape)
-    return torch.full_like(like, value)
+        return value.to(dtype=like.dtype, device=like.device).to(dtype).expand(like.shape)
+    return torch.full_like(like, value).to(dtype)
 
 
 def floor_log2(value: Tensor) -> Tensor:
