@@ -459,6 +459,19 @@ def test_a_second_call_with_other_settings_raises_naming_both() -> None:
     assert sampling_of(model[1]).sampler.target.format.name == "e2m1"
 
 
+def test_a_weight_with_another_parametrization_raises_naming_it() -> None:
+    """A layer whose weight has a parametrization of another kind (here weight norm) is not
+    silently skipped: gaussws_ raises naming the layer and the parametrization, before
+    sampling any layer; filter_fn leaves the layer out."""
+    model = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+    nn.utils.parametrizations.weight_norm(model[1])
+    with pytest.raises(ValueError, match=r"1's weight has another parametrization \(_WeightNorm\)"):
+        srnn.gaussws_(model, "e3m2")
+    assert not nn.utils.parametrize.is_parametrized(model[0])
+    srnn.gaussws_(model, "e3m2", filter_fn=lambda module, path: path != "1")
+    assert sampling_of(model[0]) is not None
+
+
 def test_a_torch_dtype_names_the_target_as_everywhere_else() -> None:
     model = srnn.gaussws_(nn.Sequential(nn.Linear(32, 32)), torch.float8_e4m3fn)
     assert sampling_of(model[0]).sampler.target.format == sr.format("e4m3fn")

@@ -715,9 +715,17 @@ def sampling_of(module: nn.Module) -> GaussWS | None:
 
 def check_resampling(path: str, module: nn.Module, wanted: tuple[Sampler, int, str]) -> None:
     """ValueError if ``module``'s weight is sampled by a `GaussWS` whose settings are not
-    ``wanted`` (a second `gaussws_` call asking for other ones)."""
+    ``wanted`` (a second `gaussws_` call asking for other ones), or has a parametrization
+    of another kind (which sampling would silently skip or stack on)."""
     sampling = sampling_of(module)
-    if sampling is None or sampling.settings() == wanted:
+    if sampling is None:
+        kinds = [type(each).__name__ for each in module.parametrizations["weight"]]  # type: ignore[index, union-attr]
+        raise ValueError(
+            f"gaussws_: {path or 'model'}'s weight has another parametrization "
+            f"({', '.join(kinds)}); GaussWS samples plain weights: remove it first, or leave "
+            "the layer out with filter_fn"
+        )
+    if sampling.settings() == wanted:
         return
     sampler, seed, backend = wanted
     asked = (
@@ -756,8 +764,9 @@ def gaussws_(
     numbered.  A layer already sampled by a
     `GaussWS` of the same settings (target, block, noise, noise bits, seed, backend) is
     left alone, so that a second call is harmless; one sampled with other settings raises
-    ValueError naming both (`unquantize_` removes the first, to start again).  Layers whose
-    weight has another parametrization are left alone.  The ``out_proj`` of
+    ValueError naming both (`unquantize_` removes the first, to start again).  A layer whose
+    weight has another parametrization raises ValueError naming it (``filter_fn`` can leave
+    it out).  The ``out_proj`` of
     ``nn.MultiheadAttention``, whose weight the attention reads without calling the layer,
     is sampled all the same: a parametrization runs when the weight is read.  Every layer
     is checked (its weight's dtype and blocks) before the first is parametrized, so a layer
