@@ -8,6 +8,7 @@ lazy import that would close a cycle at run time is caught as well.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "stochround"
 # modules of its own layer and of the layers before it.  A name stands for a module and,
 # for a package, every module inside it.
 LAYERS: list[tuple[str, ...]] = [
-    ("formats", "version", "shards"),
+    ("formats", "version", "shards", "block_constants"),
     ("reference", "outcomes"),
     ("presets",),
     ("random",),
@@ -165,3 +166,22 @@ def test_the_walk_sees_what_the_checks_need(tmp_path: Path) -> None:
     assert ("stochround.torch_path", []) in found
     assert ("stochround.cli", []) in found
     assert layer("stochround.cli") > layer("stochround.rounding")
+
+
+def documented_layers() -> list[tuple[str, ...]]:
+    """The modules of each row of docs/contributing.md's layer table (its second column,
+    names in backquotes; ``x.py`` and ``x/`` stand for the module or package x)."""
+    text = (PACKAGE.parents[1] / "docs" / "contributing.md").read_text()
+    section = text.split("## Layers", 1)[1]
+    table = section[section.index("| layer |") :].split("\n\n", 1)[0]
+    rows = [line.split("|") for line in table.splitlines()[2:]]
+    return [
+        tuple(
+            name.removesuffix(".py").removesuffix("/") for name in re.findall(r"`([^`]+)`", row[2])
+        )
+        for row in rows
+    ]
+
+
+def test_the_documented_layer_table_is_the_one_enforced() -> None:
+    assert documented_layers() == LAYERS

@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from stochround import random as streams
+from stochround.block_constants import HADAMARD_SIZES
 from stochround.blocks.hadamard import (
-    HADAMARD_SIZES,
     NORMALIZATION,
     hadamard,
     hadamard_fp32,

@@ -9,7 +9,8 @@ and the entry points, `gemm` the emulated block-scaled GEMM, `hadamard` the rota
 
 from __future__ import annotations
 
-from .formats import BLOCK_FORMATS, SCALE_RULES, BlockFormat, block_format
+from ..block_constants import SCALE_RULES
+from .formats import BLOCK_FORMATS, BlockFormat, block_format
 from .gemm import scaled_mm
 from .hadamard import hadamard, inverse_hadamard, random_signs
 from .layout import swizzle_scales, unswizzle_scales

@@ -34,15 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..block_constants import POWER_OF_TWO_RULES, SCALE_RULES
 from ..formats import FORMATS, Format
 from ..formats import format as find_format
 from ..kernels.availability import kernel_supports
 from ..torch_path import decode_values
-
-SCALE_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4", "absmax", "nvfp4")
-
-# the rules whose scale is a power of two (an E8M0 scale)
-POWER_OF_TWO_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4")
 
 # MXINT8's element grid: two's complement 8-bit integers times 2**-6 (k / 64, k in
 # -128..127), so that its emax is 0 as the OCP spec states (gfloat's ``ocp_int8``)
@@ -318,9 +314,7 @@ def block_format(name_or_format: str | BlockFormat) -> BlockFormat:
 __all__ = [
     "BLOCK_FORMATS",
     "OCP_INT8",
-    "POWER_OF_TWO_RULES",
     "RULE_WORDS",
-    "SCALE_RULES",
     "TABLE_BITS",
     "BlockFormat",
     "block_format",

@@ -36,11 +36,11 @@ import torch
 from torch import Tensor
 
 from .. import random as streams
+from ..block_constants import HADAMARD_SIZES, SQRT2_FP32
 from ..kernels.availability import kernels_refusal
 
 __all__ = [
     "HADAMARD_DTYPES",
-    "HADAMARD_SIZES",
     "NORMALIZATION",
     "check_signs",
     "check_size",
@@ -51,13 +51,7 @@ __all__ = [
     "random_signs",
 ]
 
-HADAMARD_SIZES = (16, 32, 64, 128, 256)
-
 HADAMARD_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
-
-# the float32 nearest to sqrt(2) = 0x1.6a09e667f3bc...: rounding to 23 fraction bits drops
-# about 0x0.00000067f3 (below half an ulp, 2**-24), so this is nearest, not a truncation
-SQRT2_FP32 = float.fromhex("0x1.6a09e6p+0")
 
 
 def _normalization(size: int, sqrt2: float) -> float:

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from .. import random as streams
+from ..block_constants import HADAMARD_SIZES, POWER_OF_TWO_RULES, RESCALE, SCALE_RULES
 from ..formats import Format
 from ..kernels.availability import kernels_refusal
 from ..packing import pack_codes, unpack
@@ -50,17 +51,14 @@ from ..rounding import round as round_to
 from ..shards import block_of, is_dtensor, local_block, placed
 from .formats import (
     OCP_INT8,
-    POWER_OF_TWO_RULES,
-    SCALE_RULES,
     Block,
     BlockFormat,
     block_format,
     check_block,
 )
-from .hadamard import HADAMARD_SIZES, hadamard, inverse_hadamard, random_signs
+from .hadamard import hadamard, inverse_hadamard, random_signs
 from .layout import SCALE_TILE, swizzle_scales, swizzled_shape, unswizzle_scales
 from .scales import (
-    RESCALE,
     TensorScale,
     absmax_scales,
     as_e8m0,

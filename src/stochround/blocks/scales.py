@@ -67,25 +67,22 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..block_constants import (
+    ABSMAX_FLOORS,
+    E2M1_MAX,
+    E4M3_EPS,
+    E4M3_MAX,
+    FLT_MAX,
+    NVFP4_FLAVOURS,
+    POWER_OF_TWO_RULES,
+    SHRINK,
+)
 from ..torch_path import scale_by_power_of_two
-from .formats import POWER_OF_TWO_RULES
-
-NVFP4_FLAVOURS = ("te", "torchao")
 
 E8M0_MIN_EXPONENT = -127
 E8M0_MAX_EXPONENT = 127
 E8M0_BIAS = 127
 E8M0_NAN_CODE = 0xFF
-
-E4M3_MAX = 448.0
-E2M1_MAX = 6.0
-E4M3_EPS = 2.0**-6  # torchao's lower clamp of NVFP4 block scales (e4m3's smallest normal)
-FLT_MAX = torch.finfo(torch.float32).max
-ABSMAX_EPS = 1e-12  # torchao's quantize_int8_rowwise eps
-
-# floor-3/4: what the scaled elements are multiplied by, and dequantization undoes
-SHRINK = 0.75
-RESCALE = 4.0 / 3.0
 
 
 def quotient(numerator: Tensor | float, denominator: Tensor | float, like: Tensor) -> Tensor:
@@ -291,25 +288,10 @@ def nvfp4_scales(
     return scales, quotient(inverse, values, values)
 
 
-def _rounded_up_eps(dtype: torch.dtype) -> float:
-    eps = torch.tensor(ABSMAX_EPS, dtype=torch.float32)
-    floor = eps.to(dtype)
-    if floor.to(torch.float32) < eps:
-        floor = torch.nextafter(floor, torch.ones((), dtype=dtype))
-    return float(floor)
-
-
-# computed once, so that a traced call reads a constant
-_ABSMAX_FLOORS = {
-    dtype: _rounded_up_eps(dtype)
-    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-}
-
-
 def absmax_floor(dtype: torch.dtype) -> float:
     """The least value of ``dtype`` (the scales' dtype, x's) at or above torchao's eps
     ``fp32(1e-12)``: the smallest row scale stored and divided by."""
-    return _ABSMAX_FLOORS[dtype]
+    return ABSMAX_FLOORS[dtype]
 
 
 def absmax_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
@@ -326,17 +308,10 @@ def absmax_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
 
 
 __all__ = [
-    "ABSMAX_EPS",
-    "E2M1_MAX",
-    "E4M3_EPS",
-    "E4M3_MAX",
     "E8M0_BIAS",
     "E8M0_MAX_EXPONENT",
     "E8M0_MIN_EXPONENT",
     "E8M0_NAN_CODE",
-    "NVFP4_FLAVOURS",
-    "RESCALE",
-    "SHRINK",
     "TensorScale",
     "absmax_floor",
     "absmax_scales",

@@ -26,8 +26,8 @@ elements, one Philox call per group where the groups are aligned with the stream
 (``index_offset`` and ``block`` multiples of 4).  Codes are stored a group at a time, one
 32-bit word of four byte codes, or one 16-bit word of four packed fp4 codes.
 
-Kernel choices are string constexprs: SCALE_RULE in `SCALE_RULES`, FLAVOUR in
-`NVFP4_FLAVOURS`, MODE in `stochround.reference.MODES`, VARIANT in
+Kernel choices are string constexprs: SCALE_RULE in `block_constants.SCALE_RULES`, FLAVOUR in
+`block_constants.NVFP4_FLAVOURS`, MODE in `stochround.reference.MODES`, VARIANT in
 `stochround.reference.VARIANTS`, OUTPUT in `OUTPUTS`.
 """
 
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -45,6 +44,18 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import libdevice
 
+from ..block_constants import (
+    ABSMAX_FLOORS,
+    E4M3_EPS,
+    FLT_MAX,
+    HADAMARD_SIZES,
+    NVFP4_FLAVOURS,
+    ONE_SIXTH,
+    RESCALE,
+    SCALE_RULES,
+    SQRT2_FP32,
+    fp32,
+)
 from ..formats import Format
 from ..formats import format as find_format
 from ..random import seed_tensor
@@ -67,9 +78,6 @@ from .common import (
 from .grid import cdiv, next_power_of_2
 from .runtime import bound_launch, current_device
 
-# the scale rules the kernel computes (`stochround.blocks.formats.SCALE_RULES`)
-SCALE_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4", "absmax", "nvfp4")
-NVFP4_FLAVOURS = ("te", "torchao")
 # what the kernel writes: element codes one a byte, fp4 codes two a byte (low nibble
 # first), the dequantized values in x's dtype, or a GEMM's operand: each element times its
 # block scale alone (the tensor scale and floor-3/4's factor left to the GEMM's result, the
@@ -88,20 +96,14 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
 
 
-def _fp32(value: float) -> float:
-    """The float nearest ``value`` that fp32 holds (a constexpr the kernel uses as fp32)."""
-    return struct.unpack("<f", struct.pack("<f", value))[0]
-
-
-# fp32 constants of `stochround.blocks.scales`, each the fp32 value the PyTorch path uses
-FLT_MAX = tl.constexpr(_fp32(torch.finfo(torch.float32).max))
-ONE_SIXTH = tl.constexpr(_fp32(1.0 / 6.0))  # TE's fp32 1/6
-E4M3_EPS = tl.constexpr(2.0**-6)  # torchao's lower clamp of NVFP4 block scales
-# torchao's quantize_int8_rowwise eps rounded up to x's dtype (`blocks.scales.absmax_floor`)
-ABSMAX_FLOOR = tl.constexpr(_fp32(1e-12))
-ABSMAX_FLOOR_BF16 = tl.constexpr(_fp32(1.0018652574217413e-12))
-ABSMAX_FLOOR_FP16 = tl.constexpr(2.0**-24)
-RESCALE = tl.constexpr(_fp32(4.0 / 3.0))  # floor-3/4's dequantization factor
+# the fp32 constants of `stochround.block_constants` as the kernels read them (constexpr)
+_FLT_MAX = tl.constexpr(FLT_MAX)
+_ONE_SIXTH = tl.constexpr(ONE_SIXTH)
+_E4M3_EPS = tl.constexpr(E4M3_EPS)
+_ABSMAX_FLOOR = tl.constexpr(ABSMAX_FLOORS[torch.float32])
+_ABSMAX_FLOOR_BF16 = tl.constexpr(ABSMAX_FLOORS[torch.bfloat16])
+_ABSMAX_FLOOR_FP16 = tl.constexpr(ABSMAX_FLOORS[torch.float16])
+_RESCALE = tl.constexpr(fp32(RESCALE))
 
 
 @triton.jit
@@ -272,24 +274,24 @@ def _nvfp4_scale(amax, tensor_scale_ptr, FLAVOUR: tl.constexpr, TENSOR_SCALE: tl
         decode = tl.load(tensor_scale_ptr)
     if FLAVOUR == "te":
         if TENSOR_SCALE == 2:
-            multiplier = tl.load(tensor_scale_ptr + 1) * ONE_SIXTH
+            multiplier = tl.load(tensor_scale_ptr + 1) * _ONE_SIXTH
         elif TENSOR_SCALE == 1:
-            multiplier = tl.math.div_rn(1.0, decode) * ONE_SIXTH
+            multiplier = tl.math.div_rn(1.0, decode) * _ONE_SIXTH
         else:
-            multiplier = ONE_SIXTH
+            multiplier = _ONE_SIXTH
         # e4m3 rounding saturates: FLT_MAX's and 448's clamps give 448 as it does
         code, scale = _e4m3(amax * multiplier)
         block_value = scale
         if TENSOR_SCALE > 0:
             scale = scale * decode
         inverse = tl.math.div_rn(1.0, scale)
-        inverse = tl.where(inverse > FLT_MAX, FLT_MAX, inverse)
+        inverse = tl.where(inverse > _FLT_MAX, _FLT_MAX, inverse)
     else:
         tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te or torchao")
         wanted = tl.math.div_rn(amax, 6.0)
         if TENSOR_SCALE > 0:
             wanted = tl.math.div_rn(wanted, decode)
-        code, scale = _e4m3(tl.where(wanted < E4M3_EPS, E4M3_EPS, wanted))
+        code, scale = _e4m3(tl.where(wanted < _E4M3_EPS, _E4M3_EPS, wanted))
         block_value = scale
         if TENSOR_SCALE > 0:
             inverse = tl.math.div_rn(tl.math.div_rn(1.0, decode), scale)
@@ -477,11 +479,11 @@ def _quantize_blocks_kernel(
         if NAN16 != 0:  # the scale is held in x's dtype
             scale_value = _narrowed_value(scale_value, x.dtype, NAN16)
         if x.dtype == tl.bfloat16:
-            floor = ABSMAX_FLOOR_BF16
+            floor = _ABSMAX_FLOOR_BF16
         elif x.dtype == tl.float16:
-            floor = ABSMAX_FLOOR_FP16
+            floor = _ABSMAX_FLOOR_FP16
         else:
-            floor = ABSMAX_FLOOR
+            floor = _ABSMAX_FLOOR
         scale_value = tl.where(scale_value < floor, floor, scale_value)  # keeps NaN
         stored_scale = scale_value
         block_value = scale_value
@@ -568,7 +570,7 @@ def _quantize_blocks_kernel(
     if OUTPUT == "dequantized":
         dequantized = element * scale_value[:, None, None]
         if SCALE_RULE == "floor-3/4":
-            dequantized = dequantized * RESCALE
+            dequantized = dequantized * _RESCALE
         if RHT > 0:
             dequantized = _rotated(dequantized, signs_ptr, position, RHT, RHT_LOG, RHT_NORM, True)
         if NAN16 == 0:
@@ -699,11 +701,6 @@ def _amax_kernel(
 AMAX_BLOCK = 2**14 if INTERPRETED else 2**13
 
 
-# the fp32 nearest sqrt(2) (`stochround.blocks.hadamard.SQRT2_FP32`)
-SQRT2_FP32 = float.fromhex("0x1.6a09e6p+0")
-RHT_SIZES = (16, 32, 64, 128, 256)
-
-
 def rht_normalization(size: int) -> float:
     """The fp32 normalization of a Hadamard transform of ``size`` values, as
     `stochround.blocks.hadamard.NORMALIZATION` holds it: 2**(-log2(size)/2), exact for even
@@ -718,14 +715,14 @@ def _rotation_constants(
     x: Tensor, rht: int | None, signs: Tensor | None, rht_bf16: bool, tile: int
 ) -> tuple[Tensor | None, dict[str, object]]:
     """The signs pointer and constexprs of a rotation of ``rht`` values (None: none), its
-    arguments checked (ValueError naming them): RHT one of `RHT_SIZES` dividing x's rows and
+    arguments checked (ValueError naming them): RHT one of `HADAMARD_SIZES` dividing x's rows and
     a kernel tile of ``tile`` elements, ``signs`` its fp32 ±1 signs on x's device."""
     if rht is None:
         if signs is not None or rht_bf16:
             raise ValueError("rht_signs and rht_bf16 apply with rht= (the Hadamard size)")
         return None, {"RHT": 0, "RHT_LOG": 0, "RHT_NORM": 1.0, "RHT_BF16": False}
-    if rht not in RHT_SIZES:
-        raise ValueError(f"rht must be one of {', '.join(map(str, RHT_SIZES))}; got {rht!r}")
+    if rht not in HADAMARD_SIZES:
+        raise ValueError(f"rht must be one of {', '.join(map(str, HADAMARD_SIZES))}; got {rht!r}")
     if x.shape[-1] % rht or tile % rht:
         raise ValueError(f"rht={rht} must divide x's rows ({x.shape[-1]}) and the kernel's tile")
     if (
@@ -817,7 +814,7 @@ def _tensor_scale_kernel(
     bad = (amax_bits == 0) | (amax_bits >= 0x7F800000)
     if FLAVOUR == "te":
         encode = tl.math.div_rn(2688.0, amax)
-        encode = tl.where(encode > FLT_MAX, FLT_MAX, encode)
+        encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
         encode = tl.where(bad | (encode == 0.0), 1.0, encode)
         scale = tl.math.div_rn(1.0, encode)
     else:
@@ -910,7 +907,7 @@ def quantize_blocks(
     first, along the last axis; ``block`` a multiple of 4); ``rht`` the size of a random
     Hadamard transform applied along the rows first (`stochround.blocks.hadamard`'s fp32
     arithmetic, the result rounded to x's dtype and with ``rht_bf16`` to bf16), one of
-    `RHT_SIZES`, with ``block`` a power of two and not the "absmax" rule; ``rht_signs``
+    `HADAMARD_SIZES`, with ``block`` a power of two and not the "absmax" rule; ``rht_signs``
     its fp32 ±1 signs on x's device; ``amax`` each block's amax (fp32, one a block, on
     x's device) to use instead of the block's own: 2-D tiles quantized as the 1-D blocks
     of their rows, each given its tile's amax (no ``rht``).
@@ -1154,10 +1151,7 @@ def _launch(
 
 
 __all__ = [
-    "NVFP4_FLAVOURS",
     "OUTPUTS",
-    "RHT_SIZES",
-    "SCALE_RULES",
     "SYMMETRIC_ELEMENTS",
     "fake_quantize_blocks",
     "fast_bits",

@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..block_constants import HADAMARD_SIZES
 from ..blocks import BLOCK_FORMATS, BlockFormat
 from ..blocks.formats import check_block
-from ..blocks.hadamard import HADAMARD_SIZES
 from ..blocks.quantize import resolve_format
 from ..formats import format as find_format
 from ..presets import preset
