@@ -3,6 +3,7 @@ consumer of random bits given one seed draws words no other consumer draws."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -14,7 +15,7 @@ import stochround.random
 from stochround.emulate import emulate
 from stochround.nn import GaussWS, QuantizedLinear
 from stochround.nn.recipes import nvfp4
-from stochround.optim import SGD, AdamW
+from stochround.optim import SGD, AdamW, stream_offset
 from stochround.random import StreamDomain, random_words, stream_key
 
 SEED = 1234
@@ -109,10 +110,14 @@ def test_stream_key_errors() -> None:
 Block = tuple[int, int, int, int]
 
 
-def recorded_blocks(monkeypatch: pytest.MonkeyPatch, run: Callable[[], None]) -> set[Block]:
-    """The Philox blocks (four 32-bit words) ``run`` computes on the PyTorch path: every
-    stream word there comes from `stochround.random.philox_rounds`."""
+def recorded(
+    monkeypatch: pytest.MonkeyPatch, run: Callable[[], None]
+) -> tuple[set[Block], set[tuple[int, int]]]:
+    """The Philox blocks (four 32-bit words) ``run`` computes on the PyTorch path, and the
+    ``(key, offset)`` streams they come from: every stream word there comes from
+    `stochround.random.philox_rounds`."""
     blocks: set[Block] = set()
+    streams: set[tuple[int, int]] = set()
     original = stochround.random.philox_rounds
 
     def recording(*args: torch.Tensor, rounds: int = 10) -> tuple[torch.Tensor, ...]:
@@ -121,13 +126,24 @@ def recorded_blocks(monkeypatch: pytest.MonkeyPatch, run: Callable[[], None]) ->
             shape = torch.broadcast_shapes(*(v.shape for v in outputs))
             stacked = torch.stack([v.expand(shape).reshape(-1) for v in outputs], dim=-1)
             blocks.update(tuple(int(w) for w in row) for row in stacked.tolist())
+            _, _, c2, c3, k0, k1 = (v.expand(shape).reshape(-1) for v in args)
+            pairs = zip(k0.tolist(), k1.tolist(), c2.tolist(), c3.tolist(), strict=True)
+            streams.update((lo | hi << 32, c_lo | c_hi << 32) for lo, hi, c_lo, c_hi in pairs)
         return outputs
 
     with monkeypatch.context() as patch:
         patch.setattr(stochround.random, "philox_rounds", recording)
         patch.setattr(stochround.cpu_path, "philox_rounds", recording)
         run()
-    return blocks
+    return blocks, streams
+
+
+def recorded_blocks(monkeypatch: pytest.MonkeyPatch, run: Callable[[], None]) -> set[Block]:
+    return recorded(monkeypatch, run)[0]
+
+
+def recorded_keys(monkeypatch: pytest.MonkeyPatch, run: Callable[[], None]) -> set[int]:
+    return {key for key, _ in recorded(monkeypatch, run)[1]}
 
 
 def optimizer_step(optimizer: type) -> Callable[[], None]:
@@ -195,3 +211,93 @@ def test_consumers_with_one_seed_share_no_word(monkeypatch: pytest.MonkeyPatch) 
         if {first, second} != {"AdamW", "SGD"}
     }
     assert shared == dict.fromkeys(shared, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "domain"),
+    [
+        ("rounding", StreamDomain.ROUNDING),
+        ("AdamW", StreamDomain.OPTIMIZER),
+        ("SGD", StreamDomain.OPTIMIZER),
+        ("QuantizedLinear", StreamDomain.RECIPE),
+        ("GaussWS", StreamDomain.GAUSSWS),
+        ("emulate", StreamDomain.EMULATE),
+    ],
+)
+def test_each_consumer_draws_with_its_domains_key(
+    monkeypatch: pytest.MonkeyPatch, name: str, domain: StreamDomain
+) -> None:
+    assert recorded_keys(monkeypatch, CONSUMERS[name]) == {stream_key(SEED, domain)}
+
+
+def test_optimizer_streams_are_the_key_at_the_documented_offsets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AdamW's first step on parameter 0: the key at offsets 2**32 + slot (param 0, the
+    two moments 1 and 2)."""
+    _, streams = recorded(monkeypatch, CONSUMERS["AdamW"])
+    key = stream_key(SEED, StreamDomain.OPTIMIZER)
+    assert streams == {(key, stream_offset(1, 0, slot)) for slot in (0, 1, 2)}
+
+
+def adamw_run(seed: int) -> tuple[torch.nn.Parameter, AdamW]:
+    param = torch.nn.Parameter(torch.linspace(-1, 1, 64).to(torch.bfloat16))
+    return param, AdamW([param], lr=1e-2, seed=seed, backend="torch")
+
+
+def adamw_step(param: torch.nn.Parameter, optimizer: AdamW, scale: float) -> None:
+    param.grad = (torch.linspace(0.5, -0.3, 64) * scale).to(torch.bfloat16)
+    optimizer.step()
+
+
+def test_an_optimizer_checkpoint_keeps_its_keys_and_seed_and_loads_unmixed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A state dict has the keys it had before the domains (the group's seed, not the key),
+    and one saved by a fresh optimizer (as the code before the domains wrote it) loads:
+    the next step continues bit for bit with the seed's key, mixed once (not twice)."""
+    param, optimizer = adamw_run(SEED)
+    adamw_step(param, optimizer, 1.0)
+    state = copy.deepcopy(optimizer.state_dict())  # as saved: the step below moves none
+    assert state["param_groups"][0]["seed"] == SEED
+    assert set(state["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    saved = param.detach().clone()
+    adamw_step(param, optimizer, -2.0)
+
+    resumed_param, resumed = adamw_run(7)
+    with torch.no_grad():
+        resumed_param.copy_(saved)
+    resumed.load_state_dict(state)
+    assert resumed.param_groups[0]["seed"] == SEED
+
+    def step() -> None:
+        adamw_step(resumed_param, resumed, -2.0)
+
+    _, streams = recorded(monkeypatch, step)
+    key = stream_key(SEED, StreamDomain.OPTIMIZER)
+    assert streams == {(key, stream_offset(2, 0, slot)) for slot in (0, 1, 2)}
+    assert torch.equal(resumed_param.view(torch.int16), param.view(torch.int16))
+
+
+def test_a_fresh_optimizers_state_dict_loads() -> None:
+    """The keys an optimizer saved before its first step (no state yet) load as before."""
+    _, fresh = adamw_run(SEED)
+    state = fresh.state_dict()
+    assert state["state"] == {} and state["param_groups"][0]["seed"] == SEED
+    param, optimizer = adamw_run(5)
+    optimizer.load_state_dict(state)
+    assert optimizer.param_groups[0]["seed"] == SEED
+    adamw_step(param, optimizer, 1.0)
+    reference, reference_optimizer = adamw_run(SEED)
+    adamw_step(reference, reference_optimizer, 1.0)
+    assert torch.equal(param.view(torch.int16), reference.view(torch.int16))
+
+
+def test_quantized_linear_and_gaussws_state_dicts_keep_their_keys() -> None:
+    """The modules keep the recipe's / the user's seed and save only their step buffers, as
+    before: a checkpoint loads, and continues with the domain's key."""
+    layer = QuantizedLinear(32, 16, recipe=nvfp4(seed=SEED), layer_index=0)
+    assert set(layer.state_dict()) == {"weight", "bias", "step"}
+    sampling = GaussWS("e3m2", block=32, seed=SEED, layer_index=0, backend="torch")
+    assert set(sampling.state_dict()) == {"step"}
+    assert sampling.seed == SEED and sampling.key == stream_key(SEED, StreamDomain.GAUSSWS)
