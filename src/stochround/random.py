@@ -19,6 +19,26 @@ exactly as Triton's ``tl.philox(seed, c0, c1, c2, c3)`` computes it for 32-bit c
 one Philox block, and since ``offset`` fills the upper half of the counter, the streams
 of two different ``(seed, offset)`` pairs never share a counter block.
 
+Stream domains (`StreamDomain`, `stream_key`). Every consumer of random bits draws with
+the Philox key ``stream_key(seed, domain)``, its seed XORed with a constant of its own::
+
+    key(seed, domain) = seed ^ ((domain * 0x9E3779B97F4A7C15) mod 2**64)
+
+Domain 0 (`StreamDomain.ROUNDING`, a user's ``stochround.round(..., seed=s)``) keeps its
+seed as the key, so those bits are unchanged; every other consumer (the optimizers, the
+quantized-training recipes, GaussWS, `stochround.emulate`, the experiments) has a domain
+of its own.  The constants are the golden-ratio Weyl sequence, ``d * c`` with ``c`` odd:
+distinct for distinct domains, so equal seeds in two domains are always different keys,
+and for one domain the map is a bijection of the seeds (no two seeds share a key).  Why
+the key and not the counter: each consumer already spends the counter's 128 bits (the
+element index fills the lower half, its own ``step * 2**32 + ...`` layout the upper), so
+there are no spare counter bits to give a domain without narrowing a layout, whereas the
+key is the seed alone; and a different key is a different Philox permutation, so the two
+domains' words are independent whatever offsets their layouts produce.  XOR costs one
+integer operation on an int or on an int64 device tensor (no host read, traceable by
+`torch.compile`, capturable in a CUDA graph), and the kernels take the key exactly as
+they took the seed.
+
 Besides the PRNG, :func:`data_words` is a state-free, data-derived source: a hash of a
 value's bit pattern and its global index.  :class:`Stream` is the one stateful object: a
 ``(seed, offset)`` that the rounding functions' ``stream=`` advances by one offset a call.
@@ -26,6 +46,7 @@ value's bit pattern and its global index.  :class:`Stream` is the one stateful o
 
 from __future__ import annotations
 
+import enum
 import numbers
 from typing import cast
 
@@ -38,6 +59,7 @@ __all__ = [
     "PHILOX_ROUND_A",
     "PHILOX_ROUND_B",
     "Stream",
+    "StreamDomain",
     "as_signed64",
     "as_unsigned64",
     "bit_pattern",
@@ -51,6 +73,7 @@ __all__ = [
     "random_words",
     "random_words_like",
     "seed_tensor",
+    "stream_key",
 ]
 
 PHILOX_ROUND_A = 0xD2511F53
@@ -218,6 +241,51 @@ def as_signed64(value: int) -> int:
 def as_unsigned64(value: int) -> int:
     """The inverse of `as_signed64`: a signed 64-bit integer back in ``[0, 2**64)``."""
     return value + TWO_POW_64 if value < 0 else value
+
+
+class StreamDomain(enum.IntEnum):
+    """The consumers of random bits, each mixed into its own Philox keys by `stream_key`
+    (module docstring): equal seeds in two domains never draw the same words."""
+
+    ROUNDING = 0  # stochround.round / cast / encode / Stream with seed=: the key is the seed
+    OPTIMIZER = 1  # stochround.optim's rounded stores
+    RECIPE = 2  # stochround.nn.QuantizedLinear's operands and RHT signs
+    GAUSSWS = 3  # stochround.nn.GaussWS's sampled weights
+    EMULATE = 4  # stochround.emulate / stochround.mca
+    EXPERIMENT = 5  # stochround.experiments' own draws
+
+
+# the golden-ratio Weyl increment: odd, so d -> d * DOMAIN_MULTIPLIER mod 2**64 is a
+# bijection (distinct domains, distinct constants) with 0 -> 0 (ROUNDING's key is its seed)
+DOMAIN_MULTIPLIER = 0x9E3779B97F4A7C15
+
+
+def domain_constant(domain: StreamDomain) -> int:
+    """``(domain * 0x9E3779B97F4A7C15) mod 2**64``: what `stream_key` XORs ``domain``'s seeds
+    with, in [0, 2**64)."""
+    if not isinstance(domain, StreamDomain):
+        raise TypeError(
+            f"domain must be a StreamDomain (one of {[d.name for d in StreamDomain]}), "
+            f"got {type(domain).__name__}"
+        )
+    return (int(domain) * DOMAIN_MULTIPLIER) % TWO_POW_64
+
+
+def stream_key(seed: int | Tensor, domain: StreamDomain) -> int | Tensor:
+    """The Philox key of consumer ``domain`` given its ``seed``:
+    ``seed ^ ((domain * 0x9E3779B97F4A7C15) mod 2**64)`` (module docstring).
+
+    ``seed``: an int in ``[0, 2**64)`` (an int comes back) or a single-element int64 tensor,
+    two's complement at and above ``2**63`` (a tensor of the same shape and device comes
+    back, computed on the device: no host synchronization, traceable by `torch.compile`).
+    `StreamDomain.ROUNDING` returns the seed itself.  Mix a seed once, where a consumer
+    hands it to the streams: a key passed here again is another key.
+    """
+    constant = domain_constant(domain)
+    seed = check_seed(seed, "seed")
+    if isinstance(seed, Tensor):
+        return seed ^ as_signed64(constant) if constant else seed
+    return seed ^ constant
 
 
 def _split_u64(value: int | Tensor, name: str, device: torch.device) -> tuple[IntLike, IntLike]:

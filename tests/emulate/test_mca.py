@@ -161,7 +161,8 @@ def test_outputs_are_flattened_in_order_with_their_labels():
     assert result.labels == ("['sum']", "['parts'][0]", "['parts'][2]", "['n']")
     assert [s.shape for s in result.samples] == [(4,), (4, 3), (4,), (4,)]
     assert [s.dtype for s in result.samples] == [torch.float64] * 4
-    assert not torch.equal(result.samples[1][0], result.samples[1][1])  # SR at 8 bits
+    runs = result.samples[1]
+    assert any(not torch.equal(runs[0], run) for run in runs[1:])  # SR at 8 bits
     # numbers agree in every run (std 0): a float is a float64 value (8 bits at t = 8), an
     # int no rounding touches: exact, inf digits
     assert float(result.digits[2]) == 8 * LOG10_2

@@ -12,6 +12,13 @@ import torch
 import stochround as sr
 from stochround.emulate import Emulation, emulate
 from stochround.emulate.mode import MATMUL_OPS
+from stochround.random import StreamDomain, stream_key
+
+
+def key(seed: int) -> int:
+    """The Philox key an emulation of ``seed`` draws with (its stream domain)."""
+    return int(stream_key(seed, StreamDomain.EMULATE))
+
 
 # a + b exact in fp32 and with bits below bf16's 8: every mode rounds something
 A = torch.tensor([1.0, 1.0 + 2**-10, 3.0, -1.5, 2.0**-130])
@@ -25,7 +32,7 @@ def test_a_plus_b_is_the_exact_sum_rounded_bit_for_bit(mode, compute):
     once; offset 0 is the first rounding's."""
     with emulate("bfloat16", mode, seed=7, compute=compute) as emulation:
         total = A + B
-    expected = sr.round(A.double() + B.double(), "bfloat16", mode, seed=7, offset=0).float()
+    expected = sr.round(A.double() + B.double(), "bfloat16", mode, seed=key(7), offset=0).float()
     assert total.dtype == torch.float32
     assert torch.equal(total.view(torch.int32), expected.view(torch.int32))
     assert emulation.calls == 1
@@ -53,7 +60,7 @@ def test_bf16_code_gets_sr_from_float64_compute():
         native = a + b
     with emulate("bfloat16", "sr", seed=8, compute="float64"):
         wide = a + b
-    expected = sr.round(a.double() + b.double(), "bfloat16", "sr", seed=8, offset=0)
+    expected = sr.round(a.double() + b.double(), "bfloat16", "sr", seed=key(8), offset=0)
     assert torch.equal(native, a)
     assert torch.equal(wide, expected.bfloat16())
     assert 0 < int((wide != a).sum()) < 256
@@ -91,7 +98,7 @@ def test_an_mlp_forward_equals_explicit_rounding_calls(mode):
         first, second = model[0], model[2]
 
         def r(t: torch.Tensor, k: int) -> torch.Tensor:
-            return sr.round(t, "bfloat16", mode, seed=11, offset=k)
+            return sr.round(t, "bfloat16", mode, seed=key(11), offset=k)
 
         h = r(torch.addmm(first.bias, x, first.weight.t()), 0)
         h = r(torch.relu(h), 1)
@@ -160,7 +167,7 @@ def test_a_cast_rounds_its_source_once_with_the_mode(compute):
     with emulate("bfloat16", "sr", seed=4, compute=compute):
         cast = x.to(torch.bfloat16)
         stored = torch.zeros(257, dtype=torch.bfloat16).copy_(x)
-    expected = [sr.round(x, "bfloat16", "sr", seed=4, offset=k).bfloat16() for k in (0, 2)]
+    expected = [sr.round(x, "bfloat16", "sr", seed=key(4), offset=k).bfloat16() for k in (0, 2)]
     assert torch.equal(cast, expected[0])
     assert torch.equal(stored, expected[1])  # offset 1: zeros' output
     assert not torch.equal(cast, x.bfloat16())
@@ -172,7 +179,7 @@ def test_a_cast_into_an_8_bit_float_dtype_rounds_with_the_mode():
     x = torch.linspace(1, 2, 129)
     with emulate("e4m3fn", "sr", seed=6) as emulation:
         cast = x.to(torch.float8_e4m3fn)
-    expected = sr.round(x, "e4m3fn", "sr", seed=6, offset=0)
+    expected = sr.round(x, "e4m3fn", "sr", seed=key(6), offset=0)
     assert torch.equal(cast.float(), expected)
     assert not torch.equal(cast.float(), x.to(torch.float8_e4m3fn).float())
     assert torch.float8_e4m3fn in emulation.cast_formats
@@ -396,7 +403,7 @@ def test_a_hardware_preset_rounds_as_the_unit_does():
     with emulate("e4m3fnuz", "sr", seed=3, hardware="amd-mi300-fp8"):
         got = x * 1.0001
     product = (x.double() * 1.0001).float()  # fp32's product, which the native op gives
-    expected = sr.round(product, "e4m3fnuz", "sr", seed=3, offset=0, hardware="amd-mi300-fp8")
+    expected = sr.round(product, "e4m3fnuz", "sr", seed=key(3), offset=0, hardware="amd-mi300-fp8")
     assert torch.equal(got, expected)
 
 
@@ -435,8 +442,8 @@ def test_per_op_matmul_equals_arith_matmul_at_the_documented_offsets(mode):
         product = a @ b
         again = a @ b
     assert emulation.calls == 2 * (a.shape[1] + 1)
-    expected = sr.ops.matmul(a, b, "bfloat16", mode, seed=11, offset=0)
-    expected_again = sr.ops.matmul(a, b, "bfloat16", mode, seed=11, offset=a.shape[1] + 1)
+    expected = sr.ops.matmul(a, b, "bfloat16", mode, seed=key(11), offset=0)
+    expected_again = sr.ops.matmul(a, b, "bfloat16", mode, seed=key(11), offset=a.shape[1] + 1)
     assert torch.equal(product.view(torch.int32), expected.view(torch.int32))
     assert torch.equal(again.view(torch.int32), expected_again.view(torch.int32))
 
@@ -451,10 +458,10 @@ def test_per_op_mv_dot_and_linear_use_arith():
         dot = v @ v
         linear = torch.nn.functional.linear(inputs, a, bias)
     k = a.shape[1] + 1
-    expected_mv = sr.ops.matmul(a, v[:, None], "bfloat16", "sr", seed=3, offset=0)[:, 0]
-    expected_dot = sr.ops.dot(v, v, "bfloat16", "sr", seed=3, offset=k)
-    product = sr.ops.matmul(b.T, a.T, "bfloat16", "sr", seed=3, offset=2 * k)
-    expected_linear = sr.ops.add(bias, product, "bfloat16", "sr", seed=3, offset=3 * k)
+    expected_mv = sr.ops.matmul(a, v[:, None], "bfloat16", "sr", seed=key(3), offset=0)[:, 0]
+    expected_dot = sr.ops.dot(v, v, "bfloat16", "sr", seed=key(3), offset=k)
+    product = sr.ops.matmul(b.T, a.T, "bfloat16", "sr", seed=key(3), offset=2 * k)
+    expected_linear = sr.ops.add(bias, product, "bfloat16", "sr", seed=key(3), offset=3 * k)
     assert torch.equal(mv.view(torch.int32), expected_mv.view(torch.int32))
     assert torch.equal(dot.view(torch.int32), expected_dot.view(torch.int32))
     assert torch.equal(linear.view(torch.int32), expected_linear.view(torch.int32))
@@ -471,12 +478,12 @@ def test_per_op_sum_and_mean_equal_arith_sum_at_the_documented_offsets(mode):
         per_row = a.sum(1, keepdim=True)
         mean = a.mean(0)
     assert emulation.calls == n + columns + rows + 1
-    expected = sr.ops.sum(a.flatten(), "bfloat16", mode, seed=5, offset=0)
-    expected_rows = sr.ops.sum(a, "bfloat16", mode, dim=1, seed=5, offset=n)[:, None]
-    column_sums = sr.ops.sum(a.T, "bfloat16", mode, dim=1, seed=5, offset=n + columns)
+    expected = sr.ops.sum(a.flatten(), "bfloat16", mode, seed=key(5), offset=0)
+    expected_rows = sr.ops.sum(a, "bfloat16", mode, dim=1, seed=key(5), offset=n)[:, None]
+    column_sums = sr.ops.sum(a.T, "bfloat16", mode, dim=1, seed=key(5), offset=n + columns)
     divisor = torch.full_like(column_sums, float(rows))
     expected_mean = sr.ops.div(
-        column_sums, divisor, "bfloat16", mode, seed=5, offset=n + columns + rows
+        column_sums, divisor, "bfloat16", mode, seed=key(5), offset=n + columns + rows
     )
     assert torch.equal(total.view(torch.int32), expected.view(torch.int32))
     assert torch.equal(per_row.view(torch.int32), expected_rows.view(torch.int32))

@@ -18,9 +18,14 @@ import stochround as sr
 import stochround.nn as srnn
 from stochround.kernels.availability import kernels_refusal
 from stochround.nn import gaussws, linear
-from stochround.random import random_words, random_words_like
+from stochround.random import StreamDomain, random_words, random_words_like, stream_key
 
 ALL_BITS = range(1, 33)
+
+
+def key(seed: int) -> int:
+    """The Philox key a `GaussWS` of ``seed`` samples with (its stream domain)."""
+    return int(stream_key(seed, StreamDomain.GAUSSWS))
 
 
 def sampled_from_parts(w: Tensor, fmt: str, block: int | None, seed: int, offset: int) -> Tensor:
@@ -375,7 +380,7 @@ def test_a_training_forward_samples_with_its_layers_step_offset() -> None:
     seen = []
     for step in range(2):
         offset = linear.stream_offset(step, 0, gaussws.GAUSSWS_SLOT)
-        expected = gaussws.sample_weight_torch(raw, "e3m2", seed=11, offset=offset)
+        expected = gaussws.sample_weight_torch(raw, "e3m2", seed=key(11), offset=offset)
         got = first.weight
         assert torch.equal(got, expected)
         assert int(sampling_of(first).step) == step + 1
@@ -383,7 +388,7 @@ def test_a_training_forward_samples_with_its_layers_step_offset() -> None:
     assert not torch.equal(seen[0], seen[1])
     offset = linear.stream_offset(0, 1, gaussws.GAUSSWS_SLOT)
     raw_second = second.parametrizations.weight.original  # type: ignore[union-attr]
-    expected = gaussws.sample_weight_torch(raw_second, "e3m2", seed=11, offset=offset)
+    expected = gaussws.sample_weight_torch(raw_second, "e3m2", seed=key(11), offset=offset)
     assert torch.equal(second.weight, expected)
 
 
@@ -416,7 +421,7 @@ def test_a_layers_weight_gradient_is_the_sampled_weights_and_a_state_dict_resume
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     model(x).float().square().sum().backward()
     offset = linear.stream_offset(0, 0, gaussws.GAUSSWS_SLOT)
-    sampled = gaussws.sample_weight_torch(raw, "e3m2", seed=3, offset=offset)
+    sampled = gaussws.sample_weight_torch(raw, "e3m2", seed=key(3), offset=offset)
     weight = sampled.detach().requires_grad_()
     nn.functional.linear(x, weight, layer.bias).float().square().sum().backward()
     assert raw.grad is not None and torch.equal(raw.grad, weight.grad)

@@ -18,6 +18,7 @@ from stochround.blocks.quantize import RHT_SEED
 from stochround.nn import linear
 from stochround.nn.linear import COMPILES
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe
+from stochround.random import StreamDomain, stream_key
 
 # every named recipe fits 64 x 64 layers and 64 tokens (MXFP4's RHT-64 included)
 SIZE = 64
@@ -495,7 +496,8 @@ def test_per_step_signs_are_fresh_each_step_and_shared_by_a_gemms_operands(
     dgrad = [srnn.stream_offset(step, 3, linear.SIGN_SLOTS["dgrad"]) for step in (0, 1)]
     wgrad = [srnn.stream_offset(step, 3, linear.SIGN_SLOTS["wgrad"]) for step in (0, 1)]
     # one draw a GEMM a step, which both of its operands use
-    assert drawn == [(8, dgrad[0]), (8, wgrad[0]), (8, dgrad[1]), (8, wgrad[1])]
+    key = stream_key(8, StreamDomain.RECIPE)  # the recipe's seed in its stream domain
+    assert drawn == [(key, dgrad[0]), (key, wgrad[0]), (key, dgrad[1]), (key, wgrad[1])]
 
 
 def test_training_steps_leave_torchs_global_generator_alone() -> None:

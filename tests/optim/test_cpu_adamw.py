@@ -18,6 +18,7 @@ import stochround as sr
 from stochround import cpu_path
 from stochround.optim.base import stream_offset
 from stochround.optim.cpu_adamw import adamw_step_cpu, refusal
+from stochround.random import StreamDomain, stream_key
 
 SEED = 2**64 - 5
 STEPS = 3
@@ -79,7 +80,7 @@ def _compare(
             exp_avg,
             exp_avg_sq,
             scalars,
-            SEED,
+            int(stream_key(SEED, StreamDomain.OPTIMIZER)),  # the optimizer's key
             offsets,
             coupled=coupled,
             maximize=maximize,

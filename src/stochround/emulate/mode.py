@@ -3,10 +3,13 @@ rounds the floating outputs of every ATen operation.
 
 Under ``with emulate(fmt, mode):`` each ATen op runs as usual and then every floating
 output tensor whose dtype has a target format is rounded, ``y <- round(op(x), fmt, mode,
-seed=seed, offset=k)`` with `stochround.rounding.round` and k the emulation's counter, one
-step per rounded tensor: the program runs as on a machine whose every operation delivers
-values of ``fmt``, and a run is a pure function of its seed.  The op's result keeps its
-dtype (an fp32 tensor holds bf16 values), so the program itself needs no change.
+seed=key, offset=k)`` with `stochround.rounding.round`, ``key = stream_key(seed,
+StreamDomain.EMULATE)`` (`stochround.random`: the emulations' own domain, so a rounding
+call, an optimizer or a recipe given the same seed draws other words) and k the
+emulation's counter, one step per rounded tensor: the program runs as on a machine whose
+every operation delivers values of ``fmt``, and a run is a pure function of its seed.
+The op's result keeps its dtype (an fp32 tensor holds bf16 values), so the program itself
+needs no change.
 
 Which outputs are rounded: those of dtypes in `stochround.torch_path.FLOAT_DTYPES` that
 hold the target format exactly; integer and bool outputs never.  Views and other alias
@@ -284,7 +287,8 @@ class Emulation(TorchDispatchMode):
     that rounded an output, with the ATen op and its (rounded) result.
 
     ``calls``: the tensors rounded so far, which is also the counter: the next rounding
-    draws its random words at offset ``calls`` of the stream ``seed``.
+    draws its random words at offset ``calls`` of the stream ``key`` (``seed`` in
+    `StreamDomain.EMULATE`: `stochround.random.stream_key`).
     """
 
     def __init__(
@@ -323,6 +327,7 @@ class Emulation(TorchDispatchMode):
         self.seed = (
             streams.default_seed() if seed is None else int(streams.check_seed(seed, "seed"))
         )
+        self.key = int(streams.stream_key(self.seed, streams.StreamDomain.EMULATE))
         self.calls = 0
         # the rounding's own checks (rbits, variant, hardware against the mode and format)
         # raise here, not at the first op
@@ -349,7 +354,7 @@ class Emulation(TorchDispatchMode):
             self.mode,
             rbits=self.rbits,
             variant=self.variant,
-            seed=self.seed,
+            seed=self.key,
             offset=offset,
             hardware=self.hardware,
         )
@@ -464,7 +469,7 @@ class Emulation(TorchDispatchMode):
     def _arith_options(self, steps: int) -> dict[str, Any]:
         """The rounding options of an arith call that consumes ``steps`` offsets, starting
         at the counter, which it advances past them."""
-        options = dict(rbits=self.rbits, variant=self.variant, seed=self.seed, offset=self.calls)
+        options = dict(rbits=self.rbits, variant=self.variant, seed=self.key, offset=self.calls)
         self.calls += steps
         return options
 
@@ -666,8 +671,9 @@ def emulate(
     ``with emulate("bfloat16", "sr", seed=0): y = model(x)``.
 
     Every floating output y of an ATen op whose dtype holds the target format becomes
-    ``round(y, fmt, mode, rbits=rbits, variant=variant, hardware=hardware, seed=seed,
-    offset=k)`` (`stochround.rounding.round`), k = 0, 1, 2, ... counting the rounded
+    ``round(y, fmt, mode, rbits=rbits, variant=variant, hardware=hardware, seed=key,
+    offset=k)`` (`stochround.rounding.round`), ``key = stream_key(seed,
+    StreamDomain.EMULATE)`` (`stochround.random`), k = 0, 1, 2, ... counting the rounded
     tensors (`Emulation.calls`), so a run is reproducible from its seed and every
     rounding draws fresh words.  Forward and backward alike: autograd's backward ops run
     under the mode when ``backward()`` is called inside the block.

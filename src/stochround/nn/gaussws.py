@@ -80,10 +80,13 @@ The decisions, where the paper's text leaves a detail open, and why:
 * Inference uses the weights themselves: `GaussWS` returns ``w`` unchanged in eval mode and
   under ``torch.no_grad``: the noise is a training device, ``w`` is the sampled weights'
   mean, and a deployed model quantizes its weights by a rounding of its own.
-* Random bits: the layer's ``step`` buffer and ``layer_index`` give the stream offset
-  ``stochround.nn.linear.stream_offset(step, layer_index, GAUSSWS_SLOT)``; slot 12 is
-  one `QuantizedLinear` leaves free, so a layer both quantized and sampled draws distinct
-  words, and each step draws fresh ones; torch's global generator is never used.
+* Random bits: `GaussWS` draws with the key ``stream_key(seed, StreamDomain.GAUSSWS)``
+  (`stochround.random`: GaussWS's own domain, so a layer both quantized and sampled, or an
+  optimizer given the same seed, draws distinct words) at the stream offset
+  ``stochround.nn.linear.stream_offset(step, layer_index, GAUSSWS_SLOT)`` from the layer's
+  ``step`` buffer and ``layer_index``, so each step draws fresh words; torch's global
+  generator is never used.  The functions (`sample_weight`, `sample_weight_torch`) take
+  the stream ``(seed, offset)`` as given, as `stochround.round` does.
 
 Two other ``noise=`` choices, so that experiments compare them (PyTorch path only unless
 said): ``"diffq"`` (DiffQ, Défossez et al.: unrounded Gaussian noise ``w + (N(0,1)/2) *
@@ -115,7 +118,7 @@ from ..blocks.scales import quotient
 from ..formats import Format
 from ..formats import format as find_format
 from ..kernels.availability import kernels_refusal
-from ..random import check_seed, random_words_like, seed_tensor
+from ..random import StreamDomain, check_seed, random_words_like, seed_tensor, stream_key
 from ..reference import check_choice
 from .linear import MAX_LAYERS, advance_step, advance_step_eagerly, stream_offset
 
@@ -123,8 +126,9 @@ NOISES = ("gaussws", "diffq", "sr")
 BACKENDS = ("auto", "torch", "triton")
 SAMPLED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-# the stream slot of the sampled weight (`stream_offset`): QuantizedLinear takes 0..5 and
-# 8..10, so a layer both quantized and sampled never reuses a word
+# the stream slot of the sampled weight (`stream_offset`); the domain (`StreamDomain.GAUSSWS`)
+# is what keeps its words apart from QuantizedLinear's, the slot only keeps the offsets of
+# earlier releases
 GAUSSWS_SLOT = 12
 
 WORD_BITS = 32
@@ -583,7 +587,8 @@ def sample_weight(
 
 class GaussWS(nn.Module):
     """A parametrization (`torch.nn.utils.parametrize`) that samples a weight at every
-    training forward: ``w -> sample_weight(w, fmt, ...)`` with the stream offset
+    training forward: ``w -> sample_weight(w, fmt, ..., seed=key, offset=...)`` with the key
+    ``stream_key(seed, StreamDomain.GAUSSWS)`` and the stream offset
     ``stream_offset(step, layer_index, GAUSSWS_SLOT)`` (module docstring).
 
     Args:
@@ -604,6 +609,7 @@ class GaussWS(nn.Module):
     step: Tensor
     sampler: Sampler
     seed: int
+    key: int
     layer_index: int
     backend: str
 
@@ -622,6 +628,8 @@ class GaussWS(nn.Module):
         if isinstance(seed, Tensor):
             raise TypeError("seed must be an int in [0, 2**64), got a tensor")
         self.seed = int(check_seed(seed, "seed"))
+        # the Philox key the samples draw with (the seed in GaussWS's domain), mixed once
+        self.key = int(stream_key(self.seed, StreamDomain.GAUSSWS))
         if isinstance(layer_index, bool) or not isinstance(layer_index, numbers.Integral):
             raise TypeError(f"layer_index must be an int, got {type(layer_index).__name__}")
         if not 0 <= layer_index < MAX_LAYERS:
@@ -656,7 +664,7 @@ class GaussWS(nn.Module):
             seed = self.seed_on(w.device)
             out = PreparedStraightThrough.apply(w, prepared, seed, typing.cast(Tensor, offset))
         else:
-            out = StraightThroughSample.apply(w, self.sampler, self.seed, offset, 0, self.backend)
+            out = StraightThroughSample.apply(w, self.sampler, self.key, offset, 0, self.backend)
         return typing.cast(Tensor, out)
 
     def prepared_for(self, w: Tensor) -> Any:
@@ -691,9 +699,10 @@ class GaussWS(nn.Module):
         return state
 
     def seed_on(self, device: torch.device) -> Tensor:
-        """The seed as the one-element int64 tensor the kernel reads, made once a device."""
+        """The key (`GaussWS.key`) as the one-element int64 tensor the kernel reads, made
+        once a device."""
         if device not in self.seeds:
-            self.seeds[device] = seed_tensor(self.seed, "seed", device)
+            self.seeds[device] = seed_tensor(self.key, "seed", device)
         return self.seeds[device]
 
     def extra_repr(self) -> str:

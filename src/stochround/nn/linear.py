@@ -26,11 +26,13 @@ count that fits no block is padded with zero tokens to the plan's `token_multipl
 add nothing to dW.
 
 Random bits: the operand of ``role`` at step ``s`` of layer ``l`` draws
-``random_words(index, seed, stream_offset(s, l, slot))`` (`stream_offset`), ``index`` its
-row-major element index with the contraction axis last.  The step is a buffer (in the
-``state_dict``): it advances by one at each forward under grad mode, so a run is a pure
-function of the recipe's seed and resumes bit-exactly from a checkpoint; torch's global
-generator is never drawn from.
+``random_words(index, key, stream_offset(s, l, slot))`` (`stream_offset`), ``index`` its
+row-major element index with the contraction axis last and ``key = stream_key(seed,
+StreamDomain.RECIPE)`` the recipe's seed in the recipes' own domain (`stochround.random`),
+so an optimizer or a rounding call given the same seed draws other words.  The step is a
+buffer (in the ``state_dict``): it advances by one at each forward under grad mode, so a
+run is a pure function of the recipe's seed and resumes bit-exactly from a checkpoint;
+torch's global generator is never drawn from.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from ..blocks.hadamard import random_signs
 from ..blocks.quantize import RHT_SEED, GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
 from ..kernels.availability import triton_missing
-from ..random import random_words, seed_tensor
+from ..random import StreamDomain, random_words, seed_tensor, stream_key
 from ..rounding import round as round_values
 from ..shards import is_dtensor
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
@@ -106,8 +108,9 @@ class Operand(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """What a layer's GEMMs need: the six operands, the seed, the layer's index and the
-    multiple the wgrad GEMM pads its token count to (`token_multiple`)."""
+    """What a layer's GEMMs need: the six operands, the Philox key of its streams (the
+    recipe's seed in `StreamDomain.RECIPE`: `stochround.random.stream_key`), the layer's
+    index and the multiple the wgrad GEMM pads its token count to (`token_multiple`)."""
 
     operands: dict[str, Operand]
     seed: int
@@ -139,7 +142,8 @@ def make_plan(recipe: Recipe, layer: int) -> Plan:
         fmt = spec.block_format() if spec.quantized else None
         operands[role] = Operand(role, spec, fmt)
     stream_offset(0, layer, 0)  # checks the layer index
-    return Plan(operands, recipe.seed, layer, token_multiple(operands))
+    key = int(stream_key(recipe.seed, StreamDomain.RECIPE))
+    return Plan(operands, key, layer, token_multiple(operands))
 
 
 def pad_tokens(operand: Tensor, multiple: int) -> Tensor:

@@ -245,7 +245,8 @@ class Recipe:
         fprop_input, fprop_weight, dgrad_grad_output, dgrad_weight, wgrad_grad_output,
             wgrad_input: the spec of each role (default: passthrough).
         seed: the seed of every random bit the recipe draws, an int in [0, 2**64).  A layer
-            draws ``random_words(index, seed, offset)`` with ``offset = step * 2**32 +
+            draws ``random_words(index, key, offset)`` with ``key = stream_key(seed,
+            StreamDomain.RECIPE)`` (`stochround.random`) and ``offset = step * 2**32 +
             layer * 16 + slot`` (`stochround.nn.linear.stream_offset`).
         source: where the recipe's table comes from (a citation, for people).
         keep: regular expressions of module paths (``re.search``) kept in high precision:

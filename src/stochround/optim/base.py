@@ -1,7 +1,9 @@
 """Shared machinery of the SR optimizers: argument checks, rounded stores, random streams.
 
-Random streams. Every store draws the words of stream ``(seed, offset)`` at the element
-indices ``0 .. numel - 1`` of the tensor (:mod:`stochround.random`), with::
+Random streams. Every store draws the words of stream ``(key, offset)`` at the element
+indices ``0 .. numel - 1`` of the tensor (:mod:`stochround.random`), with ``key =
+stream_key(seed, StreamDomain.OPTIMIZER)`` (`group_key`: the optimizers' own domain, so a
+recipe or a rounding call given the same seed draws other words) and::
 
     offset = step * 2**32 + param_index * 4 + tensor_slot
 
@@ -89,7 +91,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..kernels.availability import INTERPRETED, kernels_refusal
-from ..random import check_seed
+from ..random import StreamDomain, check_seed, stream_key
 from ..reference import check_choice
 from ..rounding import cast
 from ..shards import first_index, is_dtensor
@@ -251,13 +253,21 @@ def resolve_backend(
     return wanted
 
 
+def group_key(group: dict[str, Any]) -> int:
+    """The Philox key of ``group``'s streams: its seed in the optimizers' domain,
+    ``stream_key(group["seed"], StreamDomain.OPTIMIZER)`` (`stochround.random`).  The group
+    (and so ``state_dict``) keeps the seed; the key is derived where a step draws."""
+    return int(stream_key(group["seed"], StreamDomain.OPTIMIZER))
+
+
 def store(
-    target: Tensor, value: Tensor, rounding: str, seed: int, step: Tensor, index: int, slot: int
+    target: Tensor, value: Tensor, rounding: str, key: int, step: Tensor, index: int, slot: int
 ) -> None:
     """``target.copy_(rounded value)``: float32 ``value`` rounded to ``target``'s dtype.
 
     float32 targets take the value as computed; "sr" draws stream
-    ``(seed, stream_offset(step, index, slot))``; every other mode ("rne", and "kahan" and
+    ``(key, stream_offset(step, index, slot))``, ``key`` the group's `group_key`; every
+    other mode ("rne", and "kahan" and
     "ecc" for states) is torch's round-to-nearest-even cast (the same as
     ``stochround.cast(value, dtype, "rne")``).
     """
@@ -267,7 +277,7 @@ def store(
         target.copy_(value.to(target.dtype))
     else:
         offset = stream_offset(step, index, slot)
-        target.copy_(cast(value, target.dtype, "sr", seed=seed, offset=offset))
+        target.copy_(cast(value, target.dtype, "sr", seed=key, offset=offset))
 
 
 MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
@@ -596,7 +606,7 @@ class SROptimizer(torch.optim.Optimizer):
                 list(indices),
                 group["lr"],  # as `launch_lr` passes it eagerly
                 self.constants(group),
-                seed=group["seed"],
+                seed=group_key(group),
                 sr=group["rounding"] == "sr",
                 maximize=group["maximize"],
                 first_indices=first_indices,
@@ -678,7 +688,7 @@ class SROptimizer(torch.optim.Optimizer):
                 [index for index, _, _ in members],
                 self.launch_lr(group["lr"], device),
                 self.constants(group),
-                seed=group["seed"],
+                seed=group_key(group),
                 sr=group["rounding"] == "sr",
                 maximize=group["maximize"],
                 first_indices=[first_index(param) or 0 for param in params] if sharded else None,
@@ -785,10 +795,10 @@ class SROptimizer(torch.optim.Optimizer):
         """Keep the float32 ``value`` as the parameter (see the module docstring)."""
         state = self.state[param]
         name = self.param_state_name(group, param)
-        rounding, seed = group["rounding"], group["seed"]
+        rounding, key = group["rounding"], group_key(group)
         if name == "master":
             state["master"].copy_(value)
-            store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
+            store(param, value, rounding, key, step, index, TENSOR_SLOTS["param"])
         elif name == "compensation":
             param.copy_(value.to(param.dtype))
             state["compensation"].copy_((value - param.float()).to(param.dtype))
@@ -796,7 +806,7 @@ class SROptimizer(torch.optim.Optimizer):
             param.copy_(value.to(param.dtype))
             state["ecc_residual"].copy_(ecc_encode(value, param))
         else:
-            store(param, value, rounding, seed, step, index, TENSOR_SLOTS["param"])
+            store(param, value, rounding, key, step, index, TENSOR_SLOTS["param"])
 
     def group_entries(self, group: dict[str, Any], start: int) -> list[tuple[int, Tensor]]:
         """The (global parameter index, parameter) pairs of ``group`` that have a gradient,
@@ -826,9 +836,9 @@ class SROptimizer(torch.optim.Optimizer):
     ) -> None:
         """Store the float32 ``values`` of the states ``state_names`` (in order), rounded."""
         state = self.state[param]
-        rounding, seed = group["rounding"], group["seed"]
+        rounding, key = group["rounding"], group_key(group)
         for name, value in zip(self.state_names, values, strict=False):
-            store(state[name], value, rounding, seed, step, index, TENSOR_SLOTS[name])
+            store(state[name], value, rounding, key, step, index, TENSOR_SLOTS[name])
 
     def state_count(self, group: dict[str, Any]) -> int:
         """How many state tensors each parameter of ``group`` holds."""

@@ -30,6 +30,7 @@ from .base import (
     check_flag,
     check_float,
     grad_of,
+    group_key,
     stream_offset,
 )
 from .cpu_adamw import adamw_step_cpu, refusal
@@ -226,7 +227,7 @@ class AdamW(SROptimizer):
             tensors = (param, grad_of(param), state["exp_avg"], state["exp_avg_sq"])
             maximize = group["maximize"]
             adamw_step_cpu(
-                *tensors, scalars, group["seed"], (p, m, v), coupled=coupled, maximize=maximize
+                *tensors, scalars, group_key(group), (p, m, v), coupled=coupled, maximize=maximize
             )
             return
         value, exp_avg, exp_avg_sq = adamw_update(
