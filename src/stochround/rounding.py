@@ -28,7 +28,7 @@ from . import cpu_path
 from . import random as streams
 from .formats import NAN_ENCODINGS, Format, format_of_dtype
 from .formats import format as find_format
-from .kernels.availability import kernels_refusal
+from .kernels.availability import BACKENDS, check_backend, kernels_refusal
 from .packing import PACK_GROUPS, PACKINGS
 from .presets import HardwarePreset, preset
 from .reference import (
@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # for annotations only: the kernels import Triton, DTensor is
 
     from .kernels.rounding import KernelPlan
 
-BACKENDS = ("auto", "torch", "triton")
 
 # what codes of a format without a NaN code hold for a NaN result: "raise" checks (a
 # ValueError; on CUDA the call waits for its kernel), "zero" stores code 0 (+0) unchecked
@@ -286,7 +285,7 @@ def _call_route(
     it again; its route has no plan (no backend decided), so that `torch.compile`, which
     traces this function (`_route`), never builds one (a `KernelPlan` cannot be traced)."""
     fmt, n = _check_choices(fmt, mode, rbits, variant, sat, nan)
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend)
     output, out_dtype = _output_of(fmt, output, out_dtype, x_dtype)
     route = Route(fmt, n, output, out_dtype, None, checks_nan(fmt, nan, output))
     if through_op or backend == "torch":
@@ -393,7 +392,7 @@ def _hardware_unit(
         )
     if isinstance(rand, str):
         raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend)
     if backend == "triton":
         raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
     return preset(hardware, None if fmt is None else find_format(fmt))
@@ -1055,7 +1054,6 @@ def cast(
 
 
 __all__ = [
-    "BACKENDS",
     "CAST_DTYPES",
     "NAN_POLICIES",
     "cast",

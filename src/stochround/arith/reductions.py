@@ -26,7 +26,7 @@ from .. import random as streams
 from .. import rounding
 from ..formats import Format
 from ..formats import format as find_format
-from ..kernels.availability import kernels_refusal
+from ..kernels.availability import check_backend, kernels_refusal
 from ..reference import check_choice, check_mode
 from .checks import check_operands, eager_only, format_and_mode, operands
 from .elementwise import add, finish, round_pair, sub
@@ -354,7 +354,7 @@ def matmul(
             f"the shapes of a{tuple(a.shape)} and b{tuple(b.shape)} do not match for matmul: "
             f"a.shape[-1] = {a.shape[-1]} != b.shape[-2] = {b.shape[-2]}"
         )
-    check_choice("backend", backend, rounding.BACKENDS)
+    check_backend(backend)
     # the values are computed on detached operands; the result carries torch.matmul's gradient
     exact_a, exact_b = a, b
     a, b = a.detach(), b.detach()

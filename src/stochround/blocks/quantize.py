@@ -42,7 +42,7 @@ from torch import Tensor
 from .. import random as streams
 from ..block_constants import HADAMARD_SIZES, POWER_OF_TWO_RULES, RESCALE, SCALE_RULES
 from ..formats import Format
-from ..kernels.availability import kernels_refusal
+from ..kernels.availability import check_backend, kernels_refusal
 from ..packing import pack_codes, unpack
 from ..presets import preset
 from ..reference import VARIANTS, WORD_BITS, check_choice, check_mode, check_rbits
@@ -75,7 +75,6 @@ from .scales import (
 if TYPE_CHECKING:  # for annotations only: importing distributed costs every plain call
     from torch.distributed.tensor import DTensor
 
-BACKENDS = ("auto", "torch", "triton")
 ROUNDING_MODES = {"rn": "rne", "rs": "sr"}  # to_nvfp4's names (torchao RFC #3264)
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads
 # the longest row a whole-row block may have on the kernel: one program holds a block, and
@@ -1071,7 +1070,7 @@ def check_call(
     resolved = resolve_format(fmt, block, scale_rule)
     mode = check_mode(mode)
     check_choice("variant", variant, VARIANTS)
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend)
     flavour = check_flavour(nvfp4_flavour)
     if mode != "sr" and rbits is not None:
         raise ValueError(f"rbits applies to mode='sr' only; got mode={mode!r}")
@@ -1553,7 +1552,7 @@ def fake_quantize(
     mask the PyTorch path computes.  A DTensor x (`Replicate` or `Shard(0)`, the rules of
     `quantize`) gives a DTensor placed as x, equal (``full_tensor()``) to the unsharded
     call's: each rank fake-quantizes its shard."""
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend)
     if backend == "triton" and clip_mask:
         raise ValueError("clip_mask=True runs on the PyTorch path: pass backend='auto' or 'torch'")
     if not isinstance(clip_mask, bool):
@@ -1653,7 +1652,6 @@ def to_nvfp4(x: Tensor, rounding_mode: str = "rn", **options: Any) -> BlockTenso
 
 
 __all__ = [
-    "BACKENDS",
     "GEMM_OUTPUTS",
     "MAX_KERNEL_ROW",
     "RHT_SEED",

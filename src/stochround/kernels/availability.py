@@ -16,8 +16,18 @@ import os
 import torch
 
 from ..formats import Format, format_of_dtype
+from ..reference import check_choice
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+# who computes a call: "triton" the kernels (or a ValueError saying why they cannot),
+# "torch" the PyTorch path, "auto" the kernels where they can serve it
+BACKENDS = ("auto", "torch", "triton")
+
+
+def check_backend(backend: object) -> str:
+    """``backend`` if it is one of `BACKENDS` (ValueError naming them otherwise)."""
+    return check_choice("backend", backend, BACKENDS)
 
 
 # Triton's importability, once known (a list read by a plain function: torch.compile warns
@@ -46,7 +56,7 @@ def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:
     return triton_missing()
 
 
-__all__ = ["INTERPRETED", "kernels_refusal", "triton_missing"]
+__all__ = ["BACKENDS", "INTERPRETED", "check_backend", "kernels_refusal", "triton_missing"]
 
 
 @functools.cache  # Format is frozen; fits_in works in exact fractions

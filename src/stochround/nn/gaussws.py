@@ -117,13 +117,12 @@ from ..blocks.quantize import fake_quantize
 from ..blocks.scales import quotient
 from ..formats import Format
 from ..formats import format as find_format
-from ..kernels.availability import kernels_refusal
+from ..kernels.availability import check_backend, kernels_refusal
 from ..random import StreamDomain, check_seed, random_words_like, seed_tensor, stream_key
 from ..reference import check_choice
 from .linear import MAX_LAYERS, advance_step, advance_step_eagerly, stream_offset
 
 NOISES = ("gaussws", "diffq", "sr")
-BACKENDS = ("auto", "torch", "triton")
 SAMPLED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # the stream slot of the sampled weight (`stream_offset`); the domain (`StreamDomain.GAUSSWS`)
@@ -578,7 +577,7 @@ def sample_weight(
     passes ``backend`` to `stochround.blocks.fake_quantize`."""
     w = check_weight(w)
     index_offset = check_stream(seed, offset, index_offset)
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend)
     sampler = make_sampler(fmt, block, noise, noise_bits)
     block_length(w, sampler.block)
     out = StraightThroughSample.apply(w, sampler, seed, offset, index_offset, backend)
@@ -635,7 +634,7 @@ class GaussWS(nn.Module):
         if not 0 <= layer_index < MAX_LAYERS:
             raise ValueError(f"layer_index must be in [0, 2**28), got {layer_index}")
         self.layer_index = int(layer_index)
-        self.backend = check_choice("backend", backend, BACKENDS)
+        self.backend = check_backend(backend)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
         # the eager kernel path's launch and seed tensors (not state: remade on demand)
         self.prepared: Any = None
@@ -817,7 +816,6 @@ def gaussws_(
 
 
 __all__ = [
-    "BACKENDS",
     "GAUSSWS_SLOT",
     "NOISES",
     "GaussWS",

@@ -90,13 +90,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..kernels.availability import INTERPRETED, kernels_refusal
+from ..kernels.availability import INTERPRETED, check_backend, kernels_refusal
 from ..random import StreamDomain, check_seed, stream_key
-from ..reference import check_choice
 from ..rounding import cast
 from ..shards import first_index, is_dtensor
-
-BACKENDS: tuple[str, ...] = ("auto", "torch", "triton")
 
 ROUNDINGS: tuple[str, ...] = ("sr", "rne", "kahan", "ecc")
 STATE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -230,7 +227,7 @@ def resolve_backend(
     and every step can be captured); ``fused=True`` is ``backend="triton"``, ``fused=False``
     ``backend="torch"`` (another explicit backend raises ValueError); ``differentiable=True``
     and ``foreach=fused=True`` raise ValueError."""
-    check_choice("backend", backend, BACKENDS)
+    check_backend(backend)
     check_flag(foreach, "foreach", optional=True)
     check_flag(fused, "fused", optional=True)
     check_flag(capturable, "capturable")
