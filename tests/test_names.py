@@ -29,16 +29,12 @@ ALLOWED = {"main"}
 # Names still defined twice, to be given one home or distinct names (issue 41).
 PENDING: set[str] = {
     "Block",
-    "INFINITY_BITS",
-    "INPUT_DTYPES",
-    "MASK32",
     "NATIVE_CONVERSIONS",
     "NUM_WARPS",
     "ORDERS",
     "OUTPUTS",
     "ROWS",
     "TILE_ELEMENTS",
-    "WORD_BITS",
     "check_block",
     "check_index_offset",
     "finish",

@@ -62,6 +62,7 @@ from ..random import seed_tensor
 from ..reference import MODES, VARIANTS, check_choice, check_rbits
 from .availability import INTERPRETED
 from .common import (
+    INPUT_DTYPES,
     NAN16_BITS,
     as_int64,
     block_tile_words,
@@ -91,7 +92,6 @@ TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
 SYMMETRIC_ELEMENTS = ("ocp_int8",)
 # warps a program runs; both are read at each launch, so a benchmark can sweep them
 NUM_WARPS = 4
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # compiled kernels call libdevice's conversions; the interpreter has none
 NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
 
