@@ -42,7 +42,6 @@ PENDING: set[str] = {
     "nvfp4_tensor_scale",
     "operand_values",
     "resolve_format",
-    "stream_offset",
     "ulp",
     "unsupported",
 }
