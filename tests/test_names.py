@@ -28,13 +28,8 @@ ALLOWED = {"main"}
 
 # Names still defined twice, to be given one home or distinct names (issue 41).
 PENDING: set[str] = {
-    "Block",
-    "NATIVE_CONVERSIONS",
-    "NUM_WARPS",
     "ORDERS",
     "OUTPUTS",
-    "ROWS",
-    "TILE_ELEMENTS",
     "check_block",
     "check_index_offset",
     "finish",
