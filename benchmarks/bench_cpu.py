@@ -228,13 +228,13 @@ def adamw_rows(bench: Benchmark, log2n: int) -> None:
 def compiled_update(optimizer: torch.optim.Optimizer) -> Callable[..., None]:
     """``optimizer``'s `update` through the compiled CPU step, as the integration routes it
     (stochround's internals: this row goes once the dispatch makes the plain row take it)."""
-    from stochround.optim.base import TENSOR_SLOTS, stream_offset
+    from stochround.optim.base import TENSOR_SLOTS, state_stream_offset
     from stochround.optim.cpu_adamw import adamw_step_cpu
 
     def update(group: dict, index: int, param: Tensor, scalars: Tensor, step: Tensor) -> None:
         state = optimizer.state[param]
         slots = (TENSOR_SLOTS[name] for name in ("param", "exp_avg", "exp_avg_sq"))
-        p, m, v = (stream_offset(step, index, slot) for slot in slots)
+        p, m, v = (state_stream_offset(step, index, slot) for slot in slots)
         adamw_step_cpu(
             param,
             param.grad,

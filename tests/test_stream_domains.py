@@ -15,7 +15,7 @@ import stochround.random
 from stochround.emulate import emulate
 from stochround.nn import GaussWS, QuantizedLinear
 from stochround.nn.recipes import nvfp4
-from stochround.optim import SGD, AdamW, stream_offset
+from stochround.optim import SGD, AdamW, state_stream_offset
 from stochround.random import StreamDomain, random_words, stream_key
 
 SEED = 1234
@@ -237,7 +237,7 @@ def test_optimizer_streams_are_the_key_at_the_documented_offsets(
     two moments 1 and 2)."""
     _, streams = recorded(monkeypatch, CONSUMERS["AdamW"])
     key = stream_key(SEED, StreamDomain.OPTIMIZER)
-    assert streams == {(key, stream_offset(1, 0, slot)) for slot in (0, 1, 2)}
+    assert streams == {(key, state_stream_offset(1, 0, slot)) for slot in (0, 1, 2)}
 
 
 def adamw_run(seed: int) -> tuple[torch.nn.Parameter, AdamW]:
@@ -275,7 +275,7 @@ def test_an_optimizer_checkpoint_keeps_its_keys_and_seed_and_loads_unmixed(
 
     _, streams = recorded(monkeypatch, step)
     key = stream_key(SEED, StreamDomain.OPTIMIZER)
-    assert streams == {(key, stream_offset(2, 0, slot)) for slot in (0, 1, 2)}
+    assert streams == {(key, state_stream_offset(2, 0, slot)) for slot in (0, 1, 2)}
     assert torch.equal(resumed_param.view(torch.int16), param.view(torch.int16))
 
 

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from .random import (
+    MASK32,
     check_seed,
     philox_rounds,
 )
@@ -75,7 +76,6 @@ __all__ = [
     "worth_compiling",
 ]
 
-MASK32 = 0xFFFFFFFF
 # the patterns the rounding reads: magnitude mask, +infinity, the canonical bf16 NaN
 MAGNITUDE_MASK = 0x7FFFFFFF
 INFINITY_BITS = 0x7F800000

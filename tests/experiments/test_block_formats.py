@@ -17,9 +17,9 @@ from stochround.experiments.block_formats import (
     error_and_bias,
     key_name,
     long_sums,
+    quantization_offset,
     rht_size,
     sample,
-    stream_offset,
 )
 from stochround.experiments.report import NoProgress
 
@@ -140,16 +140,22 @@ def test_the_helpers_are_deterministic_and_offsets_give_other_bits():
     x = sample("student-t", (4, 64), generator)
     assert torch.equal(x, sample("student-t", (4, 64), torch.Generator().manual_seed(5)))
     case = Case("nvfp4", "nvfp4")
-    first = error_and_bias(x, case, "sr", 4, seed=3, offset=stream_offset(0, 1, False), signs=None)
-    again = error_and_bias(x, case, "sr", 4, seed=3, offset=stream_offset(0, 1, False), signs=None)
-    other = error_and_bias(x, case, "sr", 4, seed=3, offset=stream_offset(0, 1, True), signs=None)
+    first = error_and_bias(
+        x, case, "sr", 4, seed=3, offset=quantization_offset(0, 1, False), signs=None
+    )
+    again = error_and_bias(
+        x, case, "sr", 4, seed=3, offset=quantization_offset(0, 1, False), signs=None
+    )
+    other = error_and_bias(
+        x, case, "sr", 4, seed=3, offset=quantization_offset(0, 1, True), signs=None
+    )
     assert first == again
     assert first != other
 
 
 def test_stream_offsets_are_distinct_for_every_quantization():
     offsets = [
-        stream_offset(case, data, rht, operand)
+        quantization_offset(case, data, rht, operand)
         for case in range(len(CASES))
         for data in range(len(DATA) + 1)  # the data kinds, then the long sums
         for rht in (False, True)

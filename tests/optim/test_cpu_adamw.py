@@ -4,7 +4,7 @@
 Each test runs ``sr.optim.AdamW`` (or ``Adam``) with ``backend="torch"`` beside
 `adamw_step_cpu` on copies of the same parameter, gradients and states, with the scalars
 and streams the optimizer gives its PyTorch path (``optimizer.scalars``,
-``stream_offset``), and compares the parameter and both states bit for bit after every
+``state_stream_offset``), and compares the parameter and both states bit for bit after every
 step.  The eager tests run the step's functions uncompiled; one test compiles the loops.
 """
 
@@ -16,7 +16,7 @@ from torch import Tensor
 
 import stochround as sr
 from stochround import cpu_path
-from stochround.optim.base import stream_offset
+from stochround.optim.base import state_stream_offset
 from stochround.optim.cpu_adamw import adamw_step_cpu, refusal
 from stochround.random import StreamDomain, stream_key
 
@@ -69,9 +69,9 @@ def _compare(
         scalars = opt.scalars(group, torch.tensor([step]))[0]
         count = torch.tensor(step)
         offsets = (
-            stream_offset(count, index, 0),
-            stream_offset(count, index, 1),
-            stream_offset(count, index, 2),
+            state_stream_offset(count, index, 0),
+            state_stream_offset(count, index, 1),
+            state_stream_offset(count, index, 2),
         )
         assert refusal(param, grads[step - 1], exp_avg, exp_avg_sq) is None
         adamw_step_cpu(

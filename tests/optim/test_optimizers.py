@@ -9,7 +9,7 @@ import torch
 
 import stochround as sr
 from stochround import cpu_path
-from stochround.optim import SGD, Adam, AdamW, Lion, stream_offset
+from stochround.optim import SGD, Adam, AdamW, Lion, state_stream_offset
 from stochround.optim.base import ecc_decode, ecc_encode, ulp
 
 
@@ -206,11 +206,11 @@ def test_fp32_states_survive_checkpoint_with_bf16_params():
 
 
 def test_stream_offsets_are_disjoint():
-    offsets = {stream_offset(step, index, slot)
+    offsets = {state_stream_offset(step, index, slot)
                for step in range(1, 4) for index in range(5) for slot in range(4)}  # fmt: skip
     assert len(offsets) == 3 * 5 * 4
     with pytest.raises(ValueError, match="param_index"):
-        stream_offset(1, 2**30, 0)
+        state_stream_offset(1, 2**30, 0)
 
 
 def test_bytes_per_param():

@@ -113,10 +113,10 @@ def sample(kind: str, shape: tuple[int, ...], generator: torch.Generator) -> Ten
     return (normal / torch.sqrt(chi2.square().sum(-1) / STUDENT_DOF)).float()
 
 
-SUMS = len(DATA)  # the long sums' slot among the data kinds of `stream_offset`
+SUMS = len(DATA)  # the long sums' slot among the data kinds of `quantization_offset`
 
 
-def stream_offset(case: int, data: int, rht: bool, operand: int = 0) -> int:
+def quantization_offset(case: int, data: int, rht: bool, operand: int = 0) -> int:
     """The SR stream offset of one quantization: distinct for every case, data kind (an
     index into `DATA`, or `SUMS` for the long sums), RHT setting and operand (a and b of a
     dot product)."""
@@ -233,7 +233,7 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
         group = signs[rht_size(case.format)] if rht else None
         tag = f"{case.label}{' rht' if rht else ''}"
         for data_index, kind in enumerate(DATA):
-            offset = stream_offset(index, data_index, rht)
+            offset = quantization_offset(index, data_index, rht)
             for mode in MODES:
                 found = error_and_bias(
                     data[kind], case, mode, sizes.copies, seed=seed, offset=offset, signs=group
@@ -256,7 +256,10 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
                     f"{sr.z:.2f}",
                 ]
             )
-        offsets = (stream_offset(index, SUMS, rht, 0), stream_offset(index, SUMS, rht, 1))
+        offsets = (
+            quantization_offset(index, SUMS, rht, 0),
+            quantization_offset(index, SUMS, rht, 1),
+        )
         for mode in MODES:
             found_sum = long_sums(a, b, case, mode, seed=seed, offsets=offsets, signs=group)
             sums[case.label, rht, mode] = found_sum

@@ -324,7 +324,7 @@ class SelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(batch, length, width))
 
 
-class Block(nn.Module):
+class TransformerBlock(nn.Module):
     """A pre-LayerNorm transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``
     with the MLP ``fc2(gelu(fc(x)))``, 4 d_model wide."""
 
@@ -352,7 +352,7 @@ class GPT(nn.Module):
         self.context = context
         self.tok = nn.Embedding(VOCAB, d_model)
         self.pos = nn.Embedding(context, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_head) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, VOCAB, bias=False)
 

@@ -62,6 +62,7 @@ from ..random import seed_tensor
 from ..reference import MODES, VARIANTS, check_choice, check_rbits
 from .availability import INTERPRETED
 from .common import (
+    INPUT_DTYPES,
     NAN16_BITS,
     as_int64,
     block_tile_words,
@@ -90,10 +91,9 @@ TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
 # (`stochround.blocks.formats.OCP_INT8`), clamped to the symmetric [-max, max]
 SYMMETRIC_ELEMENTS = ("ocp_int8",)
 # warps a program runs; both are read at each launch, so a benchmark can sweep them
-NUM_WARPS = 4
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_NUM_WARPS = 4
 # compiled kernels call libdevice's conversions; the interpreter has none
-NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
+_NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
 
 
 # the fp32 constants of `stochround.block_constants` as the kernels read them (constexpr)
@@ -173,7 +173,7 @@ def _e8m0_exponent(
 @triton.jit
 def _nearest_integer(v):
     """Nonnegative fp32 values rounded to the nearest integer, ties to even, as uint64."""
-    if NATIVE_CONVERSIONS:  # one conversion (cvt.rni.u64.f32)
+    if _NATIVE_CONVERSIONS:  # one conversion (cvt.rni.u64.f32)
         return libdevice.float2ull_rn(v).to(tl.uint64, bitcast=True)
     # the interpreter has no libdevice: every fp32 value from 2**23 up is an integer, and
     # below, adding 2**23 rounds to one, half to even
@@ -1143,7 +1143,7 @@ def _launch(
         NAN16=NAN16_BITS.get(x.dtype, 0),
         **_element_constants(fmt, mode, n, variant),
         **rotation_constants,
-        num_warps=NUM_WARPS,
+        num_warps=_NUM_WARPS,
         # no multiply-add contraction: every product is rounded, as the PyTorch path
         # rounds it (the inverse rotation adds products that can be inexact)
         enable_fp_fusion=False,

@@ -27,13 +27,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..cpu_path import INPUT_DTYPES
 from ..formats import Format
 from ..reference import overflow_value
 from ..torch_path import nan_code
 from .availability import kernel_supports
 from .philox import four_words, random_word
-
-INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 NAN16_BITS = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
 

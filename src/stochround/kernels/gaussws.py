@@ -75,10 +75,10 @@ from .runtime import Launch, bound_launch, current_device
 # elements a program handles (a power of two; a program takes at least one whole block):
 # enough to hide the memory latency; the interpreter runs programs one after another, so
 # there a larger tile costs less
-TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
+_TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
 # warps a program runs; a program whose one block outgrows the tile gets more warps, so that
 # each thread's share of the block stays in registers
-NUM_WARPS = 4
+_NUM_WARPS = 4
 WIDE_BLOCK_WARPS = 8
 # the number of thresholds of the table of R in {-3, ..., 3}
 THRESHOLDS = 6
@@ -364,7 +364,7 @@ def _launch_plan(
     emin, emax, mbits = exponents
     count = w.numel()
     groups = next_power_of_2(cdiv(block, 4))
-    tile = max(1, TILE_ELEMENTS // (groups * 4))
+    tile = max(1, _TILE_ELEMENTS // (groups * 4))
     blocks = count // block
     constants = {
         "FROM_TENSORS": from_tensors,
@@ -379,7 +379,7 @@ def _launch_plan(
         "NBITS": noise_bits,
         **{f"T{j + 1}": t for j, t in enumerate(table)},
         "NAN16": NAN16_BITS.get(w.dtype, 0),
-        "num_warps": NUM_WARPS if groups * 4 <= TILE_ELEMENTS else WIDE_BLOCK_WARPS,
+        "num_warps": _NUM_WARPS if groups * 4 <= _TILE_ELEMENTS else WIDE_BLOCK_WARPS,
         # no multiply-add contraction: the sum is rounded once, as the PyTorch path rounds it
         "enable_fp_fusion": False,
     }
@@ -468,9 +468,7 @@ def _(
 
 
 __all__ = [
-    "NUM_WARPS",
     "THRESHOLDS",
-    "TILE_ELEMENTS",
     "PreparedSample",
     "check_thresholds",
     "gaussws_blocks",

@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..cpu_path import INFINITY_BITS
 from ..formats import Format
 from ..random import seed_tensor
 from .availability import INTERPRETED
@@ -80,7 +81,7 @@ INTERPRETER_ROWS = 1024
 # constants the kernels read (globals in kernels must be constexprs)
 SIGN = tl.constexpr(-0x80000000)  # the fp32 sign bit as int32
 NAN_BITS = tl.constexpr(0x7FC00000)
-INFINITY_BITS = tl.constexpr(0x7F800000)
+_INFINITY = tl.constexpr(INFINITY_BITS)  # cpu_path's pattern, as a constexpr
 ZERO_EXPONENT = tl.constexpr(-(1 << 30))  # a zero's exponent in a sum: below any other's
 
 
@@ -128,11 +129,9 @@ def _exact_product(x, y):
     y_magnitude = y_special & 0x7FFFFFFF
     x_zero = (x_sig == 0) & (x_special == 0)
     y_zero = (y_sig == 0) & (y_special == 0)
-    nan = (x_magnitude > INFINITY_BITS) | (y_magnitude > INFINITY_BITS)
-    nan = (
-        nan | ((x_magnitude == INFINITY_BITS) & y_zero) | ((y_magnitude == INFINITY_BITS) & x_zero)
-    )
-    infinity = INFINITY_BITS | tl.where(negative, SIGN, 0)
+    nan = (x_magnitude > _INFINITY) | (y_magnitude > _INFINITY)
+    nan = nan | ((x_magnitude == _INFINITY) & y_zero) | ((y_magnitude == _INFINITY) & x_zero)
+    infinity = _INFINITY | tl.where(negative, SIGN, 0)
     special = tl.where((x_special != 0) | (y_special != 0), infinity, 0)
     special = tl.where(nan, NAN_BITS, special)
     return negative, x_sig * y_sig, x_exp + y_exp, special
@@ -152,9 +151,9 @@ def _special_sum(x_special, y_special):
     either is NaN or for inf - inf, else the infinity."""
     x_magnitude = x_special & 0x7FFFFFFF
     y_magnitude = y_special & 0x7FFFFFFF
-    x_infinite = x_magnitude == INFINITY_BITS
-    nan = (x_magnitude > INFINITY_BITS) | (y_magnitude > INFINITY_BITS)
-    nan = nan | (x_infinite & (y_magnitude == INFINITY_BITS) & (x_special != y_special))
+    x_infinite = x_magnitude == _INFINITY
+    nan = (x_magnitude > _INFINITY) | (y_magnitude > _INFINITY)
+    nan = nan | (x_infinite & (y_magnitude == _INFINITY) & (x_special != y_special))
     return tl.where(nan, NAN_BITS, tl.where(x_infinite, x_special, y_special))
 
 

@@ -50,7 +50,7 @@ ALGORITHMS = ("adamw", "sgd", "lion")
 # over block shapes (benchmarks/RESULTS.md).  The interpreter runs programs one after another,
 # so there large blocks cost far less; 2 blocks of 1024 rows a program make its tests
 # (20000 values) cover every branch: whole programs, a partial one, a block past the end
-ROWS = 1024 if INTERPRETED else 64
+_ROWS = 1024 if INTERPRETED else 64
 WARPS = 2
 BLOCKS = 2 if INTERPRETED else 4
 # table row: 4 tensor offsets, numel, index, step offset, the shard's first Philox block
@@ -567,7 +567,7 @@ def _fused_step_impl(
         tuple(first_groups),
         device,
     )
-    blocks = _block_table(numels, ROWS, BLOCKS, device)
+    blocks = _block_table(numels, _ROWS, BLOCKS, device)
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         # a graph keeps the pointers it captured: its scalars are its own (in its pool)
         scalars = torch.empty_like(scalars)
@@ -635,7 +635,7 @@ def _step_launch(
         "DECAY": decay,
         "MOMENTUM": momentum,
         "FIRST_STEP": first_step,
-        "ROWS": ROWS,
+        "ROWS": _ROWS,
         "BLOCKS": BLOCKS,
         "DEPENDENT": dependent,
         "num_warps": WARPS,

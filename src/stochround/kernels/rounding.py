@@ -70,12 +70,12 @@ from .runtime import SCRATCH, Launch, current_device, current_stream, persistent
 SOURCES = ("stream", "rand", "data")
 # Each program rounds ROWS x 4 elements; a row is one Philox block.  The interpreter runs
 # programs one after another, so there large blocks cost far less.
-ROWS = 4096 if INTERPRETED else 256
+_ROWS = 4096 if INTERPRETED else 256
 # compiled kernels call libdevice's conversions; the interpreter has none
-NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
+_NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
 # (rows, warps) of an SR-to-codes tile: the fastest shape of a sweep over tile shapes for
 # fp8 codes, packed fp4 and fp16 values alike (benchmarks/RESULTS.md)
-CODES_LAYOUT = (ROWS, 4) if INTERPRETED else (1024, 4)
+CODES_LAYOUT = (_ROWS, 4) if INTERPRETED else (1024, 4)
 # the codes kernels' scratch words: the NaN flag, the length of the list of tiles left to
 # the exact kernel, its programs' arrival count, then the list
 LIST_START = tl.constexpr(3)
@@ -426,13 +426,13 @@ def _scaled_count(
     nu 2**32 < 2**23 rounded half to even (EXACT_C) or floored.  The scale is the fp32
     2**(SCALE_FIELD - clamped - 127), times 2**SCALE_SPLIT where it would exceed fp32's range."""
     scale = ((SCALE_FIELD - clamped) << 23).to(tl.float32, bitcast=True)
-    if not NATIVE_CONVERSIONS:  # NaN and infinities (tiles not stored) would make numpy warn
+    if not _NATIVE_CONVERSIONS:  # NaN and infinities (tiles not stored) would make numpy warn
         magnitude = tl.minimum(magnitude, 0x7F7FFFFF)
     scaled = magnitude.to(tl.float32, bitcast=True) * scale
     if SCALE_SPLIT > 0:
         scaled = scaled * 2.0**SCALE_SPLIT
     if EXACT_C:
-        if NATIVE_CONVERSIONS:  # one conversion rounding to nearest even (cvt.rni.u64.f32)
+        if _NATIVE_CONVERSIONS:  # one conversion rounding to nearest even (cvt.rni.u64.f32)
             return libdevice.float2ull_rn(scaled).to(tl.uint64, bitcast=True)
         # the interpreter has no libdevice: every fp32 value from 2**23 up is an integer,
         # and below, adding 2**23 rounds to one half to even
@@ -705,7 +705,7 @@ class KernelPlan:
         self.mode, self.sat, self.n, self.variant, self.source = mode, sat, n, variant, source
         self.check_nan = checks_nan(fmt, nan, output)
         self.path = self._choose_path()
-        self.rows = CODES_LAYOUT[0] if self.path == "codes" else ROWS
+        self.rows = CODES_LAYOUT[0] if self.path == "codes" else _ROWS
         # the kernels write codes as bytes; `cast` views them as its dtype
         self.view_dtype = None if output == "value" or out_dtype == torch.uint8 else out_dtype
         self.launches: dict[tuple, Launch] = {}
@@ -844,7 +844,7 @@ class KernelPlan:
     def _bind(self, common: tuple[bool, bool, bool], iterations: int | None) -> Launch:
         stream = _stream_constants(common)
         if self.path == "bf16":
-            constants = {"SATURATION": self.sat, "NBITS": self.n, "ROWS": ROWS, **stream}
+            constants = {"SATURATION": self.sat, "NBITS": self.n, "ROWS": _ROWS, **stream}
             return Launch(_bf16_sr_kernel, constants)
         if self.path == "codes":
             fast, exact = _codes_constants(self.fmt, self.output, self.n, self.variant, self.sat)
@@ -867,7 +867,7 @@ class KernelPlan:
             "SOURCE": self.source,
             "OUTPUT": self.output,
             "NAN16": NAN16_BITS.get(self.out_dtype, 0),
-            "ROWS": ROWS,
+            "ROWS": _ROWS,
             **_clamp_constants(self.fmt, self.output, self.out_dtype, self.sat),
             **stream,
         }

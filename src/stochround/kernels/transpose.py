@@ -20,7 +20,7 @@ from .runtime import bound_launch, current_device
 
 # the tile's side: a power of two, large enough for full memory transactions on both sides
 TILE = 64
-NUM_WARPS = 4
+_NUM_WARPS = 4
 
 
 @triton.jit
@@ -59,7 +59,7 @@ def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
     rows, cols = x.shape
     out = x.new_empty((cols, rows))
     wide = x.numel() + TILE * max(rows, cols) >= 2**31
-    constants = (("WIDE", wide), ("TILE", TILE), ("num_warps", NUM_WARPS))
+    constants = (("WIDE", wide), ("TILE", TILE), ("num_warps", _NUM_WARPS))
     launch = bound_launch(_transpose_kernel, constants)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
@@ -70,4 +70,4 @@ def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
     return out
 
 
-__all__ = ["NUM_WARPS", "TILE", "transpose"]
+__all__ = ["TILE", "transpose"]

@@ -119,7 +119,7 @@ from ..formats import Format
 from ..formats import format as find_format
 from ..kernels.availability import check_backend, kernels_refusal
 from ..random import StreamDomain, check_seed, random_words_like, seed_tensor, stream_key
-from ..reference import check_choice
+from ..reference import WORD_BITS, check_choice
 from .linear import MAX_LAYERS, advance_step, advance_step_eagerly, stream_offset
 
 NOISES = ("gaussws", "diffq", "sr")
@@ -130,7 +130,6 @@ SAMPLED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # earlier releases
 GAUSSWS_SLOT = 12
 
-WORD_BITS = 32
 MAX_ROUNDED = 3  # R's support is -3..3: |round(N/2)| >= 4 has less than one count at n = 32
 
 # the fp32 exponent field and the block scale's clamp (the spec's [-126, 127])

@@ -8,7 +8,7 @@ On CUDA one fused Triton launch updates a group's parameters (`stochround.kernel
 bit-identical to the PyTorch path on CPU or CUDA given the seed.
 """
 
-from .base import ROUNDINGS, STATE_DTYPES, stream_offset
+from .base import ROUNDINGS, STATE_DTYPES, state_stream_offset
 from .optimizers import SGD, Adam, AdamW, Lion
 
-__all__ = ["ROUNDINGS", "SGD", "STATE_DTYPES", "Adam", "AdamW", "Lion", "stream_offset"]
+__all__ = ["ROUNDINGS", "SGD", "STATE_DTYPES", "Adam", "AdamW", "Lion", "state_stream_offset"]

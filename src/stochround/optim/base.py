@@ -117,7 +117,7 @@ GET_DEVICE = Tensor.get_device
 STEP = itemgetter("step")
 
 
-def stream_offset(step: int | Tensor, param_index: int, tensor_slot: int) -> int | Tensor:
+def state_stream_offset(step: int | Tensor, param_index: int, tensor_slot: int) -> int | Tensor:
     """``step * 2**32 + param_index * 4 + tensor_slot``: the stream of one store.  A tensor
     ``step`` (int64, as the optimizer state holds it) gives an int64 tensor, two's
     complement at and above 2**63 as `stochround.random` reads offsets."""
@@ -263,7 +263,7 @@ def store(
     """``target.copy_(rounded value)``: float32 ``value`` rounded to ``target``'s dtype.
 
     float32 targets take the value as computed; "sr" draws stream
-    ``(key, stream_offset(step, index, slot))``, ``key`` the group's `group_key`; every
+    ``(key, state_stream_offset(step, index, slot))``, ``key`` the group's `group_key`; every
     other mode ("rne", and "kahan" and
     "ecc" for states) is torch's round-to-nearest-even cast (the same as
     ``stochround.cast(value, dtype, "rne")``).
@@ -273,7 +273,7 @@ def store(
     elif rounding != "sr":
         target.copy_(value.to(target.dtype))
     else:
-        offset = stream_offset(step, index, slot)
+        offset = state_stream_offset(step, index, slot)
         target.copy_(cast(value, target.dtype, "sr", seed=key, offset=offset))
 
 

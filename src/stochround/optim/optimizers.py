@@ -31,7 +31,7 @@ from .base import (
     check_float,
     grad_of,
     group_key,
-    stream_offset,
+    state_stream_offset,
 )
 from .cpu_adamw import adamw_step_cpu, refusal
 from .updates import (
@@ -223,7 +223,7 @@ class AdamW(SROptimizer):
         coupled = self.coupled(group) and group["weight_decay"] != 0
         if self.compiled_cpu_step(group, param):
             slots = (TENSOR_SLOTS[name] for name in ("param", "exp_avg", "exp_avg_sq"))
-            p, m, v = (stream_offset(step, index, slot) for slot in slots)
+            p, m, v = (state_stream_offset(step, index, slot) for slot in slots)
             tensors = (param, grad_of(param), state["exp_avg"], state["exp_avg_sq"])
             maximize = group["maximize"]
             adamw_step_cpu(
