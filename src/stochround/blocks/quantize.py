@@ -247,40 +247,32 @@ def same_bits(a: Tensor | None, b: Tensor | None) -> bool:
     return torch.equal(a, b.to(a.device))
 
 
-_FORMAT_FIELDS = ("ebits", "mbits", "bias", "signed", "inf", "nan", "subnormals")
+def _init_fields(record: Any) -> dict[str, Any]:
+    """A dataclass's constructor arguments (its init fields) as a dict."""
+    return {
+        field.name: getattr(record, field.name)
+        for field in dataclasses.fields(record)
+        if field.init
+    }
 
 
 def format_state(fmt: BlockFormat) -> dict[str, Any]:
-    """A `BlockFormat` as plain data (`rebuild_block_tensor` reads it)."""
-
-    def element_state(element: Format) -> dict[str, Any]:
-        fields = {name: getattr(element, name) for name in _FORMAT_FIELDS}
-        return {**fields, "twos_complement": element.twos_complement, "name": element.name}
-
-    return {
-        "name": fmt.name,
-        "element": element_state(fmt.element),
-        "block": fmt.block,
-        "scale": None if fmt.scale is None else element_state(fmt.scale),
-        "scale_rule": fmt.scale_rule,
-        "tensor_scale": fmt.tensor_scale,
-    }
+    """A `BlockFormat` as plain data: its constructor arguments, the element and scale
+    formats as theirs (`rebuild_block_tensor` reads it)."""
+    state = _init_fields(fmt)
+    state["element"] = _init_fields(fmt.element)
+    state["scale"] = None if fmt.scale is None else _init_fields(fmt.scale)
+    return state
 
 
 def rebuild_block_tensor(state: dict[str, Any]) -> BlockTensor:
     """The `BlockTensor` that `BlockTensor.__reduce__` stored as ``state`` (registered as a
     safe global, so that ``torch.load(weights_only=True)`` may call it: it builds nothing
     but a BlockTensor from tensors and plain data)."""
-    spec = state["format"]
-    scale = spec["scale"]
-    fmt = BlockFormat(
-        spec["name"],
-        Format(**spec["element"]),
-        spec["block"],
-        None if scale is None else Format(**scale),
-        spec["scale_rule"],
-        spec["tensor_scale"],
-    )
+    spec = dict(state["format"])
+    spec["element"] = Format(**spec["element"])
+    spec["scale"] = None if spec["scale"] is None else Format(**spec["scale"])
+    fmt = BlockFormat(**spec)
     dtype = getattr(torch, state["dtype"])
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"a stored BlockTensor's dtype must name a torch dtype; got {dtype!r}")
