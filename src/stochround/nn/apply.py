@@ -146,19 +146,24 @@ def quantize_(
         (each.layer_index for each in model.modules() if isinstance(each, QuantizedLinear)),
         default=-1,
     )
-    replacements = []
+    replacements: list[tuple[str, nn.Module]] = []
     for index, (path, module, layer_recipe) in enumerate(chosen, start=first):
         try:
             replacement = QuantizedLinear.from_linear(module, layer_recipe, layer_index=index)
         except ValueError as error:
             raise ValueError(f"{path or 'model'}: {error}") from None
         replacements.append((path, replacement))
+    return swapped(model, replacements)
+
+
+def swapped(model: nn.Module, replacements: list[tuple[str, nn.Module]]) -> nn.Module:
+    """``model`` with each submodule at a path replaced in place by its replacement; the
+    replacement itself where the path is "" (the model)."""
     for path, replacement in replacements:
         if path == "":
             return replacement
         parent_path, _, name = path.rpartition(".")
-        parent = model.get_submodule(parent_path)
-        setattr(parent, name, replacement)
+        setattr(model.get_submodule(parent_path), name, replacement)
     return model
 
 
@@ -204,17 +209,12 @@ def unquantize_(model: nn.Module) -> nn.Module:
     for _, module in list(model.named_modules()):
         if sampling_of(module) is not None:
             remove_sampling(module)
-    swaps = [
+    swaps: list[tuple[str, nn.Module]] = [
         (path, plain_linear(module))
         for path, module in model.named_modules()
         if isinstance(module, QuantizedLinear)
     ]
-    for path, plain in swaps:
-        if path == "":
-            return plain
-        parent_path, _, name = path.rpartition(".")
-        setattr(model.get_submodule(parent_path), name, plain)
-    return model
+    return swapped(model, swaps)
 
 
 __all__ = [
