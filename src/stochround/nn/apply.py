@@ -33,7 +33,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from torch.nn.utils import parametrize
 
 from .gaussws import GaussWS, sampling_of
-from .linear import QuantizedLinear
+from .linear import QuantizedLinear, next_layer_index
 from .recipes import Recipe
 
 Rule = tuple[str, Recipe | None]
@@ -142,10 +142,7 @@ def quantize_(
     # every replacement is built (and its blocks checked) before the first is swapped in,
     # so that a layer that does not fit its recipe leaves the model untouched
     # numbered after the layers an earlier call replaced, whose streams they must not share
-    first = 1 + max(
-        (each.layer_index for each in model.modules() if isinstance(each, QuantizedLinear)),
-        default=-1,
-    )
+    first = next_layer_index(model, QuantizedLinear)
     replacements: list[tuple[str, nn.Module]] = []
     for index, (path, module, layer_recipe) in enumerate(chosen, start=first):
         try:

@@ -120,7 +120,13 @@ from ..formats import format as find_format
 from ..kernels.availability import check_backend, kernels_refusal
 from ..random import StreamDomain, check_seed, random_words_like, seed_tensor, stream_key
 from ..reference import WORD_BITS, check_choice
-from .linear import MAX_LAYERS, advance_step, advance_step_eagerly, stream_offset
+from .linear import (
+    MAX_LAYERS,
+    advance_step,
+    advance_step_eagerly,
+    next_layer_index,
+    stream_offset,
+)
 
 NOISES = ("gaussws", "diffq", "sr")
 SAMPLED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -795,9 +801,7 @@ def gaussws_(
             continue
         chosen.append((path, module))
     # numbered after the layers an earlier call sampled, whose streams they must not share
-    first = 1 + max(
-        (each.layer_index for each in model.modules() if isinstance(each, GaussWS)), default=-1
-    )
+    first = next_layer_index(model, GaussWS)
     parametrizations = []
     for index, (path, module) in enumerate(chosen, start=first):
         sampling = GaussWS(fmt, block, noise, noise_bits, seed, index, backend)

@@ -73,6 +73,16 @@ STEP_SHIFT = 32
 COMPILES = TorchVersion(torch.__version__) >= "2.13"
 
 
+def next_layer_index(model: torch.nn.Module, kind: type) -> int:
+    """The first layer index after those the ``kind`` modules of ``model`` hold (their
+    ``layer_index``; 0 where there are none): a later `quantize_` or `gaussws_` call numbers
+    its layers from it, so that they do not share an earlier call's random streams."""
+    indices = [
+        typing.cast(int, each.layer_index) for each in model.modules() if isinstance(each, kind)
+    ]
+    return 1 + max(indices, default=-1)
+
+
 def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
     """``step * 2**32 + layer * 16 + slot``: the stream offset of one draw.  ``step``: an
     int in [0, 2**32) or an int64 tensor (giving a tensor); ``layer`` in [0, 2**28);
@@ -629,6 +639,7 @@ __all__ = [
     "draw_signs_eagerly",
     "gemm_operands",
     "make_plan",
+    "next_layer_index",
     "operand_values",
     "pad_tokens",
     "quantize_operand",
