@@ -56,7 +56,35 @@ def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:
     return triton_missing()
 
 
-__all__ = ["BACKENDS", "INTERPRETED", "check_backend", "kernels_refusal", "triton_missing"]
+def use_kernel(backend: str, tensor: str, on_cuda: bool, refusal: str | None) -> bool:
+    """The one routing decision of every call that has a kernel: True to run the Triton
+    kernel, False for the PyTorch path.
+
+    ``refusal`` is the caller's own ``*_refusal`` answer: why the kernel cannot serve this
+    call's inputs (dtypes, formats, layouts), None if it can.  "torch" never takes the
+    kernel; "auto" takes it for a CUDA tensor (named ``tensor`` in messages) that it serves
+    where Triton runs; "triton" takes it or raises a ValueError saying why it cannot.
+    """
+    if backend == "torch" or (backend == "auto" and not on_cuda):
+        return False
+    reason = refusal if refusal is not None else kernels_refusal(tensor, on_cuda)
+    if reason is None:
+        return True
+    if backend == "auto":
+        return False
+    raise ValueError(
+        f"backend='triton' cannot serve this call: {reason}; use backend='torch' or 'auto'"
+    )
+
+
+__all__ = [
+    "BACKENDS",
+    "INTERPRETED",
+    "check_backend",
+    "kernels_refusal",
+    "triton_missing",
+    "use_kernel",
+]
 
 
 @functools.cache  # Format is frozen; fits_in works in exact fractions
