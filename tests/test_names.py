@@ -26,20 +26,8 @@ SHADOWED = {"formats.py", "reference.py"}
 # `main` its launcher looks for, so the name is fixed by the launcher, not by us.
 ALLOWED = {"main"}
 
-# Names still defined twice, to be given one home or distinct names (issue 41).
-PENDING: set[str] = {
-    "ORDERS",
-    "OUTPUTS",
-    "check_block",
-    "check_index_offset",
-    "finish",
-    "floor_log2",
-    "nvfp4_tensor_scale",
-    "operand_values",
-    "resolve_format",
-    "ulp",
-    "unsupported",
-}
+# Names still defined twice, to be given one home or distinct names.
+PENDING: set[str] = set()
 
 
 def is_type_variable(node: ast.stmt) -> bool:

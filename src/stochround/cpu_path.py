@@ -50,6 +50,7 @@ from torch import Tensor
 
 from .random import (
     MASK32,
+    check_index_offset,
     check_seed,
     philox_rounds,
 )
@@ -337,10 +338,7 @@ def bf16_sr_cpu(
     shifts = noise_shifts(n, variant)
     limit = torch.tensor([saturation_limit(sat)], dtype=torch.int64)
     count = x.numel()
-    if isinstance(index_offset, bool) or not isinstance(index_offset, int):
-        raise TypeError(f"index_offset must be an int, got {type(index_offset).__name__}")
-    if index_offset < 0 or index_offset + count > 1 << 63:
-        raise ValueError(f"index_offset must be in [0, 2**63 - x.numel()], got {index_offset}")
+    index_offset = check_index_offset(index_offset, count)
     check_seed(seed, "seed")
     check_seed(offset, "offset")
     if count == 0:

@@ -64,6 +64,7 @@ __all__ = [
     "as_unsigned64",
     "bit_pattern",
     "check_index",
+    "check_index_offset",
     "check_seed",
     "data_words",
     "default_seed",
@@ -331,6 +332,22 @@ def random_words(index: Tensor, seed: int | Tensor, offset: int | Tensor = 0) ->
     return torch.gather(stacked, -1, lane).squeeze(-1)
 
 
+def check_index_offset(index_offset: object, count: int = 0) -> int:
+    """``index_offset`` checked for a tensor of ``count`` elements: an int (a numpy integer
+    too; TypeError otherwise) in ``[0, 2**63 - count]`` (ValueError otherwise), so that
+    every element's index fits in the stream's 63 bits.  A `torch.SymInt` (a traced int
+    under `torch.compile`) is checked by a guard and kept."""
+    if isinstance(index_offset, torch.SymInt):
+        if index_offset < 0:  # a guard on the traced value
+            raise ValueError(f"index_offset must be in [0, 2**63 - {count}], got {index_offset}")
+        return cast(int, index_offset)  # a SymInt stands for an int
+    if isinstance(index_offset, bool) or not isinstance(index_offset, numbers.Integral):
+        raise TypeError(f"index_offset must be an int, got {type(index_offset).__name__}")
+    if not 0 <= int(index_offset) <= (1 << 63) - count:
+        raise ValueError(f"index_offset must be in [0, 2**63 - {count}], got {index_offset}")
+    return int(index_offset)
+
+
 def random_words_like(
     x: Tensor, seed: int | Tensor, offset: int | Tensor = 0, index_offset: int = 0
 ) -> Tensor:
@@ -343,15 +360,8 @@ def random_words_like(
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-    if isinstance(index_offset, bool) or not isinstance(index_offset, numbers.Integral):
-        raise TypeError(f"index_offset must be an int, got {type(index_offset).__name__}")
-    index_offset = int(index_offset)
     count = x.numel()
-    if index_offset < 0 or index_offset + count - 1 > INT64_MAX:
-        raise ValueError(
-            f"index_offset must be in [0, 2**63 - x.numel()], got {index_offset} "
-            f"for x.numel() = {count}"
-        )
+    index_offset = check_index_offset(index_offset, count)
     device = x.device
     key0, key1 = _split_u64(seed, "seed", device)
     counter2, counter3 = _split_u64(offset, "offset", device)

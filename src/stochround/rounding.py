@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import numbers
-import typing
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -165,7 +163,7 @@ def _check_values(
     """A call's per-call values checked (an error naming each), as the paths take them:
     (seed, offset, rand, index_offset) — the seed drawn if None, the offset 0 if None,
     rand as int64 integers of x's shape, and 0, 0, None for what the call does not use."""
-    index_offset = check_index_offset(index_offset)
+    index_offset = streams.check_index_offset(index_offset)
     if mode != "sr":
         if rbits is not None or rand is not None:
             raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
@@ -178,20 +176,6 @@ def _check_values(
             raise ValueError(f"rand must be an integer tensor or 'data'; got {rand!r}")
         return 0, 0, None, index_offset
     return 0, 0, _check_rand(x, rand, n).expand(x.shape), index_offset
-
-
-def check_index_offset(index_offset: object) -> int:
-    """index_offset, checked: a nonnegative int (a numpy integer is one too; a `torch.SymInt`
-    under `torch.compile`, a traced int, is kept as it is)."""
-    if isinstance(index_offset, torch.SymInt):
-        if index_offset < 0:  # a guard on the traced value
-            raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
-        return typing.cast(int, index_offset)  # a SymInt stands for an int
-    if isinstance(index_offset, bool) or not isinstance(index_offset, numbers.Integral):
-        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
-    if index_offset < 0:
-        raise ValueError(f"index_offset must be a nonnegative int; got {index_offset!r}")
-    return int(index_offset)
 
 
 def _drawn_seed(seed: int | Tensor | None) -> int | Tensor:
@@ -298,7 +282,7 @@ def _call_route(
         # imported here: the kernels import Triton, which CPU-only calls never need
         from .kernels import rounding as kernels
 
-        reason = kernels.unsupported(x_dtype, fmt, output)
+        reason = kernels.rounding_refusal(x_dtype, fmt, output)
         if reason is None:
             plan = kernels.kernel_plan(output, out_dtype, nan, fmt, mode, sat, n, variant, source)
             return route._replace(plan=plan)
@@ -1057,7 +1041,6 @@ __all__ = [
     "CAST_DTYPES",
     "NAN_POLICIES",
     "cast",
-    "check_index_offset",
     "check_input",
     "check_rand_values",
     "check_request",

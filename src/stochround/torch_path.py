@@ -12,7 +12,7 @@ for fp32/bf16/fp16 inputs and formats whose values fp32 holds, float64 otherwise
 where the rounding mode decides ``away`` in {0, 1} from nu (and, for SR, a random integer
 r), then handles overflow per the saturation mode and restores the sign.  Besides the
 values it encodes them as bit patterns (`encode_values`), decodes codes (`decode_values`),
-and finishes a rounding into the output an entry point asks for (`finish`).
+and finishes a rounding into the output an entry point asks for (`rounded_output`).
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def _narrow_saturated(values: Tensor, narrowed: Tensor, bounds: tuple[float, flo
     return torch.where(torch.isfinite(values), narrowed.clamp(low, high), narrowed)
 
 
-def finish(
+def rounded_output(
     values: Tensor, fmt: Format, output: str, out_dtype: torch.dtype, nan: str, sat: str = "none"
 ) -> Tensor:
     """Rounded values (compute dtype) to the requested output in ``out_dtype`` (codes and
@@ -321,7 +321,7 @@ def round_tensor(x: Tensor, request: Request, output: str, out_dtype: torch.dtyp
         )
         if request.flush_below is not None:
             rounded = _flush(operand, rounded, request.fmt, request.flush_below)
-        return finish(rounded, request.fmt, output, out_dtype, request.nan, request.sat)
+        return rounded_output(rounded, request.fmt, output, out_dtype, request.nan, request.sat)
 
     if x.device.type != "cpu" or flat.numel() <= _CPU_CHUNK:
         chunk = flat.numel()
@@ -465,7 +465,6 @@ __all__ = [
     "compute_dtype",
     "decode_values",
     "encode_values",
-    "finish",
     "nan_code",
     "nan_without_code",
     "output_shape",
@@ -473,6 +472,7 @@ __all__ = [
     "refuse_capture",
     "round_tensor",
     "round_values",
+    "rounded_output",
     "saturation_bounds",
     "scale_by_power_of_two",
 ]

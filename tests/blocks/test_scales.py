@@ -114,9 +114,9 @@ def test_floor_three_quarters_keeps_every_scaled_value_within_the_element_max(el
 def test_te_tensor_scale_is_one_for_an_all_zero_or_infinite_tensor() -> None:
     for amax in (0.0, float("inf"), float("nan")):
         for flavour in ("te", "torchao"):
-            pair = scales.nvfp4_tensor_scale(torch.tensor(amax), flavour)
+            pair = scales.nvfp4_tensor_scales(torch.tensor(amax), flavour)
             assert (pair.decode.item(), pair.encode.item()) == (1.0, 1.0)
-    assert scales.nvfp4_tensor_scale(torch.tensor(2688.0), "torchao").decode.item() == 1.0
+    assert scales.nvfp4_tensor_scales(torch.tensor(2688.0), "torchao").decode.item() == 1.0
 
 
 def test_the_flavours_differ_where_torchao_clamps_small_block_scales() -> None:

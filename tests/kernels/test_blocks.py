@@ -19,7 +19,7 @@ from stochround import blocks
 from stochround.block_constants import HADAMARD_SIZES
 from stochround.blocks.formats import block_format
 from stochround.blocks.hadamard import NORMALIZATION
-from stochround.blocks.scales import nvfp4_tensor_scale
+from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.formats import format as sr_format
 from stochround.kernels import blocks as kernel_blocks
 from stochround.kernels.blocks import fake_quantize_blocks, quantize_blocks
@@ -337,7 +337,7 @@ def test_the_fused_hadamard_rotation_matches_the_pytorch_path(
         tensor_scale = None
         if fmt == "nvfp4":
             amax = kernel_blocks.tensor_amax(x, **rotation)
-            tensor_scale = torch.stack(tuple(nvfp4_tensor_scale(amax, "te")))
+            tensor_scale = torch.stack(tuple(nvfp4_tensor_scales(amax, "te")))
             assert _same_bits(tensor_scale[0], expected.tensor_scale), context
         kernel_options = {
             "tensor_scale": tensor_scale,
@@ -386,7 +386,7 @@ def test_the_nvfp4_tensor_scale_in_two_launches_equals_the_scale_rules(flavour: 
         for dtype in (torch.float32, torch.bfloat16):
             x_dtype = x.to(DEVICE).to(dtype)
             expected_amax = x_dtype.abs().amax().to(torch.float32)
-            expected = torch.stack(tuple(nvfp4_tensor_scale(expected_amax, flavour)))
+            expected = torch.stack(tuple(nvfp4_tensor_scales(expected_amax, flavour)))
             scale, amax = kernel_blocks.nvfp4_tensor_scale(x_dtype, flavour)
             assert _same_values(amax, expected_amax), (flavour, dtype)
             # S_dec and S_enc

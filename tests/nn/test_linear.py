@@ -32,7 +32,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, Tensor
 
     def spy(operand: Tensor, entry: linear.Operand, *args: Any) -> linear.GemmOperand:
         result = original(operand, entry, *args)
-        calls.append((entry.role, linear.operand_values(result).clone()))
+        calls.append((entry.role, linear.dequantized_operand(result).clone()))
         return result
 
     with monkeypatch.context() as patch:
@@ -345,7 +345,7 @@ def test_bf16_layers_accumulate_in_fp32_and_return_bf16() -> None:
 def test_per_tensor_fp8_has_one_scale_for_the_whole_tensor() -> None:
     x = torch.randn(8, SIZE) * torch.logspace(-2, 2, 8).unsqueeze(1)
     entry = linear.make_plan(srnn.fp8(), 0).operands["fprop_input"]
-    got = linear.operand_values(linear.quantize_operand(x, entry, 0, 0, None))
+    got = linear.dequantized_operand(linear.quantize_operand(x, entry, 0, 0, None))
     scale = x.abs().max() / 448
     expected = sr.round(x * (1 / scale), "e4m3fn", sat="finite") * scale
     assert torch.equal(got, expected)

@@ -10,7 +10,7 @@ import torch
 import stochround as sr
 from stochround import cpu_path
 from stochround.optim import SGD, Adam, AdamW, Lion, state_stream_offset
-from stochround.optim.base import ecc_decode, ecc_encode, ulp
+from stochround.optim.base import ecc_decode, ecc_encode, param_ulp
 
 
 @pytest.fixture(autouse=True)
@@ -487,7 +487,7 @@ def test_ecc_residual_restores_more_bits():
     residual = ecc_encode(exact, param)
     restored = ecc_decode(param, residual)
     # rne alone errs by up to ulp/2; the residual leaves at most ulp/508 (its rounding)
-    bound = ulp(param) / 508 * (1 + 1e-6)
+    bound = param_ulp(param) / 508 * (1 + 1e-6)
     assert bool(((restored - exact).abs() <= bound).all())
     assert float((param.float() - exact).abs().max() / (restored - exact).abs().max()) > 100
 

@@ -422,4 +422,4 @@ def _matmul_triton_unsupported(
     # imported here: the kernels import Triton, which CPU-only calls never need
     from ..kernels import matmul as kernels
 
-    return kernels.unsupported((a.dtype, b.dtype), fmt, product_fmt, order, mode, n, rand)
+    return kernels.matmul_refusal((a.dtype, b.dtype), fmt, product_fmt, order, mode, n, rand)

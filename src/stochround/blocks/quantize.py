@@ -45,8 +45,9 @@ from ..formats import Format
 from ..kernels.availability import check_backend, kernels_refusal
 from ..packing import pack_codes, unpack
 from ..presets import preset
+from ..random import check_index_offset
 from ..reference import VARIANTS, WORD_BITS, check_choice, check_mode, check_rbits
-from ..rounding import check_index_offset, check_input, decode, encode
+from ..rounding import check_input, decode, encode
 from ..rounding import round as round_to
 from ..shards import block_of, is_dtensor, local_block, placed
 from .formats import (
@@ -67,7 +68,7 @@ from .scales import (
     e8m0_codes,
     given_tensor_scale,
     nvfp4_scales,
-    nvfp4_tensor_scale,
+    nvfp4_tensor_scales,
     power_of_two_exponent,
     power_of_two_multiply,
 )
@@ -419,7 +420,7 @@ def check_axis(axis: object, ndim: int) -> int:
     return axis % ndim
 
 
-def resolve_format(fmt: str | BlockFormat, block: object, scale_rule: object) -> BlockFormat:
+def resolve_block_format(fmt: str | BlockFormat, block: object, scale_rule: object) -> BlockFormat:
     """The call's block format: ``fmt`` with ``block`` and ``scale_rule`` replaced where
     given (the replacement is validated as a `BlockFormat`)."""
     found = block_format(fmt)
@@ -702,7 +703,7 @@ def quantize_torch(
     choice = _tensor_scale_choice(fmt, tensor_scale)
     pair: TensorScale | None = None
     if choice == "amax":
-        pair = nvfp4_tensor_scale(absolute_max(rotated), request.flavour)
+        pair = nvfp4_tensor_scales(absolute_max(rotated), request.flavour)
     elif choice != "none":
         pair = _given_scales(tensor_scale, x.device)
     tiles = isinstance(fmt.block, tuple)
@@ -1059,7 +1060,7 @@ def check_call(
     x = check_input(x)
     if x.dim() == 0:
         raise ValueError("x must have at least one dimension to hold blocks; got a 0-d tensor")
-    resolved = resolve_format(fmt, block, scale_rule)
+    resolved = resolve_block_format(fmt, block, scale_rule)
     mode = check_mode(mode)
     check_choice("variant", variant, VARIANTS)
     check_backend(backend)
@@ -1261,11 +1262,11 @@ def global_amax(x: DTensor, amax: Tensor) -> Tensor:
 def sharded_tensor_scale(
     x: DTensor, local: Tensor, request: BlockRequest, rest: dict[str, Any]
 ) -> TensorScale:
-    """NVFP4's tensor scales of the whole of x (a `TensorScale`): ``nvfp4_tensor_scale`` of
+    """NVFP4's tensor scales of the whole of x (a `TensorScale`): ``nvfp4_tensor_scales`` of
     the global amax of x rotated as the call rotates it (``rest``: the call's rht,
     rht_signs, rht_bf16), the same on every rank."""
     rotated, _ = _rotate(local, rest["rht"], rest["rht_signs"], request.axis, rest["rht_bf16"])
-    return nvfp4_tensor_scale(global_amax(x, absolute_max(rotated)), request.flavour)
+    return nvfp4_tensor_scales(global_amax(x, absolute_max(rotated)), request.flavour)
 
 
 def sharded_call(
@@ -1672,7 +1673,7 @@ __all__ = [
     "quantize_shards",
     "quantize_torch",
     "rebuild_block_tensor",
-    "resolve_format",
+    "resolve_block_format",
     "same_bits",
     "scale_and_multiplier",
     "scale_values",

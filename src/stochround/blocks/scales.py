@@ -109,7 +109,7 @@ def _full(value: Tensor | float, like: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.full_like(like, value).to(dtype)
 
 
-def floor_log2(value: Tensor) -> Tensor:
+def exact_floor_log2(value: Tensor) -> Tensor:
     """floor(log2 value) for positive finite fp32 values (subnormals included), exactly,
     as int32: `torch.frexp`'s exponent less one (frexp's mantissa lies in [0.5, 1))."""
     _, exponent = torch.frexp(value)
@@ -140,7 +140,7 @@ def power_of_two_exponent(
         amax = amax * torch.tensor(1.0 / max_value, dtype=torch.float32, device=amax.device)
     regular = torch.isfinite(amax) & (amax > 0)
     safe = torch.where(regular, amax, 1.0)
-    exponent = floor_log2(safe)
+    exponent = exact_floor_log2(safe)
     if rule in ("ceil", "rceil"):
         exponent = exponent + (~is_power_of_two(safe)).to(torch.int32)
     elif rule == "even":
@@ -235,7 +235,7 @@ class TensorScale(NamedTuple):
     encode: Tensor
 
 
-def nvfp4_tensor_scale(amax_tensor: Tensor, flavour: str) -> TensorScale:
+def nvfp4_tensor_scales(amax_tensor: Tensor, flavour: str) -> TensorScale:
     """NVFP4's per-tensor scales of a tensor with largest magnitude ``amax_tensor`` (a
     one-element fp32 tensor): TE's ``S_enc = min(2688 / amax, FLT_MAX)`` (1 where amax is
     0 or not finite) and ``S_dec = 1 / S_enc``, or torchao's ``S_dec = amax / 2688`` (1
@@ -320,11 +320,11 @@ __all__ = [
     "e8m0_bits",
     "e8m0_codes",
     "e8m0_scales",
-    "floor_log2",
+    "exact_floor_log2",
     "given_tensor_scale",
     "is_power_of_two",
     "nvfp4_scales",
-    "nvfp4_tensor_scale",
+    "nvfp4_tensor_scales",
     "power_of_two_exponent",
     "power_of_two_multiply",
     "quotient",

@@ -4,7 +4,7 @@ the optimizers share, made without importing a kernel module.
 The kernels run where Triton is importable and the call's tensors lie on a CUDA device, or
 anywhere under Triton's interpreter (``TRITON_INTERPRET=1``, read once, as Triton reads it
 when a kernel is defined).  What else a kernel needs (input dtypes, formats, layouts) its
-own module says (`kernels.rounding.unsupported`, `kernels.matmul.unsupported`, and the
+own module says (`kernels.rounding.rounding_refusal`, `kernels.matmul.matmul_refusal`, and the
 optimizers' own checks of a parameter).
 """
 

@@ -28,7 +28,7 @@ elements, one Philox call per group where the groups are aligned with the stream
 
 Kernel choices are string constexprs: SCALE_RULE in `block_constants.SCALE_RULES`, FLAVOUR in
 `block_constants.NVFP4_FLAVOURS`, MODE in `stochround.reference.MODES`, VARIANT in
-`stochround.reference.VARIANTS`, OUTPUT in `OUTPUTS`.
+`stochround.reference.VARIANTS`, OUTPUT in `BLOCK_OUTPUTS`.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ from .runtime import bound_launch, current_device
 # first), the dequantized values in x's dtype, or a GEMM's operand: each element times its
 # block scale alone (the tensor scale and floor-3/4's factor left to the GEMM's result, the
 # values left in the rotated basis), in bf16 or fp32
-OUTPUTS = ("codes", "fp4x2", "dequantized", "gemm")
+BLOCK_OUTPUTS = ("codes", "fp4x2", "dequantized", "gemm")
 # elements a program handles (a power of two): enough to hide the memory latency; the
 # interpreter runs programs one after another, so there a larger tile costs less
 TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
@@ -801,7 +801,7 @@ def _tensor_scale_kernel(
 ):
     """One program: the max of ``count`` partial maxima (fp32 bits, int32; STEPS x BLOCK
     of them cover ``count``), stored as the tensor's amax, and NVFP4's tensor scales from
-    it, S_dec then S_enc (`stochround.blocks.scales.nvfp4_tensor_scale`): "te" S_enc =
+    it, S_dec then S_enc (`stochround.blocks.scales.nvfp4_tensor_scales`): "te" S_enc =
     min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is 0), and S_dec
     = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not finite, and
     S_enc = 1 / S_dec."""
@@ -839,7 +839,7 @@ def nvfp4_tensor_scale(
     (0-d fp32), on x's device, in two launches and one read of x (no host
     synchronization): `tensor_amax`'s partial maxima, then one program reducing them and
     computing the flavour's scales, equal to the `decode` and `encode` of
-    ``stochround.blocks.scales.nvfp4_tensor_scale(x.abs().amax(), flavour)``.  ``flavour``
+    ``stochround.blocks.scales.nvfp4_tensor_scales(x.abs().amax(), flavour)``.  ``flavour``
     "te" or "torchao"; the rotation as `tensor_amax` takes it.  Returns (scales, amax):
     `quantize_blocks` takes the scales as its ``tensor_scale``."""
     check_choice("flavour", flavour, NVFP4_FLAVOURS)
@@ -1151,7 +1151,7 @@ def _launch(
 
 
 __all__ = [
-    "OUTPUTS",
+    "BLOCK_OUTPUTS",
     "SYMMETRIC_ELEMENTS",
     "fake_quantize_blocks",
     "fast_bits",

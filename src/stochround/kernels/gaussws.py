@@ -58,7 +58,7 @@ from torch import Tensor
 
 from ..formats import Format
 from ..formats import format as find_format
-from ..random import check_seed, seed_tensor
+from ..random import check_index_offset, check_seed, seed_tensor
 from .availability import INTERPRETED, kernels_refusal
 from .common import (
     INPUT_DTYPES,
@@ -242,12 +242,7 @@ def _check_call(
             f"block must be None (the whole row) or a positive int dividing w's last "
             f"dimension {cols}; got {block!r}"
         )
-    if isinstance(index_offset, bool) or not isinstance(index_offset, numbers.Integral):
-        raise TypeError(f"index_offset must be an int; got {index_offset!r}")
-    if not 0 <= index_offset <= 2**63 - 1 - w.numel():
-        raise ValueError(
-            f"index_offset must be an int in [0, 2**63 - w.numel()); got {index_offset!r}"
-        )
+    check_index_offset(index_offset, w.numel())
     return find_format(fmt), block
 
 

@@ -33,7 +33,7 @@ a non-negative int64.
   `kernels.common.rounded_fp32_bits` finishes it (overflow, saturation, signed zeros,
   formats without zero) without rounding again.
 
-Supported (`unsupported` says why not otherwise): fp32/bf16/fp16 inputs; ``fmt`` and
+Supported (`matmul_refusal` says why not otherwise): fp32/bf16/fp16 inputs; ``fmt`` and
 ``product_fmt`` where `kernel_supports` (values exact in fp32, emin >= -126); orders
 ``recursive``, ``blocked`` and ``compensated``; random bits from the stream (seed and offset
 ints or device tensors).  Not supported: ``order="pairwise"``, explicit ``rand`` integers
@@ -71,9 +71,9 @@ from .common import (
 from .grid import cdiv, next_power_of_2
 from .philox import four_words, random_word, to_u64
 
-__all__ = ["ORDERS", "matmul_triton", "unsupported"]
+__all__ = ["KERNEL_ORDERS", "matmul_refusal", "matmul_triton"]
 
-ORDERS = ("recursive", "blocked", "compensated")
+KERNEL_ORDERS = ("recursive", "blocked", "compensated")
 # Each program computes ROWS x 4 outputs (a row shares one Philox call for the reduction's
 # words).  The interpreter runs programs one after another: there one program does all.
 GPU_ROWS = 32
@@ -532,7 +532,7 @@ def exact_rounding_constants(fmt: Format, mode: str, sat: str) -> tuple:
     return tuple(constants[name] for name in names)
 
 
-def unsupported(
+def matmul_refusal(
     dtypes: tuple[torch.dtype, torch.dtype],
     fmt: Format,
     product_fmt: Format | None,
@@ -551,8 +551,8 @@ def unsupported(
                 f"{name}={target.name} is wider than the kernel's fp32 values (it needs a "
                 "format whose values fp32 holds, with emin >= -126)"
             )
-    if order not in ORDERS:
-        return f"order={order!r}: the kernel computes the orders {', '.join(ORDERS)}"
+    if order not in KERNEL_ORDERS:
+        return f"order={order!r}: the kernel computes the orders {', '.join(KERNEL_ORDERS)}"
     if rand is not None:
         return (
             "the kernel draws its random bits from the stream (seed, offset); explicit rand "
@@ -582,7 +582,7 @@ def matmul_triton(
     seed: int | Tensor,
     offset: int | Tensor,
 ) -> Tensor:
-    """`arith.matmul` by the kernel, for checked arguments the kernel supports (`unsupported`
+    """`arith.matmul` by the kernel, for checked arguments the kernel supports (`matmul_refusal`
     returned None); ``product_fmt`` None means exact products, ``n`` the random bits."""
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     rows, inner = a.shape[-2:]

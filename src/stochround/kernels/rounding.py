@@ -97,7 +97,7 @@ def format_unsupported(fmt: Format, output: str) -> str | None:
     return None
 
 
-def unsupported(x_dtype: torch.dtype, fmt: Format, output: str) -> str | None:
+def rounding_refusal(x_dtype: torch.dtype, fmt: Format, output: str) -> str | None:
     """Why the kernels cannot round x of this dtype to ``fmt`` for ``output`` (None if they
     can); where they can run at all is `kernels.availability.kernels_refusal`'s call."""
     if x_dtype not in INPUT_DTYPES:

@@ -118,7 +118,14 @@ from ..blocks.scales import quotient
 from ..formats import Format
 from ..formats import format as find_format
 from ..kernels.availability import check_backend, kernels_refusal
-from ..random import StreamDomain, check_seed, random_words_like, seed_tensor, stream_key
+from ..random import (
+    StreamDomain,
+    check_index_offset,
+    check_seed,
+    random_words_like,
+    seed_tensor,
+    stream_key,
+)
 from ..reference import WORD_BITS, check_choice
 from .linear import (
     MAX_LAYERS,
@@ -231,7 +238,7 @@ class Target(NamedTuple):
     bits: int
 
 
-def resolve_format(fmt: object) -> Target:
+def resolve_target(fmt: object) -> Target:
     """The `Target` of ``fmt``: a `stochround.Format`, a registered format's name or a
     torch dtype (the format its values have, as `stochround.format` reads it: TypeError
     otherwise; an unknown name or dtype gives `stochround.format`'s ValueError)."""
@@ -256,7 +263,7 @@ def check_weight(w: object) -> Tensor:
     return w
 
 
-def check_block(block: object) -> int | None:
+def check_noise_block(block: object) -> int | None:
     """``block`` checked: a positive int, or None (the whole last axis)."""
     if block is None:
         return None
@@ -275,15 +282,6 @@ def block_length(w: Tensor, block: int | None) -> int:
     if cols == 0 or cols % length:
         raise ValueError(f"block={block} must divide w's last dimension {cols}")
     return length
-
-
-def check_index_offset(index_offset: object) -> int:
-    """``index_offset`` checked: an int in ``[0, 2**63)``."""
-    if isinstance(index_offset, bool) or not isinstance(index_offset, numbers.Integral):
-        raise TypeError(f"index_offset must be an int, got {type(index_offset).__name__}")
-    if not 0 <= int(index_offset) < 1 << 63:
-        raise ValueError(f"index_offset must be in [0, 2**63), got {index_offset}")
-    return int(index_offset)
 
 
 def floor_log2_bits(magnitude: Tensor) -> Tensor:
@@ -339,8 +337,8 @@ def noise_spacing(w: Tensor, fmt: str | Format, block: int | None = 32) -> Tenso
     float32/bfloat16/float16 tensor, blocks along its last axis; ``fmt``: a `Format` or
     its name; ``block``: the block length (dividing the last axis) or None (the axis)."""
     w = check_weight(w)
-    target = resolve_format(fmt)
-    length = block_length(w, check_block(block))
+    target = resolve_target(fmt)
+    length = block_length(w, check_noise_block(block))
     u, _ = spacing_of_blocks(block_view(w.to(torch.float32), length), target)
     return u.reshape(w.shape)
 
@@ -360,8 +358,8 @@ class Sampler(NamedTuple):
 
 def make_sampler(fmt: str | Format, block: int | None, noise: str, noise_bits: int) -> Sampler:
     """The `Sampler` of the arguments, each checked (ValueError/TypeError naming it)."""
-    target = resolve_format(fmt)
-    block = check_block(block)
+    target = resolve_target(fmt)
+    block = check_noise_block(block)
     check_choice("noise", noise, NOISES)
     bits = check_noise_bits(noise_bits)
     block_format = None
@@ -833,7 +831,7 @@ __all__ = [
     "make_sampler",
     "noise_spacing",
     "normal_probability",
-    "resolve_format",
+    "resolve_target",
     "rounded_gaussian",
     "sample_resolved",
     "sample_weight",

@@ -178,7 +178,7 @@ def row_noise_operand(operand: Tensor, fmt: BlockFormat, words: Tensor) -> GemmO
     return GemmOperand(elements.to(fmt.gemm_dtype), None, scales.to(torch.float32), 1.0)
 
 
-def operand_values(operand: GemmOperand) -> Tensor:
+def dequantized_operand(operand: GemmOperand) -> Tensor:
     """Q(x) in fp32: ``values * row_scale * tensor_scale * factor`` (the basis the values
     are in)."""
     values = operand.values.to(torch.float32)
@@ -635,12 +635,12 @@ __all__ = [
     "bias_gradient",
     "bias_gradient_eagerly",
     "bias_gradient_op",
+    "dequantized_operand",
     "draw_signs",
     "draw_signs_eagerly",
     "gemm_operands",
     "make_plan",
     "next_layer_index",
-    "operand_values",
     "pad_tokens",
     "quantize_operand",
     "rotation_signs",

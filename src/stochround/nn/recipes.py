@@ -24,7 +24,7 @@ from typing import Any
 from ..block_constants import HADAMARD_SIZES
 from ..blocks import BLOCK_FORMATS, BlockFormat
 from ..blocks.formats import check_block
-from ..blocks.quantize import resolve_format
+from ..blocks.quantize import resolve_block_format
 from ..formats import format as find_format
 from ..presets import preset
 from ..reference import VARIANTS, check_choice, check_mode, check_rbits
@@ -190,8 +190,8 @@ class QuantSpec:
         if self.format is None:
             raise ValueError("a QuantSpec with format=None (passthrough) has no block format")
         if self.format in TENSOR_FORMATS:
-            return resolve_format(TENSOR_FORMATS[self.format], None, self.scale_rule)
-        return resolve_format(self.format, self.block, self.scale_rule)
+            return resolve_block_format(TENSOR_FORMATS[self.format], None, self.scale_rule)
+        return resolve_block_format(self.format, self.block, self.scale_rule)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a JSON-able dict (a 2-D block as a list)."""

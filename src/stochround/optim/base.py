@@ -282,7 +282,7 @@ MIN_NORMAL_EXPONENT = {torch.bfloat16: -126, torch.float16: -14}
 ECC_SCALE = 254.0  # |x - rne(x)| <= ulp / 2  ->  |q| <= 127
 
 
-def ulp(param: Tensor) -> Tensor:
+def param_ulp(param: Tensor) -> Tensor:
     """float32 spacing of ``param``'s dtype (bfloat16/float16) at ``|param|``: ``2**(e - m)``
     with ``|param|`` in ``[2**e, 2**(e+1))`` and ``m`` the mantissa bits; the subnormal
     spacing ``2**(emin - m)`` for subnormals and zero."""
@@ -294,14 +294,14 @@ def ulp(param: Tensor) -> Tensor:
 
 
 def ecc_encode(value: Tensor, param: Tensor) -> Tensor:
-    """int8 ``round(254 (value - param) / ulp(param))`` clamped to [-127, 127]."""
-    residual = (value - param.float()) / ulp(param) * ECC_SCALE
+    """int8 ``round(254 (value - param) / param_ulp(param))`` clamped to [-127, 127]."""
+    residual = (value - param.float()) / param_ulp(param) * ECC_SCALE
     return residual.round_().clamp_(-127, 127).to(torch.int8)
 
 
 def ecc_decode(param: Tensor, residual: Tensor) -> Tensor:
     """float32 ``param + residual ulp(param) / 254``."""
-    return param.float() + residual.float() * (ulp(param) / ECC_SCALE)
+    return param.float() + residual.float() * (param_ulp(param) / ECC_SCALE)
 
 
 # the extra parameter state each rounding keeps beside a low-precision parameter
