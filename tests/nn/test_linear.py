@@ -351,6 +351,33 @@ def test_per_tensor_fp8_has_one_scale_for_the_whole_tensor() -> None:
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("role", ["fprop_input", "dgrad_grad_output"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_tensor_operands_equal_the_tensor_as_one_row_of_the_row_wise_rule(
+    role: str, dtype: torch.dtype
+) -> None:
+    """The per-tensor path (one amax, one elementwise rounding) equals the block
+    quantizer's whole-row rule on the tensor as one fp32 row, value for value, SR included
+    (the words of each element's row-major index), with zeros, a NaN-free tail of tiny
+    values and values that SR may take to the element's largest finite value."""
+    x = torch.randn(16, SIZE) * torch.logspace(-30, 3, 16).unsqueeze(1)
+    x[3] = 0.0
+    x[5, :4] = torch.tensor([448.0, -448.0, 1e-45, -1e-40])
+    x = x.to(dtype)
+    entry = linear.make_plan(srnn.fp8(), 0).operands[role]
+    got = linear.quantize_operand(x, entry, 7, 3, None)
+    flat = x.reshape(1, -1).to(torch.float32)
+    spec = entry.spec
+    expected = sr.blocks.gemm_operand(
+        flat, entry.fmt, spec.mode, rbits=spec.rbits, variant=spec.variant, seed=7, offset=3
+    )
+    assert got.values.dtype == expected.values.dtype
+    assert torch.equal(got.values, expected.values.reshape(x.shape))
+    # the one scale of the whole tensor is the GEMM's tensor scale
+    assert got.row_scale is None and expected.row_scale is not None
+    assert torch.equal(got.tensor_scale, expected.row_scale.reshape(()))  # type: ignore[arg-type]
+
+
 def test_row_noise_operands_match_blocks_given_the_blocks_words() -> None:
     x = torch.randn(8, SIZE)
     fmt = sr.blocks.BLOCK_FORMATS["int8_rowwise"]

@@ -21,6 +21,75 @@ from .quantize import GemmOperand
 # widening the operands first
 MM_TO_FP32 = hasattr(torch.ops.aten.mm, "dtype")
 
+# bf16's exponent range: its smallest subnormal is 2**-133 (the lowest bit it holds), its
+# largest binade 2**127
+BF16_LOWEST_BIT = -133
+BF16_TOP_BINADE = 127
+# 2**64: lifts an fp32 subnormal into the normal range, where its exponent field is its log2
+NORMALIZE = 64
+
+
+def floor_log2_fp32(magnitude: Tensor) -> Tensor:
+    """``floor(log2 m)`` (int32) of non-negative fp32 values, subnormals included, from the
+    exponent field (of ``m * 2**64`` for a subnormal); 0 and NaN give -127 - 64 and 128,
+    values no caller reads."""
+    subnormal = magnitude < 2.0**-126
+    lifted = torch.where(subnormal, magnitude * 2.0**NORMALIZE, magnitude)
+    field = (lifted.view(torch.int32) >> 23) & 0xFF
+    return field - 127 - torch.where(subnormal, NORMALIZE, 0).to(torch.int32)
+
+
+def bf16_row_shifts(values: Tensor, mbits: int) -> Tensor:
+    """Per row of fp32 ``values`` (M, K) whose values have at most ``mbits + 1``
+    significant bits (an element of ``mbits`` mantissa bits times a power of two): the
+    power-of-two exponent s (int32, (M, 1)) that makes ``values * 2**s`` exact in bf16:
+    ``s = max(0, -133 + mbits - floor(log2 min|v|))`` over the row's nonzero values (its
+    lowest bit at or above bf16's smallest subnormal), capped at ``127 - floor(log2
+    max|v|)`` so that no value overflows.  Where the cap binds (a row spanning more than
+    about 2**250) the row's smallest values round (docs/guide/recipes.md)."""
+    magnitude = values.abs()
+    # a NaN takes no part (it stays NaN at any shift)
+    largest = torch.where(magnitude.isnan(), 0.0, magnitude).amax(dim=1, keepdim=True)
+    smallest = torch.where(magnitude > 0, magnitude, torch.inf).amin(dim=1, keepdim=True)
+    finite = torch.isfinite(smallest)
+    need = torch.where(finite, BF16_LOWEST_BIT + mbits - floor_log2_fp32(smallest), 0)
+    room = torch.where(
+        torch.isfinite(largest) & (largest > 0),
+        BF16_TOP_BINADE - floor_log2_fp32(largest),
+        BF16_TOP_BINADE,
+    )
+    return torch.minimum(need.clamp(min=0), room).to(torch.int32)
+
+
+def power_of_two_fp32(exponent: Tensor) -> Tensor:
+    """``2**e`` in fp32, exactly, for int32 exponents in [-126, 127] (the bits of the
+    exponent field)."""
+    return ((exponent + 127) << 23).view(torch.float32)
+
+
+def exact_bf16_operand(operand: GemmOperand, mbits: int) -> GemmOperand:
+    """The operand with fp32 values of at most ``mbits + 1`` significant bits (MXFP8's
+    e4m3/e5m2 elements times E8M0 scales) as bf16 values, exact: each row times ``2**s``
+    (`bf16_row_shifts`) and ``2**-s`` moved into the row scale, so that a bf16 GEMM with
+    fp32 accumulation computes the fp32 GEMM's products exactly (the same sums up to their
+    order).  By the Triton kernel for a CUDA tensor (`stochround.kernels.operand_bf16`),
+    else by PyTorch; the same bits."""
+    values = operand.values
+    if values.dtype != torch.float32 or values.dim() != 2:
+        raise ValueError(
+            f"operand.values must be 2-D fp32; got {values.dtype} {tuple(values.shape)}"
+        )
+    if values.is_cuda:
+        from ..kernels.operand_bf16 import exact_bf16_rows  # needs triton: imported here
+
+        shifted, unshift = exact_bf16_rows(values, mbits)
+    else:
+        shifts = bf16_row_shifts(values, mbits)
+        shifted = (values * power_of_two_fp32(shifts)).to(torch.bfloat16)
+        unshift = power_of_two_fp32(-shifts)
+    row_scale = unshift if operand.row_scale is None else unshift * operand.row_scale
+    return operand._replace(values=shifted, row_scale=row_scale)
+
 
 def fp32_product(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b.T`` in fp32, accumulated in fp32: ``a`` (M, K), ``b`` (N, K), each bf16 or
@@ -78,4 +147,12 @@ def scaled_mm(
     return product
 
 
-__all__ = ["MM_TO_FP32", "fp32_product", "scaled_mm"]
+__all__ = [
+    "MM_TO_FP32",
+    "bf16_row_shifts",
+    "exact_bf16_operand",
+    "floor_log2_fp32",
+    "fp32_product",
+    "power_of_two_fp32",
+    "scaled_mm",
+]

@@ -49,8 +49,9 @@ from torch.nn import functional
 from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
+from ..block_constants import POWER_OF_TWO_RULES
 from ..blocks.formats import BlockFormat
-from ..blocks.gemm import scaled_mm
+from ..blocks.gemm import exact_bf16_operand, scaled_mm
 from ..blocks.hadamard import random_signs
 from ..blocks.quantize import RHT_SEED, GemmOperand, check_blocks, gemm_operand, quantize
 from ..blocks.scales import absmax_scales
@@ -194,6 +195,36 @@ def dequantized_operand(operand: GemmOperand) -> Tensor:
 TRANSPOSED_ROLES = ("dgrad_weight", "wgrad_grad_output", "wgrad_input")
 
 
+def tensor_scaled_operand(
+    operand: Tensor, fmt: BlockFormat, spec: QuantSpec, seed: int, offset: int | Tensor
+) -> GemmOperand:
+    """The `GemmOperand` of a per-tensor (current scaling) format: the whole tensor as one
+    row of the row-wise absmax rule in fp32, ``scale = amax / max`` (fp32, the rule's
+    floor below), the elements ``round(fp32(x) / scale)`` by the core with sat="finite"
+    (SR drawing the word of each element's row-major index), the scale as the GEMM's
+    tensor scale.
+    Equal to `stochround.blocks.gemm_operand` of ``x.reshape(1, -1)`` in fp32 (a test
+    checks it), computed as one reduction and one elementwise rounding, which the core's
+    kernel runs on CUDA, where that whole-row call takes the PyTorch path."""
+    wide = operand.to(torch.float32)
+    amax = wide.abs().amax().reshape(1, 1)
+    scale, multiplier = absmax_scales(amax, fmt.element_max)
+    rbits = spec.rbits if spec.mode == "sr" else None
+    elements = round_values(
+        wide * multiplier,
+        fmt.element,
+        spec.mode,
+        seed=seed,
+        offset=offset,
+        rbits=rbits,
+        variant=spec.variant,
+        sat="finite",
+    )
+    return GemmOperand(
+        elements.to(fmt.gemm_dtype), tensor_scale=scale.reshape(()), row_scale=None, factor=1.0
+    )
+
+
 def row_words(operand: Tensor, role: str, seed: int, offset: int | Tensor) -> Tensor:
     """Qwix's channelwise noise (``channelwise_noise_axes=(0,)``): one word per index of
     the first axis of the tensor the layer holds (x and dy: one per token; W: one per
@@ -227,16 +258,7 @@ def quantize_operand(
     if fmt is None:
         return GemmOperand(operand, None, None, 1.0)
     if spec.format in TENSOR_FORMATS:
-        # one scale for the whole tensor: the tensor as one row of the row-wise rule, in
-        # fp32 (the rule keeps the scale in x's dtype; current scaling keeps it in fp32)
-        flat = operand.reshape(1, -1).to(torch.float32)
-        whole = gemm_operand(
-            flat, fmt, spec.mode, rbits=spec.rbits, variant=spec.variant, seed=seed, offset=offset
-        )
-        assert whole.row_scale is not None  # a whole-row format
-        return GemmOperand(
-            whole.values.reshape(operand.shape), whole.row_scale.reshape(()), None, 1.0
-        )
+        return tensor_scaled_operand(operand, fmt, spec, seed, offset)
     if spec.noise == "row":
         return row_noise_operand(operand, fmt, row_words(operand, entry.role, seed, offset))
     options: dict[str, Any] = {
@@ -253,7 +275,18 @@ def quantize_operand(
     if spec.rht is not None and not rotated:
         quantized = quantize(operand, fmt, spec.mode, **options)
         return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
-    return gemm_operand(operand, fmt, spec.mode, **options)
+    result = gemm_operand(operand, fmt, spec.mode, **options)
+    if result.values.is_cuda and result.values.dtype == torch.float32 and exact_in_bf16(fmt):
+        # a bf16 GEMM instead of an fp32 one: the same products, exactly
+        return exact_bf16_operand(result, fmt.element.mbits)
+    return result
+
+
+def exact_in_bf16(fmt: BlockFormat) -> bool:
+    """Whether ``fmt``'s fp32 GEMM values become exact bf16 values under a per-row power of
+    two (`stochround.blocks.gemm.exact_bf16_operand`): power-of-two block scales and
+    elements of at most 7 mantissa bits (MXFP8's e4m3 and e5m2)."""
+    return fmt.scale_rule in POWER_OF_TWO_RULES and fmt.element.mbits <= 7
 
 
 def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
@@ -638,6 +671,7 @@ __all__ = [
     "dequantized_operand",
     "draw_signs",
     "draw_signs_eagerly",
+    "exact_in_bf16",
     "gemm_operands",
     "make_plan",
     "next_layer_index",
@@ -650,5 +684,6 @@ __all__ = [
     "shares_rotation",
     "step_offsets",
     "stream_offset",
+    "tensor_scaled_operand",
     "token_multiple",
 ]
