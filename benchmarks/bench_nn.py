@@ -186,21 +186,96 @@ def recipe_fprop(inputs: Inputs, recipe: Recipe) -> Tensor:
     return values[0] @ values[1].T
 
 
-def stochround_nvfp4(inputs: Inputs) -> Run:
-    """``QuantizedLinear`` under ``stochround.nn.nvfp4()`` in bf16 with the inputs' weight."""
+# what each recipe row runs (stochround.nn.RECIPES), and the words its notes give
+RECIPE_NOTES = {
+    "nvfp4": "SR dy, RHT-16 wgrad, 16x16 W, two-level scales",
+    "mxfp8": "e4m3 1x32 blocks, E8M0 scales, RN; bf16 GEMMs under a per-row power of two",
+    "mxfp4_tseng": "MXFP4 fwd RN, bwd SR with RHT-64",
+    "int8": "int8 row-wise (Qwix), SR gradients",
+    "fp8": "per-tensor current scaling, e4m3 fwd / e5m2 bwd, SR gradients",
+}
+
+
+def stochround_recipe(inputs: Inputs, name: str, graphed: bool = False) -> Run:
+    """``QuantizedLinear`` under ``stochround.nn.RECIPES[name]()`` in bf16 with the inputs'
+    weight: eager, or its step captured as one CUDA graph and replayed (``graphed``)."""
     import stochround.nn as srnn
 
     features = inputs.weight.shape[0]
-    recipe = srnn.nvfp4()
+    recipe = srnn.RECIPES[name]()
     layer = srnn.QuantizedLinear(
         features, features, bias=False, device=inputs.x.device, dtype=torch.bfloat16,
         recipe=recipe,
     )  # fmt: skip
     layer.weight.data.copy_(inputs.weight)
-    bounds = {"y": EXACT_BOUND, "dx": SANITY_BOUND, "dW": SANITY_BOUND}
-    check = step_check(inputs.exact, bounds, {"y": recipe_fprop(inputs, recipe)})
-    notes = "eager, default backend; nvfp4(): SR dy, RHT-16 wgrad, 16x16 W, two-level scales"
-    return Run(training_step(layer, inputs), check, inputs.elements, notes=notes)
+    deterministic_fprop = all(
+        spec.mode != "sr" and spec.rht is None and spec.noise == "element"
+        and spec.format in ("nvfp4", "mxfp8_e4m3", "mxfp4")
+        for spec in (recipe.fprop_input, recipe.fprop_weight)
+    )  # fmt: skip
+    bounds = {"y": EXACT_BOUND if deterministic_fprop else SANITY_BOUND}
+    bounds.update(dx=SANITY_BOUND, dW=SANITY_BOUND)
+    exact = {"y": recipe_fprop(inputs, recipe)} if deterministic_fprop else {}
+    check = step_check(inputs.exact, bounds, exact)
+    step = training_step(layer, inputs)
+    mode = "eager"
+    if graphed:
+        step, mode = graph_of(step), "one CUDA graph"
+    notes = f"{mode}, default backend; {name}(): {RECIPE_NOTES[name]}"
+    return Run(step, check, inputs.elements, notes=notes)
+
+
+def graph_of(step: Callable[[], tuple[Tensor, ...]]) -> Callable[[], tuple[Tensor, ...]]:
+    """``step`` captured as one CUDA graph (after three warm-up steps on a side stream, as
+    torch.cuda.graphs asks): a call replays it and returns the captured outputs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+
+    def replay() -> tuple[Tensor, ...]:
+        graph.replay()
+        return outputs
+
+    return replay
+
+
+def bf16_linear_graphed(inputs: Inputs) -> Run:
+    """The bf16 row's step captured as one CUDA graph (`graph_of`)."""
+    run = bf16_linear(inputs)
+    return Run(graph_of(run.call), run.check, inputs.elements, notes="one CUDA graph")
+
+
+def torchao_float8(inputs: Inputs) -> Run:
+    """torchao's float8 training (``convert_to_float8_training``, tensorwise dynamic
+    scaling, the default config) of an ``nn.Linear`` with the inputs' weight, compiled:
+    fp8 GEMMs on the tensor cores (sm89+), no SR."""
+    from torchao.float8 import convert_to_float8_training
+
+    features = inputs.weight.shape[0]
+    model = nn.Sequential(
+        nn.Linear(features, features, bias=False, device=inputs.x.device, dtype=torch.bfloat16)
+    )
+    model[0].weight.data.copy_(inputs.weight)
+    convert_to_float8_training(model)
+    compiled = torch.compile(model)
+    x, dy = inputs.x, inputs.dy
+
+    def step() -> tuple[Tensor, ...]:
+        x.grad = None
+        model.zero_grad(set_to_none=True)
+        y = compiled(x)
+        y.backward(dy)
+        return y.detach(), x.grad, model[0].weight.grad  # type: ignore[return-value]
+
+    bounds = dict.fromkeys(("y", "dx", "dW"), SANITY_BOUND)
+    notes = "torch.compile; torchao 0.18 float8 tensorwise (fp8 GEMMs, RN)"
+    return Run(step, step_check(inputs.exact, bounds, {}), inputs.elements, notes=notes)
 
 
 # --------------------------------------------------------------------------------------
@@ -414,14 +489,26 @@ def main() -> int:
     inputs = Inputs(args.tokens, args.features, bench.device)
     builds: dict[str, Callable[[], Run]] = {
         "bf16_linear": partial(bf16_linear, inputs),
-        "stochround_nvfp4": partial(stochround_nvfp4, inputs),
         "torchao_nvfp4_emulated": partial(torchao_nvfp4_emulated, inputs, not args.no_compile),
     }
+    for name in RECIPE_NOTES:
+        builds[f"stochround_{name}"] = partial(stochround_recipe, inputs, name)
     bench.add(CASE, "bf16_linear", builds["bf16_linear"], reference=True)
-    bench.add(CASE, "stochround_nvfp4", builds["stochround_nvfp4"], ours=True)
+    for name in RECIPE_NOTES:
+        bench.add(CASE, f"stochround_{name}", builds[f"stochround_{name}"], ours=True)
     bench.add(
         CASE, "torchao_nvfp4_emulated", builds["torchao_nvfp4_emulated"], requires=("torchao",)
     )
+    bench.add(
+        CASE, "torchao_float8", partial(torchao_float8, inputs), requires=("torchao",),
+        cuda_only=True,
+    )  # fmt: skip
+    # the same steps captured as CUDA graphs: what is left without host time
+    graphed = f"{CASE}_graphed"
+    bench.add(graphed, "bf16_linear", partial(bf16_linear_graphed, inputs), cuda_only=True)
+    for name in RECIPE_NOTES:
+        run = partial(stochround_recipe, inputs, name, graphed=True)
+        bench.add(graphed, f"stochround_{name}", run, ours=True, cuda_only=True)
     status = bench.run()
     if bench.device.type == "cuda":
         path = args.out / f"bench_nn{'_' + args.tag if args.tag else ''}.json"
