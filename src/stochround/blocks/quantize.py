@@ -49,8 +49,9 @@ def quantize(
     swizzle: bool = False,
 ) -> BlockTensor:
     """Quantize x into a block-scaled format: each block's scale from its amax by the scale
-    rule, the elements ``fp32(x) * multiplier`` rounded to the element format (module
-    docstring; the rules in `stochround.blocks.scales`).
+    rule, the elements ``fp32(x) * multiplier`` rounded to the element format (the
+    steps: `stochround.blocks.reference.quantize_torch`; the scale rules:
+    `stochround.blocks.scales`; the manual: docs/guide/blocks.md).
 
     Args:
         x: a float64, float32, bfloat16 or float16 tensor (TypeError otherwise); its

@@ -156,7 +156,15 @@ def quantize_torch(
     """The PyTorch path: the `BlockTensor` of x and a bool mask, in x's layout, of the
     elements whose scaled value lay beyond the element's finite range (clipped by the
     saturation), for `fake_quantize`'s ``clip_mask``.  Arguments as `quantize` takes them,
-    checked (``request``: the choices; ``seed``/``offset`` the stream, already drawn)."""
+    checked (``request``: the choices; ``seed``/``offset`` the stream, already drawn).
+
+    The steps: rotate x by the RHT along the axis (`rht_rotated`); move the axis last (1-D
+    blocks) and cut it into blocks; each block's amax (NaN if it holds a NaN) gives its
+    scale and fp32 multiplier by the scale rule, NVFP4's tensor scale from the whole
+    amax; the elements ``fp32(x) * multiplier`` are rounded by the core, saturating to
+    the finite range.  SR draws ``random_words(index_offset + i, seed, offset)`` for the
+    element of row-major index ``i`` in x (before the axis moves), so that every device,
+    compiled or not, whole or sharded, gets the same bits."""
     fmt, axis = request.fmt, request.axis
     rotated, signs = rht_rotated(x, rht, rht_signs, axis, rht_bf16)
     if rotated.dtype == torch.float64:
