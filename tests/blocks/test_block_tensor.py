@@ -7,6 +7,7 @@ import io
 import math
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,24 @@ def test_a_fresh_process_loads_a_saved_block_tensor_with_weights_only(tmp_path: 
     name, fmt, step, total = done.stdout.split()
     assert (name, fmt, step) == ("BlockTensor", "nvfp4", "3")
     assert float(total) == float(q.dequantize().sum())
+
+
+@pytest.mark.parametrize("weights_only", [True, False])
+def test_a_file_that_names_the_rebuild_in_its_old_module_still_loads(weights_only: bool) -> None:
+    """Files saved before `rebuild_block_tensor` moved to `blocks.tensor` name it in
+    `blocks.quantize`: both names load."""
+    q = blocks.quantize(_x(4, 64), "nvfp4", "sr", seed=5)
+    buffer = io.BytesIO()
+    torch.save(q, buffer)
+    new = b"stochround.blocks.tensor\nrebuild_block_tensor"
+    old = b"stochround.blocks.quantize\nrebuild_block_tensor"
+    saved = io.BytesIO()
+    with zipfile.ZipFile(buffer) as source, zipfile.ZipFile(saved, "w") as target:
+        for entry in source.infolist():
+            data = source.read(entry)
+            if entry.filename.endswith("data.pkl"):
+                assert new in data
+                data = data.replace(new, old)
+            target.writestr(entry, data)
+    saved.seek(0)
+    assert torch.load(saved, weights_only=weights_only) == q

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from stochround import blocks
+from stochround.blocks import GemmOperand, gemm_operand, gemm_operand_of
 from stochround.blocks.formats import BLOCK_FORMATS, BlockFormat
 from stochround.blocks.gemm import scaled_mm
-from stochround.blocks.quantize import GemmOperand, gemm_operand, gemm_operand_of
 from stochround.kernels.availability import INTERPRETED
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU

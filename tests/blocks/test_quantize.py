@@ -3,6 +3,7 @@ stochastic rounding (exact decisions and statistics), errors and torch.compile."
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 import stochround as sr
 from stochround import blocks, reference
-from stochround.blocks.quantize import RHT_SEED
+from stochround.blocks.request import RHT_SEED
 from stochround.kernels.availability import INTERPRETED
 from stochround.random import random_words
 
@@ -508,20 +509,45 @@ def test_a_compiled_call_advances_its_stream_once_per_call() -> None:
 
 
 def test_backend_triton_says_why_it_cannot_serve_a_call() -> None:
+    """The one routing message (`use_kernel`) with `block_kernel_refusal`'s reason."""
     x = _x(4, 64)
-    with pytest.raises(ValueError, match="backend='triton' serves 1-D blocks"):
+    refused = "backend='triton' cannot serve this call: "
+    with pytest.raises(ValueError, match=re.escape(refused + "it takes 2-D tiles without rht=")):
         blocks.quantize(_x(16, 64), "nvfp4", block=(16, 16), rht=16, backend="triton")
-    with pytest.raises(ValueError, match="backend='triton' serves 1-D blocks"):
+    with pytest.raises(ValueError, match=re.escape(refused + "swizzled scales are laid out")):
         blocks.quantize(x, "nvfp4", swizzle=True, backend="triton")
-    with pytest.raises(ValueError, match="backend='triton' serves 1-D blocks"):
+    with pytest.raises(ValueError, match="rht= needs a power-of-two block of at least 4 and a"):
         blocks.quantize(x, "int8_rowwise", rht=16, backend="triton")
-    with pytest.raises(ValueError, match="whole rows of at most 16384"):
+    with pytest.raises(ValueError, match="whole-row blocks hold at most 16384 elements; x's hold"):
         blocks.quantize(_x(1, 2**14 + 16), "int8_rowwise", backend="triton")
+    last_axis = "along x's last axis, contiguous; use backend='torch' or 'auto'"
+    with pytest.raises(ValueError, match=re.escape(last_axis)):
+        blocks.quantize(_x(64, 4), "mxfp8_e4m3", axis=0, backend="triton")
+    with pytest.raises(ValueError, match=re.escape(refused + "hardware presets round on the Py")):
+        blocks.quantize(x, "nvfp4", "sr", seed=1, hardware="nvidia-cvt-rs-e2m1", backend="triton")
     if not INTERPRETED:
-        with pytest.raises(ValueError, match="backend='triton' cannot run: x is not a CUDA"):
+        with pytest.raises(ValueError, match=re.escape(refused + "x is not a CUDA tensor")):
             blocks.quantize(x, "nvfp4", backend="triton")
     with pytest.raises(ValueError, match="clip_mask=True runs on the PyTorch path"):
         blocks.fake_quantize(x, "nvfp4", clip_mask=True, backend="triton")
+
+
+def test_block_kernel_refusal_is_none_where_the_kernel_serves() -> None:
+    from stochround.blocks.dispatch import block_kernel_refusal
+    from stochround.blocks.request import BlockArguments, check_call
+
+    args = BlockArguments(
+        "nvfp4", "sr", -1, None, None, None, "te", 16, None, False, None, "c", 1, None, None,
+        None, 0, "triton",
+    )  # fmt: skip
+    x, request = check_call(_x(4, 64), args)
+    assert block_kernel_refusal(x, request, 16, False) is None
+    assert block_kernel_refusal(x.double(), request, 16, False) == (
+        "x must be float32, bfloat16 or float16; got torch.float64"
+    )
+    assert block_kernel_refusal(x, request, 16, True) == (
+        "swizzled scales are laid out by the PyTorch path"
+    )
 
 
 KERNEL_CALLS = {

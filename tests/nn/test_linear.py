@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 import stochround as sr
 import stochround.nn as srnn
-from stochround.blocks.quantize import RHT_SEED
+from stochround.blocks.request import RHT_SEED
 from stochround.nn import linear
 from stochround.nn.linear import COMPILES
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe

@@ -2,9 +2,10 @@
 core's element formats, quantized with every rounding mode of the core, with random
 Hadamard transforms and the 128x4 swizzled scale layout of block-scaled GEMMs.
 
-`formats` describes the formats, `scales` the scale rules, `quantize` the PyTorch path
-and the entry points, `gemm` the emulated block-scaled GEMM, `hadamard` the rotations and
-`layout` the scale layouts.
+`formats` describes the formats, `scales` the scale rules, `quantize` the entry points
+(over `request`, the arguments' checks; `dispatch`, kernel or PyTorch path; `reference`,
+the PyTorch path; `sharded`, DTensors; `tensor`, the `BlockTensor`), `gemm` the emulated
+block-scaled GEMM, `hadamard` the rotations and `layout` the scale layouts.
 """
 
 from __future__ import annotations
@@ -14,15 +15,8 @@ from .formats import BLOCK_FORMATS, BlockFormat, block_format
 from .gemm import scaled_mm
 from .hadamard import hadamard, inverse_hadamard, random_signs
 from .layout import swizzle_scales, unswizzle_scales
-from .quantize import (
-    BlockTensor,
-    GemmOperand,
-    fake_quantize,
-    gemm_operand,
-    gemm_operand_of,
-    quantize,
-    to_nvfp4,
-)
+from .quantize import fake_quantize, gemm_operand, quantize, to_nvfp4
+from .tensor import BlockTensor, GemmOperand, gemm_operand_of
 
 __all__ = [
     "BLOCK_FORMATS",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .quantize import GemmOperand
+from .tensor import GemmOperand
 
 # torch's mm with an fp32 output for bf16 operands (CUDA only): fp32 accumulation without
 # widening the operands first

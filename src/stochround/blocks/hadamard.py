@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .. import random as streams
 from ..block_constants import HADAMARD_SIZES, SQRT2_FP32
-from ..kernels.availability import kernels_refusal
+from ..kernels.availability import use_kernel
 
 __all__ = [
     "HADAMARD_DTYPES",
@@ -233,6 +233,14 @@ def inverse_hadamard(
     return _transform(y, size, signs, axis, inverse=True, name="y")
 
 
+def _signs_kernel_refusal() -> str | None:
+    """Why the Philox kernel does not draw the signs' words (None if it may): under
+    torch.compile the PyTorch path draws them in the graph."""
+    if torch.compiler.is_compiling():
+        return "under torch.compile the signs' words are drawn in the graph"
+    return None
+
+
 def random_signs(
     size: int,
     seed: int | Tensor = 0,
@@ -261,11 +269,7 @@ def random_signs(
     if device is None:
         device = seed.device if isinstance(seed, Tensor) else torch.device("cpu")
     index = torch.arange(int(size), dtype=torch.int64, device=device)
-    if (
-        index.is_cuda
-        and not torch.compiler.is_compiling()
-        and kernels_refusal("index", True) is None
-    ):
+    if use_kernel("auto", "index", index.is_cuda, _signs_kernel_refusal()):
         # one launch instead of the PyTorch path's Philox rounds (dozens of small
         # operations): the same words (`stochround.kernels.philox`, tested equal)
         from ..kernels.philox import random_words_triton  # needs triton: imported here

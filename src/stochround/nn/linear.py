@@ -53,8 +53,10 @@ from ..block_constants import POWER_OF_TWO_RULES
 from ..blocks.formats import BlockFormat
 from ..blocks.gemm import exact_bf16_operand, scaled_mm
 from ..blocks.hadamard import random_signs
-from ..blocks.quantize import RHT_SEED, GemmOperand, check_blocks, gemm_operand, quantize
+from ..blocks.quantize import gemm_operand, quantize
+from ..blocks.request import RHT_SEED, check_blocks
 from ..blocks.scales import absmax_scales
+from ..blocks.tensor import GemmOperand
 from ..kernels.availability import triton_missing
 from ..random import StreamDomain, random_words, seed_tensor, stream_key
 from ..rounding import round as round_values

@@ -24,7 +24,7 @@ from typing import Any
 from ..block_constants import HADAMARD_SIZES
 from ..blocks import BLOCK_FORMATS, BlockFormat
 from ..blocks.formats import check_block
-from ..blocks.quantize import resolve_block_format
+from ..blocks.request import resolve_block_format
 from ..formats import format as find_format
 from ..presets import preset
 from ..reference import VARIANTS, check_choice, check_mode, check_rbits

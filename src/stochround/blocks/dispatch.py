@@ -1,0 +1,436 @@
+"""Kernel or reference for a local (non-DTensor) tensor: the routing decision
+(`block_kernel_refusal`, `use_kernel`), the two custom ops the kernel runs through under
+torch.compile, and the launch.  The manual: docs/guide/blocks.md."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .. import random as streams
+from ..block_constants import POWER_OF_TWO_RULES, RESCALE
+from ..kernels.availability import use_kernel
+from .formats import OCP_INT8
+from .reference import quantize_torch
+from .request import (
+    BlockArguments,
+    BlockRequest,
+    check_call,
+    check_extras,
+    default_signs,
+    given_scales,
+    random_source,
+    tensor_scale_choice,
+)
+from .tensor import BlockTensor, GemmOperand, stored_codes
+
+__all__ = [
+    "block_kernel_refusal",
+    "fake_quantize_local",
+    "kernel_gemm_operand",
+    "quantize_local",
+]
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel reads
+# the longest row a whole-row block may have on the kernel: one program holds a block, and
+# a longer one would not fit its registers (such rows take the PyTorch path)
+_MAX_KERNEL_ROW = 2**14
+# the kernel op's GEMM-operand outputs and their dtypes (`kernel_gemm_operand`)
+_GEMM_OUTPUTS = {"gemm_bf16": torch.bfloat16, "gemm_fp32": torch.float32}
+
+
+def block_kernel_refusal(
+    x: Tensor, request: BlockRequest, rht: int | None, swizzle: bool
+) -> str | None:
+    """Why the Triton kernel cannot compute this call's blocks (None if it can).  It serves
+    1-D blocks (or whole rows of at most `_MAX_KERNEL_ROW` elements) along x's contiguous
+    last axis, and 2-D tiles without an RHT (each tile's rows quantized as 1-D blocks given
+    the tile's amax), of x float32, bfloat16 or float16, elements of at most 8 bits that it
+    rounds, without hardware presets or swizzled scales; an RHT with a power-of-two block
+    and a power-of-two scale rule or NVFP4's."""
+    fmt = request.fmt
+    if request.axis != x.dim() - 1 or not x.is_contiguous():
+        return "it quantizes blocks along x's last axis, contiguous"
+    if isinstance(fmt.block, tuple) and (rht is not None or x.dim() < 2):
+        return "it takes 2-D tiles without rht="
+    if fmt.block is None and x.shape[-1] > _MAX_KERNEL_ROW:
+        return f"whole-row blocks hold at most {_MAX_KERNEL_ROW} elements; x's hold {x.shape[-1]}"
+    if x.dtype not in _KERNEL_DTYPES:
+        return f"x must be float32, bfloat16 or float16; got {x.dtype}"
+    if fmt.element.bits > 8 or not fmt.kernel_element:
+        return f"it does not round {fmt.element.name} elements"
+    if request.hardware is not None:
+        return "hardware presets round on the PyTorch path"
+    if swizzle:
+        return "swizzled scales are laid out by the PyTorch path"
+    if rht is not None:
+        block = x.shape[-1] if fmt.block is None else typing.cast(int, fmt.block)
+        if fmt.scale_rule == "absmax" or block < 4 or block & (block - 1):
+            return "rht= needs a power-of-two block of at least 4 and a scale rule not absmax"
+    return None
+
+
+def _routed(x: Tensor, request: BlockRequest, args: BlockArguments, swizzle: bool) -> bool:
+    """Whether the kernel computes the call (`use_kernel` given `block_kernel_refusal`)."""
+    refusal = block_kernel_refusal(x, request, args.rht, swizzle)
+    return use_kernel(args.backend, "x", x.is_cuda, refusal)
+
+
+def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTensor:
+    """`quantize` of a local tensor: checked, then computed by the kernel or the PyTorch
+    path (``args.backend``).  The sharded path calls it for each rank's shard."""
+    x, request = check_call(x, args)
+    if not isinstance(args.rht_bf16, bool) or not isinstance(swizzle, bool):
+        raise TypeError("rht_bf16 and swizzle must be bools")
+    check_extras(x, request, args)
+    seed, offset = random_source(request.mode, args)
+    if _routed(x, request, args, swizzle):
+        return _quantize_kernel(x, request, _kernel_call(x, request, args, seed, offset))
+    result, _ = quantize_torch(
+        x,
+        request,
+        tensor_scale=args.tensor_scale,
+        rht=args.rht,
+        rht_signs=args.rht_signs,
+        rht_bf16=args.rht_bf16,
+        seed=seed,
+        offset=offset,
+        swizzle=swizzle,
+    )
+    return result
+
+
+class _FakeQuantize(torch.autograd.Function):
+    """Quantize-dequantize with a straight-through gradient (masked where clipped)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, clip_mask: bool, args: BlockArguments) -> Tensor:
+        x_checked, request = check_call(x, args)
+        check_extras(x_checked, request, args)
+        seed, offset = random_source(request.mode, args)
+        ctx.clip_mask = clip_mask
+        if not clip_mask and _routed(x_checked, request, args, False):
+            call = _kernel_call(x_checked, request, args, seed, offset)
+            return _launch(x_checked, request, call, "dequantized").reshape(x.shape)
+        q, clipped = quantize_torch(
+            x_checked,
+            request,
+            tensor_scale=args.tensor_scale,
+            rht=args.rht,
+            rht_signs=args.rht_signs,
+            rht_bf16=args.rht_bf16,
+            seed=seed,
+            offset=offset,
+        )
+        if clip_mask:
+            ctx.save_for_backward(clipped)
+        return q.dequantize(x.dtype, unrotate=True)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        if ctx.clip_mask:
+            (clipped,) = ctx.saved_tensors
+            grad = torch.where(clipped, torch.zeros_like(grad), grad)
+        return grad, None, None
+
+
+def fake_quantize_local(x: Tensor, clip_mask: bool, args: BlockArguments) -> Tensor:
+    """`fake_quantize` of a local tensor (``clip_mask`` and the backend already checked):
+    the kernel writes the dequantized values where it serves the call without a mask."""
+    return typing.cast(Tensor, _FakeQuantize.apply(x, clip_mask, args))
+
+
+def kernel_gemm_operand(x: Tensor, args: BlockArguments) -> GemmOperand | None:
+    """The `GemmOperand` of a 2-D x written by the kernel, or None where the kernel does
+    not serve the call (whole-row blocks, whose scales the operand keeps apart, included):
+    the entry point then quantizes it (`gemm_operand_of`)."""
+    x_checked, request = check_call(x, args)
+    if x_checked.dim() != 2:
+        raise ValueError(f"x must be 2-D (rows, contraction); got shape {tuple(x.shape)}")
+    if request.fmt.block is None or not _routed(x_checked, request, args, False):
+        return None
+    check_extras(x_checked, request, args)
+    seed, offset = random_source(request.mode, args)
+    call = _kernel_call(x_checked, request, args, seed, offset)
+    output = "gemm_bf16" if request.fmt.gemm_dtype == torch.bfloat16 else "gemm_fp32"
+    values = _launch(x_checked, request, call, output)
+    factor = RESCALE if request.fmt.scale_rule == "floor-3/4" else 1.0
+    return GemmOperand(values, _decoding(call), None, factor)
+
+
+# --- the kernel's side: its arguments, the custom ops and the launch --------------------------
+
+
+class _KernelCall(NamedTuple):
+    """What the kernel takes beyond x and the choices: the tensor scales (S_dec and S_enc,
+    a 2-element fp32 tensor, or None), the rotation, the stream and 2-D tiles' amax."""
+
+    tensor_scale: Tensor | None
+    rht: int | None
+    rht_signs: Tensor | None
+    rht_bf16: bool
+    seed: int | Tensor
+    offset: int | Tensor
+    amax: Tensor | None = None
+
+
+def _tile_amax(x: Tensor, tile: tuple[int, int]) -> Tensor:
+    """Each 2-D tile's amax (NaN where it holds a NaN) in fp32, repeated for each of the
+    tile's rows: one value a 1-D block of ``tile[1]`` elements of x's [rows, last axis]
+    view, what the kernel reads to quantize the tiles as those blocks."""
+    rows, cols = tile
+    # the max over each tile's rows first (a reduction across rows, which reads whole rows
+    # at a time), then over runs of ``cols`` of the result, a tile-row's size: the same
+    # maxima as one reduction over each tile
+    columns = x.reshape(-1, rows, x.shape[-1]).abs().amax(dim=1)
+    tiles = columns.reshape(columns.shape[0], -1, cols).amax(dim=-1)
+    # repeated by a broadcast copy (repeat_interleave would read its size on the host)
+    repeated = tiles.to(torch.float32).unsqueeze(1).expand(-1, rows, -1)
+    # contiguous: with one row of tiles the reshape is a view of the broadcast (stride 0)
+    return repeated.reshape(-1, tiles.shape[-1]).contiguous()
+
+
+def _kernel_call(
+    x: Tensor, request: BlockRequest, args: BlockArguments, seed: int | Tensor, offset: int | Tensor
+) -> _KernelCall:
+    """The kernel's arguments: the signs of ``rht_signs=None`` drawn (`RHT_SEED`), the
+    decoding tensor scale given, or computed from the (rotated) amax by the kernels'
+    one-read `tensor_amax`, and 2-D tiles' amax (`_tile_amax`)."""
+    rht, signs, rht_bf16 = args.rht, args.rht_signs, args.rht_bf16
+    if rht is not None and signs is None:
+        signs = default_signs(rht, x.device)
+    choice = tensor_scale_choice(request.fmt, args.tensor_scale)
+    scales: Tensor | None = None  # S_dec and S_enc
+    if choice == "amax":
+        scale = _tensor_scale_op if torch.compiler.is_compiling() else _run_tensor_scale
+        scales = scale(x, signs, request.flavour, rht or 0, rht_bf16)
+    elif choice != "none":
+        scales = torch.stack(tuple(given_scales(args.tensor_scale, x.device)))
+    block = request.fmt.block
+    amax = _tile_amax(x, block) if isinstance(block, tuple) else None
+    return _KernelCall(scales, rht, signs, rht_bf16, seed, offset, amax)
+
+
+def _decoding(call: _KernelCall) -> Tensor | None:
+    """The decoding tensor scale S_dec (0-d) of a kernel call's tensor scales, or None."""
+    return None if call.tensor_scale is None else call.tensor_scale[0]
+
+
+def _run_tensor_scale(
+    x: Tensor, rht_signs: Tensor | None, flavour: str, rht: int, rht_bf16: bool
+) -> Tensor:
+    """NVFP4's tensor scales of x (S_dec, S_enc: a 2-element fp32 tensor; rotated by an
+    RHT of size ``rht``, 0: none) by the kernels
+    (`stochround.kernels.blocks.nvfp4_tensor_scale`), as an op that torch.compile traces as
+    one node."""
+    from ..kernels.blocks import nvfp4_tensor_scale as kernel_tensor_scale
+
+    rotation = rht or None
+    return kernel_tensor_scale(x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16)[0]
+
+
+_tensor_scale_op = torch.library.custom_op(
+    "stochround::nvfp4_tensor_scale", _run_tensor_scale, mutates_args=()
+)
+
+
+@_tensor_scale_op.register_fake
+def _(x: Tensor, rht_signs: Tensor | None, flavour: str, rht: int, rht_bf16: bool) -> Tensor:
+    return x.new_empty(2, dtype=torch.float32)
+
+
+def _stream_arguments(value: int | Tensor) -> tuple[Tensor | None, int]:
+    """A seed or offset as the ops take it: a tensor, or an int as a signed 64-bit int."""
+    if isinstance(value, Tensor):
+        return value, 0
+    return None, streams.as_signed64(value)
+
+
+def _stream_value(tensor: Tensor | None, signed: int) -> int | Tensor:
+    """The seed or offset `_stream_arguments` passed."""
+    return tensor if tensor is not None else streams.as_unsigned64(signed)
+
+
+class _Launch(NamedTuple):
+    """One launch's arguments beside its tensors, each named as the op takes it: the
+    element format's name, the block along the row, the scale rule, the rounding (mode,
+    random bits ``n``, variant), NVFP4's flavour, the stream (``seed``/``offset`` signed
+    64-bit ints, 0 where a tensor gives them), the first element's global index, the RHT
+    size (0: none) and rht_bf16, and the output: "codes", "fp4x2" (codes and scales),
+    "dequantized", or a GEMM's operand "gemm_bf16"/"gemm_fp32" (the values alone)."""
+
+    element: str
+    block: int
+    scale_rule: str
+    mode: str
+    n: int
+    variant: str
+    flavour: str
+    seed: int
+    offset: int
+    index_offset: int
+    rht: int
+    rht_bf16: bool
+    output: str
+
+
+def _run_quantize_blocks(
+    x: Tensor,
+    tensor_scale: Tensor | None,
+    rht_signs: Tensor | None,
+    amax: Tensor | None,
+    seed_tensor: Tensor | None,
+    offset_tensor: Tensor | None,
+    *,
+    element: str,
+    block: int,
+    scale_rule: str,
+    mode: str,
+    n: int,
+    variant: str,
+    flavour: str,
+    seed: int,
+    offset: int,
+    index_offset: int,
+    rht: int,
+    rht_bf16: bool,
+    output: str,
+) -> list[Tensor]:
+    """The kernel's launch (`_Launch`'s arguments by name) as an op, so that torch.compile
+    traces a call as one opaque node with the eager bits."""
+    from ..kernels.blocks import fake_quantize_blocks, gemm_blocks, quantize_blocks
+
+    element_format = OCP_INT8 if element == OCP_INT8.name else element
+    options: dict[str, Any] = {
+        "tensor_scale": tensor_scale,
+        "mode": mode,
+        "n": n,
+        "variant": variant,
+        "seed": _stream_value(seed_tensor, seed),
+        "offset": _stream_value(offset_tensor, offset),
+        "index_offset": index_offset,
+        "nvfp4_flavour": flavour,
+        "rht": rht or None,
+        "rht_signs": rht_signs,
+        "rht_bf16": rht_bf16,
+    }
+    if output == "dequantized":
+        return [fake_quantize_blocks(x, element_format, block, scale_rule, amax=amax, **options)]
+    if output in _GEMM_OUTPUTS:
+        out_dtype = _GEMM_OUTPUTS[output]
+        gemm = gemm_blocks(
+            x, element_format, block, scale_rule, out_dtype=out_dtype, amax=amax, **options
+        )
+        return [gemm]
+    codes = quantize_blocks(
+        x, element_format, block, scale_rule, output=output, amax=amax, **options
+    )
+    return list(codes)
+
+
+_quantize_blocks_op = torch.library.custom_op(
+    "stochround::quantize_blocks", _run_quantize_blocks, mutates_args=()
+)
+
+
+@_quantize_blocks_op.register_fake
+def _(
+    x: Tensor,
+    tensor_scale: Tensor | None,
+    rht_signs: Tensor | None,
+    amax: Tensor | None,
+    seed_tensor: Tensor | None,
+    offset_tensor: Tensor | None,
+    *,
+    element: str,
+    block: int,
+    scale_rule: str,
+    mode: str,
+    n: int,
+    variant: str,
+    flavour: str,
+    seed: int,
+    offset: int,
+    index_offset: int,
+    rht: int,
+    rht_bf16: bool,
+    output: str,
+) -> list[Tensor]:
+    if output == "dequantized":
+        return [torch.empty_like(x)]
+    if output in _GEMM_OUTPUTS:
+        return [torch.empty_like(x, dtype=_GEMM_OUTPUTS[output])]
+    rows, cols = x.shape
+    width = cols // 2 if output == "fp4x2" else cols
+    scale_dtype = torch.float32 if scale_rule == "absmax" else torch.uint8
+    codes = x.new_empty((rows, width), dtype=torch.uint8)
+    return [codes, x.new_empty((rows, cols // block), dtype=scale_dtype)]
+
+
+def _launch(x: Tensor, request: BlockRequest, call: _KernelCall, output: str) -> Any:
+    """`stochround.kernels.blocks.quantize_blocks` (``output`` "codes": the codes and
+    scales), `fake_quantize_blocks` ("dequantized") or `gemm_blocks` (a key of
+    `_GEMM_OUTPUTS`) on x's [rows, last axis] view, through `_quantize_blocks_op`; 2-D tiles
+    as the 1-D blocks of their rows."""
+    fmt = request.fmt
+    rows = x.numel() // x.shape[-1]
+    if fmt.block is None:
+        block = x.shape[-1]
+    else:
+        block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
+    seed_tensor, seed = _stream_arguments(call.seed)
+    offset_tensor, offset = _stream_arguments(call.offset)
+    if output == "codes" and fmt.element.bits == 4:
+        output = "fp4x2"
+    spec = _Launch(
+        element=fmt.element.name,
+        block=block,
+        scale_rule=fmt.scale_rule,
+        mode=request.mode,
+        n=request.n,
+        variant=request.variant,
+        flavour=request.flavour,
+        seed=seed,
+        offset=offset,
+        index_offset=request.index_offset,
+        rht=call.rht or 0,
+        rht_bf16=call.rht_bf16,
+        output=output,
+    )
+    # eager calls run the kernel directly: the op's dispatch is host time a call need not pay
+    launch = _quantize_blocks_op if torch.compiler.is_compiling() else _run_quantize_blocks
+    tensors = (x.reshape(rows, x.shape[-1]), call.tensor_scale, call.rht_signs, call.amax)
+    results = launch(*tensors, seed_tensor, offset_tensor, **spec._asdict())
+    return tuple(results) if output in ("codes", "fp4x2") else results[0]
+
+
+def _quantize_kernel(x: Tensor, request: BlockRequest, call: _KernelCall) -> BlockTensor:
+    """The Triton kernel's quantization (`stochround.kernels.blocks.quantize_blocks`)."""
+    fmt = request.fmt
+    codes, scales = _launch(x, request, call, "codes")
+    lead = tuple(x.shape[:-1])
+    codes = codes.reshape(*lead, codes.shape[-1])
+    scales = scales.reshape(*lead, scales.shape[-1])
+    if isinstance(fmt.block, tuple):  # the rows of a tile hold its scale alike: keep one
+        scales = scales[..., :: fmt.block[0], :].contiguous()
+    if fmt.scale_rule in POWER_OF_TWO_RULES:
+        scales = scales.view(torch.float8_e8m0fnu)
+    elif fmt.scale_rule == "nvfp4":
+        scales = scales.view(torch.float8_e4m3fn)
+    else:
+        scales = scales.to(x.dtype)  # the kernel's fp32 holds the scale of x's dtype
+    return BlockTensor(
+        codes=stored_codes(codes, fmt.element),
+        scales=scales,
+        tensor_scale=_decoding(call),
+        format=fmt,
+        axis=request.axis,
+        shape=x.shape,
+        dtype=x.dtype,
+        rht=call.rht,
+        rht_signs=call.rht_signs,
+        scale_shape=tuple(scales.shape),
+    )
