@@ -211,12 +211,12 @@ class GaussWS(nn.Module):
         self.prepared: Any = None
         self.seeds: dict[torch.device, Tensor] = {}
 
-    def settings(self) -> tuple[Sampler, int, str]:
+    def _settings(self) -> tuple[Sampler, int, str]:
         """What the sampling draws, all but the layer's stream: the `Sampler` (target,
         block, noise, its bits), the seed and the backend; `gaussws_` compares them."""
         return self.sampler, self.seed, self.backend
 
-    def check_weight(self, w: Tensor) -> None:
+    def _check_weight(self, w: Tensor) -> None:
         """ValueError/TypeError unless ``w`` can be sampled (dtype, blocks fitting)."""
         block_length(check_weight(w), self.sampler.block)
 
@@ -229,15 +229,15 @@ class GaussWS(nn.Module):
         else:
             step = advance_step_eagerly(self.step)
         offset = stream_offset(step, self.layer_index, GAUSSWS_SLOT)
-        prepared = None if torch.compiler.is_compiling() else self.prepared_for(w)
+        prepared = None if torch.compiler.is_compiling() else self._prepared_for(w)
         if prepared is not None:
-            seed = self.seed_on(w.device)
+            seed = self._seed_on(w.device)
             out = _PreparedStraightThrough.apply(w, prepared, seed, typing.cast(Tensor, offset))
         else:
             out = _StraightThroughSample.apply(w, self.sampler, self.key, offset, 0, self.backend)
         return typing.cast(Tensor, out)
 
-    def prepared_for(self, w: Tensor) -> Any:
+    def _prepared_for(self, w: Tensor) -> Any:
         """The kernel's launch prepared for ``w`` (`stochround.kernels.gaussws.
         PreparedSample`, made at the first call and again when w's shape, dtype or device
         changes), where an eager call takes the kernel: noise "gaussws", a contiguous 2-D
@@ -267,7 +267,7 @@ class GaussWS(nn.Module):
         state["seeds"] = {}
         return state
 
-    def seed_on(self, device: torch.device) -> Tensor:
+    def _seed_on(self, device: torch.device) -> Tensor:
         """The key (`GaussWS.key`) as the one-element int64 tensor the kernel reads, made
         once a device."""
         if device not in self.seeds:
@@ -303,7 +303,7 @@ def _check_resampling(path: str, module: nn.Module, wanted: tuple[Sampler, int, 
             f"({', '.join(kinds)}); GaussWS samples plain weights: remove it first, or leave "
             "the layer out with filter_fn"
         )
-    if sampling.settings() == wanted:
+    if sampling._settings() == wanted:
         return
     sampler, seed, backend = wanted
     asked = (
@@ -354,7 +354,7 @@ def gaussws_(
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable or None, got {type(filter_fn).__name__}")
-    wanted = GaussWS(fmt, block, noise, noise_bits, seed, 0, backend).settings()
+    wanted = GaussWS(fmt, block, noise, noise_bits, seed, 0, backend)._settings()
     chosen = []
     for path, module in model.named_modules():
         if not isinstance(module, nn.Linear):
@@ -371,7 +371,7 @@ def gaussws_(
     for index, (path, module) in enumerate(chosen, start=first):
         sampling = GaussWS(fmt, block, noise, noise_bits, seed, index, backend)
         try:
-            sampling.check_weight(module.weight)
+            sampling._check_weight(module.weight)
         except (TypeError, ValueError) as error:
             raise type(error)(f"{path or 'model'}: {error}") from None
         parametrizations.append((module, sampling.to(module.weight.device)))
