@@ -35,7 +35,7 @@ from .ops import (
     target_formats,
 )
 
-Observer = Callable[[torch._ops.OpOverload, Any], None]
+_Observer = Callable[[torch._ops.OpOverload, Any], None]
 
 # Set while an emulation's handler runs, in the thread that runs it: the ops it dispatches
 # (the op itself, the rounding's own arithmetic) pass through every enclosing emulation, so
@@ -116,7 +116,7 @@ class Emulation(TorchDispatchMode):
         round_inputs: bool = False,
         compute: str = "native",
         accumulate: str = "once",
-        observer: Observer | None = None,
+        observer: _Observer | None = None,
     ) -> None:
         super().__init__()
         self.formats = target_formats(fmt)

@@ -204,7 +204,6 @@ def cannot_compute_per_op(func: torch._ops.OpOverload) -> bool:
 __all__ = [
     "ACCUMULATES",
     "COMPUTES",
-    "FLOAT8_DTYPES",
     "MATMUL_OPS",
     "OPS",
     "PER_OP_OPS",

@@ -143,8 +143,6 @@ def validation_windows(text: Tensor, count: int, context: int) -> Tensor:
 
 
 __all__ = [
-    "TRAIN_FILES",
-    "VALIDATION_FILES",
     "VOCAB",
     "Data",
     "batch_starts",

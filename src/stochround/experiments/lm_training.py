@@ -26,13 +26,13 @@ from .lm_model import build_model
 from .lm_rows import KEEP, ROWS, Row, Sizes
 from .report import KeyNumber, ProgressLike
 
-SEED_MODULUS = 2**64
-OPTIMIZER_SEED_SHIFT = 2**63  # the optimizer's seed: the run's seed + 2**63 (mod 2**64)
+_SEED_MODULUS = 2**64
+_OPTIMIZER_SEED_SHIFT = 2**63  # the optimizer's seed: the run's seed + 2**63 (mod 2**64)
 SQRT3 = math.sqrt(3.0)
 LOW_LR = 0.05  # the late phase's learning rate, as a fraction of the peak
 DECAY_END = 0.75  # the cosine ends (and the late phase starts) at this fraction of the run
-BETAS = (0.9, 0.95)
-WEIGHT_DECAY = 0.1
+_BETAS = (0.9, 0.95)
+_WEIGHT_DECAY = 0.1
 
 
 def _keeps_out_lm_head(module: nn.Module, path: str) -> bool:
@@ -140,15 +140,15 @@ def _make_optimizer(model: nn.Module, sizes: Sizes, row: Row, seed: int) -> Any:
     decayed = [p for p in model.parameters() if p.ndim == 2]
     others = [p for p in model.parameters() if p.ndim != 2]
     groups = [
-        {"params": decayed, "weight_decay": WEIGHT_DECAY},
+        {"params": decayed, "weight_decay": _WEIGHT_DECAY},
         {"params": others, "weight_decay": 0.0},
     ]
     if row.optimizer == "fp32-master":
-        return _FP32Master(groups, lr=sizes.lr, betas=BETAS, eps=1e-8)
+        return _FP32Master(groups, lr=sizes.lr, betas=_BETAS, eps=1e-8)
     # the layers' and the optimizer's stream offsets overlap (both step * 2**32 + a small
     # index): a seed of its own keeps the optimizer from reusing the layers' random words
-    optimizer_seed = (seed + OPTIMIZER_SEED_SHIFT) % SEED_MODULUS
-    return SRAdamW(groups, lr=sizes.lr, betas=BETAS, eps=1e-8, rounding="sr", seed=optimizer_seed)
+    optimizer_seed = (seed + _OPTIMIZER_SEED_SHIFT) % _SEED_MODULUS
+    return SRAdamW(groups, lr=sizes.lr, betas=_BETAS, eps=1e-8, rounding="sr", seed=optimizer_seed)
 
 
 def validation_loss(model: nn.Module, windows: Tensor, batch: int) -> float:
@@ -196,7 +196,7 @@ class RunResult:
 
 @dataclass(frozen=True)
 class Placement:
-    """How `train_run` spreads a run over ranks; the default (`ONE_DEVICE`) trains on one
+    """How `train_run` spreads a run over ranks; the default, ``Placement()``, trains on one
     device.  `stochround.experiments.lm_distributed` fills it in for FSDP2.
 
     Args:
@@ -217,7 +217,7 @@ class Placement:
     ratio: bool = True
 
 
-ONE_DEVICE = Placement()
+_ONE_DEVICE = Placement()
 
 
 def train_run(
@@ -227,7 +227,7 @@ def train_run(
     data: Data,
     device: str,
     progress: ProgressLike,
-    placement: Placement = ONE_DEVICE,
+    placement: Placement = _ONE_DEVICE,
 ) -> RunResult:
     """Train ``row`` at ``sizes`` with ``seed`` on ``data`` on ``device`` (as
     `stochround.experiments.language_model` describes) and return its `RunResult`;
@@ -304,7 +304,7 @@ def run_settings(sizes: Sizes, device: str) -> dict[str, KeyNumber]:
         torch=torch.__version__,
         low_lr=LOW_LR,
         decay_end=DECAY_END,
-        weight_decay=WEIGHT_DECAY,
+        weight_decay=_WEIGHT_DECAY,
     )
     return settings
 
@@ -337,7 +337,7 @@ def cached_run(
 
 def _run_seeds(seed: int, count: int) -> list[int]:
     """``count`` seeds: ``seed, seed + 1, ...`` modulo 2**64."""
-    return [(seed + k) % SEED_MODULUS for k in range(count)]
+    return [(seed + k) % _SEED_MODULUS for k in range(count)]
 
 
 def run_rows(

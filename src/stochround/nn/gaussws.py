@@ -383,4 +383,4 @@ def gaussws_(
     return model
 
 
-__all__ = ["GAUSSWS_SLOT", "GaussWS", "gaussws_", "sample_weight", "sampling_of"]
+__all__ = ["GaussWS", "gaussws_", "sample_weight", "sampling_of"]
