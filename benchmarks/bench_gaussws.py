@@ -1,7 +1,7 @@
 """Gaussian weight sampling's overhead: a training step of a GPT-2-medium-shaped model with
 and without `stochround.nn.gaussws_`, in one run (issue 32's performance target).
 
-Model: `stochround.experiments.language_model.GPT` at d_model 1024, 24 blocks, 16 heads,
+Model: `stochround.experiments.lm_model.GPT` at d_model 1024, 24 blocks, 16 heads,
 context 1024 (byte-level: 303M parameters, GPT-2 medium's blocks with a 256-symbol
 vocabulary), bf16 parameters. One step is the forward and the backward of the mean
 cross-entropy on ``--batch`` windows of random bytes (gradients set to None first); no
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from harness import Benchmark, CheckFailed, Run
 
-from stochround.experiments.language_model import GPT
+from stochround.experiments.lm_model import GPT
 from stochround.nn import gaussws_
 
 CASE = "gpt_step"

@@ -287,3 +287,29 @@ def test_dot_stream_products_at_offset_then_sum_from_offset_plus_one():
     products = arith.mul(x, y, "bf16", "sr", seed=9, offset=40)
     want = arith.sum(products, "bf16", "sr", order="pairwise", seed=9, offset=41)
     assert torch.equal(got, want)
+
+
+def test_matmul_backend_triton_refusal_names_the_reason_and_the_backends() -> None:
+    """The kernel decision goes through `use_kernel`: backend="triton" on inputs the kernel
+    cannot serve raises its one message, the refusal between its two halves."""
+    a, b = torch.ones(2, 3), torch.ones(3, 2)
+    with pytest.raises(
+        ValueError,
+        match=r"^backend='triton' cannot serve this call: .*pairwise.*; use backend='torch' or "
+        r"'auto'$",
+    ):
+        arith.matmul(a, b, "bf16", order="pairwise", backend="triton")
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+def test_matmul_backend_auto_on_the_cpu_gives_the_torch_paths_bits(mode: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(4, 5, generator=gen), torch.randn(5, 3, generator=gen)
+    torch_bits = arith.matmul(a, b, "e4m3fn", mode, seed=7, offset=2, backend="torch")
+    auto_bits = arith.matmul(a, b, "e4m3fn", mode, seed=7, offset=2, backend="auto")
+    assert torch.equal(torch_bits.view(torch.int32), auto_bits.view(torch.int32))
+    torch.manual_seed(11)
+    unseeded_torch = arith.matmul(a, b, "e4m3fn", mode, backend="torch")
+    torch.manual_seed(11)
+    unseeded_auto = arith.matmul(a, b, "e4m3fn", mode, backend="auto")
+    assert torch.equal(unseeded_torch.view(torch.int32), unseeded_auto.view(torch.int32))

@@ -11,7 +11,7 @@ import torch
 
 import stochround as sr
 from stochround.emulate import Emulation, emulate
-from stochround.emulate.mode import MATMUL_OPS
+from stochround.emulate.ops import MATMUL_OPS
 from stochround.random import StreamDomain, stream_key
 
 

@@ -21,13 +21,13 @@ import pytest
 import torch
 from ranks import devices, run_ranks
 
-from stochround.experiments import language_model as lm
+from stochround.experiments import lm_data, lm_rows
 from stochround.experiments import lm_distributed as lmd
 from stochround.experiments.report import NoProgress
 
 # tiny sizes: d 32 holds whole 16 x 16 NVFP4 weight tiles, and the tokens of a step (and
 # of a rank's half of it) are a multiple of the RHT's 16
-TINY = lm.Sizes(
+TINY = lm_rows.Sizes(
     d_model=32,
     n_layer=1,
     n_head=2,
@@ -50,7 +50,7 @@ def body(rank: int, world_size: int, device: str, folder: str) -> dict[str, lmd.
     torch.set_num_threads(1)
     if device == "cuda":
         lmd.deterministic_cuda()
-    data = lm.load_data()
+    data = lm_data.load_data()
     outcome = {
         f"{row}/{split}": lmd.train_sharded(row, TINY, SEED, data, device, split, NoProgress())
         for row, split in CASES

@@ -17,7 +17,7 @@ import torch
 
 from stochround.formats import format as sr_format
 from stochround.kernels.gaussws import check_thresholds, gaussws_blocks
-from stochround.nn.gaussws import gaussian_thresholds, sample_weight_torch
+from stochround.nn.gaussws_noise import gaussian_thresholds, sample_weight_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = DEVICE == "cuda"

@@ -17,7 +17,7 @@ from torch.nn.utils import parametrize
 import stochround as sr
 import stochround.nn as srnn
 from stochround.kernels.availability import kernels_refusal
-from stochround.nn import gaussws, linear
+from stochround.nn import gaussws, gaussws_noise, linear
 from stochround.random import StreamDomain, random_words, random_words_like, stream_key
 
 ALL_BITS = range(1, 33)
@@ -32,8 +32,8 @@ def sampled_from_parts(w: Tensor, fmt: str, block: int | None, seed: int, offset
     """``cast(fp32(w) + fp32(R) * u)`` from the public pieces: the stream's words,
     `rounded_gaussian` and `noise_spacing` (blocks with u = 0 are the kept ones)."""
     words = random_words_like(w, seed, offset)
-    rounded = gaussws.rounded_gaussian(words, 32)
-    u = gaussws.noise_spacing(w, fmt, block)
+    rounded = gaussws_noise.rounded_gaussian(words, 32)
+    u = gaussws_noise.noise_spacing(w, fmt, block)
     return (w.to(torch.float32) + rounded.to(torch.float32) * u).to(w.dtype)
 
 
@@ -49,8 +49,8 @@ def test_the_table_maps_each_threshold_boundary_to_the_next_value_of_r(noise_bit
     of them decide), and 0 and ``2**n - 1`` give the ends; so the values of ``x`` giving
     ``R = k`` are the interval ``[T_(k+3), T_(k+4))`` whose length is ``c_k``: ``P(R = k) =
     c_k / 2**n`` exactly."""
-    thresholds = gaussws.gaussian_thresholds(noise_bits)
-    counts = gaussws.gaussian_counts(noise_bits)
+    thresholds = gaussws_noise.gaussian_thresholds(noise_bits)
+    counts = gaussws_noise.gaussian_counts(noise_bits)
     top = 2**noise_bits
     assert len(thresholds) == 6 and list(thresholds) == sorted(thresholds)
     assert sum(counts) == top and thresholds[-1] <= top
@@ -59,7 +59,7 @@ def test_the_table_maps_each_threshold_boundary_to_the_next_value_of_r(noise_bit
         assert edges[k + 4] - edges[k + 3] == count
     probes = sorted({0, top - 1, *(t - 1 for t in thresholds if t > 0), *thresholds} - {top})
     words = torch.tensor(probes, dtype=torch.int64)
-    got = gaussws.rounded_gaussian(words, noise_bits).tolist()
+    got = gaussws_noise.rounded_gaussian(words, noise_bits).tolist()
     expected = [-3 + sum(x >= t for t in thresholds) for x in probes]
     assert got == expected
     for x, r in zip(probes, got, strict=True):
@@ -71,10 +71,10 @@ def test_every_word_of_up_to_16_bits_gives_r_with_its_count(noise_bits: int) -> 
     """Enumerating every ``x`` in ``[0, 2**n)``: R takes value ``k`` exactly ``c_k`` times,
     and the counts are symmetric, so E[R] = 0 exactly."""
     words = torch.arange(2**noise_bits, dtype=torch.int64)
-    rounded = gaussws.rounded_gaussian(words, noise_bits)
+    rounded = gaussws_noise.rounded_gaussian(words, noise_bits)
     assert rounded.dtype == torch.int8
     histogram = torch.bincount(rounded.to(torch.int64) + 3, minlength=7).tolist()
-    counts = gaussws.gaussian_counts(noise_bits)
+    counts = gaussws_noise.gaussian_counts(noise_bits)
     assert histogram == list(counts)
     assert counts == counts[::-1]
 
@@ -86,11 +86,11 @@ def test_the_counts_are_within_half_a_count_of_the_rounded_normal(noise_bits: in
     2 (1 - Phi(7))``: ``|c_0 / 2**n - p_0| <= 3 * 2**-n + tail``.  Checked in exact
     fractions of the float64 probabilities, whose own error (below 1e-15) is far below
     these bounds."""
-    counts = gaussws.gaussian_counts(noise_bits)
+    counts = gaussws_noise.gaussian_counts(noise_bits)
     top = 2**noise_bits
     tail = math.erfc(7 / math.sqrt(2))
     for k, count in zip(range(-3, 4), counts, strict=True):
-        p = Fraction(gaussws.normal_probability(k))
+        p = Fraction(gaussws_noise.normal_probability(k))
         error = abs(Fraction(count, top) - p)
         bound = Fraction(1, 2 * top) if k else Fraction(3, top) + Fraction(tail)
         assert error <= bound, (k, float(error), float(bound))
@@ -99,10 +99,10 @@ def test_the_counts_are_within_half_a_count_of_the_rounded_normal(noise_bits: in
 def test_the_32_bit_table_gives_r_its_full_support_and_the_tail_no_count() -> None:
     """At 32 bits every value -3..3 has a count (c_3 > 0), while the mass of |R| >= 4 is
     below half a count: R's support -3..3 loses nothing a 32-bit table could hold."""
-    counts = gaussws.gaussian_counts(32)
+    counts = gaussws_noise.gaussian_counts(32)
     assert all(count > 0 for count in counts)
     assert 2**32 * math.erfc(7 / math.sqrt(2)) < 0.5
-    assert gaussws.gaussian_counts(20)[0] == 0 and gaussws.gaussian_counts(21)[0] > 0
+    assert gaussws_noise.gaussian_counts(20)[0] == 0 and gaussws_noise.gaussian_counts(21)[0] > 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -115,10 +115,10 @@ def test_u_is_the_targets_ulp_relative_to_the_block_scale() -> None:
     u = 2**(floor(log2 |w|) - 2) for |w| >= 1/4 and 2**(-2 - 2) below (subnormal), zeros
     included; doubling the block's values doubles every u."""
     w = torch.tensor([[16.0, 12.0, 5.0, 1.0, 0.3, 0.25, 0.1, 0.0]], dtype=torch.bfloat16)
-    u = gaussws.noise_spacing(w, "e3m2", None)
+    u = gaussws_noise.noise_spacing(w, "e3m2", None)
     expected = [4.0, 2.0, 1.0, 0.25, 2.0**-4, 2.0**-4, 2.0**-4, 2.0**-4]
     assert u.dtype == torch.float32 and u.flatten().tolist() == expected
-    doubled = gaussws.noise_spacing(w * 2, "e3m2", None)
+    doubled = gaussws_noise.noise_spacing(w * 2, "e3m2", None)
     assert torch.equal(doubled, u * 2)
 
 
@@ -131,7 +131,7 @@ def test_doubling_a_weight_across_a_binade_doubles_its_noise(fmt: str) -> None:
     values = [top * 2.0**-i * 1.25 for i in range(1, target.emax - target.emin)]
     for value in values:
         w = torch.tensor([[top * 1.5, value, 2 * value, 0.0]], dtype=torch.bfloat16)
-        u = gaussws.noise_spacing(w, fmt, 4)[0]
+        u = gaussws_noise.noise_spacing(w, fmt, 4)[0]
         assert u[2] == 2 * u[1], (fmt, value)
         assert u[1] == 2.0 ** (math.floor(math.log2(value)) - target.mbits)
 
@@ -142,10 +142,10 @@ def test_u_handles_fp32_subnormal_blocks_and_underflows_to_zero() -> None:
     from bits).  A target whose spacing there lies below 2**-149 (fp16 as the target:
     2**(-14 - 10 - 126)) gives u = 0, and the sample is w itself."""
     w = torch.tensor([[2.0**-140, 2.0**-145, 0.0, 2.0**-149]], dtype=torch.float32)
-    u = gaussws.noise_spacing(w, "e3m2", 4)
+    u = gaussws_noise.noise_spacing(w, "e3m2", 4)
     assert u.flatten().tolist() == [2.0**-130] * 4
-    assert gaussws.noise_spacing(w, "binary16", 4).flatten().tolist() == [0.0] * 4
-    sampled = gaussws.sample_weight_torch(w, "binary16", block=4, seed=1, offset=2)
+    assert gaussws_noise.noise_spacing(w, "binary16", 4).flatten().tolist() == [0.0] * 4
+    sampled = gaussws_noise.sample_weight_torch(w, "binary16", block=4, seed=1, offset=2)
     assert torch.equal(sampled, w)
 
 
@@ -153,12 +153,15 @@ def test_floor_log2_of_fp32_bits_is_exact_for_normals_and_subnormals() -> None:
     exponents = list(range(-149, 128))
     values = torch.tensor([2.0**k for k in exponents], dtype=torch.float64).to(torch.float32)
     just_below = torch.nextafter(values[1:], torch.zeros(()))
-    assert gaussws.floor_log2_bits(values).tolist() == exponents
-    assert gaussws.floor_log2_bits(just_below).tolist() == exponents[:-1]
-    assert gaussws.power_of_two(torch.tensor(exponents, dtype=torch.int32)).tolist() == [
+    assert gaussws_noise.floor_log2_bits(values).tolist() == exponents
+    assert gaussws_noise.floor_log2_bits(just_below).tolist() == exponents[:-1]
+    assert gaussws_noise.power_of_two(torch.tensor(exponents, dtype=torch.int32)).tolist() == [
         2.0**k for k in exponents
     ]
-    assert gaussws.power_of_two(torch.tensor([-150, -200], dtype=torch.int32)).tolist() == [0, 0]
+    assert gaussws_noise.power_of_two(torch.tensor([-150, -200], dtype=torch.int32)).tolist() == [
+        0,
+        0,
+    ]
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,7 +175,7 @@ def test_the_sample_is_w_plus_r_times_u_cast_to_ws_dtype(dtype: torch.dtype, fmt
     """The sampled weight is ``cast(fp32(w) + fp32(R) * u)`` with R the table lookup of
     the stream's words of the row-major indices, in w's dtype."""
     w = torch.randn(6, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
-    sampled = gaussws.sample_weight_torch(w, fmt, block=32, seed=7, offset=9)
+    sampled = gaussws_noise.sample_weight_torch(w, fmt, block=32, seed=7, offset=9)
     assert sampled.dtype == dtype and sampled.shape == w.shape
     assert torch.equal(sampled, sampled_from_parts(w, fmt, 32, 7, 9))
 
@@ -181,8 +184,8 @@ def expectation(w: Tensor, fmt: str, block: int | None) -> list[Fraction]:
     """E[w~] per element, exactly: ``sum_k c_k / 2**32 * cast(w + k u)`` over R's
     distribution (the formula `test_the_sample_is_w_plus_r_times_u_cast_to_ws_dtype`
     checks the path against)."""
-    counts = gaussws.gaussian_counts(32)
-    u = gaussws.noise_spacing(w, fmt, block)
+    counts = gaussws_noise.gaussian_counts(32)
+    u = gaussws_noise.noise_spacing(w, fmt, block)
     total = [Fraction(0)] * w.numel()
     for k, count in zip(range(-3, 4), counts, strict=True):
         values = (w.to(torch.float32) + k * u).to(w.dtype).flatten().tolist()
@@ -219,19 +222,19 @@ def test_zero_nan_and_infinite_blocks_are_returned_unchanged() -> None:
         [[0.0, -0.0] * 4, [1.0, nan, 2.0, 3.0] * 2, [inf, 1.0, -1.0, 0.5] * 2, [*range(1, 9)]],
         dtype=torch.bfloat16,
     )
-    sampled = gaussws.sample_weight_torch(w, "e2m1", block=8, seed=0, offset=0)
+    sampled = gaussws_noise.sample_weight_torch(w, "e2m1", block=8, seed=0, offset=0)
     assert torch.equal(sampled[:3].view(torch.int16), w[:3].view(torch.int16))
     assert not torch.equal(sampled[3], w[3])
-    assert gaussws.noise_spacing(w, "e2m1", 8)[:3].eq(0).all()
+    assert gaussws_noise.noise_spacing(w, "e2m1", 8)[:3].eq(0).all()
 
 
 def test_a_shard_draws_the_words_of_its_global_indices() -> None:
     """Rows 4.. of a weight sampled alone with ``index_offset = 4 * cols`` equal those rows
     of the whole weight's sample."""
     w = torch.randn(8, 32, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    for noise in gaussws.NOISES:
-        whole = gaussws.sample_weight_torch(w, "e3m2", noise=noise, seed=3, offset=4)
-        shard = gaussws.sample_weight_torch(
+    for noise in gaussws_noise.NOISES:
+        whole = gaussws_noise.sample_weight_torch(w, "e3m2", noise=noise, seed=3, offset=4)
+        shard = gaussws_noise.sample_weight_torch(
             w[4:], "e3m2", noise=noise, seed=3, offset=4, index_offset=4 * 32
         )
         assert torch.equal(shard, whole[4:]), noise
@@ -239,20 +242,20 @@ def test_a_shard_draws_the_words_of_its_global_indices() -> None:
 
 def test_the_same_seed_and_offset_reproduce_the_sample_and_others_change_it() -> None:
     w = torch.randn(4, 32, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    first = gaussws.sample_weight_torch(w, "e3m2", seed=5, offset=6)
-    assert torch.equal(first, gaussws.sample_weight_torch(w, "e3m2", seed=5, offset=6))
+    first = gaussws_noise.sample_weight_torch(w, "e3m2", seed=5, offset=6)
+    assert torch.equal(first, gaussws_noise.sample_weight_torch(w, "e3m2", seed=5, offset=6))
     offset = torch.tensor(6, dtype=torch.int64)
-    assert torch.equal(first, gaussws.sample_weight_torch(w, "e3m2", seed=5, offset=offset))
-    assert not torch.equal(first, gaussws.sample_weight_torch(w, "e3m2", seed=6, offset=6))
-    assert not torch.equal(first, gaussws.sample_weight_torch(w, "e3m2", seed=5, offset=7))
+    assert torch.equal(first, gaussws_noise.sample_weight_torch(w, "e3m2", seed=5, offset=offset))
+    assert not torch.equal(first, gaussws_noise.sample_weight_torch(w, "e3m2", seed=6, offset=6))
+    assert not torch.equal(first, gaussws_noise.sample_weight_torch(w, "e3m2", seed=5, offset=7))
 
 
 def test_fewer_noise_bits_use_the_top_bits_of_each_word() -> None:
     """With ``noise_bits = n`` R is the table lookup of ``word >> (32 - n)``."""
     w = torch.randn(2, 32, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
-    sampled = gaussws.sample_weight_torch(w, "e3m2", noise_bits=9, seed=1, offset=2)
-    rounded = gaussws.rounded_gaussian(random_words_like(w, 1, 2) >> 23, 9)
-    u = gaussws.noise_spacing(w, "e3m2")
+    sampled = gaussws_noise.sample_weight_torch(w, "e3m2", noise_bits=9, seed=1, offset=2)
+    rounded = gaussws_noise.rounded_gaussian(random_words_like(w, 1, 2) >> 23, 9)
+    u = gaussws_noise.noise_spacing(w, "e3m2")
     assert torch.equal(sampled, (w.float() + rounded.float() * u).to(w.dtype))
 
 
@@ -260,7 +263,7 @@ def test_sample_weight_passes_the_gradient_straight_through() -> None:
     w = torch.randn(4, 32, dtype=torch.bfloat16, requires_grad=True)
     weights = torch.randn(4, 32, dtype=torch.bfloat16)
     sampled = srnn.sample_weight(w, "e3m2", seed=1, offset=0, backend="torch")
-    assert torch.equal(sampled, gaussws.sample_weight_torch(w, "e3m2", seed=1, offset=0))
+    assert torch.equal(sampled, gaussws_noise.sample_weight_torch(w, "e3m2", seed=1, offset=0))
     (sampled * weights).sum().backward()
     assert w.grad is not None and torch.equal(w.grad, weights)
 
@@ -276,7 +279,7 @@ def test_the_kernel_backend_gives_the_pytorch_paths_bits_in_a_training_step() ->
     device = "cuda" if torch.cuda.is_available() else "cpu"
     w = torch.randn(8, 64, device=device).to(torch.bfloat16)
     kernel = srnn.sample_weight(w, "e3m2", seed=3, offset=4, backend="triton")
-    assert torch.equal(kernel, gaussws.sample_weight_torch(w, "e3m2", seed=3, offset=4))
+    assert torch.equal(kernel, gaussws_noise.sample_weight_torch(w, "e3m2", seed=3, offset=4))
     models = [
         srnn.gaussws_(make_model().to(device), "e2m3", seed=2, backend=backend)
         for backend in ("triton", "torch")
@@ -303,11 +306,11 @@ def test_a_prepared_launch_gives_the_kernels_bits_and_refuses_other_weights() ->
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     w = torch.randn(8, 64, device=device).to(torch.bfloat16)
-    table = gaussws.gaussian_thresholds(32)
+    table = gaussws_noise.gaussian_thresholds(32)
     prepared = PreparedSample(w, "e3m2", 32, table, 32)
     seed = torch.tensor([5], device=device)
     offset = torch.tensor([2**40 + 7], device=device)
-    expected = gaussws.sample_weight_torch(w, "e3m2", seed=5, offset=2**40 + 7)
+    expected = gaussws_noise.sample_weight_torch(w, "e3m2", seed=5, offset=2**40 + 7)
     assert torch.equal(prepared(w, seed, offset), expected)
     with pytest.raises(ValueError, match="as prepared"):
         prepared(w.float(), seed, offset)
@@ -324,7 +327,7 @@ def test_diffq_noise_is_box_muller_of_two_words_times_the_block_range() -> None:
     """The "diffq" noise: ``w + (N/2) (max - min) / (2**b - 1)``, N = sqrt(-2 ln U1) cos(2 pi U2)
     from the words of indices 2i and 2i + 1 (top 24 bits each), b = 6 for e3m2."""
     w = torch.randn(3, 16, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
-    sampled = gaussws.sample_weight_torch(w, "e3m2", block=8, noise="diffq", seed=2, offset=3)
+    sampled = gaussws_noise.sample_weight_torch(w, "e3m2", block=8, noise="diffq", seed=2, offset=3)
     index = torch.arange(w.numel() * 2, dtype=torch.int64)
     words = (random_words(index, 2, 3) >> 8).to(torch.float32).reshape(3, 16, 2)
     first = (words[..., 0] + 1.0) * 2.0**-24
@@ -340,7 +343,7 @@ def test_sr_noise_is_the_block_formats_sr_fake_quantization() -> None:
     """The "sr" noise: `stochround.blocks.fake_quantize` into blocks of e2m3 elements with an E8M0
     scale (rule "floor") in mode "sr", from the same stream, bit for bit."""
     w = torch.randn(4, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    sampled = gaussws.sample_weight_torch(w, "e2m3", block=32, noise="sr", seed=8, offset=1)
+    sampled = gaussws_noise.sample_weight_torch(w, "e2m3", block=32, noise="sr", seed=8, offset=1)
     block_format = sr.blocks.BlockFormat(
         name="mine",
         element=sr.format("e2m3"),
@@ -380,7 +383,7 @@ def test_a_training_forward_samples_with_its_layers_step_offset() -> None:
     seen = []
     for step in range(2):
         offset = linear.stream_offset(step, 0, gaussws.GAUSSWS_SLOT)
-        expected = gaussws.sample_weight_torch(raw, "e3m2", seed=key(11), offset=offset)
+        expected = gaussws_noise.sample_weight_torch(raw, "e3m2", seed=key(11), offset=offset)
         got = first.weight
         assert torch.equal(got, expected)
         assert int(sampling_of(first).step) == step + 1
@@ -388,7 +391,7 @@ def test_a_training_forward_samples_with_its_layers_step_offset() -> None:
     assert not torch.equal(seen[0], seen[1])
     offset = linear.stream_offset(0, 1, gaussws.GAUSSWS_SLOT)
     raw_second = second.parametrizations.weight.original  # type: ignore[union-attr]
-    expected = gaussws.sample_weight_torch(raw_second, "e3m2", seed=key(11), offset=offset)
+    expected = gaussws_noise.sample_weight_torch(raw_second, "e3m2", seed=key(11), offset=offset)
     assert torch.equal(second.weight, expected)
 
 
@@ -421,7 +424,7 @@ def test_a_layers_weight_gradient_is_the_sampled_weights_and_a_state_dict_resume
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     model(x).float().square().sum().backward()
     offset = linear.stream_offset(0, 0, gaussws.GAUSSWS_SLOT)
-    sampled = gaussws.sample_weight_torch(raw, "e3m2", seed=key(3), offset=offset)
+    sampled = gaussws_noise.sample_weight_torch(raw, "e3m2", seed=key(3), offset=offset)
     weight = sampled.detach().requires_grad_()
     nn.functional.linear(x, weight, layer.bias).float().square().sum().backward()
     assert raw.grad is not None and torch.equal(raw.grad, weight.grad)
@@ -578,56 +581,64 @@ W = torch.zeros(2, 32, dtype=torch.bfloat16)
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: gaussws.sample_weight_torch(W, 3, seed=0, offset=0), TypeError, "fmt must"),
+        (lambda: gaussws_noise.sample_weight_torch(W, 3, seed=0, offset=0), TypeError, "fmt must"),
         (
-            lambda: gaussws.sample_weight_torch(W, "e9m9", seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W, "e9m9", seed=0, offset=0),
             ValueError,
             "unknown format",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W.double(), "e3m2", seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W.double(), "e3m2", seed=0, offset=0),
             TypeError,
             "w must be a float32",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W[0, 0], "e3m2", seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W[0, 0], "e3m2", seed=0, offset=0),
             ValueError,
             "at least one dimension",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W, "e3m2", block=24, seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", block=24, seed=0, offset=0),
             ValueError,
             "block=24 must divide",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W, "e3m2", block=0, seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", block=0, seed=0, offset=0),
             ValueError,
             "block must be a positive int",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W, "e3m2", block=2.0, seed=0, offset=0),  # type: ignore[arg-type]
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", block=2.0, seed=0, offset=0),  # type: ignore[arg-type]
             TypeError,
             "block must be",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W, "e3m2", noise="uniform", seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", noise="uniform", seed=0, offset=0),
             ValueError,
             "noise must be one of",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W, "e3m2", noise_bits=33, seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", noise_bits=33, seed=0, offset=0),
             ValueError,
             "noise_bits must be in 1..32",
         ),
         (
-            lambda: gaussws.sample_weight_torch(W, "e3m2", noise_bits=True, seed=0, offset=0),
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", noise_bits=True, seed=0, offset=0),
             TypeError,
             "noise_bits must be an int",
         ),
-        (lambda: gaussws.sample_weight_torch(W, "e3m2", seed=-1, offset=0), ValueError, "seed"),
-        (lambda: gaussws.sample_weight_torch(W, "e3m2", seed=0, offset=1.5), TypeError, "offset"),  # type: ignore[arg-type]
         (
-            lambda: gaussws.sample_weight_torch(W, "e3m2", seed=0, offset=0, index_offset=-1),
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", seed=-1, offset=0),
+            ValueError,
+            "seed",
+        ),
+        (
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", seed=0, offset=1.5),
+            TypeError,
+            "offset",
+        ),  # type: ignore[arg-type]
+        (
+            lambda: gaussws_noise.sample_weight_torch(W, "e3m2", seed=0, offset=0, index_offset=-1),
             ValueError,
             "index_offset",
         ),
@@ -641,10 +652,10 @@ W = torch.zeros(2, 32, dtype=torch.bfloat16)
                 W, "e3m2", noise="diffq", seed=0, offset=0, backend="triton"
             ),
             ValueError,
-            "noise='diffq' runs on the PyTorch path",
+            "backend='triton' cannot serve this call: noise='diffq' runs on the PyTorch path",
         ),
-        (lambda: gaussws.rounded_gaussian(torch.zeros(2), 8), TypeError, "integer tensor"),
-        (lambda: gaussws.gaussian_thresholds(0), ValueError, "noise_bits"),
+        (lambda: gaussws_noise.rounded_gaussian(torch.zeros(2), 8), TypeError, "integer tensor"),
+        (lambda: gaussws_noise.gaussian_thresholds(0), ValueError, "noise_bits"),
         (lambda: srnn.GaussWS(layer_index=2**28), ValueError, "layer_index"),
         (lambda: srnn.GaussWS(layer_index=1.0), TypeError, "layer_index"),  # type: ignore[arg-type]
         (lambda: srnn.GaussWS(seed=2**64), ValueError, "seed"),

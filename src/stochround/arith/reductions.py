@@ -26,7 +26,7 @@ from .. import random as streams
 from .. import rounding
 from ..formats import Format
 from ..formats import format as find_format
-from ..kernels.availability import check_backend, kernels_refusal
+from ..kernels.availability import check_backend, kernels_refusal, use_kernel
 from ..reference import check_choice, check_mode
 from .checks import check_operands, eager_only, format_and_mode, operands
 from .elementwise import add, finish, round_pair, sub
@@ -364,8 +364,8 @@ def matmul(
         product_fmt=product_fmt, dim=-1, order=order, block=block, rbits=rbits
     )
     arguments.update(variant=variant, sat=sat, offset=offset, rand=rand)
-    # K = 0 goes to `dot` on every backend, for its error
-    if backend == "torch" or (backend == "auto" and not a.is_cuda) or a.shape[-1] == 0:
+    # K = 0 goes to `dot` on every backend, for its error; "torch" has no kernel to ask about
+    if backend == "torch" or a.shape[-1] == 0:
         rounded = dot(x, y, fmt, mode, seed=seed, **arguments)
         return with_exact_gradient(rounded, torch.matmul, exact_a, exact_b)
     # Check the arguments as `dot` does, in its order, and draw the default seed once: a
@@ -380,8 +380,8 @@ def matmul(
     request = rounding.check_request(
         a.new_empty(0), fmt, mode, rbits, variant, sat, seed, offset, None, 0
     )
-    reason = _matmul_triton_unsupported(a, b, fmt, pfmt, order, mode, request.n, rand)
-    if reason is None:
+    refusal = _matmul_kernel_refusal(a, b, fmt, pfmt, order, mode, request.n, rand)
+    if use_kernel(backend, "a", a.is_cuda, refusal):
         from ..kernels.matmul import matmul_triton
 
         rounded = matmul_triton(
@@ -398,14 +398,12 @@ def matmul(
             seed=seed,
             offset=offset,
         )
-    elif backend == "triton":
-        raise ValueError(f"backend='triton' cannot compute this matmul: {reason}")
     else:
         rounded = dot(x, y, fmt, mode, seed=seed, **arguments)
     return with_exact_gradient(rounded, torch.matmul, exact_a, exact_b)
 
 
-def _matmul_triton_unsupported(
+def _matmul_kernel_refusal(
     a: Tensor,
     b: Tensor,
     fmt: Format,
@@ -415,7 +413,8 @@ def _matmul_triton_unsupported(
     n: int,
     rand: object,
 ) -> str | None:
-    """Why the Triton kernel cannot compute this matmul (None if it can)."""
+    """Why the Triton kernel cannot compute this matmul (None if it can); where no kernel
+    runs at all it says so without importing the kernel module, which imports Triton."""
     reason = kernels_refusal("a", a.is_cuda)
     if reason is not None:
         return reason

@@ -1,14 +1,16 @@
 """Emulation: unmodified PyTorch code run in any format and rounding mode.
 
 - `stochround.emulate.mode`: `emulate`, the dispatch mode that rounds every floating ATen
-  op's outputs to a format, and `Emulation`, its class;
+  op's outputs to a format; `stochround.emulate.dispatch`: `Emulation`, its class;
+  `stochround.emulate.ops`: which ops and dtypes it rounds, and how;
 - `stochround.emulate.mca`: Monte Carlo arithmetic on an unmodified function, `mca`, and
   its result, `MCAResult`.
 """
 
 from __future__ import annotations
 
+from .dispatch import Emulation
 from .mca import MCAResult, mca
-from .mode import Emulation, emulate
+from .mode import emulate
 
 __all__ = ["Emulation", "MCAResult", "emulate", "mca"]

@@ -27,7 +27,8 @@ from .. import random as streams
 from ..formats import Format, format_of_dtype
 from ..reference import check_mode
 from ..torch_path import FLOAT_DTYPES
-from .mode import Emulation, FormatSpec, target_formats
+from .dispatch import Emulation
+from .ops import FormatSpec, target_formats
 
 __all__ = [
     "MAX_PRECISION",

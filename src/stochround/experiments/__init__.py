@@ -1,6 +1,6 @@
 """The experiment suite: one module per experiment, each with
 ``run(quick, seed, out, progress) -> Experiment`` (those that train a model, lm, also take
-``device``); `report` holds the shared helpers."""
+``device``; its parts are the `lm_*` modules); `report` holds the shared helpers."""
 
 from types import ModuleType
 

@@ -5,7 +5,7 @@ trained on one device from the same seed.
         [--row ROW] [--steps N] [--quick] [--batch-split {same,split}] [--seed S] \\
         [--device {cpu,cuda}] [--reference DIR] [--out DIR]
 
-The run is `language_model.train_run`'s for the row (its model, data, recipe, optimizer
+The run is `lm_training.train_run`'s for the row (its model, data, recipe, optimizer
 and schedule) with a `Placement`: every rank builds the same initial weights (one CPU
 generator seeded with the run's seed), applies the row's recipe, then `fully_shard` shards
 each block, then the root, over a 1-D mesh of all ranks (NCCL on CUDA, each rank on the
@@ -36,7 +36,7 @@ The ratio of the gradient norm to the quantization noise is not measured here
 
 The reference.  Without ``--reference`` it is trained inline by rank 0 on its device
 before any model is sharded, while the other ranks wait at a barrier: right for the quick
-sizes.  With ``--reference DIR`` it is `language_model.cached_run`'s: read from
+sizes.  With ``--reference DIR`` it is `lm_training.cached_run`'s: read from
 ``DIR/ROW-seedSEED.json`` where a single-device run of the same settings is there (as
 ``stochround run lm --out OUT`` writes them under ``OUT/lm-runs``; train a full-size
 reference once, beforehand), else trained inline as above and written there.  A bit-for-bit
@@ -71,21 +71,10 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import Tensor, nn
 
-from .language_model import (
-    FULL,
-    GPT,
-    QUICK,
-    ROWS,
-    Data,
-    Placement,
-    RunResult,
-    Sizes,
-    cached_run,
-    load_data,
-    row_by_key,
-    run_settings,
-    train_run,
-)
+from .lm_data import Data, load_data
+from .lm_model import GPT
+from .lm_rows import FULL, QUICK, ROWS, Sizes, row_by_key
+from .lm_training import Placement, RunResult, cached_run, run_settings, train_run
 from .report import NoProgress, ProgressLike, Table
 
 MODES = ("same", "split")

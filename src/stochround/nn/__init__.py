@@ -7,7 +7,8 @@ rounded-Gaussian noise at a target format's resolution, `gaussws_`, which regist
 a model's `nn.Linear` weights, and the functional `sample_weight`).
 
 `recipes` holds the data, `linear` the layer and its autograd function, `apply` the
-module swaps (both ways), `gaussws` the weight sampling.
+module swaps (both ways), `gaussws_noise` the sampling's noise (the PyTorch path the kernel
+matches) and `gaussws` the sampling applied to a model.
 """
 
 from __future__ import annotations

@@ -1,0 +1,467 @@
+"""`Emulation`, the `TorchDispatchMode` that runs each ATen op as the emulation says and
+rounds its floating outputs (the emulation guide, docs/guide/emulate.md, states what is
+rounded, with which offsets, and why).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import arith, rounding
+from .. import random as streams
+from ..formats import Format
+from ..presets import HardwarePreset
+from ..reference import check_choice, check_mode
+from ..torch_path import FLOAT_DTYPES
+from .ops import (
+    ACCUMULATES,
+    COMPUTES,
+    MATMUL_OPS,
+    OPS,
+    PER_OP_OPS,
+    FormatSpec,
+    OpKind,
+    aten,
+    cannot_compute_per_op,
+    cast_formats,
+    op_kind,
+    target_formats,
+)
+
+_Observer = Callable[[torch._ops.OpOverload, Any], None]
+
+# Set while an emulation's handler runs, in the thread that runs it: the ops it dispatches
+# (the op itself, the rounding's own arithmetic) pass through every enclosing emulation, so
+# the innermost emulation alone rounds an op and no rounding is rounded again.
+_handling = threading.local()
+
+
+def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
+    """``ops``, checked: one of `OPS` or a callable (ValueError/TypeError naming it)."""
+    if callable(ops):
+        return ops
+    if not isinstance(ops, str):
+        raise TypeError(f"ops must be one of {OPS} or a callable(func) -> bool; got {ops!r}")
+    return check_choice("ops", ops, OPS)
+
+
+def _tensors(values: Iterable[object]) -> Iterator[Tensor]:
+    """The tensors among an ATen op's arguments or outputs: its schema admits tensors,
+    lists and tuples of them (optional ones: None) and scalars, never a dict, so a walk of
+    the lists and tuples finds them all (a general pytree walk costs every op's dispatch
+    more than the op itself)."""
+    for value in values:
+        if isinstance(value, Tensor):
+            yield value
+        elif isinstance(value, list | tuple):
+            yield from _tensors(value)
+
+
+def _each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
+    """``function`` applied to each tensor of an op's output: a tensor, or a tuple or list
+    of tensors and other values (the shapes an ATen op returns)."""
+    if isinstance(out, Tensor):
+        return function(out)
+    if isinstance(out, list):
+        return [_each_output(function, value) for value in out]
+    if isinstance(out, tuple):
+        return tuple(_each_output(function, value) for value in out)
+    return out
+
+
+def _unsupported(value: object) -> None:
+    """TypeError for a complex or sparse (any non-strided) tensor: SR of their values is
+    not defined here (complex) or would lose their structure (sparse)."""
+    if isinstance(value, Tensor):
+        if value.is_complex():
+            raise TypeError(
+                f"emulate does not support complex tensors (got {value.dtype}): round the "
+                "real and imaginary parts as real tensors"
+            )
+        if value.layout != torch.strided:
+            raise TypeError(
+                f"emulate does not support {value.layout} tensors: only dense (strided) "
+                "tensors can be rounded; pass x.to_dense()"
+            )
+
+
+class Emulation(TorchDispatchMode):
+    """The dispatch mode `emulate` returns; ``with`` it, every floating ATen op's floating
+    outputs are rounded (`emulate`).  Arguments as `emulate` takes them, and
+    ``observer``: None or a callable ``observer(func, outputs)`` called after each op
+    that rounded an output, with the ATen op and its (rounded) result.
+
+    ``calls``: the tensors rounded so far, which is also the counter: the next rounding
+    draws its random words at offset ``calls`` of the stream ``key`` (``seed`` in
+    `StreamDomain.EMULATE`: `stochround.random.stream_key`).
+    """
+
+    def __init__(
+        self,
+        fmt: FormatSpec | Mapping[torch.dtype, FormatSpec],
+        mode: str = "rne",
+        *,
+        seed: int | None = None,
+        ops: str | Callable[[torch._ops.OpOverload], bool] = "all",
+        rbits: int | None = None,
+        variant: str = "c",
+        hardware: str | HardwarePreset | None = None,
+        round_inputs: bool = False,
+        compute: str = "native",
+        accumulate: str = "once",
+        observer: _Observer | None = None,
+    ) -> None:
+        super().__init__()
+        self.formats = target_formats(fmt)
+        self.cast_formats = cast_formats(fmt)
+        self.mode = check_mode(mode)
+        self.ops = _check_ops(ops)
+        self.compute = check_choice("compute", compute, COMPUTES)
+        self.accumulate = check_choice("accumulate", accumulate, ACCUMULATES)
+        if self.accumulate == "per_op" and hardware is not None:
+            raise ValueError(
+                "accumulate='per_op' rounds with stochround.arith, which takes no hardware "
+                f"preset; got hardware={hardware!r}: pass accumulate='once' or hardware=None"
+            )
+        if not isinstance(round_inputs, bool):
+            raise TypeError(f"round_inputs must be a bool; got {round_inputs!r}")
+        if observer is not None and not callable(observer):
+            raise TypeError(f"observer must be None or a callable; got {observer!r}")
+        self.round_inputs, self.observer = round_inputs, observer
+        self.rbits, self.variant, self.hardware = rbits, variant, hardware
+        self.seed = (
+            streams.default_seed() if seed is None else int(streams.check_seed(seed, "seed"))
+        )
+        self.key = int(streams.stream_key(self.seed, streams.StreamDomain.EMULATE))
+        self.calls = 0
+        # the rounding's own checks (rbits, variant, hardware against the mode and format)
+        # raise here, not at the first op
+        self._unhandled(self._probe)
+
+    def _probe(self) -> None:
+        for dtype, target in self.formats.items():
+            self._rounded(torch.zeros(1, dtype=dtype), target, offset=0)
+
+    def _unhandled(self, body: Callable[[], Any]) -> Any:
+        """body() with the enclosing emulations passed through (`_handling`)."""
+        outer = getattr(_handling, "active", False)
+        _handling.active = True
+        try:
+            return body()
+        finally:
+            _handling.active = outer
+
+    def _rounded(self, x: Tensor, target: Format, offset: int) -> Tensor:
+        """x rounded to ``target`` (values in x's dtype) with the words of offset ``offset``."""
+        return rounding.round(
+            x,
+            target,
+            self.mode,
+            rbits=self.rbits,
+            variant=self.variant,
+            seed=self.key,
+            offset=offset,
+            hardware=self.hardware,
+        )
+
+    def _selected(self, func: torch._ops.OpOverload) -> bool:
+        if self.ops == "all":
+            return True
+        if self.ops == "matmul":
+            return func.overloadpacket in MATMUL_OPS
+        assert callable(self.ops)  # checked in __init__
+        return bool(self.ops(func))
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if getattr(_handling, "active", False):  # an inner emulation's op or rounding
+            return func(*args, **kwargs)
+        for tensor in _tensors((args, kwargs.values())):
+            _unsupported(tensor)
+        kind = op_kind(func)
+        if kind.aliases_only or not self._selected(func):
+            return func(*args, **kwargs)
+        return self._unhandled(lambda: self._emulated(func, kind, args, kwargs))
+
+    def _emulated(
+        self,
+        func: torch._ops.OpOverload,
+        kind: OpKind,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run the op as the emulation says and round its floating outputs."""
+        if self.round_inputs:
+            args, kwargs = self._inputs_rounded(kind, args, kwargs)
+        before = self.calls
+        cast = self._cast(func, args, kwargs)
+        per_op = None
+        if cast is None and self.accumulate == "per_op":
+            per_op = self._per_op(func, args, kwargs)
+        if cast is not None:
+            out = cast
+        elif per_op is not None:
+            out = per_op
+        elif self.compute == "float64" and not kind.seeded:
+            out = self._wide(func, kind, args, kwargs)
+        else:
+            out = func(*args, **kwargs)
+            for tensor in self._mutated(kind, args, kwargs):
+                if tensor.dtype in self.formats:
+                    tensor.copy_(self._next_rounding(tensor, self.formats[tensor.dtype]))
+            if not kind.mutated_positions:
+                out = _each_output(self._output_rounded, out)
+        for tensor in _tensors((out,)):
+            _unsupported(tensor)
+        if self.observer is not None and self.calls > before:
+            self.observer(func, out)
+        return out
+
+    def _cast(
+        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Tensor | None:
+        """A conversion between floating dtypes (``x.to(dtype)``: ``_to_copy``; ``dst.copy_
+        (src)``) into a dtype with a format, or None for any other op.  The source is rounded
+        once to the destination's format (in float64, which holds both) and then converted,
+        exactly: converting first would round to nearest in the destination dtype, and an
+        SR or directed rounding after it would see its values already rounded."""
+        if func is aten._to_copy.default:
+            source = args[0]
+            target = self._cast_format(kwargs.get("dtype") or source.dtype)
+            if target is None or not source.is_floating_point():
+                return None
+            return func(self._next_rounding(source.to(torch.float64), target), **kwargs)
+        if func is aten.copy_.default:
+            destination, source = args[0], args[1]
+            target = self._cast_format(destination.dtype)
+            if target is None or not isinstance(source, Tensor) or not source.is_floating_point():
+                return None
+            rounded = self._next_rounding(source.to(torch.float64), target)
+            return func(destination, rounded, *args[2:], **kwargs)
+        return None
+
+    def _per_op(
+        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Tensor | None:
+        """accumulate="per_op": an op of `PER_OP_OPS` computed by `stochround.arith`, every
+        product and every addition rounded to the format with the mode; None for an op that
+        does not accumulate (rounded once, as under "once") or whose result has no format.
+        ValueError naming the op for an accumulating op it cannot compute
+        (`cannot_compute_per_op`)."""
+        if func not in PER_OP_OPS:
+            if cannot_compute_per_op(func):
+                raise ValueError(
+                    f"accumulate='per_op' cannot compute {func} per operation (it computes "
+                    f"{', '.join(sorted(str(op) for op in PER_OP_OPS))}); run it under "
+                    "accumulate='once' or leave it out with an ops filter"
+                )
+            return None
+        first = args[0]
+        dtype = kwargs.get("dtype") or first.dtype
+        target = self.formats.get(dtype)
+        if target is None:
+            return None
+        if func.overloadpacket in (aten.sum, aten.mean):
+            return self._per_op_sum(func, first.to(dtype), args[1:], kwargs, target)
+        return self._per_op_product(func, args, kwargs, target)
+
+    def _arith_options(self, steps: int) -> dict[str, Any]:
+        """The rounding options of an arith call that consumes ``steps`` offsets, starting
+        at the counter, which it advances past them."""
+        options = dict(rbits=self.rbits, variant=self.variant, seed=self.key, offset=self.calls)
+        self.calls += steps
+        return options
+
+    def _per_op_sum(
+        self,
+        func: torch._ops.OpOverload,
+        x: Tensor,
+        rest: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        target: Format,
+    ) -> Tensor:
+        """sum/mean over ``dim`` (None or []: every dim): the reduced dims moved last and
+        flattened row-major, `arith.sum` in recursive order (offsets k .. k + n - 1 for n
+        terms); mean divides that sum by n with `arith.div`, the next offset, k + n."""
+        dim = rest[0] if rest else kwargs.get("dim")
+        keepdim = bool(rest[1]) if len(rest) > 1 else bool(kwargs.get("keepdim", False))
+        dims = sorted(d % max(x.ndim, 1) for d in dim) if dim else list(range(x.ndim))
+        kept = [d for d in range(x.ndim) if d not in dims]
+        terms = x.detach().permute([*kept, *dims]).reshape(*(x.shape[d] for d in kept), -1)
+        count = terms.shape[-1]
+        if count == 0:
+            raise ValueError(f"accumulate='per_op' cannot compute {func} of no elements")
+        total = arith.sum(terms, target, self.mode, dim=-1, **self._arith_options(count))
+        if func.overloadpacket is aten.mean:
+            divisor = torch.full_like(total, float(count))
+            total = arith.div(total, divisor, target, self.mode, **self._arith_options(1))
+        if keepdim:
+            shape = [1 if d in dims else size for d, size in enumerate(x.shape)]
+            total = total.reshape(shape)
+        return total
+
+    def _per_op_product(
+        self,
+        func: torch._ops.OpOverload,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        target: Format,
+    ) -> Tensor:
+        """mm, bmm, mv, dot, addmm: `arith.matmul` (`arith.dot` for dot), products rounded
+        to the format and summed in recursive order, offsets k (the products) and
+        k + 1 .. k + K (the K steps of the sum); addmm adds its ``input`` with `arith.add`
+        at offset k + K + 1 (beta = alpha = 1 only)."""
+        if func is aten.addmm.default:
+            bias, a, b = args[0], args[1], args[2]
+            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+            if beta != 1 or alpha != 1:
+                raise ValueError(
+                    f"accumulate='per_op' computes {func} with beta = alpha = 1 only; got "
+                    f"beta={beta!r}, alpha={alpha!r}"
+                )
+        else:
+            bias, a, b = None, args[0], args[1]
+        a, b = a.detach(), b.detach()
+        count = a.shape[-1]
+        if func is aten.dot.default:
+            return arith.dot(a, b, target, self.mode, **self._arith_options(count + 1))
+        if func is aten.mv.default:
+            column = arith.matmul(
+                a, b.unsqueeze(-1), target, self.mode, **self._arith_options(count + 1)
+            )
+            return column.squeeze(-1)
+        out = arith.matmul(a, b, target, self.mode, **self._arith_options(count + 1))
+        if bias is not None:
+            out = arith.add(bias.detach(), out, target, self.mode, **self._arith_options(1))
+        return out
+
+    def _cast_format(self, dtype: torch.dtype) -> Format | None:
+        """The format a conversion into ``dtype`` rounds to (None: none)."""
+        target = self.formats.get(dtype)
+        return self.cast_formats.get(dtype) if target is None else target
+
+    def _output_rounded(self, out: Tensor) -> Tensor:
+        """A fresh output rounded, if its dtype has a format: the rounding's own result where
+        its strides are the output's (one pass: a dense output, the common case), else
+        copied into the output (its strides kept: a transposed ``mm`` result, ...)."""
+        if out.dtype not in self.formats:
+            return out
+        rounded = self._next_rounding(out, self.formats[out.dtype])
+        if rounded.stride() == out.stride():
+            return rounded
+        return out.copy_(rounded)
+
+    def _mutated(self, kind: OpKind, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+        """The floating tensors an op mutates (its ``Tensor(a!)`` arguments)."""
+        found = []
+        for position, name in zip(kind.mutated_positions, kind.mutated_names, strict=True):
+            value = args[position] if position < len(args) else kwargs.get(name)
+            candidates = value if isinstance(value, list | tuple) else [value]
+            found += [t for t in candidates if isinstance(t, Tensor) and t.is_floating_point()]
+        return found
+
+    def _inputs_rounded(
+        self, kind: OpKind, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The op's arguments with every floating tensor of a mapped dtype rounded: the
+        mutated ones in place (the op overwrites them anyway), the others as copies (the
+        caller's tensors are not changed)."""
+        mutated = {id(t) for t in self._mutated(kind, args, kwargs)}
+
+        def entered(t: Tensor) -> Tensor:
+            if t.dtype not in self.formats:
+                return t
+            if id(t) in mutated:
+                return t.copy_(self._next_rounding(t, self.formats[t.dtype]))
+            return self._next_rounding(t, self.formats[t.dtype])
+
+        return pytree.tree_map_only(Tensor, entered, (args, kwargs))
+
+    def _wide(
+        self,
+        func: torch._ops.OpOverload,
+        kind: OpKind,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """compute="float64": the op on float64 copies of the floating inputs (Python
+        floats as the op's arithmetic holds them, `_scalar_dtype`), each result rounded
+        once and stored in the output the op gives natively (its dtype, shape, strides).
+        An op that gives no output of a dtype with a format runs natively only."""
+        mutated = self._mutated(kind, args, kwargs)
+        if kind.mutated_positions:
+            if not any(t.dtype in self.formats for t in mutated):
+                return func(*args, **kwargs)
+            native = None
+        else:
+            # the native run gives the outputs' dtypes (promotion, dtype= arguments) and
+            # layout; the values of those with a format are replaced
+            native = func(*args, **kwargs)
+            outputs = pytree.tree_leaves(native)
+            if not any(isinstance(t, Tensor) and t.dtype in self.formats for t in outputs):
+                return native
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+        floating = [t for t in tensors if t.dtype in FLOAT_DTYPES]
+        scalar_dtype = _scalar_dtype(floating)
+        wide_of = {id(t): t.to(torch.float64, copy=True) for t in floating}
+
+        def widened(value: object) -> object:
+            if isinstance(value, Tensor):
+                return wide_of.get(id(value), value)
+            if isinstance(value, float) and scalar_dtype is not None:
+                return float(torch.tensor(value, dtype=scalar_dtype))
+            return value
+
+        wide_args, wide_kwargs = pytree.tree_map(widened, (args, kwargs))
+        wide_out = func(*wide_args, **wide_kwargs)
+        if native is None:  # an in-place or out= op: its mutated tensors take the results
+            for tensor in mutated:
+                result = wide_of[id(tensor)]
+                if tensor.shape != result.shape:  # an out= tensor the op resized
+                    tensor.resize_(result.shape)
+                if tensor.dtype in self.formats:
+                    result = self._next_rounding(result, self.formats[tensor.dtype])
+                tensor.copy_(result)
+            # what it returns: its mutated arguments (or nothing), the caller's tensors
+            original_of = {id(wide_of[id(t)]): t for t in floating}
+            return pytree.tree_map_only(Tensor, lambda t: original_of.get(id(t), t), wide_out)
+        outs, spec = pytree.tree_flatten(native)
+        for out, wide in zip(outs, pytree.tree_leaves(wide_out), strict=True):
+            if isinstance(out, Tensor) and out.dtype in self.formats:
+                out.copy_(self._next_rounding(wide, self.formats[out.dtype]))
+        return pytree.tree_unflatten(outs, spec)
+
+    def _next_rounding(self, x: Tensor, target: Format) -> Tensor:
+        """x rounded to ``target`` with the next offset of the counter: a new tensor of x's
+        dtype (float64 for a result computed wide, which holds every format until stored)."""
+        offset = self.calls
+        self.calls += 1
+        return self._rounded(x.detach(), target, offset)
+
+
+def _scalar_dtype(floating: list[Tensor]) -> torch.dtype | None:
+    """The dtype a Python float takes in a native op on these tensors: their promoted
+    floating dtype's opmath type (float32 for bf16, fp16 and fp32, where PyTorch's CPU and
+    CUDA kernels compute; float64 for float64); None where no floating tensor is given."""
+    if not floating:
+        return None
+    promoted = floating[0].dtype
+    for t in floating[1:]:
+        promoted = torch.promote_types(promoted, t.dtype)
+    return torch.float64 if promoted == torch.float64 else torch.float32
+
+
+__all__ = ["Emulation"]

@@ -1,0 +1,217 @@
+"""Which ATen ops and dtypes an emulation rounds, and how: the op tables (`MATMUL_OPS`,
+`PER_OP_OPS`), each op's schema read once (`OpKind`), and the format each floating dtype's
+results take (`target_formats`, `cast_formats`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..formats import Format, format_of_dtype
+from ..formats import format as find_format
+from ..torch_path import FLOAT_DTYPES
+
+OPS = ("all", "matmul")
+COMPUTES = ("native", "float64")
+ACCUMULATES = ("once", "per_op")
+
+aten = torch.ops.aten
+
+# the ATen ops `ops="matmul"` rounds: the products, and the convolutions (forward and
+# backward); `matmul`, `linear` and `conv2d` reach the dispatcher as these
+MATMUL_OPS = frozenset(
+    {
+        aten.mm,
+        aten.bmm,
+        aten.addmm,
+        aten.baddbmm,
+        aten.addbmm,
+        aten.mv,
+        aten.addmv,
+        aten.dot,
+        aten.addr,
+        aten._addmm_activation,
+        aten.convolution,
+        aten.convolution_backward,
+        aten._convolution,
+    }
+)
+
+# the overloads `accumulate="per_op"` computes with `stochround.arith`, every addition of the
+# accumulation rounded (`Emulation._per_op`)
+PER_OP_OPS = frozenset(
+    {
+        aten.mm.default,
+        aten.bmm.default,
+        aten.mv.default,
+        aten.dot.default,
+        aten.addmm.default,
+        aten.sum.default,
+        aten.sum.dim_IntList,
+        aten.mean.default,
+        aten.mean.dim,
+    }
+)
+
+# ops that accumulate but that `accumulate="per_op"` cannot compute per operation: it
+# raises for them (and for the other overloads of `PER_OP_OPS`' packets) rather than
+# rounding their result once
+_ACCUMULATING = frozenset(
+    {
+        aten.baddbmm,
+        aten.addbmm,
+        aten.addmv,
+        aten._addmm_activation,
+        aten.convolution,
+        aten.convolution_backward,
+        aten._convolution,
+        aten.cumsum,
+        aten.cumprod,
+        aten.prod,
+        aten.nansum,
+        aten.var,
+        aten.std,
+        aten.var_mean,
+        aten.std_mean,
+        aten.norm,
+        aten.linalg_vector_norm,
+        aten.logsumexp,
+        aten.trace,
+        aten._softmax,
+        aten._log_softmax,
+        aten.native_layer_norm,
+        aten.native_batch_norm,
+    }
+)
+_PER_OP_PACKETS = frozenset(op.overloadpacket for op in PER_OP_OPS)
+
+# ops whose outputs hold no computed values (uninitialized memory, storage changes)
+_NO_VALUES = frozenset(
+    {
+        aten.empty,
+        aten.empty_like,
+        aten.empty_strided,
+        aten.new_empty,
+        aten.new_empty_strided,
+        aten.resize_,
+        aten.resize_as_,
+        aten.set_,
+    }
+)
+
+
+FormatSpec = Format | str | torch.dtype
+
+
+class OpKind:
+    """What an op's schema says about it, read once per op: whether it only aliases its
+    inputs (views, in-place metadata ops) or holds no values, and which arguments it
+    mutates (their positions and names)."""
+
+    __slots__ = ("aliases_only", "mutated_names", "mutated_positions", "seeded")
+
+    def __init__(self, func: torch._ops.OpOverload) -> None:
+        schema = func._schema
+        returns_alias = any(
+            r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
+        )
+        self.aliases_only = (
+            returns_alias
+            or torch.Tag.inplace_view in func.tags
+            or func.overloadpacket in _NO_VALUES
+        )
+        mutated = [
+            (index, argument.name)
+            for index, argument in enumerate(schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        ]
+        self.mutated_positions = tuple(index for index, _ in mutated)
+        self.mutated_names = tuple(name for _, name in mutated)
+        # random ops draw from torch's generator: computed once, natively (compute="float64")
+        self.seeded = torch.Tag.nondeterministic_seeded in func.tags
+
+
+_KINDS: dict[torch._ops.OpOverload, OpKind] = {}
+
+
+def op_kind(func: torch._ops.OpOverload) -> OpKind:
+    """`OpKind` of ``func``, read once per op."""
+    kind = _KINDS.get(func)
+    if kind is None:
+        kind = _KINDS[func] = OpKind(func)
+    return kind
+
+
+def target_formats(fmt: FormatSpec | Mapping[torch.dtype, FormatSpec]) -> dict[torch.dtype, Format]:
+    """The format each floating dtype's results are rounded to: for one format, every dtype
+    of `FLOAT_DTYPES` that holds it exactly (`Format.fits_in`); for a dict, its entries,
+    each checked to hold its format (ValueError/TypeError naming ``fmt`` otherwise)."""
+    if isinstance(fmt, Mapping):
+        targets = {}
+        for dtype, spec in fmt.items():
+            if dtype not in FLOAT_DTYPES:
+                allowed = ", ".join(map(str, FLOAT_DTYPES))
+                raise TypeError(f"fmt's keys must be floating dtypes ({allowed}); got {dtype!r}")
+            target = find_format(spec)
+            if not target.fits_in(format_of_dtype(dtype)):
+                raise ValueError(
+                    f"fmt maps {dtype} to {target.name}, whose values {dtype} cannot hold"
+                )
+            targets[dtype] = target
+        if not targets:
+            raise ValueError("fmt must map at least one floating dtype to a format")
+        return targets
+    target = find_format(fmt)
+    targets = {dtype: target for dtype in FLOAT_DTYPES if target.fits_in(format_of_dtype(dtype))}
+    if not targets:
+        raise ValueError(
+            f"fmt {target.name} fits in no floating dtype "
+            f"({', '.join(map(str, FLOAT_DTYPES))}): no result could hold its values"
+        )
+    return targets
+
+
+# the 8-bit float dtypes torch has: their tensors are not rounded (`stochround.round` takes
+# none), but a conversion into one rounds its source to the emulated format (`Emulation`)
+FLOAT8_DTYPES = tuple(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
+
+
+def cast_formats(fmt: FormatSpec | Mapping[torch.dtype, FormatSpec]) -> dict[torch.dtype, Format]:
+    """The format a conversion into each 8-bit float dtype rounds its source to: for one
+    format, every dtype of `FLOAT8_DTYPES` that holds it exactly; for a dict, none (its
+    keys are `FLOAT_DTYPES`)."""
+    if isinstance(fmt, Mapping):
+        return {}
+    target = find_format(fmt)
+    return {dtype: target for dtype in FLOAT8_DTYPES if target.fits_in(format_of_dtype(dtype))}
+
+
+def cannot_compute_per_op(func: torch._ops.OpOverload) -> bool:
+    """Whether ``accumulate="per_op"`` refuses ``func``: an op that accumulates but is not
+    one of `PER_OP_OPS` (another overload of theirs included), rather than rounding its
+    result once."""
+    return func not in PER_OP_OPS and (
+        func.overloadpacket in _ACCUMULATING or func.overloadpacket in _PER_OP_PACKETS
+    )
+
+
+__all__ = [
+    "ACCUMULATES",
+    "COMPUTES",
+    "MATMUL_OPS",
+    "OPS",
+    "PER_OP_OPS",
+    "FormatSpec",
+    "OpKind",
+    "aten",
+    "cannot_compute_per_op",
+    "cast_formats",
+    "op_kind",
+    "target_formats",
+]
