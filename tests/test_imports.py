@@ -23,6 +23,10 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # the kernel modules hold `@triton.jit` functions, so they import Triton: they are imported
 # only where a kernel runs; every other module must import without it
 NEEDS_TRITON = {
+    "stochround.kernels.block_amax",
+    "stochround.kernels.block_kernel",
+    "stochround.kernels.block_math",
+    "stochround.kernels.block_rotation",
     "stochround.kernels.blocks",
     "stochround.kernels.common",
     "stochround.kernels.gaussws",
