@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import triton
 import triton.language as tl
@@ -97,9 +97,10 @@ _SYMMETRIC_ELEMENTS = ("ocp_int8",)
 def element_format(fmt: Format, mode: str) -> ElementFormat:
     """``fmt``'s record, saturating to its finite range under ``mode`` (made once per
     choice: a launch on the hot path reads it)."""
+    # the shared constants typed loosely (their flags are ints): the record types them
+    shared: dict[str, Any] = {**format_constants(fmt), **overflow_bits(fmt, mode, "finite")}
     return ElementFormat(
-        **format_constants(fmt),
-        **overflow_bits(fmt, mode, "finite"),
+        **shared,
         EMAX=fmt.emax,
         MAX=fmt.max,
         SIGN_SHIFT=fmt.ebits + fmt.mbits,
