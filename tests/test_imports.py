@@ -33,8 +33,11 @@ NEEDS_TRITON = {
     "stochround.kernels.matmul",
     "stochround.kernels.optim",
     "stochround.kernels.philox",
+    "stochround.kernels.round_kernel",
     "stochround.kernels.rounding",
+    "stochround.kernels.row_tiles",
     "stochround.kernels.runtime",
+    "stochround.kernels.stream_sr",
     "stochround.kernels.transpose",
 }
 
