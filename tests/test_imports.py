@@ -23,14 +23,21 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # the kernel modules hold `@triton.jit` functions, so they import Triton: they are imported
 # only where a kernel runs; every other module must import without it
 NEEDS_TRITON = {
+    "stochround.kernels.block_amax",
+    "stochround.kernels.block_kernel",
+    "stochround.kernels.block_math",
+    "stochround.kernels.block_rotation",
     "stochround.kernels.blocks",
     "stochround.kernels.common",
     "stochround.kernels.gaussws",
     "stochround.kernels.matmul",
     "stochround.kernels.optim",
     "stochround.kernels.philox",
+    "stochround.kernels.round_kernel",
     "stochround.kernels.rounding",
+    "stochround.kernels.row_tiles",
     "stochround.kernels.runtime",
+    "stochround.kernels.stream_sr",
     "stochround.kernels.transpose",
 }
 

@@ -21,6 +21,7 @@ from stochround.blocks.formats import block_format
 from stochround.blocks.hadamard import NORMALIZATION
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.formats import format as sr_format
+from stochround.kernels import block_amax
 from stochround.kernels import blocks as kernel_blocks
 from stochround.kernels.blocks import fake_quantize_blocks, quantize_blocks
 from stochround.presets import preset
@@ -294,7 +295,7 @@ def test_cuda_kernel_equals_the_pytorch_path_on_the_cpu() -> None:
 def test_the_tensor_amax_equals_the_amax_of_the_magnitudes() -> None:
     """One read of x, NaN-aware, any input dtype, across several programs."""
     generator = torch.Generator().manual_seed(10)
-    x = torch.randn(3 * kernel_blocks.AMAX_BLOCK + 5, generator=generator).to(DEVICE)
+    x = torch.randn(3 * block_amax.AMAX_BLOCK + 5, generator=generator).to(DEVICE)
     x[77] = -1000.0
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         expected = x.to(dtype).abs().amax().to(torch.float32)
@@ -378,7 +379,7 @@ def test_the_nvfp4_tensor_scale_in_two_launches_equals_the_scale_rules(flavour: 
     """Ordinary, all-zero, NaN, infinite, fp32-subnormal (TE's S_enc saturates) and huge
     amax, over several partial maxima."""
     generator = torch.Generator().manual_seed(12)
-    base = torch.randn(2 * kernel_blocks.AMAX_BLOCK + 3, generator=generator)
+    base = torch.randn(2 * block_amax.AMAX_BLOCK + 3, generator=generator)
     cases = [base, base * 0, base * 1e-42, base * 1e37, base.clone(), base.clone()]
     cases[4][5] = math.nan
     cases[5][-1] = -math.inf

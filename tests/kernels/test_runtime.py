@@ -18,7 +18,7 @@ from triton import knobs
 
 import stochround as sr
 from stochround.kernels import rounding as kernels
-from stochround.kernels import runtime
+from stochround.kernels import runtime, stream_sr
 from stochround.kernels.runtime import Launch, _hooks_registered
 
 E2M1 = sr.format("e2m1")
@@ -138,7 +138,7 @@ def _jit_function(kernel: object) -> triton.JITFunction:
 
 
 def test_hooks_registered_reads_triton_hook_chains_and_pre_run_hooks() -> None:
-    kernel = _jit_function(kernels._sr_codes_kernel)
+    kernel = _jit_function(stream_sr._sr_codes_kernel)
     assert not _hooks_registered(kernel)
 
     def hook(*_: object) -> None:
@@ -159,7 +159,7 @@ def test_hooks_registered_reads_triton_hook_chains_and_pre_run_hooks() -> None:
 
 
 def test_a_launch_needs_every_constexpr_and_runtime_parameters_first() -> None:
-    kernel = _jit_function(kernels._sr_codes_kernel)
+    kernel = _jit_function(stream_sr._sr_codes_kernel)
     with pytest.raises(ValueError, match=r"every constexpr of _sr_codes_kernel.*'NBITS'"):
         Launch(kernel, {"ROWS": 512}, fast=True)
 
