@@ -31,6 +31,7 @@ NEEDS_TRITON = {
     "stochround.kernels.common",
     "stochround.kernels.gaussws",
     "stochround.kernels.matmul",
+    "stochround.kernels.operand_bf16",
     "stochround.kernels.optim",
     "stochround.kernels.philox",
     "stochround.kernels.round_kernel",
