@@ -246,8 +246,26 @@ def _element_values(q: BlockTensor) -> Tensor:
     table = q.format.element_table
     if table is None:
         return decode(integers, element, torch.float32)
-    values = torch.tensor(table, dtype=torch.float32, device=codes.device)
+    if codes.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return codes.to(torch.float32)  # torch's conversion: the table's values, exactly
+    values = _table_on(table, codes.device)
     return values[integers.to(torch.int64) & (len(table) - 1)]
+
+
+# the element tables copied to a device once (eagerly): a copy per call would cost a
+# host-to-device transfer each time, which a CUDA graph cannot capture
+_TABLES: dict[tuple[tuple[float, ...], torch.device], Tensor] = {}
+
+
+def _table_on(table: tuple[float, ...], device: torch.device) -> Tensor:
+    """``table`` as an fp32 tensor on ``device``: kept after the first eager call (traced
+    as a constant under torch.compile)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(table, dtype=torch.float32, device=device)
+    key = (table, device)
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(table, dtype=torch.float32, device=device)
+    return _TABLES[key]
 
 
 def _scale_values(q: BlockTensor, *, tensor_scale: bool = True) -> Tensor:
