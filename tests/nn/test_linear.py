@@ -15,7 +15,7 @@ from torch import Tensor, nn
 import stochround as sr
 import stochround.nn as srnn
 from stochround.blocks.request import RHT_SEED
-from stochround.nn import linear
+from stochround.nn import linear, operands
 from stochround.nn.linear import COMPILES
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe
 from stochround.random import StreamDomain, stream_key
@@ -28,11 +28,11 @@ SIZE = 64
 def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, Tensor]]]:
     """Every quantized operand the layer computes, as (role, fp32 values), in call order."""
     calls: list[tuple[str, Tensor]] = []
-    original = linear.quantize_operand
+    original = operands.quantize_operand
 
     def spy(operand: Tensor, entry: linear.Operand, *args: Any) -> linear.GemmOperand:
         result = original(operand, entry, *args)
-        calls.append((entry.role, linear.dequantized_operand(result).clone()))
+        calls.append((entry.role, operands.dequantized_operand(result).clone()))
         return result
 
     with monkeypatch.context() as patch:
@@ -345,7 +345,7 @@ def test_bf16_layers_accumulate_in_fp32_and_return_bf16() -> None:
 def test_per_tensor_fp8_has_one_scale_for_the_whole_tensor() -> None:
     x = torch.randn(8, SIZE) * torch.logspace(-2, 2, 8).unsqueeze(1)
     entry = linear.make_plan(srnn.fp8(), 0).operands["fprop_input"]
-    got = linear.dequantized_operand(linear.quantize_operand(x, entry, 0, 0, None))
+    got = operands.dequantized_operand(operands.quantize_operand(x, entry, 0, 0, None))
     scale = x.abs().max() / 448
     expected = sr.round(x * (1 / scale), "e4m3fn", sat="finite") * scale
     assert torch.equal(got, expected)
@@ -365,7 +365,7 @@ def test_per_tensor_operands_equal_the_tensor_as_one_row_of_the_row_wise_rule(
     x[5, :4] = torch.tensor([448.0, -448.0, 1e-45, -1e-40])
     x = x.to(dtype)
     entry = linear.make_plan(srnn.fp8(), 0).operands[role]
-    got = linear.quantize_operand(x, entry, 7, 3, None)
+    got = operands.quantize_operand(x, entry, 7, 3, None)
     flat = x.reshape(1, -1).to(torch.float32)
     spec = entry.spec
     expected = sr.blocks.gemm_operand(
@@ -382,7 +382,7 @@ def test_row_noise_operands_match_blocks_given_the_blocks_words() -> None:
     x = torch.randn(8, SIZE)
     fmt = sr.blocks.BLOCK_FORMATS["int8_rowwise"]
     words = sr.random.random_words(torch.arange(x.numel()).reshape(x.shape), 5, 11)
-    got = linear.row_noise_operand(x, fmt, words)
+    got = operands.row_noise_operand(x, fmt, words)
     expected = sr.blocks.gemm_operand(x, "int8_rowwise", "sr", seed=5, offset=11)
     assert torch.equal(got.values, expected.values)
     assert torch.equal(got.row_scale, expected.row_scale)  # type: ignore[arg-type]
@@ -395,13 +395,13 @@ def test_row_noise_is_one_word_per_token_in_both_backward_gemms() -> None:
     fmt = sr.blocks.BLOCK_FORMATS["int8_rowwise"]
     plan = linear.make_plan(srnn.int8(noise="row"), 0)
     token_words = sr.random.random_words(torch.arange(32), 5, 11)
-    dgrad = linear.quantize_operand(dy, plan.operands["dgrad_grad_output"], 5, 11, None)
+    dgrad = operands.quantize_operand(dy, plan.operands["dgrad_grad_output"], 5, 11, None)
     per_row = token_words[:, None].expand(32, SIZE).contiguous()
-    assert torch.equal(dgrad.values, linear.row_noise_operand(dy, fmt, per_row).values)
+    assert torch.equal(dgrad.values, operands.row_noise_operand(dy, fmt, per_row).values)
     transposed = dy.T.contiguous()
-    wgrad = linear.quantize_operand(transposed, plan.operands["wgrad_grad_output"], 5, 11, None)
+    wgrad = operands.quantize_operand(transposed, plan.operands["wgrad_grad_output"], 5, 11, None)
     per_column = token_words[None, :].expand(SIZE, 32).contiguous()
-    expected = linear.row_noise_operand(transposed, fmt, per_column)
+    expected = operands.row_noise_operand(transposed, fmt, per_column)
     assert torch.equal(wgrad.values, expected.values)
 
 

@@ -6,7 +6,8 @@ sampling (`GaussWS`, a parametrization that samples each training forward's weig
 rounded-Gaussian noise at a target format's resolution, `gaussws_`, which registers it on
 a model's `nn.Linear` weights, and the functional `sample_weight`).
 
-`recipes` holds the data, `linear` the layer and its autograd function, `apply` the
+`recipes` holds the data, `linear` the layer and its autograd function, `operands` the
+quantization of one GEMM operand, `apply` the
 module swaps (both ways), `gaussws_noise` the sampling's noise (the PyTorch path the kernel
 matches) and `gaussws` the sampling applied to a model.
 """

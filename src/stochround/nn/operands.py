@@ -1,0 +1,167 @@
+"""How `QuantizedLinear` quantizes one GEMM operand: a role's `Operand` (its spec and
+resolved format) applied to a 2-D tensor with the contraction axis last, giving the
+`stochround.blocks.GemmOperand` its GEMM takes: block formats by the block quantizer,
+per-tensor formats by one amax and one elementwise rounding, Qwix's row noise, and MXFP8's
+values as exact bf16 (docs/guide/recipes.md)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..block_constants import POWER_OF_TWO_RULES
+from ..blocks.formats import BlockFormat
+from ..blocks.gemm import exact_bf16_operand
+from ..blocks.quantize import gemm_operand, quantize
+from ..blocks.scales import absmax_scales
+from ..blocks.tensor import GemmOperand
+from ..random import random_words
+from ..rounding import round as round_values
+from .recipes import TENSOR_FORMATS, QuantSpec
+
+
+class Operand(NamedTuple):
+    """A role's spec and its resolved `BlockFormat` (None: passthrough), made once per
+    layer so that a call builds no format."""
+
+    role: str
+    spec: QuantSpec
+    fmt: BlockFormat | None
+
+
+def row_noise_operand(operand: Tensor, fmt: BlockFormat, words: Tensor) -> GemmOperand:
+    """The `GemmOperand` of an absmax (row-scaled) format with the random words ``words``
+    (one per element, int64 in [0, 2**32), shaped like ``operand``): the elements ``e``,
+    the scaled values ``fp32(x) / scale`` rounded stochastically to the element format by
+    the words (saturating), and the row scales ``scale = amax_row / max``.  Equal to
+    `stochround.blocks.gemm_operand` with mode "sr" when the words are its own;
+    `quantize_operand` passes one word per row."""
+    amax = operand.abs().amax(dim=-1, keepdim=True)
+    scales, multiplier = absmax_scales(amax, fmt.element_max)
+    scaled = operand.to(torch.float32) * multiplier
+    elements = round_values(scaled, fmt.element, "sr", rand=words, sat="finite", backend="torch")
+    return GemmOperand(elements.to(fmt.gemm_dtype), None, scales.to(torch.float32), 1.0)
+
+
+def dequantized_operand(operand: GemmOperand) -> Tensor:
+    """Q(x) in fp32: ``values * row_scale * tensor_scale * factor`` (the basis the values
+    are in)."""
+    values = operand.values.to(torch.float32)
+    if operand.row_scale is not None:
+        values = values * operand.row_scale
+    if operand.tensor_scale is not None:
+        values = values * operand.tensor_scale
+    return values * operand.factor if operand.factor != 1.0 else values
+
+
+# the roles whose operand is the transpose of the tensor the layer holds (W^T in dgrad,
+# dy^T and x^T in wgrad): their contraction axis is the tensor's first axis
+TRANSPOSED_ROLES = ("dgrad_weight", "wgrad_grad_output", "wgrad_input")
+
+
+def tensor_scaled_operand(
+    operand: Tensor, fmt: BlockFormat, spec: QuantSpec, seed: int, offset: int | Tensor
+) -> GemmOperand:
+    """The `GemmOperand` of a per-tensor (current scaling) format: the whole tensor as one
+    row of the row-wise absmax rule in fp32, ``scale = amax / max`` (fp32, the rule's
+    floor below), the elements ``round(fp32(x) / scale)`` by the core with sat="finite"
+    (SR drawing the word of each element's row-major index), the scale as the GEMM's
+    tensor scale.
+    Equal to `stochround.blocks.gemm_operand` of ``x.reshape(1, -1)`` in fp32 (a test
+    checks it), computed as one reduction and one elementwise rounding, which the core's
+    kernel runs on CUDA, where that whole-row call takes the PyTorch path."""
+    wide = operand.to(torch.float32)
+    amax = wide.abs().amax().reshape(1, 1)
+    scale, multiplier = absmax_scales(amax, fmt.element_max)
+    rbits = spec.rbits if spec.mode == "sr" else None
+    elements = round_values(
+        wide * multiplier,
+        fmt.element,
+        spec.mode,
+        seed=seed,
+        offset=offset,
+        rbits=rbits,
+        variant=spec.variant,
+        sat="finite",
+    )
+    return GemmOperand(
+        elements.to(fmt.gemm_dtype), tensor_scale=scale.reshape(()), row_scale=None, factor=1.0
+    )
+
+
+def row_words(operand: Tensor, role: str, seed: int, offset: int | Tensor) -> Tensor:
+    """Qwix's channelwise noise (``channelwise_noise_axes=(0,)``): one word per index of
+    the first axis of the tensor the layer holds (x and dy: one per token; W: one per
+    output feature), ``random_words(i, seed, offset)``, broadcast along its other axis.
+    Returned per element of ``operand`` (the GEMM's layout: transposed for
+    `TRANSPOSED_ROLES`)."""
+    rows, cols = operand.shape
+    transposed = role in TRANSPOSED_ROLES
+    count = cols if transposed else rows
+    index = torch.arange(count, dtype=torch.int64, device=operand.device)
+    words = random_words(index, seed, offset)
+    shared = words.unsqueeze(0) if transposed else words.unsqueeze(-1)
+    return shared.expand(rows, cols).contiguous()
+
+
+def quantize_operand(
+    operand: Tensor,
+    entry: Operand,
+    seed: int,
+    offset: int | Tensor,
+    signs: Tensor | None,
+    rotated: bool = False,
+) -> GemmOperand:
+    """Q(operand) as a GEMM takes it (`stochround.blocks.GemmOperand`): ``operand`` (2-D,
+    contiguous, the GEMM's contraction axis last) quantized by the entry's spec; a
+    passthrough entry gives the operand itself.  ``seed``/``offset``: its SR stream;
+    ``signs``: the per-step RHT signs (None: the fixed ones); ``rotated``: keep an RHT's
+    rotated basis (the other operand is rotated alike), else the values are rotated back
+    (fp32)."""
+    spec, fmt = entry.spec, entry.fmt
+    if fmt is None:
+        return GemmOperand(operand, None, None, 1.0)
+    if spec.format in TENSOR_FORMATS:
+        return tensor_scaled_operand(operand, fmt, spec, seed, offset)
+    if spec.noise == "row":
+        return row_noise_operand(operand, fmt, row_words(operand, entry.role, seed, offset))
+    options: dict[str, Any] = {
+        "tensor_scale": False if spec.tensor_scale == "none" else None,
+        "rht": spec.rht,
+        "rht_signs": signs,
+        "rht_bf16": spec.rht_bf16,
+        "rbits": spec.rbits,
+        "variant": spec.variant,
+        "seed": seed,
+        "offset": offset,
+        "hardware": spec.hardware,
+    }
+    if spec.rht is not None and not rotated:
+        quantized = quantize(operand, fmt, spec.mode, **options)
+        return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
+    result = gemm_operand(operand, fmt, spec.mode, **options)
+    if result.values.is_cuda and result.values.dtype == torch.float32 and exact_in_bf16(fmt):
+        # a bf16 GEMM instead of an fp32 one: the same products, exactly
+        return exact_bf16_operand(result, fmt.element.mbits)
+    return result
+
+
+def exact_in_bf16(fmt: BlockFormat) -> bool:
+    """Whether ``fmt``'s fp32 GEMM values become exact bf16 values under a per-row power of
+    two (`stochround.blocks.gemm.exact_bf16_operand`): power-of-two block scales and
+    elements of at most 7 mantissa bits (MXFP8's e4m3 and e5m2)."""
+    return fmt.scale_rule in POWER_OF_TWO_RULES and fmt.element.mbits <= 7
+
+
+__all__ = [
+    "TRANSPOSED_ROLES",
+    "Operand",
+    "dequantized_operand",
+    "exact_in_bf16",
+    "quantize_operand",
+    "row_noise_operand",
+    "row_words",
+    "tensor_scaled_operand",
+]
