@@ -23,17 +23,12 @@ import torch
 from torch import Tensor
 
 from ..cpu_path import worth_compiling
-from .base import (
-    TENSOR_SLOTS,
-    SROptimizer,
-    check_betas,
-    check_flag,
-    check_float,
-    grad_of,
-    group_key,
-    state_stream_offset,
-)
-from .cpu_adamw import adamw_step_cpu, refusal
+from .base import SROptimizer
+from .checks import check_betas, check_flag, check_float
+from .cpu_adamw import adamw_step_cpu, cpu_step_refusal
+from .encodings import param_state_name
+from .fused import grad_of
+from .streams import TENSOR_SLOTS, group_key, state_stream_offset
 from .updates import (
     adamw_scalars,
     adamw_update,
@@ -202,14 +197,14 @@ class AdamW(SROptimizer):
         bits) updates ``param``: backend "auto", rounding "sr" with no extra parameter
         state, outside torch.compile (which compiles this path itself), a CPU parameter
         large enough to be worth a compilation (`stochround.cpu_path.worth_compiling`)
-        whose tensors the step takes (`stochround.optim.cpu_adamw.refusal`)."""
+        whose tensors the step takes (`stochround.optim.cpu_adamw.cpu_step_refusal`)."""
         if self.backend != "auto" or group["rounding"] != "sr" or param.is_cuda:
             return False
-        if self.param_state_name(group, param) is not None or torch.compiler.is_compiling():
+        if param_state_name(group, param) is not None or torch.compiler.is_compiling():
             return False
         state = self.state[param]
         tensors = (param, grad_of(param), state["exp_avg"], state["exp_avg_sq"])
-        return worth_compiling(param.numel()) and refusal(*tensors) is None
+        return worth_compiling(param.numel()) and cpu_step_refusal(*tensors) is None
 
     def group_kernel_options(
         self, group: dict[str, Any], states: Sequence[dict[str, Any]]
