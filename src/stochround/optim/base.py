@@ -52,31 +52,12 @@ class SROptimizer(FusedSteps, StateDictLoading):
     value; the step counts advance on the device).  A float ``lr`` that a scheduler moves
     compiles as torch.optim's does: a second graph reads it as an input.
 
-    ``backend``: "auto" updates CUDA parameters with one fused Triton launch per group
-    (per parameter and gradient dtype) and others on the PyTorch path; "torch"
-    always takes the PyTorch path; "triton" always the kernel, raising ValueError for a
-    parameter it cannot update.  Both give the same bits.
-
-    Arguments every optimizer takes: ``params`` (parameters or parameter groups, as in
-    ``torch.optim``) and ``lr``, then, keyword-only:
-
-    - ``maximize``: ascend the objective;
-    - ``state_dtype``: the dtype of the optimizer states, float32, bfloat16 or float16, or
-      None (the default) for each parameter's own dtype (float32 under
-      ``master_weights``; module docstring);
-    - ``rounding``: one of `ROUNDINGS`, how low-precision stores round (module docstring);
-    - ``seed``: an int in [0, 2**64) naming the random streams, or None (the default) for
-      `generator_seed`, agreed across ranks when torch.distributed is initialized before
-      the optimizer is built (module docstring; otherwise each process keeps its own);
-    - ``master_weights``: keep a float32 master copy of bfloat16/float16 parameters;
-    - ``backend``: above;
-    - torch.optim's implementation keywords (`resolve_backend`): ``foreach`` (accepted,
-      changes nothing), ``fused`` (True: the fused kernel for every parameter, as
-      ``backend="triton"``, and a parameter it can never update raises ValueError when
-      the optimizer is built; False: ``backend="torch"``), ``capturable`` (accepted: every
-      step can be captured) and ``differentiable`` (only False).
-
-    ``defaults``: the subclass's group defaults.
+    ``params`` (parameters or parameter groups, as in ``torch.optim``) and ``defaults``
+    (the subclass's group defaults); the keywords every optimizer takes (``state_dtype``,
+    ``rounding``, ``seed``, ``master_weights``, ``backend`` and torch.optim's ``foreach``,
+    ``fused``, ``capturable``, ``differentiable``) are described once, in the Optimizers
+    guide (docs/guide/optimizers.md); `stochround.optim.checks.resolve_backend` resolves
+    the last five to one ``backend``.
 
     Subclasses provide what `stochround.optim.hooks.OptimizerHooks` lists: their
     ``algorithm`` (the kernel's), their ``state_names``, `scalars`, `constants` and

@@ -138,7 +138,7 @@ def adamw_step_cpu(
     bfloat16 or float16, all contiguous CPU tensors of one shape (`cpu_step_refusal` says whether
     they are); ``scalars``: the parameter's `adamw_scalars` row; ``seed`` and ``offsets``:
     the streams of the parameter's and the states' stores (ints or 0-d int64 tensors, as
-    `stochround.optim.base.state_stream_offset` gives them), read for the bfloat16 ones only;
+    `stochround.optim.streams.state_stream_offset` gives them), read for the bfloat16 ones only;
     ``coupled``: Adam's L2 decay (``grad + wd x``); ``maximize``: ascend; ``eager``: run the
     same functions uncompiled (by default the compiled loops run; the first call in a
     process builds them)."""

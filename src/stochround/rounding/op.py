@@ -169,6 +169,9 @@ def _round_op_body(
     return dispatch(x, request, backend, output, out_dtype)
 
 
+# every argument named and typed; each one costs host time on calls through the op (the
+# dispatcher's autograd path reads the schema per argument for every argument), so a new
+# argument is added only for a new choice
 _round_op = torch.library.custom_op("stochround::round", _round_op_body, mutates_args=())
 
 # the position of each argument in the `inputs` that the fake and autograd functions get
