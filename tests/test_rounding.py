@@ -14,6 +14,7 @@ from helpers import TEST_FORMATS, all_bit_patterns, assert_same_values
 
 import stochround as sr
 from stochround import cpu_path, reference
+from stochround.formats import FORMATS
 from stochround.rounding import CAST_DTYPES, round_float64
 
 DETERMINISTIC_MODES = ("rne", "rna", "rz", "ru", "rd", "ro")
@@ -939,29 +940,85 @@ def test_unsupported_inputs_raise_one_clear_error(what: str, call) -> None:
 
 
 def test_the_custom_op_passes_torch_opcheck() -> None:
-    """The op's schema (typed arguments), shape function and autograd agree with its body
-    (torch.library.opcheck), for values with a gradient and for 8-bit float codes."""
-    from stochround.rounding import _CHOICES, _format_fields
+    """The op's schema (named, typed arguments), shape function and autograd agree with its
+    body (torch.library.opcheck), for values with a gradient and for 8-bit float codes."""
+    from stochround.rounding.op import FormatFields
 
-    def choices(*values: str) -> list[int]:
-        return [options.index(v) for options, v in zip(_CHOICES, values, strict=True)]
-
-    fields = _format_fields(sr.format("e4m3fn"))
+    fields = FormatFields.of(sr.format("e4m3fn")).to_op()
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(60))
-    value_choices = choices("sr", "none", "c", "stream", "raise", "auto", "value")
-    value_call = (x.requires_grad_(), None, None, None, [3, -5, 32, 7, 0], value_choices)
-    value_call += (fields, "e4m3fn", torch.float32, None)
-    codes_choices = choices("rne", "finite", "c", "stream", "raise", "torch", "codes")
-    codes_call = (x.detach(), None, torch.tensor([2]), None, [2**63 - 1, 0, 32, 0, 0])
-    codes_call += (codes_choices, fields, "e4m3fn", torch.float8_e4m3fn, None)
+
+    def arguments(x: torch.Tensor, offset_tensor: torch.Tensor | None, **values: object) -> tuple:
+        return (x, None, offset_tensor, None, *values.values())
+
+    value_call = arguments(
+        x.requires_grad_(), None, seed=3, offset=-5, rbits=32, index_offset=7,
+        check_rand=False, mode="sr", sat="none", variant="c", source="stream", nan="raise",
+        backend="auto", output="value", format_fields=fields, format_name="e4m3fn",
+        operand_fields=[], out_dtype=torch.float32, flush_below=None,
+    )  # fmt: skip
+    codes_call = arguments(
+        x.detach(), torch.tensor([2]), seed=2**63 - 1, offset=0, rbits=32, index_offset=0,
+        check_rand=False, mode="rne", sat="finite", variant="c", source="stream",
+        nan="raise", backend="torch", output="codes", format_fields=fields,
+        format_name="e4m3fn", operand_fields=[], out_dtype=torch.float8_e4m3fn,
+        flush_below=None,
+    )  # fmt: skip
     for args in (value_call, codes_call):
         results = torch.library.opcheck(torch.ops.stochround.round.default, args)
         assert set(results.values()) == {"SUCCESS"}, results
 
 
+def test_the_custom_op_takes_named_typed_arguments() -> None:
+    """No argument of the op is a bundle of positions: each choice, int and flag has its
+    own name and type; a format's fields travel as one typed record's int list."""
+    schema = str(torch.ops.stochround.round.default._schema)
+    for argument in (
+        "SymInt seed", "SymInt offset", "SymInt rbits", "SymInt index_offset",
+        "bool check_rand", "str mode", "str sat", "str variant", "str source", "str nan",
+        "str backend", "str output", "SymInt[] format_fields", "SymInt[] operand_fields",
+    ):  # fmt: skip
+        assert argument in schema, (argument, schema)
+    assert "ints" not in schema and "choices" not in schema
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_format_travels_through_the_op_as_its_fields(name: str) -> None:
+    from stochround.rounding.op import FormatFields
+
+    fmt = sr.format(name)
+    fields = FormatFields.of(fmt)
+    assert FormatFields.from_op(fields.to_op()) == fields
+    assert fields.format(fmt.name) == fmt
+
+
+def test_format_fields_of_the_wrong_length_are_refused() -> None:
+    from stochround.rounding.op import FormatFields
+
+    with pytest.raises(ValueError, match="a format travels as 8 ints; got 7"):
+        FormatFields.from_op([1] * 7)
+
+
 COMPILED_CPU = pytest.mark.skipif(
     cpu_path.compile_refusal() is not None, reason="no C++ compiler for the compiled CPU path"
 )
+
+
+def test_the_compiled_cpu_path_says_why_it_does_not_take_a_call() -> None:
+    """Its refusal is a reason (None where it takes the call), and a route takes the path
+    exactly where there is none."""
+    from stochround.rounding.route import _cpu_path_refusal, call_route
+
+    bf16, fp32 = sr.format("bf16"), torch.float32
+    assert _cpu_path_refusal(bf16, "sr", "stream", "value", torch.bfloat16, fp32, 32, "c") is None
+    assert _cpu_path_refusal(bf16, "rne", "stream", "value", fp32, fp32, 32, "c") == (
+        "the compiled CPU path computes SR from the random stream only"
+    )
+    assert _cpu_path_refusal(sr.format("fp16"), "sr", "stream", "value", fp32, fp32, 32, "c") == (
+        "the compiled CPU path computes bfloat16 values only"
+    )
+    choices = ("bf16", "sr", None, "c", "none", "raise", "stream", "auto", "value", None)
+    assert call_route(choices, fp32, False, False).cpu
+    assert not call_route((*choices[:6], "data", *choices[7:]), fp32, False, False).cpu
 
 
 @COMPILED_CPU

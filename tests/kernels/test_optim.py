@@ -118,7 +118,7 @@ def test_backend_triton_refuses_what_the_kernel_cannot_do():
         optimizer = AdamW(params, backend="triton", **options)
         for param, grad in zip(params, _gradients(0, torch.bfloat16), strict=True):
             param.grad = grad
-        with pytest.raises(ValueError, match="backend='triton' cannot update"):
+        with pytest.raises(ValueError, match="backend='triton' cannot serve this call"):
             optimizer.step()
     with pytest.raises(ValueError, match="backend"):
         AdamW(_params(torch.float32), backend="cuda")

@@ -259,14 +259,14 @@ def test_seeds_and_offsets_as_device_tensors() -> None:
 
 
 def test_backend_triton_refuses_what_it_cannot_do() -> None:
-    with pytest.raises(ValueError, match=r"backend='triton' cannot round this call: .*float64"):
+    with pytest.raises(ValueError, match=r"backend='triton' cannot serve this call: .*float64"):
         sr.round(torch.ones(4, dtype=torch.float64, device=DEVICE), "bf16", backend="triton")
     with pytest.raises(ValueError, match="wider than the kernels"):
         sr.round(torch.ones(4, device=DEVICE), "e8m0", backend="triton")
 
 
 def test_a_route_is_decided_once_per_set_of_choices_and_a_refusal_every_time() -> None:
-    from stochround.rounding import Route, _call_route
+    from stochround.rounding.route import Route, _call_route
 
     x = torch.randn(64, device=DEVICE)
     fmt = sr.format("e2m1")
@@ -288,14 +288,14 @@ def test_a_route_is_decided_once_per_set_of_choices_and_a_refusal_every_time() -
     assert _call_route(*args[:12], True) == route._replace(plan=None)
     wide = (*args[:10], torch.float64, x.is_cuda, False)
     for _ in range(2):
-        with pytest.raises(ValueError, match="cannot round this call"):
+        with pytest.raises(ValueError, match="cannot serve this call"):
             _call_route(*wide)
 
 
 def test_a_route_resolves_what_the_entry_point_leaves_open() -> None:
     """round's values take x's dtype, encode's codes the integer dtype of the format's
     width, packed=True the packing of that width (a ValueError naming the widths if none)."""
-    from stochround.rounding import _call_route
+    from stochround.rounding.route import _call_route
 
     def route(fmt: str, output: str, x_dtype: torch.dtype = torch.bfloat16):
         choices = (fmt, "rne", None, "c", "none", "raise", "stream", "torch")

@@ -16,8 +16,8 @@ from torch import Tensor
 
 import stochround as sr
 from stochround import cpu_path
-from stochround.optim.base import state_stream_offset
-from stochround.optim.cpu_adamw import adamw_step_cpu, refusal
+from stochround.optim.cpu_adamw import adamw_step_cpu, cpu_step_refusal
+from stochround.optim.streams import state_stream_offset
 from stochround.random import StreamDomain, stream_key
 
 SEED = 2**64 - 5
@@ -73,7 +73,7 @@ def _compare(
             state_stream_offset(count, index, 1),
             state_stream_offset(count, index, 2),
         )
-        assert refusal(param, grads[step - 1], exp_avg, exp_avg_sq) is None
+        assert cpu_step_refusal(param, grads[step - 1], exp_avg, exp_avg_sq) is None
         adamw_step_cpu(
             param,
             grads[step - 1],
@@ -123,12 +123,15 @@ def test_maximize_adams_coupled_decay_no_decay_and_a_later_parameter() -> None:
 
 def test_what_the_step_refuses() -> None:
     bf16 = torch.zeros(8, dtype=torch.bfloat16)
-    assert refusal(bf16, bf16, bf16, bf16) in (None, cpu_path.compile_refusal())
-    assert refusal(bf16.half(), bf16, bf16, bf16) is not None  # an fp16 parameter
-    assert refusal(bf16, bf16, bf16.reshape(2, 4), bf16) is not None  # another shape
-    assert refusal(bf16, bf16, torch.zeros(2, 8, dtype=torch.bfloat16)[:, 0], bf16) is not None
-    assert refusal(bf16, bf16.double(), bf16, bf16) is not None  # a float64 gradient
-    assert refusal(bf16, bf16, bf16, bf16.to("meta")) is not None
+    assert cpu_step_refusal(bf16, bf16, bf16, bf16) in (None, cpu_path.compile_refusal())
+    assert cpu_step_refusal(bf16.half(), bf16, bf16, bf16) is not None  # an fp16 parameter
+    assert cpu_step_refusal(bf16, bf16, bf16.reshape(2, 4), bf16) is not None  # another shape
+    assert (
+        cpu_step_refusal(bf16, bf16, torch.zeros(2, 8, dtype=torch.bfloat16)[:, 0], bf16)
+        is not None
+    )
+    assert cpu_step_refusal(bf16, bf16.double(), bf16, bf16) is not None  # a float64 gradient
+    assert cpu_step_refusal(bf16, bf16, bf16, bf16.to("meta")) is not None
 
 
 @pytest.mark.skipif(cpu_path.compile_refusal() is not None, reason="no compiled CPU path here")

@@ -10,7 +10,7 @@ import torch
 import stochround as sr
 from stochround import cpu_path
 from stochround.optim import SGD, Adam, AdamW, Lion, state_stream_offset
-from stochround.optim.base import ecc_decode, ecc_encode, param_ulp
+from stochround.optim.encodings import ecc_decode, ecc_encode, param_ulp
 
 
 @pytest.fixture(autouse=True)
@@ -605,3 +605,16 @@ def test_adamw_on_a_large_cpu_parameter_takes_the_compiled_step_with_the_same_bi
             assert torch.equal(a.view(torch.int16), b.view(torch.int16))
     assert opts[0].compiled_cpu_step(opts[0].param_groups[0], params[0])
     assert not opts[1].compiled_cpu_step(opts[1].param_groups[0], params[1])
+
+
+def test_backend_triton_says_why_the_fused_kernel_cannot_serve_a_parameter() -> None:
+    """The optimizers route through `use_kernel`: its one message, with the reason."""
+    param = torch.zeros(8, dtype=torch.bfloat16, requires_grad=True)
+    param.grad = torch.ones(8, dtype=torch.bfloat16)
+    optimizer = AdamW([param], rounding="kahan", seed=0, backend="triton")
+    with pytest.raises(ValueError) as error:
+        optimizer.step()
+    assert str(error.value) == (
+        "backend='triton' cannot serve this call: master_weights, 'kahan' and 'ecc' keep an "
+        "extra parameter state; use backend='torch' or 'auto'"
+    )

@@ -32,7 +32,7 @@ from ..cpu_path import (
 )
 from .updates import adamw_update
 
-__all__ = ["GRAD_DTYPES", "TARGET_DTYPES", "adamw_groups", "adamw_step_cpu", "refusal"]
+__all__ = ["GRAD_DTYPES", "TARGET_DTYPES", "adamw_groups", "adamw_step_cpu", "cpu_step_refusal"]
 
 # what the loops read and write: parameters and states in bfloat16 (rounded
 # stochastically) or float32 (stored as computed); gradients in any float type
@@ -93,7 +93,9 @@ def adamw_groups(
         target.copy_(torch.stack(values, dim=1))
 
 
-def refusal(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor) -> str | None:
+def cpu_step_refusal(
+    param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor
+) -> str | None:
     """Why `adamw_step_cpu` cannot update these tensors (None if it can): the compiled CPU
     path unavailable (`stochround.cpu_path.compile_refusal`), a tensor off the CPU, not a
     plain contiguous tensor (a DTensor, a view with strides), another shape, or a dtype
@@ -133,10 +135,10 @@ def adamw_step_cpu(
     PyTorch path with ``rounding="sr"`` and no extra parameter state.
 
     ``param``, ``exp_avg``, ``exp_avg_sq``: bfloat16 or float32, ``grad``: float32,
-    bfloat16 or float16, all contiguous CPU tensors of one shape (`refusal` says whether
+    bfloat16 or float16, all contiguous CPU tensors of one shape (`cpu_step_refusal` says whether
     they are); ``scalars``: the parameter's `adamw_scalars` row; ``seed`` and ``offsets``:
     the streams of the parameter's and the states' stores (ints or 0-d int64 tensors, as
-    `stochround.optim.base.state_stream_offset` gives them), read for the bfloat16 ones only;
+    `stochround.optim.streams.state_stream_offset` gives them), read for the bfloat16 ones only;
     ``coupled``: Adam's L2 decay (``grad + wd x``); ``maximize``: ascend; ``eager``: run the
     same functions uncompiled (by default the compiled loops run; the first call in a
     process builds them)."""

@@ -1,14 +1,16 @@
 """AdamW, Adam, SGD and Lion with parameters and states in float32, bfloat16 or float16.
 
 Each step computes the update in float32 (`stochround.optim.updates`: torch's single-tensor
-updates with one rounding per operation), then stores the parameter and each state
-rounded to its dtype by ``rounding`` ("sr": exact stochastic rounding, "rne": round to nearest even,
-"kahan": nearest plus a compensation buffer, "ecc": nearest plus an int8 residual; see
-:mod:`stochround.optim.base`). ``master_weights=True`` keeps a float32 master copy of each
-low-precision parameter, updates it, and stores the parameter as its rounded copy.
+updates with one rounding per operation), then stores the parameter and each state rounded
+to its dtype by ``rounding`` ("sr": exact stochastic rounding, "rne": round to nearest
+even, "kahan": nearest plus a compensation buffer, "ecc": nearest plus an int8 residual;
+see `stochround.optim.encodings`). ``master_weights=True`` keeps a float32 master copy of
+each low-precision parameter, updates it, and stores the parameter as its rounded copy.
 With float32 parameters and states the result agrees with ``torch.optim`` to within
 float32 rounding.  On CUDA one fused Triton launch updates all parameters of a group
-(``backend``, `stochround.optim.base.SROptimizer`), bit-identical to the PyTorch path.
+(``backend``, `stochround.optim.fused`), bit-identical to the PyTorch path.  The keywords
+every optimizer shares are described once, in the Optimizers guide
+(docs/guide/optimizers.md).
 """
 
 from __future__ import annotations
@@ -23,17 +25,12 @@ import torch
 from torch import Tensor
 
 from ..cpu_path import worth_compiling
-from .base import (
-    TENSOR_SLOTS,
-    SROptimizer,
-    check_betas,
-    check_flag,
-    check_float,
-    grad_of,
-    group_key,
-    state_stream_offset,
-)
-from .cpu_adamw import adamw_step_cpu, refusal
+from .base import SROptimizer
+from .checks import check_betas, check_flag, check_float
+from .cpu_adamw import adamw_step_cpu, cpu_step_refusal
+from .encodings import param_state_name
+from .fused import grad_of
+from .streams import TENSOR_SLOTS, group_key, state_stream_offset
 from .updates import (
     adamw_scalars,
     adamw_update,
@@ -95,31 +92,12 @@ class AdamW(SROptimizer):
     the max of the second moments is not implemented); ``maximize``: ascend the objective
     (``g <- -g``).
 
-    Storage and implementation (keyword-only; `stochround.optim.base` has the rules):
-
-    - ``state_dtype``: the dtype of the states, float32, bfloat16 or float16; None (the
-      default) keeps each parameter's states in its own dtype (float32 under
-      ``master_weights``), so bfloat16 parameters give the 6-byte optimizer;
-    - ``rounding``: how each store into bfloat16/float16 rounds: "sr" (the default,
-      stochastic), "rne" (to nearest even), "kahan" (nearest, plus a compensation buffer
-      for the parameter), "ecc" (nearest, plus an int8 residual for the parameter);
-    - ``seed``: an int in [0, 2**64) naming the random streams; None (the default) derives
-      one from the state of torch's default generator without drawing from it
-      (reproducible under ``torch.manual_seed``), agreed with rank 0 when
-      torch.distributed is initialized before the optimizer is built (otherwise each
-      process keeps its own: pass ``seed`` to replicate parameters across processes);
-    - ``master_weights``: keep a float32 master copy of each bfloat16/float16 parameter,
-      update it, and store the parameter as its rounded copy ("sr" or "rne");
-    - ``backend``: "auto" (the default: the fused Triton kernel for CUDA parameters, the
-      PyTorch path for the others), "torch" or "triton" (the kernel for every parameter,
-      ValueError for one it cannot update); the same bits either way;
-    - ``foreach``: accepted for torch.optim's sake, changes nothing (every implementation
-      gives the same bits); ``fused``: True is ``backend="triton"`` (and a parameter the
-      kernel can never update, by its device or its options, raises ValueError here),
-      False is ``backend="torch"``, None (the default) leaves ``backend`` as passed;
-      ``capturable``: accepted, every step can be captured in a CUDA graph;
-      ``differentiable``: only False (ValueError otherwise: the step runs under
-      ``torch.no_grad``).
+    The storage and implementation keywords (``state_dtype``, ``rounding``, ``seed``,
+    ``master_weights``, ``backend``, and torch.optim's ``foreach``, ``fused``,
+    ``capturable``, ``differentiable``) are every SR optimizer's: the Optimizers guide
+    (docs/guide/optimizers.md) has their values and rules.  With the default
+    ``state_dtype=None`` the states take the parameter's dtype, so bfloat16 parameters
+    give the 6-byte AdamW without a flag.
     """
 
     algorithm = "adamw"
@@ -202,14 +180,14 @@ class AdamW(SROptimizer):
         bits) updates ``param``: backend "auto", rounding "sr" with no extra parameter
         state, outside torch.compile (which compiles this path itself), a CPU parameter
         large enough to be worth a compilation (`stochround.cpu_path.worth_compiling`)
-        whose tensors the step takes (`stochround.optim.cpu_adamw.refusal`)."""
+        whose tensors the step takes (`stochround.optim.cpu_adamw.cpu_step_refusal`)."""
         if self.backend != "auto" or group["rounding"] != "sr" or param.is_cuda:
             return False
-        if self.param_state_name(group, param) is not None or torch.compiler.is_compiling():
+        if param_state_name(group, param) is not None or torch.compiler.is_compiling():
             return False
         state = self.state[param]
         tensors = (param, grad_of(param), state["exp_avg"], state["exp_avg_sq"])
-        return worth_compiling(param.numel()) and refusal(*tensors) is None
+        return worth_compiling(param.numel()) and cpu_step_refusal(*tensors) is None
 
     def group_kernel_options(
         self, group: dict[str, Any], states: Sequence[dict[str, Any]]
@@ -313,31 +291,12 @@ class SGD(SROptimizer):
     and no dampening); ``maximize``: ascend the objective (``g <- -g``).  Without momentum
     SGD keeps no state.
 
-    Storage and implementation (keyword-only; `stochround.optim.base` has the rules):
-
-    - ``state_dtype``: the dtype of the states, float32, bfloat16 or float16; None (the
-      default) keeps each parameter's states in its own dtype (float32 under
-      ``master_weights``), so bfloat16 parameters give the 4-byte optimizer with momentum;
-    - ``rounding``: how each store into bfloat16/float16 rounds: "sr" (the default,
-      stochastic), "rne" (to nearest even), "kahan" (nearest, plus a compensation buffer
-      for the parameter), "ecc" (nearest, plus an int8 residual for the parameter);
-    - ``seed``: an int in [0, 2**64) naming the random streams; None (the default) derives
-      one from the state of torch's default generator without drawing from it
-      (reproducible under ``torch.manual_seed``), agreed with rank 0 when
-      torch.distributed is initialized before the optimizer is built (otherwise each
-      process keeps its own: pass ``seed`` to replicate parameters across processes);
-    - ``master_weights``: keep a float32 master copy of each bfloat16/float16 parameter,
-      update it, and store the parameter as its rounded copy ("sr" or "rne");
-    - ``backend``: "auto" (the default: the fused Triton kernel for CUDA parameters, the
-      PyTorch path for the others), "torch" or "triton" (the kernel for every parameter,
-      ValueError for one it cannot update); the same bits either way;
-    - ``foreach``: accepted for torch.optim's sake, changes nothing (every implementation
-      gives the same bits); ``fused``: True is ``backend="triton"`` (and a parameter the
-      kernel can never update, by its device or its options, raises ValueError here),
-      False is ``backend="torch"``, None (the default) leaves ``backend`` as passed;
-      ``capturable``: accepted, every step can be captured in a CUDA graph;
-      ``differentiable``: only False (ValueError otherwise: the step runs under
-      ``torch.no_grad``).
+    The storage and implementation keywords (``state_dtype``, ``rounding``, ``seed``,
+    ``master_weights``, ``backend``, and torch.optim's ``foreach``, ``fused``,
+    ``capturable``, ``differentiable``) are every SR optimizer's: the Optimizers guide
+    (docs/guide/optimizers.md) has their values and rules.  With the default
+    ``state_dtype=None`` the states take the parameter's dtype, so bfloat16 parameters
+    give the 4-byte SGD with momentum without a flag.
     """
 
     algorithm = "sgd"
@@ -483,31 +442,12 @@ class Lion(SROptimizer):
     tensor), ``betas`` (b1, b2) and ``weight_decay`` (wd), the formula's; ``maximize``:
     ascend the objective (``g <- -g``).
 
-    Storage and implementation (keyword-only; `stochround.optim.base` has the rules):
-
-    - ``state_dtype``: the dtype of the states, float32, bfloat16 or float16; None (the
-      default) keeps each parameter's states in its own dtype (float32 under
-      ``master_weights``), so bfloat16 parameters give the 4-byte optimizer;
-    - ``rounding``: how each store into bfloat16/float16 rounds: "sr" (the default,
-      stochastic), "rne" (to nearest even), "kahan" (nearest, plus a compensation buffer
-      for the parameter), "ecc" (nearest, plus an int8 residual for the parameter);
-    - ``seed``: an int in [0, 2**64) naming the random streams; None (the default) derives
-      one from the state of torch's default generator without drawing from it
-      (reproducible under ``torch.manual_seed``), agreed with rank 0 when
-      torch.distributed is initialized before the optimizer is built (otherwise each
-      process keeps its own: pass ``seed`` to replicate parameters across processes);
-    - ``master_weights``: keep a float32 master copy of each bfloat16/float16 parameter,
-      update it, and store the parameter as its rounded copy ("sr" or "rne");
-    - ``backend``: "auto" (the default: the fused Triton kernel for CUDA parameters, the
-      PyTorch path for the others), "torch" or "triton" (the kernel for every parameter,
-      ValueError for one it cannot update); the same bits either way;
-    - ``foreach``: accepted for torch.optim's sake, changes nothing (every implementation
-      gives the same bits); ``fused``: True is ``backend="triton"`` (and a parameter the
-      kernel can never update, by its device or its options, raises ValueError here),
-      False is ``backend="torch"``, None (the default) leaves ``backend`` as passed;
-      ``capturable``: accepted, every step can be captured in a CUDA graph;
-      ``differentiable``: only False (ValueError otherwise: the step runs under
-      ``torch.no_grad``).
+    The storage and implementation keywords (``state_dtype``, ``rounding``, ``seed``,
+    ``master_weights``, ``backend``, and torch.optim's ``foreach``, ``fused``,
+    ``capturable``, ``differentiable``) are every SR optimizer's: the Optimizers guide
+    (docs/guide/optimizers.md) has their values and rules.  With the default
+    ``state_dtype=None`` the states take the parameter's dtype, so bfloat16 parameters
+    give the 4-byte Lion without a flag.
     """
 
     algorithm = "lion"
