@@ -120,7 +120,7 @@ def rotated(value, signs_ptr, position, ROTATION: tl.constexpr, INVERSE: tl.cons
 
 @triton.jit
 def rotation_rounded(value, NAN16: tl.constexpr, X_DTYPE: tl.constexpr, ROTATION: tl.constexpr):
-    """The rotated fp32 values as `stochround.blocks.quantize` holds them: rounded to x's
+    """The rotated fp32 values as `stochround.blocks.reference` holds them: rounded to x's
     dtype (16-bit x: NAN16 its NaN), then to bf16 with ROTATION.BF16."""
     if NAN16 != 0:
         value = narrowed_value(value, X_DTYPE, NAN16)

@@ -59,7 +59,7 @@ def quantize_blocks(
 ) -> tuple[Tensor, Tensor]:
     """Quantize the 1-D blocks of ``block`` consecutive elements along the last axis of a
     contiguous 2-D ``x`` (fp32, bf16 or fp16) in one pass (module docstring), as
-    `stochround.blocks.quantize`'s PyTorch path computes them, bit for bit.
+    `stochround.blocks.reference`'s PyTorch path computes them, bit for bit.
 
     Arguments: ``element`` the element format (a `Format` or its name; its codes at most
     8 bits); ``block`` the block length, dividing x's last dimension (the row's length for
@@ -235,7 +235,7 @@ def _check_call(
     flavour: str,
 ) -> Format:
     """The element format; ValueError/TypeError naming any argument the kernel cannot
-    take (the callers check the rest: `stochround.blocks.quantize`)."""
+    take (the callers check the rest: `stochround.blocks.request`)."""
     if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_contiguous():
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"x must be a contiguous 2-D tensor; got {shape}")

@@ -1,5 +1,5 @@
 """A one-pass Triton kernel for Gaussian weight sampling (GaussWS, Ahn & Yoo, arXiv
-2505.11170), bit-identical to the PyTorch path `stochround.nn.gaussws.sample_weight_torch`.
+2505.11170), bit-identical to the PyTorch path `stochround.nn.gaussws_noise.sample_weight_torch`.
 
 `gaussws_blocks` reads w once and writes the sampled weight
 
@@ -26,7 +26,7 @@ element:
   element's Philox word: with n = ``noise_bits`` and r = word >> (32 - n) (the core stream's
   word of the element's global row-major index, ``index_offset`` + its flat position, as
   `stochround.random.random_words` gives it), R = -3 + #{j : r >= T_j} for six integer
-  thresholds T_1 <= ... <= T_6 (`stochround.nn.gaussws.gaussian_thresholds`), compile-time
+  thresholds T_1 <= ... <= T_6 (`stochround.nn.gaussws_noise.gaussian_thresholds`), compile-time
   constants: six integer comparisons and no arithmetic on floats.
 
 The distribution of R is exact for the table: r is uniform on [0, 2**n), so
@@ -260,13 +260,13 @@ def gaussws_blocks(
     (module docstring): w~ = rne_to_w_dtype(fp32(w) + fp32(R) u), u the spacing of the
     target format at each element relative to its block's power-of-two scale, R the rounded
     Gaussian of the element's stream word; blocks of amax 0 or not finite unchanged.  Equal,
-    bit for bit, to `stochround.nn.gaussws.sample_weight_torch` with noise "gaussws".
+    bit for bit, to `stochround.nn.gaussws_noise.sample_weight_torch` with noise "gaussws".
 
     Arguments: ``fmt`` the target element format (a `Format` or its name: e3m2, e2m3,
     e4m3fn, e5m2, e2m1, ...), whose emin, emax and mbits set the spacing; ``block`` the
     block length along the rows, dividing w's last dimension, or None for the whole row;
     ``thresholds`` the six thresholds T_1 <= ... <= T_6 of R's table, ints in
-    [0, 2**noise_bits] (`stochround.nn.gaussws.gaussian_thresholds(noise_bits)`);
+    [0, 2**noise_bits] (`stochround.nn.gaussws_noise.gaussian_thresholds(noise_bits)`);
     ``noise_bits`` n in 1..32, the top bits of each word the table reads; ``seed`` and
     ``offset`` the stream (ints in [0, 2**64) or single-element int64 tensors, read on the
     device with no host synchronization); ``index_offset`` the global row-major index of

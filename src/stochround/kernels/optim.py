@@ -11,7 +11,7 @@ multiply-adds, correctly rounded division and square root), and stores the param
 each state rounded to its dtype: to nearest even ("rne"), or stochastically ("sr") with
 the words of stream ``(key, step * 2**32 + index * 4 + slot)`` at the element indices,
 with ``key`` the optimizer's seed in its stream domain (`stochround.random.stream_key`,
-`stochround.optim.base`), as `stochround.cast(value, dtype, "sr", seed=key, offset=...)`
+`stochround.optim.streams`), as `stochround.cast(value, dtype, "sr", seed=key, offset=...)`
 does: the indices in the whole parameter, so a rank's shard of a sharded parameter (a
 DTensor's local tensor) draws its elements' words from its first element's global index
 (the table's first Philox block).  Bit-identical to the PyTorch path given the key.
