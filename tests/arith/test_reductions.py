@@ -291,8 +291,10 @@ def test_dot_stream_products_at_offset_then_sum_from_offset_plus_one():
 
 def test_matmul_backend_triton_refusal_names_the_reason_and_the_backends() -> None:
     """The kernel decision goes through `use_kernel`: backend="triton" on inputs the kernel
-    cannot serve raises its one message, the refusal between its two halves."""
-    a, b = torch.ones(2, 3), torch.ones(3, 2)
+    cannot serve raises its one message, the refusal between its two halves (the tensors
+    where the kernels run, so that the order is the refusal, not the device)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.ones(2, 3, device=device), torch.ones(3, 2, device=device)
     with pytest.raises(
         ValueError,
         match=r"^backend='triton' cannot serve this call: .*pairwise.*; use backend='torch' or "
