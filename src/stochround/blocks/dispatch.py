@@ -28,6 +28,7 @@ from .request import (
 from .tensor import BlockTensor, GemmOperand, stored_codes
 
 __all__ = [
+    "PreparedGemmOperand",
     "block_kernel_refusal",
     "fake_quantize_local",
     "kernel_gemm_operand",
@@ -159,6 +160,72 @@ def kernel_gemm_operand(x: Tensor, args: BlockArguments) -> GemmOperand | None:
     values = _launch(x_checked, request, call, output)
     factor = RESCALE if request.fmt.scale_rule == "floor-3/4" else 1.0
     return GemmOperand(values, _decoding(call), None, factor)
+
+
+class PreparedGemmOperand:
+    """`kernel_gemm_operand` for one shape, dtype and device and one set of choices (a
+    training layer's operand), checked and resolved once: a call then issues the launches
+    alone (the tensor scales, 2-D tiles' amax and the quantization) with the same bits.
+    The stream is given per call as int64 tensors on x's device; the rotation's signs per
+    call or, for None, the fixed ones of `default_signs`."""
+
+    def __init__(self, x: Tensor, args: BlockArguments) -> None:
+        from ..kernels.blocks import PreparedGemmBlocks  # needs triton: imported here
+
+        x_checked, request = check_call(x, args)
+        if x_checked.dim() != 2 or request.fmt.block is None or args.stream is not None:
+            raise ValueError(
+                "a prepared operand takes a 2-D x of blocks with their own scales and a "
+                "seed (not a stream)"
+            )
+        refusal = block_kernel_refusal(x_checked, request, args.rht, False)
+        if refusal is not None or not use_kernel(args.backend, "x", x.is_cuda, refusal):
+            raise ValueError(f"a prepared operand runs on the kernel, which refuses: {refusal}")
+        check_extras(x_checked, request, args)
+        self.choice = tensor_scale_choice(request.fmt, args.tensor_scale)
+        if self.choice not in ("amax", "none"):
+            raise ValueError("a prepared operand computes its tensor scale or has none")
+        fmt = request.fmt
+        self.rht, self.rht_bf16, self.flavour = args.rht, args.rht_bf16, request.flavour
+        self.signs = None if args.rht is None else default_signs(args.rht, x.device)
+        self.tile = fmt.block if isinstance(fmt.block, tuple) else None
+        self.factor = RESCALE if fmt.scale_rule == "floor-3/4" else 1.0
+        block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
+        element = OCP_INT8 if fmt.element == OCP_INT8 else fmt.element.name
+        self.kernel = PreparedGemmBlocks(
+            x_checked,
+            element,
+            typing.cast(int, block),
+            fmt.scale_rule,
+            out_dtype=torch.bfloat16 if fmt.gemm_dtype == torch.bfloat16 else torch.float32,
+            tensor_scales=2 if self.choice == "amax" else 0,
+            amax_given=self.tile is not None,
+            rht_signs=self.signs,
+            mode=request.mode,
+            n=request.n,
+            variant=request.variant,
+            index_offset=request.index_offset,
+            nvfp4_flavour=request.flavour,
+            rht=args.rht,
+            rht_bf16=args.rht_bf16,
+        )
+
+    def __call__(
+        self, x: Tensor, seed: Tensor, offset: Tensor, rht_signs: Tensor | None = None
+    ) -> GemmOperand:
+        """The `GemmOperand` of x, as `kernel_gemm_operand` gives it for the prepared
+        choices with this stream (one-element int64 tensors) and these signs."""
+        from ..kernels.blocks import nvfp4_tensor_scale  # needs triton: imported here
+
+        signs = self.signs if rht_signs is None else rht_signs
+        scales = None
+        if self.choice == "amax":
+            scales = nvfp4_tensor_scale(
+                x, self.flavour, rht=self.rht, rht_signs=signs, rht_bf16=self.rht_bf16
+            )[0]
+        amax = None if self.tile is None else _tile_amax(x, self.tile)
+        values = self.kernel(x, scales, signs, amax, seed, offset)
+        return GemmOperand(values, None if scales is None else scales[0], None, self.factor)
 
 
 # --- the kernel's side: its arguments, the custom ops and the launch --------------------------

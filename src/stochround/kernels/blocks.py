@@ -28,7 +28,7 @@ from .block_math import BlockScale, element_format, element_rounding, fast_bits
 from .block_rotation import checked_rotation, rht_normalization
 from .common import INPUT_DTYPES, NAN16_BITS, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
-from .runtime import bound_launch, current_device
+from .runtime import Launch, bound_launch, current_device
 
 # elements a program handles (a power of two): enough to hide the memory latency; the
 # interpreter runs programs one after another, so there a larger tile costs less
@@ -308,30 +308,22 @@ def _check_tensors(x: Tensor, call: _Call) -> None:
         )
 
 
-def _launch(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: _Call) -> None:
-    """Launch the kernel on x's device (made current for the launch: Triton launches on
-    the current device) for a checked call, its constexprs as typed records."""
+class _Grid(NamedTuple):
+    """A call's launch, fixed by its shape and choices: the bound kernel, its programs and
+    blocks, and the checked signs of its rotation."""
+
+    launch: Launch
+    programs: int
+    blocks: int
+    signs: Tensor | None
+
+
+def _grid(x: Tensor, out_dtype: torch.dtype, call: _Call, from_tensors: bool) -> _Grid:
+    """The launch of a checked call on x (its constexprs as typed records)."""
     count = x.numel()
-    if count == 0:
-        return
-    _check_tensors(x, call)
-    if x.is_cuda and x.device.index != current_device():
-        with torch.cuda.device(x.device):
-            _launch(x, codes, scales, out, call)
-        return
-    seed_pointer: Tensor | None = None
-    offset_pointer: Tensor | None = None
-    seed_value = offset_value = 0
-    from_tensors = isinstance(call.seed, Tensor) or isinstance(call.offset, Tensor)
-    if from_tensors:
-        seed_pointer = seed_tensor(call.seed, "seed", x.device)
-        offset_pointer = seed_tensor(call.offset, "offset", x.device)
-    else:  # two's complement above 2**63: the kernel reads seeds as unsigned 64-bit
-        seed_value, offset_value = as_int64(int(call.seed)), as_int64(int(call.offset))
     block, index_offset = call.block, call.index_offset
     groups = next_power_of_2(cdiv(block, 4))
     tile = max(1, TILE_ELEMENTS // (groups * 4))
-    blocks = count // block
     if call.rht is not None and (groups * 4 != block or call.scale_rule == "absmax"):
         raise ValueError(
             f"rht= needs a block that is a power of two of at least 4 and a scale rule other "
@@ -363,35 +355,162 @@ def _launch(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: _Call) 
         "OUTPUT": BlockOutput(
             KIND=call.output,
             NAN16=NAN16_BITS.get(x.dtype, 0),
-            OUT_NAN16=NAN16_BITS.get(out.dtype, 0) if call.output == "gemm" else 0,
+            OUT_NAN16=NAN16_BITS.get(out_dtype, 0) if call.output == "gemm" else 0,
         ),
         "num_warps": _NUM_WARPS,
         # no multiply-add contraction: every product is rounded, as the PyTorch path
         # rounds it (the inverse rotation adds products that can be inexact)
         "enable_fp_fusion": False,
     }
+    blocks = count // block
     launch = bound_launch(quantize_blocks_kernel, tuple(constants.items()))
-    launch(
+    return _Grid(launch, cdiv(blocks, tile), blocks, signs)
+
+
+def _launch(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: _Call) -> None:
+    """Launch the kernel on x's device (made current for the launch: Triton launches on
+    the current device) for a checked call."""
+    count = x.numel()
+    if count == 0:
+        return
+    _check_tensors(x, call)
+    if x.is_cuda and x.device.index != current_device():
+        with torch.cuda.device(x.device):
+            _launch(x, codes, scales, out, call)
+        return
+    seed_pointer: Tensor | None = None
+    offset_pointer: Tensor | None = None
+    seed_value = offset_value = 0
+    from_tensors = isinstance(call.seed, Tensor) or isinstance(call.offset, Tensor)
+    if from_tensors:
+        seed_pointer = seed_tensor(call.seed, "seed", x.device)
+        offset_pointer = seed_tensor(call.offset, "offset", x.device)
+    else:  # two's complement above 2**63: the kernel reads seeds as unsigned 64-bit
+        seed_value, offset_value = as_int64(int(call.seed)), as_int64(int(call.offset))
+    grid = _grid(x, out.dtype, call, from_tensors)
+    grid.launch(
         x.device.index if x.is_cuda else -1,
-        cdiv(blocks, tile),
+        grid.programs,
         x,
         codes,
         scales,
         out,
         call.tensor_scale,
-        signs,
+        grid.signs,
         call.amax,
         seed_pointer,
         offset_pointer,
         seed_value,
         offset_value,
-        blocks,
-        index_offset,
+        grid.blocks,
+        call.index_offset,
     )
+
+
+class PreparedGemmBlocks:
+    """`gemm_blocks` for one shape, dtype and device and one set of choices, checked and
+    resolved once (the kernel's constexprs, its bound launch and its grid), so that a
+    call costs the launch alone: a training layer quantizes the same operand shapes at
+    every step.  The stream comes as one-element int64 tensors on x's device; the tensor
+    scales (one or two elements, or None), the rotation's signs and the tiles' amax as
+    `gemm_blocks` takes them, of the kinds given here (``tensor_scales``: their count,
+    ``amax_given``)."""
+
+    def __init__(
+        self,
+        x: Tensor,
+        element: Format | str,
+        block: int,
+        scale_rule: str,
+        *,
+        out_dtype: torch.dtype,
+        tensor_scales: int,
+        amax_given: bool,
+        rht_signs: Tensor | None,
+        mode: str = "rne",
+        n: int = 32,
+        variant: str = "c",
+        index_offset: int = 0,
+        nvfp4_flavour: str = "te",
+        rht: int | None = None,
+        rht_bf16: bool = False,
+    ) -> None:
+        if out_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
+        if x.numel() == 0:
+            raise ValueError("x must hold elements")
+        fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+        scale = None if tensor_scales == 0 else x.new_empty(tensor_scales, dtype=torch.float32)
+        amax = x.new_empty(x.numel() // block, dtype=torch.float32) if amax_given else None
+        call = _Call(
+            fmt=fmt,
+            block=block,
+            scale_rule=scale_rule,
+            output="gemm",
+            tensor_scale=scale,
+            mode=mode,
+            n=n,
+            variant=variant,
+            flavour=nvfp4_flavour,
+            seed=0,
+            offset=0,
+            index_offset=index_offset,
+            rht=rht,
+            rht_signs=rht_signs,
+            rht_bf16=rht_bf16,
+            amax=amax,
+        )
+        _check_tensors(x, call)
+        self.grid = _grid(x, out_dtype, call, from_tensors=True)
+        self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
+        self.out_dtype, self.index_offset = out_dtype, index_offset
+        self.device_index = x.device.index if x.is_cuda else -1
+        self.empty = x.new_empty(0, dtype=torch.uint8)
+
+    def __call__(
+        self,
+        x: Tensor,
+        tensor_scale: Tensor | None,
+        rht_signs: Tensor | None,
+        amax: Tensor | None,
+        seed: Tensor,
+        offset: Tensor,
+    ) -> Tensor:
+        """The operand of x (of the prepared shape, dtype and device, contiguous), as
+        `gemm_blocks` computes it with these arguments."""
+        if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
+            raise ValueError(
+                f"x must be a {self.dtype} tensor of shape {tuple(self.shape)} on "
+                f"{self.device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
+            )
+        if self.device_index >= 0 and current_device() != self.device_index:
+            with torch.cuda.device(self.device):
+                return self(x, tensor_scale, rht_signs, amax, seed, offset)
+        out = torch.empty_like(x, dtype=self.out_dtype)
+        grid = self.grid
+        grid.launch(
+            self.device_index,
+            grid.programs,
+            x,
+            self.empty,
+            self.empty,
+            out,
+            tensor_scale,
+            rht_signs if rht_signs is not None else grid.signs,
+            amax,
+            seed,
+            offset,
+            0,
+            0,
+            grid.blocks,
+            self.index_offset,
+        )
+        return out
 
 
 __all__ = [
     "BLOCK_OUTPUTS",
+    "PreparedGemmBlocks",
     "fake_quantize_blocks",
     "fast_bits",
     "gemm_blocks",

@@ -6,18 +6,21 @@ values as exact bf16 (docs/guide/recipes.md)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from ..block_constants import POWER_OF_TWO_RULES
+from ..blocks.dispatch import PreparedGemmOperand
 from ..blocks.formats import BlockFormat
 from ..blocks.gemm import exact_bf16_operand
 from ..blocks.quantize import gemm_operand, quantize
+from ..blocks.request import BlockArguments
 from ..blocks.scales import absmax_scales
 from ..blocks.tensor import GemmOperand
-from ..random import random_words
+from ..random import random_words, seed_tensor
 from ..rounding import round as round_values
 from .recipes import TENSOR_FORMATS, QuantSpec
 
@@ -141,11 +144,46 @@ def quantize_operand(
     if spec.rht is not None and not rotated:
         quantized = quantize(operand, fmt, spec.mode, **options)
         return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
-    result = gemm_operand(operand, fmt, spec.mode, **options)
+    prepared = None
+    if operand.is_cuda and not torch.compiler.is_compiling():
+        prepared = prepared_operand(spec, fmt, operand.shape, operand.dtype, operand.device)
+    if prepared is not None and isinstance(offset, Tensor):
+        # the eager CUDA step: the checks and the launches' set-up made once per shape
+        result = prepared(operand, _seed_on(seed, operand.device), offset.reshape(1), signs)
+    else:
+        result = gemm_operand(operand, fmt, spec.mode, **options)
     if result.values.is_cuda and result.values.dtype == torch.float32 and exact_in_bf16(fmt):
         # a bf16 GEMM instead of an fp32 one: the same products, exactly
         return exact_bf16_operand(result, fmt.element.mbits)
     return result
+
+
+@functools.lru_cache(maxsize=256)
+def prepared_operand(
+    spec: QuantSpec, fmt: BlockFormat, shape: torch.Size, dtype: torch.dtype, device: torch.device
+) -> PreparedGemmOperand | None:
+    """The kernel's `stochround.blocks.dispatch.PreparedGemmOperand` for an operand of this
+    spec, shape, dtype and device (None where the kernel does not serve it: whole-row
+    blocks, hardware presets): made once, so that a step's operands skip the checks and
+    the launch set-up that the layer's fixed shapes make the same at every step."""
+    if spec.hardware is not None or fmt.block is None:
+        return None
+    args = BlockArguments(
+        fmt, spec.mode, -1, None, None, False if spec.tensor_scale == "none" else None,
+        "te", spec.rht, None, spec.rht_bf16, spec.rbits, spec.variant, 0, 0, None, None, 0,
+        "auto",
+    )  # fmt: skip
+    try:
+        return PreparedGemmOperand(torch.empty(shape, dtype=dtype, device=device), args)
+    except ValueError:  # the kernel refuses it: the entry point routes the call
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_on(seed: int, device: torch.device) -> Tensor:
+    """The layer's Philox key as the one-element int64 tensor the kernel reads, on device
+    (made once: a fill per call would be a launch)."""
+    return seed_tensor(seed, "seed", device)
 
 
 def exact_in_bf16(fmt: BlockFormat) -> bool:
@@ -160,6 +198,7 @@ __all__ = [
     "Operand",
     "dequantized_operand",
     "exact_in_bf16",
+    "prepared_operand",
     "quantize_operand",
     "row_noise_operand",
     "row_words",
