@@ -89,7 +89,9 @@ def test_a_prepared_operand_takes_only_its_shape_and_refuses_what_it_cannot_serv
     x = torch.randn(32, 64, device=DEVICE)
     prepared = PreparedGemmOperand(x, arguments(entry.spec, entry.fmt, None, 0, 0))
     seed = seed_tensor(1, "seed", x.device)
-    with pytest.raises(ValueError, match=r"x must be a torch.float32 tensor of shape \(32, 64\)"):
+    with pytest.raises(
+        ValueError, match=r"x must be a contiguous torch.float32 tensor of shape \(32, 64\)"
+    ):
         prepared(x[:16].contiguous(), seed, seed)
     row = linear.make_plan(srnn.int8(), 0).operands["fprop_input"]
     with pytest.raises(ValueError, match="blocks with their own scales"):

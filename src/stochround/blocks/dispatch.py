@@ -170,7 +170,7 @@ class PreparedGemmOperand:
     call or, for None, the fixed ones of `default_signs`."""
 
     def __init__(self, x: Tensor, args: BlockArguments) -> None:
-        from ..kernels.blocks import PreparedGemmBlocks  # needs triton: imported here
+        from ..kernels.blocks import PreparedGemmBlocks, PreparedTensorScale  # needs triton
 
         x_checked, request = check_call(x, args)
         if x_checked.dim() != 2 or request.fmt.block is None or args.stream is not None:
@@ -186,8 +186,16 @@ class PreparedGemmOperand:
         if self.choice not in ("amax", "none"):
             raise ValueError("a prepared operand computes its tensor scale or has none")
         fmt = request.fmt
-        self.rht, self.rht_bf16, self.flavour = args.rht, args.rht_bf16, request.flavour
         self.signs = None if args.rht is None else default_signs(args.rht, x.device)
+        self.scale = None
+        if self.choice == "amax":
+            self.scale = PreparedTensorScale(
+                x_checked,
+                request.flavour,
+                rht=args.rht,
+                rht_signs=self.signs,
+                rht_bf16=args.rht_bf16,
+            )
         self.tile = fmt.block if isinstance(fmt.block, tuple) else None
         self.factor = RESCALE if fmt.scale_rule == "floor-3/4" else 1.0
         block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
@@ -215,14 +223,12 @@ class PreparedGemmOperand:
     ) -> GemmOperand:
         """The `GemmOperand` of x, as `kernel_gemm_operand` gives it for the prepared
         choices with this stream (one-element int64 tensors) and these signs."""
-        from ..kernels.blocks import nvfp4_tensor_scale  # needs triton: imported here
-
+        self.kernel.check(x)  # before any launch reads x
+        if x.is_cuda and x.device.index != torch.cuda.current_device():
+            with torch.cuda.device(x.device):  # Triton launches on the current device
+                return self(x, seed, offset, rht_signs)
         signs = self.signs if rht_signs is None else rht_signs
-        scales = None
-        if self.choice == "amax":
-            scales = nvfp4_tensor_scale(
-                x, self.flavour, rht=self.rht, rht_signs=signs, rht_bf16=self.rht_bf16
-            )[0]
+        scales = None if self.scale is None else self.scale(x, signs)
         amax = None if self.tile is None else _tile_amax(x, self.tile)
         values = self.kernel(x, scales, signs, amax, seed, offset)
         return GemmOperand(values, None if scales is None else scales[0], None, self.factor)

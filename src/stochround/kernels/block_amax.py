@@ -14,7 +14,7 @@ from .availability import INTERPRETED
 from .block_rotation import Rotation, checked_rotation, rotated, rotation_rounded
 from .common import INPUT_DTYPES, NAN16_BITS, fp32_bits_of
 from .grid import cdiv, next_power_of_2
-from .runtime import bound_launch, current_device
+from .runtime import Launch, bound_launch, current_device
 
 # elements an amax program reads
 AMAX_BLOCK = 2**14 if INTERPRETED else 2**13
@@ -110,16 +110,33 @@ def _partial_maxima(x: Tensor, rht: int | None, rht_signs: Tensor | None, rht_bf
             return _partial_maxima(x, rht, rht_signs, rht_bf16)
     programs = cdiv(count, AMAX_BLOCK)
     partial = x.new_empty(programs, dtype=torch.int32)
+    _amax_launch(x, rotation)(_device(x), programs, x, partial, signs, count)
+    return partial
+
+
+def _amax_launch(x: Tensor, rotation: Rotation) -> Launch:
+    """`_amax_kernel` bound for x's size and dtype and the rotation."""
     constants: dict[str, int | bool | Rotation] = {
         "BLOCK": AMAX_BLOCK,
-        "WIDE": count + AMAX_BLOCK >= 2**31,
+        "WIDE": x.numel() + AMAX_BLOCK >= 2**31,
         "ROTATION": rotation,
         "NAN16": NAN16_BITS.get(x.dtype, 0),
         "enable_fp_fusion": False,
     }
-    launch = bound_launch(_amax_kernel, tuple(constants.items()))
-    launch(_device(x), programs, x, partial, signs, count)
-    return partial
+    return bound_launch(_amax_kernel, tuple(constants.items()))
+
+
+def _scale_launch(partials: int, flavour: str) -> tuple[Launch, int]:
+    """`_tensor_scale_kernel` bound for ``partials`` partial maxima and the flavour."""
+    block = min(next_power_of_2(partials), 1024)
+    steps = cdiv(partials, block)
+    constants: dict[str, int | str | bool] = {
+        "BLOCK": block,
+        "STEPS": next_power_of_2(steps),
+        "FLAVOUR": flavour,
+        "enable_fp_fusion": False,
+    }
+    return bound_launch(_tensor_scale_kernel, tuple(constants.items())), partials
 
 
 def tensor_amax(
@@ -162,17 +179,46 @@ def nvfp4_tensor_scale(
     partial = _partial_maxima(x, rht, rht_signs, rht_bf16)
     amax = x.new_empty((), dtype=torch.float32)
     scale = x.new_empty(2, dtype=torch.float32)
-    block = min(next_power_of_2(partial.numel()), 1024)
-    steps = cdiv(partial.numel(), block)
-    constants: dict[str, int | str | bool] = {
-        "BLOCK": block,
-        "STEPS": next_power_of_2(steps),
-        "FLAVOUR": flavour,
-        "enable_fp_fusion": False,
-    }
-    launch = bound_launch(_tensor_scale_kernel, tuple(constants.items()))
-    launch(_device(x), 1, partial, amax, scale, partial.numel())
+    launch, partials = _scale_launch(partial.numel(), flavour)
+    launch(_device(x), 1, partial, amax, scale, partials)
     return scale, amax
 
 
-__all__ = ["AMAX_BLOCK", "nvfp4_tensor_scale", "tensor_amax"]
+class PreparedTensorScale:
+    """`nvfp4_tensor_scale` for one shape, dtype and device, flavour and rotation size,
+    checked and bound once (a training layer's operand): a call issues the two launches
+    alone, with the same bits.  The rotation's signs come with each call."""
+
+    def __init__(
+        self,
+        x: Tensor,
+        flavour: str,
+        *,
+        rht: int | None = None,
+        rht_signs: Tensor | None = None,
+        rht_bf16: bool = False,
+    ) -> None:
+        check_choice("flavour", flavour, NVFP4_FLAVOURS)
+        if not isinstance(x, Tensor) or x.dtype not in INPUT_DTYPES or not x.is_contiguous():
+            raise ValueError("x must be a contiguous float32, bfloat16 or float16 tensor")
+        if x.numel() == 0:
+            raise ValueError("x must hold elements")
+        _, rotation = checked_rotation(x, rht, rht_signs, rht_bf16, AMAX_BLOCK)
+        self.count = x.numel()
+        self.programs = cdiv(self.count, AMAX_BLOCK)
+        self.amax_launch = _amax_launch(x, rotation)
+        self.scale_launch, _ = _scale_launch(self.programs, flavour)
+        self.device, self.device_index = x.device, _device(x)
+
+    def __call__(self, x: Tensor, rht_signs: Tensor | None) -> Tensor:
+        """S_dec and S_enc of x (the prepared size, on the prepared device, current), a
+        2-element fp32 tensor, as `nvfp4_tensor_scale` gives them."""
+        partial = x.new_empty(self.programs, dtype=torch.int32)
+        amax = x.new_empty((), dtype=torch.float32)
+        scale = x.new_empty(2, dtype=torch.float32)
+        self.amax_launch(self.device_index, self.programs, x, partial, rht_signs, self.count)
+        self.scale_launch(self.device_index, 1, partial, amax, scale, self.programs)
+        return scale
+
+
+__all__ = ["AMAX_BLOCK", "PreparedTensorScale", "nvfp4_tensor_scale", "tensor_amax"]

@@ -16,7 +16,7 @@ from ..formats import format as find_format
 from ..random import seed_tensor
 from ..reference import MODES, VARIANTS, check_choice, check_rbits
 from .availability import INTERPRETED
-from .block_amax import nvfp4_tensor_scale, tensor_amax
+from .block_amax import PreparedTensorScale, nvfp4_tensor_scale, tensor_amax
 from .block_kernel import (
     BLOCK_OUTPUTS,
     BlockOutput,
@@ -467,6 +467,20 @@ class PreparedGemmBlocks:
         self.device_index = x.device.index if x.is_cuda else -1
         self.empty = x.new_empty(0, dtype=torch.uint8)
 
+    def check(self, x: Tensor) -> None:
+        """ValueError unless x is a contiguous tensor of the prepared shape, dtype and
+        device."""
+        if (
+            x.shape != self.shape
+            or x.dtype != self.dtype
+            or x.device != self.device
+            or not x.is_contiguous()
+        ):
+            raise ValueError(
+                f"x must be a contiguous {self.dtype} tensor of shape {tuple(self.shape)} on "
+                f"{self.device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
+            )
+
     def __call__(
         self,
         x: Tensor,
@@ -478,11 +492,7 @@ class PreparedGemmBlocks:
     ) -> Tensor:
         """The operand of x (of the prepared shape, dtype and device, contiguous), as
         `gemm_blocks` computes it with these arguments."""
-        if x.shape != self.shape or x.dtype != self.dtype or x.device != self.device:
-            raise ValueError(
-                f"x must be a {self.dtype} tensor of shape {tuple(self.shape)} on "
-                f"{self.device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
-            )
+        self.check(x)
         if self.device_index >= 0 and current_device() != self.device_index:
             with torch.cuda.device(self.device):
                 return self(x, tensor_scale, rht_signs, amax, seed, offset)
@@ -511,6 +521,7 @@ class PreparedGemmBlocks:
 __all__ = [
     "BLOCK_OUTPUTS",
     "PreparedGemmBlocks",
+    "PreparedTensorScale",
     "fake_quantize_blocks",
     "fast_bits",
     "gemm_blocks",
