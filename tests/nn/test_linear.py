@@ -77,8 +77,9 @@ def test_a_passthrough_recipe_computes_what_nn_linear_computes() -> None:
 def test_sr_is_applied_exactly_where_the_recipe_says(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each role is quantized once a step; between two seeds the stochastic roles change
-    and the round-to-nearest roles (and passthrough roles) are bit-identical."""
+    """Each role is quantized once a step (dgrad's weight reuses fprop's where the plan
+    says so); between two seeds the stochastic roles change and the round-to-nearest roles
+    (and passthrough roles) are bit-identical."""
     recipe = srnn.RECIPES[name]()
     results = []
     for seed in (1, 2):
@@ -86,9 +87,10 @@ def test_sr_is_applied_exactly_where_the_recipe_says(
         layer = srnn.QuantizedLinear.from_linear(reference, recipe.replace(seed=seed))
         with recorded(monkeypatch) as calls:
             one_step(layer, x, grad)
-        assert sorted(role for role, _ in calls) == sorted(ROLES)
+        reused = ("dgrad_weight",) if layer.plan.weight_transposes else ()
+        assert sorted(role for role, _ in calls) == sorted(set(ROLES) - set(reused))
         results.append(dict(calls))
-    for role in ROLES:
+    for role in results[0]:
         spec = recipe.spec(role)
         same = torch.equal(results[0][role], results[1][role])
         assert same != spec.stochastic, f"{name} {role}: stochastic={spec.stochastic}"
@@ -154,7 +156,7 @@ def test_nvfp4_dgrad_is_unbiased_about_the_rn_weight_and_biased_with_rn_gradient
     layer = srnn.QuantizedLinear.from_linear(reference, srnn.nvfp4(seed=3))
     with recorded(monkeypatch) as calls:
         one_step(layer, x, grad)
-    weight_rn = dict(calls)["dgrad_weight"].double()  # (in, out): Q(W)^T
+    weight_rn = dict(calls)["fprop_weight"].T.double()  # (in, out): Q(W)^T = Q(W^T)
     exact = grad.double() @ weight_rn.T
     dxs, _ = gradient_samples(layer, x, grad, steps=128)
     assert_unbiased(dxs, exact, "nvfp4 dgrad")
@@ -198,13 +200,26 @@ def test_nvfp4_wgrad_is_unbiased_through_the_rht_and_biased_with_rn_gradients(
 def test_2d_weight_blocks_make_the_dgrad_weight_the_exact_transpose(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Q(W^T) = Q(W)^T for 16x16 tiles, so the backward reuses fprop's operand (dgrad's
+    weight is not quantized again) and dx is what quantizing W^T gives, bit for bit; with
+    1-D weight blocks the two differ and dgrad quantizes W^T."""
     reference, x, grad = fixed_data()
     layer = srnn.QuantizedLinear.from_linear(reference, srnn.nvfp4())
+    assert layer.plan.weight_transposes
     with recorded(monkeypatch) as calls:
-        one_step(layer, x, grad)
+        _, dx, _ = one_step(layer, x, grad)
     quantized = dict(calls)
-    assert torch.equal(quantized["fprop_weight"].T, quantized["dgrad_weight"])
+    assert "dgrad_weight" not in quantized
+    entry = layer.plan.operands["dgrad_weight"]
+    again = operands.quantize_operand(reference.weight.detach().T.contiguous(), entry, 0, 0, None)
+    assert torch.equal(quantized["fprop_weight"].T, operands.dequantized_operand(again))
+    # the step's dx equals the step that quantizes W^T itself
+    plan = layer.plan._replace(weight_transposes=False)
+    unshared = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.nvfp4())
+    unshared.plan = plan
+    assert torch.equal(one_step(unshared, x, grad)[1], dx)
     layer_1d = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.nvfp4(weight_2d=False))
+    assert not layer_1d.plan.weight_transposes
     with recorded(monkeypatch) as calls:
         one_step(layer_1d, x, grad)
     quantized = dict(calls)

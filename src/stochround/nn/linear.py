@@ -110,12 +110,14 @@ def step_offsets(step: Tensor, layer: int) -> Tensor:
 class Plan(NamedTuple):
     """What a layer's GEMMs need: the six operands, the Philox key of its streams (the
     recipe's seed in `StreamDomain.RECIPE`: `stochround.random.stream_key`), the layer's
-    index and the multiple the wgrad GEMM pads its token count to (`token_multiple`)."""
+    index, the multiple the wgrad GEMM pads its token count to (`token_multiple`) and
+    whether dgrad's weight operand is fprop's transposed (`weight_transposes`)."""
 
     operands: dict[str, Operand]
     seed: int
     layer: int
     token_multiple: int
+    weight_transposes: bool
 
 
 def token_multiple(operands: dict[str, Operand]) -> int:
@@ -143,7 +145,21 @@ def make_plan(recipe: Recipe, layer: int) -> Plan:
         operands[role] = Operand(role, spec, fmt)
     stream_offset(0, layer, 0)  # checks the layer index
     key = int(stream_key(recipe.seed, StreamDomain.RECIPE))
-    return Plan(operands, key, layer, token_multiple(operands))
+    return Plan(operands, key, layer, token_multiple(operands), weight_transposes(operands))
+
+
+def weight_transposes(operands: dict[str, Operand]) -> bool:
+    """Whether dgrad's weight operand Q(W^T) is fprop's Q(W) transposed, bit for bit, so
+    that the backward reuses it: both roles quantized alike in square 2-D tiles (a tile of
+    W^T is the transpose of a tile of W, with its amax and scale), without random bits, an
+    RHT or a hardware preset (NVFP4's 16x16 weights, as Transformer Engine reuses them)."""
+    forward, backward = operands["fprop_weight"], operands["dgrad_weight"]
+    spec, fmt = forward.spec, forward.fmt
+    if fmt is None or spec != backward.spec or spec.format in TENSOR_FORMATS:
+        return False
+    square = isinstance(fmt.block, tuple) and fmt.block[0] == fmt.block[1]
+    alike = spec.mode != "sr" and spec.rht is None and spec.hardware is None
+    return square and alike and spec.noise == "element"
 
 
 def pad_tokens(operand: Tensor, multiple: int) -> Tensor:
@@ -201,16 +217,20 @@ def rotation_signs(
 
 
 def gemm_operands(
-    plan: Plan, gemm: str, left: Tensor, right: Tensor, offsets: Tensor
+    plan: Plan, gemm: str, left: Tensor, right: Tensor | GemmOperand, offsets: Tensor
 ) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
     from its role's stream at the step whose `step_offsets` are ``offsets``, rotated by
-    `rotation_signs` where its spec has an RHT."""
+    `rotation_signs` where its spec has an RHT; a ``right`` already quantized is taken as
+    it is."""
     left_role, right_role = GEMMS[gemm]
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
     results = []
     drawn: dict[tuple[int, str], Tensor | None] = {}  # the GEMM's signs, drawn once
     for role, operand in ((left_role, left), (right_role, right)):
+        if isinstance(operand, GemmOperand):
+            results.append(operand)
+            continue
         entry = plan.operands[role]
         signs = None
         if entry.spec.rht is not None:
@@ -300,19 +320,29 @@ class QuantizedMatmul(torch.autograd.Function):
             offsets = step_offsets(step, plan.layer)
             qx, qw = gemm_operands(plan, "fprop", x, weight, offsets)
             out = scaled_mm(qx, qw, bias=bias, out_dtype=x.dtype)
-        ctx.save_for_backward(x, weight, offsets)
+        # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
+        # GEMM reads as it is) instead of quantizing W^T again
+        kept = plan.weight_transposes and qw.row_scale is None
+        values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
+        ctx.save_for_backward(x, weight, offsets, values, scale)
+        ctx.factor = qw.factor
         ctx.plan = plan
         ctx.bias_dtype = None if bias is None else bias.dtype
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, offsets = ctx.saved_tensors
+        x, weight, offsets, weight_values, weight_scale = ctx.saved_tensors
         plan: Plan = ctx.plan
         grad_x = grad_weight = grad_bias = None
         with autocast_off(grad.device.type):
             if ctx.needs_input_grad[0]:
-                qdy, qw = gemm_operands(plan, "dgrad", grad, transposed(weight), offsets)
+                right: Tensor | GemmOperand
+                if weight_values is not None:
+                    right = GemmOperand(weight_values.T, weight_scale, None, ctx.factor)
+                else:
+                    right = transposed(weight)
+                qdy, qw = gemm_operands(plan, "dgrad", grad, right, offsets)
                 grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
                 multiple = plan.token_multiple
