@@ -32,7 +32,7 @@ def codes_supported(fmt: Format) -> bool:
 
 
 @functools.cache
-def format_unsupported(fmt: Format, output: str) -> str | None:
+def format_refusal(fmt: Format, output: str) -> str | None:
     """Why the kernels cannot round to ``fmt`` for ``output`` (None if they can)."""
     if not kernel_supports(fmt):
         return f"format {fmt.name} is wider than the kernels' fp32 arithmetic"
@@ -46,7 +46,7 @@ def rounding_refusal(x_dtype: torch.dtype, fmt: Format, output: str) -> str | No
     can); where they can run at all is `kernels.availability.kernels_refusal`'s call."""
     if x_dtype not in INPUT_DTYPES:
         return f"the kernels read fp32/bf16/fp16 inputs, not {x_dtype}"
-    return format_unsupported(fmt, output)
+    return format_refusal(fmt, output)
 
 
 # bytes of a row of four codes (the kernels store a row as one word, fp6 as three bytes)
@@ -287,7 +287,7 @@ __all__ = [
     "SOURCES",
     "KernelPlan",
     "codes_supported",
-    "format_unsupported",
+    "format_refusal",
     "kernel_plan",
     "rounding_refusal",
 ]
