@@ -367,7 +367,7 @@ def test_per_tensor_fp8_has_one_scale_for_the_whole_tensor() -> None:
 
 
 @pytest.mark.parametrize("role", ["fprop_input", "dgrad_grad_output"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_per_tensor_operands_equal_the_tensor_as_one_row_of_the_row_wise_rule(
     role: str, dtype: torch.dtype
 ) -> None:

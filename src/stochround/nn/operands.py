@@ -20,7 +20,9 @@ from ..blocks.quantize import gemm_operand, quantize
 from ..blocks.request import BlockArguments
 from ..blocks.scales import absmax_scales
 from ..blocks.tensor import GemmOperand
+from ..kernels.availability import triton_missing
 from ..random import random_words, seed_tensor
+from ..rounding import cast
 from ..rounding import round as round_values
 from .recipes import TENSOR_FORMATS, QuantSpec
 
@@ -65,23 +67,33 @@ TRANSPOSED_ROLES = ("dgrad_weight", "wgrad_grad_output", "wgrad_input")
 
 
 def tensor_scaled_operand(
-    operand: Tensor, fmt: BlockFormat, spec: QuantSpec, seed: int, offset: int | Tensor
+    operand: Tensor,
+    fmt: BlockFormat,
+    spec: QuantSpec,
+    seed: int,
+    offset: int | Tensor,
+    native: bool = False,
 ) -> GemmOperand:
     """The `GemmOperand` of a per-tensor (current scaling) format: the whole tensor as one
     row of the row-wise absmax rule in fp32, ``scale = amax / max`` (fp32, the rule's
     floor below), the elements ``round(fp32(x) / scale)`` by the core with sat="finite"
     (SR drawing the word of each element's row-major index), the scale as the GEMM's
-    tensor scale.
+    tensor scale.  The values in the format's GEMM dtype, or with ``native`` in its
+    float8 dtype, as an FP8 tensor core reads them.
     Equal to `stochround.blocks.gemm_operand` of ``x.reshape(1, -1)`` in fp32 (a test
-    checks it), computed as one reduction and one elementwise rounding, which the core's
-    kernel runs on CUDA, where that whole-row call takes the PyTorch path."""
-    wide = operand.to(torch.float32)
-    amax = wide.abs().amax().reshape(1, 1)
+    checks it), computed as one amax (one read on CUDA) and one elementwise rounding into
+    the float8 dtype, which the core's kernel runs on CUDA."""
+    if operand.dtype == torch.float64:  # the rule scales fp32 values
+        operand = operand.to(torch.float32)
+    amax = _tensor_amax(operand).reshape(1, 1)
     scale, multiplier = absmax_scales(amax, fmt.element_max)
+    dtype = fmt.element.torch_dtype
+    if dtype is None or dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"a per-tensor format has float8 elements; got {fmt.element.name}")
     rbits = spec.rbits if spec.mode == "sr" else None
-    elements = round_values(
-        wide * multiplier,
-        fmt.element,
+    codes = cast(
+        operand * multiplier,  # fp32: x's values times the fp32 multiplier, as the rule has it
+        dtype,
         spec.mode,
         seed=seed,
         offset=offset,
@@ -89,9 +101,18 @@ def tensor_scaled_operand(
         variant=spec.variant,
         sat="finite",
     )
-    return GemmOperand(
-        elements.to(fmt.gemm_dtype), tensor_scale=scale.reshape(()), row_scale=None, factor=1.0
-    )
+    values = codes if native else codes.to(fmt.gemm_dtype)
+    return GemmOperand(values, tensor_scale=scale.reshape(()), row_scale=None, factor=1.0)
+
+
+def _tensor_amax(x: Tensor) -> Tensor:
+    """max |x| in fp32 (NaN where x holds one): the kernels' one-read amax for a CUDA
+    tensor where Triton runs, else ``x.abs().amax()`` (the same value)."""
+    if x.is_cuda and x.is_contiguous() and triton_missing() is None:
+        from ..kernels.blocks import tensor_amax  # needs triton: imported here
+
+        return tensor_amax(x)
+    return x.abs().amax().to(torch.float32)
 
 
 def row_words(operand: Tensor, role: str, seed: int, offset: int | Tensor) -> Tensor:
