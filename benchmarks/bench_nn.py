@@ -192,7 +192,8 @@ RECIPE_NOTES = {
     "mxfp8": "e4m3 1x32 blocks, E8M0 scales, RN; bf16 GEMMs under a per-row power of two",
     "mxfp4_tseng": "MXFP4 fwd RN, bwd SR with RHT-64",
     "int8": "int8 row-wise (Qwix), SR gradients",
-    "fp8": "per-tensor current scaling, e4m3 fwd / e5m2 bwd, SR gradients",
+    "fp8": "per-tensor current scaling, e4m3 fwd / e5m2 bwd, RN, exact emulated GEMMs",
+    "fp8_native": "fp8() with gemm='native': the GEMMs on the FP8 tensor cores (_scaled_mm)",
 }
 
 
@@ -202,7 +203,7 @@ def stochround_recipe(inputs: Inputs, name: str, graphed: bool = False) -> Run:
     import stochround.nn as srnn
 
     features = inputs.weight.shape[0]
-    recipe = srnn.RECIPES[name]()
+    recipe = srnn.fp8(native=True) if name == "fp8_native" else srnn.RECIPES[name]()
     layer = srnn.QuantizedLinear(
         features, features, bias=False, device=inputs.x.device, dtype=torch.bfloat16,
         recipe=recipe,
@@ -495,7 +496,9 @@ def main() -> int:
         builds[f"stochround_{name}"] = partial(stochround_recipe, inputs, name)
     bench.add(CASE, "bf16_linear", builds["bf16_linear"], reference=True)
     for name in RECIPE_NOTES:
-        bench.add(CASE, f"stochround_{name}", builds[f"stochround_{name}"], ours=True)
+        cuda_only = name == "fp8_native"  # FP8 tensor cores
+        build = builds[f"stochround_{name}"]
+        bench.add(CASE, f"stochround_{name}", build, ours=True, cuda_only=cuda_only)
     bench.add(
         CASE, "torchao_nvfp4_emulated", builds["torchao_nvfp4_emulated"], requires=("torchao",)
     )

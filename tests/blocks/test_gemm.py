@@ -189,3 +189,17 @@ def test_cuda_scaled_mm_agrees_with_the_cpus_up_to_accumulation_order(case: str)
     va, vb = _values(qa).double(), _values(qb).double()
     bound = (256 + 4) * 2**-24 * (va.abs() @ vb.abs().T)
     assert bool(((got - va @ vb.T).abs() <= bound).all())
+
+
+def test_native_fp8_mm_takes_float8_operands_with_one_scale_in_multiples_of_16() -> None:
+    from stochround.blocks.gemm import native_fp8_mm
+
+    scale = torch.tensor(0.5)
+    a8 = GemmOperand(torch.zeros(16, 32).to(torch.float8_e4m3fn), scale, None, 1.0)
+    with pytest.raises(ValueError, match=r"b\.values must be a 2-D float8 tensor"):
+        native_fp8_mm(a8, GemmOperand(torch.zeros(16, 32), scale, None, 1.0))
+    with pytest.raises(ValueError, match="b must carry one per-tensor scale"):
+        native_fp8_mm(a8, a8._replace(tensor_scale=None))
+    odd = GemmOperand(torch.zeros(16, 24).to(torch.float8_e4m3fn), scale, None, 1.0)
+    with pytest.raises(ValueError, match="multiples of 16; got 16x24x16"):
+        native_fp8_mm(odd, odd)

@@ -30,8 +30,8 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, Tensor
     calls: list[tuple[str, Tensor]] = []
     original = operands.quantize_operand
 
-    def spy(operand: Tensor, entry: linear.Operand, *args: Any) -> linear.GemmOperand:
-        result = original(operand, entry, *args)
+    def spy(operand: Tensor, entry: linear.Operand, *args: Any, **kwargs: Any) -> Any:
+        result = original(operand, entry, *args, **kwargs)
         calls.append((entry.role, operands.dequantized_operand(result).clone()))
         return result
 
@@ -716,3 +716,32 @@ def test_the_compiled_graphs_draw_the_rht_signs_by_one_opaque_op(name: str) -> N
     rotated_gemms = {"nvfp4": 1, "mxfp4_tseng": 2}[name]  # wgrad; and dgrad
     assert targets.count("stochround.nn_rotation_signs.default") == rotated_gemms
     assert not any("bitwise_xor" in target for target in targets)
+
+
+def test_native_fp8_gemms_need_fp8_tensor_cores() -> None:
+    """gemm='native' refuses a CPU input (and a GPU without FP8 tensor cores) by name."""
+    layer = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.fp8(native=True))
+    assert (
+        layer.plan.native
+        and not srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.fp8()).plan.native
+    )
+    with pytest.raises(ValueError, match="gemm='native' runs FP8 tensor-core GEMMs, on CUDA"):
+        layer(torch.randn(4, SIZE))
+
+
+@pytest.mark.gpu
+def test_native_fp8_gemms_take_the_emulations_operands_and_agree_up_to_accumulation() -> None:
+    """The same quantized operands (bit for bit) multiplied on the FP8 tensor cores: y, dx
+    and dW within a relative error the accumulation order explains."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs FP8 tensor cores")
+    reference, x, grad = fixed_data()
+    results = []
+    for native in (False, True):
+        layer = srnn.QuantizedLinear.from_linear(
+            copy.deepcopy(reference).cuda().bfloat16(), srnn.fp8(native=native)
+        )
+        results.append(one_step(layer, x.cuda().bfloat16(), grad.cuda().bfloat16()))
+    for emulated, native in zip(*results, strict=True):
+        error = (native.float() - emulated.float()).norm() / emulated.float().norm()
+        assert float(error) < 2**-7

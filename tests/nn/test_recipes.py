@@ -250,3 +250,18 @@ def test_a_hardware_preset_rounds_the_operand_as_blocks_quantize_does() -> None:
         QuantSpec("mxfp8_e4m3", "sr", hardware="transformer-engine-sr-e2m1")
     with pytest.raises(ValueError, match="sets rbits and variant"):
         QuantSpec("nvfp4", "sr", rbits=8, hardware="transformer-engine-sr-e2m1")
+
+
+def test_native_gemms_are_a_choice_of_per_tensor_fp8_recipes() -> None:
+    recipe = srnn.fp8(native=True)
+    assert recipe.gemm == "native" and srnn.fp8().gemm == "emulated"
+    assert Recipe.from_dict(json.loads(json.dumps(recipe.to_dict()))) == recipe
+    saved_before = {k: v for k, v in srnn.fp8().to_dict().items() if k != "gemm"}
+    assert Recipe.from_dict(saved_before) == srnn.fp8()  # a dict saved before the field
+    assert "GEMMs: native" in recipe.describe()
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        srnn.fp8().replace(gemm="fast")
+    with pytest.raises(ValueError, match="these roles are not: fprop_input"):
+        srnn.nvfp4().replace(gemm="native")
+    with pytest.raises(TypeError, match="native must be a bool"):
+        srnn.fp8(native=1)  # type: ignore[arg-type]

@@ -99,6 +99,38 @@ def fp32_product(a: Tensor, b: Tensor) -> Tensor:
     return a.to(torch.float32) @ b.to(torch.float32).T
 
 
+def native_fp8_mm(
+    a: GemmOperand,
+    b: GemmOperand,
+    *,
+    bias: Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> Tensor:
+    """``Q(a) Q(b)^T (+ bias)`` on the FP8 tensor cores (``torch._scaled_mm``): ``a.values``
+    (M, K) and ``b.values`` (N, K) float8 (at most one of them e5m2) with their per-tensor
+    fp32 scales.  What the hardware computes: its own accumulation and rounding of the
+    result, not `scaled_mm`'s exact products summed in fp32 (docs/guide/recipes.md).
+    Dimensions must be multiples of 16 (ValueError otherwise)."""
+    for name, given in (("a", a), ("b", b)):
+        values = given.values
+        if values.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or values.dim() != 2:
+            raise ValueError(f"{name}.values must be a 2-D float8 tensor; got {values.dtype}")
+        if given.tensor_scale is None or given.row_scale is not None or given.factor != 1.0:
+            raise ValueError(f"{name} must carry one per-tensor scale and nothing else")
+    (m, k), n = a.values.shape, b.values.shape[0]
+    if m % 16 or k % 16 or n % 16:
+        raise ValueError(f"FP8 GEMMs take dimensions that are multiples of 16; got {m}x{k}x{n}")
+    return torch._scaled_mm(
+        a.values,
+        b.values.t(),  # column-major, as the tensor cores read the second operand
+        scale_a=a.tensor_scale.reshape(()),  # type: ignore[union-attr]
+        scale_b=b.tensor_scale.reshape(()),  # type: ignore[union-attr]
+        bias=None if bias is None else bias.to(out_dtype),
+        out_dtype=out_dtype,
+        use_fast_accum=False,
+    )
+
+
 def scaled_mm(
     a: GemmOperand,
     b: GemmOperand,
@@ -153,6 +185,7 @@ __all__ = [
     "exact_bf16_operand",
     "floor_log2_fp32",
     "fp32_product",
+    "native_fp8_mm",
     "power_of_two_fp32",
     "scaled_mm",
 ]

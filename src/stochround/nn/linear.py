@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import math
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -49,7 +49,7 @@ from torch.nn import functional
 from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
-from ..blocks.gemm import scaled_mm
+from ..blocks.gemm import native_fp8_mm, scaled_mm
 from ..blocks.hadamard import random_signs
 from ..blocks.request import RHT_SEED, check_blocks
 from ..blocks.tensor import GemmOperand
@@ -111,13 +111,15 @@ class Plan(NamedTuple):
     """What a layer's GEMMs need: the six operands, the Philox key of its streams (the
     recipe's seed in `StreamDomain.RECIPE`: `stochround.random.stream_key`), the layer's
     index, the multiple the wgrad GEMM pads its token count to (`token_multiple`) and
-    whether dgrad's weight operand is fprop's transposed (`weight_transposes`)."""
+    whether dgrad's weight operand is fprop's transposed (`weight_transposes`), and
+    whether the GEMMs run on the FP8 tensor cores (``native``, `Recipe.gemm`)."""
 
     operands: dict[str, Operand]
     seed: int
     layer: int
     token_multiple: int
     weight_transposes: bool
+    native: bool = False
 
 
 def token_multiple(operands: dict[str, Operand]) -> int:
@@ -145,7 +147,9 @@ def make_plan(recipe: Recipe, layer: int) -> Plan:
         operands[role] = Operand(role, spec, fmt)
     stream_offset(0, layer, 0)  # checks the layer index
     key = int(stream_key(recipe.seed, StreamDomain.RECIPE))
-    return Plan(operands, key, layer, token_multiple(operands), weight_transposes(operands))
+    native = recipe.gemm == "native"
+    reuse = weight_transposes(operands)
+    return Plan(operands, key, layer, token_multiple(operands), reuse, native)
 
 
 def weight_transposes(operands: dict[str, Operand]) -> bool:
@@ -239,7 +243,9 @@ def gemm_operands(
                 drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, left.device)
             signs = drawn[key]
         offset = offsets[ROLE_SLOTS[role]]
-        quantized = quantize_operand(operand.contiguous(), entry, plan.seed, offset, signs, rotated)
+        quantized = quantize_operand(
+            operand.contiguous(), entry, plan.seed, offset, signs, rotated, native=plan.native
+        )
         results.append(quantized)
     return results[0], results[1]
 
@@ -309,6 +315,29 @@ def transposed(x: Tensor) -> Tensor:
     return x.T.contiguous()
 
 
+def gemm_of(plan: Plan) -> Callable[..., Tensor]:
+    """The plan's GEMM: the exact emulation (`stochround.blocks.scaled_mm`) or the FP8
+    tensor cores (`stochround.blocks.gemm.native_fp8_mm`)."""
+    return native_fp8_mm if plan.native else scaled_mm
+
+
+def check_native(x: Tensor) -> None:
+    """ValueError unless x lies on a GPU with FP8 tensor cores (compute capability 8.9 or
+    higher), which ``gemm="native"`` runs its GEMMs on."""
+    if not x.is_cuda:
+        raise ValueError(
+            f"gemm='native' runs FP8 tensor-core GEMMs, on CUDA; got a tensor on {x.device} "
+            "(the default gemm='emulated' runs anywhere)"
+        )
+    capability = torch.cuda.get_device_capability(x.device)
+    if capability < (8, 9):
+        name = torch.cuda.get_device_name(x.device)
+        raise ValueError(
+            f"gemm='native' needs FP8 tensor cores (compute capability 8.9 or higher); {name} "
+            f"has {capability[0]}.{capability[1]} (the default gemm='emulated' runs anywhere)"
+        )
+
+
 class QuantizedMatmul(torch.autograd.Function):
     """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
 
@@ -319,7 +348,7 @@ class QuantizedMatmul(torch.autograd.Function):
         with autocast_off(x.device.type):
             offsets = step_offsets(step, plan.layer)
             qx, qw = gemm_operands(plan, "fprop", x, weight, offsets)
-            out = scaled_mm(qx, qw, bias=bias, out_dtype=x.dtype)
+            out = gemm_of(plan)(qx, qw, bias=bias, out_dtype=x.dtype)
         # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
         # GEMM reads as it is) instead of quantizing W^T again
         kept = plan.weight_transposes and qw.row_scale is None
@@ -343,13 +372,13 @@ class QuantizedMatmul(torch.autograd.Function):
                 else:
                     right = transposed(weight)
                 qdy, qw = gemm_operands(plan, "dgrad", grad, right, offsets)
-                grad_x = scaled_mm(qdy, qw, out_dtype=x.dtype)
+                grad_x = gemm_of(plan)(qdy, qw, out_dtype=x.dtype)
             if ctx.needs_input_grad[1]:
                 multiple = plan.token_multiple
                 grad_t = pad_tokens(transposed(grad.contiguous()), multiple)
                 x_t = pad_tokens(transposed(x.contiguous()), multiple)
                 qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
-                grad_weight = scaled_mm(qdy, qx, out_dtype=weight.dtype)
+                grad_weight = gemm_of(plan)(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
         return grad_x, grad_weight, grad_bias, None, None
@@ -511,6 +540,8 @@ class QuantizedLinear(nn.Linear):
                 f"x must have in_features={self.in_features} values along its last axis; "
                 f"got an input of shape {tuple(x.shape)}"
             )
+        if self.plan.native:
+            check_native(x)
         lead = x.shape[:-1]
         tokens = x.reshape(-1, self.in_features)
         gemms = running_gemms(x, weight)

@@ -137,18 +137,21 @@ def quantize_operand(
     offset: int | Tensor,
     signs: Tensor | None,
     rotated: bool = False,
+    *,
+    native: bool = False,
 ) -> GemmOperand:
     """Q(operand) as a GEMM takes it (`stochround.blocks.GemmOperand`): ``operand`` (2-D,
     contiguous, the GEMM's contraction axis last) quantized by the entry's spec; a
     passthrough entry gives the operand itself.  ``seed``/``offset``: its SR stream;
     ``signs``: the per-step RHT signs (None: the fixed ones); ``rotated``: keep an RHT's
     rotated basis (the other operand is rotated alike), else the values are rotated back
-    (fp32)."""
+    (fp32); ``native``: per-tensor operands in their float8 dtype, for the FP8 tensor
+    cores."""
     spec, fmt = entry.spec, entry.fmt
     if fmt is None:
         return GemmOperand(operand, None, None, 1.0)
     if spec.format in TENSOR_FORMATS:
-        return tensor_scaled_operand(operand, fmt, spec, seed, offset)
+        return tensor_scaled_operand(operand, fmt, spec, seed, offset, native)
     if spec.noise == "row":
         return row_noise_operand(operand, fmt, row_words(operand, entry.role, seed, offset))
     options: dict[str, Any] = {

@@ -59,6 +59,10 @@ TENSOR_FORMATS: dict[str, BlockFormat] = {
 FORMAT_NAMES: tuple[str, ...] = (*BLOCK_FORMATS, *TENSOR_FORMATS)
 
 
+# how a recipe's GEMMs run (`Recipe.gemm`)
+GEMM_KINDS = ("emulated", "native")
+
+
 def check_keys(cls: type, data: dict[str, Any]) -> None:
     """ValueError naming the keys of ``data`` that are not fields of the dataclass ``cls``
     (what `to_dict` wrote is read back by ``from_dict``)."""
@@ -251,6 +255,11 @@ class Recipe:
         source: where the recipe's table comes from (a citation, for people).
         keep: regular expressions of module paths (``re.search``) kept in high precision:
             `stochround.nn.quantize_` leaves the layers they match as they are.
+        gemm: one of `GEMM_KINDS`: "emulated" (default) multiplies the quantized operands'
+            values exactly with fp32 accumulation, as the guide's GEMM rule states;
+            "native" runs each GEMM on the FP8 tensor cores (``torch._scaled_mm``, sm89+):
+            what the hardware computes, for recipes whose six roles are per-tensor FP8
+            (`fp8`).
     """
 
     name: str = "custom"
@@ -263,10 +272,19 @@ class Recipe:
     seed: int = 0
     source: str = ""
     keep: tuple[str, ...] = ()
+    gemm: str = "emulated"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        check_choice("gemm", self.gemm, GEMM_KINDS)
+        if self.gemm == "native":
+            others = [role for role in ROLES if getattr(self, role).format not in TENSOR_FORMATS]
+            if others:
+                raise ValueError(
+                    "gemm='native' runs FP8 tensor-core GEMMs on per-tensor FP8 operands "
+                    f"({', '.join(TENSOR_FORMATS)}); these roles are not: {', '.join(others)}"
+                )
         for role in ROLES:
             spec = getattr(self, role)
             if not isinstance(spec, QuantSpec):
@@ -303,6 +321,8 @@ class Recipe:
     def describe(self) -> str:
         """The recipe as a table: one line per role (format, blocks, rounding, RHT)."""
         lines = [f"{self.name}: seed {self.seed}" + (f" ({self.source})" if self.source else "")]
+        if self.gemm != "emulated":
+            lines.append(f"  GEMMs: {self.gemm} (FP8 tensor cores)")
         for role in ROLES:
             lines.append(f"  {role:<18} {spec_words(self.spec(role))}")
         if self.keep:
@@ -319,6 +339,7 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         """The recipe as a JSON-able dict (``json.dumps(recipe.to_dict())``)."""
         data: dict[str, Any] = {"name": self.name, "seed": self.seed, "source": self.source}
+        data["gemm"] = self.gemm
         data["keep"] = list(self.keep)
         for role in ROLES:
             data[role] = self.spec(role).to_dict()
@@ -420,22 +441,26 @@ def mxfp8(*, seed: int = 0, keep: tuple[str, ...] = ()) -> Recipe:
     MXFP8 e4m3 (blocks of 32 along the contraction axis), E8M0 scales by the ``rceil`` rule
     (cuBLAS's), elements rounded to nearest even."""
     spec = QuantSpec("mxfp8_e4m3", scale_rule="rceil")
+    roles: dict[str, Any] = dict.fromkeys(ROLES, spec)
     return Recipe(
         name="mxfp8",
-        **dict.fromkeys(ROLES, spec),
+        **roles,
         seed=seed,
         source="Transformer Engine MXFP8BlockScaling (E4M3, rceil scales)",
         keep=keep,
     )
 
 
-def fp8(*, seed: int = 0, keep: tuple[str, ...] = ()) -> Recipe:
+def fp8(*, native: bool = False, seed: int = 0, keep: tuple[str, ...] = ()) -> Recipe:
     """Transformer Engine's ``Float8CurrentScaling`` with ``Format.HYBRID``: per-tensor
     current scaling (one fp32 scale ``amax / max`` per tensor, from this step's amax), e4m3
     for the forward tensors (x and W, in every GEMM) and e5m2 for the gradient dy, round
     to nearest even.  TE multiplies by ``max / amax`` where this divides by ``amax / max``
     (`stochround.blocks.scales.absmax_scales`): the elements can differ where the fp32
-    reciprocal rounds."""
+    reciprocal rounds.  ``native``: the GEMMs on the FP8 tensor cores (``gemm="native"``,
+    sm89+) instead of the exact emulation."""
+    if not isinstance(native, bool):
+        raise TypeError(f"native must be a bool, got {type(native).__name__}")
     forward = QuantSpec("fp8_e4m3_tensor")
     gradient = QuantSpec("fp8_e5m2_tensor")
     return Recipe(
@@ -449,6 +474,7 @@ def fp8(*, seed: int = 0, keep: tuple[str, ...] = ()) -> Recipe:
         seed=seed,
         source="Transformer Engine Float8CurrentScaling, Format.HYBRID",
         keep=keep,
+        gemm="native" if native else "emulated",
     )
 
 
@@ -519,6 +545,7 @@ RECIPES = {
 __all__ = [
     "FORMAT_NAMES",
     "GEMMS",
+    "GEMM_KINDS",
     "NOISE_POLICIES",
     "PASSTHROUGH",
     "RECIPES",
