@@ -745,3 +745,43 @@ def test_native_fp8_gemms_take_the_emulations_operands_and_agree_up_to_accumulat
     for emulated, native in zip(*results, strict=True):
         error = (native.float() - emulated.float()).norm() / emulated.float().norm()
         assert float(error) < 2**-7
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NAMED)
+def test_a_training_step_captured_as_a_cuda_graph_replays_the_eager_steps_bits(name: str) -> None:
+    """Three warm-up steps, then the fourth step captured as one CUDA graph and replayed:
+    its y, dx and dW equal an eager layer's fourth step bit for bit (the step counter is
+    read on the device, so the replay draws the fourth step's random bits)."""
+    reference, x, grad = fixed_data()
+    x, grad = x.cuda().bfloat16(), grad.cuda().bfloat16()
+    eager = srnn.QuantizedLinear.from_linear(
+        copy.deepcopy(reference).cuda().bfloat16(), srnn.RECIPES[name]()
+    )
+    for _ in range(3):
+        one_step(eager, x, grad)
+    expected = one_step(eager, x, grad)
+    graphed = srnn.QuantizedLinear.from_linear(
+        copy.deepcopy(reference).cuda().bfloat16(), srnn.RECIPES[name]()
+    )
+    inputs = x.clone().requires_grad_()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            inputs.grad = None
+            graphed.zero_grad(set_to_none=True)
+            graphed(inputs).backward(grad)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    inputs.grad = None
+    graphed.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        y = graphed(inputs)
+        y.backward(grad)
+    graph.replay()
+    torch.cuda.synchronize()
+    got = (y.detach(), inputs.grad, graphed.weight.grad)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert torch.equal(mine, theirs)  # type: ignore[arg-type]
+    assert int(graphed.step) == int(eager.step) == 4
