@@ -531,7 +531,7 @@ def test_compiled_fullgraph_equals_eager_and_compiles_once() -> None:
     """torch.compile(fullgraph=True) with AOTAutograd ("aot_eager": the traced graphs run
     by PyTorch's own kernels, so bit for bit) of a parametrized model gives eager's outputs
     and gradients for three steps, compiling once (the step is a tensor advanced by
-    `stochround.nn.linear.advance_step`)."""
+    `stochround.nn.step_ops.advance_step`)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     eager = srnn.gaussws_(make_model(), "e3m2", seed=5)

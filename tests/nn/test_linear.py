@@ -424,7 +424,7 @@ def test_compiled_fullgraph_compiles_once_and_equals_eager() -> None:
     """torch.compile(fullgraph=True) with AOTAutograd (backend "aot_eager": the traced
     forward and backward graphs run by PyTorch's own kernels, so the comparison is bit for
     bit) gives eager's results for several steps and compiles once: the step is a tensor
-    advanced by one op (`linear.advance_step`), which also keeps the backward graph from
+    advanced by one op (`step_ops.advance_step`), which also keeps the backward graph from
     reading the step after the forward advanced it.  Inductor's own bits are compared in
     `test_inductor_on_the_cpu_gives_eagers_bits_for_every_named_recipe`."""
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -673,9 +673,9 @@ def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: st
     """torch.compile(backend="inductor") on the CPU and CUDA, forward and backward, two steps of
     20 tokens (wgrad pads them): y, dx, dW and db equal eager's bit for bit.  What made
     them differ or the compile slow, and is kept so: the RHT signs are drawn by one opaque
-    op (`linear.draw_signs`; inlined, their Philox rounds doubled at each butterfly stage
+    op (`step_ops.draw_signs`; inlined, their Philox rounds doubled at each butterfly stage
     and the backward compiled for minutes), and db is summed by one opaque op
-    (`linear.bias_gradient_op`: inductor's reduction loop adds in another order)."""
+    (`step_ops.bias_gradient_op`: inductor's reduction loop adds in another order)."""
     reference, _, _ = fixed_data()
     recipe = srnn.RECIPES[name](seed=1)
     reference = reference.to(device)
@@ -696,7 +696,7 @@ def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: st
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng"])
 def test_the_compiled_graphs_draw_the_rht_signs_by_one_opaque_op(name: str) -> None:
     """The graphs inductor receives hold no Philox round (aten.bitwise_xor): the RHT
-    signs, fixed (nvfp4) or per step (mxfp4_tseng), come from `linear.draw_signs`, once
+    signs, fixed (nvfp4) or per step (mxfp4_tseng), come from `step_ops.draw_signs`, once
     per rotated GEMM.  Traced, the rounds were inlined into each butterfly stage, doubling
     at each, which took inductor minutes to compile."""
     from torch._dynamo.backends.common import aot_autograd

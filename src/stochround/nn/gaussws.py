@@ -32,13 +32,8 @@ from .gaussws_noise import (
     make_sampler,
     sample_resolved,
 )
-from .linear import (
-    MAX_LAYERS,
-    advance_step,
-    advance_step_eagerly,
-    next_layer_index,
-    stream_offset,
-)
+from .linear import MAX_LAYERS, next_layer_index, stream_offset
+from .step_ops import advance_step, advance_step_eagerly
 
 # the stream slot of the sampled weight (`stream_offset`); the domain (`StreamDomain.GAUSSWS`)
 # is what keeps its words apart from QuantizedLinear's, the slot only keeps the offsets of

@@ -1,0 +1,113 @@
+"""The small operations of a `QuantizedLinear` step that torch.compile must see as one
+opaque node each — the RHT signs' draw, the step counter's advance, db's sum — with their
+eager twins, and the wgrad operands' transposes (docs/guide/recipes.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import typing
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from ..blocks.hadamard import random_signs
+from ..kernels.availability import triton_missing
+
+
+def draw_signs_eagerly(size: int, seed: Tensor, offset: Tensor) -> Tensor:
+    """``random_signs(size, seed, offset=offset)`` on ``offset``'s device (float32 ±1)."""
+    return random_signs(size, seed, offset=offset, device=offset.device)
+
+
+# One opaque op draws the RHT signs under torch.compile: traced, the Philox rounds that
+# draw them are pointwise operations which inductor inlines into every butterfly stage of
+# the rotation that reads them, and each stage reads its input twice, so the inlined
+# expression doubles at each stage and the backward's compile ran for minutes.  The op
+# runs the eager function, so the signs are eager's bit for bit.
+draw_signs = torch.library.custom_op(
+    "stochround::nn_rotation_signs", draw_signs_eagerly, mutates_args=()
+)
+
+
+@draw_signs.register_fake
+def _(size: int, seed: Tensor, offset: Tensor) -> Tensor:
+    return offset.new_empty((size,), dtype=torch.float32)
+
+
+def advance_step_eagerly(step: Tensor) -> Tensor:
+    """The step's value before it advances by one (in place): `advance_step` without its
+    op's dispatch, which an eager forward need not pay."""
+    current = step.clone()
+    step.add_(1)
+    return current
+
+
+# One op that reads and advances the step: torch.compile's partitioner would otherwise
+# recompute a copy of the step in the backward graph from the buffer, after the forward
+# graph has advanced it, and the backward would draw the next step's bits
+advance_step = torch.library.custom_op(
+    "stochround::nn_advance_step", advance_step_eagerly, mutates_args=("step",)
+)
+
+
+@advance_step.register_fake
+def _(step: Tensor) -> Tensor:
+    return torch.empty_like(step)
+
+
+@contextlib.contextmanager
+def autocast_off(device_type: str) -> Iterator[None]:
+    """Autocast disabled for ``device_type``: the emulated GEMMs choose their own dtypes
+    (fp32 operands and accumulation) whatever autocast would pick."""
+    with torch.autocast(device_type, enabled=False):
+        yield
+
+
+def bias_gradient_eagerly(grad: Tensor) -> Tensor:
+    """``db = sum_t dy[t]`` in fp32: torch's sum over the tokens, as nn.Linear's backward
+    computes it."""
+    return grad.to(torch.float32).sum(0)
+
+
+# One opaque op sums db under torch.compile: inductor's generated reduction loop adds in
+# another order than torch's sum kernel, and db's bits would differ from eager's
+bias_gradient_op = torch.library.custom_op(
+    "stochround::nn_bias_gradient", bias_gradient_eagerly, mutates_args=()
+)
+
+
+@bias_gradient_op.register_fake
+def _(grad: Tensor) -> Tensor:
+    return grad.new_empty((grad.shape[1],), dtype=torch.float32)
+
+
+def bias_gradient(grad: Tensor) -> Tensor:
+    """`bias_gradient_eagerly`'s db, through `bias_gradient_op` under torch.compile."""
+    if torch.compiler.is_compiling():
+        return typing.cast(Tensor, bias_gradient_op(grad))
+    return bias_gradient_eagerly(grad)
+
+
+def transposed(x: Tensor) -> Tensor:
+    """``x.T.contiguous()`` of a 2-D tensor: by the tiled Triton kernel for a CUDA tensor
+    where Triton is installed (`stochround.kernels.transpose`), else by PyTorch's copy; the
+    same bits either way."""
+    if x.is_cuda and triton_missing() is None:
+        from ..kernels.transpose import transpose  # needs triton: imported only here
+
+        return transpose(x)
+    return x.T.contiguous()
+
+
+__all__ = [
+    "advance_step",
+    "advance_step_eagerly",
+    "autocast_off",
+    "bias_gradient",
+    "bias_gradient_eagerly",
+    "bias_gradient_op",
+    "draw_signs",
+    "draw_signs_eagerly",
+    "transposed",
+]
