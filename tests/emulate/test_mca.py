@@ -216,11 +216,30 @@ def test_virtual_precision_keeps_each_dtypes_exponent_range():
         (lambda: virtual_precision(0), ValueError, "precision must be an int in 1..53"),
         (lambda: virtual_precision(54), ValueError, "precision must be an int in 1..53"),
         (lambda: virtual_precision(True), TypeError, "precision must be an int"),
-        (lambda: mca(torch.neg, torch.ones(1), n=4), ValueError, "exactly one of precision"),
         (
             lambda: mca(torch.neg, torch.ones(1), precision=8, fmt="bf16"),
             ValueError,
-            "exactly one of precision",
+            "at most one of precision",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), mca_mode="full"),
+            ValueError,
+            "mca_mode must be one of 'rr', 'pb', 'mca'; got 'full'",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), estimator="t"),
+            ValueError,
+            r"estimator must be one of \('plain', 'cnh', 'bernoulli'\); got 't'",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), estimator="cnh", probability=1.0),
+            ValueError,
+            r"probability must be a float in \(0, 1\)",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), n=8, estimator="bernoulli"),
+            ValueError,
+            r"needs n >= 299 samples; got n=8",
         ),
         (lambda: mca(torch.neg, torch.ones(1), n=1, precision=8), ValueError, "n must be"),
         (lambda: mca(torch.neg, torch.ones(1), n=True, precision=8), ValueError, "n must be"),
