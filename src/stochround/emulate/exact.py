@@ -113,6 +113,12 @@ def _binary(rule: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], swap: bool 
     return pair
 
 
+def _square(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Tensor, Tensor] | None:
+    """``x ** 2`` by TwoProd; None for another exponent."""
+    exponent = args[1] if len(args) > 1 else kwargs.get("exponent")
+    return two_prod(args[0], args[0]) if exponent == 2 else None
+
+
 def _difference(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return two_sum(a, -b)
 
@@ -134,6 +140,7 @@ _PAIRS: dict[Any, Callable[[tuple[Any, ...], dict[str, Any]], tuple[Tensor, Tens
     aten.mul.Scalar: _binary(two_prod),
     aten.div.Tensor: _binary(_division),
     aten.div.Scalar: _binary(_division),
+    aten.pow.Tensor_Scalar: _square,
     aten.reciprocal.default: lambda args, kwargs: _division(torch.ones_like(args[0]), args[0]),
     aten.sqrt.default: lambda args, kwargs: _sqrt(args[0]),
     aten.sum.default: lambda args, kwargs: _reduced(aten.sum.default, args, kwargs),
