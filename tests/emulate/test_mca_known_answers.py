@@ -11,6 +11,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from stochround.emulate import Emulation
 from stochround.emulate.exact import sr_pair, two_prod, two_sum
 from stochround.emulate.mca import mca, virtual_precision
 from stochround.emulate.mca_digits import (
@@ -193,3 +194,25 @@ def test_mca_reports_the_estimator_and_modes(shifted):
     bounded = mca(naive_var, shifted, n=4, seed=1, mca_mode="pb")
     assert float(bounded.std[0]) == 0
     assert float(mca(naive_var, shifted, n=8, seed=1, mca_mode="pb", precision=20).std[0]) > 1
+
+
+def test_float64_ops_without_an_exact_result_are_reported_at_53_bits():
+    ones = torch.ones(2, dtype=torch.float64)
+    assert mca(torch.exp, ones, n=2).no_residual == ("aten.exp.default",)
+    # alpha != 1 is two roundings natively: not covered, reported
+    assert mca(lambda x: torch.add(x, x, alpha=3), ones, n=2).no_residual == ("aten.add.Tensor",)
+    # below 53 bits the float64 result's own rounding is a small part of the perturbation
+    assert mca(torch.exp, ones, n=2, precision=40).no_residual == ()
+    # negation is exact
+    assert mca(torch.neg, ones, n=2).no_residual == ()
+
+
+def test_residuals_need_float64_compute_and_sr():
+    with pytest.raises(
+        ValueError, match=r"residuals=True .* needs compute='float64' and mode='sr'"
+    ):
+        Emulation("float32", "sr", residuals=True)
+    with pytest.raises(ValueError, match="got compute='float64', mode='rne'"):
+        Emulation("float32", "rne", compute="float64", residuals=True)
+    with pytest.raises(TypeError, match="round_outputs must be a bool; got 1"):
+        Emulation("float32", "sr", round_outputs=1)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from ..formats import Format, format_of_dtype
 from ..presets import HardwarePreset
 from ..reference import check_choice, check_mode
 from ..torch_path import FLOAT_DTYPES
-from .exact import exact_pair, has_pair, sr_pair
+from .exact import EXACT_OPS, exact_pair, sr_pair
 from .ops import (
     ACCUMULATES,
     COMPUTES,
@@ -480,9 +480,9 @@ class Emulation(TorchDispatchMode):
         target = self.formats[dtype]
         pair = exact_pair(func, args, kwargs) if self.residuals and args else None
         if pair is None:
-            if self.residuals and dtype == torch.float64 and not has_pair(func):
-                if target.precision >= format_of_dtype(dtype).precision:
-                    self.no_residual.add(str(func))
+            full = target.precision >= format_of_dtype(dtype).precision
+            if self.residuals and dtype == torch.float64 and full and func not in EXACT_OPS:
+                self.no_residual.add(str(func))
             return self._next_rounding(wide, target)
         offset = self.calls
         self.calls += 1

@@ -193,11 +193,6 @@ def exact_pair(
         return hi, torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
 
 
-def has_pair(func: torch._ops.OpOverload) -> bool:
-    """Whether `exact_pair` covers ``func`` (for some arguments) or its result is exact."""
-    return func in _PAIRS or func in EXACT_OPS
-
-
 def sr_pair(hi: Tensor, lo: Tensor, target: Format, key: int, offset: int) -> Tensor:
     """``hi + lo`` (float64, |lo| at most half an ulp of hi after renormalisation) rounded
     stochastically to ``target`` with the rounding contract's exact SR (32-bit words,
@@ -224,4 +219,4 @@ def sr_pair(hi: Tensor, lo: Tensor, target: Format, key: int, offset: int) -> Te
     return torch.where(torch.isfinite(hi) & ((hi != 0) | (lo != 0)), rounded, hi)
 
 
-__all__ = ["EXACT_OPS", "SPLITTER", "exact_pair", "has_pair", "sr_pair", "two_prod", "two_sum"]
+__all__ = ["EXACT_OPS", "SPLITTER", "exact_pair", "sr_pair", "two_prod", "two_sum"]
