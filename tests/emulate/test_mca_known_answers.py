@@ -20,6 +20,7 @@ from stochround.emulate.mca_digits import (
     cnh_correction,
     estimated_digits,
 )
+from stochround.rounding import round as sr_round
 
 FLOAT32_DIGITS = 24 * math.log10(2)
 
@@ -216,3 +217,16 @@ def test_residuals_need_float64_compute_and_sr():
         Emulation("float32", "rne", compute="float64", residuals=True)
     with pytest.raises(TypeError, match="round_outputs must be a bool; got 1"):
         Emulation("float32", "sr", round_outputs=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("precision", [24, 11, 53])
+def test_sr_pair_of_a_single_value_is_the_cores_sr_bit_for_bit(precision):
+    # lo = 0: the pair's rounding is the rounding contract's exact SR (same words, same
+    # count), subnormals and overflow included
+    g = torch.Generator().manual_seed(precision)
+    magnitudes = torch.exp2(torch.randint(-160, 140, (4096,), generator=g).double())
+    x = torch.randn(4096, generator=g, dtype=torch.float64) * magnitudes
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 2.0**-149, 3.5e38, -1e39, math.inf])])
+    target = virtual_precision(precision)[torch.float32 if precision <= 24 else torch.float64]
+    expected = sr_round(x, target, "sr", seed=11, offset=3)
+    assert torch.equal(sr_pair(x, torch.zeros_like(x), target, key=11, offset=3), expected)

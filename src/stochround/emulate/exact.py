@@ -16,9 +16,9 @@ from .. import rounding
 from ..formats import Format
 from .ops import aten
 
-# Veltkamp's splitting constant for float64, 2**27 + 1: a * SPLITTER splits a's 53 bits
+# Veltkamp's splitting constant for float64, 2**27 + 1: a * _SPLITTER splits a's 53 bits
 # into two halves of 26 bits that multiply exactly
-SPLITTER = 134217729.0
+_SPLITTER = 134217729.0
 
 _WORD = 2.0**32
 
@@ -33,7 +33,7 @@ def two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 def _split(a: Tensor) -> tuple[Tensor, Tensor]:
     """Veltkamp's split: ``a = high + low`` with 26 significant bits in each."""
-    c = SPLITTER * a
+    c = _SPLITTER * a
     high = c - (c - a)
     return high, a - high
 
@@ -200,7 +200,8 @@ def sr_pair(hi: Tensor, lo: Tensor, target: Format, key: int, offset: int) -> Te
     ``nu = (|hi + lo| - z) / (a - z)``, the result is a iff ``round_half_even(nu 2**32)
     + r >= 2**32``, r the word of ``(key, offset, flat index)``.  nu is computed in float64
     (relative error at most 2**-52): the probability is exact SR's to within that.
-    Infinite and NaN ``hi`` are kept."""
+    Infinite and NaN ``hi`` are kept; beyond the format's largest finite value, hi is
+    rounded as `stochround.rounding.round` rounds it (mode "sr", the same words)."""
     s = hi + lo
     lo = lo - (s - hi)  # FastTwoSum: |hi| >= |lo| after the op's own rounding
     hi = s
@@ -216,7 +217,11 @@ def sr_pair(hi: Tensor, lo: Tensor, target: Format, key: int, offset: int) -> Te
     count = torch.round(nu.clamp(0, 1) * _WORD)
     words = streams.random_words_like(hi, key, offset).to(hi.dtype)
     rounded = torch.where(count + words >= _WORD, away, toward) * sign
+    # beyond the format's largest finite value (no finite neighbour away from zero): the
+    # core's SR, which overflows there by the rounding contract, with the same words
+    overflow = rounding.round(hi, target, "sr", seed=key, offset=offset)
+    rounded = torch.where(torch.isinf(away), overflow, rounded)
     return torch.where(torch.isfinite(hi) & ((hi != 0) | (lo != 0)), rounded, hi)
 
 
-__all__ = ["EXACT_OPS", "SPLITTER", "exact_pair", "sr_pair", "two_prod", "two_sum"]
+__all__ = ["EXACT_OPS", "exact_pair", "sr_pair", "two_prod", "two_sum"]
