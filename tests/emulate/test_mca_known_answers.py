@@ -230,3 +230,21 @@ def test_sr_pair_of_a_single_value_is_the_cores_sr_bit_for_bit(precision):
     target = virtual_precision(precision)[torch.float32 if precision <= 24 else torch.float64]
     expected = sr_round(x, target, "sr", seed=11, offset=3)
     assert torch.equal(sr_pair(x, torch.zeros_like(x), target, key=11, offset=3), expected)
+
+
+def test_in_place_float64_ops_see_their_residual():
+    # s += 0.1 ten times and y *= 3; y /= 7: the in-place ops are rounded from their exact
+    # result (the arguments read before the op overwrites one), so at 53 bits the runs
+    # spread, and no op is left unperturbed
+    def accumulate(x: torch.Tensor) -> torch.Tensor:
+        s = torch.zeros((), dtype=x.dtype)
+        for term in x:
+            s += term
+        y = x.clone()
+        y.mul_(3.0)
+        y.div_(7.0)
+        return torch.cat([s.reshape(1), y])
+
+    result = mca(accumulate, torch.full((10,), 0.1, dtype=torch.float64), n=8, seed=0)
+    assert result.no_residual == ()
+    assert bool((result.std[0] > 0).all())

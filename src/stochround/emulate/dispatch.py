@@ -445,6 +445,8 @@ class Emulation(TorchDispatchMode):
             return value
 
         wide_args, wide_kwargs = pytree.tree_map(widened, (args, kwargs))
+        # an in-place op's exact result: from its arguments before the op overwrites one
+        before = self._pair(func, wide_args, wide_kwargs) if native is None else None
         wide_out = func(*wide_args, **wide_kwargs)
         if native is None:  # an in-place or out= op: its mutated tensors take the results
             for tensor in mutated:
@@ -452,7 +454,8 @@ class Emulation(TorchDispatchMode):
                 if tensor.shape != result.shape:  # an out= tensor the op resized
                     tensor.resize_(result.shape)
                 if tensor.dtype in self.formats:
-                    result = self._result_rounded(func, (), {}, result, tensor.dtype)
+                    pair = before if len(mutated) == 1 else None
+                    result = self._result_rounded(func, pair, result, tensor.dtype)
                 tensor.copy_(result)
             # what it returns: its mutated arguments (or nothing), the caller's tensors
             original_of = {id(wide_of[id(t)]): t for t in floating}
@@ -460,25 +463,33 @@ class Emulation(TorchDispatchMode):
         outs, spec = pytree.tree_flatten(native)
         for out, wide in zip(outs, pytree.tree_leaves(wide_out), strict=True):
             if isinstance(out, Tensor) and out.dtype in self.formats:
-                out.copy_(self._result_rounded(func, wide_args, wide_kwargs, wide, out.dtype))
+                pair = self._pair(func, wide_args, wide_kwargs) if len(outs) == 1 else None
+                out.copy_(self._result_rounded(func, pair, wide, out.dtype))
         return pytree.tree_unflatten(outs, spec)
+
+    def _pair(
+        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Tensor, Tensor] | None:
+        """With ``residuals`` (and outputs rounded), the op's exact result ``(hi, lo)`` from
+        its float64 arguments (`exact_pair`); None otherwise or where it has none."""
+        if not (self.residuals and self.round_outputs):
+            return None
+        return exact_pair(func, args, kwargs)
 
     def _result_rounded(
         self,
         func: torch._ops.OpOverload,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        pair: tuple[Tensor, Tensor] | None,
         wide: Tensor,
         dtype: torch.dtype,
     ) -> Tensor:
-        """An op's float64 result ``wide`` (of arguments ``args``, ``kwargs``) for an
-        output of ``dtype``: unrounded without ``round_outputs``; with ``residuals`` and an
-        op `exact_pair` covers, its exact result rounded (`sr_pair`); else ``wide``
-        rounded (a float64 op at 53 bits, unchanged by that, is noted in ``no_residual``)."""
+        """An op's float64 result ``wide`` for an output of ``dtype``: unrounded without
+        ``round_outputs``; its exact result ``pair`` rounded where given (`sr_pair`); else
+        ``wide`` rounded (with ``residuals``, a float64 op at 53 bits, unchanged by that,
+        is noted in ``no_residual``)."""
         if not self.round_outputs:
             return wide
         target = self.formats[dtype]
-        pair = exact_pair(func, args, kwargs) if self.residuals and args else None
         if pair is None:
             full = target.precision >= format_of_dtype(dtype).precision
             if self.residuals and dtype == torch.float64 and full and func not in EXACT_OPS:

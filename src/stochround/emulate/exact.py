@@ -170,6 +170,16 @@ EXACT_OPS = frozenset(
         aten.ones_like.default,
         aten.copy.default,
         aten.lift_fresh_copy.default,
+        aten.zeros.default,
+        aten.ones.default,
+        aten.scalar_tensor.default,
+        aten.new_zeros.default,
+        aten.new_ones.default,
+        aten.new_full.default,
+        aten.fill_.Scalar,
+        aten.zero_.default,
+        aten.masked_fill.Scalar,
+        aten.masked_fill_.Scalar,
     }
 )
 
@@ -179,9 +189,16 @@ def exact_pair(
 ) -> tuple[Tensor, Tensor] | None:
     """The op's exact result as ``(hi, lo)``, ``hi + lo`` the exact value (for +, -, *
     and sums to the pairwise bound; for /, sqrt and mean lo to within 2**-52 relative),
-    from float64 arguments (Python numbers taken as float64); None for an op it does not
-    cover (`EXACT_OPS`' results are exact as computed: lo = 0)."""
+    from float64 arguments (Python numbers taken as float64), for an in-place op (add_,
+    ...) as its functional op; None for an op it does not cover (`EXACT_OPS`' results are
+    exact as computed: lo = 0)."""
     rule = _PAIRS.get(func)
+    name = func.overloadpacket.__name__
+    if rule is None and name.endswith("_") and not name.startswith("_"):
+        # an in-place op (add_, mul_, ...): its functional op's rule, from the arguments
+        # as they were before the op overwrote the first
+        functional = getattr(getattr(aten, name[:-1], None), func._overloadname, None)
+        rule = _PAIRS.get(functional)
     if rule is None:
         return None
     with torch.no_grad():
