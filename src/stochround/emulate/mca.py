@@ -4,10 +4,10 @@ significant decimal digits its results keep, and, with ``trace=True``, where (at
 of the program) the digits are lost (Parker 1997; Verificarlo's and PyTracer's reports, at
 the level of ATen operations).
 
-A run rounds every floating output of every ATen op, so its result is one sample of the
-computation's random-rounding distribution; n samples give, elementwise, a mean, a sample
-std and the significant digits ``-log10(std / |mean|)`` (`significant_digits`, the
-definition of `stochround.arith.montecarlo`).
+A run rounds every floating ATen op's exact result (computed in float64; a float64 op's
+residual by error-free transformations, `stochround.emulate.exact`), so its result is one
+sample of the computation's random-rounding distribution; n samples give, elementwise, a
+mean, a sample std and the significant digits (`stochround.emulate.mca_digits`).
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ class MCAResult:
     (``"result"`` for a single tensor, ``"[0]"``, ``"['loss']"``, ``"['a'][1]"``).  For each
     output i: ``samples[i]`` (float64, shape ``(n, *shape)``), and elementwise ``mean[i]``,
     ``std[i]`` (sample std, n - 1; samples, mean and std carry fn's gradient, straight
-    through the roundings) and ``digits[i]`` (`significant_digits` with the precision of
-    the format the output's dtype was rounded to; for an integer or bool output, which no
-    rounding touches, unclamped: inf where every run agrees).  ``sites``: with
+    through the roundings) and ``digits[i]`` (``estimator``'s digits, clamped to the
+    precision of the format the output's dtype was rounded to; for an integer or bool
+    output, which no rounding touches, unclamped: inf where every run agrees).  ``sites``: with
     ``trace=True``, one `SiteDigits` per op call site, worst (fewest digits, NaN first)
     first; empty otherwise.  ``formats``: the format each dtype's results were rounded to;
     ``seed``: the stream's seed.  ``mca_mode``: "rr", "pb" or "mca" (`mca`);
