@@ -77,6 +77,23 @@ def test_mca_runs_main_n_times_and_imports_the_script_once(tmp_path):
     assert "call 3" in text and "call 4" not in text
 
 
+def test_without_format_or_precision_each_dtype_keeps_its_own(tmp_path):
+    # float64 at its own 53 bits, each op from its exact result: the naive variance of
+    # data around 1000 loses the cancelled digits, no longer the full 15.95
+    script = write_script(tmp_path, VARIANCE_SCRIPT)
+    text = ok("mca", str(script), "--n", "8", "--estimator", "cnh", "--out", str(tmp_path))
+    assert "each dtype's own precision (24 bits for float32, 53 for float64)" in text
+    assert "(MCA mode rr, digits by cnh)" in text
+    assert float(row(text, "['variance']")[4]) < 12
+
+
+def test_bernoulli_with_too_few_runs_is_bad_input(tmp_path):
+    script = write_script(tmp_path, VARIANCE_SCRIPT)
+    result = invoke("mca", str(script), "--n", "8", "--estimator", "bernoulli")
+    assert result.exit_code == 2
+    assert "needs --n >= 29 samples; got --n 8" in result.stderr
+
+
 def test_a_deterministic_mode_keeps_every_digit_of_the_format(tmp_path):
     script = write_script(tmp_path, VARIANCE_SCRIPT)
     text = ok("mca", str(script), "--format", "bf16", "--mode", "rne", "--out", str(tmp_path))
@@ -191,11 +208,20 @@ def test_mca_takes_a_mode_in_any_case(tmp_path):
 @pytest.mark.parametrize(
     ("script_text", "options", "message"),
     [
-        ("def main():\n    return 1.0\n", [], "give exactly one of --format F"),
         (
             "def main():\n    return 1.0\n",
             ["--format", "bf16", "--precision", "8"],
-            "give exactly one of --format F",
+            "give at most one of --format F",
+        ),
+        (
+            "def main():\n    return 1.0\n",
+            ["--mca-mode", "full"],
+            "--mca-mode must be one of 'rr', 'pb', 'mca'; got 'full'",
+        ),
+        (
+            "def main():\n    return 1.0\n",
+            ["--estimator", "t"],
+            "--estimator must be one of 'plain', 'cnh', 'bernoulli'; got 't'",
         ),
         (
             "def main():\n    return 1.0\n",

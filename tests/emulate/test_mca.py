@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from stochround import arith
-from stochround.emulate import emulate
+from stochround.emulate import Emulation
 from stochround.emulate.mca import MAX_PRECISION, mca, significant_digits, virtual_precision
 from stochround.formats import Format, floor_log2
 
@@ -133,14 +133,15 @@ def test_the_trace_points_at_the_cancelling_line():
 def test_mca_is_reproducible_from_its_seed_and_run_0_is_one_emulated_run():
     """One stream for the n runs, the counter continuing: the same seed gives the same
     samples bit for bit, another seed others; run 0 draws offsets 0, 1, ... of the seed, as
-    `emulate` alone does, and run 1 continues where run 0 stopped."""
+    the emulation alone does (each op from its exact result: compute="float64" and the
+    float64 ops' residuals), and run 1 continues where run 0 stopped."""
     x = large_mean_data()
     first = mca(naive_variance, x, n=8, precision=24, seed=5)
     again = mca(naive_variance, x, n=8, precision=24, seed=5)
     other = mca(naive_variance, x, n=8, precision=24, seed=6)
     assert torch.equal(first.samples[0], again.samples[0])
     assert not torch.equal(first.samples[0], other.samples[0])
-    emulation = emulate(virtual_precision(24), "sr", seed=5)
+    emulation = Emulation(virtual_precision(24), "sr", seed=5, compute="float64", residuals=True)
     for run in range(2):
         with emulation:
             sample = naive_variance(x)
@@ -216,11 +217,30 @@ def test_virtual_precision_keeps_each_dtypes_exponent_range():
         (lambda: virtual_precision(0), ValueError, "precision must be an int in 1..53"),
         (lambda: virtual_precision(54), ValueError, "precision must be an int in 1..53"),
         (lambda: virtual_precision(True), TypeError, "precision must be an int"),
-        (lambda: mca(torch.neg, torch.ones(1), n=4), ValueError, "exactly one of precision"),
         (
             lambda: mca(torch.neg, torch.ones(1), precision=8, fmt="bf16"),
             ValueError,
-            "exactly one of precision",
+            "at most one of precision",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), mca_mode="full"),
+            ValueError,
+            "mca_mode must be one of 'rr', 'pb', 'mca'; got 'full'",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), estimator="t"),
+            ValueError,
+            r"estimator must be one of \('plain', 'cnh', 'bernoulli'\); got 't'",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), estimator="cnh", probability=1.0),
+            ValueError,
+            r"probability must be a float in \(0, 1\)",
+        ),
+        (
+            lambda: mca(torch.neg, torch.ones(1), n=8, estimator="bernoulli"),
+            ValueError,
+            r"needs n >= 299 samples; got n=8",
         ),
         (lambda: mca(torch.neg, torch.ones(1), n=1, precision=8), ValueError, "n must be"),
         (lambda: mca(torch.neg, torch.ones(1), n=True, precision=8), ValueError, "n must be"),

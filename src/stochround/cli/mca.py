@@ -29,9 +29,10 @@ from typing import Annotated
 import torch
 import typer
 
-from ..emulate.mca import MCAResult, SiteDigits, mca, virtual_precision
+from ..emulate.mca import MCA_MODES, MCAResult, SiteDigits, mca, virtual_precision
+from ..emulate.mca_digits import ESTIMATORS
 from ..experiments import report
-from ..reference import MODES, check_mode
+from ..reference import MODES, check_choice, check_mode
 from . import output
 from .output import Section
 
@@ -98,11 +99,13 @@ def load_main(script: Path) -> Callable[[], object]:
 
 
 def checked_target(format_name: str | None, precision: int | None) -> str:
-    """A description of the formats the options ask for, after checking that exactly one
+    """A description of the formats the options ask for, after checking that at most one
     of --format and --precision is given and that it is valid (a bad-input exit naming the
-    option otherwise)."""
-    if (format_name is None) == (precision is None):
-        output.fail("give exactly one of --format F (a format) and --precision T (bits)")
+    option otherwise); neither: each dtype's own precision."""
+    if format_name is not None and precision is not None:
+        output.fail("give at most one of --format F (a format) and --precision T (bits)")
+    if format_name is None and precision is None:
+        return "each dtype's own precision (24 bits for float32, 53 for float64)"
     if precision is not None:
         formats = output.checked(lambda: virtual_precision(precision))
         dtypes = ", ".join(str(dtype).removeprefix("torch.") for dtype in formats)
@@ -268,6 +271,21 @@ def mca_command(
     mode_text: Annotated[
         str, typer.Option("--mode", help=f"Rounding mode: {', '.join(MODES)} (any case).")
     ] = "sr",
+    mca_mode: Annotated[
+        str,
+        typer.Option(
+            "--mca-mode",
+            help=f"Verificarlo's mode: {', '.join(MCA_MODES)} (round outputs, inputs, both).",
+        ),
+    ] = "rr",
+    estimator: Annotated[
+        str,
+        typer.Option(
+            "--estimator",
+            help=f"Significant digits: {', '.join(ESTIMATORS)} (cnh: 99% of samples, 95% "
+            "confidence; bernoulli: 90%, 95%, n >= 29).",
+        ),
+    ] = "plain",
     n: Annotated[int, typer.Option("--n", help="Runs of main() (at least 2).")] = 32,
     seed: Annotated[
         str, typer.Option("--seed", metavar="SEED", help="Seed of the random roundings.")
@@ -282,6 +300,10 @@ def mca_command(
     # every option is checked before main() runs once
     target = checked_target(format_name, precision)
     mode = output.checked(lambda: check_mode(mode_text))
+    output.checked(lambda: check_choice("--mca-mode", mca_mode, MCA_MODES))
+    output.checked(lambda: check_choice("--estimator", estimator, ESTIMATORS))
+    # the Bernoulli estimator's statement needs n >= 29 at 90%: the CLI asks for that
+    probability = 0.9 if estimator == "bernoulli" else 0.99
     if n < 2:
         output.fail(f"--n must be an integer >= 2 (a std needs two runs); got {n}")
     checked_seed = output.parse_seed(seed)
@@ -297,14 +319,19 @@ def mca_command(
             mode=mode,
             seed=checked_seed,
             trace=True,
+            mca_mode=mca_mode,
+            estimator=estimator,
+            probability=probability,
         )
     except MainFailed as error:
         output.fail(str(error))
     except (TypeError, RuntimeError) as error:  # what main() returned: mca cannot measure it
         output.fail(str(error))
+    except ValueError as error:  # too few runs for the Bernoulli estimator's statement
+        output.fail(str(error).replace("n >=", "--n >=").replace("got n=", "got --n "))
     console.print(
-        f"{script}: main() run {n} times, every op rounded to {target} with {mode}, "
-        f"seed {checked_seed}",
+        f"{script}: main() run {n} times, every op rounded to {target} with {mode} "
+        f"(MCA mode {mca_mode}, digits by {estimator}), seed {checked_seed}",
         markup=False,
         soft_wrap=True,
     )

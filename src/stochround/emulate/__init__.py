@@ -4,7 +4,9 @@
   op's outputs to a format; `stochround.emulate.dispatch`: `Emulation`, its class;
   `stochround.emulate.ops`: which ops and dtypes it rounds, and how;
 - `stochround.emulate.mca`: Monte Carlo arithmetic on an unmodified function, `mca`, and
-  its result, `MCAResult`.
+  its result, `MCAResult`; `stochround.emulate.exact`: a float64 op's exact result as
+  hi + lo and its SR; `stochround.emulate.mca_digits`: significant digits with a
+  confidence (Sohier et al.).
 """
 
 from __future__ import annotations

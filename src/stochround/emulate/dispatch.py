@@ -16,10 +16,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import arith, rounding
 from .. import random as streams
-from ..formats import Format
+from ..formats import Format, format_of_dtype
 from ..presets import HardwarePreset
 from ..reference import check_choice, check_mode
 from ..torch_path import FLOAT_DTYPES
+from .exact import EXACT_OPS, exact_pair, sr_pair
 from .ops import (
     ACCUMULATES,
     COMPUTES,
@@ -96,7 +97,13 @@ class Emulation(TorchDispatchMode):
     """The dispatch mode `emulate` returns; ``with`` it, every floating ATen op's floating
     outputs are rounded (`emulate`).  Arguments as `emulate` takes them, and
     ``observer``: None or a callable ``observer(func, outputs)`` called after each op
-    that rounded an output, with the ATen op and its (rounded) result.
+    that rounded an output, with the ATen op and its (rounded) result.  Two options of
+    Monte Carlo arithmetic (`stochround.emulate.mca`): ``round_outputs=False`` leaves the
+    outputs unrounded (only the inputs, with ``round_inputs``: precision bounding), and
+    ``residuals=True`` (with ``compute="float64"`` and mode "sr") rounds the ops
+    `stochround.emulate.exact` covers from their exact result ``hi + lo`` (`sr_pair`), so
+    that a float64 op's residual below its 53 bits is seen; ``no_residual`` then collects
+    the float64 ops rounded at 53 bits that it does not cover (their results unperturbed).
 
     ``calls``: the tensors rounded so far, which is also the counter: the next rounding
     draws its random words at offset ``calls`` of the stream ``key`` (``seed`` in
@@ -117,6 +124,8 @@ class Emulation(TorchDispatchMode):
         compute: str = "native",
         accumulate: str = "once",
         observer: _Observer | None = None,
+        round_outputs: bool = True,
+        residuals: bool = False,
     ) -> None:
         super().__init__()
         self.formats = target_formats(fmt)
@@ -135,6 +144,16 @@ class Emulation(TorchDispatchMode):
         if observer is not None and not callable(observer):
             raise TypeError(f"observer must be None or a callable; got {observer!r}")
         self.round_inputs, self.observer = round_inputs, observer
+        for name, flag in (("round_outputs", round_outputs), ("residuals", residuals)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool; got {flag!r}")
+        if residuals and (self.compute != "float64" or self.mode != "sr"):
+            raise ValueError(
+                "residuals=True rounds each op's exact result stochastically: it needs "
+                f"compute='float64' and mode='sr'; got compute={compute!r}, mode={mode!r}"
+            )
+        self.round_outputs, self.residuals = round_outputs, residuals
+        self.no_residual: set[str] = set()
         self.rbits, self.variant, self.hardware = rbits, variant, hardware
         self.seed = (
             streams.default_seed() if seed is None else int(streams.check_seed(seed, "seed"))
@@ -220,9 +239,9 @@ class Emulation(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
             for tensor in self._mutated(kind, args, kwargs):
-                if tensor.dtype in self.formats:
+                if tensor.dtype in self.formats and self.round_outputs:
                     tensor.copy_(self._next_rounding(tensor, self.formats[tensor.dtype]))
-            if not kind.mutated_positions:
+            if not kind.mutated_positions and self.round_outputs:
                 out = _each_output(self._output_rounded, out)
         for tensor in _tensors((out,)):
             _unsupported(tensor)
@@ -426,6 +445,8 @@ class Emulation(TorchDispatchMode):
             return value
 
         wide_args, wide_kwargs = pytree.tree_map(widened, (args, kwargs))
+        # an in-place op's exact result: from its arguments before the op overwrites one
+        before = self._pair(func, wide_args, wide_kwargs) if native is None else None
         wide_out = func(*wide_args, **wide_kwargs)
         if native is None:  # an in-place or out= op: its mutated tensors take the results
             for tensor in mutated:
@@ -433,7 +454,8 @@ class Emulation(TorchDispatchMode):
                 if tensor.shape != result.shape:  # an out= tensor the op resized
                     tensor.resize_(result.shape)
                 if tensor.dtype in self.formats:
-                    result = self._next_rounding(result, self.formats[tensor.dtype])
+                    pair = before if len(mutated) == 1 else None
+                    result = self._result_rounded(func, pair, result, tensor.dtype)
                 tensor.copy_(result)
             # what it returns: its mutated arguments (or nothing), the caller's tensors
             original_of = {id(wide_of[id(t)]): t for t in floating}
@@ -441,8 +463,41 @@ class Emulation(TorchDispatchMode):
         outs, spec = pytree.tree_flatten(native)
         for out, wide in zip(outs, pytree.tree_leaves(wide_out), strict=True):
             if isinstance(out, Tensor) and out.dtype in self.formats:
-                out.copy_(self._next_rounding(wide, self.formats[out.dtype]))
+                pair = self._pair(func, wide_args, wide_kwargs) if len(outs) == 1 else None
+                out.copy_(self._result_rounded(func, pair, wide, out.dtype))
         return pytree.tree_unflatten(outs, spec)
+
+    def _pair(
+        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Tensor, Tensor] | None:
+        """With ``residuals`` (and outputs rounded), the op's exact result ``(hi, lo)`` from
+        its float64 arguments (`exact_pair`); None otherwise or where it has none."""
+        if not (self.residuals and self.round_outputs):
+            return None
+        return exact_pair(func, args, kwargs)
+
+    def _result_rounded(
+        self,
+        func: torch._ops.OpOverload,
+        pair: tuple[Tensor, Tensor] | None,
+        wide: Tensor,
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """An op's float64 result ``wide`` for an output of ``dtype``: unrounded without
+        ``round_outputs``; its exact result ``pair`` rounded where given (`sr_pair`); else
+        ``wide`` rounded (with ``residuals``, a float64 op at 53 bits, unchanged by that,
+        is noted in ``no_residual``)."""
+        if not self.round_outputs:
+            return wide
+        target = self.formats[dtype]
+        if pair is None:
+            full = target.precision >= format_of_dtype(dtype).precision
+            if self.residuals and dtype == torch.float64 and full and func not in EXACT_OPS:
+                self.no_residual.add(str(func))
+            return self._next_rounding(wide, target)
+        offset = self.calls
+        self.calls += 1
+        return sr_pair(pair[0], pair[1], target, self.key, offset)
 
     def _next_rounding(self, x: Tensor, target: Format) -> Tensor:
         """x rounded to ``target`` with the next offset of the counter: a new tensor of x's

@@ -4,10 +4,10 @@ significant decimal digits its results keep, and, with ``trace=True``, where (at
 of the program) the digits are lost (Parker 1997; Verificarlo's and PyTracer's reports, at
 the level of ATen operations).
 
-A run rounds every floating output of every ATen op, so its result is one sample of the
-computation's random-rounding distribution; n samples give, elementwise, a mean, a sample
-std and the significant digits ``-log10(std / |mean|)`` (`significant_digits`, the
-definition of `stochround.arith.montecarlo`).
+A run rounds every floating ATen op's exact result (computed in float64; a float64 op's
+residual by error-free transformations, `stochround.emulate.exact`), so its result is one
+sample of the computation's random-rounding distribution; n samples give, elementwise, a
+mean, a sample std and the significant digits (`stochround.emulate.mca_digits`).
 """
 
 from __future__ import annotations
@@ -25,24 +25,30 @@ from torch import Tensor
 
 from .. import random as streams
 from ..formats import Format, format_of_dtype
-from ..reference import check_mode
+from ..reference import check_choice, check_mode
 from ..torch_path import FLOAT_DTYPES
 from .dispatch import Emulation
+from .mca_digits import check_estimator, estimated_digits, significant_digits
 from .ops import FormatSpec, target_formats
 
 __all__ = [
     "MAX_PRECISION",
+    "MCA_MODES",
     "NO_PYTHON_FRAME",
     "MCAResult",
     "SiteDigits",
     "call_site",
     "mca",
+    "own_precision",
     "significant_digits",
     "virtual_precision",
 ]
 
 # float64, the widest dtype an emulation rounds, has 53 significant bits
 MAX_PRECISION = 53
+
+# Verificarlo's MCA modes: random rounding of outputs, precision bounding of inputs, both
+MCA_MODES = ("rr", "pb", "mca")
 
 # the site of an op run where no Python frame outside torch and stochround is on the stack
 # (an autograd engine thread running a backward pass on an accelerator)
@@ -79,12 +85,17 @@ class MCAResult:
     (``"result"`` for a single tensor, ``"[0]"``, ``"['loss']"``, ``"['a'][1]"``).  For each
     output i: ``samples[i]`` (float64, shape ``(n, *shape)``), and elementwise ``mean[i]``,
     ``std[i]`` (sample std, n - 1; samples, mean and std carry fn's gradient, straight
-    through the roundings) and ``digits[i]`` (`significant_digits` with the precision of
-    the format the output's dtype was rounded to; for an integer or bool output, which no
-    rounding touches, unclamped: inf where every run agrees).  ``sites``: with
+    through the roundings) and ``digits[i]`` (``estimator``'s digits, clamped to the
+    precision of the format the output's dtype was rounded to; for an integer or bool
+    output, which no rounding touches, unclamped: inf where every run agrees).  ``sites``: with
     ``trace=True``, one `SiteDigits` per op call site, worst (fewest digits, NaN first)
     first; empty otherwise.  ``formats``: the format each dtype's results were rounded to;
-    ``seed``: the stream's seed.
+    ``seed``: the stream's seed.  ``mca_mode``: "rr", "pb" or "mca" (`mca`);
+    ``estimator``: how ``digits`` were estimated ("plain", "cnh", "bernoulli":
+    `stochround.emulate.mca_digits.estimated_digits`), with ``probability`` and
+    ``confidence`` (unused by "plain"); ``no_residual``: the float64 ops rounded at 53 bits
+    whose exact result the emulation could not compute (their results unperturbed; the
+    emulation guide lists the ops it covers), sorted.
     """
 
     labels: tuple[str, ...]
@@ -95,31 +106,11 @@ class MCAResult:
     sites: tuple[SiteDigits, ...]
     formats: Mapping[torch.dtype, Format]
     seed: int
-
-
-def significant_digits(mean: Tensor, std: Tensor, precision: int | None) -> Tensor:
-    """Significant decimal digits of samples with this mean and std, elementwise (Parker
-    1997): ``-log10(std / |mean|)``, clamped to ``[0, p log10 2]`` with ``p = precision``;
-    std == 0 (every sample agrees) gives ``p log10 2``, mean == 0 with std > 0 gives 0, NaN
-    gives NaN.
-
-    The definition `stochround.arith.montecarlo.monte_carlo` computes inline (it has no
-    function of its own to import); the tests check the two agree.
-
-    Args:
-        mean: the samples' mean (a float tensor).
-        std: their sample standard deviation, the shape of ``mean``.
-        precision: the significant bits p of the format the samples were rounded to, or
-            None for samples no rounding touched (integer and bool outputs): no upper
-            clamp, and std == 0 gives inf (every run gave the same exact value).
-    """
-    max_digits = math.inf if precision is None else precision * math.log10(2)
-    with torch.no_grad():
-        ratio = std / mean.abs()
-        digits = (-torch.log10(ratio)).clamp(min=0)
-        if precision is not None:
-            digits = digits.clamp(max=max_digits)
-        return torch.where(std == 0, max_digits, digits)
+    mca_mode: str = "rr"
+    estimator: str = "plain"
+    probability: float = 0.99
+    confidence: float = 0.95
+    no_residual: tuple[str, ...] = ()
 
 
 def virtual_precision(precision: int) -> dict[torch.dtype, Format]:
@@ -145,6 +136,22 @@ def virtual_precision(precision: int) -> dict[torch.dtype, Format]:
                 bias=native.exponent_bias,
                 name=f"{native.name}_t{precision}",
             )
+    return formats
+
+
+def own_precision() -> dict[torch.dtype, Format]:
+    """Each floating dtype's own precision as a virtual precision (Verificarlo's defaults:
+    t = 24 for float32, 53 for float64; 8 for bfloat16, 11 for float16): the format with
+    the dtype's exponent range and significand, named like `virtual_precision`'s."""
+    formats = {}
+    for dtype in FLOAT_DTYPES:
+        native = format_of_dtype(dtype)
+        formats[dtype] = Format(
+            ebits=native.ebits,
+            mbits=native.precision - 1,
+            bias=native.exponent_bias,
+            name=f"{native.name}_t{native.precision}",
+        )
     return formats
 
 
@@ -302,18 +309,28 @@ def mca(
     mode: str = "sr",
     seed: int = 0,
     trace: bool = False,
+    mca_mode: str = "rr",
+    estimator: str = "plain",
+    probability: float = 0.99,
+    confidence: float = 0.95,
     **kwargs: object,
 ) -> MCAResult:
     """Monte Carlo arithmetic on an unmodified function: ``fn(*args, **kwargs)`` run n times
-    under one `Emulation` (every floating ATen op's outputs rounded with ``mode``), and per
-    output its mean, sample std and significant digits ``-log10(std / |mean|)``
-    (`significant_digits`), clamped to the p log10 2 digits of the format it was rounded to.
+    under one `Emulation` that computes each floating ATen op from its exact result (in
+    float64; a float64 op's residual by error-free transformations, `stochround.emulate.
+    exact`) and rounds it with ``mode`` to the virtual precision, and per output its mean,
+    sample std and significant digits (``estimator``), clamped to the p log10 2 digits of
+    the format it was rounded to.
+
+    ``mca_mode`` (Verificarlo's): "rr", random rounding of each op's exact result (its
+    output); "pb", precision bounding: each op's floating inputs rounded with ``mode`` to
+    the format, the op computed in float64 and stored to nearest in its dtype; "mca": both.
 
     Random words: one stream ``seed`` for the n runs, its counter continuing from one run
     to the next (run 0 draws offsets 0..k-1, run 1 offsets k..2k-1, ...), as
     `stochround.arith.monte_carlo` does: every rounding draws fresh words, the whole is
-    reproducible from ``seed``, and run 0 is ``with emulate(formats, mode, seed=seed):
-    fn(*args, **kwargs)``.
+    reproducible from ``seed``, and run 0 is ``with Emulation(formats, mode, seed=seed,
+    compute="float64", residuals=mode == "sr", ...): fn(*args, **kwargs)``.
 
     Args:
         fn: the function; it returns tensors, Python numbers, None, or tuples, lists and
@@ -324,7 +341,9 @@ def mca(
         n: the number of runs, an int >= 2 (a std needs two samples).
         precision: t, a virtual precision of t significant bits (Verificarlo's MCA): every
             dtype with at least t bits rounded to t bits in its own exponent range
-            (`virtual_precision`).  Give ``precision`` or ``fmt``, not both.
+            (`virtual_precision`).  Give ``precision`` or ``fmt``, not both; neither:
+            each dtype's own precision (`own_precision`: 24 bits for float32, 53 for
+            float64, Verificarlo's defaults).
         fmt: the format(s), as `emulate` takes them (a name, `Format` or dtype, or a dict
             {dtype: format}).
         mode: the rounding mode, one of `stochround.reference.MODES`, any case ("sr" for MCA;
@@ -333,6 +352,9 @@ def mca(
         trace: also record, per op call site (`call_site`), the fewest significant digits
             of its outputs across the n runs, the calls matched by (site, call index within
             the run) (`MCAResult.sites`).
+        mca_mode: one of `MCA_MODES`, "rr" (the default), "pb" or "mca".
+        estimator: "plain", "cnh" or "bernoulli" (`stochround.emulate.mca_digits.
+            estimated_digits`), with ``probability`` and ``confidence`` in (0, 1).
 
     Every argument error is a ValueError or TypeError naming the argument.
     """
@@ -340,9 +362,9 @@ def mca(
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise ValueError(f"n must be an int >= 2 (a std needs two samples); got {n!r}")
-    if (precision is None) == (fmt is None):
+    if precision is not None and fmt is not None:
         raise ValueError(
-            "give exactly one of precision (a virtual precision in bits) and fmt (a format); "
+            "give at most one of precision (a virtual precision in bits) and fmt (a format); "
             f"got precision={precision!r}, fmt={fmt!r}"
         )
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -351,11 +373,24 @@ def mca(
     mode = check_mode(mode)
     if not isinstance(trace, bool):
         raise TypeError(f"trace must be a bool; got {trace!r}")
-    target = virtual_precision(precision) if precision is not None else fmt
-    assert target is not None  # exactly one of precision and fmt is None (checked above)
+    mca_mode = check_choice("mca_mode", mca_mode, MCA_MODES)
+    estimator = check_estimator(estimator, probability, confidence)
+    if precision is not None:
+        target: FormatSpec | Mapping[torch.dtype, FormatSpec] = virtual_precision(precision)
+    else:
+        target = own_precision() if fmt is None else fmt
     formats = target_formats(target)
     statistics = SiteStatistics(formats)
-    emulation = Emulation(target, mode, seed=seed, observer=statistics.observe if trace else None)
+    emulation = Emulation(
+        target,
+        mode,
+        seed=seed,
+        observer=statistics.observe if trace else None,
+        compute="float64",
+        residuals=mode == "sr",
+        round_inputs=mca_mode != "rr",
+        round_outputs=mca_mode != "pb",
+    )
     runs = []
     name = returner(fn)
     for _ in range(n):
@@ -383,8 +418,22 @@ def mca(
     mean = tuple(s.mean(dim=0) for s in samples)
     std = tuple(s.std(dim=0, correction=1) for s in samples)
     digits = tuple(
-        significant_digits(m, s, _precision(formats, dtype))
-        for m, s, dtype in zip(mean, std, dtypes, strict=True)
+        estimated_digits(s, _precision(formats, dtype), estimator, probability, confidence)
+        for s, dtype in zip(samples, dtypes, strict=True)
     )
     sites = statistics.sites() if trace else ()
-    return MCAResult(labels, samples, mean, std, digits, sites, formats, seed)
+    return MCAResult(
+        labels,
+        samples,
+        mean,
+        std,
+        digits,
+        sites,
+        formats,
+        seed,
+        mca_mode,
+        estimator,
+        float(probability),
+        float(confidence),
+        tuple(sorted(emulation.no_residual)),
+    )
