@@ -10,10 +10,10 @@ import torch
 from stochround.blocks.gemm import (
     bf16_row_shifts,
     exact_bf16_operand,
-    floor_log2_fp32,
     power_of_two_fp32,
 )
 from stochround.blocks.quantize import GemmOperand, gemm_operand
+from stochround.blocks.scales import exact_floor_log2
 from stochround.kernels.availability import INTERPRETED
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,7 +67,7 @@ def test_the_shift_is_the_smallest_that_keeps_the_lowest_bit() -> None:
 
 def test_floor_log2_reads_subnormals_exactly() -> None:
     values = torch.tensor([2.0**-149, 2.0**-127, 3 * 2.0**-140, 2.0**-126, 1.5, 2.0**127])
-    assert floor_log2_fp32(values).tolist() == [-149, -127, -139, -126, 0, 127]
+    assert exact_floor_log2(values).tolist() == [-149, -127, -139, -126, 0, 127]
 
 
 @needs_triton

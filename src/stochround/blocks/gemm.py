@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .scales import exact_floor_log2
 from .tensor import GemmOperand
 
 # torch's mm with an fp32 output for bf16 operands (CUDA only): fp32 accumulation without
@@ -25,18 +26,6 @@ MM_TO_FP32 = hasattr(torch.ops.aten.mm, "dtype")
 # largest binade 2**127
 BF16_LOWEST_BIT = -133
 BF16_TOP_BINADE = 127
-# 2**64: lifts an fp32 subnormal into the normal range, where its exponent field is its log2
-NORMALIZE = 64
-
-
-def floor_log2_fp32(magnitude: Tensor) -> Tensor:
-    """``floor(log2 m)`` (int32) of non-negative fp32 values, subnormals included, from the
-    exponent field (of ``m * 2**64`` for a subnormal); 0 and NaN give -127 - 64 and 128,
-    values no caller reads."""
-    subnormal = magnitude < 2.0**-126
-    lifted = torch.where(subnormal, magnitude * 2.0**NORMALIZE, magnitude)
-    field = (lifted.view(torch.int32) >> 23) & 0xFF
-    return field - 127 - torch.where(subnormal, NORMALIZE, 0).to(torch.int32)
 
 
 def bf16_row_shifts(values: Tensor, mbits: int) -> Tensor:
@@ -52,10 +41,10 @@ def bf16_row_shifts(values: Tensor, mbits: int) -> Tensor:
     largest = torch.where(magnitude.isnan(), 0.0, magnitude).amax(dim=1, keepdim=True)
     smallest = torch.where(magnitude > 0, magnitude, torch.inf).amin(dim=1, keepdim=True)
     finite = torch.isfinite(smallest)
-    need = torch.where(finite, BF16_LOWEST_BIT + mbits - floor_log2_fp32(smallest), 0)
+    need = torch.where(finite, BF16_LOWEST_BIT + mbits - exact_floor_log2(smallest), 0)
     room = torch.where(
         torch.isfinite(largest) & (largest > 0),
-        BF16_TOP_BINADE - floor_log2_fp32(largest),
+        BF16_TOP_BINADE - exact_floor_log2(largest),
         BF16_TOP_BINADE,
     )
     return torch.minimum(need.clamp(min=0), room).to(torch.int32)
@@ -183,7 +172,6 @@ __all__ = [
     "MM_TO_FP32",
     "bf16_row_shifts",
     "exact_bf16_operand",
-    "floor_log2_fp32",
     "fp32_product",
     "native_fp8_mm",
     "power_of_two_fp32",

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # for annotations only: importing distributed costs every pla
 __all__ = [
     "BlockTensor",
     "GemmOperand",
+    "gemm_factor",
     "gemm_operand_of",
     "output_shapes",
     "rebuild_block_tensor",
@@ -329,6 +330,12 @@ class GemmOperand(NamedTuple):
     factor: float
 
 
+def gemm_factor(fmt: BlockFormat) -> float:
+    """The factor a GEMM's result takes for ``fmt``'s operand: floor-3/4's fp32 4/3, else
+    1.0."""
+    return RESCALE if fmt.scale_rule == "floor-3/4" else 1.0
+
+
 def gemm_operand_of(q: BlockTensor) -> GemmOperand:
     """The `GemmOperand` of a `BlockTensor` of a 2-D x quantized along its last axis (the
     rotated basis kept: a GEMM of two operands rotated alike needs no inverse)."""
@@ -344,7 +351,7 @@ def gemm_operand_of(q: BlockTensor) -> GemmOperand:
         values, row_scale = elements, scales
     else:
         values = _scaled_elements(elements, scales, q.format.block)
-    factor = RESCALE if q.format.scale_rule == "floor-3/4" else 1.0
+    factor = gemm_factor(q.format)
     return GemmOperand(values.to(q.format.gemm_dtype), q.tensor_scale, row_scale, factor)
 
 
