@@ -72,12 +72,8 @@ def test_a_prepared_operand_has_the_entry_points_bits(
 
 def _options(spec, signs, seed, offset) -> dict:  # type: ignore[no-untyped-def]
     return {
-        "tensor_scale": False if spec.tensor_scale == "none" else None,
-        "rht": spec.rht,
+        **operands.block_options(spec),
         "rht_signs": signs,
-        "rht_bf16": spec.rht_bf16,
-        "rbits": spec.rbits,
-        "variant": spec.variant,
         "seed": seed,
         "offset": offset,
         "backend": "triton",

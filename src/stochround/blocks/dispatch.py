@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .. import random as streams
-from ..block_constants import POWER_OF_TWO_RULES, RESCALE
+from ..block_constants import POWER_OF_TWO_RULES
 from ..kernels.availability import use_kernel
 from .formats import OCP_INT8
 from .reference import quantize_torch
@@ -25,7 +25,7 @@ from .request import (
     random_source,
     tensor_scale_choice,
 )
-from .tensor import BlockTensor, GemmOperand, stored_codes
+from .tensor import BlockTensor, GemmOperand, gemm_factor, stored_codes
 
 __all__ = [
     "PreparedGemmOperand",
@@ -158,8 +158,7 @@ def kernel_gemm_operand(x: Tensor, args: BlockArguments) -> GemmOperand | None:
     call = _kernel_call(x_checked, request, args, seed, offset)
     output = "gemm_bf16" if request.fmt.gemm_dtype == torch.bfloat16 else "gemm_fp32"
     values = _launch(x_checked, request, call, output)
-    factor = RESCALE if request.fmt.scale_rule == "floor-3/4" else 1.0
-    return GemmOperand(values, _decoding(call), None, factor)
+    return GemmOperand(values, _decoding(call), None, gemm_factor(request.fmt))
 
 
 class PreparedGemmOperand:
@@ -197,7 +196,7 @@ class PreparedGemmOperand:
                 rht_bf16=args.rht_bf16,
             )
         self.tile = fmt.block if isinstance(fmt.block, tuple) else None
-        self.factor = RESCALE if fmt.scale_rule == "floor-3/4" else 1.0
+        self.factor = gemm_factor(fmt)
         block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
         element = OCP_INT8 if fmt.element == OCP_INT8 else fmt.element.name
         self.kernel = PreparedGemmBlocks(
@@ -205,7 +204,7 @@ class PreparedGemmOperand:
             element,
             typing.cast(int, block),
             fmt.scale_rule,
-            out_dtype=torch.bfloat16 if fmt.gemm_dtype == torch.bfloat16 else torch.float32,
+            out_dtype=fmt.gemm_dtype,
             tensor_scales=2 if self.choice == "amax" else 0,
             amax_given=self.tile is not None,
             rht_signs=self.signs,
@@ -230,7 +229,7 @@ class PreparedGemmOperand:
         signs = self.signs if rht_signs is None else rht_signs
         scales = None if self.scale is None else self.scale(x, signs)
         amax = None if self.tile is None else _tile_amax(x, self.tile)
-        values = self.kernel(x, scales, signs, amax, seed, offset)
+        values = self.kernel.launch(x, scales, signs, amax, seed, offset)  # x checked above
         return GemmOperand(values, None if scales is None else scales[0], None, self.factor)
 
 

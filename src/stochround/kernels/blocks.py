@@ -495,7 +495,20 @@ class PreparedGemmBlocks:
         self.check(x)
         if self.device_index >= 0 and current_device() != self.device_index:
             with torch.cuda.device(self.device):
-                return self(x, tensor_scale, rht_signs, amax, seed, offset)
+                return self.launch(x, tensor_scale, rht_signs, amax, seed, offset)
+        return self.launch(x, tensor_scale, rht_signs, amax, seed, offset)
+
+    def launch(
+        self,
+        x: Tensor,
+        tensor_scale: Tensor | None,
+        rht_signs: Tensor | None,
+        amax: Tensor | None,
+        seed: Tensor,
+        offset: Tensor,
+    ) -> Tensor:
+        """`__call__` for a caller that has checked x (`check`) and made its device
+        current: the launch alone."""
         out = torch.empty_like(x, dtype=self.out_dtype)
         grid = self.grid
         grid.launch(

@@ -37,6 +37,7 @@ torch's global generator is never drawn from.
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
 from collections.abc import Callable
@@ -242,6 +243,12 @@ def gemm_of(plan: Plan) -> Callable[..., Tensor]:
     return native_fp8_mm if plan.native else scaled_mm
 
 
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    """A CUDA device's compute capability, asked once (a forward reads it every step)."""
+    return torch.cuda.get_device_capability(device)
+
+
 def check_native(x: Tensor) -> None:
     """ValueError unless x lies on a GPU with FP8 tensor cores (compute capability 8.9 or
     higher), which ``gemm="native"`` runs its GEMMs on."""
@@ -250,7 +257,7 @@ def check_native(x: Tensor) -> None:
             f"gemm='native' runs FP8 tensor-core GEMMs, on CUDA; got a tensor on {x.device} "
             "(the default gemm='emulated' runs anywhere)"
         )
-    capability = torch.cuda.get_device_capability(x.device)
+    capability = _capability(x.device)
     if capability < (8, 9):
         name = torch.cuda.get_device_name(x.device)
         raise ValueError(

@@ -17,6 +17,7 @@ from ..blocks.dispatch import PreparedGemmOperand
 from ..blocks.formats import BlockFormat
 from ..blocks.gemm import exact_bf16_operand
 from ..blocks.quantize import gemm_operand, quantize
+from ..blocks.reference import absolute_max
 from ..blocks.request import BlockArguments
 from ..blocks.scales import absmax_scales
 from ..blocks.tensor import GemmOperand
@@ -107,12 +108,12 @@ def tensor_scaled_operand(
 
 def _tensor_amax(x: Tensor) -> Tensor:
     """max |x| in fp32 (NaN where x holds one): the kernels' one-read amax for a CUDA
-    tensor where Triton runs, else ``x.abs().amax()`` (the same value)."""
+    tensor where Triton runs, else the PyTorch path's (the same value)."""
     if x.is_cuda and x.is_contiguous() and triton_missing() is None:
         from ..kernels.blocks import tensor_amax  # needs triton: imported here
 
         return tensor_amax(x)
-    return x.abs().amax().to(torch.float32)
+    return absolute_max(x)
 
 
 def row_words(operand: Tensor, role: str, seed: int, offset: int | Tensor) -> Tensor:
@@ -155,12 +156,8 @@ def quantize_operand(
     if spec.noise == "row":
         return row_noise_operand(operand, fmt, row_words(operand, entry.role, seed, offset))
     options: dict[str, Any] = {
-        "tensor_scale": False if spec.tensor_scale == "none" else None,
-        "rht": spec.rht,
+        **block_options(spec),
         "rht_signs": signs,
-        "rht_bf16": spec.rht_bf16,
-        "rbits": spec.rbits,
-        "variant": spec.variant,
         "seed": seed,
         "offset": offset,
         "hardware": spec.hardware,
@@ -182,6 +179,19 @@ def quantize_operand(
     return result
 
 
+def block_options(spec: QuantSpec) -> dict[str, Any]:
+    """The block quantizer's options a spec fixes (`stochround.blocks.quantize`'s keywords):
+    the tensor scale (none, or from the amax), the RHT and its bf16 rounding, the random
+    bits and the variant."""
+    return {
+        "tensor_scale": False if spec.tensor_scale == "none" else None,
+        "rht": spec.rht,
+        "rht_bf16": spec.rht_bf16,
+        "rbits": spec.rbits,
+        "variant": spec.variant,
+    }
+
+
 @functools.lru_cache(maxsize=256)
 def prepared_operand(
     spec: QuantSpec, fmt: BlockFormat, shape: torch.Size, dtype: torch.dtype, device: torch.device
@@ -192,10 +202,10 @@ def prepared_operand(
     the launch set-up that the layer's fixed shapes make the same at every step."""
     if spec.hardware is not None or fmt.block is None:
         return None
+    options = block_options(spec)
     args = BlockArguments(
-        fmt, spec.mode, -1, None, None, False if spec.tensor_scale == "none" else None,
-        "te", spec.rht, None, spec.rht_bf16, spec.rbits, spec.variant, 0, 0, None, None, 0,
-        "auto",
+        fmt, spec.mode, -1, None, None, options["tensor_scale"], "te", options["rht"], None,
+        options["rht_bf16"], options["rbits"], options["variant"], 0, 0, None, None, 0, "auto",
     )  # fmt: skip
     try:
         return PreparedGemmOperand(torch.empty(shape, dtype=dtype, device=device), args)
