@@ -65,6 +65,7 @@ from .step_ops import (
     draw_signs,
     transposed,
 )
+from .tensor_parallel import local_call, rank_key
 
 # offset = step * 2**32 + layer * 16 + slot: the roles take slots 0..5, the per-step RHT
 # signs of each GEMM slots 8..10, so no two draws of a run share an offset (a Philox
@@ -454,36 +455,44 @@ class QuantizedLinear(nn.Linear):
                 f"compiled backward was seen to give zero weight gradients); torch "
                 f"{torch.__version__} runs it eagerly: leave the model uncompiled"
             )
-        if is_dtensor(weight) or is_dtensor(x):
-            # FSDP2 gathers the whole weight before the forward (a plain tensor here); a
-            # DTensor here is tensor parallelism, whose sharded GEMM operands this layer
-            # does not quantize
+        plan, wrap = self.plan, None
+        if is_dtensor(weight) or is_dtensor(x):  # tensor parallelism: the local GEMMs
+            call = local_call(x, weight, bias)
+            x, weight, bias, wrap = call.x, call.weight, call.bias, call.wrap
+            plan = plan._replace(seed=rank_key(plan.seed, call.rank))
+        in_features, out_features = weight.shape[1], weight.shape[0]
+        if x.dim() == 0 or x.shape[-1] != in_features:
             raise ValueError(
-                "QuantizedLinear takes plain tensors: its weight or input is a DTensor "
-                "(tensor parallelism), which it does not support; shard the model with "
-                "FSDP2 (fully_shard), which gathers the whole weight for the forward"
-            )
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"x must have in_features={self.in_features} values along its last axis; "
+                f"x must have in_features={in_features} values along its last axis; "
                 f"got an input of shape {tuple(x.shape)}"
             )
-        if self.plan.native:
+        if plan.native:
             check_native(x)
         lead = x.shape[:-1]
-        tokens = x.reshape(-1, self.in_features)
+        tokens = x.reshape(-1, in_features)
         gemms = running_gemms(x, weight)
-        check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features, gemms)
+        try:
+            check_operand_shapes(plan, tokens.shape[0], in_features, out_features, gemms)
+        except ValueError as error:
+            if wrap is None:
+                raise
+            raise ValueError(
+                f"{error} (under tensor parallelism each rank quantizes its shard: the "
+                "blocks must divide the local shapes)"
+            ) from None
+        # parallelize_module replicates the buffers: the counter is the local tensor
+        counter = self.step.to_local() if is_dtensor(self.step) else self.step
         if not torch.is_grad_enabled():
-            step = self.step.clone()
+            step = counter.clone()
         elif torch.compiler.is_compiling():
-            step = advance_step(self.step)
+            step = advance_step(counter)
         else:  # eager: the op's dispatch is host time an eager step need not pay
-            step = advance_step_eagerly(self.step)
-        out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, self.plan))
+            step = advance_step_eagerly(counter)
+        out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, plan))
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
-        return torch.ops.aten._unsafe_view(out, (*lead, self.out_features))
+        y = torch.ops.aten._unsafe_view(out, (*lead, out_features))
+        return y if wrap is None else wrap(y)
 
     def _load_from_state_dict(
         self,
