@@ -289,7 +289,8 @@ def integer_grid(fmt: Format) -> bool:
 def _path(fmt: Format, rounding: ElementRounding) -> str:
     """The rounding helper that serves these choices (`RowOutput.PATH`)."""
     nearest_or_directed = rounding.MODE in ("rne", "rna", "rz", "ru", "rd")
-    if integer_grid(fmt) and (nearest_or_directed or rounding.VARIANT in ("a", "c")):
+    stochastic = rounding.MODE == "sr" and rounding.VARIANT in ("a", "c")
+    if integer_grid(fmt) and (nearest_or_directed or stochastic):
         return "integer"
     return "fast" if rounding.FAST_BITS >= 0 else "general"
 
