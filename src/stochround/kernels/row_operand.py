@@ -395,6 +395,7 @@ class PreparedRowOperand:
         ``from_tensors``) or as ints in [0, 2**64)."""
         values = torch.empty_like(x, dtype=self.out_dtype)
         scales = x.new_empty((x.shape[0], 1), dtype=torch.float32)
+        pointers: tuple[Tensor | None, Tensor | None]
         if isinstance(seed, Tensor) and isinstance(offset, Tensor):
             pointers, numbers = (seed, offset), (0, 0)
         else:
