@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import libdevice
 
 from ..block_constants import ABSMAX_FLOORS
 from ..formats import Format
@@ -51,6 +52,8 @@ ROW_WORDS = ("element", "row", "column")
 CHUNK_ELEMENTS = 2**14 if INTERPRETED else 2**12
 TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
 _NUM_WARPS = 4
+# compiled kernels call libdevice's conversion; the interpreter has none
+_NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
 
 _ABSMAX_FLOOR = tl.constexpr(ABSMAX_FLOORS[torch.float32])
 _ABSMAX_FLOOR_BF16 = tl.constexpr(ABSMAX_FLOORS[torch.bfloat16])
@@ -93,10 +96,10 @@ class RowOutput(NamedTuple):
 @triton.jit
 def _nearest_integer(v):
     """Nonnegative fp32 values rounded to the nearest integer, ties to even, as uint64."""
-    if INTERPRETED:  # from 2**23 up every fp32 value is an integer; below, + 2**23 rounds
+    if _NATIVE_CONVERSIONS:  # one conversion (cvt.rni.u64.f32)
+        return libdevice.float2ull_rn(v).to(tl.uint64, bitcast=True)
+    else:  # from 2**23 up every fp32 value is an integer; below, + 2**23 rounds it
         return tl.where(v < 8388608.0, (v + 8388608.0) - 8388608.0, v).to(tl.uint64)
-    else:
-        return tl.extra.cuda.libdevice.float2ull_rn(v).to(tl.uint64, bitcast=True)
 
 
 @triton.jit
