@@ -17,14 +17,17 @@ backend: the Triton kernel on CUDA), the peers where they exist, and the case's 
 - ``mxfp4``: MXFP4 SR (torchao 0.18's ``to_mx`` takes no fp4 element dtype name).
 - ``fake_mxfp8_e4m3``, ``fake_nvfp4``: `fake_quantize` (quantize and dequantize in one
   pass, bf16 out).
+- ``int8_rowwise_gemm``: `gemm_operand` of int8 row-wise (the ``int8()`` recipe's operand:
+  bf16 values and fp32 row scales, one launch of the row operand kernel).
 
 Floors (provider ``floor``), measured in the same run: a Triton kernel that reads the bf16
 input once and writes the case's output bytes (the codes: one byte an element for fp8, one
 a pair for fp4; one scale byte a block), and for the two-level cases one more read of the
-input (``torch.amax``) before it; for ``fake_quantize``, a bf16 copy (plus the amax read for
-NVFP4). A case's floor moves the bytes its stochround row moves, so a row's bandwidth over
-its floor's is the fraction of the floor it reaches (``check.py``'s ``percent_of``); the
-table printed last lists it for every stochround row.
+input (``torch.amax``) before it; for ``fake_quantize`` and the int8 row-wise operand (bf16
+values), a bf16 copy (plus the amax read for NVFP4). A case's floor moves the bytes its
+stochround row moves, so a row's bandwidth over its floor's is the fraction of the floor
+it reaches (``check.py``'s ``percent_of``); the table printed last lists it for every
+stochround row.
 
 Every stochround output is checked before it is timed: codes, scales and tensor scale
 (or the fake-quantized values) bit for bit against the same call on stochround's PyTorch
@@ -63,6 +66,7 @@ OURS: dict[str, tuple[str, str, dict[str, object], float]] = {
     "mxfp4": ("quantize", "mxfp4", {}, 2 + 0.5 + 1 / 32),
     "fake_mxfp8_e4m3": ("fake_quantize", "mxfp8_e4m3", {}, 2 + 2),
     "fake_nvfp4": ("fake_quantize", "nvfp4", {}, 2 + 2 + 2),
+    "int8_rowwise_gemm": ("gemm_operand", "int8_rowwise", {}, 2 + 2),
 }
 # each case's floor: (elements a block, elements a code byte, one more read of x) for the
 # quantize cases; None for fake_quantize (a bf16 copy, with the amax read for NVFP4)
@@ -75,6 +79,7 @@ FLOORS: dict[str, tuple[int, int, bool] | None] = {
     "mxfp4": (32, 2, False),
     "fake_mxfp8_e4m3": None,
     "fake_nvfp4": None,
+    "int8_rowwise_gemm": None,
 }
 TILE = 4096  # elements a program of the floor kernel handles
 
@@ -145,9 +150,12 @@ def copy_floor(x: Tensor, amax: bool, nbytes: float) -> Run:
 
 def output_bytes(output: object) -> list[Tensor]:
     """The tensors whose bytes a row's output is judged by: a BlockTensor's codes, scales
-    and tensor scale (where it has one), or the fake-quantized tensor."""
+    and tensor scale (where it has one), a GemmOperand's values and row scales, or the
+    fake-quantized tensor."""
     if isinstance(output, Tensor):
         return [output]
+    if isinstance(output, tuple):  # a GemmOperand
+        return [part for part in (output.values, output.row_scale) if part is not None]  # type: ignore[attr-defined]
     parts = [output.codes, output.scales]  # type: ignore[attr-defined]
     tensor_scale = output.tensor_scale  # type: ignore[attr-defined]
     if isinstance(tensor_scale, Tensor):
