@@ -1,0 +1,59 @@
+"""The two-orientation quantizer (`stochround.kernels.two_orientation`) equals two separate
+quantizations bit for bit: `gemm_blocks` of x and of the zero-padded x^T (rotated along the
+tokens), each with its own stream, rounding and tensor scales (the separate amaxes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional
+
+from stochround.blocks.hadamard import random_signs
+from stochround.formats import format as find_format
+from stochround.kernels.blocks import gemm_blocks, nvfp4_tensor_scale
+from stochround.kernels.two_orientation import PreparedTwoOrientations, orientation
+
+E2M1 = find_format("e2m1")
+
+
+def separate(
+    x: torch.Tensor, padded: int, mode: str, offset: int, rht: int | None, signs, rotate: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemm_blocks of ``x`` (if not ``rotate``) or of its padded transpose (rotated)."""
+    operand = x if not rotate else functional.pad(x.T.contiguous(), (0, padded - x.shape[0]))
+    rotation = rht if rotate else None
+    rotation_signs = signs if rotation else None
+    scales, _ = nvfp4_tensor_scale(
+        operand, rht=rotation, rht_signs=rotation_signs, rht_bf16=rotation is not None
+    )
+    values = gemm_blocks(
+        operand, E2M1, 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=scales, mode=mode,
+        seed=torch.tensor([7]), offset=torch.tensor([offset]), rht=rotation,
+        rht_signs=rotation_signs, rht_bf16=rotation is not None,
+    )  # fmt: skip
+    return values, scales
+
+
+@pytest.mark.parametrize("tokens, features", [(40, 32), (16, 48), (150, 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+@pytest.mark.parametrize("rht", [None, 16])
+def test_both_orientations_equal_separate_quantizations(tokens, features, dtype, mode, rht):
+    generator = torch.Generator().manual_seed(tokens * features)
+    x = (torch.randn(tokens, features, generator=generator) * 3).to(dtype)
+    x[0, :3] = 0.0  # zero blocks' scales
+    padded = -(-tokens // 16) * 16
+    signs = None if rht is None else random_signs(16, 3, offset=5)
+    row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
+    prepared = PreparedTwoOrientations(
+        x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
+    )
+    seed, row_offset, column_offset = torch.tensor([7]), torch.tensor([11]), torch.tensor([13])
+    result = prepared(x, seed, row_offset, column_offset, signs)
+    expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)
+    expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, rotate=True)
+    assert result.scales is not None
+    assert torch.equal(result.scales[0], row_scales)
+    assert torch.equal(result.scales[1], column_scales)
+    assert torch.equal(result.row.view(torch.int16), expected_row.view(torch.int16))
+    assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
