@@ -18,6 +18,7 @@ from stochround.kernels.two_orientation import PreparedTwoOrientations, orientat
 from stochround.nn import orientations
 
 E2M1 = find_format("e2m1")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def separate(
@@ -32,7 +33,8 @@ def separate(
     )
     values = gemm_blocks(
         operand, E2M1, 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=scales, mode=mode,
-        seed=torch.tensor([7]), offset=torch.tensor([offset]), rht=rotation,
+        seed=torch.tensor([7], device=DEVICE), offset=torch.tensor([offset], device=DEVICE),
+        rht=rotation,
         rht_signs=rotation_signs, rht_bf16=rotation is not None,
     )  # fmt: skip
     return values, scales
@@ -44,15 +46,15 @@ def separate(
 @pytest.mark.parametrize("rht", [None, 16])
 def test_both_orientations_equal_separate_quantizations(tokens, features, dtype, mode, rht):
     generator = torch.Generator().manual_seed(tokens * features)
-    x = (torch.randn(tokens, features, generator=generator) * 3).to(dtype)
+    x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, dtype)
     x[0, :3] = 0.0  # zero blocks' scales
     padded = -(-tokens // 16) * 16
-    signs = None if rht is None else random_signs(16, 3, offset=5)
+    signs = None if rht is None else random_signs(16, 3, offset=5, device=DEVICE)
     row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
     prepared = PreparedTwoOrientations(
         x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
     )
-    seed, row_offset, column_offset = torch.tensor([7]), torch.tensor([11]), torch.tensor([13])
+    seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
     result = prepared(x, seed, row_offset, column_offset, signs)
     expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)
     expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, rotate=True)
@@ -85,15 +87,15 @@ RECIPES = {
 def training_steps(recipe: srnn.Recipe, tokens: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """y, dx, dW and db of two steps of a QuantizedLinear(32 -> 48) on ``tokens`` tokens."""
     generator = torch.Generator().manual_seed(tokens)
-    layer = srnn.QuantizedLinear(32, 48, dtype=dtype, recipe=recipe, layer_index=3)
+    layer = srnn.QuantizedLinear(32, 48, dtype=dtype, device=DEVICE, recipe=recipe, layer_index=3)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(48, 32, generator=generator).to(dtype))
         layer.bias.copy_(torch.randn(48, generator=generator).to(dtype))
     results = []
     for _ in range(2):
-        x = torch.randn(tokens, 32, generator=generator).to(dtype).requires_grad_()
+        x = torch.randn(tokens, 32, generator=generator).to(DEVICE, dtype).requires_grad_()
         y = layer(x)
-        y.backward(torch.randn(y.shape, generator=generator).to(dtype))
+        y.backward(torch.randn(y.shape, generator=generator).to(DEVICE, dtype))
         assert x.grad is not None and layer.weight.grad is not None and layer.bias.grad is not None
         results += [y.detach(), x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
         layer.zero_grad()
