@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import random as streams
+from ..block_constants import ROW_WORDS
 from ..formats import format as find_format
 from ..kernels.availability import use_kernel
 from ..reference import MODES, VARIANTS, WORD_BITS, check_choice, check_rbits
@@ -22,10 +23,9 @@ from .tensor import GemmOperand, gemm_factor
 
 # whose word each element's SR draws: its own (its row-major index's), its row's (the row
 # index's) or its column's (the column index's); the kernel reads the same names
-ROW_WORDS = ("element", "row", "column")
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-__all__ = ["ROW_WORDS", "PreparedRowGemmOperand", "row_kernel_operand", "row_operand_refusal"]
+__all__ = ["PreparedRowGemmOperand", "row_kernel_operand", "row_operand_refusal"]
 
 
 def row_operand_refusal(x: Tensor, fmt: BlockFormat, hardware: str | None = None) -> str | None:

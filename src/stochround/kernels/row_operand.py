@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import libdevice
 
-from ..block_constants import ABSMAX_FLOORS
+from ..block_constants import ABSMAX_FLOORS, ROW_WORDS
 from ..formats import Format
 from ..random import seed_tensor
 from .availability import INTERPRETED, kernel_supports
@@ -44,13 +44,12 @@ from .runtime import Launch, bound_launch, current_device
 
 # whose word each element's SR draws: its own (the word of its row-major index), its
 # row's (the word of the row's index), or its column's (the word of the column's index)
-ROW_WORDS = ("element", "row", "column")
 # the longest run of a row a program holds in registers (a power of two; a longer row is
 # read twice, chunk by chunk: once for its amax, once to quantize), and the elements a
 # program takes in all (short rows: several rows a program); read at each preparation, so
 # that a test or a benchmark can set them
 CHUNK_ELEMENTS = 2**14 if INTERPRETED else 2**12
-TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
+ROW_TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
 _NUM_WARPS = 4
 # compiled kernels call libdevice's conversion; the interpreter has none
 _NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
@@ -345,7 +344,7 @@ class PreparedRowOperand:
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
         rows, cols = x.shape
         chunk = max(4, min(next_power_of_2(cols), CHUNK_ELEMENTS))
-        tile_rows = max(1, TILE_ELEMENTS // chunk) if cols <= chunk else 1
+        tile_rows = max(1, ROW_TILE_ELEMENTS // chunk) if cols <= chunk else 1
         tile_rows = min(tile_rows, next_power_of_2(rows))
         rounding = element_rounding(element, mode, n, variant)
         constants = {
@@ -464,7 +463,6 @@ def row_gemm_operand(
 
 
 __all__ = [
-    "ROW_WORDS",
     "PreparedRowOperand",
     "RowNoise",
     "RowOutput",

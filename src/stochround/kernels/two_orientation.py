@@ -38,7 +38,7 @@ from .grid import cdiv
 from .runtime import Launch, bound_launch, current_device
 
 # NVFP4's block: 16 elements along the contraction axis of each orientation
-BLOCK = 16
+PAIR_BLOCK = 16
 # a tile's sides (powers of two, multiples of the block): the interpreter runs programs one
 # after another, so there a larger tile costs less
 TILE_SIDE = 128 if INTERPRETED else 64
@@ -274,10 +274,10 @@ class PreparedTwoOrientations:
         if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0:
             raise ValueError(f"x must be a contiguous 2-D tensor with elements; got {x.shape}")
         tokens, features = x.shape
-        if features % BLOCK or padded % BLOCK or padded < tokens:
+        if features % PAIR_BLOCK or padded % PAIR_BLOCK or padded < tokens:
             raise ValueError(
                 f"features ({features}) and padded ({padded}, at least the {tokens} tokens) "
-                f"must be multiples of {BLOCK}"
+                f"must be multiples of {PAIR_BLOCK}"
             )
         if row.SCALE.TENSOR_SCALE != column.SCALE.TENSOR_SCALE:
             raise ValueError("both orientations have tensor scales or neither has")
@@ -382,7 +382,7 @@ def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
 
 
 __all__ = [
-    "BLOCK",
+    "PAIR_BLOCK",
     "TILE_SIDE",
     "Orientation",
     "PairOperands",

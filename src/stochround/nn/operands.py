@@ -186,7 +186,7 @@ def quantize_operand(
 
 
 def noise_words(entry: Operand) -> str:
-    """Whose word each element's SR draws (`stochround.blocks.rowwise.ROW_WORDS`): its own
+    """Whose word each element's SR draws (`stochround.block_constants.ROW_WORDS`): its own
     (noise "element"), or under Qwix's row noise (`row_words`) its row's, or its column's
     for `TRANSPOSED_ROLES`."""
     if entry.spec.noise == "element":
