@@ -13,13 +13,17 @@ MXFP8's bf16 operands), "all" (row scales, tensor scales, a factor of 4/3). Rows
   PyTorch passes (today's path);
 - ``fused_epilogue``: cuBLAS to fp32, then `stochround.kernels.scaled_gemm.fused_epilogue`;
 - ``triton_gemm``: `stochround.kernels.scaled_gemm.scaled_gemm` (the scales in the GEMM);
-- ``scaled_mm``: ``scaled_mm(..., backend="auto")`` (what the routing chooses).
+- ``scaled_mm``: ``scaled_mm(..., backend="auto")`` (what the routing chooses);
+- ``triton_<tile>``: the Triton GEMM at each tile of ``--configs`` (to tune
+  `stochround.kernels.scaled_gemm.gemm_config`), e.g. ``128x256x64w8s3``: a 128 x 256
+  tile, K steps of 64, 8 warps, 3 stages (programs grouped 8 deep).
 
 Checks before timing: the fused epilogue equals the PyTorch passes bit for bit (the same
 product); the Triton GEMM and the routed call lie within fp32 accumulation's bound of them
 (``K * 2**-24`` of ``|a| |b|^T`` scaled, plus a unit of the bf16 result).
 
     python benchmarks/bench_gemm.py                                         # GPU
+    python benchmarks/bench_gemm.py --configs 128x256x64w8s3,128x256x64w8s4,128x128x64w8s4
     python benchmarks/bench_gemm.py --device cpu --sizes 64x64x64 --epilogue all   # smoke
 """
 
@@ -37,7 +41,7 @@ from torch import Tensor
 
 from stochround.blocks import GemmOperand
 from stochround.blocks.gemm import fp32_product, scaled_mm
-from stochround.kernels.scaled_gemm import Epilogue, fused_epilogue, scaled_gemm
+from stochround.kernels.scaled_gemm import Epilogue, GemmConfig, fused_epilogue, scaled_gemm
 
 EPILOGUES = ("tensor", "rows", "all")
 PROVIDERS = ("torch_epilogue", "fused_epilogue", "triton_gemm", "scaled_mm")
@@ -81,6 +85,9 @@ class Gemm:
         self.flops = 2 * m * n * k
 
     def call(self, provider: str) -> Callable[[], Tensor]:
+        if provider.startswith("triton_") and provider != "triton_gemm":
+            config = parse_config(provider.removeprefix("triton_"))
+            return lambda: scaled_gemm(self.a, self.b, self.epilogue, config)
         if provider == "cublas_bf16":
             return lambda: torch.mm(self.a, self.b.T)
         if provider == "fused_epilogue":
@@ -110,6 +117,14 @@ class Gemm:
         return (k + 4) * 2**-24 * magnitude * 4 / 3
 
 
+def parse_config(text: str) -> GemmConfig:
+    """A tile as ``--configs`` writes it: ``<block_m>x<block_n>x<block_k>w<warps>s<stages>``."""
+    tile, rest = text.split("w")
+    warps, stages = rest.split("s")
+    block_m, block_n, block_k = (int(v) for v in tile.split("x"))
+    return GemmConfig(block_m, block_n, block_k, 8, int(warps), int(stages))
+
+
 def row(gemm: Gemm, provider: str, spec: Tensor | None) -> Run:
     """A row: ``provider``'s call, checked against ``spec`` (the PyTorch passes' result)."""
     call = gemm.call(provider)
@@ -135,7 +150,11 @@ def main() -> int:
     add = bench.parser.add_argument
     add("--sizes", default="8192x4096x4096,2048x1024x1024", help="T x in x out, comma-separated")
     add("--epilogue", choices=EPILOGUES, default="tensor", help="the scales applied (tensor)")
+    add("--configs", default="", help="Triton GEMM tiles to time, e.g. 128x128x64w8s4 (none)")
     args = bench.parse_args()
+    tiles = [f"triton_{c}" for c in args.configs.split(",") if c]
+    for tile in tiles:
+        parse_config(tile.removeprefix("triton_"))  # a bad one fails before any row runs
     first = True
     for size in args.sizes.split(","):
         tokens, features, out_features = (int(v) for v in size.split("x"))
@@ -153,7 +172,7 @@ def main() -> int:
                 first = False
             cublas = partial(row, operands, "cublas_bf16", None)
             bench.add(case, "cublas_bf16", cublas, reference=True)
-            for provider in PROVIDERS:
+            for provider in (*PROVIDERS, *tiles):
                 checked = None if provider == "torch_epilogue" else spec
                 bench.add(case, provider, partial(row, operands, provider, checked), ours=True)
     return bench.run()

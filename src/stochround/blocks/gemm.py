@@ -197,8 +197,16 @@ def scaled_mm(
 def torch_scaled_mm(
     a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
 ) -> Tensor:
-    """`scaled_mm` by PyTorch: the executable spec of `stochround.kernels.scaled_gemm`."""
-    product = fp32_product(a.values, b.values)
+    """`scaled_mm` by PyTorch: `fp32_product`, then `scale_product`."""
+    return scale_product(fp32_product(a.values, b.values), a, b, bias, out_dtype)
+
+
+def scale_product(
+    product: Tensor, a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
+) -> Tensor:
+    """The fp32 ``product`` of ``a`` and ``b``'s values scaled as `scaled_mm` says, in
+    PyTorch passes (the last writes ``out_dtype``): the executable spec of
+    `stochround.kernels.scaled_gemm`."""
     steps: list[tuple[str, Tensor | float]] = []
     if a.row_scale is not None:
         steps.append(("mul", a.row_scale))
@@ -229,6 +237,7 @@ __all__ = [
     "kernel_scaled_mm",
     "native_fp8_mm",
     "power_of_two_fp32",
+    "scale_product",
     "scaled_mm",
     "torch_scaled_mm",
 ]

@@ -34,11 +34,28 @@ from .runtime import bound_launch, current_device
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-# the GEMM's tile and schedule (Hopper: a warpgroup pair per 128 x 256 tile, K in steps of
-# 64, a few stages of loads in flight; programs grouped GROUP_M tiles deep along M so that
-# the tiles running together share their rows of A and columns of B in L2)
-GEMM_CONFIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}
-GEMM_OPTIONS = {"num_warps": 8, "num_stages": 3}
+
+class GemmConfig(NamedTuple):
+    """The GEMM's tile and schedule: a (block_m, block_n) tile of the result per program,
+    K in steps of block_k, programs grouped group_m tiles deep along M (the tiles running
+    together share their rows of A and columns of B in L2), Triton's warps and pipeline
+    stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+# Hopper: two warpgroups per tile, three or four stages of loads in flight; the wide tile
+# where the result has enough tiles of it to fill the GPU, the square one below that
+WIDE_TILE = GemmConfig(128, 256, 64, 8, 8, 3)
+SQUARE_TILE = GemmConfig(128, 128, 64, 8, 8, 4)
+# tiles of the wide shape a result needs for it (about one per multiprocessor of an H100 or
+# H200)
+WIDE_TILES = 128
 # the epilogue pass's tile (row-major, 16-byte fp32 loads per thread)
 EPILOGUE_BLOCK_M = 16
 EPILOGUE_BLOCK_N = 256
@@ -98,15 +115,21 @@ def scaled_gemm_refusal(a: Tensor, b: Tensor, epilogue: Epilogue) -> str | None:
     return epilogue_refusal(epilogue, a.shape[0], b.shape[0])
 
 
+def gemm_config(m: int, n: int) -> GemmConfig:
+    """The tile of an (m, n) result: `WIDE_TILE` where the result holds `WIDE_TILES` of
+    them and its width is a multiple of the tile's, `SQUARE_TILE` elsewhere."""
+    wide = WIDE_TILE.block_m * WIDE_TILE.block_n
+    if n % WIDE_TILE.block_n == 0 and m * n >= WIDE_TILES * wide:
+        return WIDE_TILE
+    return SQUARE_TILE
+
+
 def gemm_kernel(m: int, n: int, k: int) -> str:
     """The kernel (one of `GEMM_KERNELS`) that serves an (m, k) x (n, k)^T product: the
-    fused GEMM where the tile divides every dimension (no masked tiles), cuBLAS and the
-    epilogue pass elsewhere."""
-    tiled = (
-        m % GEMM_CONFIG["BLOCK_M"] == 0
-        and n % GEMM_CONFIG["BLOCK_N"] == 0
-        and k % GEMM_CONFIG["BLOCK_K"] == 0
-    )
+    fused GEMM where its tile (`gemm_config`) divides every dimension (no masked tiles),
+    cuBLAS and the epilogue pass elsewhere."""
+    config = gemm_config(m, n)
+    tiled = m % config.block_m == 0 and n % config.block_n == 0 and k % config.block_k == 0
     return "triton_gemm" if tiled and k > 0 else "fused_epilogue"
 
 
@@ -182,6 +205,7 @@ def _scaled_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    EVEN_MN: tl.constexpr,
     EVEN_K: tl.constexpr,
     LOOP_K: tl.constexpr,
     HAS_ROW_A: tl.constexpr,
@@ -201,9 +225,10 @@ def _scaled_gemm_kernel(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    # rows and columns past the end read a valid row (their results are not stored)
-    a_rows = (rows % M).to(tl.int64)
-    b_cols = (cols % N).to(tl.int64)
+    # rows and columns past the end read a valid row (their results are not stored); whole
+    # tiles keep their offsets plain, whose contiguity the compiler sees for wide loads
+    a_rows = (rows if EVEN_MN else rows % M).to(tl.int64)
+    b_cols = (cols if EVEN_MN else cols % N).to(tl.int64)
     a_tile = a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak
     b_tile = b_ptr + ks[:, None] * stride_bk + b_cols[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -368,22 +393,34 @@ def fused_epilogue(product: Tensor, epilogue: Epilogue) -> Tensor:
     return out
 
 
-def scaled_gemm(a: Tensor, b: Tensor, epilogue: Epilogue) -> Tensor:
+def scaled_gemm(
+    a: Tensor, b: Tensor, epilogue: Epilogue, config: GemmConfig | None = None
+) -> Tensor:
     """``a @ b.T`` of bf16 ``a`` (M, K) and ``b`` (N, K) (any strides) accumulated in fp32
     and scaled by ``epilogue`` in registers (module docstring): one ``out_dtype`` (M, N)
     tensor, no fp32 product written.  The sums' order differs from cuBLAS's; the scaling
-    is the spec's, bit for bit."""
+    is the spec's, bit for bit.  ``config``: the tile (`gemm_config`'s by default)."""
     (m, k), n = a.shape, b.shape[0]
+    config = gemm_config(m, n) if config is None else config
     out = a.new_empty((m, n), dtype=epilogue.out_dtype)
     if not out.numel():
         return out
     pointers, constants = _epilogue_arguments(_contiguous(epilogue), out)
     row_a, row_b, scale_a, scale_b, bias, factor_a, factor_b = pointers
-    constants.update(GEMM_CONFIG, EVEN_K=k % GEMM_CONFIG["BLOCK_K"] == 0, **GEMM_OPTIONS)
+    constants.update(
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        EVEN_MN=m % config.block_m == 0 and n % config.block_n == 0,
+        EVEN_K=k % config.block_k == 0,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
     # K as a constexpr under the interpreter only (a GPU reads it at run time: no kernel
     # compiled per length)
     constants["LOOP_K"] = k if INTERPRETED else 0
-    programs = triton.cdiv(m, GEMM_CONFIG["BLOCK_M"]) * triton.cdiv(n, GEMM_CONFIG["BLOCK_N"])
+    programs = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
     device = current_device() if a.is_cuda else 0
     bound_launch(_scaled_gemm_kernel, tuple(constants.items()))(
         device,
@@ -408,13 +445,16 @@ def scaled_gemm(a: Tensor, b: Tensor, epilogue: Epilogue) -> Tensor:
 
 
 __all__ = [
-    "GEMM_CONFIG",
     "GEMM_KERNELS",
-    "GEMM_OPTIONS",
     "OUT_DTYPES",
+    "SQUARE_TILE",
+    "WIDE_TILE",
+    "WIDE_TILES",
     "Epilogue",
+    "GemmConfig",
     "epilogue_refusal",
     "fused_epilogue",
+    "gemm_config",
     "gemm_kernel",
     "scale_tile",
     "scaled_gemm",
