@@ -187,7 +187,8 @@ def scaled_mm(
             f"{tuple(a.values.shape)} and {tuple(b.values.shape)}"
         )
     backend = check_backend(backend)
-    if backend != "torch" and not torch.compiler.is_compiling():
+    wanted = backend == "triton" or (backend == "auto" and a.values.is_cuda)
+    if wanted and not torch.compiler.is_compiling():
         result = kernel_scaled_mm(a, b, bias, out_dtype, backend)
         if result is not None:
             return result
