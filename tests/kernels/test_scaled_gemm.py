@@ -251,3 +251,18 @@ def test_the_fused_epilogue_serves_cublas_products() -> None:
     product = fp32_product(c.a.values, c.b.values)
     got = fused_epilogue(product, epilogue_of(c, torch.float16))
     assert_same_bits(got, torch_scaled_mm(c.a, c.b, c.bias, torch.float16))
+
+
+def test_scaled_mm_takes_the_triton_gemm_where_its_tile_divides_the_shape() -> None:
+    """A shape of whole tiles goes to the fused GEMM (the epilogue pass would serve it with
+    the same bits too: the sums are exact), b a transposed view as in dgrad."""
+    from stochround.kernels.scaled_gemm import gemm_kernel
+
+    m, n, k = 256, 256, 128
+    assert gemm_kernel(m, n, k) == "triton_gemm"
+    values_a, values_b = exact_operands(m, n, k, seed=6)
+    c = to_device(case(values_a, values_b, (True,) * 7, seed=6))
+    c = c._replace(b=c.b._replace(values=c.b.values.T.contiguous().T))
+    options = {"bias": c.bias, "out_dtype": torch.bfloat16}
+    got = scaled_mm(c.a, c.b, backend="triton", **options)
+    assert_same_bits(got, scaled_mm(c.a, c.b, backend="torch", **options))
