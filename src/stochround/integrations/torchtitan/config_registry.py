@@ -149,6 +149,8 @@ def titan_config(
     )
     config.debug.seed = seed
     config.compile.enable = compile_model
+    # every case alike: torchtitan's CUDA-graph capture of the step is off
+    config.training.disable_cuda_graphs = True
     return config
 
 
