@@ -223,3 +223,34 @@ def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:
     result = CliRunner().invoke(app, ["titan", "--recipe", "nvfp5", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "recipe must be one of" in result.output
+
+
+def test_torchtitans_parallelize_places_the_step_counters(monkeypatch) -> None:
+    """torchtitan's ``Module.parallelize`` (the spmd_types backend, one gloo rank) needs a
+    placement for every buffer: the converted layers declare their step counter's."""
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+
+    from stochround.integrations.torchtitan.run import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        config = titan_config("int8", flavor="tiny")
+        dims = ParallelDims.from_config(config.parallelism, 1)
+        dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+        model_config = dense_attention(config.model_spec.model)
+        model_config.update_from_config(config=config)
+        with torch.device("meta"):
+            model = model_config.build()
+        model.parallelize(dims)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        positions = torch.arange(32).repeat(2, 1)
+        masks = model.get_attention_masks(positions)
+        model(torch.zeros(2, 32, dtype=torch.long), attention_masks=masks, positions=positions)
+        assert int(model.layers["1"].attention.wo.step) == 1
+    finally:
+        torch.distributed.destroy_process_group()

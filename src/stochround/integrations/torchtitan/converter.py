@@ -23,13 +23,11 @@ rank's shard), and under the ``full_dtensor`` backend, whose parameters stay DTe
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-import spmd_types as spmd  # torchtitan's own dependency
 import torch
 from torchtitan.components.quantization import QuantizationConverter
-from torchtitan.models.common.decoder_sharding import dense_param_placement
 from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
 from torchtitan.tools.logging import logger
@@ -79,21 +77,6 @@ class StochroundLinear(QuantizedLinear, Module):
         layer_index: int = 0
         """The layer's number in the model: its random streams."""
 
-        def build(self, **kwargs: Any) -> StochroundLinear:
-            # slots=True breaks zero-argument super(): call the parent explicitly
-            instance = Linear.Config.build(self, **kwargs)
-            sharding = instance._sharding_config
-            if sharding is not None:
-                # the step counter is the same on every rank, as RoPE's cache is
-                instance._sharding_config = replace(
-                    sharding,
-                    state_shardings={
-                        **sharding.state_shardings,
-                        "step": dense_param_placement(tp=spmd.R),
-                    },
-                )
-            return instance  # type: ignore[no-any-return]
-
     def __init__(self, config: Config) -> None:
         QuantizedLinear.__init__(
             self,
@@ -103,7 +86,9 @@ class StochroundLinear(QuantizedLinear, Module):
             recipe=config.recipe,
             layer_index=config.layer_index,
         )
-        # a slot that init_states fills on the real device (torchtitan's buffer protocol)
+        # a slot that init_states fills on the real device (torchtitan's buffer protocol,
+        # as NVFP4Linear's _sr_seed): parallelize distributes no None buffer, so the counter
+        # stays a plain tensor, the same on every rank
         self.register_buffer("step", None, persistent=True)
 
     def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
