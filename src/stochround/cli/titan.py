@@ -60,7 +60,7 @@ def titan_command(
     """Train Llama 3 on the standard library's source with a stochround recipe."""
     try:
         from ..integrations.torchtitan.config_registry import titan_config
-        from ..integrations.torchtitan.run import run
+        from ..integrations.torchtitan.run import run_training
     except ImportError as error:
         output.fail(str(error))
     if steps < 1:
@@ -84,7 +84,7 @@ def titan_command(
     )
     config.dump_folder = str(out)
     fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
-    rows = output.checked(lambda: run(config, chosen, fields))
+    rows = output.checked(lambda: run_training(config, chosen, fields))
     if rows.exists() and rows.read_text().strip():
         last = json.loads(rows.read_text().splitlines()[-1])
         print(f"step {last['step']}: loss {last['loss']:.4f} ({rows})")

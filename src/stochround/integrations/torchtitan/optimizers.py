@@ -24,6 +24,7 @@ from torch.optim import Optimizer
 from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
 
 from ...optim import SGD, Adam, AdamW, Lion
+from ...optim.checks import IMPLEMENTATION_KEYS  # keys that pick a torch implementation
 
 SR_OPTIMIZERS: dict[str, type[Optimizer]] = {
     "SRAdamW": AdamW,
@@ -31,8 +32,6 @@ SR_OPTIMIZERS: dict[str, type[Optimizer]] = {
     "SRSGD": SGD,
     "SRLion": Lion,
 }
-# torchtitan's group keys that pick a torch.optim implementation
-IMPLEMENTATION_KEYS: tuple[str, ...] = ("fused", "foreach")
 DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -96,7 +95,6 @@ def sr_optimizer(
 
 __all__ = [
     "DTYPES",
-    "IMPLEMENTATION_KEYS",
     "SR_OPTIMIZERS",
     "SROptimizersContainer",
     "sr_factory",

@@ -28,7 +28,7 @@ from torchtitan.trainer import Trainer
 from .attention import dense_attention
 from .data import ByteTokenizer
 
-DEVICES: tuple[str, ...] = ("cpu", "cuda")
+TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
 class RowsLogger:
@@ -65,10 +65,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run(config: Trainer.Config, device: str, fields: dict[str, Any]) -> Path:
-    """Train ``config`` on ``device`` (one of `DEVICES`); returns the rows file."""
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {', '.join(DEVICES)}; got {device!r}")
+def run_training(config: Trainer.Config, device: str, fields: dict[str, Any]) -> Path:
+    """Train ``config`` on ``device`` (one of `TRAINING_DEVICES`); returns the rows file."""
+    if device not in TRAINING_DEVICES:
+        raise ValueError(f"device must be one of {', '.join(TRAINING_DEVICES)}; got {device!r}")
     rows = Path(config.dump_folder) / "rows.jsonl"
     if device == "cpu":
         cpu_train(config, RowsLogger(rows, {**fields, "device": "cpu", "world_size": 1}))
@@ -138,4 +138,4 @@ def cpu_train(config: Trainer.Config, rows: RowsLogger) -> None:
         rows.write(step, loss.item(), labels.numel() / seconds)
 
 
-__all__ = ["DEVICES", "RowsLogger", "cpu_train", "free_port", "run"]
+__all__ = ["TRAINING_DEVICES", "RowsLogger", "cpu_train", "free_port", "run_training"]
