@@ -4,7 +4,6 @@ stall against SR in the quick noise-axis configuration."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch

@@ -76,9 +76,15 @@ def round_dy(dy: Tensor, gradient: str, seed: int, step: int, rht: int | None = 
     if gradient not in GRADIENTS:
         raise ValueError(f"gradient must be one of {', '.join(GRADIENTS)}; got {gradient!r}")
     mode = "sr" if gradient == "nvfp4_sr" else "rne"
-    options = {"seed": seed, "offset": step} if mode == "sr" else {}
     return blocks.fake_quantize(
-        dy, "nvfp4", mode, axis=0, rht=rht, rht_bf16=rht is not None, **options
+        dy,
+        "nvfp4",
+        mode,
+        axis=0,
+        rht=rht,
+        rht_bf16=rht is not None,
+        seed=seed if mode == "sr" else None,
+        offset=step if mode == "sr" else None,
     )
 
 
