@@ -46,7 +46,7 @@ SEED_RANGE = "--seed must be an integer in [0, 2**64) (0 to 18446744073709551615
         (["run", "nope"], "NAME must be one of stagnation, summation, limited-bits, "),
         (
             ["run", "limited-bits", "nope", "zz"],
-            "optimizer-state, emulate-science, lm, all; got 'nope', 'zz'",
+            "optimizer-state, emulate-science, recipes-regime, lm, all; got 'nope', 'zz'",
         ),
         (["run", "all", "stagnation"], "NAME all runs every experiment: give it alone"),
         (["run", "summation", "summation"], "summation given more than once"),

@@ -220,6 +220,9 @@ def test_scaled_mm_routes_bf16_operands_to_the_kernels_and_keeps_the_bits() -> N
     assert gemm_kernel(256, 512, 128) == "triton_gemm"
     assert gemm_kernel(40, 72, 100) == gemm_kernel(2048, 1024, 1000) == "fused_epilogue"
     assert gemm_kernel(128, 256, 0) == "fused_epilogue"
+    # large products: cuBLAS and the epilogue pass (FUSED_GEMM_LIMIT)
+    assert gemm_kernel(2048, 1024, 1024) == "triton_gemm"
+    assert gemm_kernel(8192, 4096, 4096) == "fused_epilogue"
     values_a, values_b = exact_operands(40, 72, 100, seed=2)
     c = to_device(case(values_a, values_b, (True,) * 7, seed=2))
     options = {"bias": c.bias, "out_dtype": torch.bfloat16}

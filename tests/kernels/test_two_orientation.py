@@ -109,6 +109,7 @@ def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, mo
     path's y, dx, dW and db bit for bit, and serves x in the forward and dy in the
     backward; 40 tokens pad to 48."""
     dtype = torch.bfloat16
+    monkeypatch.setattr(orientations, "SERVES_STEPS", True)
     monkeypatch.setattr(orientations, "use_kernel", lambda *args: False)
     expected = training_steps(RECIPES[name](), tokens, dtype)
     calls = []

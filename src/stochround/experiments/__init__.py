@@ -31,8 +31,8 @@ EXPERIMENTS: dict[str, ModuleType] = {
     "block-formats": block_formats,
     "optimizer-state": optimizer_state,
     "emulate-science": emulate_science,
-    "lm": language_model,
     "recipes-regime": recipes_regime,
+    "lm": language_model,
 }
 DEFAULT_SEED = 2024
 

@@ -173,9 +173,9 @@ def _quantized(x, position, column, lane, multiplier, seed, offset, row_word, in
                OUTPUT: tl.constexpr):  # fmt: skip
     """The GEMM values of a [ROWS, CHUNK / 4, 4] chunk of x (``position``: the elements'
     flat positions, ``column``: their column indices): each element times its row's
-    multiplier, rounded (SR: the words of NOISE.WORDS, ``row_word`` the rows' own), in the
-    output's dtype (bf16: exact, the caller asks for it only where every element value is
-    one)."""
+    multiplier, rounded (SR: the words of NOISE.WORDS, ``row_word`` the rows' own), in fp32
+    (`_store_values` narrows them to bf16, exact: the caller asks for it only where every
+    element value is one)."""
     bits = fp32_bits_of(x)
     scaled = bits.to(tl.float32, bitcast=True) * multiplier
     scaled_bits = scaled.to(tl.int32, bitcast=True)
@@ -205,9 +205,18 @@ def _quantized(x, position, column, lane, multiplier, seed, offset, row_word, in
         value = tl.where(is_nan, 0.0, value)
     else:
         value = tl.where(is_nan, float("nan"), value)
-    if OUTPUT.OUT_NAN16 != 0:
-        return narrow_to_16_bits(value.to(tl.int32, bitcast=True), tl.bfloat16, OUTPUT.OUT_NAN16)
     return value
+
+
+@triton.jit
+def _store_values(pointer, value, mask, OUTPUT: tl.constexpr):
+    """Store fp32 GEMM values: narrowed to bf16 with the canonical NaN where the output
+    asks for it (a store in each branch: compiled Triton wants one return type)."""
+    if OUTPUT.OUT_NAN16 != 0:
+        narrow = narrow_to_16_bits(value.to(tl.int32, bitcast=True), tl.bfloat16, OUTPUT.OUT_NAN16)
+        tl.store(pointer, narrow, mask=mask)
+    else:
+        tl.store(pointer, value, mask=mask)
 
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
@@ -235,10 +244,11 @@ def row_operand_kernel(
     COLS: tl.constexpr = TILING.COLS
     CHUNK: tl.constexpr = TILING.CHUNK
     GROUPS: tl.constexpr = TILING.CHUNK // 4
+    ROWS: tl.constexpr = TILING.ROWS  # a shape's entries must be constexpr when compiled
     program = tl.program_id(0)
     if TILING.WIDE:
         program = program.to(tl.int64)
-    row = program * TILING.ROWS + tl.arange(0, TILING.ROWS)
+    row = program * ROWS + tl.arange(0, ROWS)
     in_rows = row[:, None, None] < rows
     lane = tl.arange(0, 4)[None, None, :]
     column = tl.arange(0, GROUPS)[None, :, None] * 4 + lane
@@ -248,7 +258,7 @@ def row_operand_kernel(
         x = tl.load(x_ptr + start + column, mask=mask, other=0.0)
         magnitude = fp32_bits_of(x) & 0x7FFFFFFF
     else:
-        magnitude = tl.zeros((TILING.ROWS, GROUPS, 4), tl.int32)
+        magnitude = tl.zeros((ROWS, GROUPS, 4), tl.int32)
         for first in range(0, COLS, CHUNK):
             mask = in_rows & (first + column < COLS)
             chunk = tl.load(x_ptr + start + first + column, mask=mask, other=0.0)
@@ -269,7 +279,7 @@ def row_operand_kernel(
     if COLS <= CHUNK:
         value = _quantized(x, start + column, column, lane, multiplier, seed, offset, row_word,
                            index_offset, NOISE, ELEMENT, ROUNDING, OUTPUT)  # fmt: skip
-        tl.store(values_ptr + start + column, value, mask=mask)
+        _store_values(values_ptr + start + column, value, mask, OUTPUT)
     else:  # the row read again, chunk by chunk (from the cache where it fits)
         for first in range(0, COLS, CHUNK):
             mask = in_rows & (first + column < COLS)
@@ -279,7 +289,7 @@ def row_operand_kernel(
                 x, position, first + column, lane, multiplier, seed, offset, row_word,
                 index_offset, NOISE, ELEMENT, ROUNDING, OUTPUT,
             )  # fmt: skip
-            tl.store(values_ptr + position, value, mask=mask)
+            _store_values(values_ptr + position, value, mask, OUTPUT)
 
 
 def integer_grid(fmt: Format) -> bool:

@@ -124,13 +124,21 @@ def gemm_config(m: int, n: int) -> GemmConfig:
     return SQUARE_TILE
 
 
+# the largest m * n * k the fused GEMM serves (a power of two between the products at which
+# it won and lost against cuBLAS with the epilogue pass, on an H200)
+FUSED_GEMM_LIMIT = 2**34
+
+
 def gemm_kernel(m: int, n: int, k: int) -> str:
     """The kernel (one of `GEMM_KERNELS`) that serves an (m, k) x (n, k)^T product: the
-    fused GEMM where its tile (`gemm_config`) divides every dimension (no masked tiles),
-    cuBLAS and the epilogue pass elsewhere."""
+    fused GEMM where its tile (`gemm_config`) divides every dimension (no masked tiles) and
+    the product is small (one launch instead of two, where a step is bound by its
+    launches), cuBLAS and the epilogue pass elsewhere (cuBLAS's GEMM beats the fused one on
+    large products by more than the pass costs: benchmarks/RESULTS.md, bench_gemm)."""
     config = gemm_config(m, n)
     tiled = m % config.block_m == 0 and n % config.block_n == 0 and k % config.block_k == 0
-    return "triton_gemm" if tiled and k > 0 else "fused_epilogue"
+    small = m * n * k <= FUSED_GEMM_LIMIT
+    return "triton_gemm" if tiled and k > 0 and small else "fused_epilogue"
 
 
 @triton.jit
@@ -445,6 +453,7 @@ def scaled_gemm(
 
 
 __all__ = [
+    "FUSED_GEMM_LIMIT",
     "GEMM_KERNELS",
     "OUT_DTYPES",
     "SQUARE_TILE",

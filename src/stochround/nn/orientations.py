@@ -24,6 +24,11 @@ from .operands import Operand
 # what the pair quantizer reads
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# whether a layer's step takes the pair: off while its kernel is slower than the separate
+# path on the GPUs measured (benchmarks/RESULTS.md, nvfp4_two_orientation); the tests
+# turn it on to check that the pair gives the separate path's bits
+SERVES_STEPS = False
+
 
 def pair_refusal(row: Operand, column: Operand, rotated: bool) -> str | None:
     """Why one launch cannot quantize a tensor for both roles (None if it can): each role
@@ -143,9 +148,10 @@ def both_orientations(
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """The row-wise and column-wise `GemmOperand`s of a 2-D ``x`` (tokens first) from one
     read (`PreparedPair`), or None where the pair is not served (`pair_refusal`, a tensor
-    the kernel does not read, an empty one, or under torch.compile, which takes each
-    orientation on its own): the caller then quantizes each orientation itself."""
-    if torch.compiler.is_compiling() or x.dim() != 2 or x.numel() == 0:
+    the kernel does not read, an empty one, under torch.compile, which takes each
+    orientation on its own, or while `SERVES_STEPS` is off): the caller then quantizes
+    each orientation itself."""
+    if not SERVES_STEPS or torch.compiler.is_compiling() or x.dim() != 2 or x.numel() == 0:
         return None
     refusal = pair_refusal(row, column, rotated)
     if refusal is None and (x.dtype not in _DTYPES or not x.is_contiguous()):
@@ -156,4 +162,4 @@ def both_orientations(
     return prepared(x, seed, row_offset, column_offset, signs)
 
 
-__all__ = ["PreparedPair", "both_orientations", "pair_refusal", "prepared_pair"]
+__all__ = ["SERVES_STEPS", "PreparedPair", "both_orientations", "pair_refusal", "prepared_pair"]
