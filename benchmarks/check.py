@@ -69,6 +69,8 @@ class Group:
     machine: str
     device: str
     found: dict[str, Measured] = field(default_factory=dict)
+    # every shape's rows, by ("case/provider", shape): targets that name a shape
+    shaped: dict[tuple[str, str], Measured] = field(default_factory=dict)
 
 
 def groups(rows: Iterable[Row]) -> dict[tuple[str, str], Group]:
@@ -85,17 +87,29 @@ def groups(rows: Iterable[Row]) -> dict[tuple[str, str], Group]:
             group.found[key] = Measured(row.ours, row.check, elements(row.shape))
         group.found[key].metrics[row.metric] = row.value
         group.found[key].check = row.check
+        shaped = group.shaped.setdefault(
+            (key, row.shape), Measured(row.ours, row.check, elements(row.shape))
+        )
+        shaped.metrics[row.metric] = row.value
+        shaped.check = row.check
     return found
+
+
+def measured(group: Group, key: str, shape: str | None) -> Measured | None:
+    """A row's measurements: of ``shape`` where a target names one, else the file's last
+    shape of the row."""
+    return group.found.get(key) if shape is None else group.shaped.get((key, shape))
 
 
 def judge(target: dict, group: Group) -> tuple[str, str]:
     """(verdict, detail) of one target on its benchmark's rows on one machine."""
-    mine = group.found.get(target["row"])
+    shape = target.get("shape")
+    mine = measured(group, target["row"], shape)
     if mine is None:
-        return "N/A", f"row {target['row']} not run"
+        return "N/A", f"row {target['row']} not run" + (f" at {shape}" if shape else "")
     if not mine.ok:
         return ("FAIL" if mine.ours else "N/A"), mine.check
-    others = [group.found.get(key) for key in target["of"]]
+    others = [measured(group, key, shape) for key in target["of"]]
     others = [entry for entry in others if entry is not None and entry.ok]
     if not others:
         return "N/A", f"{', '.join(target['of'])} not measured"

@@ -107,6 +107,14 @@ def batch_lr(batch: int, d: int) -> float:
     return 1.0 / (1.0 + math.sqrt(d / batch)) ** 2
 
 
+def data_lr(x: Tensor) -> float:
+    """``1 / lambda_max(X^T X / n)`` of the data itself (float64): full-batch gradient
+    descent's stable step for data whose spectrum the Gaussian rule (`batch_lr`) does not
+    describe, such as x with injected outliers, whose largest eigenvalue grows with them."""
+    x64 = x.double()
+    return 1.0 / float(torch.linalg.eigvalsh(x64.T @ x64 / x.shape[0]).max())
+
+
 @dataclass(frozen=True)
 class Training:
     """One SGD run: ``steps`` steps of ``batch`` rows (all rows, in order, when ``batch``
@@ -227,6 +235,7 @@ __all__ = [
     "Training",
     "batch_lr",
     "cosine",
+    "data_lr",
     "excess",
     "least_squares",
     "loss",
