@@ -145,7 +145,7 @@ def test_unknown_recipe_and_misfit_layer_raise() -> None:
 @pytest.mark.parametrize(
     ("tp", "backend", "message"),
     [
-        (2, "spmd_types", "do not support tensor parallelism"),
+        (2, "spmd_types", "does not support tensor parallelism yet"),
         (1, "full_dtensor", "got 'full_dtensor'"),
     ],
 )

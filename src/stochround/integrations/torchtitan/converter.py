@@ -16,8 +16,11 @@ recipe None, or a ``keep`` regex found in ``p`` (``re.search``), leaves the laye
 streams).
 
 Tensor parallelism is refused: `StochroundLinear.parallelize` raises ValueError when the
-tensor-parallel degree is above 1 (a `QuantizedLinear` quantizes whole operands, not a
-rank's shard), and under the ``full_dtensor`` backend, whose parameters stay DTensors.
+tensor-parallel degree is above 1, and under the ``full_dtensor`` backend, whose parameters
+stay DTensors.  `QuantizedLinear` itself runs under torch's `ColwiseParallel` and
+`RowwiseParallel` (`stochround.nn.tensor_parallel`), but torchtitan's TP plans (sequence
+parallelism, loss parallelism, its prepare-input styles) have not been run with it, and
+torchtitan 0.3.0 does not run on the GPU machine's torch: refused until a run checks them.
 """
 
 from __future__ import annotations
@@ -100,10 +103,10 @@ class StochroundLinear(QuantizedLinear, Module):
         ``full_dtensor`` backend (ValueError naming the setting)."""
         if parallel_dims.tp > 1:
             raise ValueError(
-                "stochround recipes do not support tensor parallelism "
-                f"(parallelism.tensor_parallel_degree={parallel_dims.tp}): a QuantizedLinear "
-                "quantizes whole operands; shard with FSDP2 (parallelism.data_parallel_"
-                "shard_degree) instead, or keep this layer in bf16 with a rule"
+                "stochround's torchtitan converter does not support tensor parallelism yet "
+                f"(parallelism.tensor_parallel_degree={parallel_dims.tp}): torchtitan's TP "
+                "plans are untested with QuantizedLinear; shard with FSDP2 (parallelism."
+                "data_parallel_shard_degree) instead, or keep this layer in bf16 with a rule"
             )
         backend = parallel_dims.spmd_backend
         if backend not in SUPPORTED_SPMD_BACKENDS:
