@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numbers
 import typing
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,7 @@ from .gaussws_noise import (
     sample_resolved,
 )
 from .linear import MAX_LAYERS, next_layer_index, stream_offset
-from .step_ops import advance_step, advance_step_eagerly
+from .recompute import read_step
 
 # the stream slot of the sampled weight (`stream_offset`); the domain (`StreamDomain.GAUSSWS`)
 # is what keeps its words apart from QuantizedLinear's, the slot only keeps the offsets of
@@ -169,6 +170,8 @@ class GaussWS(nn.Module):
     made under grad mode and advances by one at each, so every step draws fresh words and a
     run resumes bit-exactly from a checkpoint.  In eval mode or under ``torch.no_grad`` the
     weight is returned unchanged and the step stays: inference uses the weights themselves.
+    An activation checkpoint's recomputation reads its forward's step again (and a reentrant
+    checkpoint's forward, under ``no_grad``, samples): `stochround.nn.recompute`.
     """
 
     step: Tensor
@@ -202,6 +205,7 @@ class GaussWS(nn.Module):
         self.layer_index = int(layer_index)
         self.backend = check_backend(backend)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
+        self.step_reads: deque[Tensor] = deque()  # for recomputations (`read_step`)
         # the eager kernel path's launch and seed tensors (not state: remade on demand)
         self.prepared: Any = None
         self.seeds: dict[torch.device, Tensor] = {}
@@ -216,13 +220,12 @@ class GaussWS(nn.Module):
         block_length(check_weight(w), self.sampler.block)
 
     def forward(self, w: Tensor) -> Tensor:
-        if not (self.training and torch.is_grad_enabled()):
+        if not self.training:
             return w
-        if torch.compiler.is_compiling():
-            # one op reads and advances the step, so that the compiled graphs read it once
-            step = advance_step(self.step)
-        else:
-            step = advance_step_eagerly(self.step)
+        # one step a training forward, which a checkpoint's recomputation reads again
+        step = read_step(self.step, self.step_reads)
+        if step is None:
+            return w
         offset = stream_offset(step, self.layer_index, GAUSSWS_SLOT)
         prepared = None if torch.compiler.is_compiling() else self._prepared_for(w)
         if prepared is not None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import math
 import typing
+from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -58,14 +59,8 @@ from ..shards import is_dtensor
 from .operands import Operand, quantize_operand
 from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
-from .step_ops import (
-    advance_step,
-    advance_step_eagerly,
-    autocast_off,
-    bias_gradient,
-    draw_signs,
-    transposed,
-)
+from .recompute import read_step
+from .step_ops import autocast_off, bias_gradient, draw_signs, transposed
 from .tensor_parallel import local_call, rank_key
 
 # offset = step * 2**32 + layer * 16 + slot: the roles take slots 0..5, the per-step RHT
@@ -426,7 +421,8 @@ class QuantizedLinear(nn.Linear):
 
     The buffer ``step`` (a 0-d int64 tensor, saved in ``state_dict``) counts the forward
     calls made under grad mode; a state dict without it (an `nn.Linear`'s) loads and keeps
-    the layer's step.  Under ``torch.no_grad`` the step does not advance.
+    the layer's step.  Under ``torch.no_grad`` the step does not advance.  An activation
+    checkpoint's recomputation reads its forward's step again (`stochround.nn.recompute`).
     """
 
     step: Tensor
@@ -447,6 +443,7 @@ class QuantizedLinear(nn.Linear):
     ) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))
+        self.step_reads: deque[Tensor] = deque()  # for recomputations (`read_step`)
         self.set_recipe(recipe, layer_index)
 
     def set_recipe(self, recipe: Recipe, layer_index: int | None = None) -> None:
@@ -536,12 +533,9 @@ class QuantizedLinear(nn.Linear):
             ) from None
         # parallelize_module replicates the buffers: the counter is the local tensor
         counter = self.step.to_local() if is_dtensor(self.step) else self.step
-        if not torch.is_grad_enabled():
-            step = counter.clone()
-        elif torch.compiler.is_compiling():
-            step = advance_step(counter)
-        else:  # eager: the op's dispatch is host time an eager step need not pay
-            step = advance_step_eagerly(counter)
+        # one step a training forward, which a checkpoint's recomputation reads again
+        read = read_step(counter, self.step_reads, self.training)
+        step = counter.clone() if read is None else read
         wgrad = "wgrad" in gemms
         out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad))
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a

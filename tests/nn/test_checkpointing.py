@@ -1,0 +1,212 @@
+"""Activation checkpointing: a model whose blocks torch.utils.checkpoint (non-reentrant and
+reentrant), checkpoint_wrapper or torchtitan's full and selective AC recompute trains as
+the same model without it, bit for bit — loss, gradients and step buffers — for the
+quantized recipes and GaussWS (`stochround.nn.recompute`)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
+from torch.utils.checkpoint import checkpoint
+
+import stochround.nn as srnn
+from stochround.nn.linear import COMPILES
+from stochround.nn.recompute import read_step
+
+WIDTH = 64
+TOKENS = 32
+STEPS = 3
+TITAN = importlib.util.find_spec("torchtitan") is not None
+
+
+class Blocks(nn.Module):
+    """Two blocks of Linear, GELU, Linear, each run through ``wrap`` (the checkpoint)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.layers = nn.ModuleList()
+        for _ in range(2):
+            block = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH))
+            for parameter in block.parameters():
+                with torch.no_grad():
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) / 8)
+            self.layers.append(block)
+        self.wrap: Callable[[nn.Module, Tensor], Tensor] = lambda block, x: block(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.layers:
+            x = self.wrap(block, x)
+        return x
+
+
+def quantized(name: str) -> Blocks:
+    """The model with every linear quantized by the recipe ``name``, or sampled by GaussWS
+    ("gaussws"), or both ("nvfp4+gaussws")."""
+    model = Blocks()
+    if name != "gaussws":
+        srnn.quantize_(model, srnn.RECIPES[name.split("+")[0]](seed=3))
+    if "gaussws" in name:
+        srnn.gaussws_(model, "e2m1", block=16, seed=5)
+    return model
+
+
+def checkpointed(model: Blocks, mode: str) -> Blocks:
+    """``model`` with each block checkpointed as ``mode`` says."""
+    if mode == "non_reentrant" or mode == "reentrant":
+        reentrant = mode == "reentrant"
+        model.wrap = lambda block, x: checkpoint(block, x, use_reentrant=reentrant)
+    elif mode == "wrapper" or mode == "wrapper_reentrant":
+        impl = CheckpointImpl.REENTRANT if mode == "wrapper_reentrant" else None
+        for index, block in enumerate(model.layers):
+            kwargs = {} if impl is None else {"checkpoint_impl": impl}
+            model.layers[index] = checkpoint_wrapper(block, **kwargs)
+    elif mode in ("titan_full", "titan_selective"):
+        from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+        policy = (
+            FullAC(FullAC.Config()) if mode == "titan_full" else SelectiveAC(SelectiveAC.Config())
+        )
+        policy.apply(model)
+    else:
+        assert mode == "none"
+    return model
+
+
+def train(model: Blocks, run: Callable[[Blocks, Tensor], Tensor] | None = None) -> list[Tensor]:
+    """Three SGD steps on fixed batches; every step's loss, gradients and step buffers."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    generator = torch.Generator().manual_seed(1)
+    seen: list[Tensor] = []
+    for _ in range(STEPS):
+        x = torch.randn(2, TOKENS // 2, WIDTH, generator=generator, requires_grad=True)
+        optimizer.zero_grad()
+        loss = (model(x) if run is None else run(model, x)).square().mean()
+        loss.backward()
+        seen.append(loss.detach().clone())
+        seen.append(x.grad.clone())  # type: ignore[union-attr]
+        seen += [parameter.grad.clone() for parameter in model.parameters()]  # type: ignore[union-attr]
+        seen += [buffer.clone() for buffer in model.buffers()]
+        optimizer.step()
+    return seen
+
+
+def assert_same(got: list[Tensor], expected: list[Tensor]) -> None:
+    assert len(got) == len(expected)
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        assert mine.dtype == theirs.dtype and torch.equal(mine, theirs), f"tensor {index}"
+
+
+MODES = [
+    "non_reentrant",
+    "reentrant",
+    "wrapper",
+    "wrapper_reentrant",
+    pytest.param("titan_full", marks=pytest.mark.skipif(not TITAN, reason="no torchtitan")),
+    pytest.param("titan_selective", marks=pytest.mark.skipif(not TITAN, reason="no torchtitan")),
+]
+NAMES = ["nvfp4", "mxfp4_tseng", "int8", "fp8", "gaussws", "nvfp4+gaussws"]
+
+
+@functools.cache
+def reference(name: str) -> tuple[Tensor, ...]:
+    """The run without checkpointing."""
+    return tuple(train(quantized(name)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpointed_training_equals_the_plain_run_bit_for_bit(name: str, mode: str) -> None:
+    """Each checkpointed run gives the plain run's losses, gradients (of x and of every
+    parameter) and step buffers at each of three steps: the recomputation reads the step
+    its forward read and does not advance the counter (before: it drew the next step's
+    words, so dW and dx came from other operands than y, and the counter skipped a step)."""
+    got = train(checkpointed(quantized(name), mode))
+    assert_same(got, list(reference(name)))
+    model = checkpointed(quantized(name), mode)
+    train(model)
+    assert {int(buffer) for buffer in model.buffers()} == {STEPS}
+
+
+def test_micro_batches_recompute_in_their_order() -> None:
+    """Two micro-batches' forwards, then their backwards in the same order (a pipeline
+    schedule's): each recomputation reads its own forward's step."""
+
+    def two_micro_batches(model: Blocks, x: Tensor) -> Tensor:
+        first, second = model(x[:1]), model(x[1:])
+        (first.square().mean() / 2).backward()
+        return second / 2**0.5  # the caller's loss: the second half's
+
+    plain = train(quantized("nvfp4"), two_micro_batches)
+    got = train(checkpointed(quantized("nvfp4"), "non_reentrant"), two_micro_batches)
+    assert_same(got, plain)
+
+
+def test_nested_checkpoints_recompute_from_the_forwards_step() -> None:
+    """A checkpointed region inside another: the outer recomputation replays the inner
+    forward, and the inner region recomputes later, both from the forward's step."""
+    plain = train(quantized("mxfp4_tseng"))
+    model = checkpointed(quantized("mxfp4_tseng"), "non_reentrant")
+    inner = model.wrap
+    model.wrap = lambda block, x: checkpoint(inner, block, x, use_reentrant=False)
+    assert_same(train(model), plain)
+
+
+def test_a_recomputation_without_a_kept_step_raises() -> None:
+    """A forward run inside a backward that no torch checkpoint recorded (another
+    checkpoint implementation) raises instead of drawing the next step's words."""
+    layer = srnn.QuantizedLinear(WIDTH, WIDTH, recipe=srnn.int8())
+    x = torch.randn(4, WIDTH, requires_grad=True)
+
+    class Recompute(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: Tensor) -> Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: object, grad: Tensor) -> Tensor:
+            with torch.enable_grad():
+                layer(x.detach())
+            return grad
+
+    with pytest.raises(RuntimeError, match="no step kept for it"):
+        Recompute.apply(x).sum().backward()
+
+
+def test_no_grad_forwards_keep_no_step() -> None:
+    """Under no_grad, in a checkpointed region or not, the step neither advances nor is
+    kept (a reentrant checkpoint applied under no_grad has no backward to recompute it)."""
+    model = quantized("int8")
+    with torch.no_grad():
+        for mode in ("non_reentrant", "reentrant"):
+            checkpointed(model, mode)(torch.randn(TOKENS, WIDTH))
+    layers = [each for each in model.modules() if isinstance(each, srnn.QuantizedLinear)]
+    assert all(int(each.step) == 0 and not each.step_reads for each in layers)
+    counter = torch.zeros((), dtype=torch.int64)
+    with torch.no_grad():
+        assert read_step(counter, layers[0].step_reads) is None
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
+def test_compiled_checkpointed_blocks_equal_the_compiled_plain_run() -> None:
+    """torchtitan's order — each block checkpointed (non-reentrant), then compiled with
+    inductor — gives the bits of the same blocks compiled without checkpointing (inductor's
+    GELU need not give eager's bits): the compiled forward reads the step by the opaque
+    `advance_step` op, which the partitioner never recomputes."""
+    runs = []
+    for mode in ("none", "wrapper"):
+        model = checkpointed(quantized("nvfp4"), mode)
+        for index, block in enumerate(model.layers):
+            model.layers[index] = torch.compile(block, backend="inductor", fullgraph=True)
+        runs.append(train(model))
+    assert_same(runs[1], runs[0])
