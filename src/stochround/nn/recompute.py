@@ -25,8 +25,9 @@ How the phases are told apart, from what torch's checkpoint does:
   lacks under a caller's ``no_grad``.
 
 Under torch.compile the step is read by the opaque op `advance_step` once per compiled
-forward: the partitioner recomputes no mutating op, so the compiled backward reads the
-forward's step whatever the checkpointing.
+forward.  A known bug (docs/guide/recipes.md): inside a checkpointed region the compiled
+backward recomputes that read from the buffer the forward has advanced, so a recipe that
+draws random bits draws the next step's words there.
 """
 
 from __future__ import annotations
