@@ -24,7 +24,9 @@ class Block(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -38,12 +40,17 @@ class Block(nn.Module):
 
 
 def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+    return nn.Sequential(
+        nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4)
+    )
 
 
 def convnet() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, stride=2), nn.Flatten(),
+        nn.Conv2d(2, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2),
+        nn.Flatten(),
         nn.Linear(36, 3),
     )
 
@@ -90,12 +97,31 @@ def run_both(name: str, mode: str, steps: int = 2):
     return eager, compiled, eager_model, compiled_model
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mlp",
+        "conv",
+        # eager rounds the clone/_unsafe_view copies CompositeImplicit matmul and reshape
+        # make of transposed operands; AOTAutograd's graph has views there: the counters
+        # part (open: docs/guide/emulate.md, "Compiled emulation")
+        pytest.param("transformer", marks=pytest.mark.xfail(strict=True)),
+    ],
+)
 @pytest.mark.parametrize("mode", sr.MODES)
 def test_compiled_emulation_is_eager_emulation_bit_for_bit(name, mode):
     torch._dynamo.reset()
     eager, compiled, eager_model, compiled_model = run_both(name, mode)
     for e, c in zip(eager, compiled, strict=True):
         assert torch.equal(bits(e), bits(c))
-    for (pname, e), c in zip(eager_model.named_parameters(), compiled_model.parameters(), strict=True):
+    for (pname, e), c in zip(
+        eager_model.named_parameters(), compiled_model.parameters(), strict=True
+    ):
         assert torch.equal(bits(e.grad), bits(c.grad)), pname
+
+
+def test_backend_refuses_what_it_does_not_compile():
+    with pytest.raises(ValueError, match="mode"):
+        backend("bfloat16", "nearest")
+    with pytest.raises(ValueError, match="ops"):
+        backend("bfloat16", "rne", ops="convs")

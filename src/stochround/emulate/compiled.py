@@ -139,7 +139,9 @@ class _RoundingInterpreter(Interpreter):
         self.node = n
         return super().run_node(n)
 
-    def _native(self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _native(
+        self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """The op as the ATen kernel computes it (`opaque_op` where Inductor would not)."""
         assert self.node is not None
         if needs_opaque(target, self.node.meta.get("val")):
