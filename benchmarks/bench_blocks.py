@@ -17,14 +17,27 @@ backend: the Triton kernel on CUDA), the peers where they exist, and the case's 
 - ``mxfp4``: MXFP4 SR (torchao 0.18's ``to_mx`` takes no fp4 element dtype name).
 - ``fake_mxfp8_e4m3``, ``fake_nvfp4``: `fake_quantize` (quantize and dequantize in one
   pass, bf16 out).
+- ``int8_rowwise_gemm``: `gemm_operand` of int8 row-wise (the ``int8()`` recipe's operand:
+  bf16 values and fp32 row scales, one launch of the row operand kernel).
+
+- ``nvfp4_two_orientation``: both GEMM operands of a ``size x size/2`` bf16 x (8192 x
+  4096: tokens x features) as `QuantizedLinear` quantizes them under ``nvfp4()``: dy's
+  (dgrad's row-wise SR operand and wgrad's column-wise SR operand after the RHT-16 along
+  the tokens, each with its tensor scale) and x's (round to nearest). Rows
+  ``stochround_pair_dy`` and ``stochround_pair_x``: one amax launch and one quantize
+  launch (`stochround.nn.orientations`); ``stochround_separate_dy``: the separate path
+  (the transpose kernel, then each operand's amax and quantize launches). Its floor: a
+  Triton kernel reading x once and writing it twice in bf16, as it is and transposed
+  (the operands' values are bf16): 6 bytes an element for every row.
 
 Floors (provider ``floor``), measured in the same run: a Triton kernel that reads the bf16
 input once and writes the case's output bytes (the codes: one byte an element for fp8, one
 a pair for fp4; one scale byte a block), and for the two-level cases one more read of the
-input (``torch.amax``) before it; for ``fake_quantize``, a bf16 copy (plus the amax read for
-NVFP4). A case's floor moves the bytes its stochround row moves, so a row's bandwidth over
-its floor's is the fraction of the floor it reaches (``check.py``'s ``percent_of``); the
-table printed last lists it for every stochround row.
+input (``torch.amax``) before it; for ``fake_quantize`` and the int8 row-wise operand (bf16
+values), a bf16 copy (plus the amax read for NVFP4). A case's floor moves the bytes its
+stochround row moves, so a row's bandwidth over its floor's is the fraction of the floor
+it reaches (``check.py``'s ``percent_of``); the table printed last lists it for every
+stochround row.
 
 Every stochround output is checked before it is timed: codes, scales and tensor scale
 (or the fake-quantized values) bit for bit against the same call on stochround's PyTorch
@@ -63,6 +76,7 @@ OURS: dict[str, tuple[str, str, dict[str, object], float]] = {
     "mxfp4": ("quantize", "mxfp4", {}, 2 + 0.5 + 1 / 32),
     "fake_mxfp8_e4m3": ("fake_quantize", "mxfp8_e4m3", {}, 2 + 2),
     "fake_nvfp4": ("fake_quantize", "nvfp4", {}, 2 + 2 + 2),
+    "int8_rowwise_gemm": ("gemm_operand", "int8_rowwise", {}, 2 + 2),
 }
 # each case's floor: (elements a block, elements a code byte, one more read of x) for the
 # quantize cases; None for fake_quantize (a bf16 copy, with the amax read for NVFP4)
@@ -75,6 +89,7 @@ FLOORS: dict[str, tuple[int, int, bool] | None] = {
     "mxfp4": (32, 2, False),
     "fake_mxfp8_e4m3": None,
     "fake_nvfp4": None,
+    "int8_rowwise_gemm": None,
 }
 TILE = 4096  # elements a program of the floor kernel handles
 
@@ -108,6 +123,104 @@ def floor_kernel(
     else:
         code = ((word >> 8) & 0xFF) | ((word >> 16) & 0xFF00)
         tl.store(codes_ptr + index, code.to(tl.int16), mask=inside)
+
+
+PAIR_TILE = 64  # the side of a tile of the two-orientation floor kernel
+PAIR_BYTES = 2 + 2 + 2  # one bf16 read of x, a bf16 write of each orientation
+
+
+@triton.jit
+def pair_floor_kernel(x_ptr, row_ptr, column_ptr, tokens, features, TILE: tl.constexpr):
+    """Read a TILE x TILE tile of x (tokens x features) once; write it to ``row`` as it is
+    and to ``column`` transposed: the bytes the two-orientation quantizer moves."""
+    tiles = tl.cdiv(features, TILE)
+    program = tl.program_id(0).to(tl.int64)
+    token = (program // tiles) * TILE + tl.arange(0, TILE)[:, None]
+    feature = (program % tiles) * TILE + tl.arange(0, TILE)[None, :]
+    inside = (token < tokens) & (feature < features)
+    tile = tl.load(x_ptr + token * features + feature, mask=inside)
+    tl.store(row_ptr + token * features + feature, tile, mask=inside)
+    t_feature = (program % tiles) * TILE + tl.arange(0, TILE)[:, None]
+    t_token = (program // tiles) * TILE + tl.arange(0, TILE)[None, :]
+    t_inside = (t_feature < features) & (t_token < tokens)
+    tl.store(column_ptr + t_feature * tokens + t_token, tl.trans(tile), mask=t_inside)
+
+
+def pair_floor(x: Tensor) -> Run:
+    """The floor of the two-orientation case: `pair_floor_kernel`."""
+    tokens, features = x.shape
+    row, column = torch.empty_like(x), x.new_empty((features, tokens))
+    grid = (triton.cdiv(tokens, PAIR_TILE) * triton.cdiv(features, PAIR_TILE),)
+
+    def call() -> Tensor:
+        pair_floor_kernel[grid](x, row, column, tokens, features, PAIR_TILE)
+        return column
+
+    notes = "Triton: read x once, write it and its transpose (bf16)"
+    return Run(call, None, x.numel(), PAIR_BYTES * x.numel(), notes)
+
+
+def pair_roles(name: str) -> tuple[object, object, object]:
+    """nvfp4()'s row-wise and column-wise `Operand`s of ``name`` ("input": x's,
+    "grad_output": dy's), and the layer's plan."""
+    import stochround.nn as srnn
+    from stochround.nn.linear import make_plan
+
+    plan = make_plan(srnn.nvfp4(seed=SEED), 0)
+    row = plan.operands[("fprop_" if name == "input" else "dgrad_") + name]
+    return row, plan.operands["wgrad_" + name], plan
+
+
+def pair_parts(operands: object) -> list[Tensor]:
+    """The bytes a pair of GemmOperands is judged by: values and tensor scales."""
+    parts = []
+    for operand in operands:  # type: ignore[attr-defined]
+        parts += [operand.values, operand.tensor_scale.reshape(1)]
+    return parts
+
+
+def ours_pair(x: Tensor, name: str) -> Run:
+    """Both operands of x as ``name``'s roles by one read (`prepared_pair`, as
+    `both_orientations` routes a CUDA tensor), checked against the separate path
+    (`separate_pair`)."""
+    from stochround.nn.orientations import pair_refusal, prepared_pair
+
+    row, column, plan = pair_roles(name)
+    refusal = pair_refusal(row, column, True)  # type: ignore[arg-type]
+    if refusal is not None:
+        raise CheckFailed(f"the pair path refuses the call: {refusal}")
+    offsets = torch.tensor([3, 5], dtype=torch.int64, device=x.device)
+    prepared = prepared_pair(row, column, x.shape, x.dtype, x.device, x.shape[0])  # type: ignore[arg-type]
+
+    def call() -> object:
+        return prepared(x, plan.seed, offsets[0], offsets[1], None)  # type: ignore[attr-defined]
+
+    def check(output: object) -> str:
+        expected = separate_pair(x, name).call()
+        for part, reference in zip(pair_parts(output), pair_parts(expected), strict=True):
+            if part.shape != reference.shape or not same_bytes(part, reference):
+                raise CheckFailed("an operand differs from the separate path")
+        return "ok = separate path"
+
+    return Run(call, check, x.numel(), PAIR_BYTES * x.numel(), "one amax + one quantize launch")
+
+
+def separate_pair(x: Tensor, name: str) -> Run:
+    """Both operands of x as ``name``'s roles quantized separately, as `QuantizedMatmul`
+    does without the pair: the row-wise operand, then x's transpose (the transpose kernel)
+    quantized with the RHT."""
+    from stochround.nn.operands import quantize_operand
+    from stochround.nn.step_ops import transposed
+
+    row, column, plan = pair_roles(name)
+    offsets = torch.tensor([3, 5], dtype=torch.int64, device=x.device)
+
+    def call() -> object:
+        first = quantize_operand(x, row, plan.seed, offsets[0], None, True)  # type: ignore[arg-type]
+        second = quantize_operand(transposed(x), column, plan.seed, offsets[1], None, True)  # type: ignore[arg-type]
+        return first, second
+
+    return Run(call, None, x.numel(), PAIR_BYTES * x.numel(), "transpose + 2 x (amax, quantize)")
 
 
 def floor(x: Tensor, block: int, pack: int, amax: bool, nbytes: float) -> Run:
@@ -145,9 +258,12 @@ def copy_floor(x: Tensor, amax: bool, nbytes: float) -> Run:
 
 def output_bytes(output: object) -> list[Tensor]:
     """The tensors whose bytes a row's output is judged by: a BlockTensor's codes, scales
-    and tensor scale (where it has one), or the fake-quantized tensor."""
+    and tensor scale (where it has one), a GemmOperand's values and row scales, or the
+    fake-quantized tensor."""
     if isinstance(output, Tensor):
         return [output]
+    if isinstance(output, tuple):  # a GemmOperand
+        return [part for part in (output.values, output.row_scale) if part is not None]  # type: ignore[attr-defined]
     parts = [output.codes, output.scales]  # type: ignore[attr-defined]
     tensor_scale = output.tensor_scale  # type: ignore[attr-defined]
     if isinstance(tensor_scale, Tensor):
@@ -256,6 +372,13 @@ def main() -> int:
             build = partial(floor, x, *spec, nbytes)
         bench.add(case, "floor", build, reference=True)
         bench.add(case, "stochround_sr", partial(ours, x, case), ours=True)
+    pair_x = x[:, : args.size // 2].contiguous()  # tokens x features
+    bench.add("nvfp4_two_orientation", "floor", lambda: pair_floor(pair_x), reference=True)
+    for name, provider in (("grad_output", "dy"), ("input", "x")):
+        build = partial(ours_pair, pair_x, name)
+        bench.add("nvfp4_two_orientation", f"stochround_pair_{provider}", build, ours=True)
+    build = partial(separate_pair, pair_x, "grad_output")
+    bench.add("nvfp4_two_orientation", "stochround_separate_dy", build, ours=True)
     for case, two_level in (("nvfp4_1level", False), ("nvfp4_2level", True)):
         build = partial(torchao_nvfp4, x, two_level, compiled)
         bench.add(case, "torchao_rn", build, requires=("torchao",))

@@ -7,6 +7,10 @@ point on the same 2**log2n fp32 values ``--calls`` times back to back and report
 time a call, the median of ``--repeats`` such runs, after warm-up calls; PyTorch's own
 cast to bf16 (``x.to``) is the yardstick. Outputs are checked first, as in bench_cast.
 
+Case ``blocks_1024x1024``: `stochround.blocks.quantize` of a 1024 x 1024 fp32 tensor (the
+issue-42 host target: at most 25 us a call), NVFP4 with SR and MXFP8 round-to-nearest,
+checked against the PyTorch path (``backend="torch"``) code for code.
+
     python benchmarks/bench_host.py                                  # GPU
     python benchmarks/bench_host.py --device cpu --calls 3 --repeats 2   # smoke test
 """
@@ -17,7 +21,9 @@ import sys
 from functools import partial
 
 import torch
-from harness import Benchmark, Run, rounding_check, stochround_run
+from harness import Benchmark, CheckFailed, Run, rounding_check, stochround_run
+
+import stochround as sr
 
 FP4 = torch.float4_e2m1fn_x2
 # case, provider, then `harness.stochround_run`'s function, arguments after x, keywords and
@@ -46,7 +52,32 @@ def main() -> int:
     for case, provider, *spec in OURS:
         build = partial(stochround_run, x, *spec, count=args.check_count)
         bench.add(case, provider, build, ours=True)
+    square = torch.randn(1024, 1024, generator=generator, device=bench.device)
+    for fmt, mode in BLOCK_ROWS:
+        build = partial(block_quantize, square, fmt, mode)
+        bench.add("blocks_1024x1024", f"stochround_{fmt}_{mode}", build, ours=True)
     return bench.run()
+
+
+# sr.blocks.quantize's rows: format, mode
+BLOCK_ROWS = [("nvfp4", "sr"), ("mxfp8_e4m3", "rne")]
+
+
+def block_quantize(x: torch.Tensor, fmt: str, mode: str) -> Run:
+    """``sr.blocks.quantize(x, fmt, mode, seed=0, offset=0)`` on the default backend, checked
+    against the PyTorch path's codes and scales."""
+    options = {"seed": 0, "offset": 0} if mode == "sr" else {}
+    reference = sr.blocks.quantize(x, fmt, mode, backend="torch", **options)
+
+    def check(output: object) -> str:
+        for name in ("codes", "scales"):
+            ours, theirs = getattr(output, name), getattr(reference, name)
+            if not torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8)):
+                raise CheckFailed(f"{name} differ from the PyTorch path's")
+        return "ok equal to the PyTorch path"
+
+    call = partial(sr.blocks.quantize, x, fmt, mode, **options)
+    return Run(call, check, x.numel(), notes=f"sr.blocks.quantize {fmt} {mode}")
 
 
 if __name__ == "__main__":

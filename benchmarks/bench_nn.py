@@ -221,35 +221,15 @@ def stochround_recipe(inputs: Inputs, name: str, graphed: bool = False) -> Run:
     step = training_step(layer, inputs)
     mode = "eager"
     if graphed:
-        step, mode = graph_of(step), "one CUDA graph"
+        step, mode = harness.graph_of(step), "one CUDA graph"
     notes = f"{mode}, default backend; {name}(): {RECIPE_NOTES[name]}"
     return Run(step, check, inputs.elements, notes=notes)
-
-
-def graph_of(step: Callable[[], tuple[Tensor, ...]]) -> Callable[[], tuple[Tensor, ...]]:
-    """``step`` captured as one CUDA graph (after three warm-up steps on a side stream, as
-    torch.cuda.graphs asks): a call replays it and returns the captured outputs."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
-
-    def replay() -> tuple[Tensor, ...]:
-        graph.replay()
-        return outputs
-
-    return replay
 
 
 def bf16_linear_graphed(inputs: Inputs) -> Run:
     """The bf16 row's step captured as one CUDA graph (`graph_of`)."""
     run = bf16_linear(inputs)
-    return Run(graph_of(run.call), run.check, inputs.elements, notes="one CUDA graph")
+    return Run(harness.graph_of(run.call), run.check, inputs.elements, notes="one CUDA graph")
 
 
 def torchao_float8(inputs: Inputs) -> Run:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import TypeVar
 
 import rows as results_rows
 import torch
@@ -57,6 +58,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PEERS = ("torchao", "heavyball", "gfloat", "numpy")
+T = TypeVar("T")  # what a captured step returns
 CHECK_COUNT = 2**20  # outputs checked per row (a prefix)
 DASH = "—"
 
@@ -252,6 +254,26 @@ class Benchmark:
 # --------------------------------------------------------------------------------------
 # timers and devices
 # --------------------------------------------------------------------------------------
+
+
+def graph_of(step: Callable[[], T]) -> Callable[[], T]:
+    """``step`` captured as one CUDA graph (after three warm-up steps on a side stream, as
+    torch.cuda.graphs asks): a call replays it and returns the captured outputs."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+
+    def replay() -> T:
+        graph.replay()
+        return outputs
+
+    return replay
 
 
 def synchronize(device: torch.device) -> None:

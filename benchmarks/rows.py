@@ -27,7 +27,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "cast": ("bench_cast", "bench_stream_floor"),
     "optimizers": ("bench_optim",),
     "blocks": ("bench_blocks",),
-    "nn": ("bench_nn",),
+    "nn": ("bench_nn", "bench_model", "bench_gemm"),
     "gaussws": ("bench_gaussws",),
     "emulate": ("bench_emulate",),
     "distributed": ("bench_distributed",),

@@ -50,7 +50,7 @@ if [ "${1:-all}" != bench ]; then
 fi
 
 if [ "${1:-all}" != tests ]; then
-    for bench in ${BENCHES:-bench_cast bench_optim bench_host bench_launch bench_stream_floor bench_blocks bench_nn bench_gaussws bench_cpu}; do
+    for bench in ${BENCHES:-bench_cast bench_optim bench_host bench_launch bench_stream_floor bench_blocks bench_nn bench_model bench_gaussws bench_cpu}; do
         own="BENCH_ARGS_$bench"
         started=$SECONDS
         # shellcheck disable=SC2086

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("emulate",),
     ("optim", "nn"),
     ("experiments",),
+    ("integrations",),
     ("cli", "__main__"),
 ]
 

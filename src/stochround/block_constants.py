@@ -19,6 +19,10 @@ import torch
 SCALE_RULES = ("floor", "rceil", "ceil", "even", "floor-3/4", "absmax", "nvfp4")
 POWER_OF_TWO_RULES = SCALE_RULES[:5]
 
+# whose random word a row-wise (absmax) operand's element draws under SR: its own, its
+# row's (Qwix's noise along the first axis) or its column's (the same noise transposed)
+ROW_WORDS = ("element", "row", "column")
+
 # how NVFP4's scales are computed: Transformer Engine's order of operations or torchao's
 NVFP4_FLAVOURS = ("te", "torchao")
 
@@ -73,6 +77,7 @@ __all__ = [
     "ONE_SIXTH",
     "POWER_OF_TWO_RULES",
     "RESCALE",
+    "ROW_WORDS",
     "SCALE_RULES",
     "SHRINK",
     "SQRT2_FP32",

@@ -112,25 +112,7 @@ def fsdp_body(rank: int, world_size: int, device: str) -> dict[str, Any]:
             "quantized": quantized_layers(model) == 2,
             "moved": any(not torch.equal(p, q) for p, q in zip(params, initial(name), strict=True)),
         }
-    outcome["tensor parallel"] = tensor_parallel_refusal(device)
     return outcome
-
-
-def tensor_parallel_refusal(device: str) -> str:
-    """The error of a QuantizedLinear whose weight tensor parallelism shards (a DTensor in
-    the forward, where FSDP2 gives the gathered weight)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
-
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
-    model = build_model("nvfp4", device)
-    parallelize_module(model[0], mesh, ColwiseParallel())
-    x, _ = batch(0, device)
-    try:
-        model(x)
-    except ValueError as error:
-        return str(error)
-    return "no error"
 
 
 def quantized_layers(model: nn.Module) -> int:
@@ -154,7 +136,6 @@ def initial(name: str) -> list[torch.Tensor]:
 def test_fsdp2_training_equals_one_process(device: str) -> None:
     results = run_ranks(fsdp_body, device=device)
     for rank, outcome in enumerate(results):
-        assert "(tensor parallelism), which it does not support" in outcome.pop("tensor parallel")
         assert set(outcome) == set(MODELS)
         for name, case in outcome.items():
             losses, whole_losses = case["losses"]

@@ -25,6 +25,7 @@ from .request import (
     random_source,
     tensor_scale_choice,
 )
+from .rowwise import row_kernel_operand, row_operand_refusal
 from .tensor import BlockTensor, GemmOperand, gemm_factor, stored_codes
 
 __all__ = [
@@ -145,13 +146,16 @@ def fake_quantize_local(x: Tensor, clip_mask: bool, args: BlockArguments) -> Ten
 
 
 def kernel_gemm_operand(x: Tensor, args: BlockArguments) -> GemmOperand | None:
-    """The `GemmOperand` of a 2-D x written by the kernel, or None where the kernel does
-    not serve the call (whole-row blocks, whose scales the operand keeps apart, included):
-    the entry point then quantizes it (`gemm_operand_of`)."""
+    """The `GemmOperand` of a 2-D x written by a kernel, or None where no kernel serves the
+    call: the entry point then quantizes it (`gemm_operand_of`).  Whole-row blocks (their
+    scales kept apart as the row scales) go to the row operand kernel
+    (`stochround.blocks.rowwise`), the others to the block kernel."""
     x_checked, request = check_call(x, args)
     if x_checked.dim() != 2:
         raise ValueError(f"x must be 2-D (rows, contraction); got shape {tuple(x.shape)}")
-    if request.fmt.block is None or not _routed(x_checked, request, args, False):
+    if request.fmt.block is None:
+        return _row_operand(x_checked, request, args)
+    if not _routed(x_checked, request, args, False):
         return None
     check_extras(x_checked, request, args)
     seed, offset = random_source(request.mode, args)
@@ -159,6 +163,22 @@ def kernel_gemm_operand(x: Tensor, args: BlockArguments) -> GemmOperand | None:
     output = "gemm_bf16" if request.fmt.gemm_dtype == torch.bfloat16 else "gemm_fp32"
     values = _launch(x_checked, request, call, output)
     return GemmOperand(values, _decoding(call), None, gemm_factor(request.fmt))
+
+
+def _row_operand(x: Tensor, request: BlockRequest, args: BlockArguments) -> GemmOperand | None:
+    """A whole-row format's operand by the row operand kernel where it serves the call
+    (`row_operand_refusal`; no RHT), else None."""
+    refusal = row_operand_refusal(x, request.fmt, request.hardware)
+    if refusal is None and args.rht is not None:
+        refusal = "rht= rotates on the PyTorch path for whole-row blocks"
+    if not use_kernel(args.backend, "x", x.is_cuda, refusal):
+        return None
+    check_extras(x, request, args)
+    seed, offset = random_source(request.mode, args)
+    return row_kernel_operand(
+        x, request.fmt, request.mode, request.n, request.variant, "element", seed, offset,
+        request.index_offset,
+    )  # fmt: skip
 
 
 class PreparedGemmOperand:

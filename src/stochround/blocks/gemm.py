@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..kernels.availability import check_backend, triton_missing, use_kernel
 from .scales import exact_floor_log2
 from .tensor import GemmOperand
 
@@ -120,12 +121,46 @@ def native_fp8_mm(
     )
 
 
+def kernel_scaled_mm(
+    a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype, backend: str
+) -> Tensor | None:
+    """`scaled_mm` by the kernels (`stochround.kernels.scaled_gemm`), or None where
+    `use_kernel` leaves it to the PyTorch path: bf16 operands, the GEMM with the scales in
+    its epilogue or cuBLAS's fp32 product and one epilogue pass, as
+    `stochround.kernels.scaled_gemm.gemm_kernel` chooses."""
+    on_cuda = a.values.is_cuda
+    missing = triton_missing()
+    if missing is not None:
+        use_kernel(backend, "a.values", on_cuda, missing)  # raises for backend="triton"
+        return None
+    from ..kernels import scaled_gemm as kernels  # needs triton: imported here
+
+    epilogue = kernels.Epilogue(
+        a.row_scale,
+        b.row_scale,
+        a.tensor_scale,
+        b.tensor_scale,
+        a.factor,
+        b.factor,
+        bias,
+        out_dtype,
+    )
+    refusal = kernels.scaled_gemm_refusal(a.values, b.values, epilogue)
+    if not use_kernel(backend, "a.values", on_cuda, refusal):
+        return None
+    (m, k), n = a.values.shape, b.values.shape[0]
+    if kernels.gemm_kernel(m, n, k) == "triton_gemm":
+        return kernels.scaled_gemm(a.values, b.values, epilogue)
+    return kernels.fused_epilogue(fp32_product(a.values, b.values), epilogue)
+
+
 def scaled_mm(
     a: GemmOperand,
     b: GemmOperand,
     *,
     bias: Tensor | None = None,
     out_dtype: torch.dtype = torch.float32,
+    backend: str = "auto",
 ) -> Tensor:
     """``Q(a) Q(b)^T (+ bias)``: ``a.values`` (M, K) and ``b.values`` (N, K) multiplied with
     fp32 accumulation (`fp32_product`), then times ``a.row_scale`` (M, 1) and
@@ -133,7 +168,13 @@ def scaled_mm(
     each in fp32, plus ``bias`` (N,) in fp32, and rounded once to ``out_dtype`` (the last
     of these operations writes it).  Both operands must share their basis (two rotated
     operands: the same rotation, which the product cancels).  TypeError unless ``a`` and
-    ``b`` are `GemmOperand` values."""
+    ``b`` are `GemmOperand` values.
+
+    ``backend``: "auto" scales bf16 CUDA operands' product by the kernels (a bf16 GEMM with
+    the scaling in its epilogue, or cuBLAS's product and one pass: the same scaling, bit
+    for bit, of sums in another order), "torch" by the PyTorch sequence above, "triton" by
+    the kernels or a ValueError saying why they cannot.  A traced call (torch.compile)
+    takes the PyTorch sequence, which the compiler fuses."""
     for name, given in (("a", a), ("b", b)):
         if not isinstance(given, GemmOperand):
             raise TypeError(
@@ -145,7 +186,28 @@ def scaled_mm(
             "a and b must be 2-D with the contraction axis last and of one length; got "
             f"{tuple(a.values.shape)} and {tuple(b.values.shape)}"
         )
-    product = fp32_product(a.values, b.values)
+    backend = check_backend(backend)
+    wanted = backend == "triton" or (backend == "auto" and a.values.is_cuda)
+    if wanted and not torch.compiler.is_compiling():
+        result = kernel_scaled_mm(a, b, bias, out_dtype, backend)
+        if result is not None:
+            return result
+    return torch_scaled_mm(a, b, bias, out_dtype)
+
+
+def torch_scaled_mm(
+    a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
+) -> Tensor:
+    """`scaled_mm` by PyTorch: `fp32_product`, then `scale_product`."""
+    return scale_product(fp32_product(a.values, b.values), a, b, bias, out_dtype)
+
+
+def scale_product(
+    product: Tensor, a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
+) -> Tensor:
+    """The fp32 ``product`` of ``a`` and ``b``'s values scaled as `scaled_mm` says, in
+    PyTorch passes (the last writes ``out_dtype``): the executable spec of
+    `stochround.kernels.scaled_gemm`."""
     steps: list[tuple[str, Tensor | float]] = []
     if a.row_scale is not None:
         steps.append(("mul", a.row_scale))
@@ -173,7 +235,10 @@ __all__ = [
     "bf16_row_shifts",
     "exact_bf16_operand",
     "fp32_product",
+    "kernel_scaled_mm",
     "native_fp8_mm",
     "power_of_two_fp32",
+    "scale_product",
     "scaled_mm",
+    "torch_scaled_mm",
 ]

@@ -1,6 +1,7 @@
 """The ``stochround`` command: the format registry, one format in detail, one value rounded
 (with the exact probability of each neighbour), the hardware SR units, the experiments, a
-short demo, and Monte Carlo arithmetic on a script (``stochround mca``).
+short demo, Monte Carlo arithmetic on a script (``stochround mca``), and torchtitan
+training under a recipe (``stochround titan``, the ``torchtitan`` extra).
 
 Each command lives in its own module and holds no numerics of its own: every number it
 prints about a format or a probability comes from the scalar reference (through
@@ -20,6 +21,7 @@ from .formats import formats_command, info_command
 from .hardware import HARDWARE_EPILOG, hardware_command
 from .mca import MCA_EPILOG, mca_command
 from .round import ROUND_CONTEXT, ROUND_EPILOG, round_command
+from .titan import TITAN_EPILOG, titan_command
 
 app = typer.Typer(
     name="stochround",
@@ -74,5 +76,6 @@ app.command("demo")(demo_command)
 # `stochround run` alone shows its help, as `stochround` alone does
 app.command("run", no_args_is_help=True)(run_command)
 app.command("mca", no_args_is_help=True, epilog=MCA_EPILOG)(mca_command)
+app.command("titan", epilog=TITAN_EPILOG)(titan_command)
 
 __all__ = ["app"]

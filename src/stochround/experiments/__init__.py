@@ -13,6 +13,7 @@ from . import (
     limited_bits,
     lorenz96,
     optimizer_state,
+    recipes_regime,
     stagnation,
     summation,
     tall_thin,
@@ -31,6 +32,7 @@ EXPERIMENTS: dict[str, ModuleType] = {
     "optimizer-state": optimizer_state,
     "emulate-science": emulate_science,
     "lm": language_model,
+    "recipes-regime": recipes_regime,
 }
 DEFAULT_SEED = 2024
 

@@ -126,7 +126,7 @@ def _amax_launch(x: Tensor, rotation: Rotation) -> Launch:
     return bound_launch(_amax_kernel, tuple(constants.items()))
 
 
-def _scale_launch(partials: int, flavour: str) -> tuple[Launch, int]:
+def tensor_scale_launch(partials: int, flavour: str) -> tuple[Launch, int]:
     """`_tensor_scale_kernel` bound for ``partials`` partial maxima and the flavour."""
     block = min(next_power_of_2(partials), 1024)
     steps = cdiv(partials, block)
@@ -179,7 +179,7 @@ def nvfp4_tensor_scale(
     partial = _partial_maxima(x, rht, rht_signs, rht_bf16)
     amax = x.new_empty((), dtype=torch.float32)
     scale = x.new_empty(2, dtype=torch.float32)
-    launch, partials = _scale_launch(partial.numel(), flavour)
+    launch, partials = tensor_scale_launch(partial.numel(), flavour)
     launch(_device(x), 1, partial, amax, scale, partials)
     return scale, amax
 
@@ -207,7 +207,7 @@ class PreparedTensorScale:
         self.count = x.numel()
         self.programs = cdiv(self.count, AMAX_BLOCK)
         self.amax_launch = _amax_launch(x, rotation)
-        self.scale_launch, _ = _scale_launch(self.programs, flavour)
+        self.scale_launch, _ = tensor_scale_launch(self.programs, flavour)
         self.device, self.device_index = x.device, _device(x)
 
     def __call__(self, x: Tensor, rht_signs: Tensor | None) -> Tensor:
@@ -221,4 +221,10 @@ class PreparedTensorScale:
         return scale
 
 
-__all__ = ["AMAX_BLOCK", "PreparedTensorScale", "nvfp4_tensor_scale", "tensor_amax"]
+__all__ = [
+    "AMAX_BLOCK",
+    "PreparedTensorScale",
+    "nvfp4_tensor_scale",
+    "tensor_amax",
+    "tensor_scale_launch",
+]

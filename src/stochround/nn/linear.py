@@ -56,6 +56,7 @@ from ..blocks.tensor import GemmOperand
 from ..random import StreamDomain, seed_tensor, stream_key
 from ..shards import is_dtensor
 from .operands import Operand, quantize_operand
+from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
 from .step_ops import (
     advance_step,
@@ -65,6 +66,7 @@ from .step_ops import (
     draw_signs,
     transposed,
 )
+from .tensor_parallel import local_call, rank_key
 
 # offset = step * 2**32 + layer * 16 + slot: the roles take slots 0..5, the per-step RHT
 # signs of each GEMM slots 8..10, so no two draws of a run share an offset (a Philox
@@ -208,11 +210,15 @@ def rotation_signs(
 
 
 def gemm_operands(
-    plan: Plan, gemm: str, left: Tensor, right: Tensor | GemmOperand, offsets: Tensor
+    plan: Plan,
+    gemm: str,
+    left: Tensor | GemmOperand,
+    right: Tensor | GemmOperand,
+    offsets: Tensor,
 ) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
     from its role's stream at the step whose `step_offsets` are ``offsets``, rotated by
-    `rotation_signs` where its spec has an RHT; a ``right`` already quantized is taken as
+    `rotation_signs` where its spec has an RHT; an operand already quantized is taken as
     it is."""
     left_role, right_role = GEMMS[gemm]
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
@@ -227,7 +233,7 @@ def gemm_operands(
         if entry.spec.rht is not None:
             key = (entry.spec.rht, entry.spec.rht_signs)
             if key not in drawn:
-                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, left.device)
+                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, offsets.device)
             signs = drawn[key]
         offset = offsets[ROLE_SLOTS[role]]
         quantized = quantize_operand(
@@ -235,6 +241,30 @@ def gemm_operands(
         )
         results.append(quantized)
     return results[0], results[1]
+
+
+def quantized_pair(
+    plan: Plan, tensor: Tensor, name: str, offsets: Tensor
+) -> tuple[GemmOperand, GemmOperand] | None:
+    """Both operands of x (``name`` "input": fprop's and wgrad's) or dy ("grad_output":
+    dgrad's and wgrad's) from one read (`stochround.nn.orientations.both_orientations`),
+    each from its role's stream, wgrad's padded to `token_multiple` tokens and rotated
+    with wgrad's signs; None where the pair is not served (the caller quantizes each)."""
+    row_role = ("fprop_" if name == "input" else "dgrad_") + name
+    row, column = plan.operands[row_role], plan.operands["wgrad_" + name]
+    wgrad_specs = (plan.operands[role].spec for role in GEMMS["wgrad"])
+    rotated = shares_rotation(*wgrad_specs)
+    if plan.native or torch.compiler.is_compiling() or pair_refusal(row, column, rotated):
+        return None
+    signs = None
+    if column.spec.rht is not None and column.spec.rht_signs == "per_step":
+        signs = rotation_signs(plan, "wgrad", column.spec, offsets, offsets.device)
+    multiple = plan.token_multiple
+    padded = -(-tensor.shape[0] // multiple) * multiple
+    row_offset, column_offset = offsets[ROLE_SLOTS[row_role]], offsets[ROLE_SLOTS[column.role]]
+    return both_orientations(
+        tensor, row, column, rotated, padded, plan.seed, row_offset, column_offset, signs
+    )
 
 
 def gemm_of(plan: Plan) -> Callable[..., Tensor]:
@@ -271,17 +301,28 @@ class QuantizedMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, step: Tensor, plan: Plan
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        step: Tensor,
+        plan: Plan,
+        wgrad: bool = False,
     ) -> Tensor:
         with autocast_off(x.device.type):
             offsets = step_offsets(step, plan.layer)
-            qx, qw = gemm_operands(plan, "fprop", x, weight, offsets)
+            # where wgrad runs, x read once for both of its operands: wgrad's kept for the
+            # backward instead of transposing and quantizing x again there
+            pair = quantized_pair(plan, x, "input", offsets) if wgrad else None
+            left = x if pair is None else pair[0]
+            qx, qw = gemm_operands(plan, "fprop", left, weight, offsets)
             out = gemm_of(plan)(qx, qw, bias=bias, out_dtype=x.dtype)
         # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
         # GEMM reads as it is) instead of quantizing W^T again
         kept = plan.weight_transposes and qw.row_scale is None
         values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
-        ctx.save_for_backward(x, weight, offsets, values, scale)
+        x_t_values, x_t_scale = (None, None) if pair is None else pair[1][:2]
+        ctx.save_for_backward(x, weight, offsets, values, scale, x_t_values, x_t_scale)
         ctx.factor = qw.factor
         ctx.plan = plan
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -289,27 +330,41 @@ class QuantizedMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, offsets, weight_values, weight_scale = ctx.saved_tensors
+        x, weight, offsets, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
         plan: Plan = ctx.plan
         grad_x = grad_weight = grad_bias = None
+        dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         with autocast_off(grad.device.type):
-            if ctx.needs_input_grad[0]:
+            # dy read once for both of its operands where both GEMMs run
+            pair = None
+            if dgrad and wgrad:
+                pair = quantized_pair(plan, grad.contiguous(), "grad_output", offsets)
+            if dgrad:
                 right: Tensor | GemmOperand
                 if weight_values is not None:
                     right = GemmOperand(weight_values.T, weight_scale, None, ctx.factor)
                 else:
                     right = transposed(weight)
-                qdy, qw = gemm_operands(plan, "dgrad", grad, right, offsets)
+                left = grad if pair is None else pair[0]
+                qdy, qw = gemm_operands(plan, "dgrad", left, right, offsets)
                 grad_x = gemm_of(plan)(qdy, qw, out_dtype=x.dtype)
-            if ctx.needs_input_grad[1]:
+            if wgrad:
                 multiple = plan.token_multiple
-                grad_t = pad_tokens(transposed(grad.contiguous()), multiple)
-                x_t = pad_tokens(transposed(x.contiguous()), multiple)
+                grad_t: Tensor | GemmOperand
+                x_t: Tensor | GemmOperand
+                if pair is not None:
+                    grad_t = pair[1]
+                else:
+                    grad_t = pad_tokens(transposed(grad.contiguous()), multiple)
+                if x_t_values is not None:
+                    x_t = GemmOperand(x_t_values, x_t_scale, None, 1.0)
+                else:
+                    x_t = pad_tokens(transposed(x.contiguous()), multiple)
                 qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = gemm_of(plan)(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None
 
 
 def check_operand_shapes(
@@ -454,36 +509,45 @@ class QuantizedLinear(nn.Linear):
                 f"compiled backward was seen to give zero weight gradients); torch "
                 f"{torch.__version__} runs it eagerly: leave the model uncompiled"
             )
-        if is_dtensor(weight) or is_dtensor(x):
-            # FSDP2 gathers the whole weight before the forward (a plain tensor here); a
-            # DTensor here is tensor parallelism, whose sharded GEMM operands this layer
-            # does not quantize
+        plan, wrap = self.plan, None
+        if is_dtensor(weight) or is_dtensor(x):  # tensor parallelism: the local GEMMs
+            call = local_call(x, weight, bias)
+            x, weight, bias, wrap = call.x, call.weight, call.bias, call.wrap
+            plan = plan._replace(seed=rank_key(plan.seed, call.rank))
+        in_features, out_features = weight.shape[1], weight.shape[0]
+        if x.dim() == 0 or x.shape[-1] != in_features:
             raise ValueError(
-                "QuantizedLinear takes plain tensors: its weight or input is a DTensor "
-                "(tensor parallelism), which it does not support; shard the model with "
-                "FSDP2 (fully_shard), which gathers the whole weight for the forward"
-            )
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
-            raise ValueError(
-                f"x must have in_features={self.in_features} values along its last axis; "
+                f"x must have in_features={in_features} values along its last axis; "
                 f"got an input of shape {tuple(x.shape)}"
             )
-        if self.plan.native:
+        if plan.native:
             check_native(x)
         lead = x.shape[:-1]
-        tokens = x.reshape(-1, self.in_features)
+        tokens = x.reshape(-1, in_features)
         gemms = running_gemms(x, weight)
-        check_operand_shapes(self.plan, tokens.shape[0], self.in_features, self.out_features, gemms)
+        try:
+            check_operand_shapes(plan, tokens.shape[0], in_features, out_features, gemms)
+        except ValueError as error:
+            if wrap is None:
+                raise
+            raise ValueError(
+                f"{error} (under tensor parallelism each rank quantizes its shard: the "
+                "blocks must divide the local shapes)"
+            ) from None
+        # parallelize_module replicates the buffers: the counter is the local tensor
+        counter = self.step.to_local() if is_dtensor(self.step) else self.step
         if not torch.is_grad_enabled():
-            step = self.step.clone()
+            step = counter.clone()
         elif torch.compiler.is_compiling():
-            step = advance_step(self.step)
+            step = advance_step(counter)
         else:  # eager: the op's dispatch is host time an eager step need not pay
-            step = advance_step_eagerly(self.step)
-        out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, self.plan))
+            step = advance_step_eagerly(counter)
+        wgrad = "wgrad" in gemms
+        out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad))
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
-        return torch.ops.aten._unsafe_view(out, (*lead, self.out_features))
+        y = torch.ops.aten._unsafe_view(out, (*lead, out_features))
+        return y if wrap is None else wrap(y)
 
     def _load_from_state_dict(
         self,

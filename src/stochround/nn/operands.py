@@ -7,6 +7,7 @@ values as exact bf16 (docs/guide/recipes.md)."""
 from __future__ import annotations
 
 import functools
+import typing
 from typing import Any, NamedTuple
 
 import torch
@@ -19,9 +20,10 @@ from ..blocks.gemm import exact_bf16_operand
 from ..blocks.quantize import gemm_operand, quantize
 from ..blocks.reference import absolute_max
 from ..blocks.request import BlockArguments
+from ..blocks.rowwise import PreparedRowGemmOperand, row_kernel_operand, row_operand_refusal
 from ..blocks.scales import absmax_scales
 from ..blocks.tensor import GemmOperand
-from ..kernels.availability import triton_missing
+from ..kernels.availability import triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
@@ -153,6 +155,10 @@ def quantize_operand(
         return GemmOperand(operand, None, None, 1.0)
     if spec.format in TENSOR_FORMATS:
         return tensor_scaled_operand(operand, fmt, spec, seed, offset, native)
+    if fmt.block is None and spec.hardware is None:
+        row_operand = row_kernel_operand_of(operand, entry, seed, offset)
+        if row_operand is not None:
+            return row_operand
     if spec.noise == "row":
         return row_noise_operand(operand, fmt, row_words(operand, entry.role, seed, offset))
     options: dict[str, Any] = {
@@ -177,6 +183,58 @@ def quantize_operand(
         # a bf16 GEMM instead of an fp32 one: the same products, exactly
         return exact_bf16_operand(result, fmt.element.mbits)
     return result
+
+
+def noise_words(entry: Operand) -> str:
+    """Whose word each element's SR draws (`stochround.block_constants.ROW_WORDS`): its own
+    (noise "element"), or under Qwix's row noise (`row_words`) its row's, or its column's
+    for `TRANSPOSED_ROLES`."""
+    if entry.spec.noise == "element":
+        return "element"
+    return "column" if entry.role in TRANSPOSED_ROLES else "row"
+
+
+def row_kernel_operand_of(
+    operand: Tensor, entry: Operand, seed: int, offset: int | Tensor
+) -> GemmOperand | None:
+    """A whole-row entry's operand by the row operand kernel (one launch), or None where
+    it does not serve it (CPU tensors: the PyTorch path).  The eager CUDA step with a
+    device offset takes the prepared launch (`prepared_row_operand`); the row noise draws
+    exact SR (32-bit words, variant c), as `row_noise_operand` does."""
+    spec, fmt = entry.spec, typing.cast(BlockFormat, entry.fmt)
+    refusal = row_operand_refusal(operand, fmt)
+    if not use_kernel("auto", "operand", operand.is_cuda, refusal):
+        return None
+    words = noise_words(entry)
+    rbits, variant = (spec.rbits, spec.variant) if words == "element" else (None, "c")
+    if isinstance(offset, Tensor) and not torch.compiler.is_compiling():
+        prepared = prepared_row_operand(
+            spec, fmt, words, operand.shape, operand.dtype, operand.device
+        )
+        return prepared(operand, _seed_on(seed, operand.device), offset.reshape(1))
+    n = 32 if rbits is None else rbits
+    return row_kernel_operand(operand, fmt, spec.mode, n, variant, words, seed, offset)
+
+
+@functools.lru_cache(maxsize=256)
+def prepared_row_operand(
+    spec: QuantSpec,
+    fmt: BlockFormat,
+    words: str,
+    shape: torch.Size,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> PreparedRowGemmOperand:
+    """The row operand kernel's prepared launch
+    (`stochround.blocks.rowwise.PreparedRowGemmOperand`) for an operand of this spec,
+    words, shape, dtype and device: made once, so that a step's whole-row operands are a
+    launch each."""
+    rbits, variant = (spec.rbits, spec.variant) if words == "element" else (None, "c")
+    example = torch.empty(shape, dtype=dtype, device=device)
+    # "triton": the caller routed the operand to the kernel (`row_kernel_operand_of`)
+    return PreparedRowGemmOperand(
+        example, fmt, spec.mode, rbits=rbits, variant=variant, words=words, backend="triton"
+    )
 
 
 def block_options(spec: QuantSpec) -> dict[str, Any]:
@@ -232,8 +290,11 @@ __all__ = [
     "Operand",
     "dequantized_operand",
     "exact_in_bf16",
+    "noise_words",
     "prepared_operand",
+    "prepared_row_operand",
     "quantize_operand",
+    "row_kernel_operand_of",
     "row_noise_operand",
     "row_words",
     "tensor_scaled_operand",

@@ -1,0 +1,152 @@
+"""torchtitan runs of the recipes: loss curves and tokens/s on one or more GPUs (issue 45).
+
+Each case is one ``stochround titan`` run of torchtitan's Llama 3 debug model on the Python
+standard library's source (`stochround.integrations.torchtitan`), the same data, seed and
+steps for every case:
+
+- ``bf16``: no layer quantized, torch's AdamW (the baseline);
+- ``nvfp4``, ``mxfp8``, ``fp8``: the recipe on every linear but the LM head, torch's AdamW;
+- ``nvfp4_sr_adamw``: ``nvfp4`` with stochround's SR AdamW (bf16 states).
+
+With ``--gpus N`` above 1 each run is ``torchrun --nproc_per_node N -m stochround titan``:
+FSDP2 over the N GPUs, each GPU taking ``--batch`` samples a step (the global batch is N
+times the one-GPU batch).  Written under ``--out``: ``<case>-<N>gpu/rows.jsonl`` (torchtitan's
+dump folder: one row per step, loss and tokens/s per device), ``summary-<N>gpu.json`` (per
+case: the last loss, the mean loss of the last tenth of the steps, the median tokens/s per
+device after the first tenth, and its ratio to bf16's) and ``loss-<N>gpu.png`` (the loss
+curves in one plot).
+
+    python benchmarks/bench_titan.py --gpus 1 --out "$OUT"          # one GPU, 200 steps
+    python benchmarks/bench_titan.py --gpus 2 --out "$OUT"          # two GPUs, FSDP2
+    python benchmarks/bench_titan.py --device cpu --flavor tiny --steps 2 --seq-len 32 \\
+        --batch 1 --cases bf16 nvfp4 --out /tmp/titan                 # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+# case -> (recipe, optimizer)
+CASES: dict[str, tuple[str, str]] = {
+    "bf16": ("bf16", "AdamW"),
+    "nvfp4": ("nvfp4", "AdamW"),
+    "mxfp8": ("mxfp8", "AdamW"),
+    "fp8": ("fp8", "AdamW"),
+    "nvfp4_sr_adamw": ("nvfp4", "SRAdamW"),
+}
+
+
+def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
+    """The ``stochround titan`` command line of one case."""
+    recipe, optimizer = CASES[case]
+    launcher = [sys.executable, "-m"]
+    if args.gpus > 1:
+        launcher += ["torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
+        launcher += ["-m"]
+    return [
+        *launcher,
+        "stochround",
+        "titan",
+        "--recipe",
+        recipe,
+        "--optimizer",
+        optimizer,
+        "--steps",
+        str(args.steps),
+        "--flavor",
+        args.flavor,
+        "--seq-len",
+        str(args.seq_len),
+        "--batch",
+        str(args.batch),
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+        "--out",
+        str(folder),
+        *(["--compile"] if args.compile else []),
+    ]
+
+
+def summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The last loss, the mean loss of the last tenth, the median tokens/s after the first
+    tenth (the first steps include start-up)."""
+    tenth = max(1, len(rows) // 10)
+    later = rows[tenth:] or rows
+    return {
+        "steps": len(rows),
+        "last_loss": rows[-1]["loss"],
+        "tail_loss": statistics.fmean(r["loss"] for r in rows[-tenth:]),
+        "tps": statistics.median(r["tps"] for r in later),
+    }
+
+
+def plot(curves: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
+    """The loss curves in one figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for case, rows in curves.items():
+        axes.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=case, lw=1)
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss (bytes, nats)")
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs (torchrun above 1)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--flavor", default="debugmodel", choices=("debugmodel", "100M", "tiny"))
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=8, help="samples a step per GPU")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="torch.compile (torch >= 2.13)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.device == "cpu" and args.gpus != 1:
+        parser.error("--device cpu runs one process: --gpus 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    curves: dict[str, list[dict[str, float]]] = {}
+    results: dict[str, dict[str, float]] = {}
+    for case in args.cases:
+        folder = args.out / f"{case}-{args.gpus}gpu"
+        line = command(case, args, folder)
+        print(" ".join(line), flush=True)
+        done = subprocess.run(line, check=False)
+        if done.returncode != 0:
+            results[case] = {"returncode": done.returncode}
+            continue
+        rows = [json.loads(x) for x in (folder / "rows.jsonl").read_text().splitlines()]
+        curves[case] = rows
+        results[case] = summary(rows)
+    base = results.get("bf16", {}).get("tps")
+    for values in results.values():
+        if base and "tps" in values:
+            values["tps_over_bf16"] = values["tps"] / base
+    (args.out / f"summary-{args.gpus}gpu.json").write_text(json.dumps(results, indent=2))
+    if curves:
+        title = f"Llama 3 {args.flavor} on the stdlib, {args.gpus} GPU(s), {args.steps} steps"
+        plot(curves, args.out / f"loss-{args.gpus}gpu.png", title)
+    for case, values in results.items():
+        print(case, json.dumps(values))
+    return 0 if all("tps" in v for v in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

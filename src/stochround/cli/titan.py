@@ -1,0 +1,107 @@
+"""``stochround titan``: train torchtitan's Llama 3 on the Python standard library under a
+stochround recipe (`stochround.integrations.torchtitan`, the ``torchtitan`` extra).
+
+One command, offline: ``stochround titan --recipe nvfp4 --steps 200``.  On CUDA it runs
+torchtitan's trainer (under ``torchrun --nproc_per_node N -m stochround titan ...``, one
+process per GPU with FSDP2); on the CPU the same model, optimizer and data in a loop (slow:
+choose a small ``--flavor`` and ``--seq-len``).  Each step's loss and tokens/s go to
+``OUT/rows.jsonl``; the last loss is printed.  Bad options, and a missing torchtitan, are
+bad-input exits (``error: ...``, status 2).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from . import output
+
+TITAN_EPILOG = (
+    "Examples: stochround titan --recipe nvfp4 --steps 200 ; "
+    "stochround titan --recipe int8 --flavor tiny --device cpu --steps 20 --seq-len 64 ; "
+    "torchrun --nproc_per_node 2 -m stochround titan --recipe nvfp4 --optimizer SRAdamW"
+)
+
+
+def titan_command(
+    recipe: Annotated[
+        str, typer.Option(help="bf16, nvfp4, mxfp8, fp8, int8 or mxfp4_tseng.")
+    ] = "nvfp4",
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 200,
+    flavor: Annotated[
+        str, typer.Option(help="debugmodel (torchtitan's), 100M, or tiny (tests).")
+    ] = "debugmodel",
+    optimizer: Annotated[
+        str, typer.Option(help="AdamW (torch's), or SRAdamW, SRAdam, SRSGD, SRLion.")
+    ] = "AdamW",
+    device: Annotated[str, typer.Option(help="cuda or cpu; default: cuda when there is one.")] = "",
+    seq_len: Annotated[int, typer.Option(help="Tokens (bytes) per sample.")] = 2048,
+    batch: Annotated[int, typer.Option(help="Samples per step and device.")] = 8,
+    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 8e-4,
+    seed: Annotated[int, typer.Option(help="The recipe's and the run's seed.")] = 0,
+    switch: Annotated[
+        list[str] | None,
+        typer.Option(help="A recipe switch NAME=JSON, e.g. stochastic_rounding=false."),
+    ] = None,
+    keep: Annotated[
+        list[str] | None, typer.Option(help="Module-path regex kept in bf16 (default lm_head).")
+    ] = None,
+    compile_model: Annotated[
+        bool, typer.Option("--compile", help="torch.compile the model (CUDA).")
+    ] = False,
+    out: Annotated[Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints).")] = Path(
+        "titan-run"
+    ),
+) -> None:
+    """Train Llama 3 on the standard library's source with a stochround recipe."""
+    try:
+        from ..integrations.torchtitan.config_registry import titan_config
+        from ..integrations.torchtitan.run import run_training
+    except ImportError as error:
+        output.fail(str(error))
+    if steps < 1:
+        output.fail(f"--steps must be >= 1, got {steps}")
+    chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    switches = output.checked(lambda: parse_switches(switch or []))
+    config = output.checked(
+        lambda: titan_config(
+            recipe,
+            flavor=flavor,
+            optimizer=optimizer,
+            switches=switches,
+            keep=tuple(keep) if keep is not None else ("lm_head",),
+            seed=seed,
+            steps=steps,
+            seq_len=seq_len,
+            local_batch_size=batch,
+            lr=lr,
+            compile_model=compile_model,
+        )
+    )
+    config.dump_folder = str(out)
+    fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
+    rows = output.checked(lambda: run_training(config, chosen, fields))
+    if rows.exists() and rows.read_text().strip():
+        last = json.loads(rows.read_text().splitlines()[-1])
+        print(f"step {last['step']}: loss {last['loss']:.4f} ({rows})")
+
+
+def parse_switches(items: list[str]) -> dict[str, object]:
+    """``NAME=JSON`` items as a dict (ValueError naming the malformed one)."""
+    switches: dict[str, object] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--switch must be NAME=JSON (e.g. rht=false); got {item!r}")
+        try:
+            switches[name] = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"--switch {name}: {value!r} is not JSON") from None
+    return switches
+
+
+__all__ = ["TITAN_EPILOG", "parse_switches", "titan_command"]

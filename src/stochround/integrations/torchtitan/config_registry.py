@@ -1,0 +1,218 @@
+"""torchtitan configs training Llama 3 on the Python standard library with stochround.
+
+torchtitan's trainer finds these by module:
+``torchtitan train --module stochround.integrations.torchtitan --config
+stochround_debugmodel_nvfp4`` (or ``python -m torchtitan.train ...``; any field can be
+overridden on its command line, e.g. ``--training.steps 200``).  Each function is
+torchtitan's ``llama3_debugmodel`` config with the data made offline (`StdlibDataLoader`,
+`ByteTokenizer`), validation off, activation checkpointing off (a checkpointed block runs
+its forward twice, which would advance each quantized layer's step counter twice), and the
+model converted by `StochroundConverter`.  `titan_config` builds any combination: a model
+size (`FLAVORS`), a recipe with its switches, rules and seed, and an optimizer.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.optimizer import LRSchedulersContainer
+from torchtitan.components.validate import Validator
+from torchtitan.config import ParallelismConfig, TrainingConfig
+from torchtitan.models.common import (
+    ComplexRoPE,
+    Embedding,
+    Linear,
+    RMSNorm,
+    compute_ffn_hidden_dim,
+)
+from torchtitan.models.common.config_utils import decoder_vocab_size
+from torchtitan.models.llama3 import llama3_configs, model_registry
+from torchtitan.models.llama3.model import Llama3Model
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.trainer import Trainer
+
+from .converter import StochroundConverter
+from .data import ByteTokenizer, StdlibDataLoader
+from .optimizers import SR_OPTIMIZERS, SROptimizersContainer, sr_optimizer
+
+# (dim, layers, heads) of the sizes beside torchtitan's debug model (dim 256, 6 layers):
+# ~100M parameters at GPT-2-small widths, and a tiny one for tests on the CPU
+SIZES: dict[str, tuple[int, int, int]] = {"100M": (768, 14, 12), "tiny": (64, 2, 4)}
+FLAVORS: tuple[str, ...] = ("debugmodel", *SIZES)
+OPTIMIZERS: tuple[str, ...] = ("AdamW", *SR_OPTIMIZERS)
+
+
+def llama3_model(dim: int, n_layers: int, n_heads: int) -> Llama3Model.Config:
+    """Llama 3 as torchtitan's debug model (its vocabulary of 2048, room for the byte
+    tokenizer's 258; its inits), at another width and depth."""
+    debug = llama3_configs["debugmodel"](attn_backend="flex")
+    # torchtitan's own layer builder (0.3.0, pinned): depth-scaled inits, fused QKV
+    from torchtitan.models.llama3 import _build_llama3_layers
+
+    vocab = debug.vocab_size
+    scale = dim**-0.5
+    output_init = dict(debug.lm_head.param_init or {})
+    output_init["weight"] = functools.partial(
+        nn.init.trunc_normal_, std=scale, a=-3 * scale, b=3 * scale
+    )
+    return Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=debug.tok_embeddings.param_init
+        ),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=debug.norm.param_init),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=output_init),
+        layers=_build_llama3_layers(
+            fuse_qkv=True,
+            n_layers=n_layers,
+            dim=dim,
+            n_heads=n_heads,
+            hidden_dim=compute_ffn_hidden_dim(dim, multiple_of=256),
+            rope=ComplexRoPE.Config(
+                dim=dim // n_heads, max_seq_len=131072, theta=500000, scaling="llama"
+            ),
+            attn_backend="flex",
+        ),
+    )
+
+
+def model_spec(flavor: str, converter: StochroundConverter.Config | None) -> ModelSpec:
+    """torchtitan's Llama 3 model spec of ``flavor`` (one of `FLAVORS`), converted."""
+    if flavor not in FLAVORS:
+        raise ValueError(f"flavor must be one of {', '.join(FLAVORS)}; got {flavor!r}")
+    converters = None if converter is None else [converter]
+    spec = model_registry("debugmodel", converters=converters)
+    if flavor in SIZES:
+        model = llama3_model(*SIZES[flavor])
+        if converter is not None:
+            model = converter.build().convert(model)
+        spec.model = model
+        spec.flavor = flavor
+    return spec
+
+
+def titan_config(
+    recipe: str = "bf16",
+    *,
+    flavor: str = "debugmodel",
+    optimizer: str = "AdamW",
+    switches: dict[str, Any] | None = None,
+    rules: list[tuple[str, str | None]] | None = None,
+    keep: tuple[str, ...] = ("lm_head",),
+    seed: int = 0,
+    steps: int = 200,
+    seq_len: int = 2048,
+    local_batch_size: int = 8,
+    lr: float = 8e-4,
+    compile_model: bool = False,
+) -> Trainer.Config:
+    """The trainer config (module docstring): ``recipe`` a name of
+    `stochround.nn.RECIPES` ("bf16": no layer converted), with ``switches``, ``rules``,
+    ``keep`` and ``seed`` as `StochroundConverter` takes them; ``optimizer`` torchtitan's
+    "AdamW" or one of `SR_OPTIMIZERS` (states in bf16); the seed also seeds torchtitan
+    (``debug.seed``), so two runs of a config give the same model and data."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    converter = None
+    if recipe != "bf16":
+        converter = StochroundConverter.Config(
+            recipe=recipe,
+            switches=dict(switches or {}),
+            rules=list(rules or []),
+            keep=list(keep),
+            seed=seed,
+            model_compile_enabled=compile_model,
+        )
+    spec = model_spec(flavor, converter)
+    config = Trainer.Config(
+        model_spec=spec,
+        hf_assets_path="",
+        tokenizer=ByteTokenizer.Config(),
+        dataloader=StdlibDataLoader.Config(),
+        loss=ChunkedLossWrapper.Config(
+            loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec)),
+        ),
+        optimizer=sr_optimizer(optimizer, lr=lr) if optimizer != "AdamW" else adamw(lr),
+        lr_scheduler=LRSchedulersContainer.Config(
+            warmup_steps=max(1, steps // 20), decay_ratio=0.8, decay_type="linear"
+        ),
+        training=TrainingConfig(local_batch_size=local_batch_size, seq_len=seq_len, steps=steps),
+        metrics=MetricsProcessor.Config(log_freq=1),
+        parallelism=ParallelismConfig(),
+        activation_checkpoint=None,  # type: ignore[arg-type]
+        validator=Validator.Config(enable=False),
+    )
+    config.debug.seed = seed
+    config.compile.enable = compile_model
+    # every case alike: torchtitan's CUDA-graph capture of the step is off
+    config.training.disable_cuda_graphs = True
+    return config
+
+
+def adamw(lr: float) -> SROptimizersContainer.Config:
+    """torchtitan's ``default_adamw`` (torch.optim.AdamW), in the container that also
+    knows the SR optimizers."""
+    config = sr_optimizer("SRAdamW", lr=lr)
+    config.param_groups[0].optimizer_name = "AdamW"
+    return config
+
+
+# the configs torchtitan's --config names (one per recipe of the GPU comparison)
+def stochround_debugmodel() -> Trainer.Config:
+    """The debug model in bf16 (torchtitan's AdamW): the baseline."""
+    return titan_config("bf16")
+
+
+def stochround_debugmodel_nvfp4() -> Trainer.Config:
+    """The debug model under `stochround.nn.nvfp4` (SR gradients), head in bf16."""
+    return titan_config("nvfp4")
+
+
+def stochround_debugmodel_mxfp8() -> Trainer.Config:
+    return titan_config("mxfp8")
+
+
+def stochround_debugmodel_fp8() -> Trainer.Config:
+    return titan_config("fp8")
+
+
+def stochround_debugmodel_int8() -> Trainer.Config:
+    return titan_config("int8")
+
+
+def stochround_debugmodel_mxfp4_tseng() -> Trainer.Config:
+    return titan_config("mxfp4_tseng")
+
+
+def stochround_debugmodel_nvfp4_sr_adamw() -> Trainer.Config:
+    """`nvfp4` with the SR AdamW (bf16 states)."""
+    return titan_config("nvfp4", optimizer="SRAdamW")
+
+
+def stochround_100m_nvfp4() -> Trainer.Config:
+    """The ~100M model under `nvfp4`."""
+    return titan_config("nvfp4", flavor="100M")
+
+
+__all__ = [
+    "FLAVORS",
+    "OPTIMIZERS",
+    "SIZES",
+    "adamw",
+    "llama3_model",
+    "model_spec",
+    "stochround_100m_nvfp4",
+    "stochround_debugmodel",
+    "stochround_debugmodel_fp8",
+    "stochround_debugmodel_int8",
+    "stochround_debugmodel_mxfp4_tseng",
+    "stochround_debugmodel_mxfp8",
+    "stochround_debugmodel_nvfp4",
+    "stochround_debugmodel_nvfp4_sr_adamw",
+    "titan_config",
+]

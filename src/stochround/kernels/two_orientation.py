@@ -1,0 +1,394 @@
+"""One read of a matrix, both GEMM orientations: the NVFP4 operands of x ``(T, F)`` blocked
+along its rows (``F``, the row-wise operand) and of x^T ``(F, T')`` blocked along the tokens
+(the column-wise operand, after an optional RHT along the tokens, ``T'`` the tokens padded
+with zero tokens), written by one launch, with the tensor amax of both (the column copy's
+after its rotation) from one more read.  Bit-identical to `gemm_blocks` of x and of the
+padded contiguous x^T, each with its own stream, rounding and tensor scales.
+
+A program loads a TOKENS x FEATURES tile of x once: its rows give the row-wise blocks, its
+transpose (rotated in registers) the column-wise blocks, each quantized as
+`quantize_blocks_kernel` quantizes a tile of blocks, and stored in its operand's layout.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..formats import Format
+from .availability import INTERPRETED
+from .block_amax import tensor_scale_launch
+from .block_math import (
+    BlockScale,
+    ElementFormat,
+    ElementRounding,
+    element_rounding,
+    fast_round,
+    general_round,
+    nvfp4_scale,
+)
+from .block_math import element_format as element_record
+from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, rotation_rounded
+from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits
+from .grid import cdiv
+from .runtime import Launch, bound_launch, current_device
+
+# NVFP4's block: 16 elements along the contraction axis of each orientation
+PAIR_BLOCK = 16
+# a tile's sides (powers of two, multiples of the block): the interpreter runs programs one
+# after another, so there a larger tile costs less
+TILE_SIDE = 128 if INTERPRETED else 64
+_NUM_WARPS = 4
+
+
+class Orientation(NamedTuple):
+    """How one orientation's blocks are quantized (constexpr): the scale (NVFP4's rule,
+    its flavour and tensor scales), the element format and its rounding."""
+
+    SCALE: BlockScale
+    ELEMENT: ElementFormat
+    ROUNDING: ElementRounding
+
+
+class PairTiling(NamedTuple):
+    """A program's tile: TOKENS x FEATURES elements of x (multiples of the block and of the
+    rotation); WIDE: positions beyond int32."""
+
+    TOKENS: int
+    FEATURES: int
+    WIDE: bool
+
+
+@triton.jit
+def _tile_operand(
+    bits,
+    position,
+    mask,
+    out_ptr,
+    scale_ptr,
+    seed,
+    offset_ptr,
+    CHOICE: tl.constexpr,
+    OUT_NAN16: tl.constexpr,
+):
+    """Quantize a [blocks, 4, 4] tile of fp32 bits (int32; each row one block of 16) as
+    `quantize_blocks_kernel` does for NVFP4's rule and the "gemm" output, and store each
+    element times its block scale at ``position`` (the global row-major index in the
+    operand's own layout, which SR's words are drawn for)."""
+    SCALE: tl.constexpr = CHOICE.SCALE
+    ROUNDING: tl.constexpr = CHOICE.ROUNDING
+    ELEMENT: tl.constexpr = CHOICE.ELEMENT
+    magnitude = bits & 0x7FFFFFFF
+    amax = tl.max(tl.max(magnitude, axis=2), axis=1).to(tl.float32, bitcast=True)
+    value = bits.to(tl.float32, bitcast=True)
+    _, block_value, _, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
+    scaled = value * multiplier[:, None, None]
+    scaled_bits = scaled.to(tl.int32, bitcast=True)
+    if ROUNDING.MODE == "sr":
+        offset = tl.load(offset_ptr)
+        lane = tl.arange(0, 4)[None, None, :]
+        # the indices made to depend on x's bits (as the block kernel does): the words
+        # then take the layout of the tile
+        index = position + (magnitude >> 31)
+        word = block_tile_words(seed, offset, index, lane, True)
+        r = (word >> (32 - ROUNDING.NBITS)).to(tl.int64)
+    else:
+        r = bits.to(tl.int64) * 0
+    if ROUNDING.FAST_BITS >= 0:
+        _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
+    else:
+        _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
+    operand = element * block_value[:, None, None]
+    if OUT_NAN16 == 0:
+        tl.store(out_ptr + position, operand, mask=mask)
+    else:  # exact: NVFP4's products are bf16 values
+        narrow = narrow_to_16_bits(operand.to(tl.int32, bitcast=True), tl.bfloat16, OUT_NAN16)
+        tl.store(out_ptr + position, narrow, mask=mask)
+
+
+@triton.jit
+def _tile_bits(x_ptr, tokens, features, program, feature_tiles, TILING: tl.constexpr):
+    """A program's TOKENS x FEATURES tile of x as fp32 bits (zero beyond x: the padding
+    tokens), and its first token and feature."""
+    if TILING.WIDE:
+        program = program.to(tl.int64)
+    first_token = (program // feature_tiles) * TILING.TOKENS
+    first_feature = (program % feature_tiles) * TILING.FEATURES
+    token = first_token + tl.arange(0, TILING.TOKENS)[:, None]
+    feature = first_feature + tl.arange(0, TILING.FEATURES)[None, :]
+    inside = (token < tokens) & (feature < features)
+    x = tl.load(x_ptr + token * features + feature, mask=inside, other=0.0)
+    return fp32_bits_of(x), first_token, first_feature
+
+
+@triton.jit
+def _column_bits(
+    bits,
+    first_token,
+    first_feature,
+    padded,
+    features,
+    signs_ptr,
+    TILING: tl.constexpr,
+    ROTATION: tl.constexpr,
+    NAN16: tl.constexpr,
+    X_DTYPE: tl.constexpr,
+):
+    """The tile transposed into x^T's layout as [blocks, 4, 4] (each row 16 tokens of one
+    feature), rotated along the tokens as `quantize_blocks_kernel` rotates x^T's rows,
+    with its positions in the padded x^T ``(features, padded)``."""
+    feature = first_feature + tl.arange(0, TILING.FEATURES)[:, None]
+    token = first_token + tl.arange(0, TILING.TOKENS)[None, :]
+    shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
+    position = tl.reshape(feature * padded + token, shape)
+    column = tl.reshape(tl.trans(bits), shape)
+    if ROTATION.SIZE > 0:
+        value = rotated(column.to(tl.float32, bitcast=True), signs_ptr, position, ROTATION, False)
+        column = rotation_rounded(value, NAN16, X_DTYPE, ROTATION).to(tl.int32, bitcast=True)
+    return column, position, tl.reshape((feature < features) & (token < padded), shape)
+
+
+@triton.jit(do_not_specialize=["tokens", "padded", "features", "feature_tiles"])
+def two_orientation_kernel(
+    x_ptr,
+    row_out_ptr,
+    column_out_ptr,
+    row_scale_ptr,
+    column_scale_ptr,
+    signs_ptr,
+    seed_ptr,
+    row_offset_ptr,
+    column_offset_ptr,
+    tokens,
+    padded,
+    features,
+    feature_tiles,
+    TILING: tl.constexpr,
+    ROW: tl.constexpr,
+    COLUMN: tl.constexpr,
+    ROTATION: tl.constexpr,
+    NAN16: tl.constexpr,
+    OUT_NAN16: tl.constexpr,
+):
+    """Quantize a TOKENS x FEATURES tile of a contiguous x ``(tokens, features)`` both ways:
+    the blocks of 16 features of each token into ``row_out`` ``(tokens, features)``, and
+    (rotated along the tokens by ROTATION) the blocks of 16 tokens of each feature into
+    ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero."""
+    bits, first_token, first_feature = _tile_bits(
+        x_ptr, tokens, features, tl.program_id(0), feature_tiles, TILING
+    )
+    seed = tl.load(seed_ptr)
+    token = first_token + tl.arange(0, TILING.TOKENS)[:, None]
+    feature = first_feature + tl.arange(0, TILING.FEATURES)[None, :]
+    shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
+    row_position = tl.reshape(token * features + feature, shape)
+    row_mask = tl.reshape((token < tokens) & (feature < features), shape)
+    row_bits = tl.reshape(bits, shape)
+    _tile_operand(
+        row_bits, row_position, row_mask, row_out_ptr, row_scale_ptr, seed, row_offset_ptr,
+        ROW, OUT_NAN16,
+    )  # fmt: skip
+    column, position, inside = _column_bits(
+        bits, first_token, first_feature, padded, features, signs_ptr, TILING, ROTATION, NAN16,
+        x_ptr.dtype.element_ty,
+    )  # fmt: skip
+    _tile_operand(
+        column, position, inside, column_out_ptr, column_scale_ptr, seed,
+        column_offset_ptr, COLUMN, OUT_NAN16,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["tokens", "padded", "features", "feature_tiles", "programs"])
+def two_orientation_amax_kernel(
+    x_ptr,
+    partial_ptr,
+    signs_ptr,
+    tokens,
+    padded,
+    features,
+    feature_tiles,
+    programs,
+    TILING: tl.constexpr,
+    ROTATION: tl.constexpr,
+    NAN16: tl.constexpr,
+):
+    """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
+    the tile's transpose rotated along the tokens as the quantize kernels rotate it
+    (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
+    magnitudes' bits, so a NaN anywhere gives a NaN pattern."""
+    program = tl.program_id(0)
+    bits, first_token, first_feature = _tile_bits(
+        x_ptr, tokens, features, program, feature_tiles, TILING
+    )
+    row = tl.max(tl.max(bits & 0x7FFFFFFF, axis=1), axis=0)
+    tl.store(partial_ptr + program, row)
+    if ROTATION.SIZE > 0:
+        column, _, _ = _column_bits(
+            bits, first_token, first_feature, padded, features, signs_ptr, TILING, ROTATION,
+            NAN16, x_ptr.dtype.element_ty,
+        )  # fmt: skip
+        column_max = tl.max(tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+        tl.store(partial_ptr + programs + program, column_max)
+    else:  # x^T's values are x's
+        tl.store(partial_ptr + programs + program, row)
+
+
+def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int) -> Orientation:
+    """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (the "te" flavour) with
+    ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc)."""
+    scale = BlockScale(RULE="nvfp4", FLAVOUR="te", TENSOR_SCALE=tensor_scales, AMAX_GIVEN=False)
+    return Orientation(scale, element_record(fmt, mode), element_rounding(fmt, mode, n, variant))
+
+
+class PairOperands(NamedTuple):
+    """The two operands' values (bf16) and tensor scales (S_dec, S_enc of each, a [2, 2]
+    fp32 tensor: row-wise then column-wise; None where the operands have none)."""
+
+    row: Tensor
+    column: Tensor
+    scales: Tensor | None
+
+
+class PreparedTwoOrientations:
+    """Both NVFP4 orientations of x ``(tokens, features)`` (contiguous, fp32, bf16 or
+    fp16) for one shape, dtype, device and padded token count, and one pair of
+    `Orientation` choices and rotation, checked and bound once: a call issues the amax
+    launch, the tensor-scale launches (where the operands have tensor scales) and the
+    quantize launch."""
+
+    def __init__(
+        self,
+        x: Tensor,
+        padded: int,
+        row: Orientation,
+        column: Orientation,
+        *,
+        rht: int | None = None,
+        rht_signs: Tensor | None = None,
+        rht_bf16: bool = False,
+    ) -> None:
+        if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0:
+            raise ValueError(f"x must be a contiguous 2-D tensor with elements; got {x.shape}")
+        tokens, features = x.shape
+        if features % PAIR_BLOCK or padded % PAIR_BLOCK or padded < tokens:
+            raise ValueError(
+                f"features ({features}) and padded ({padded}, at least the {tokens} tokens) "
+                f"must be multiples of {PAIR_BLOCK}"
+            )
+        if row.SCALE.TENSOR_SCALE != column.SCALE.TENSOR_SCALE:
+            raise ValueError("both orientations have tensor scales or neither has")
+        side = max(TILE_SIDE, rht or 1)
+        probe = x.new_empty((features, padded))  # the column operand's shape, for the check
+        _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
+        if rht is None:
+            self.rotation = NO_ROTATION
+        self.feature_tiles = cdiv(features, TILE_SIDE)
+        self.programs = cdiv(padded, side) * self.feature_tiles
+        wide = max(padded * features, cdiv(padded, side) * side * features) + side >= 2**31
+        tiling = PairTiling(TOKENS=side, FEATURES=TILE_SIDE, WIDE=wide)
+        nan16 = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}.get(x.dtype, 0)
+        self.quantize = _quantize_launch(tiling, row, column, self.rotation, nan16)
+        self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
+        if self.tensor_scales:
+            self.amax = _amax_launch(tiling, self.rotation, nan16)
+            self.scale, _ = tensor_scale_launch(self.programs, "te")
+        self.shape, self.dtype, self.device, self.padded = x.shape, x.dtype, x.device, padded
+        self.device_index = x.device.index if x.is_cuda else -1
+
+    def check(self, x: Tensor) -> None:
+        """ValueError unless x is a contiguous tensor of the prepared shape, dtype and
+        device."""
+        if (
+            x.shape != self.shape
+            or x.dtype != self.dtype
+            or x.device != self.device
+            or not x.is_contiguous()
+        ):
+            raise ValueError(
+                f"x must be a contiguous {self.dtype} tensor of shape {tuple(self.shape)} on "
+                f"{self.device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
+            )
+
+    def __call__(
+        self,
+        x: Tensor,
+        seed: Tensor,
+        row_offset: Tensor,
+        column_offset: Tensor,
+        rht_signs: Tensor | None,
+    ) -> PairOperands:
+        """Both operands of x with this stream (one-element int64 tensors: the seed, each
+        orientation's offset) and the rotation's signs (fp32, on x's device)."""
+        self.check(x)
+        if self.device_index >= 0 and current_device() != self.device_index:
+            with torch.cuda.device(self.device):
+                return self(x, seed, row_offset, column_offset, rht_signs)
+        tokens, features = x.shape
+        scales = None
+        if self.tensor_scales:
+            partial = x.new_empty((2, self.programs), dtype=torch.int32)
+            self.amax(
+                self.device_index, self.programs, x, partial, rht_signs, tokens, self.padded,
+                features, self.feature_tiles, self.programs,
+            )  # fmt: skip
+            amax = x.new_empty(2, dtype=torch.float32)
+            scales = x.new_empty((2, 2), dtype=torch.float32)
+            for which in range(2):
+                self.scale(self.device_index, 1, partial[which], amax[which], scales[which],
+                           self.programs)  # fmt: skip
+        row = x.new_empty((tokens, features), dtype=torch.bfloat16)
+        column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
+        row_scale = None if scales is None else scales[0]
+        column_scale = None if scales is None else scales[1]
+        self.quantize(
+            self.device_index, self.programs, x, row, column, row_scale, column_scale, rht_signs,
+            seed, row_offset, column_offset, tokens, self.padded, features, self.feature_tiles,
+        )  # fmt: skip
+        return PairOperands(row, column, scales)
+
+
+def _quantize_launch(
+    tiling: PairTiling, row: Orientation, column: Orientation, rotation: Rotation, nan16: int
+) -> Launch:
+    """`two_orientation_kernel` bound for these choices."""
+    constants = {
+        "TILING": tiling,
+        "ROW": row,
+        "COLUMN": column,
+        "ROTATION": rotation,
+        "NAN16": nan16,
+        "OUT_NAN16": 0x7FC0,
+        "num_warps": _NUM_WARPS,
+        # no multiply-add contraction: every product rounded as the PyTorch path rounds it
+        "enable_fp_fusion": False,
+    }
+    return bound_launch(two_orientation_kernel, tuple(constants.items()))
+
+
+def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
+    """`two_orientation_amax_kernel` bound for these choices."""
+    constants = {
+        "TILING": tiling,
+        "ROTATION": rotation,
+        "NAN16": nan16,
+        "num_warps": _NUM_WARPS,
+        "enable_fp_fusion": False,
+    }
+    return bound_launch(two_orientation_amax_kernel, tuple(constants.items()))
+
+
+__all__ = [
+    "PAIR_BLOCK",
+    "TILE_SIDE",
+    "Orientation",
+    "PairOperands",
+    "PairTiling",
+    "PreparedTwoOrientations",
+    "orientation",
+    "two_orientation_amax_kernel",
+    "two_orientation_kernel",
+]

@@ -1,0 +1,159 @@
+"""Both GEMM orientations of a `QuantizedLinear` tensor from one read: x (or dy) ``(T, F)``
+quantized row-wise for fprop (dgrad) and, transposed and padded to ``T'`` tokens (rotated
+along the tokens where the wgrad GEMM shares the rotation), column-wise for wgrad, by
+`stochround.kernels.two_orientation` — the same bits as `quantize_operand` of x and of
+``pad_tokens(x^T)``, each drawing from its own role's stream.  Where the pair cannot be
+served (`pair_refusal`: specs other than NVFP4's 1x16 blocks, CPU tensors, torch.compile),
+the layer quantizes each orientation on its own."""
+
+from __future__ import annotations
+
+import functools
+import typing
+
+import torch
+from torch import Tensor
+
+from ..blocks.formats import BlockFormat
+from ..blocks.request import default_signs
+from ..blocks.tensor import GemmOperand
+from ..kernels.availability import use_kernel
+from ..random import seed_tensor
+from .operands import Operand
+
+# what the pair quantizer reads
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def pair_refusal(row: Operand, column: Operand, rotated: bool) -> str | None:
+    """Why one launch cannot quantize a tensor for both roles (None if it can): each role
+    NVFP4 (e2m1 elements in 1x16 blocks, the "nvfp4" scale rule, one word an element, no
+    hardware preset), both with a tensor scale from the amax or neither, the row-wise
+    role without an RHT, and the column-wise role's RHT (if any) kept in the rotated basis
+    (``rotated``: the wgrad GEMM's other operand is rotated alike)."""
+    for entry in (row, column):
+        spec, fmt = entry.spec, entry.fmt
+        if fmt is None or fmt.block != 16 or fmt.scale_rule != "nvfp4":
+            return f"{entry.role} is not NVFP4 in 1x16 blocks"
+        if fmt.element.name != "e2m1" or not fmt.kernel_element:
+            return f"{entry.role}'s elements are not e2m1"
+        if spec.hardware is not None or spec.noise != "element":
+            return f"{entry.role} rounds by a hardware preset or with row noise"
+    if row.spec.tensor_scale != column.spec.tensor_scale:
+        return "one role has a tensor scale and the other none"
+    if row.spec.rht is not None:
+        return f"{row.role} is rotated"
+    if column.spec.rht is not None and not rotated:
+        return (
+            f"{column.role}'s rotation is undone in fp32 (its GEMM's other operand is not rotated)"
+        )
+    return None
+
+
+class PreparedPair:
+    """Both operands of a tensor of one shape, dtype and device: the row-wise role's
+    ``(T, F)`` and the column-wise role's ``(F, padded)``, with the kernel's checks and
+    launches resolved once."""
+
+    def __init__(
+        self,
+        row: Operand,
+        column: Operand,
+        shape: torch.Size,
+        dtype: torch.dtype,
+        device: torch.device,
+        padded: int,
+    ) -> None:
+        from ..kernels.two_orientation import PreparedTwoOrientations, orientation
+
+        sides = []
+        scales = 2 if row.spec.tensor_scale == "amax" else 0
+        for entry in (row, column):
+            spec, fmt = entry.spec, typing.cast(BlockFormat, entry.fmt)
+            sides.append(
+                orientation(fmt.element, spec.mode, spec.rbits or 32, spec.variant, scales)
+            )
+        rht = column.spec.rht
+        self.signs = None if rht is None else default_signs(rht, device)
+        self.kernel = PreparedTwoOrientations(
+            torch.empty(shape, dtype=dtype, device=device),
+            padded,
+            sides[0],
+            sides[1],
+            rht=rht,
+            rht_signs=self.signs,
+            rht_bf16=column.spec.rht_bf16 if rht is not None else False,
+        )
+        self.device = device
+
+    def __call__(
+        self,
+        x: Tensor,
+        seed: int,
+        row_offset: Tensor,
+        column_offset: Tensor,
+        signs: Tensor | None,
+    ) -> tuple[GemmOperand, GemmOperand]:
+        """Q(x) of the row-wise role and Q(pad_tokens(x^T)) of the column-wise one, each
+        from its offset (0-d int64 tensors on x's device) under the layer's ``seed``;
+        ``signs``: the rotation's per-step signs (None: the fixed ones)."""
+        rotation = self.signs if signs is None else signs
+        key = _seed_on(seed, self.device)
+        pair = self.kernel(x, key, row_offset.reshape(1), column_offset.reshape(1), rotation)
+        scales = pair.scales
+        row_scale = None if scales is None else scales[0, 0]
+        column_scale = None if scales is None else scales[1, 0]
+        return (
+            GemmOperand(pair.row, row_scale, None, 1.0),
+            GemmOperand(pair.column, column_scale, None, 1.0),
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def prepared_pair(
+    row: Operand,
+    column: Operand,
+    shape: torch.Size,
+    dtype: torch.dtype,
+    device: torch.device,
+    padded: int,
+) -> PreparedPair:
+    """The `PreparedPair` of these roles for a tensor of this shape, dtype and device,
+    made once per combination (a layer's shapes repeat at every step)."""
+    return PreparedPair(row, column, shape, dtype, device, padded)
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_on(seed: int, device: torch.device) -> Tensor:
+    """The layer's Philox key as the one-element int64 tensor the kernel reads (made once:
+    a fill per call would be a launch)."""
+    return seed_tensor(seed, "seed", device)
+
+
+def both_orientations(
+    x: Tensor,
+    row: Operand,
+    column: Operand,
+    rotated: bool,
+    padded: int,
+    seed: int,
+    row_offset: Tensor,
+    column_offset: Tensor,
+    signs: Tensor | None,
+) -> tuple[GemmOperand, GemmOperand] | None:
+    """The row-wise and column-wise `GemmOperand`s of a 2-D ``x`` (tokens first) from one
+    read (`PreparedPair`), or None where the pair is not served (`pair_refusal`, a tensor
+    the kernel does not read, an empty one, or under torch.compile, which takes each
+    orientation on its own): the caller then quantizes each orientation itself."""
+    if torch.compiler.is_compiling() or x.dim() != 2 or x.numel() == 0:
+        return None
+    refusal = pair_refusal(row, column, rotated)
+    if refusal is None and (x.dtype not in _DTYPES or not x.is_contiguous()):
+        refusal = "x is not a contiguous float32, bfloat16 or float16 tensor"
+    if not use_kernel("auto", "x", x.is_cuda, refusal):
+        return None
+    prepared = prepared_pair(row, column, x.shape, x.dtype, x.device, padded)
+    return prepared(x, seed, row_offset, column_offset, signs)
+
+
+__all__ = ["PreparedPair", "both_orientations", "pair_refusal", "prepared_pair"]

@@ -1,0 +1,256 @@
+"""stochround inside torchtitan: the converter on torchtitan's Llama 3 configs, the SR
+optimizers from the optimizer config, the offline data, a converted model's forward and
+backward on the CPU (torchtitan's trainer does not run on the CPU: it takes CUDA when no
+accelerator is found, and FlexAttention has no CPU backward), and ``stochround titan``."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "torchtitan",
+    reason="torchtitan is not installed (pip install 'stochround[torchtitan]', Python >= 3.11)",
+)
+
+from torchtitan.models.common.linear import Linear
+from typer.testing import CliRunner
+
+import stochround as sr
+from stochround.cli import app
+from stochround.integrations.torchtitan import (
+    ByteTokenizer,
+    StdlibDataset,
+    StochroundConverter,
+    StochroundLinear,
+    converted_paths,
+    make_recipe,
+    sr_optimizer,
+    titan_config,
+)
+from stochround.integrations.torchtitan.attention import dense_attention
+from stochround.integrations.torchtitan.config_registry import (
+    adamw,
+    stochround_debugmodel_nvfp4,
+)
+
+DEBUG_LINEARS = [
+    f"layers.{i}.{name}"
+    for i in range(6)
+    for name in (
+        "attention.qkv_linear.wqkv",
+        "attention.wo",
+        "feed_forward.w1",
+        "feed_forward.w2",
+        "feed_forward.w3",
+    )
+]
+
+
+def linear_paths(model_config: object) -> list[str]:
+    return [path for path, *_ in model_config.traverse(Linear.Config)]  # type: ignore[attr-defined]
+
+
+def built(config, device: str = "cpu") -> torch.nn.Module:
+    """The model of a trainer config, built as torchtitan's trainer builds it."""
+    model_config = dense_attention(config.model_spec.model)
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    model.verify_module_protocol()
+    model.to_empty(device=device)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
+def test_converter_swaps_every_linear_of_the_debug_model_but_the_head() -> None:
+    model = stochround_debugmodel_nvfp4().model_spec.model
+    assert converted_paths(model) == dict.fromkeys(DEBUG_LINEARS, "nvfp4")
+    assert type(model.lm_head) is Linear.Config
+    indices = [config.layer_index for _, config, _, _ in model.traverse(StochroundLinear.Config)]
+    assert indices == list(range(30))
+    first = model.layers[0].feed_forward.w1
+    assert first.recipe == sr.nn.nvfp4(keep=("lm_head",))
+    # the linear's own config fields carried over (its init, no bias)
+    assert first.param_init is not None and first.bias is False
+
+
+def test_rules_keep_chosen_blocks_in_bf16_and_give_others_their_recipe() -> None:
+    converter = StochroundConverter.Config(
+        recipe="nvfp4",
+        switches={"stochastic_rounding": False},
+        seed=7,
+        rules=[(r"layers\.0\..*", None), (r"layers\.5\.feed_forward\..*", "int8")],
+    ).build()
+    model = converter.convert(titan_config("bf16").model_spec.model)
+    paths = converted_paths(model)
+    assert [p for p in DEBUG_LINEARS if p not in paths] == DEBUG_LINEARS[:5]
+    assert {p for p, name in paths.items() if name == "int8"} == {
+        f"layers.5.feed_forward.{w}" for w in ("w1", "w2", "w3")
+    }
+    assert "lm_head" in linear_paths(model)
+    assert model.layers[1].attention.wo.recipe.seed == 7
+    assert model.layers[1].attention.wo.recipe.spec("dgrad_grad_output").mode == "rne"
+
+
+def test_the_converted_model_has_the_plain_models_parameters() -> None:
+    plain = built(titan_config("bf16", flavor="tiny"))
+    quantized = built(titan_config("nvfp4", flavor="tiny"))
+    assert isinstance(quantized.layers["0"].feed_forward.w1, StochroundLinear)
+    assert type(quantized.lm_head).__name__ == "Linear"
+    plain_params = dict(plain.named_parameters())
+    quantized_params = dict(quantized.named_parameters())
+    assert plain_params.keys() == quantized_params.keys()
+    for name, param in plain_params.items():
+        assert torch.equal(param, quantized_params[name]), name
+    # a plain checkpoint loads strictly; the quantized one adds the step counters only
+    extra = set(quantized.state_dict()) - set(plain.state_dict())
+    assert extra == {f"layers.{i}.{p}.step" for i in (0, 1) for p in (
+        "attention.qkv_linear.wqkv", "attention.wo", "feed_forward.w1",
+        "feed_forward.w2", "feed_forward.w3",
+    )}  # fmt: skip
+    quantized.load_state_dict(plain.state_dict(), strict=False)
+    assert int(quantized.layers["0"].attention.wo.step) == 0
+
+
+def test_forward_and_backward_of_the_converted_model_on_the_cpu() -> None:
+    model = built(titan_config("nvfp4", flavor="tiny"))
+    tokens = torch.randint(0, 258, (2, 32), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(32).repeat(2, 1)
+    masks = model.get_attention_masks(positions)
+    logits = model(tokens, attention_masks=masks, positions=positions)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    layer = model.layers["1"].feed_forward.w2
+    assert int(layer.step) == 1
+    assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def test_unknown_recipe_and_misfit_layer_raise() -> None:
+    with pytest.raises(ValueError, match="recipe must be one of bf16, nvfp4"):
+        make_recipe("nvfp5")
+    with pytest.raises(ValueError, match="recipe 'bf16' takes no switches"):
+        make_recipe("bf16", {"rht": False})
+    converter = StochroundConverter.Config(recipe="nvfp4").build()
+    with pytest.raises(ValueError, match=r"^: .*leave it in bf16"):
+        converter.convert(Linear.Config(in_features=24, out_features=32))
+
+
+@pytest.mark.parametrize(
+    ("tp", "backend", "message"),
+    [
+        (2, "spmd_types", "do not support tensor parallelism"),
+        (1, "full_dtensor", "got 'full_dtensor'"),
+    ],
+)
+def test_tensor_parallelism_is_refused(tp: int, backend: str, message: str) -> None:
+    config = StochroundLinear.Config(in_features=32, out_features=32, recipe=sr.nn.int8())
+    with torch.device("meta"):
+        layer = config.build()
+    dims = types.SimpleNamespace(tp=tp, spmd_backend=backend)
+    with pytest.raises(ValueError, match=message):
+        layer.parallelize(dims)
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "states"),
+    [
+        ("SRAdamW", sr.optim.AdamW, ("exp_avg", "exp_avg_sq")),
+        ("SRSGD", sr.optim.SGD, ("momentum_buffer",)),
+        ("SRLion", sr.optim.Lion, ("exp_avg",)),
+    ],
+)
+def test_the_optimizer_config_builds_the_sr_optimizer(name, cls, states) -> None:
+    model = torch.nn.Linear(8, 4)
+    kwargs = {"momentum": 0.9} if name == "SRSGD" else {}
+    container = sr_optimizer(name, lr=1e-2, **kwargs).build(model_parts=[model])
+    (optimizer,) = container.optimizers
+    assert type(optimizer) is cls
+    model(torch.ones(2, 8)).sum().backward()
+    container.step()
+    state = optimizer.state[model.weight]
+    assert {state[key].dtype for key in states} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="name must be one of SRAdamW"):
+        sr_optimizer("SRAdamax")
+
+
+def test_torch_adamw_stays_available() -> None:
+    model = torch.nn.Linear(8, 4)
+    (optimizer,) = adamw(1e-3).build(model_parts=[model]).optimizers
+    assert type(optimizer) is torch.optim.AdamW
+
+
+def test_byte_tokenizer_and_stdlib_samples() -> None:
+    tokenizer = ByteTokenizer()
+    assert tokenizer.encode("é", add_bos=True, add_eos=True) == [256, 0xC3, 0xA9, 257]
+    assert tokenizer.decode([256, 0xC3, 0xA9, 257]) == "é"
+    dataset = StdlibDataset(tokenizer, 64)
+    samples = iter(dataset)
+    first, second = next(samples), next(samples)
+    (inputs, labels) = first[0]["input"], first[1]
+    assert inputs[0] == 256 and torch.equal(inputs[1:], labels[:-1])
+    assert first[0]["positions"].tolist() == list(range(64))
+    assert second[0]["positions"][0] == 0  # the file's continuation restarts at 0
+    # resuming from the state gives the same next sample
+    state = dataset.state_dict()
+    third = next(samples)
+    resumed = StdlibDataset(tokenizer, 64)
+    resumed.load_state_dict(state)
+    again = next(iter(resumed))
+    assert torch.equal(again[0]["input"], third[0]["input"])
+
+
+def test_titan_command_trains_a_tiny_model_on_the_cpu(tmp_path) -> None:
+    out = tmp_path / "run"
+    args = ["titan", "--recipe", "int8", "--flavor", "tiny", "--device", "cpu", "--steps", "2"]
+    args += ["--seq-len", "32", "--batch", "1", "--optimizer", "SRAdamW", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert rows[0]["recipe"] == "int8" and rows[0]["optimizer"] == "SRAdamW"
+    assert all(row["loss"] > 0 and row["tps"] > 0 for row in rows)
+    assert "step 2: loss" in result.output
+
+
+def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["titan", "--recipe", "nvfp5", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "recipe must be one of" in result.output
+
+
+def test_torchtitans_parallelize_places_the_step_counters(monkeypatch) -> None:
+    """torchtitan's ``Module.parallelize`` (the spmd_types backend, one gloo rank) needs a
+    placement for every buffer: the converted layers declare their step counter's."""
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+
+    from stochround.integrations.torchtitan.run import free_port
+
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        config = titan_config("int8", flavor="tiny")
+        dims = ParallelDims.from_config(config.parallelism, 1)
+        dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+        model_config = dense_attention(config.model_spec.model)
+        model_config.update_from_config(config=config)
+        with torch.device("meta"):
+            model = model_config.build()
+        model.parallelize(dims)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        positions = torch.arange(32).repeat(2, 1)
+        masks = model.get_attention_masks(positions)
+        model(torch.zeros(2, 32, dtype=torch.long), attention_masks=masks, positions=positions)
+        assert int(model.layers["1"].attention.wo.step) == 1
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,126 @@
+"""The two-orientation quantizer (`stochround.kernels.two_orientation`) equals two separate
+quantizations bit for bit: `gemm_blocks` of x and of the zero-padded x^T (rotated along the
+tokens), each with its own stream, rounding and tensor scales (the separate amaxes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.nn import functional
+
+import stochround.nn as srnn
+from stochround.blocks.hadamard import random_signs
+from stochround.formats import format as find_format
+from stochround.kernels.blocks import gemm_blocks, nvfp4_tensor_scale
+from stochround.kernels.two_orientation import PreparedTwoOrientations, orientation
+from stochround.nn import orientations
+
+E2M1 = find_format("e2m1")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def separate(
+    x: torch.Tensor, padded: int, mode: str, offset: int, rht: int | None, signs, rotate: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gemm_blocks of ``x`` (if not ``rotate``) or of its padded transpose (rotated)."""
+    operand = x if not rotate else functional.pad(x.T.contiguous(), (0, padded - x.shape[0]))
+    rotation = rht if rotate else None
+    rotation_signs = signs if rotation else None
+    scales, _ = nvfp4_tensor_scale(
+        operand, rht=rotation, rht_signs=rotation_signs, rht_bf16=rotation is not None
+    )
+    values = gemm_blocks(
+        operand, E2M1, 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=scales, mode=mode,
+        seed=torch.tensor([7], device=DEVICE), offset=torch.tensor([offset], device=DEVICE),
+        rht=rotation,
+        rht_signs=rotation_signs, rht_bf16=rotation is not None,
+    )  # fmt: skip
+    return values, scales
+
+
+@pytest.mark.parametrize("tokens, features", [(40, 32), (16, 48), (150, 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+@pytest.mark.parametrize("rht", [None, 16])
+def test_both_orientations_equal_separate_quantizations(tokens, features, dtype, mode, rht):
+    generator = torch.Generator().manual_seed(tokens * features)
+    x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, dtype)
+    x[0, :3] = 0.0  # zero blocks' scales
+    padded = -(-tokens // 16) * 16
+    signs = None if rht is None else random_signs(16, 3, offset=5, device=DEVICE)
+    row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
+    prepared = PreparedTwoOrientations(
+        x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
+    )
+    seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
+    result = prepared(x, seed, row_offset, column_offset, signs)
+    expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)
+    expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, rotate=True)
+    assert result.scales is not None
+    assert torch.equal(result.scales[0], row_scales)
+    assert torch.equal(result.scales[1], column_scales)
+    assert torch.equal(result.row.view(torch.int16), expected_row.view(torch.int16))
+    assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
+
+
+def per_step_nvfp4() -> srnn.Recipe:
+    """nvfp4() with fresh RHT signs at each step (the wgrad GEMM's own stream)."""
+    recipe = srnn.nvfp4(seed=5)
+    return dataclasses.replace(
+        recipe,
+        wgrad_grad_output=dataclasses.replace(recipe.wgrad_grad_output, rht_signs="per_step"),
+        wgrad_input=dataclasses.replace(recipe.wgrad_input, rht_signs="per_step"),
+    )
+
+
+RECIPES = {
+    "nvfp4": lambda: srnn.nvfp4(seed=1),
+    "nvfp4_rn": lambda: srnn.nvfp4(stochastic_rounding=False, seed=2),
+    "nvfp4_no_rht": lambda: srnn.nvfp4(rht=False, seed=3),
+    "nvfp4_1d_weights": lambda: srnn.nvfp4(weight_2d=False, seed=4),
+    "nvfp4_per_step": per_step_nvfp4,
+}
+
+
+def training_steps(recipe: srnn.Recipe, tokens: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """y, dx, dW and db of two steps of a QuantizedLinear(32 -> 48) on ``tokens`` tokens."""
+    generator = torch.Generator().manual_seed(tokens)
+    layer = srnn.QuantizedLinear(32, 48, dtype=dtype, device=DEVICE, recipe=recipe, layer_index=3)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(48, 32, generator=generator).to(dtype))
+        layer.bias.copy_(torch.randn(48, generator=generator).to(dtype))
+    results = []
+    for _ in range(2):
+        x = torch.randn(tokens, 32, generator=generator).to(DEVICE, dtype).requires_grad_()
+        y = layer(x)
+        y.backward(torch.randn(y.shape, generator=generator).to(DEVICE, dtype))
+        assert x.grad is not None and layer.weight.grad is not None and layer.bias.grad is not None
+        results += [y.detach(), x.grad, layer.weight.grad.clone(), layer.bias.grad.clone()]
+        layer.zero_grad()
+    return results
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+@pytest.mark.parametrize("tokens", [40, 32])
+def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, monkeypatch):
+    """The pair path (routed here on the CPU, under the interpreter) gives the separate
+    path's y, dx, dW and db bit for bit, and serves x in the forward and dy in the
+    backward; 40 tokens pad to 48."""
+    dtype = torch.bfloat16
+    monkeypatch.setattr(orientations, "use_kernel", lambda *args: False)
+    expected = training_steps(RECIPES[name](), tokens, dtype)
+    calls = []
+    real = orientations.prepared_pair
+
+    def counted(*args):
+        calls.append(args[0].role)
+        return real(*args)
+
+    monkeypatch.setattr(orientations, "use_kernel", lambda b, n, c, refusal: refusal is None)
+    monkeypatch.setattr(orientations, "prepared_pair", counted)
+    result = training_steps(RECIPES[name](), tokens, dtype)
+    assert calls == ["fprop_input", "dgrad_grad_output"] * 2
+    for got, want in zip(result, expected, strict=True):
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16))
