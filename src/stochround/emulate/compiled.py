@@ -23,7 +23,7 @@ from ..formats import Format
 from .dispatch import Emulation
 from .graph_rounding import Rounding, rounded
 from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op
-from .ops import aten, op_kind
+from .ops import aten, converts, op_kind
 
 # a graph's ops whose outputs an eager emulation sees in another form: AOTAutograd writes an
 # in-place op on a graph input as its functional op followed by this copy back, and the eager
@@ -164,21 +164,36 @@ class _RoundingInterpreter(Interpreter):
         kind = op_kind(target)
         if kind.aliases_only:
             return super().call_function(target, args, kwargs)
-        if not self.emulation._selected(target):
+        if not self.emulation.selected(target):
             return self._native(target, args, kwargs)
+        if kind.lays_out:
+            if converts(target, args, kwargs):
+                return self._converted(target, args, kwargs)
+            return super().call_function(target, args, kwargs)
         if kind.mutated_positions:
             raise ValueError(
                 f"the compiled emulation met {target}, an op that mutates its arguments, in "
                 "a functional graph; run this program under the eager emulate"
             )
-        if target is aten._to_copy.default:
-            source = args[0]
-            cast_target = self.emulation._cast_format(kwargs.get("dtype") or source.dtype)
-            if cast_target is not None and source.is_floating_point():
-                wide = self._next(source.to(torch.float64), cast_target)
-                return target(wide, **kwargs)
-            return target(*args, **kwargs)
         return _each_output(self._output, self._native(target, args, kwargs))
+
+    def _converted(
+        self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A conversion (``_to_copy`` or ``copy`` into another dtype) as the eager emulation
+        computes it: the source rounded once, in float64, to the destination's format (if
+        its dtype has one), then converted exactly."""
+        if target.overloadpacket is aten._to_copy:
+            source, destination_dtype = args[0], kwargs["dtype"]
+        else:
+            source, destination_dtype = args[1], args[0].dtype
+        cast_target = self.emulation.cast_format(destination_dtype)
+        if cast_target is None:
+            return target(*args, **kwargs)
+        wide = self._next(source.to(torch.float64), cast_target)
+        if target.overloadpacket is aten._to_copy:
+            return target(wide, *args[1:], **kwargs)
+        return target(args[0], wide, *args[2:], **kwargs)
 
 
 def _each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
@@ -205,6 +220,16 @@ def _offset_example(example_inputs: Sequence[Any]) -> Tensor:
     return torch.zeros((), dtype=torch.int64, device=_graph_device(example_inputs))
 
 
+# the options of `emulate` that only the eager emulation computes, and the one value of each
+# that the backend takes (the eager default)
+_EAGER_ONLY: dict[str, object] = {
+    "compute": "native",
+    "accumulate": "once",
+    "round_inputs": False,
+    "hardware": None,
+}
+
+
 def backend(
     fmt: Any,
     mode: str = "rne",
@@ -213,11 +238,30 @@ def backend(
     ops: str | Callable[[torch._ops.OpOverload], bool] = "all",
     rbits: int | None = None,
     variant: str = "c",
+    compute: str = "native",
+    accumulate: str = "once",
+    round_inputs: bool = False,
+    hardware: object = None,
 ) -> EmulationBackend:
     """A `torch.compile` backend under which a compiled program computes as under
     ``emulate(fmt, mode, seed=seed, ops=ops, rbits=rbits, variant=variant)``, bit for bit,
     with Inductor's speed: ``torch.compile(model, backend=backend("bfloat16", "sr",
-    seed=0))``."""
+    seed=0))``.  ``compute``, ``accumulate``, ``round_inputs`` and ``hardware`` take their
+    defaults only (ValueError naming the argument otherwise): the eager emulation alone
+    computes the others."""
+    given = {
+        "compute": compute,
+        "accumulate": accumulate,
+        "round_inputs": round_inputs,
+        "hardware": hardware,
+    }
+    for name, value in given.items():
+        default = _EAGER_ONLY[name]
+        if value != default:
+            raise ValueError(
+                f"the compiled emulation takes {name}={default!r} only; got {name}={value!r}: "
+                f"run with {name}={value!r} under the eager emulate"
+            )
     emulation = Emulation(fmt, mode, seed=seed, ops=ops, rbits=rbits, variant=variant)
     return EmulationBackend(emulation)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .ops import aten
+from .ops import LAYOUT_OPS, aten
 
 # ops whose result is the same bits however a compiler computes them
 EXACT_PACKETS = frozenset(
@@ -79,8 +79,8 @@ _library = torch.library.Library(_LIBRARY_NAME, "FRAGMENT")
 
 def needs_opaque(func: torch._ops.OpOverload, outputs: Any) -> bool:
     """Whether ``func`` must run as the ATen kernel (`opaque_op`): it returns a floating
-    tensor and is not one of `EXACT_PACKETS`."""
-    if func.overloadpacket in EXACT_PACKETS:
+    tensor and is not one of `EXACT_PACKETS` or `LAYOUT_OPS` (which only move values)."""
+    if func.overloadpacket in EXACT_PACKETS or func.overloadpacket in LAYOUT_OPS:
         return False
     return any(
         isinstance(t, torch.Tensor) and t.is_floating_point()
