@@ -1,11 +1,14 @@
 """The compiled emulation (`emulate/compiled.py`): a program compiled with
 `stochround.emulate.backend` (AOTAutograd, then Inductor on the CPU) gives the bits of the
 same program run eagerly under `emulate` with the same arguments, forward outputs and
-gradients, for every mode, with no graph break; and its refusals."""
+gradients, for every mode, compiled whole (no graph break, no recompilation); and its
+refusals."""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -14,9 +17,12 @@ from torch import nn
 import stochround as sr
 from stochround.emulate import backend, emulate
 
+pytestmark = pytest.mark.compiles
+
 
 class Block(nn.Module):
-    """A small transformer block: attention by matmuls and softmax, layer norms, an MLP."""
+    """A small transformer block: attention by matmuls and softmax over transposed heads,
+    layer norms, an MLP."""
 
     def __init__(self, width: int = 8, heads: int = 2) -> None:
         super().__init__()
@@ -55,7 +61,7 @@ def convnet() -> nn.Module:
     )
 
 
-MODELS = {
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "mlp": (mlp, (5, 12)),
     "transformer": (Block, (2, 4, 8)),
     "conv": (convnet, (2, 2, 8, 8)),
@@ -71,62 +77,86 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().view(torch.int32)
 
 
+class Counted:
+    """A backend that counts the graphs Dynamo hands it (one per graph break, plus one per
+    recompilation)."""
+
+    def __init__(self, inner: Callable[..., Any]) -> None:
+        self.inner, self.graphs = inner, 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        self.graphs += 1
+        return self.inner(gm, example_inputs)
+
+
 def run_both(name: str, mode: str, steps: int = 2):
-    """The model's loss and gradients over ``steps`` steps (the counter carries on), eager
-    under `emulate` and compiled with `backend`; the seed gradient made outside both (the
-    compiled contract: code outside a compiled graph is not emulated)."""
+    """Each step's loss and gradients, eager under `emulate` and compiled with `backend`,
+    over ``steps`` steps (the counter carries on; gradients set to None before each
+    step, as ``zero_grad()`` does: an accumulation into an existing ``.grad`` runs
+    outside the compiled graphs)."""
     make, shape = MODELS[name]
     torch.manual_seed(0)
     model = make()
     inputs = [torch.randn(shape) for _ in range(steps)]
     eager_model, compiled_model = copy.deepcopy(model), copy.deepcopy(model)
-    seed_gradient = torch.ones(())
     eager, compiled = [], []
     with emulate("bfloat16", mode, seed=5) as emulation:
         for x in inputs:
+            eager_model.zero_grad()
             loss = loss_of(eager_model, x)
-            loss.backward(seed_gradient)
-            eager.append(loss.detach().clone())
+            loss.backward()
+            eager.append([loss.detach(), *(p.grad for p in eager_model.parameters())])
     emulating = backend("bfloat16", mode, seed=5)
-    compiled_loss = torch.compile(loss_of, backend=emulating, fullgraph=True)
+    counted = Counted(emulating)
+    compiled_loss = torch.compile(loss_of, backend=counted, fullgraph=True)
     for x in inputs:
+        compiled_model.zero_grad()
         loss = compiled_loss(compiled_model, x)
-        loss.backward(seed_gradient)
-        compiled.append(loss.detach().clone())
-    assert emulating.calls == emulation.calls
-    return eager, compiled, eager_model, compiled_model
+        loss.backward()
+        compiled.append([loss.detach(), *(p.grad for p in compiled_model.parameters())])
+    return eager, compiled, emulation.calls, emulating.calls, counted.graphs
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "mlp",
-        "conv",
-        # eager rounds the clone/_unsafe_view copies CompositeImplicit matmul and reshape
-        # make of transposed operands; AOTAutograd's graph has views there: the counters
-        # part (open: docs/guide/emulate.md, "Compiled emulation")
-        pytest.param("transformer", marks=pytest.mark.xfail(strict=True)),
-    ],
-)
-@pytest.mark.parametrize("mode", sr.MODES)
-@pytest.mark.xfail(
-    reason="open: the eager backward of mean/tanh draws more offsets than AOTAutograd's "
-    "graph (a Linear/ReLU/sum-of-squares model is bit-identical: the guide's example)",
-    strict=False,
-)
+CASES = [("mlp", mode) for mode in sr.MODES] + [
+    (name, mode) for name in ("transformer", "conv") for mode in ("rne", "sr")
+]
+
+
+@pytest.mark.parametrize(("name", "mode"), CASES)
 def test_compiled_emulation_is_eager_emulation_bit_for_bit(name, mode):
+    """Two steps, forward and backward: every loss and gradient bit for bit, the same
+    offsets drawn, one graph (fullgraph=True: no break; the second step reuses it)."""
     torch._dynamo.reset()
-    eager, compiled, eager_model, compiled_model = run_both(name, mode)
-    for e, c in zip(eager, compiled, strict=True):
-        assert torch.equal(bits(e), bits(c))
-    for (pname, e), c in zip(
-        eager_model.named_parameters(), compiled_model.parameters(), strict=True
-    ):
-        assert torch.equal(bits(e.grad), bits(c.grad)), pname
+    eager, compiled, eager_calls, compiled_calls, graphs = run_both(name, mode)
+    assert compiled_calls == eager_calls > 0
+    assert graphs == 1
+    for step, (e, c) in enumerate(zip(eager, compiled, strict=True)):
+        for index, (a, b) in enumerate(zip(e, c, strict=True)):
+            assert torch.equal(bits(a), bits(b)), (step, index)
+    if mode == "sr":  # the rounding did something: not the plain fp32 loss
+        torch.manual_seed(0)
+        make, shape = MODELS[name]
+        plain = loss_of(make(), torch.randn(shape))
+        assert not torch.equal(plain, eager[0][0])
 
 
 def test_backend_refuses_what_it_does_not_compile():
+    """ValueError naming the argument, for a bad value and for the eager-only options."""
     with pytest.raises(ValueError, match="mode"):
         backend("bfloat16", "nearest")
     with pytest.raises(ValueError, match="ops"):
         backend("bfloat16", "rne", ops="convs")
+    refused = {
+        "compute": "float64",
+        "accumulate": "per_op",
+        "round_inputs": True,
+        "hardware": "amd-mi300-fp8",
+    }
+    for argument, value in refused.items():
+        with pytest.raises(ValueError, match=f"{argument}=") as error:
+            backend("bfloat16", "sr", **{argument: value})
+        assert "eager" in str(error.value)
+
+
+def test_the_backend_is_public_as_sr_emulate_backend():
+    assert sr.emulate_backend is backend
