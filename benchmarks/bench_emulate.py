@@ -21,7 +21,7 @@ one op a parameter, as a user's loop computes it). Rows (case ``mlp_step``):
 - ``compiled_fp32``: the step with the forward and the loss compiled by ``torch.compile``
   (Inductor; backward compiled with it, the SGD step eager): the compiled reference.
 - ``compiled_rne``, ``compiled_sr``: the same, compiled with
-  ``stochround.emulate.backend("bfloat16", mode, seed=0)``: the forward, the loss and the
+  ``sr.emulate_backend("bfloat16", mode, seed=0)``: the forward, the loss and the
   backward rounded as under ``emulate`` (the SGD step is outside the graph, not rounded).
   The issue's target: compiled_* <= 1.5x compiled_fp32; emulate_* <= 3x fp32.
 
@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from harness import Benchmark, CheckFailed, Run
 
 import stochround as sr
-from stochround.emulate import backend as emulate_backend
 
 CASE = "mlp_step"
 CLASSES = 10
@@ -166,7 +165,7 @@ def row(
         mode = kind.removeprefix("compiled_")
         compile_backend: object = "inductor"
         if mode != "fp32":
-            compile_backend = emulate_backend("bfloat16", mode, seed=SEED)
+            compile_backend = sr.emulate_backend("bfloat16", mode, seed=SEED)
         call = training_step(model, inputs, targets, compile_backend)
     else:
         call = training_step(model, inputs, targets)
