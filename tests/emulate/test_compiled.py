@@ -140,6 +140,24 @@ def test_compiled_emulation_is_eager_emulation_bit_for_bit(name, mode):
         assert not torch.equal(plain, eager[0][0])
 
 
+def test_a_conversion_and_copies_in_a_graph_number_as_eagerly():
+    """In a compiled graph as eagerly: ``.to(bfloat16)`` rounds its source once with the
+    mode (then converts exactly), a same-dtype copy and a constant fill draw no offset."""
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        y = (x * 3).to(torch.bfloat16).float()
+        return torch.cat([y.t().contiguous().t(), torch.full_like(y, 0.1)]) * 5
+
+    x = torch.linspace(1, 2, 12).reshape(3, 4)
+    with emulate("bfloat16", "sr", seed=2) as emulation:
+        eager = program(x)
+    emulating = backend("bfloat16", "sr", seed=2)
+    torch._dynamo.reset()
+    compiled = torch.compile(program, backend=emulating, fullgraph=True)(x)
+    assert emulation.calls == emulating.calls == 4  # mul, the conversion, float(), mul
+    assert torch.equal(bits(compiled), bits(eager))
+
+
 def test_backend_refuses_what_it_does_not_compile():
     """ValueError naming the argument, for a bad value and for the eager-only options."""
     with pytest.raises(ValueError, match="mode"):
