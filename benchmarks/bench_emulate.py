@@ -18,6 +18,13 @@ one op a parameter, as a user's loop computes it). Rows (case ``mlp_step``):
   ``emulate_sr`` (the elementwise ops, the loss and the update's intermediates are not
   rounded), and code the user must change.
 
+- ``compiled_fp32``: the step with the forward and the loss compiled by ``torch.compile``
+  (Inductor; backward compiled with it, the SGD step eager): the compiled reference.
+- ``compiled_rne``, ``compiled_sr``: the same, compiled with
+  ``sr.emulate_backend("bfloat16", mode, seed=0)``: the forward, the loss and the
+  backward rounded as under ``emulate`` (the SGD step is outside the graph, not rounded).
+  The issue's target: compiled_* <= 1.5x compiled_fp32; emulate_* <= 3x fp32.
+
 Each emulated row reports its roundings a step (``roundings``: `Emulation.calls`) and the
 overhead a rounding: (step - fp32 step) / roundings. Checks before timing: the loss is
 finite and within 5% of the fp32 loss (bf16 rounding moves it by far less).
@@ -88,14 +95,24 @@ def build_model(width: int, layers: int, device: torch.device) -> torch.nn.Seque
 
 
 def training_step(
-    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    compile_backend: object = None,
 ) -> Callable[[], torch.Tensor]:
-    """Gradients set to None, the loss, its backward and an SGD step; returns the loss."""
+    """Gradients set to None, the loss, its backward and an SGD step; returns the loss.
+    ``compile_backend``: None (eager) or the torch.compile backend of the forward and loss."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)
+
+    def forward() -> torch.Tensor:
+        return F.cross_entropy(model(inputs), targets)
+
+    if compile_backend is not None:
+        forward = torch.compile(forward, backend=compile_backend, fullgraph=True)
 
     def call() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(inputs), targets)
+        loss = forward()
         loss.backward()
         optimizer.step()
         return loss.detach()
@@ -144,6 +161,12 @@ def row(
         before = emulation.calls
         call()
         extra["roundings"] = emulation.calls - before
+    elif kind.startswith("compiled_"):
+        mode = kind.removeprefix("compiled_")
+        compile_backend: object = "inductor"
+        if mode != "fp32":
+            compile_backend = sr.emulate_backend("bfloat16", mode, seed=SEED)
+        call = training_step(model, inputs, targets, compile_backend)
     else:
         call = training_step(model, inputs, targets)
 
@@ -159,7 +182,8 @@ def row(
         counted = f"; {roundings} roundings a step" if roundings else ""
         return f"ok loss {value:.4f}{counted}"
 
-    return Run(call, check, batch, notes="eager", extra=extra)
+    notes = "compiled" if kind.startswith("compiled_") else "eager"
+    return Run(call, check, batch, notes=notes, extra=extra)
 
 
 def main() -> int:
@@ -175,6 +199,9 @@ def main() -> int:
     build = partial(row, shape, bench.device)
     bench.add(CASE, "fp32", partial(build, "fp32", reference), reference=True)
     for kind in ("emulate_rne", "emulate_sr", "explicit_sr"):
+        bench.add(CASE, kind, partial(build, kind, reference), ours=True)
+    bench.add(CASE, "compiled_fp32", partial(build, "compiled_fp32", reference))
+    for kind in ("compiled_rne", "compiled_sr"):
         bench.add(CASE, kind, partial(build, kind, reference), ours=True)
     return bench.run()
 

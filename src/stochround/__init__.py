@@ -4,8 +4,10 @@ from . import arith as ops
 from . import blocks, hardware, nn, optim
 
 # the functions take the subpackage's name: `sr.emulate` is the dispatch mode's entry
-# point (import stochround.emulate.mode for the module)
+# point (import stochround.emulate.mode for the module), and `sr.emulate_backend` its
+# torch.compile backend (`stochround.emulate.backend`)
 from .emulate import emulate, mca
+from .emulate.compiled import backend as emulate_backend
 from .formats import FORMATS, Format, format  # noqa: A004 - the public API names
 from .packing import pack, unpack
 from .random import Stream
@@ -24,6 +26,7 @@ __all__ = [
     "cast",
     "decode",
     "emulate",
+    "emulate_backend",
     "encode",
     "format",
     "hardware",

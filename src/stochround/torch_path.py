@@ -143,9 +143,13 @@ def round_values(
     n: int,
     variant: str,
     r: Tensor | None,
+    *,
+    branch_free: bool = False,
 ) -> Tensor:
     """The rounded values in `compute_dtype` (arguments already checked); r: random int64
-    integers below 2**n, shaped like x."""
+    integers below 2**n, shaped like x.  ``branch_free``: infinite and NaN inputs are
+    handled by a select over every element rather than a data-dependent branch, so that a
+    graph tracer (`stochround.emulate.compiled`) can record the function."""
     dtype = compute_dtype(x.dtype, fmt)
     bias, mbits, _, integer = _FLOAT_LAYOUT[dtype]
     xd = x.to(dtype)
@@ -176,6 +180,8 @@ def round_values(
         value = torch.copysign(rounded, xd + 0.0) + 0.0
     value = _handle_overflow(value, fmt, mode, sat)
     special = (field + 1) >> (integer.itemsize * 8 - 1 - mbits)  # 1 for inf and NaN inputs
+    if branch_free:
+        return torch.where(special.bool(), _special_values(xd, fmt, mode, sat), value)
     if bool(special.any()):
         where = special.nonzero(as_tuple=True)
         value[where] = _special_values(xd[where], fmt, mode, sat)

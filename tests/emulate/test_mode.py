@@ -160,6 +160,64 @@ def test_in_place_ops_round_the_mutated_tensor_and_views_keep_aliasing():
 
 
 @pytest.mark.parametrize("compute", ["native", "float64"])
+def test_layout_ops_and_constant_fills_are_not_rounded_and_draw_no_offset(compute):
+    """Copies, reshapes of transposed tensors (clone + _unsafe_view), concatenations,
+    gathers, same-dtype copies and constant fills compute no value: the fp32 values
+    1 + 2**-12 (not bf16 values) come out unchanged and no offset is drawn; the first
+    arithmetic op then takes offset 0."""
+    x = torch.full((2, 3), 1.0 + 2**-12)
+    with emulate("bfloat16", "sr", seed=1, compute=compute) as emulation:
+        copies = [
+            x.clone(),
+            x.t().contiguous().t(),
+            x.t().reshape(6),
+            torch.cat([x, x]),
+            torch.stack([x, x]),
+            x.index_select(0, torch.tensor([1])),
+            x[torch.tensor([0, 0])],
+            x.to(torch.float32, copy=True),
+            torch.empty(2, 3).copy_(x),
+            torch.nn.functional.pad(x, (1, 1)),
+        ]
+        fills = [torch.full((3,), 0.1), torch.ones(3), torch.zeros_like(x).fill_(0.1)]
+        assert emulation.calls == 0
+        product = x * 3
+    for copy in copies:
+        assert torch.equal(copy[copy != 0], torch.full_like(copy[copy != 0], 1.0 + 2**-12))
+    assert all(torch.equal(t, torch.full_like(t, t.flatten()[0].item())) for t in fills)
+    assert fills[0][0].item() == float(torch.tensor(0.1))
+    exact = x.double() * 3
+    assert torch.equal(product, sr.round(exact, "bfloat16", "sr", seed=key(1), offset=0).float())
+    assert emulation.calls == 1
+
+
+def test_a_conversion_to_another_dtype_still_rounds():
+    """A layout op that changes the dtype (x.double(), copy_ into a bf16 tensor) is a
+    conversion: its source is rounded once to the destination's format."""
+    x = torch.full((3,), 1.0 + 2**-12)
+    with emulate("bfloat16", "rne") as emulation:
+        wide = x.double()
+        stored = torch.empty(3, dtype=torch.bfloat16).copy_(x)
+    assert torch.equal(wide, torch.ones(3, dtype=torch.float64))
+    assert torch.equal(stored, torch.ones(3, dtype=torch.bfloat16))
+    assert emulation.calls == 2
+
+
+def test_backward_draws_no_offset_for_its_seed_gradient():
+    """loss.backward() makes its seed gradient with ones_like: a constant fill, not rounded,
+    so backward() and backward(torch.ones(())) made outside draw the same offsets (and a
+    compiled program, whose seed gradient is made outside its graphs, matches both)."""
+    x = torch.tensor([1.0 + 2**-12, 3.0 + 2**-10])
+    counts = []
+    for seed_gradient in (None, torch.ones(())):
+        w = torch.ones(2, requires_grad=True)
+        with emulate("bfloat16", "rne") as emulation:
+            (w * x).sum().backward(seed_gradient)
+        counts.append(emulation.calls)
+    assert counts == [3, 3]  # mul, sum; the backward's mul
+
+
+@pytest.mark.parametrize("compute", ["native", "float64"])
 def test_a_cast_rounds_its_source_once_with_the_mode(compute):
     """x.to(bf16) would round to nearest itself; under emulate the source is rounded with
     the mode (SR here) and converted exactly; copy_ into a bf16 tensor alike."""
@@ -167,9 +225,9 @@ def test_a_cast_rounds_its_source_once_with_the_mode(compute):
     with emulate("bfloat16", "sr", seed=4, compute=compute):
         cast = x.to(torch.bfloat16)
         stored = torch.zeros(257, dtype=torch.bfloat16).copy_(x)
-    expected = [sr.round(x, "bfloat16", "sr", seed=key(4), offset=k).bfloat16() for k in (0, 2)]
+    expected = [sr.round(x, "bfloat16", "sr", seed=key(4), offset=k).bfloat16() for k in (0, 1)]
     assert torch.equal(cast, expected[0])
-    assert torch.equal(stored, expected[1])  # offset 1: zeros' output
+    assert torch.equal(stored, expected[1])  # zeros: a constant fill, no offset
     assert not torch.equal(cast, x.bfloat16())
 
 
@@ -224,8 +282,8 @@ def test_integer_and_bool_outputs_are_not_rounded():
 
 
 def test_backward_under_emulate_rounds_the_gradients_too():
-    """d(sum(w * x))/dw = x: the gradient's ops (ones_like, expand, mul) are rounded, so
-    it is x rounded to bf16; without the mode it is x exactly."""
+    """d(sum(w * x))/dw = x: the gradient's arithmetic (mul) is rounded, so it is x
+    rounded to bf16; without the mode it is x exactly."""
     x = torch.tensor([1.0 + 2**-12, 3.0 + 2**-10])
     w = torch.ones(2, requires_grad=True)
     with emulate("bfloat16", "rne"):

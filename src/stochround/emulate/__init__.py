@@ -4,15 +4,19 @@
   op's outputs to a format; `stochround.emulate.dispatch`: `Emulation`, its class;
   `stochround.emulate.ops`: which ops and dtypes it rounds, and how;
 - `stochround.emulate.mca`: Monte Carlo arithmetic on an unmodified function, `mca`, and
-  its result, `MCAResult`; `stochround.emulate.exact`: a float64 op's exact result as
-  hi + lo and its SR; `stochround.emulate.mca_digits`: significant digits with a
-  confidence (Sohier et al.).
+  its result, `MCAResult`;
+- `stochround.emulate.compiled`: `backend`, the `torch.compile` backend that emulates at
+  compiled speed (`EmulationBackend`), with `graph_rounding` (the rounding as graph ops)
+  and `opaque` (the ops Inductor may compute itself); `stochround.emulate.exact`: a
+  float64 op's exact result as hi + lo and its SR; `stochround.emulate.mca_digits`:
+  significant digits with a confidence (Sohier et al.).
 """
 
 from __future__ import annotations
 
+from .compiled import EmulationBackend, backend
 from .dispatch import Emulation
 from .mca import MCAResult, mca
 from .mode import emulate
 
-__all__ = ["Emulation", "MCAResult", "emulate", "mca"]
+__all__ = ["Emulation", "EmulationBackend", "MCAResult", "backend", "emulate", "mca"]

@@ -32,6 +32,7 @@ from .ops import (
     aten,
     cannot_compute_per_op,
     cast_formats,
+    converts,
     op_kind,
     target_formats,
 )
@@ -190,7 +191,8 @@ class Emulation(TorchDispatchMode):
             hardware=self.hardware,
         )
 
-    def _selected(self, func: torch._ops.OpOverload) -> bool:
+    def selected(self, func: torch._ops.OpOverload) -> bool:
+        """Whether ``ops`` picks ``func`` for rounding."""
         if self.ops == "all":
             return True
         if self.ops == "matmul":
@@ -211,8 +213,13 @@ class Emulation(TorchDispatchMode):
         for tensor in _tensors((args, kwargs.values())):
             _unsupported(tensor)
         kind = op_kind(func)
-        if kind.aliases_only or not self._selected(func):
+        if kind.aliases_only or not self.selected(func):
             return func(*args, **kwargs)
+        if kind.lays_out and not converts(func, args, kwargs):
+            out = func(*args, **kwargs)  # a factory makes complex tensors from nothing
+            for tensor in _tensors((out,)):
+                _unsupported(tensor)
+            return out
         return self._unhandled(lambda: self._emulated(func, kind, args, kwargs))
 
     def _emulated(
@@ -259,13 +266,13 @@ class Emulation(TorchDispatchMode):
         SR or directed rounding after it would see its values already rounded."""
         if func is aten._to_copy.default:
             source = args[0]
-            target = self._cast_format(kwargs.get("dtype") or source.dtype)
+            target = self.cast_format(kwargs.get("dtype") or source.dtype)
             if target is None or not source.is_floating_point():
                 return None
             return func(self._next_rounding(source.to(torch.float64), target), **kwargs)
         if func is aten.copy_.default:
             destination, source = args[0], args[1]
-            target = self._cast_format(destination.dtype)
+            target = self.cast_format(destination.dtype)
             if target is None or not isinstance(source, Tensor) or not source.is_floating_point():
                 return None
             rounded = self._next_rounding(source.to(torch.float64), target)
@@ -367,7 +374,7 @@ class Emulation(TorchDispatchMode):
             out = arith.add(bias.detach(), out, target, self.mode, **self._arith_options(1))
         return out
 
-    def _cast_format(self, dtype: torch.dtype) -> Format | None:
+    def cast_format(self, dtype: torch.dtype) -> Format | None:
         """The format a conversion into ``dtype`` rounds to (None: none)."""
         target = self.formats.get(dtype)
         return self.cast_formats.get(dtype) if target is None else target

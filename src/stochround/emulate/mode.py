@@ -32,7 +32,9 @@ def emulate(
     Every floating output y of an ATen op, forward and backward, whose dtype holds the
     format becomes ``round(y, fmt, mode, seed=key, offset=k)`` (`stochround.rounding.round`),
     ``key = stream_key(seed, StreamDomain.EMULATE)`` and k counting the rounded tensors, so
-    that a program needs no change and a run is a pure function of its seed.  The emulation
+    that a program needs no change and a run is a pure function of its seed; views, layout
+    ops and constant fills (`stochround.emulate.ops.LAYOUT_OPS`) compute nothing and are not
+    rounded.  For compiled speed: `stochround.emulate.backend`.  The emulation
     guide (docs/guide/emulate.md) states each argument's rule: what is rounded, ``ops``,
     ``compute``, ``accumulate``, conversions, nesting and torch.compile.
     """

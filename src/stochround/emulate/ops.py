@@ -102,15 +102,98 @@ _NO_VALUES = frozenset(
 )
 
 
+# ops that only lay values out or fill a constant: copies (and the ``*_copy`` forms of
+# views), concatenations, gathers, scatters of one tensor into another, paddings, the
+# constant factories. They compute no value: like views they are not rounded (their output
+# holds the format's values where their inputs do), as a Python scalar or `torch.tensor`
+# is not. A conversion between dtypes (`converts`) is the exception: it rounds.
+LAYOUT_OPS = frozenset(
+    {
+        aten.clone,
+        aten.contiguous,
+        aten._unsafe_view,
+        aten._reshape_copy,
+        aten.lift_fresh_copy,
+        aten.copy,
+        aten.copy_,
+        aten._to_copy,
+        aten.alias_copy,
+        aten.view_copy,
+        aten.expand_copy,
+        aten.permute_copy,
+        aten.t_copy,
+        aten.transpose_copy,
+        aten.unsqueeze_copy,
+        aten.squeeze_copy,
+        aten.slice_copy,
+        aten.select_copy,
+        aten.narrow_copy,
+        aten.diagonal_copy,
+        aten.as_strided_copy,
+        aten.unfold_copy,
+        aten.split_copy,
+        aten.split_with_sizes_copy,
+        aten.unbind_copy,
+        aten.slice_scatter,
+        aten.select_scatter,
+        aten.diagonal_scatter,
+        aten.as_strided_scatter,
+        aten.cat,
+        aten.stack,
+        aten.index_select,
+        aten.gather,
+        aten.index,
+        aten.flip,
+        aten.roll,
+        aten.repeat,
+        aten.constant_pad_nd,
+        aten.zeros,
+        aten.ones,
+        aten.full,
+        aten.scalar_tensor,
+        aten.zeros_like,
+        aten.ones_like,
+        aten.full_like,
+        aten.new_zeros,
+        aten.new_ones,
+        aten.new_full,
+        aten.fill,
+        aten.fill_,
+        aten.zero_,
+    }
+)
+
+# the layout ops that convert when their source's dtype is not their output's
+_CONVERTING = frozenset({aten._to_copy, aten.copy, aten.copy_})
+
+
+def converts(
+    func: torch._ops.OpOverload, args: tuple[object, ...], kwargs: dict[str, object]
+) -> bool:
+    """Whether ``func`` with these arguments converts a floating tensor into another dtype
+    (``x.to(dtype)``: ``_to_copy``; ``dst.copy_(src)``, ``copy``): the one case of a layout
+    op that an emulation rounds (its source, once, to the destination's format)."""
+    if func.overloadpacket not in _CONVERTING or not args:
+        return False
+    source = args[0] if func.overloadpacket is aten._to_copy else args[1] if len(args) > 1 else None
+    if not isinstance(source, torch.Tensor) or not source.is_floating_point():
+        return False
+    if func.overloadpacket is aten._to_copy:
+        dtype = kwargs.get("dtype")
+        return dtype is not None and dtype != source.dtype
+    destination = args[0]
+    return isinstance(destination, torch.Tensor) and destination.dtype != source.dtype
+
+
 FormatSpec = Format | str | torch.dtype
 
 
 class OpKind:
     """What an op's schema says about it, read once per op: whether it only aliases its
-    inputs (views, in-place metadata ops) or holds no values, and which arguments it
-    mutates (their positions and names)."""
+    inputs (views, in-place metadata ops) or holds no values, whether it only lays values
+    out (`LAYOUT_OPS`), and which arguments it mutates (their positions and names)."""
 
-    __slots__ = ("aliases_only", "mutated_names", "mutated_positions", "seeded")
+    __slots__ = ("aliases_only", "lays_out", "mutated_names", "mutated_positions", "seeded")
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -122,6 +205,7 @@ class OpKind:
             or torch.Tag.inplace_view in func.tags
             or func.overloadpacket in _NO_VALUES
         )
+        self.lays_out = func.overloadpacket in LAYOUT_OPS
         mutated = [
             (index, argument.name)
             for index, argument in enumerate(schema.arguments)
@@ -204,6 +288,7 @@ def cannot_compute_per_op(func: torch._ops.OpOverload) -> bool:
 __all__ = [
     "ACCUMULATES",
     "COMPUTES",
+    "LAYOUT_OPS",
     "MATMUL_OPS",
     "OPS",
     "PER_OP_OPS",
@@ -212,6 +297,7 @@ __all__ = [
     "aten",
     "cannot_compute_per_op",
     "cast_formats",
+    "converts",
     "op_kind",
     "target_formats",
 ]

@@ -1,0 +1,269 @@
+"""Emulation at compiled speed: a `torch.compile` backend that rounds each floating op's
+outputs as an eager emulation (`Emulation`) does, inside the kernels Inductor generates.
+
+``torch.compile(model, backend=stochround.emulate.backend("bfloat16", "sr", seed=0))``:
+AOTAutograd traces the forward and backward ATen graphs (no decomposition: the ops an
+eager emulation sees), each graph is traced again with every rounded op followed by its
+rounding written in tensor operations (`graph_rounding.rounded`), and Inductor compiles
+the result, fusing each rounding into the kernel that produces its input.  The emulation
+guide (docs/guide/emulate.md, "Compiled emulation") states the contract: the same bits as
+the eager emulation of the same arguments, offset for offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.fx import GraphModule, Interpreter, Node
+
+from ..formats import Format
+from .dispatch import Emulation
+from .graph_rounding import Rounding, rounded
+from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op
+from .ops import aten, converts, op_kind
+
+# a graph's ops whose outputs an eager emulation sees in another form: AOTAutograd writes an
+# in-place op on a graph input as its functional op followed by this copy back, and the eager
+# emulation rounds the in-place op once (the functional op's rounding here)
+_COPY_BACK = aten.copy_.default
+
+
+class EmulationBackend:
+    """A `torch.compile` backend that emulates ``fmt`` with ``mode`` (the arguments as
+    `emulate` takes them; `backend` checks them).  ``calls``: the tensors rounded so far,
+    the counter an eager `Emulation` keeps: each run of a compiled graph rounding F tensors
+    draws offsets ``calls .. calls + F - 1`` in graph order and advances it by F."""
+
+    def __init__(self, emulation: Emulation) -> None:
+        self.emulation = emulation
+        self.rounding = Rounding(
+            emulation.mode,
+            32 if emulation.rbits is None else int(emulation.rbits),
+            emulation.variant,
+            emulation.key,
+        )
+
+    @property
+    def calls(self) -> int:
+        """The roundings drawn so far (the next one's offset)."""
+        return self.emulation.calls
+
+    def __call__(self, gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        from torch._functorch import config as functorch_config
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._functorch.partitioners import default_partition
+
+        # no common-subexpression elimination: two equal ops are two roundings eagerly
+        with functorch_config.patch(cse=False):
+            return aot_module_simplified(
+                gm,
+                example_inputs,
+                fw_compiler=self._compile,
+                bw_compiler=self._compile,
+                partition_fn=default_partition,
+                decompositions={},
+                keep_inference_input_mutations=True,
+            )
+
+    def _compile(self, gm: GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        """One ATen graph (forward, backward or inference) traced again with its roundings,
+        compiled by Inductor; the callable it returns advances the counter per run."""
+        from torch._inductor.compile_fx import compile_fx_inner
+
+        traced, count, inputs = self._with_roundings(gm, example_inputs)
+        compiled = compile_fx_inner(traced, inputs)
+        device = _graph_device(example_inputs)
+
+        def run(args: list[Any]) -> Any:
+            base = torch.full((), self.emulation.calls, dtype=torch.int64, device=device)
+            self.emulation.calls += count
+            arguments = list(args)
+            args.clear()  # a boxed call: the callee owns the inputs
+            return compiled([*arguments, base])
+
+        # the runtime's frames are not traced by Dynamo (a backward run after a graph break
+        # would be): they call compiled code
+        guarded = torch._disable_dynamo(run)
+        guarded._boxed_call = True  # type: ignore[attr-defined]
+        return guarded
+
+    def _with_roundings(
+        self, gm: GraphModule, example_inputs: Sequence[Any]
+    ) -> tuple[GraphModule, int, list[Any]]:
+        """``gm`` traced again (make_fx) with one more input, the offset of its first
+        rounding, and each rounded output followed by its rounding; and how many it has."""
+        from torch._guards import detect_fake_mode
+        from torch._inductor.decomposition import select_decomp_table
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        interpreter = _RoundingInterpreter(gm, self)
+
+        def body(*args: Any) -> Any:
+            interpreter.count = 0
+            interpreter.base = args[-1]
+            return interpreter.run(*args[:-1])
+
+        table = {op: f for op, f in select_decomp_table().items() if op not in KEPT_DECOMPOSITIONS}
+        fake_mode = detect_fake_mode(example_inputs)
+        if fake_mode is None:
+            inputs = [*example_inputs, _offset_example(example_inputs)]
+            traced = make_fx(body, table, tracing_mode="fake")(*inputs)
+        else:
+            with fake_mode:
+                inputs = [*example_inputs, _offset_example(example_inputs)]
+                traced = make_fx(body, table, tracing_mode="real")(*inputs)
+        return traced, interpreter.count, inputs
+
+    def rounded(self, x: Tensor, target: Format, offset: Tensor) -> Tensor:
+        """x rounded to ``target`` at stream offset ``offset`` (an int64 tensor)."""
+        return rounded(x, target, self.rounding, offset)
+
+
+class _RoundingInterpreter(Interpreter):
+    """Runs an ATen graph op by op, rounding each op's floating outputs as
+    `Emulation._emulated` does (mode "native", accumulate "once"), numbering the roundings
+    from ``base`` in the order the graph runs them."""
+
+    def __init__(self, gm: GraphModule, backend: EmulationBackend) -> None:
+        super().__init__(gm)
+        self.backend = backend
+        self.emulation = backend.emulation
+        self.count = 0
+        self.base: Tensor | None = None
+        self.node: Node | None = None
+
+    def run_node(self, n: Node) -> Any:
+        self.node = n
+        return super().run_node(n)
+
+    def _native(
+        self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The op as the ATen kernel computes it (`opaque_op` where Inductor would not)."""
+        assert self.node is not None
+        if needs_opaque(target, self.node.meta.get("val")):
+            return opaque_op(target)(*args, **kwargs)
+        return target(*args, **kwargs)
+
+    def _next(self, x: Tensor, target: Format) -> Tensor:
+        assert self.base is not None
+        offset = self.base + self.count
+        self.count += 1
+        return self.backend.rounded(x, target, offset)
+
+    def _output(self, out: Tensor) -> Tensor:
+        target = self.emulation.formats.get(out.dtype)
+        return out if target is None else self._next(out, target)
+
+    def call_function(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not isinstance(target, torch._ops.OpOverload) or target is _COPY_BACK:
+            return super().call_function(target, args, kwargs)
+        kind = op_kind(target)
+        if kind.aliases_only:
+            return super().call_function(target, args, kwargs)
+        if not self.emulation.selected(target):
+            return self._native(target, args, kwargs)
+        if kind.lays_out:
+            if converts(target, args, kwargs):
+                return self._converted(target, args, kwargs)
+            return super().call_function(target, args, kwargs)
+        if kind.mutated_positions:
+            raise ValueError(
+                f"the compiled emulation met {target}, an op that mutates its arguments, in "
+                "a functional graph; run this program under the eager emulate"
+            )
+        return _each_output(self._output, self._native(target, args, kwargs))
+
+    def _converted(
+        self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A conversion (``_to_copy`` or ``copy`` into another dtype) as the eager emulation
+        computes it: the source rounded once, in float64, to the destination's format (if
+        its dtype has one), then converted exactly."""
+        if target.overloadpacket is aten._to_copy:
+            source, destination_dtype = args[0], kwargs["dtype"]
+        else:
+            source, destination_dtype = args[1], args[0].dtype
+        cast_target = self.emulation.cast_format(destination_dtype)
+        if cast_target is None:
+            return target(*args, **kwargs)
+        wide = self._next(source.to(torch.float64), cast_target)
+        if target.overloadpacket is aten._to_copy:
+            return target(wide, *args[1:], **kwargs)
+        return target(args[0], wide, *args[2:], **kwargs)
+
+
+def _each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
+    """``function`` applied to each tensor of an op's output, in order."""
+    if isinstance(out, Tensor):
+        return function(out)
+    if isinstance(out, list):
+        return [_each_output(function, value) for value in out]
+    if isinstance(out, tuple):
+        return tuple(_each_output(function, value) for value in out)
+    return out
+
+
+def _graph_device(example_inputs: Sequence[Any]) -> torch.device:
+    """The device of a graph's tensor inputs (the CPU for a graph without one)."""
+    for value in example_inputs:
+        if isinstance(value, Tensor) and value.device.type != "cpu":
+            return value.device
+    return torch.device("cpu")
+
+
+def _offset_example(example_inputs: Sequence[Any]) -> Tensor:
+    """An example of the offset input: an int64 scalar on the graph's device."""
+    return torch.zeros((), dtype=torch.int64, device=_graph_device(example_inputs))
+
+
+# the options of `emulate` that only the eager emulation computes, and the one value of each
+# that the backend takes (the eager default)
+_EAGER_ONLY: dict[str, object] = {
+    "compute": "native",
+    "accumulate": "once",
+    "round_inputs": False,
+    "hardware": None,
+}
+
+
+def backend(
+    fmt: Any,
+    mode: str = "rne",
+    *,
+    seed: int | None = None,
+    ops: str | Callable[[torch._ops.OpOverload], bool] = "all",
+    rbits: int | None = None,
+    variant: str = "c",
+    compute: str = "native",
+    accumulate: str = "once",
+    round_inputs: bool = False,
+    hardware: object = None,
+) -> EmulationBackend:
+    """A `torch.compile` backend under which a compiled program computes as under
+    ``emulate(fmt, mode, seed=seed, ops=ops, rbits=rbits, variant=variant)``, bit for bit,
+    with Inductor's speed: ``torch.compile(model, backend=backend("bfloat16", "sr",
+    seed=0))``.  ``compute``, ``accumulate``, ``round_inputs`` and ``hardware`` take their
+    defaults only (ValueError naming the argument otherwise): the eager emulation alone
+    computes the others."""
+    given = {
+        "compute": compute,
+        "accumulate": accumulate,
+        "round_inputs": round_inputs,
+        "hardware": hardware,
+    }
+    for name, value in given.items():
+        default = _EAGER_ONLY[name]
+        if value != default:
+            raise ValueError(
+                f"the compiled emulation takes {name}={default!r} only; got {name}={value!r}: "
+                f"run with {name}={value!r} under the eager emulate"
+            )
+    emulation = Emulation(fmt, mode, seed=seed, ops=ops, rbits=rbits, variant=variant)
+    return EmulationBackend(emulation)
+
+
+__all__ = ["EmulationBackend", "backend"]

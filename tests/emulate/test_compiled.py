@@ -1,0 +1,180 @@
+"""The compiled emulation (`emulate/compiled.py`): a program compiled with
+`stochround.emulate.backend` (AOTAutograd, then Inductor on the CPU) gives the bits of the
+same program run eagerly under `emulate` with the same arguments, forward outputs and
+gradients, for every mode, compiled whole (no graph break, no recompilation); and its
+refusals."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import stochround as sr
+from stochround.emulate import backend, emulate
+
+pytestmark = pytest.mark.compiles
+
+
+class Block(nn.Module):
+    """A small transformer block: attention by matmuls and softmax over transposed heads,
+    layer norms, an MLP."""
+
+    def __init__(self, width: int = 8, heads: int = 2) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        shape = (batch, length, self.heads, width // self.heads)
+        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / (width // self.heads) ** 0.5, dim=-1)
+        attended = (weights @ v).transpose(1, 2).reshape(batch, length, width)
+        x = x + self.proj(attended)
+        return x + self.mlp(self.norm2(x))
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4)
+    )
+
+
+def convnet() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2),
+        nn.Flatten(),
+        nn.Linear(36, 3),
+    )
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "mlp": (mlp, (5, 12)),
+    "transformer": (Block, (2, 4, 8)),
+    "conv": (convnet, (2, 2, 8, 8)),
+}
+
+
+def loss_of(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out = model(x)
+    return (out * out).mean()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().view(torch.int32)
+
+
+class Counted:
+    """A backend that counts the graphs Dynamo hands it (one per graph break, plus one per
+    recompilation)."""
+
+    def __init__(self, inner: Callable[..., Any]) -> None:
+        self.inner, self.graphs = inner, 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        self.graphs += 1
+        return self.inner(gm, example_inputs)
+
+
+def run_both(name: str, mode: str, steps: int = 2):
+    """Each step's loss and gradients, eager under `emulate` and compiled with `backend`,
+    over ``steps`` steps (the counter carries on; gradients set to None before each
+    step, as ``zero_grad()`` does: an accumulation into an existing ``.grad`` runs
+    outside the compiled graphs)."""
+    make, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = make()
+    inputs = [torch.randn(shape) for _ in range(steps)]
+    eager_model, compiled_model = copy.deepcopy(model), copy.deepcopy(model)
+    eager, compiled = [], []
+    with emulate("bfloat16", mode, seed=5) as emulation:
+        for x in inputs:
+            eager_model.zero_grad()
+            loss = loss_of(eager_model, x)
+            loss.backward()
+            eager.append([loss.detach(), *(p.grad for p in eager_model.parameters())])
+    emulating = backend("bfloat16", mode, seed=5)
+    counted = Counted(emulating)
+    compiled_loss = torch.compile(loss_of, backend=counted, fullgraph=True)
+    for x in inputs:
+        compiled_model.zero_grad()
+        loss = compiled_loss(compiled_model, x)
+        loss.backward()
+        compiled.append([loss.detach(), *(p.grad for p in compiled_model.parameters())])
+    return eager, compiled, emulation.calls, emulating.calls, counted.graphs
+
+
+CASES = [("mlp", mode) for mode in sr.MODES] + [
+    (name, mode) for name in ("transformer", "conv") for mode in ("rne", "sr")
+]
+
+
+@pytest.mark.parametrize(("name", "mode"), CASES)
+def test_compiled_emulation_is_eager_emulation_bit_for_bit(name, mode):
+    """Two steps, forward and backward: every loss and gradient bit for bit, the same
+    offsets drawn, one graph (fullgraph=True: no break; the second step reuses it)."""
+    torch._dynamo.reset()
+    eager, compiled, eager_calls, compiled_calls, graphs = run_both(name, mode)
+    assert compiled_calls == eager_calls > 0
+    assert graphs == 1
+    for step, (e, c) in enumerate(zip(eager, compiled, strict=True)):
+        for index, (a, b) in enumerate(zip(e, c, strict=True)):
+            assert torch.equal(bits(a), bits(b)), (step, index)
+    if mode == "sr":  # the rounding did something: not the plain fp32 loss
+        torch.manual_seed(0)
+        make, shape = MODELS[name]
+        plain = loss_of(make(), torch.randn(shape))
+        assert not torch.equal(plain, eager[0][0])
+
+
+def test_a_conversion_and_copies_in_a_graph_number_as_eagerly():
+    """In a compiled graph as eagerly: ``.to(bfloat16)`` rounds its source once with the
+    mode (then converts exactly), a same-dtype copy and a constant fill draw no offset."""
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        y = (x * 3).to(torch.bfloat16).float()
+        return torch.cat([y.t().contiguous().t(), torch.full_like(y, 0.1)]) * 5
+
+    x = torch.linspace(1, 2, 12).reshape(3, 4)
+    with emulate("bfloat16", "sr", seed=2) as emulation:
+        eager = program(x)
+    emulating = backend("bfloat16", "sr", seed=2)
+    torch._dynamo.reset()
+    compiled = torch.compile(program, backend=emulating, fullgraph=True)(x)
+    assert emulation.calls == emulating.calls == 4  # mul, the conversion, float(), mul
+    assert torch.equal(bits(compiled), bits(eager))
+
+
+def test_backend_refuses_what_it_does_not_compile():
+    """ValueError naming the argument, for a bad value and for the eager-only options."""
+    with pytest.raises(ValueError, match="mode"):
+        backend("bfloat16", "nearest")
+    with pytest.raises(ValueError, match="ops"):
+        backend("bfloat16", "rne", ops="convs")
+    refused = {
+        "compute": "float64",
+        "accumulate": "per_op",
+        "round_inputs": True,
+        "hardware": "amd-mi300-fp8",
+    }
+    for argument, value in refused.items():
+        with pytest.raises(ValueError, match=f"{argument}=") as error:
+            backend("bfloat16", "sr", **{argument: value})
+        assert "eager" in str(error.value)
+
+
+def test_the_backend_is_public_as_sr_emulate_backend():
+    assert sr.emulate_backend is backend
