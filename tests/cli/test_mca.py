@@ -108,8 +108,8 @@ def test_main_returning_nothing_still_gets_its_sites(tmp_path):
     )
     text = ok("mca", str(script), "--precision", "11", "--n", "4", "--out", str(tmp_path))
     assert "main() returned no tensors or numbers" in text
-    # ones, mul and sum: three rounded outputs on line 4
-    assert row(text, f"{script}:4 main")[1] == "3"
+    # mul and sum: two rounded outputs on line 4 (ones, a constant fill, is not rounded)
+    assert row(text, f"{script}:4 main")[1] == "2"
 
 
 def failure(tmp_path: Path, text: str, *options: str) -> str:

@@ -14,11 +14,11 @@ from stochround.experiments import emulate_science as science
 SEED = 2024
 
 
-def test_registered_between_optimizer_state_and_lm():
+def test_registered_between_optimizer_state_and_recipes_regime():
     names = list(EXPERIMENTS)
     assert EXPERIMENTS["emulate-science"] is science
     assert names.index("emulate-science") == names.index("optimizer-state") + 1
-    assert names.index("lm") == names.index("emulate-science") + 1
+    assert names.index("recipes-regime") == names.index("emulate-science") + 1
 
 
 def test_heat_rne_freezes_and_stays_frozen():
