@@ -158,7 +158,7 @@ def lorenz_run(
 ) -> torch.Tensor:
     """The trajectory (steps + 1, members, N), float64, of every member: plain float64
     when ``fmt`` is None, else under ``emulate(fmt, mode, seed=seed)`` (the start rounded
-    by a clone under it; the trajectory is stored outside the emulation, as it is).
+    by a product by 1 under it; the trajectory is stored outside the emulation, as it is).
 
     Args:
         starts: the members' starting states (members, N), float64 (`lorenz_starts`).
@@ -177,7 +177,9 @@ def lorenz_run(
         return trajectory
     emulation = emulate(fmt, mode, seed=seed)
     with emulation:
-        x = starts.clone()
+        # the start rounded to the format by an op under the emulation (a product by 1:
+        # exact, then rounded; a copy is not rounded, docs/guide/emulate.md)
+        x = starts * 1.0
     trajectory[0] = x
     for t in range(steps):
         with emulation:
@@ -271,7 +273,7 @@ def heat_run(
     emulation = None if fmt is None else emulate(fmt, mode, seed=seed)
     if emulation is not None:
         with emulation:
-            u = start.clone()
+            u = start * 1.0  # rounded to the format (a copy is not)
     means[0] = u.mean(dim=(-2, -1)).numpy()
     frozen = None
     for t in range(steps):
