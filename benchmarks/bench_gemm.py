@@ -83,6 +83,7 @@ class Gemm:
             torch.bfloat16,
         )
         self.flops = 2 * m * n * k
+        self.outputs = m * n  # the result's elements: a row's size (its shape column)
 
     def call(self, provider: str) -> Callable[[], Tensor]:
         if provider.startswith("triton_") and provider != "triton_gemm":
@@ -142,7 +143,8 @@ def row(gemm: Gemm, provider: str, spec: Tensor | None) -> Run:
         return "within fp32 accumulation's bound"
 
     notes = f"{gemm.flops / 1e12:.3f} TFLOP a call"
-    return Run(call, None if spec is None else check, notes=notes, extra={"flops": gemm.flops})
+    checked = None if spec is None else check
+    return Run(call, checked, gemm.outputs, notes=notes, extra={"flops": gemm.flops})
 
 
 def main() -> int:
