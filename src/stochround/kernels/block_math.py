@@ -183,13 +183,32 @@ def e8m0_exponent(amax, SCALE: tl.constexpr, ELEMENT: tl.constexpr):
 
 
 @triton.jit
-def _nearest_integer(v):
+def nearest_integer(v):
     """Nonnegative fp32 values rounded to the nearest integer, ties to even, as uint64."""
     if _NATIVE_CONVERSIONS:  # one conversion (cvt.rni.u64.f32)
         return libdevice.float2ull_rn(v).to(tl.uint64, bitcast=True)
     # the interpreter has no libdevice: every fp32 value from 2**23 up is an integer, and
     # below, adding 2**23 rounds to one, half to even
     return tl.where(v < 8388608.0, (v + 8388608.0) - 8388608.0, v).to(tl.uint64)
+
+
+@triton.jit
+def magnitude_steps_up(kept, fraction, negative, ROUNDING: tl.constexpr):
+    """Whether round-to-nearest or a directed rounding (ROUNDING.MODE: rne, rna, rz, ru,
+    rd) takes a magnitude of integer part ``kept`` and fraction ``fraction`` (in [0, 1)) up
+    to ``kept + 1``; ``negative``: the value's sign."""
+    if ROUNDING.MODE == "rne":
+        away = (fraction > 0.5) | ((fraction == 0.5) & ((kept & 1) == 1))
+    elif ROUNDING.MODE == "rna":
+        away = fraction >= 0.5
+    elif ROUNDING.MODE == "rz":
+        away = fraction < 0.0
+    elif ROUNDING.MODE == "ru":
+        away = (fraction > 0.0) & ~negative
+    else:
+        tl.static_assert(ROUNDING.MODE == "rd", "magnitude_steps_up takes rne, rna, rz, ru or rd")
+        away = (fraction > 0.0) & negative
+    return away
 
 
 @triton.jit
@@ -222,26 +241,12 @@ def fast_round(bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr):
             noise = r.to(tl.uint64) << (32 - ROUNDING.NBITS)
         else:
             tl.static_assert(ROUNDING.VARIANT == "c", "the fast path rounds SR variants a and c")
-            count = _nearest_integer(v)
+            count = nearest_integer(v)
             noise = r.to(tl.uint64)
         total = ((count + noise) >> B).to(tl.int32)
     else:
         kept = v.to(tl.int32)
-        fraction = v - kept.to(tl.float32)
-        negative = bits < 0
-        if ROUNDING.MODE == "rne":
-            away = (fraction > 0.5) | ((fraction == 0.5) & ((kept & 1) == 1))
-        elif ROUNDING.MODE == "rna":
-            away = fraction >= 0.5
-        elif ROUNDING.MODE == "rz":
-            away = fraction < 0.0
-        elif ROUNDING.MODE == "ru":
-            away = (fraction > 0.0) & ~negative
-        else:
-            tl.static_assert(
-                ROUNDING.MODE == "rd", "the fast path rounds rne, rna, rz, ru, rd and sr"
-            )
-            away = (fraction > 0.0) & negative
+        away = magnitude_steps_up(kept, v - kept.to(tl.float32), bits < 0, ROUNDING)
         total = kept + away.to(tl.int32)
     code = ((field + (ELEMENT.BIAS - 128)) << MBITS) + total
     code = code | sign_bit(bits, code, ELEMENT.SIGN_SHIFT, ELEMENT.HAS_NEGATIVE_ZERO)
@@ -368,7 +373,9 @@ __all__ = [
     "fast_round",
     "fp32_power_of_two",
     "general_round",
+    "magnitude_steps_up",
     "nan_where",
     "narrowed_value",
+    "nearest_integer",
     "nvfp4_scale",
 ]

@@ -28,7 +28,7 @@ from .block_math import BlockScale, element_format, element_rounding, fast_bits
 from .block_rotation import checked_rotation, rht_normalization
 from .common import INPUT_DTYPES, NAN16_BITS, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
-from .runtime import Launch, bound_launch, current_device
+from .runtime import Launch, bound_launch, check_prepared, current_device
 
 # elements a program handles (a power of two): enough to hide the memory latency; the
 # interpreter runs programs one after another, so there a larger tile costs less
@@ -469,17 +469,8 @@ class PreparedGemmBlocks:
 
     def check(self, x: Tensor) -> None:
         """ValueError unless x is a contiguous tensor of the prepared shape, dtype and
-        device."""
-        if (
-            x.shape != self.shape
-            or x.dtype != self.dtype
-            or x.device != self.device
-            or not x.is_contiguous()
-        ):
-            raise ValueError(
-                f"x must be a contiguous {self.dtype} tensor of shape {tuple(self.shape)} on "
-                f"{self.device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
-            )
+        device (`check_prepared`)."""
+        check_prepared(x, "x", self.shape, self.dtype, self.device)
 
     def __call__(
         self,

@@ -70,7 +70,7 @@ from .common import (
     seed_and_offset,
 )
 from .grid import cdiv, next_power_of_2
-from .runtime import Launch, bound_launch, current_device
+from .runtime import Launch, bound_launch, check_prepared, current_device
 
 # elements a program handles (a power of two; a program takes at least one whole block):
 # enough to hide the memory latency; the interpreter runs programs one after another, so
@@ -417,11 +417,7 @@ class PreparedSample:
     def __call__(self, w: Tensor, seed: Tensor, offset: Tensor) -> Tensor:
         """The sampled weight (a new tensor); ``w`` must `match`, ``seed`` and ``offset``
         be one-element int64 tensors on w's device (ValueError otherwise)."""
-        if not self.matches(w):
-            raise ValueError(
-                f"w must be a contiguous {self.dtype} tensor of shape {tuple(self.shape)} on "
-                f"{self.device}, as prepared; got {w.dtype} {tuple(w.shape)} on {w.device}"
-            )
+        check_prepared(w, "w", self.shape, self.dtype, self.device)
         for name, value in (("seed", seed), ("offset", offset)):
             if value.dtype != torch.int64 or value.numel() != 1 or value.device != w.device:
                 raise ValueError(f"{name} must be a one-element int64 tensor on w's device")

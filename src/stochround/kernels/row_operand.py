@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import libdevice
 
 from ..block_constants import ABSMAX_FLOORS, ROW_WORDS
 from ..formats import Format
@@ -27,7 +26,9 @@ from .block_math import (
     element_rounding,
     fast_round,
     general_round,
+    magnitude_steps_up,
     narrowed_value,
+    nearest_integer,
 )
 from .common import (
     INPUT_DTYPES,
@@ -40,7 +41,7 @@ from .common import (
 )
 from .grid import cdiv, next_power_of_2
 from .philox import random_word
-from .runtime import Launch, bound_launch, current_device
+from .runtime import Launch, bound_launch, check_prepared, current_device
 
 # whose word each element's SR draws: its own (the word of its row-major index), its
 # row's (the word of the row's index), or its column's (the word of the column's index)
@@ -51,8 +52,6 @@ from .runtime import Launch, bound_launch, current_device
 CHUNK_ELEMENTS = 2**14 if INTERPRETED else 2**12
 ROW_TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
 _NUM_WARPS = 4
-# compiled kernels call libdevice's conversion; the interpreter has none
-_NATIVE_CONVERSIONS = tl.constexpr(not INTERPRETED)
 
 _ABSMAX_FLOOR = tl.constexpr(ABSMAX_FLOORS[torch.float32])
 _ABSMAX_FLOOR_BF16 = tl.constexpr(ABSMAX_FLOORS[torch.bfloat16])
@@ -93,15 +92,6 @@ class RowOutput(NamedTuple):
 
 
 @triton.jit
-def _nearest_integer(v):
-    """Nonnegative fp32 values rounded to the nearest integer, ties to even, as uint64."""
-    if _NATIVE_CONVERSIONS:  # one conversion (cvt.rni.u64.f32)
-        return libdevice.float2ull_rn(v).to(tl.uint64, bitcast=True)
-    else:  # from 2**23 up every fp32 value is an integer; below, + 2**23 rounds it
-        return tl.where(v < 8388608.0, (v + 8388608.0) - 8388608.0, v).to(tl.uint64)
-
-
-@triton.jit
 def integer_round(
     bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr, COUNT_SCALE: tl.constexpr
 ):
@@ -123,22 +113,11 @@ def integer_round(
             total = ((count + noise) >> 32).to(tl.int32)
         else:
             tl.static_assert(ROUNDING.VARIANT == "c", "the integer path rounds SR a and c")
-            count = _nearest_integer(m * COUNT_SCALE)  # m 2**n
+            count = nearest_integer(m * COUNT_SCALE)  # m 2**n
             total = ((count + r.to(tl.uint64)) >> ROUNDING.NBITS).to(tl.int32)
     else:
         kept = m.to(tl.int32)
-        fraction = m - kept.to(tl.float32)
-        if ROUNDING.MODE == "rne":
-            away = (fraction > 0.5) | ((fraction == 0.5) & ((kept & 1) == 1))
-        elif ROUNDING.MODE == "rna":
-            away = fraction >= 0.5
-        elif ROUNDING.MODE == "rz":
-            away = fraction < 0.0
-        elif ROUNDING.MODE == "ru":
-            away = (fraction > 0.0) & ~negative
-        else:
-            tl.static_assert(ROUNDING.MODE == "rd", "the integer path rounds rne rna rz ru rd sr")
-            away = (fraction > 0.0) & negative
+        away = magnitude_steps_up(kept, m - kept.to(tl.float32), negative, ROUNDING)
         total = kept + away.to(tl.int32)
     # the negative side ends at the lowest value (int8: -128), the positive at max
     limit = tl.where(negative, ELEMENT.NEGATIVE_LIMIT_BITS, ELEMENT.MAX_BITS)
@@ -389,17 +368,8 @@ class PreparedRowOperand:
 
     def check(self, x: Tensor) -> None:
         """ValueError unless x is a contiguous tensor of the prepared shape, dtype and
-        device."""
-        if (
-            x.shape != self.shape
-            or x.dtype != self.dtype
-            or x.device != self.device
-            or not x.is_contiguous()
-        ):
-            raise ValueError(
-                f"x must be a contiguous {self.dtype} tensor of shape {tuple(self.shape)} on "
-                f"{self.device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
-            )
+        device (`check_prepared`)."""
+        check_prepared(x, "x", self.shape, self.dtype, self.device)
 
     def launch(self, x: Tensor, seed: Tensor | int, offset: Tensor | int) -> tuple[Tensor, Tensor]:
         """(values, fp32 row scales (rows, 1)) of x, checked (`check`), on the current

@@ -182,6 +182,18 @@ def current_device() -> int:
     return torch._C._cuda_getDevice()
 
 
+def check_prepared(
+    x: Tensor, name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device
+) -> None:
+    """ValueError unless ``x`` (called ``name``) is a contiguous tensor of the shape, dtype
+    and device a prepared launch was made for."""
+    if x.shape != shape or x.dtype != dtype or x.device != device or not x.is_contiguous():
+        raise ValueError(
+            f"{name} must be a contiguous {dtype} tensor of shape {tuple(shape)} on "
+            f"{device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
+        )
+
+
 @functools.lru_cache(maxsize=64)
 def current_stream(stream_data: tuple[int, int, int]) -> torch.cuda.Stream:
     """The `torch.cuda.Stream` of a device's current stream, given as PyTorch's

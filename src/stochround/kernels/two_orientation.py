@@ -35,7 +35,7 @@ from .block_math import element_format as element_record
 from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, rotation_rounded
 from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits
 from .grid import cdiv
-from .runtime import Launch, bound_launch, current_device
+from .runtime import Launch, bound_launch, check_prepared, current_device
 
 # NVFP4's block: 16 elements along the contraction axis of each orientation
 PAIR_BLOCK = 16
@@ -301,17 +301,8 @@ class PreparedTwoOrientations:
 
     def check(self, x: Tensor) -> None:
         """ValueError unless x is a contiguous tensor of the prepared shape, dtype and
-        device."""
-        if (
-            x.shape != self.shape
-            or x.dtype != self.dtype
-            or x.device != self.device
-            or not x.is_contiguous()
-        ):
-            raise ValueError(
-                f"x must be a contiguous {self.dtype} tensor of shape {tuple(self.shape)} on "
-                f"{self.device}, as prepared; got {x.dtype} {tuple(x.shape)} on {x.device}"
-            )
+        device (`check_prepared`)."""
+        check_prepared(x, "x", self.shape, self.dtype, self.device)
 
     def __call__(
         self,
