@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.fx import GraphModule, Interpreter, Node
 
 from ..formats import Format
-from .dispatch import Emulation
+from .dispatch import Emulation, each_output
 from .graph_rounding import Rounding, rounded
 from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op
 from .ops import aten, converts, op_kind
@@ -175,7 +175,7 @@ class _RoundingInterpreter(Interpreter):
                 f"the compiled emulation met {target}, an op that mutates its arguments, in "
                 "a functional graph; run this program under the eager emulate"
             )
-        return _each_output(self._output, self._native(target, args, kwargs))
+        return each_output(self._output, self._native(target, args, kwargs))
 
     def _converted(
         self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -194,17 +194,6 @@ class _RoundingInterpreter(Interpreter):
         if target.overloadpacket is aten._to_copy:
             return target(wide, *args[1:], **kwargs)
         return target(args[0], wide, *args[2:], **kwargs)
-
-
-def _each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
-    """``function`` applied to each tensor of an op's output, in order."""
-    if isinstance(out, Tensor):
-        return function(out)
-    if isinstance(out, list):
-        return [_each_output(function, value) for value in out]
-    if isinstance(out, tuple):
-        return tuple(_each_output(function, value) for value in out)
-    return out
 
 
 def _graph_device(example_inputs: Sequence[Any]) -> torch.device:

@@ -66,15 +66,15 @@ def _tensors(values: Iterable[object]) -> Iterator[Tensor]:
             yield from _tensors(value)
 
 
-def _each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
+def each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
     """``function`` applied to each tensor of an op's output: a tensor, or a tuple or list
     of tensors and other values (the shapes an ATen op returns)."""
     if isinstance(out, Tensor):
         return function(out)
     if isinstance(out, list):
-        return [_each_output(function, value) for value in out]
+        return [each_output(function, value) for value in out]
     if isinstance(out, tuple):
-        return tuple(_each_output(function, value) for value in out)
+        return tuple(each_output(function, value) for value in out)
     return out
 
 
@@ -249,7 +249,7 @@ class Emulation(TorchDispatchMode):
                 if tensor.dtype in self.formats and self.round_outputs:
                     tensor.copy_(self._next_rounding(tensor, self.formats[tensor.dtype]))
             if not kind.mutated_positions and self.round_outputs:
-                out = _each_output(self._output_rounded, out)
+                out = each_output(self._output_rounded, out)
         for tensor in _tensors((out,)):
             _unsupported(tensor)
         if self.observer is not None and self.calls > before:
@@ -526,4 +526,4 @@ def _scalar_dtype(floating: list[Tensor]) -> torch.dtype | None:
     return torch.float64 if promoted == torch.float64 else torch.float32
 
 
-__all__ = ["Emulation"]
+__all__ = ["Emulation", "each_output"]

@@ -176,7 +176,7 @@ def quantize_operand(
         prepared = prepared_operand(spec, fmt, operand.shape, operand.dtype, operand.device)
     if prepared is not None and isinstance(offset, Tensor):
         # the eager CUDA step: the checks and the launches' set-up made once per shape
-        result = prepared(operand, _seed_on(seed, operand.device), offset.reshape(1), signs)
+        result = prepared(operand, seed_on(seed, operand.device), offset.reshape(1), signs)
     else:
         result = gemm_operand(operand, fmt, spec.mode, **options)
     if result.values.is_cuda and result.values.dtype == torch.float32 and exact_in_bf16(fmt):
@@ -211,7 +211,7 @@ def row_kernel_operand_of(
         prepared = prepared_row_operand(
             spec, fmt, words, operand.shape, operand.dtype, operand.device
         )
-        return prepared(operand, _seed_on(seed, operand.device), offset.reshape(1))
+        return prepared(operand, seed_on(seed, operand.device), offset.reshape(1))
     n = 32 if rbits is None else rbits
     return row_kernel_operand(operand, fmt, spec.mode, n, variant, words, seed, offset)
 
@@ -272,7 +272,7 @@ def prepared_operand(
 
 
 @functools.lru_cache(maxsize=64)
-def _seed_on(seed: int, device: torch.device) -> Tensor:
+def seed_on(seed: int, device: torch.device) -> Tensor:
     """The layer's Philox key as the one-element int64 tensor the kernel reads, on device
     (made once: a fill per call would be a launch)."""
     return seed_tensor(seed, "seed", device)
@@ -297,5 +297,6 @@ __all__ = [
     "row_kernel_operand_of",
     "row_noise_operand",
     "row_words",
+    "seed_on",
     "tensor_scaled_operand",
 ]

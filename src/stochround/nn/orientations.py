@@ -18,8 +18,7 @@ from ..blocks.formats import BlockFormat
 from ..blocks.request import default_signs
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import use_kernel
-from ..random import seed_tensor
-from .operands import Operand
+from .operands import Operand, seed_on
 
 # what the pair quantizer reads
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -103,7 +102,7 @@ class PreparedPair:
         from its offset (0-d int64 tensors on x's device) under the layer's ``seed``;
         ``signs``: the rotation's per-step signs (None: the fixed ones)."""
         rotation = self.signs if signs is None else signs
-        key = _seed_on(seed, self.device)
+        key = seed_on(seed, self.device)
         pair = self.kernel(x, key, row_offset.reshape(1), column_offset.reshape(1), rotation)
         scales = pair.scales
         row_scale = None if scales is None else scales[0, 0]
@@ -126,13 +125,6 @@ def prepared_pair(
     """The `PreparedPair` of these roles for a tensor of this shape, dtype and device,
     made once per combination (a layer's shapes repeat at every step)."""
     return PreparedPair(row, column, shape, dtype, device, padded)
-
-
-@functools.lru_cache(maxsize=64)
-def _seed_on(seed: int, device: torch.device) -> Tensor:
-    """The layer's Philox key as the one-element int64 tensor the kernel reads (made once:
-    a fill per call would be a launch)."""
-    return seed_tensor(seed, "seed", device)
 
 
 def both_orientations(
