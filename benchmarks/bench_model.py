@@ -32,13 +32,13 @@ Checks before timing: the loss is finite and lies within 5% of the bf16 model's.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from functools import partial
 
 # harness before stochround: without a GPU it selects Triton's interpreter
 import harness
 import torch
-import torch.nn.functional as F
+from bench_gaussws import Inputs, step
+from bench_gaussws import build_model as bf16_model
 from harness import Benchmark, CheckFailed, Run
 
 from stochround.experiments.lm_model import GPT
@@ -52,40 +52,17 @@ VARIANTS = ("bf16", "nvfp4", "gaussws")
 HOWS = ("eager", "compiled", "graphed")
 
 
-class Inputs:
-    """Random bytes (seed 0): ``batch`` windows of ``context`` inputs and their targets."""
-
-    def __init__(self, batch: int, context: int, device: torch.device) -> None:
-        generator = torch.Generator(device=device).manual_seed(0)
-        tokens = torch.randint(0, 256, (batch, context + 1), generator=generator, device=device)
-        self.inputs, self.targets = tokens[:, :-1], tokens[:, 1:]
-        self.tokens = batch * context
-
-
 def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.device) -> GPT:
-    """The GPT in bf16 (seeded weights, the same for every row) under ``variant``."""
+    """The GPT in bf16 (seeded weights, the same for every row: `bench_gaussws`'s model)
+    under ``variant``."""
     import stochround.nn as srnn
 
-    torch.manual_seed(0)
-    model = GPT(*shape).to(device=device, dtype=torch.bfloat16)
+    model = bf16_model(*shape, device)
     if variant == "nvfp4":
         srnn.quantize_(model, srnn.nvfp4(keep=("lm_head",)))
     elif variant == "gaussws":
         srnn.gaussws_(model, "e3m2", filter_fn=lambda _module, path: path != "lm_head")
     return model.train()
-
-
-def step_of(model: torch.nn.Module, inputs: Inputs) -> Callable[[], torch.Tensor]:
-    """Gradients set to None, the loss, its backward; returns the loss."""
-
-    def call() -> torch.Tensor:
-        model.zero_grad(set_to_none=True)
-        logits = model(inputs.inputs)
-        loss = F.cross_entropy(logits.float().reshape(-1, 256), inputs.targets.reshape(-1))
-        loss.backward()
-        return loss.detach()
-
-    return call
 
 
 def row(
@@ -104,7 +81,7 @@ def row(
         raise ImportError(f"QuantizedLinear compiles with torch >= 2.13 (here {torch.__version__})")
     model = build_model(shape, variant, device)
     runner: torch.nn.Module = torch.compile(model) if how == "compiled" else model
-    call = step_of(runner, inputs)
+    call = step(runner, inputs)  # type: ignore[arg-type]
     if how == "graphed":
         call = harness.graph_of(call)
 

@@ -124,9 +124,8 @@ def gemm_config(m: int, n: int) -> GemmConfig:
     return SQUARE_TILE
 
 
-# the largest m * n * k the fused GEMM serves: the largest product at which it beat cuBLAS
-# with the epilogue pass on an H200 (a layer's step of 2048 x 1024 x 1024; it lost from a
-# GPT-2-small layer's 8192 x 768 x 768 up)
+# the largest m * n * k the fused GEMM serves: above it cuBLAS with the epilogue pass was
+# faster (benchmarks/RESULTS.md, bench_gemm and bench_model)
 FUSED_GEMM_LIMIT = 2**31
 
 
