@@ -15,9 +15,11 @@ the body's module afresh, so a body is a module-level function and takes what it
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 WORLD_SIZE = 2
+# a rank that raised before a collective leaves the other waiting in it: the wait fails
+# after this long instead of holding the test for the default half hour
+COLLECTIVE_TIMEOUT = timedelta(minutes=3)
 
 
 def _rank_main(
@@ -44,15 +49,25 @@ def _rank_main(
         init_method=f"file://{os.path.join(folder, 'store')}",
         rank=rank,
         world_size=world_size,
+        timeout=COLLECTIVE_TIMEOUT,
     )
     outcome: dict[str, Any]
     try:
         outcome = {"result": body(rank, world_size, device, *args)}
+        # no rank tears its group down while another still has a collective in flight
+        dist.barrier()
     except BaseException:  # reported to the test, which raises it
         outcome = {"error": traceback.format_exc()}
     finally:
         dist.destroy_process_group()
     torch.save(outcome, Path(folder) / f"rank{rank}.pt")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The outcome is on disk and the group destroyed; skip the interpreter's teardown, where
+    # objects still holding the gloo group (device meshes, DTensor caches) are destroyed
+    # with its worker threads running, which aborted a rank under load (SIGABRT,
+    # "terminate called without an active exception").
+    os._exit(0)
 
 
 def run_ranks(
