@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import typing
 from collections.abc import Callable
 
 import pytest
@@ -210,19 +211,40 @@ def test_no_grad_forwards_keep_no_step() -> None:
         assert read_step(counter, layers[0].step_reads) is None
 
 
-def compiled_runs(name: str) -> list[list[Tensor]]:
-    """torchtitan's order — each block checkpointed (``checkpoint_wrapper``), then compiled
-    with inductor — and the same blocks compiled without checkpointing: their runs."""
-    runs = []
-    for mode in ("none", "wrapper"):
-        torch._dynamo.reset()
-        model = checkpointed(quantized(name), mode)
-        for index, block in enumerate(model.layers):
-            model.layers[index] = torch.compile(block, backend="inductor", fullgraph=True)
-        runs.append(train(model))
+class Checkpointed(nn.Module):
+    """``block`` run through ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: Tensor) -> Tensor:
+        return typing.cast(Tensor, checkpoint(self.block, x, use_reentrant=False))
+
+
+def compiled_run(name: str, mode: str) -> list[Tensor]:
+    """The run of the blocks checkpointed as ``mode`` says ("none", "non_reentrant": the
+    block's call wrapped in torch's checkpoint, "wrapper": ``checkpoint_wrapper``), then
+    each compiled with inductor (torchtitan's order: AC, then compile)."""
+    torch._dynamo.reset()
+    model = quantized(name)
+    for index, block in enumerate(model.layers):
+        wrapped: nn.Module = block
+        if mode == "non_reentrant":
+            wrapped = Checkpointed(block)
+        elif mode == "wrapper":
+            wrapped = checkpoint_wrapper(block)
+        model.layers[index] = torch.compile(wrapped, backend="inductor", fullgraph=True)
+    seen = train(model)
     # dynamo's caches of checkpointed code would otherwise meet later tests' compiles
     torch._dynamo.reset()
-    return runs
+    return seen
+
+
+@functools.cache
+def compiled_reference(name: str) -> tuple[Tensor, ...]:
+    """The compiled run without checkpointing."""
+    return tuple(compiled_run(name, "none"))
 
 
 @pytest.mark.compiles
@@ -230,17 +252,21 @@ def compiled_runs(name: str) -> list[list[Tensor]]:
 def test_compiled_checkpointing_of_a_round_to_nearest_recipe_changes_no_bit() -> None:
     """mxfp8() draws no random bits: its compiled checkpointed blocks give the bits of the
     compiled blocks without checkpointing (inductor recomputes the forward's ops alike)."""
-    runs = compiled_runs("mxfp8")
-    assert_same(runs[1], runs[0])
+    assert_same(compiled_run("mxfp8", "wrapper"), list(compiled_reference("mxfp8")))
 
 
 @pytest.mark.compiles
 @pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (docs/guide/recipes.md): the compiled backward recomputes the step "
-    "read from the buffer the forward has advanced, so SR's words are the next step's",
-)
-def test_compiled_checkpointing_of_an_sr_recipe_changes_no_bit() -> None:
-    runs = compiled_runs("nvfp4")
-    assert_same(runs[1], runs[0])
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [("nvfp4", "non_reentrant"), ("nvfp4", "wrapper"), ("mxfp4_tseng", "wrapper"),
+     ("int8", "non_reentrant"), ("gaussws", "wrapper")],
+)  # fmt: skip
+def test_compiled_checkpointing_of_an_sr_recipe_changes_no_bit(name: str, mode: str) -> None:
+    """Recipes that draw random bits (SR gradients; mxfp4_tseng's per-step RHT signs; GaussWS's
+    samples), checkpointed by torch's checkpoint or ``checkpoint_wrapper`` and compiled,
+    give the compiled blocks' bits without checkpointing — losses, gradients, step buffers
+    at each of three steps — with no policy passed: the step read is saved for the
+    backward (`stochround.nn.step_ops.save_the_step_read`).  Before, the compiled backward
+    recomputed it from the buffer the forward had advanced and drew the next step's words."""
+    assert_same(compiled_run(name, mode), list(compiled_reference(name)))

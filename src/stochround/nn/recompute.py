@@ -25,9 +25,9 @@ How the phases are told apart, from what torch's checkpoint does:
   lacks under a caller's ``no_grad``.
 
 Under torch.compile the step is read by the opaque op `advance_step` once per compiled
-forward.  A known bug (docs/guide/recipes.md): inside a checkpointed region the compiled
-backward recomputes that read from the buffer the forward has advanced, so a recipe that
-draws random bits draws the next step's words there.
+forward, and a checkpointed region's compiled backward takes the value that read returned:
+the op is saved for the backward, never recomputed, whatever the region's policy
+(`stochround.nn.step_ops.save_the_step_read`; docs/guide/recipes.md).
 """
 
 from __future__ import annotations

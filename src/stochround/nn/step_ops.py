@@ -1,15 +1,18 @@
 """The small operations of a `QuantizedLinear` step that torch.compile must see as one
-opaque node each — the RHT signs' draw, the step counter's advance, db's sum — with their
-eager twins, and the wgrad operands' transposes (docs/guide/recipes.md)."""
+opaque node each — the RHT signs' draw, the step counter's advance (saved, never
+recomputed, in a checkpointed region), db's sum — with their eager twins, and the wgrad
+operands' transposes (docs/guide/recipes.md)."""
 
 from __future__ import annotations
 
 import contextlib
 import typing
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils import checkpoint as torch_checkpoint
 
 from ..blocks.hadamard import random_signs
 from ..kernels.availability import triton_missing
@@ -54,6 +57,41 @@ advance_step = torch.library.custom_op(
 @advance_step.register_fake
 def _(step: Tensor) -> Tensor:
     return torch.empty_like(step)
+
+
+def must_save(policy_context: object, op: object, *args: object, **kwargs: object) -> object:
+    """The selective-checkpoint policy of `advance_step` in every checkpointed region:
+    `CheckpointPolicy.MUST_SAVE`, whatever the region's own policy says of other ops."""
+    return torch_checkpoint.CheckpointPolicy.MUST_SAVE
+
+
+def save_the_step_read(
+    mode: Any, func: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """`advance_step` under a checkpointed region's forward mode: the region's own dispatch
+    with `must_save` as its policy for this one call.
+
+    Under torch.compile a non-reentrant checkpoint (and `checkpoint_wrapper`, and
+    torchtitan's AC) traces its region through this mode, which tags each op's graph nodes
+    with the region's policy — recompute, for a plain checkpoint — and the partitioner
+    recomputes what is so tagged in the backward.  Recomputed, the step read would read the
+    buffer the forward has advanced and draw the next step's words; saved, the backward
+    takes the forward's step, as eager recomputation does (`stochround.nn.recompute`)."""
+    policy = mode.policy_fn
+    mode.policy_fn = must_save
+    try:
+        return mode.__torch_dispatch__(func, types, args, kwargs)
+    finally:
+        mode.policy_fn = policy
+
+
+# the mode in which torch.utils.checkpoint runs a region's forward under selective (and,
+# compiled, plain) checkpointing: a private class of torch's (torch 2.13); a release that
+# renamed it would leave the rule unregistered, which the compiled checkpointing tests
+# (tests/nn/test_checkpointing.py) catch by the bits
+_REGION_MODE = getattr(torch_checkpoint, "_CachingTorchDispatchMode", None)
+if _REGION_MODE is not None:
+    advance_step.register_torch_dispatch(_REGION_MODE, save_the_step_read)
 
 
 @contextlib.contextmanager
@@ -109,5 +147,7 @@ __all__ = [
     "bias_gradient_op",
     "draw_signs",
     "draw_signs_eagerly",
+    "must_save",
+    "save_the_step_read",
     "transposed",
 ]
