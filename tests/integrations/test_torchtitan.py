@@ -16,6 +16,7 @@ pytest.importorskip(
     reason="torchtitan is not installed (pip install 'stochround[torchtitan]', Python >= 3.11)",
 )
 
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.linear import Linear
 from typer.testing import CliRunner
 
@@ -130,6 +131,56 @@ def test_forward_and_backward_of_the_converted_model_on_the_cpu() -> None:
     layer = model.layers["1"].feed_forward.w2
     assert int(layer.step) == 1
     assert layer.weight.grad is not None and layer.weight.grad.abs().sum() > 0
+
+
+def train_steps(model: torch.nn.Module, steps: int = 2) -> list[torch.Tensor]:
+    """A plain loop of SGD steps on fixed tokens: each step's loss, every gradient and
+    every step counter."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    positions = torch.arange(32).repeat(2, 1)
+    masks = model.get_attention_masks(positions)
+    seen: list[torch.Tensor] = []
+    for _ in range(steps):
+        tokens = torch.randint(0, 258, (2, 32), generator=generator)
+        optimizer.zero_grad()
+        logits = model(tokens, attention_masks=masks, positions=positions)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        loss.backward()
+        seen.append(loss.detach().clone())
+        seen += [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        seen += [b.clone() for b in model.buffers() if b.dtype == torch.int64]
+        optimizer.step()
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_a_checkpointed_model_trains_as_the_plain_one_bit_for_bit(mode: str) -> None:
+    """The tiny nvfp4 model with torchtitan's activation checkpointing applied as its
+    parallelize step applies it (``ac_config.build().apply(model)``) gives the losses,
+    gradients and step counters of the same model without it, bit for bit, for two
+    steps (before, titan_config had no activation checkpointing to turn on)."""
+    config = titan_config("nvfp4", flavor="tiny", activation_checkpoint=mode)
+    assert isinstance(
+        config.activation_checkpoint, FullAC.Config if mode == "full" else SelectiveAC.Config
+    )
+    plain = built(titan_config("nvfp4", flavor="tiny"))
+    checkpointed = built(config)
+    config.activation_checkpoint.build(dump_folder="").apply(checkpointed)
+    assert type(checkpointed.layers["0"]).__name__ == "CheckpointWrapper"
+    got, expected = train_steps(checkpointed), train_steps(plain)
+    assert len(got) == len(expected) and len(expected) > 2 * 25
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        assert torch.equal(mine, theirs), index
+    assert int(checkpointed.layers["1"].feed_forward.w2.step) == 2
+
+
+def test_an_unknown_activation_checkpoint_raises() -> None:
+    assert titan_config("nvfp4", flavor="tiny").activation_checkpoint is None
+    with pytest.raises(
+        ValueError, match="activation_checkpoint must be one of none, full, selective"
+    ):
+        titan_config("nvfp4", flavor="tiny", activation_checkpoint="memory-budget")
 
 
 def test_unknown_recipe_and_misfit_layer_raise() -> None:

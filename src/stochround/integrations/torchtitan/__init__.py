@@ -23,12 +23,13 @@ except ImportError as error:  # pragma: no cover - the tests skip without torcht
         "stochround.integrations.torchtitan needs torchtitan: pip install 'stochround[torchtitan]'"
     ) from error
 
-from .config_registry import FLAVORS, OPTIMIZERS, titan_config
+from .config_registry import ACTIVATION_CHECKPOINTS, FLAVORS, OPTIMIZERS, titan_config
 from .converter import StochroundConverter, StochroundLinear, converted_paths, make_recipe
 from .data import ByteTokenizer, StdlibDataLoader, StdlibDataset, stdlib_files
 from .optimizers import SR_OPTIMIZERS, SROptimizersContainer, sr_optimizer
 
 __all__ = [
+    "ACTIVATION_CHECKPOINTS",
     "FLAVORS",
     "OPTIMIZERS",
     "SR_OPTIMIZERS",

@@ -5,10 +5,12 @@ torchtitan's trainer finds these by module:
 stochround_debugmodel_nvfp4`` (or ``python -m torchtitan.train ...``; any field can be
 overridden on its command line, e.g. ``--training.steps 200``).  Each function is
 torchtitan's ``llama3_debugmodel`` config with the data made offline (`StdlibDataLoader`,
-`ByteTokenizer`), validation off, activation checkpointing off (a checkpointed block runs
-its forward twice, which would advance each quantized layer's step counter twice), and the
-model converted by `StochroundConverter`.  `titan_config` builds any combination: a model
-size (`FLAVORS`), a recipe with its switches, rules and seed, and an optimizer.
+`ByteTokenizer`), validation off, activation checkpointing off by default, and the model
+converted by `StochroundConverter`.  `titan_config` builds any combination: a model size
+(`FLAVORS`), a recipe with its switches, rules and seed, an optimizer, and torchtitan's
+full or selective activation checkpointing (`ACTIVATION_CHECKPOINTS`): a checkpointed
+block's recomputation reads the step its forward read, eager or compiled, so the run is
+the un-checkpointed one bit for bit (`stochround.nn.recompute`, docs/guide/recipes.md).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.validate import Validator
 from torchtitan.config import ParallelismConfig, TrainingConfig
+from torchtitan.distributed.activation_checkpoint import (
+    ActivationCheckpointingConfig,
+    FullAC,
+    SelectiveAC,
+)
 from torchtitan.models.common import (
     ComplexRoPE,
     Embedding,
@@ -44,6 +51,24 @@ from .optimizers import SR_OPTIMIZERS, SROptimizersContainer, sr_optimizer
 SIZES: dict[str, tuple[int, int, int]] = {"100M": (768, 14, 12), "tiny": (64, 2, 4)}
 FLAVORS: tuple[str, ...] = ("debugmodel", *SIZES)
 OPTIMIZERS: tuple[str, ...] = ("AdamW", *SR_OPTIMIZERS)
+# torchtitan's activation checkpointing of each transformer block: none, the whole block
+# (``checkpoint_wrapper``), or its per-op selective policy
+ACTIVATION_CHECKPOINTS: tuple[str, ...] = ("none", "full", "selective")
+
+
+def activation_checkpoint_config(mode: str) -> ActivationCheckpointingConfig | None:
+    """torchtitan's activation checkpointing config of ``mode`` (one of
+    `ACTIVATION_CHECKPOINTS`; None for "none", which the trainer reads as off)."""
+    if mode not in ACTIVATION_CHECKPOINTS:
+        raise ValueError(
+            f"activation_checkpoint must be one of {', '.join(ACTIVATION_CHECKPOINTS)}; "
+            f"got {mode!r}"
+        )
+    if mode == "full":
+        return FullAC.Config()
+    if mode == "selective":
+        return SelectiveAC.Config()
+    return None
 
 
 def llama3_model(dim: int, n_layers: int, n_heads: int) -> Llama3Model.Config:
@@ -110,14 +135,17 @@ def titan_config(
     local_batch_size: int = 8,
     lr: float = 8e-4,
     compile_model: bool = False,
+    activation_checkpoint: str = "none",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
     `stochround.nn.RECIPES` ("bf16": no layer converted), with ``switches``, ``rules``,
     ``keep`` and ``seed`` as `StochroundConverter` takes them; ``optimizer`` torchtitan's
     "AdamW" or one of `SR_OPTIMIZERS` (states in bf16); the seed also seeds torchtitan
-    (``debug.seed``), so two runs of a config give the same model and data."""
+    (``debug.seed``), so two runs of a config give the same model and data;
+    ``activation_checkpoint`` one of `ACTIVATION_CHECKPOINTS`."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    checkpointing = activation_checkpoint_config(activation_checkpoint)
     converter = None
     if recipe != "bf16":
         converter = StochroundConverter.Config(
@@ -144,7 +172,7 @@ def titan_config(
         training=TrainingConfig(local_batch_size=local_batch_size, seq_len=seq_len, steps=steps),
         metrics=MetricsProcessor.Config(log_freq=1),
         parallelism=ParallelismConfig(),
-        activation_checkpoint=None,  # type: ignore[arg-type]
+        activation_checkpoint=checkpointing,  # type: ignore[arg-type]
         validator=Validator.Config(enable=False),
     )
     config.debug.seed = seed
