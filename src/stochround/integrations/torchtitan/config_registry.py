@@ -37,13 +37,9 @@ from torchtitan.trainer import Trainer
 
 from .converter import StochroundConverter
 from .data import ByteTokenizer, StdlibDataLoader
-from .optimizers import SR_OPTIMIZERS, SROptimizersContainer, sr_optimizer
-
-# (dim, layers, heads) of the sizes beside torchtitan's debug model (dim 256, 6 layers):
-# ~100M parameters at GPT-2-small widths, and a tiny one for tests on the CPU
-SIZES: dict[str, tuple[int, int, int]] = {"100M": (768, 14, 12), "tiny": (64, 2, 4)}
-FLAVORS: tuple[str, ...] = ("debugmodel", *SIZES)
-OPTIMIZERS: tuple[str, ...] = ("AdamW", *SR_OPTIMIZERS)
+from .flavors import FLAVORS, SIZES, check_flavor
+from .optimizers import SROptimizersContainer, sr_optimizer
+from .sr_optimizers import OPTIMIZERS, check_optimizer
 
 
 def llama3_model(dim: int, n_layers: int, n_heads: int) -> Llama3Model.Config:
@@ -83,8 +79,7 @@ def llama3_model(dim: int, n_layers: int, n_heads: int) -> Llama3Model.Config:
 
 def model_spec(flavor: str, converter: StochroundConverter.Config | None) -> ModelSpec:
     """torchtitan's Llama 3 model spec of ``flavor`` (one of `FLAVORS`), converted."""
-    if flavor not in FLAVORS:
-        raise ValueError(f"flavor must be one of {', '.join(FLAVORS)}; got {flavor!r}")
+    check_flavor(flavor)
     converters = None if converter is None else [converter]
     spec = model_registry("debugmodel", converters=converters)
     if flavor in SIZES:
@@ -110,14 +105,15 @@ def titan_config(
     local_batch_size: int = 8,
     lr: float = 8e-4,
     compile_model: bool = False,
+    dump_folder: str = "titan-run",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
     `stochround.nn.RECIPES` ("bf16": no layer converted), with ``switches``, ``rules``,
     ``keep`` and ``seed`` as `StochroundConverter` takes them; ``optimizer`` torchtitan's
     "AdamW" or one of `SR_OPTIMIZERS` (states in bf16); the seed also seeds torchtitan
-    (``debug.seed``), so two runs of a config give the same model and data."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    (``debug.seed``), so two runs of a config give the same model and data; the rows and
+    checkpoints go to ``dump_folder``."""
+    check_optimizer(optimizer)
     converter = None
     if recipe != "bf16":
         converter = StochroundConverter.Config(
@@ -147,6 +143,7 @@ def titan_config(
         activation_checkpoint=None,  # type: ignore[arg-type]
         validator=Validator.Config(enable=False),
     )
+    config.dump_folder = dump_folder
     config.debug.seed = seed
     config.compile.enable = compile_model
     # every case alike: torchtitan's CUDA-graph capture of the step is off
