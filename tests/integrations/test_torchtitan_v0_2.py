@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ranks import run_ranks
 from titan_versions import torchtitan_mismatch
 
 if reason := torchtitan_mismatch("0.2.2", "torchtitan-0.2"):
@@ -48,16 +49,18 @@ DEBUG_LINEARS = [
         "feed_forward.w3",
     )
 ]
-ONE_RANK = types.SimpleNamespace(tp_enabled=False, tp=1)
+ONE_RANK = types.SimpleNamespace()  # the converter and optimizers read nothing of it here
 
 
-def converted(config, flavor: str = "debugmodel", device: str = "meta") -> nn.Module:
+def converted(
+    config, flavor: str = "debugmodel", device: str = "meta", dims: object = ONE_RANK
+) -> nn.Module:
     """torchtitan's Llama 3 of ``flavor``, built on ``device`` and converted by the job
-    config's stochround section."""
+    config's stochround section (the converter given parallel dims ``dims``)."""
     torch.manual_seed(0)
     with torch.device(device):
         model = Transformer(model_args()[flavor])
-    StochroundConverter(config, ONE_RANK).convert(model)
+    StochroundConverter(config, dims).convert(model)
     return model
 
 
@@ -119,9 +122,7 @@ def test_init_weights_zeroes_the_step_counters_to_empty_left() -> None:
     assert int(layer.step) == 1 and layer.weight.grad.abs().sum() > 0
 
 
-def test_tensor_parallelism_and_a_missing_section_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"does not support tensor parallelism .*degree=2"):
-        StochroundConverter(titan_config("int8"), types.SimpleNamespace(tp_enabled=True, tp=2))
+def test_a_missing_section_is_refused() -> None:
     bare = ConfigManager().parse_args([])
     with pytest.raises(ValueError, match=r"no \[stochround\] section: set job\.custom_config"):
         StochroundConverter(bare, ONE_RANK)
@@ -207,3 +208,46 @@ def test_fsdp2_on_two_gloo_ranks(tmp_path) -> None:
     assert [row["step"] for row in rows] == [1, 2]
     assert {row["world_size"] for row in rows} == {2}
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
+
+
+def tp_body(rank: int, world_size: int, device: str) -> dict[str, torch.Tensor]:
+    """The tiny model under mxfp8 (every operand in blocks of 32 along its contraction
+    axis, round to nearest: a shard quantizes as the whole does), once whole and once
+    under torchtitan's Llama 3 TP plan (sequence parallel) over the two ranks: the logits
+    and the gradients of each, gathered."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torchtitan.models.llama3.infra.parallelize import apply_tp
+
+    tp_dims = types.SimpleNamespace(tp_enabled=True, tp=world_size)
+    whole = converted(titan_config("mxfp8", flavor="tiny"), "tiny", "cpu", tp_dims)
+    with torch.no_grad():
+        whole.init_weights(buffer_device=None)
+    sharded = copy.deepcopy(whole)
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    apply_tp(sharded, mesh, loss_parallel=False, enable_float8_tensorwise_tp=False)
+    tokens = torch.randint(0, 258, (2, 32), generator=torch.Generator().manual_seed(3))
+    out: dict[str, torch.Tensor] = {}
+    for name, model in (("whole", whole), ("tp", sharded)):
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        out[f"{name}.logits"] = logits.detach()
+        for path, param in model.named_parameters():
+            grad = param.grad
+            full = grad.full_tensor() if isinstance(grad, DTensor) else grad
+            out[f"{name}.{path}"] = full.detach().clone()
+    out["step"] = sharded.layers["1"].feed_forward.w2.step.clone()
+    return out
+
+
+def test_tensor_parallelism_with_torchtitans_llama3_plan_on_two_gloo_ranks() -> None:
+    """Sharded equals whole up to the order of the sums (a rowwise layer's output and the
+    sharded norms' gradients are sums across ranks)."""
+    results = run_ranks(tp_body, device="cpu")
+    for result in results:
+        assert int(result["step"]) == 1
+        whole = {k[6:]: v for k, v in result.items() if k.startswith("whole.")}
+        for name, value in whole.items():
+            torch.testing.assert_close(result[f"tp.{name}"], value, rtol=1e-4, atol=1e-5)

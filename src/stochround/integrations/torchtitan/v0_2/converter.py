@@ -13,12 +13,15 @@ torchtitan then materializes the model with ``to_empty`` (uninitialized memory) 
 the model's ``init_weights``, which knows nothing of them, so the converter makes the
 model's ``init_weights`` zero every counter after it runs.
 
-Tensor parallelism is refused (ValueError at the converter's construction):
-torchtitan's Llama 3 TP plan runs sequence parallelism, giving each block's linears
-inputs that ``PrepareModuleInput`` redistributes, and the swap happens before
-``parallelize_module`` finds ``nn.Linear`` modules in its plan; `QuantizedLinear` runs
-under ``ColwiseParallel``/``RowwiseParallel`` (`stochround.nn.tensor_parallel`), but this
-plan has not been run with it.  FSDP2 gathers whole weights and works.
+Parallelism: FSDP2 gathers whole weights.  Tensor parallelism runs torchtitan's Llama 3
+plan on the swapped layers (a `QuantizedLinear` is an ``nn.Linear``, so the plan's
+``ColwiseParallel``/``RowwiseParallel`` take it; `stochround.nn.tensor_parallel` runs it on
+each rank's shard): the plan's sequence parallelism gives the blocks' linears replicated
+inputs (``PrepareModuleInput`` gathers them) and their rowwise outputs are reduce-scattered
+to ``Shard(1)``, placements the layer supports.  A shard its recipe's blocks do not divide
+raises ValueError when the layer runs; the tensor scales come from each rank's shard, so a
+recipe with tensor scales (nvfp4) does not give a one-device run's bits (the distributed
+guide's decision).
 """
 
 from __future__ import annotations
@@ -67,14 +70,6 @@ class StochroundConverter:
     """torchtitan 0.2.2's ``ModelConverter`` of the stochround recipes (module docstring)."""
 
     def __init__(self, job_config: Any, parallel_dims: Any) -> None:
-        if parallel_dims.tp_enabled:
-            raise ValueError(
-                "stochround's torchtitan converter does not support tensor parallelism "
-                f"(parallelism.tensor_parallel_degree={parallel_dims.tp}): torchtitan's "
-                "Llama 3 TP plan (sequence parallel, PrepareModuleInput) is untested with "
-                "QuantizedLinear; shard with FSDP2 (parallelism.data_parallel_shard_degree) "
-                "instead"
-            )
         args = getattr(job_config, "stochround", None)
         if args is None:
             raise ValueError(
