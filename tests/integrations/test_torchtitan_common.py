@@ -77,3 +77,13 @@ def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:
     result = CliRunner().invoke(app, ["titan", "--recipe", "nvfp5", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "recipe must be one of" in result.output
+
+
+def test_an_unsupported_torchtitan_is_an_import_error_naming_the_releases() -> None:
+    from stochround.integrations.torchtitan.versions import titan_api
+
+    assert (titan_api("0.2.2"), titan_api("0.3.0")) == ("0.2", "0.3")
+    with pytest.raises(ImportError, match=r"supports torchtitan 0\.2\.2, 0\.3\.0; .* 0\.2\.1 is"):
+        titan_api("0.2.1")
+    with pytest.raises(ImportError, match=r"needs torchtitan: .*'stochround\[torchtitan-0\.2\]'"):
+        titan_api(None)
