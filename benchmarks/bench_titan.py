@@ -1,7 +1,8 @@
 """torchtitan runs of the recipes: loss curves and tokens/s on one or more GPUs (issue 45).
 
 Each case is one ``stochround titan`` run of torchtitan's Llama 3 debug model on the Python
-standard library's source (`stochround.integrations.torchtitan`), the same data, seed and
+standard library's source (`stochround.integrations.torchtitan`, with whichever torchtitan
+is installed: 0.3.0 on torch >= 2.13, 0.2.2 on torch 2.10 to 2.12), the same data, seed and
 steps for every case:
 
 - ``bf16``: no layer quantized, torch's AdamW (the baseline);
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8, help="samples a step per GPU")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compile", action="store_true", help="torch.compile (torch >= 2.13)")
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile (QuantizedLinear: torch >= 2.13)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.device == "cpu" and args.gpus != 1:

@@ -1,19 +1,20 @@
 """``stochround titan``: train torchtitan's Llama 3 on the Python standard library under a
 stochround recipe (`stochround.integrations.torchtitan`, the ``torchtitan`` extra).
 
-One command, offline: ``stochround titan --recipe nvfp4 --steps 200``.  On CUDA it runs
-torchtitan's trainer (under ``torchrun --nproc_per_node N -m stochround titan ...``, one
-process per GPU with FSDP2); on the CPU the same model, optimizer and data in a loop (slow:
-choose a small ``--flavor`` and ``--seq-len``).  Each step's loss and tokens/s go to
-``OUT/rows.jsonl``; the last loss is printed.  Bad options, and a missing torchtitan, are
-bad-input exits (``error: ...``, status 2).
+One command, offline: ``stochround titan --recipe nvfp4 --steps 200``, with torchtitan
+0.3.0 or 0.2.2 (whichever is installed).  On CUDA it runs torchtitan's trainer (under
+``torchrun --nproc_per_node N -m stochround titan ...``, one process per GPU with FSDP2);
+on the CPU, torchtitan 0.2.2's trainer with gloo, or with 0.3.0 the same model, optimizer
+and data in a loop (slow: choose a small ``--flavor`` and ``--seq-len``).  Each step's
+loss and tokens/s go to ``OUT/rows.jsonl``; the last loss is printed.  Bad options, and a
+missing torchtitan, are bad-input exits (``error: ...``, status 2).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import typer
@@ -48,7 +49,8 @@ def titan_command(
         typer.Option(help="A recipe switch NAME=JSON, e.g. stochastic_rounding=false."),
     ] = None,
     keep: Annotated[
-        list[str] | None, typer.Option(help="Module-path regex kept in bf16 (default lm_head).")
+        list[str] | None,
+        typer.Option(help="Module-path regex kept in bf16 (default: the output head)."),
     ] = None,
     compile_model: Annotated[
         bool, typer.Option("--compile", help="torch.compile the model (CUDA).")
@@ -59,30 +61,31 @@ def titan_command(
 ) -> None:
     """Train Llama 3 on the standard library's source with a stochround recipe."""
     try:
-        from ..integrations.torchtitan.config_registry import titan_config
-        from ..integrations.torchtitan.run import run_training
+        from ..integrations.torchtitan import run_training, titan_config
     except ImportError as error:
         output.fail(str(error))
     if steps < 1:
         output.fail(f"--steps must be >= 1, got {steps}")
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     switches = output.checked(lambda: parse_switches(switch or []))
+    # the head's path differs between torchtitan releases: its default comes from the config
+    kept: dict[str, Any] = {} if keep is None else {"keep": tuple(keep)}
     config = output.checked(
         lambda: titan_config(
             recipe,
             flavor=flavor,
             optimizer=optimizer,
             switches=switches,
-            keep=tuple(keep) if keep is not None else ("lm_head",),
             seed=seed,
             steps=steps,
             seq_len=seq_len,
             local_batch_size=batch,
             lr=lr,
             compile_model=compile_model,
+            dump_folder=str(out),
+            **kept,
         )
     )
-    config.dump_folder = str(out)
     fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
     rows = output.checked(lambda: run_training(config, chosen, fields))
     if rows.exists() and rows.read_text().strip():

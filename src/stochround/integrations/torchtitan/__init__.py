@@ -1,47 +1,76 @@
-"""stochround as a torchtitan component (``pip install stochround[torchtitan]``).
+"""stochround as a torchtitan component (``pip install 'stochround[torchtitan]'`` for
+torchtitan 0.3.0 on torch >= 2.13, ``'stochround[torchtitan-0.2]'`` for 0.2.2 on torch
+2.10 to 2.12).
 
-- `StochroundConverter`: torchtitan's model converter of the stochround recipes (a recipe
-  by name with its switches, per-module rules, the seed), whose layers are
-  `StochroundLinear` (a `stochround.nn.QuantizedLinear` in torchtitan's Module protocol);
-- `SROptimizersContainer` and `sr_optimizer`: the SR optimizers (AdamW, Adam, SGD, Lion
-  with bf16 states) by name in a trainer's optimizer config;
-- `StdlibDataLoader` and `ByteTokenizer`: offline data, the Python standard library's
-  source as bytes;
-- `config_registry`: trainer configs torchtitan's ``--module`` finds, and `titan_config`;
-  `run` trains one (the ``stochround titan`` command).
+Which API this package exports depends on the installed torchtitan
+(`stochround.integrations.torchtitan.versions`); both offer
 
-Importing this package imports torchtitan (0.3.0, which needs torch >= 2.11); without it,
-ImportError says what to install.
+- the stochround recipes as a model converter (a recipe by name with its switches,
+  per-module rules, keep, the seed: `recipe_rules`) — 0.3.0: `StochroundConverter`
+  swapping configs for `StochroundLinear`; 0.2.2: `StochroundConverter` registered as
+  ``"stochround"``, a module swap (`stochround.integrations.torchtitan.v0_2`);
+- the SR optimizers (AdamW, Adam, SGD, Lion with bf16 states) by name (`sr_optimizers`);
+- offline data, the Python standard library's source as bytes (`corpus`);
+- `titan_config` (a run's trainer or job config: `FLAVORS`, recipe, optimizer) and
+  `run_training` (the ``stochround titan`` command).
+
+Importing this package imports torchtitan; without it, or with another release,
+ImportError names the installed version and the supported ones.
 """
 
 from __future__ import annotations
 
-try:
-    import torchtitan  # noqa: F401
-except ImportError as error:  # pragma: no cover - the tests skip without torchtitan
-    raise ImportError(
-        "stochround.integrations.torchtitan needs torchtitan: pip install 'stochround[torchtitan]'"
-    ) from error
+from .versions import installed_torchtitan, titan_api
 
-from .config_registry import ACTIVATION_CHECKPOINTS, FLAVORS, OPTIMIZERS, titan_config
-from .converter import StochroundConverter, StochroundLinear, converted_paths, make_recipe
-from .data import ByteTokenizer, StdlibDataLoader, StdlibDataset, stdlib_files
-from .optimizers import SR_OPTIMIZERS, SROptimizersContainer, sr_optimizer
+TITAN_VERSION = installed_torchtitan()
+TITAN_API = titan_api(TITAN_VERSION)
 
-__all__ = [
-    "ACTIVATION_CHECKPOINTS",
+from .corpus import ByteCodec, StdlibDataset, stdlib_files  # noqa: E402
+from .flavors import FLAVORS  # noqa: E402
+from .recipe_rules import RecipeChoice, make_recipe  # noqa: E402
+from .sr_optimizers import OPTIMIZERS, SR_OPTIMIZERS  # noqa: E402
+
+if TITAN_API == "0.3":
+    from .config_registry import ACTIVATION_CHECKPOINTS, titan_config
+    from .converter import StochroundConverter, StochroundLinear, converted_paths
+    from .data import ByteTokenizer, StdlibDataLoader
+    from .optimizers import SROptimizersContainer, sr_optimizer
+    from .run import run_training
+
+    __all__ = [
+        "ACTIVATION_CHECKPOINTS",
+        "SROptimizersContainer",
+        "StdlibDataLoader",
+        "StochroundLinear",
+        "sr_optimizer",
+    ]
+else:
+    # the same names as the 0.3 branch, other objects: mypy sees the 0.3 branch's types
+    from .v0_2 import (  # type: ignore[assignment]
+        ByteTokenizer,
+        StochroundConverter,
+        build_sr_optimizers,
+        converted_paths,
+        run_training,
+        titan_config,
+    )
+
+    __all__ = ["build_sr_optimizers"]
+
+__all__ += [
     "FLAVORS",
     "OPTIMIZERS",
     "SR_OPTIMIZERS",
+    "TITAN_API",
+    "TITAN_VERSION",
+    "ByteCodec",
     "ByteTokenizer",
-    "SROptimizersContainer",
-    "StdlibDataLoader",
+    "RecipeChoice",
     "StdlibDataset",
     "StochroundConverter",
-    "StochroundLinear",
     "converted_paths",
     "make_recipe",
-    "sr_optimizer",
+    "run_training",
     "stdlib_files",
     "titan_config",
 ]

@@ -44,13 +44,10 @@ from torchtitan.trainer import Trainer
 
 from .converter import StochroundConverter
 from .data import ByteTokenizer, StdlibDataLoader
-from .optimizers import SR_OPTIMIZERS, SROptimizersContainer, sr_optimizer
+from .flavors import FLAVORS, SIZES, check_flavor
+from .optimizers import SROptimizersContainer, sr_optimizer
+from .sr_optimizers import OPTIMIZERS, check_optimizer
 
-# (dim, layers, heads) of the sizes beside torchtitan's debug model (dim 256, 6 layers):
-# ~100M parameters at GPT-2-small widths, and a tiny one for tests on the CPU
-SIZES: dict[str, tuple[int, int, int]] = {"100M": (768, 14, 12), "tiny": (64, 2, 4)}
-FLAVORS: tuple[str, ...] = ("debugmodel", *SIZES)
-OPTIMIZERS: tuple[str, ...] = ("AdamW", *SR_OPTIMIZERS)
 # torchtitan's activation checkpointing of each transformer block: none, the whole block
 # (``checkpoint_wrapper``), or its per-op selective policy
 ACTIVATION_CHECKPOINTS: tuple[str, ...] = ("none", "full", "selective")
@@ -108,8 +105,7 @@ def llama3_model(dim: int, n_layers: int, n_heads: int) -> Llama3Model.Config:
 
 def model_spec(flavor: str, converter: StochroundConverter.Config | None) -> ModelSpec:
     """torchtitan's Llama 3 model spec of ``flavor`` (one of `FLAVORS`), converted."""
-    if flavor not in FLAVORS:
-        raise ValueError(f"flavor must be one of {', '.join(FLAVORS)}; got {flavor!r}")
+    check_flavor(flavor)
     converters = None if converter is None else [converter]
     spec = model_registry("debugmodel", converters=converters)
     if flavor in SIZES:
@@ -136,15 +132,16 @@ def titan_config(
     lr: float = 8e-4,
     compile_model: bool = False,
     activation_checkpoint: str = "none",
+    dump_folder: str = "titan-run",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
     `stochround.nn.RECIPES` ("bf16": no layer converted), with ``switches``, ``rules``,
     ``keep`` and ``seed`` as `StochroundConverter` takes them; ``optimizer`` torchtitan's
     "AdamW" or one of `SR_OPTIMIZERS` (states in bf16); the seed also seeds torchtitan
     (``debug.seed``), so two runs of a config give the same model and data;
-    ``activation_checkpoint`` one of `ACTIVATION_CHECKPOINTS`."""
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}; got {optimizer!r}")
+    ``activation_checkpoint`` one of `ACTIVATION_CHECKPOINTS`; the rows and checkpoints go
+    to ``dump_folder``."""
+    check_optimizer(optimizer)
     checkpointing = activation_checkpoint_config(activation_checkpoint)
     converter = None
     if recipe != "bf16":
@@ -175,6 +172,7 @@ def titan_config(
         activation_checkpoint=checkpointing,  # type: ignore[arg-type]
         validator=Validator.Config(enable=False),
     )
+    config.dump_folder = dump_folder
     config.debug.seed = seed
     config.compile.enable = compile_model
     # every case alike: torchtitan's CUDA-graph capture of the step is off

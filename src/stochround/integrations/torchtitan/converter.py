@@ -7,11 +7,9 @@ class (its float8 / mx / nvfp4 converters do the same with torchao's layers).
 `stochround.nn.QuantizedLinear` that also satisfies torchtitan's ``Module`` protocol, so
 the trainer builds, initializes, shards (FSDP2), compiles and checkpoints it as any linear.
 
-Which layers and which recipe: the layer at path ``p`` (its module path, as
-``model.named_modules()`` and torchtitan's ``traverse`` write it) takes the first rule
-whose regex matches all of ``p`` (``re.fullmatch``), else the converter's recipe; a rule's
-recipe None, or a ``keep`` regex found in ``p`` (``re.search``), leaves the layer a bf16
-``Linear`` — the rules of `stochround.nn.quantize_`.  The swapped layers are numbered 0,
+Which layers and which recipe: `stochround.integrations.torchtitan.recipe_rules` (the
+rules of `stochround.nn.quantize_` on the paths torchtitan's ``traverse`` writes).  The
+swapped layers are numbered 0,
 1, ... in the config tree's order (their ``layer_index``: each draws its own random
 streams).
 
@@ -25,7 +23,6 @@ torchtitan 0.3.0 does not run on the GPU machine's torch: refused until a run ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,32 +32,12 @@ from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
 from torchtitan.tools.logging import logger
 
-from ...nn.apply import check_rules, choose_recipe
 from ...nn.linear import QuantizedLinear
-from ...nn.recipes import RECIPES, Recipe
+from ...nn.recipes import Recipe
+from .recipe_rules import RecipeChoice, check_fits, make_recipe
 
 # backends under which FSDP2 hands the layer plain tensors (the gathered weight)
 SUPPORTED_SPMD_BACKENDS: tuple[str, ...] = ("spmd_types", "partial_dtensor")
-
-
-def make_recipe(
-    name: str, switches: dict[str, Any] | None = None, *, seed: int = 0, keep: tuple[str, ...] = ()
-) -> Recipe:
-    """The named recipe ``RECIPES[name](**switches, seed=seed, keep=keep)`` (``bf16``
-    takes no switches and keeps nothing: it quantizes no layer).
-
-    ValueError naming ``recipe`` and the allowed names for an unknown name; the recipe's
-    own TypeError for an unknown switch.
-    """
-    if name not in RECIPES:
-        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}; got {name!r}")
-    switches = dict(switches or {})
-    if name == "bf16":
-        if switches:
-            raise ValueError(f"recipe 'bf16' takes no switches; got {sorted(switches)}")
-        return RECIPES[name](seed=seed)
-    named: Callable[..., Recipe] = RECIPES[name]
-    return named(**switches, seed=seed, keep=tuple(keep))
 
 
 class StochroundLinear(QuantizedLinear, Module):
@@ -143,13 +120,9 @@ class StochroundConverter(QuantizationConverter):
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        keep = tuple(config.keep)
-        self.recipe = make_recipe(config.recipe, config.switches, seed=config.seed, keep=keep)
-        rules = []
-        for pattern, name in config.rules:
-            recipe = None if name is None else make_recipe(name, seed=config.seed, keep=keep)
-            rules.append((pattern, recipe))
-        self.rules = check_rules(rules)
+        self.choice = RecipeChoice(
+            config.recipe, config.switches, rules=config.rules, keep=config.keep, seed=config.seed
+        )
         logger.info(f"stochround: recipe {config.recipe} {config.switches} seed {config.seed}")
 
     def convert(self, model_config: Any) -> Any:
@@ -158,8 +131,8 @@ class StochroundConverter(QuantizationConverter):
         index = 0
         swaps = 0
         for path, linear, parent, attr in model_config.traverse(Linear.Config):
-            recipe = choose_recipe(path, self.recipe, self.rules)
-            if recipe is None or recipe.name == "bf16":
+            recipe = self.choice.recipe_of(path)
+            if recipe is None:
                 continue
             new = StochroundLinear.Config(
                 in_features=linear.in_features,
@@ -169,7 +142,7 @@ class StochroundConverter(QuantizationConverter):
                 recipe=recipe,
                 layer_index=index,
             )
-            check_fits(path, new)
+            check_fits(path, new.in_features, new.out_features, recipe, index)
             index += 1
             swaps += 1
             if parent is None:
@@ -180,22 +153,6 @@ class StochroundConverter(QuantizationConverter):
                 setattr(parent, attr, new)
         logger.info(f"stochround: swapped {swaps} Linear layers for StochroundLinear")
         return model_config
-
-
-def check_fits(path: str, config: StochroundLinear.Config) -> None:
-    """ValueError, naming ``path``, if the layer's weight does not fit its recipe's blocks
-    (checked on the meta device, before the model is built)."""
-    try:
-        QuantizedLinear(
-            config.in_features,
-            config.out_features,
-            bias=False,
-            device="meta",
-            recipe=config.recipe,
-            layer_index=config.layer_index,
-        )
-    except ValueError as error:
-        raise ValueError(f"{path}: {error}; leave it in bf16 with a rule or keep") from None
 
 
 def converted_paths(model_config: Any) -> dict[str, str]:

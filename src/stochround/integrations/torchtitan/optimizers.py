@@ -9,8 +9,7 @@ unless ``state_dtype`` says otherwise); `sr_optimizer` writes the config of one 
 group, as torchtitan's ``default_adamw`` does.
 
 torchtitan adds its ``implementation`` (``fused`` / ``foreach``) to every group; the
-container leaves it out of the SR groups, whose implementation is their ``backend``
-(``"auto"``: the fused Triton kernel on CUDA, the PyTorch path elsewhere, bit-identical).
+container leaves it out of the SR groups (`stochround.integrations.torchtitan.sr_optimizers`).
 """
 
 from __future__ import annotations
@@ -19,42 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch.optim import Optimizer
 from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
 
-from ...optim import SGD, Adam, AdamW, Lion
-from ...optim.checks import IMPLEMENTATION_KEYS  # keys that pick a torch implementation
-
-SR_OPTIMIZERS: dict[str, type[Optimizer]] = {
-    "SRAdamW": AdamW,
-    "SRAdam": Adam,
-    "SRSGD": SGD,
-    "SRLion": Lion,
-}
-DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def sr_factory(cls: type[Optimizer]) -> Callable[..., Optimizer]:
-    """``cls`` as a torchtitan optimizer factory: the groups without torchtitan's
-    implementation keys, ``state_dtype`` read from its name ("bfloat16", the default, or
-    "float16"; None: the parameter's dtype) so that a config stays JSON-able."""
-
-    def build(param_groups: list[dict[str, Any]], **kwargs: Any) -> Optimizer:
-        groups = []
-        for group in param_groups:
-            group = {k: v for k, v in group.items() if k not in IMPLEMENTATION_KEYS}
-            dtype = group.pop("state_dtype", "bfloat16")
-            if dtype is not None:
-                if dtype not in DTYPES:
-                    raise ValueError(
-                        f"state_dtype must be one of {', '.join(DTYPES)} or None; got {dtype!r}"
-                    )
-                group["state_dtype"] = DTYPES[dtype]
-            groups.append(group)
-        return cls(groups, **kwargs)
-
-    return build
+from .sr_optimizers import DTYPES, SR_OPTIMIZERS, sr_factory
 
 
 class SROptimizersContainer(OptimizersContainer):

@@ -7,62 +7,24 @@ accelerator is found, and FlexAttention has no CPU backward), so on the CPU `run
 the same model config — with `DenseMaskAttention` — by the same optimizer, LR schedule,
 data and gradient clipping in a plain loop, in float32.
 
-Both write one JSON row per step to ``rows.jsonl`` in the dump folder (rank 0):
-``{"step", "loss", "tps", "recipe", "optimizer", "flavor", "device", "world_size"}``,
-``tps`` being tokens per second per device.
+Both write one JSON row per step to ``rows.jsonl`` in the dump folder (rank 0;
+`stochround.integrations.torchtitan.rows`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torchtitan.trainer import Trainer
 
 from .attention import dense_attention
 from .data import ByteTokenizer
+from .launch import free_port, single_process_env, train_with_rows
+from .rows import RowsLogger, train_steps
 
 TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
-
-
-class RowsLogger:
-    """torchtitan's metric logger interface writing `run`'s rows (and passing every
-    metric on to the logger it replaces)."""
-
-    def __init__(self, path: Path, fields: dict[str, Any], inner: Any = None) -> None:
-        self.path = path
-        self.fields = fields
-        self.inner = inner
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("")
-
-    def log(self, metrics: dict[str, Any], step: int) -> None:
-        if self.inner is not None:
-            self.inner.log(metrics, step)
-        if "loss_metrics/global_avg_loss" in metrics:
-            self.write(step, metrics["loss_metrics/global_avg_loss"], metrics["throughput(tps)"])
-
-    def write(self, step: int, loss: float, tps: float) -> None:
-        row = {"step": step, "loss": float(loss), "tps": float(tps), **self.fields}
-        with self.path.open("a") as file:
-            file.write(json.dumps(row) + "\n")
-
-    def close(self) -> None:
-        if self.inner is not None:
-            self.inner.close()
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now (for a one-process group's rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_training(config: Trainer.Config, device: str, fields: dict[str, Any]) -> Path:
@@ -75,24 +37,8 @@ def run_training(config: Trainer.Config, device: str, fields: dict[str, Any]) ->
         return rows
     if not torch.cuda.is_available():
         raise ValueError("device='cuda' needs a CUDA device; use device='cpu'")
-    # one process without torchrun: a group of one
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_ADDR", "localhost")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    world = int(os.environ["WORLD_SIZE"])
-    trainer = config.build()
-    try:
-        if int(os.environ["RANK"]) == 0:
-            processor = trainer.metrics_processor
-            processor.logger = RowsLogger(  # type: ignore[assignment]
-                rows, {**fields, "device": "cuda", "world_size": world}, processor.logger
-            )
-        trainer.train()
-    finally:
-        trainer.close()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    world = single_process_env()
+    train_with_rows(config.build(), rows, {**fields, "device": "cuda", "world_size": world})
     return rows
 
 
@@ -118,24 +64,16 @@ def cpu_train(config: Trainer.Config, rows: RowsLogger) -> None:
         seq_len=training.seq_len,
         local_batch_size=training.local_batch_size,
     )
-    batches = iter(loader)
-    for step in range(1, training.steps + 1):
-        start = time.perf_counter()
-        inputs, labels = next(batches)
+
+    def logits_of(inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         positions = inputs["positions"]
-        logits = model(
-            inputs["input"],
-            attention_masks=model.get_attention_masks(positions),
-            positions=positions,
-        )
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), training.max_norm)
-        optimizers.step()
-        schedulers.step()
-        optimizers.zero_grad()
-        seconds = time.perf_counter() - start
-        rows.write(step, loss.item(), labels.numel() / seconds)
+        masks = model.get_attention_masks(positions)
+        return model(inputs["input"], attention_masks=masks, positions=positions)
+
+    train_steps(
+        model, logits_of, optimizers, schedulers, iter(loader), training.steps,
+        training.max_norm, rows,
+    )  # fmt: skip
 
 
 __all__ = ["TRAINING_DEVICES", "RowsLogger", "cpu_train", "free_port", "run_training"]

@@ -1,0 +1,49 @@
+"""A torchtitan trainer's run (both APIs): in one process without ``torchrun``, the
+environment ``torch.distributed`` reads (a group of one on a free port); `train_with_rows`
+trains a built trainer, rank 0 writing the rows."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .rows import RowsLogger
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a one-process group's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])
+
+
+def single_process_env() -> int:
+    """Fill in the rank variables ``torchrun`` would set, for a group of one where they are
+    missing; returns the world size."""
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    return int(os.environ["WORLD_SIZE"])
+
+
+def train_with_rows(trainer: Any, rows: Path, fields: dict[str, Any]) -> None:
+    """``trainer.train()``, rank 0's metric logger wrapped by a `RowsLogger` writing
+    ``rows`` (each row with ``fields``); the trainer closed and the process group destroyed
+    after, whatever happens."""
+    try:
+        if int(os.environ["RANK"]) == 0:
+            processor = trainer.metrics_processor
+            processor.logger = RowsLogger(rows, fields, processor.logger)
+        trainer.train()
+    finally:
+        trainer.close()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+__all__ = ["free_port", "single_process_env", "train_with_rows"]

@@ -1,0 +1,66 @@
+"""The torchtitan 0.2.2 job config of a stochround run.
+
+`TOML` (``stochround_debugmodel.toml`` beside this module) is the run torchtitan's own
+command line trains (``python -m torchtitan.train --job.config_file TOML``); `titan_config`
+reads it through torchtitan's ``ConfigManager`` with command-line overrides, so the two
+agree: a model size (`FLAVORS`), a recipe with its switches, rules, keep and seed, an
+optimizer (`OPTIMIZERS`), steps, sequence length, batch, learning rate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torchtitan.config import ConfigManager, JobConfig
+
+from ..flavors import check_flavor
+from ..recipe_rules import make_recipe
+from ..sr_optimizers import check_optimizer
+
+TOML = Path(__file__).with_name("stochround_debugmodel.toml")
+# the output head's path in torchtitan 0.2.2's Llama 3 (0.3.0 calls it lm_head)
+HEAD = "^output$"
+
+
+def titan_config(
+    recipe: str = "bf16",
+    *,
+    flavor: str = "debugmodel",
+    optimizer: str = "AdamW",
+    switches: dict[str, Any] | None = None,
+    rules: list[tuple[str, str | None]] | None = None,
+    keep: tuple[str, ...] = (HEAD,),
+    seed: int = 0,
+    steps: int = 200,
+    seq_len: int = 2048,
+    local_batch_size: int = 8,
+    lr: float = 8e-4,
+    compile_model: bool = False,
+    dump_folder: str = "titan-run",
+) -> JobConfig:
+    """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
+    the converter is off), ``rules`` ``(regex, recipe name or None)`` pairs (None: bf16),
+    the seed also torchtitan's (``debug.seed``); ValueError naming a bad flavour,
+    optimizer or recipe."""
+    check_flavor(flavor)
+    check_optimizer(optimizer)
+    make_recipe(recipe, switches, seed=seed, keep=keep)  # its errors, before torchtitan's
+    args = ["--job.config_file", str(TOML), "--job.dump_folder", dump_folder]
+    args += ["--model.flavor", flavor, "--optimizer.name", optimizer, "--optimizer.lr", str(lr)]
+    args += ["--training.steps", str(steps), "--training.seq_len", str(seq_len)]
+    args += ["--training.local_batch_size", str(local_batch_size)]
+    args += ["--lr_scheduler.warmup_steps", str(max(1, steps // 20))]
+    args += ["--debug.seed", str(seed), "--stochround.seed", str(seed)]
+    args += ["--stochround.recipe", recipe, "--stochround.switches", json.dumps(switches or {})]
+    args += ["--compile.enable" if compile_model else "--compile.no-enable"]
+    config = ConfigManager().parse_args(args)
+    # lists set here: torchtitan's command line splits a list at commas, which regexes hold
+    config.stochround.keep = list(keep)
+    config.stochround.rules = [f"{pattern}={name or 'bf16'}" for pattern, name in rules or []]
+    config.model.converters = ["stochround"] if recipe != "bf16" else []
+    return config
+
+
+__all__ = ["HEAD", "TOML", "titan_config"]

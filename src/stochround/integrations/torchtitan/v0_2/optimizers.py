@@ -1,0 +1,65 @@
+"""The SR optimizers in torchtitan 0.2.2: ``optimizer.name`` of the job config.
+
+torchtitan 0.2.2's ``build_optimizers`` knows ``Adam`` and ``AdamW`` (torch's); the
+stochround train spec builds with `build_sr_optimizers`, which also knows `SR_OPTIMIZERS`
+(`stochround.integrations.torchtitan.sr_optimizers`): one optimizer per model part in
+torchtitan's ``OptimizersContainer`` (so its checkpointing and LR schedulers work), with
+the job config's ``lr``, ``beta1``/``beta2``, ``eps`` and ``weight_decay`` where the
+optimizer takes them, states in bf16.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+from torchtitan.components.optimizer import OptimizersContainer, build_optimizers
+
+from ..sr_optimizers import OPTIMIZERS, SR_OPTIMIZERS, sr_factory
+
+
+def sr_keywords(name: str, optimizer_config: Any) -> dict[str, Any]:
+    """The job config's hyperparameters that SR optimizer ``name`` takes."""
+    offered = {
+        "lr": optimizer_config.lr,
+        "betas": (optimizer_config.beta1, optimizer_config.beta2),
+        "eps": optimizer_config.eps,
+        "weight_decay": optimizer_config.weight_decay,
+    }
+    accepted = inspect.signature(SR_OPTIMIZERS[name]).parameters
+    return {key: value for key, value in offered.items() if key in accepted}
+
+
+def build_sr_optimizers(
+    model_parts: list[nn.Module],
+    optimizer_config: Any,
+    parallel_dims: Any,
+    ft_manager: Any = None,
+) -> OptimizersContainer:
+    """torchtitan's ``build_optimizers`` for its own names; for `SR_OPTIMIZERS`, an
+    ``OptimizersContainer`` of the SR optimizer (ValueError for optimizers in the backward
+    or torchft, which these do not support, and for an unknown name)."""
+    name = optimizer_config.name
+    if name not in SR_OPTIMIZERS:
+        if name not in OPTIMIZERS and name != "Adam":
+            raise ValueError(
+                f"optimizer.name must be one of Adam, {', '.join(OPTIMIZERS)}; got {name!r}"
+            )
+        return build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
+    if optimizer_config.early_step_in_backward or (ft_manager and ft_manager.enabled):
+        raise ValueError(
+            f"optimizer.name={name!r} runs as a plain optimizer: set "
+            "optimizer.early_step_in_backward=false and disable torchft"
+        )
+    factory = sr_factory(SR_OPTIMIZERS[name])
+
+    def build(params: list[nn.Parameter], **kwargs: Any) -> Optimizer:
+        # the keywords ride in the group, where sr_factory reads them
+        return factory([{"params": params, **kwargs}])
+
+    return OptimizersContainer(model_parts, build, sr_keywords(name, optimizer_config))  # type: ignore[arg-type]
+
+
+__all__ = ["build_sr_optimizers", "sr_keywords"]

@@ -1,0 +1,43 @@
+"""Train a torchtitan 0.2.2 job config (`titan_config`) with torchtitan's trainer.
+
+One process (a group of one), or one per device under ``torchrun`` (FSDP2 over
+``data_parallel_shard_degree``, -1 taking every rank).  On the CPU the trainer runs under
+`cpu_trainer` (gloo, parameters in float32: ``training.mixed_precision_param``); on CUDA as
+torchtitan runs it.  Rank 0 writes one row per step to ``rows.jsonl`` in the dump folder
+(`stochround.integrations.torchtitan.rows`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchtitan.config import JobConfig
+from torchtitan.train import Trainer
+
+from ..launch import single_process_env, train_with_rows
+from .cpu_device import cpu_trainer
+
+TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
+def run_training(config: JobConfig, device: str, fields: dict[str, Any]) -> Path:
+    """Train ``config`` on ``device`` (one of `TRAINING_DEVICES`); returns the rows file."""
+    if device not in TRAINING_DEVICES:
+        raise ValueError(f"device must be one of {', '.join(TRAINING_DEVICES)}; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' needs a CUDA device; use device='cpu'")
+    rows = Path(config.job.dump_folder) / "rows.jsonl"
+    world = single_process_env()
+    on_cpu = device == "cpu"
+    if on_cpu:
+        config.training.mixed_precision_param = "float32"
+    with cpu_trainer() if on_cpu else contextlib.nullcontext():
+        trainer = Trainer(config)
+        train_with_rows(trainer, rows, {**fields, "device": device, "world_size": world})
+    return rows
+
+
+__all__ = ["TRAINING_DEVICES", "run_training"]

@@ -1,0 +1,89 @@
+"""stochround inside torchtitan, whichever supported release is installed: the offline
+data, the recipe names, and ``stochround titan`` (torchtitan 0.2.2's trainer on the CPU, or
+0.3.0's model in a plain loop)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "torchtitan",
+    reason="torchtitan is not installed (pip install 'stochround[torchtitan]', Python >= 3.11)",
+)
+
+from typer.testing import CliRunner
+
+import stochround as sr
+from stochround.cli import app
+from stochround.integrations.torchtitan import (
+    ByteTokenizer,
+    RecipeChoice,
+    StdlibDataset,
+    make_recipe,
+)
+
+
+def test_byte_tokenizer_and_stdlib_samples() -> None:
+    tokenizer = ByteTokenizer()
+    assert tokenizer.encode("é", add_bos=True, add_eos=True) == [256, 0xC3, 0xA9, 257]
+    assert tokenizer.decode([256, 0xC3, 0xA9, 257]) == "é"
+    dataset = StdlibDataset(tokenizer, 64)
+    samples = iter(dataset)
+    first, second = next(samples), next(samples)
+    (inputs, labels) = first[0]["input"], first[1]
+    assert inputs[0] == 256 and torch.equal(inputs[1:], labels[:-1])
+    assert first[0]["positions"].tolist() == list(range(64))
+    assert second[0]["positions"][0] == 0  # the file's continuation restarts at 0
+    # resuming from the state gives the same next sample
+    state = dataset.state_dict()
+    third = next(samples)
+    resumed = StdlibDataset(tokenizer, 64)
+    resumed.load_state_dict(state)
+    again = next(iter(resumed))
+    assert torch.equal(again[0]["input"], third[0]["input"])
+
+
+def test_recipe_names_switches_and_rules() -> None:
+    with pytest.raises(ValueError, match="recipe must be one of bf16, nvfp4"):
+        make_recipe("nvfp5")
+    with pytest.raises(ValueError, match="recipe 'bf16' takes no switches"):
+        make_recipe("bf16", {"rht": False})
+    choice = RecipeChoice(
+        "nvfp4", {"stochastic_rounding": False}, rules=[("a", "bf16"), ("b", "int8")], seed=3
+    )
+    assert choice.recipe_of("a") is None
+    assert choice.recipe_of("b") == sr.nn.int8(seed=3)
+    assert choice.recipe_of("c") == sr.nn.nvfp4(stochastic_rounding=False, seed=3)
+    assert RecipeChoice("bf16").recipe_of("c") is None
+
+
+def test_titan_command_trains_a_tiny_model_on_the_cpu(tmp_path) -> None:
+    out = tmp_path / "run"
+    args = ["titan", "--recipe", "int8", "--flavor", "tiny", "--device", "cpu", "--steps", "2"]
+    args += ["--seq-len", "32", "--batch", "1", "--optimizer", "SRAdamW", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert rows[0]["recipe"] == "int8" and rows[0]["optimizer"] == "SRAdamW"
+    assert all(row["loss"] > 0 and row["tps"] > 0 for row in rows)
+    assert "step 2: loss" in result.output
+
+
+def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["titan", "--recipe", "nvfp5", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "recipe must be one of" in result.output
+
+
+def test_an_unsupported_torchtitan_is_an_import_error_naming_the_releases() -> None:
+    from stochround.integrations.torchtitan.versions import titan_api
+
+    assert (titan_api("0.2.2"), titan_api("0.3.0")) == ("0.2", "0.3")
+    with pytest.raises(ImportError, match=r"supports torchtitan 0\.2\.2, 0\.3\.0; .* 0\.2\.1 is"):
+        titan_api("0.2.1")
+    with pytest.raises(ImportError, match=r"needs torchtitan: .*'stochround\[torchtitan-0\.2\]'"):
+        titan_api(None)

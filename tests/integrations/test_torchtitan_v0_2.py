@@ -1,0 +1,253 @@
+"""stochround inside torchtitan 0.2.2 (`stochround.integrations.torchtitan.v0_2`): the
+module-swap converter on its Llama 3, the SR optimizers from the job config, the TOML, and
+torchtitan's own trainer on the CPU (gloo), in one process and with FSDP2 on two."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from ranks import run_ranks
+from titan_versions import torchtitan_mismatch
+
+if reason := torchtitan_mismatch("0.2.2", "torchtitan-0.2"):
+    pytest.skip(reason, allow_module_level=True)
+
+from torch import nn
+from torchtitan.config import ConfigManager
+from torchtitan.models.llama3 import Transformer
+from torchtitan.tools import utils as titan_utils
+
+import stochround as sr
+from stochround.integrations.torchtitan import TITAN_API, titan_config
+from stochround.integrations.torchtitan.v0_2 import (
+    TOML,
+    StochroundConverter,
+    build_sr_optimizers,
+    converted_paths,
+    model_args,
+)
+from stochround.integrations.torchtitan.v0_2.cpu_device import cpu_trainer
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+DEBUG_LINEARS = [
+    f"layers.{i}.{name}"
+    for i in range(6)
+    for name in (
+        "attention.wq",
+        "attention.wk",
+        "attention.wv",
+        "attention.wo",
+        "feed_forward.w1",
+        "feed_forward.w2",
+        "feed_forward.w3",
+    )
+]
+ONE_RANK = types.SimpleNamespace()  # the converter and optimizers read nothing of it here
+
+
+def converted(
+    config, flavor: str = "debugmodel", device: str = "meta", dims: object = ONE_RANK
+) -> nn.Module:
+    """torchtitan's Llama 3 of ``flavor``, built on ``device`` and converted by the job
+    config's stochround section (the converter given parallel dims ``dims``)."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Transformer(model_args()[flavor])
+    StochroundConverter(config, dims).convert(model)
+    return model
+
+
+def test_the_installed_torchtitan_selects_the_0_2_api() -> None:
+    assert TITAN_API == "0.2"
+
+
+def test_converter_swaps_every_linear_of_the_debug_model_but_the_head() -> None:
+    model = converted(titan_config("nvfp4"))
+    assert converted_paths(model) == dict.fromkeys(DEBUG_LINEARS, "nvfp4")
+    assert type(model.output) is nn.Linear
+    layers = [m for m in model.modules() if isinstance(m, sr.nn.QuantizedLinear)]
+    assert [layer.layer_index for layer in layers] == list(range(42))
+    assert layers[0].recipe == sr.nn.nvfp4(keep=("^output$",))
+
+
+def test_the_swapped_layers_hold_the_built_models_parameters() -> None:
+    torch.manual_seed(0)
+    model = Transformer(model_args()["tiny"])
+    before = dict(model.named_parameters())
+    plain_keys = set(model.state_dict())
+    StochroundConverter(titan_config("int8", flavor="tiny"), ONE_RANK).convert(model)
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()
+    assert all(after[name] is param for name, param in before.items())
+    # the state dict adds the step counters only (a plain checkpoint loads strictly=False)
+    extra = set(model.state_dict()) - plain_keys
+    assert extra == {f"{path}.step" for path in converted_paths(model)}
+
+
+def test_rules_keep_and_seed_come_from_the_job_config() -> None:
+    config = titan_config(
+        "nvfp4",
+        switches={"stochastic_rounding": False},
+        seed=7,
+        rules=[(r"layers\.0\..*", None), (r"layers\.5\.feed_forward\..*", "int8")],
+    )
+    assert config.stochround.rules == [r"layers\.0\..*=bf16", r"layers\.5\.feed_forward\..*=int8"]
+    paths = converted_paths(converted(config))
+    assert [p for p in DEBUG_LINEARS if p not in paths] == DEBUG_LINEARS[:7]
+    assert {p for p, name in paths.items() if name == "int8"} == {
+        f"layers.5.feed_forward.{w}" for w in ("w1", "w2", "w3")
+    }
+    model = converted(config)
+    assert model.layers["1"].attention.wo.recipe.seed == 7
+    assert model.layers["1"].attention.wo.recipe.spec("dgrad_grad_output").mode == "rne"
+
+
+def test_init_weights_zeroes_the_step_counters_to_empty_left() -> None:
+    model = converted(titan_config("int8", flavor="tiny"))
+    model.to_empty(device="cpu")
+    layer = model.layers["1"].feed_forward.w2
+    layer.step.fill_(12345)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    assert int(layer.step) == 0
+    tokens = torch.zeros(2, 16, dtype=torch.long)
+    model(tokens).sum().backward()
+    assert int(layer.step) == 1 and layer.weight.grad.abs().sum() > 0
+
+
+def test_a_missing_section_is_refused() -> None:
+    bare = ConfigManager().parse_args([])
+    with pytest.raises(ValueError, match=r"no \[stochround\] section: set job\.custom_config"):
+        StochroundConverter(bare, ONE_RANK)
+
+
+def test_bad_settings_raise_naming_them() -> None:
+    with pytest.raises(ValueError, match="recipe must be one of bf16, nvfp4"):
+        titan_config("nvfp5")
+    with pytest.raises(ValueError, match="flavor must be one of debugmodel, 100M, tiny"):
+        titan_config("int8", flavor="8B")
+    config = titan_config("int8")
+    config.stochround.rules = ["layers"]
+    with pytest.raises(ValueError, match="rules items must be REGEX=RECIPE; got 'layers'"):
+        StochroundConverter(config, ONE_RANK)
+    config = titan_config("int8")
+    config.stochround.switches = "[1]"
+    with pytest.raises(ValueError, match="switches must be a JSON object"):
+        StochroundConverter(config, ONE_RANK)
+    model = nn.Sequential(nn.Linear(24, 32))
+    with pytest.raises(ValueError, match=r"^0: "):
+        StochroundConverter(titan_config("nvfp4"), ONE_RANK).convert(model)
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "states"),
+    [
+        ("SRAdamW", sr.optim.AdamW, ("exp_avg", "exp_avg_sq")),
+        ("SRSGD", sr.optim.SGD, ()),
+        ("SRLion", sr.optim.Lion, ("exp_avg",)),
+        ("AdamW", torch.optim.AdamW, ("exp_avg", "exp_avg_sq")),
+    ],
+)
+def test_the_job_configs_optimizer_name_builds_it(name, cls, states) -> None:
+    model = nn.Linear(8, 4)
+    config = titan_config("int8", optimizer=name, lr=1e-2)
+    config.optimizer.implementation = "for-loop"  # torch's fused AdamW runs on CUDA only
+    container = build_sr_optimizers([model], config.optimizer, ONE_RANK)
+    (optimizer,) = container.optimizers
+    assert type(optimizer) is cls
+    assert optimizer.param_groups[0]["lr"] == 1e-2
+    model(torch.ones(2, 8)).sum().backward()
+    container.step()
+    state = optimizer.state[model.weight]
+    expected = torch.float32 if name == "AdamW" else torch.bfloat16
+    assert {state[key].dtype for key in states} <= {expected}
+    if name == "SRAdamW":
+        assert optimizer.param_groups[0]["betas"] == (0.9, 0.95)
+    config.optimizer.name = "Adamax"
+    with pytest.raises(ValueError, match=r"optimizer\.name must be one of Adam, AdamW, SRAdamW"):
+        build_sr_optimizers([model], config.optimizer, ONE_RANK)
+
+
+def test_the_toml_is_titan_configs_default() -> None:
+    from_toml = ConfigManager().parse_args(["--job.config_file", str(TOML)])
+    assert from_toml.model.name == "stochround_llama3"
+    assert from_toml.model.converters == ["stochround"]
+    assert from_toml.stochround.recipe == "nvfp4"
+    assert from_toml.activation_checkpoint.mode == "none"
+    ours = titan_config("nvfp4")
+    assert ours.stochround == from_toml.stochround
+    assert ours.training == from_toml.training
+
+
+def test_cpu_trainer_restores_torchtitans_device() -> None:
+    device = titan_utils.device_type
+    with cpu_trainer():
+        assert titan_utils.device_type == "cpu"
+    assert titan_utils.device_type == device
+
+
+def test_fsdp2_on_two_gloo_ranks(tmp_path) -> None:
+    out = tmp_path / "fsdp"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    titan = ["-m", "stochround", "titan", "--recipe", "nvfp4", "--flavor", "tiny"]
+    titan += ["--device", "cpu", "--steps", "2", "--seq-len", "32", "--batch", "1"]
+    titan += ["--optimizer", "SRAdamW", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [*launch, *titan], env=env, capture_output=True, text=True, timeout=500, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert {row["world_size"] for row in rows} == {2}
+    assert all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
+
+
+def tp_body(rank: int, world_size: int, device: str) -> dict[str, torch.Tensor]:
+    """The tiny model under mxfp8 (every operand in blocks of 32 along its contraction
+    axis, round to nearest: a shard quantizes as the whole does), once whole and once
+    under torchtitan's Llama 3 TP plan (sequence parallel) over the two ranks: the logits
+    and the gradients of each, gathered."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torchtitan.models.llama3.infra.parallelize import apply_tp
+
+    tp_dims = types.SimpleNamespace(tp_enabled=True, tp=world_size)
+    whole = converted(titan_config("mxfp8", flavor="tiny"), "tiny", "cpu", tp_dims)
+    with torch.no_grad():
+        whole.init_weights(buffer_device=None)
+    sharded = copy.deepcopy(whole)
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
+    apply_tp(sharded, mesh, loss_parallel=False, enable_float8_tensorwise_tp=False)
+    tokens = torch.randint(0, 258, (2, 32), generator=torch.Generator().manual_seed(3))
+    out: dict[str, torch.Tensor] = {}
+    for name, model in (("whole", whole), ("tp", sharded)):
+        logits = model(tokens)
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
+        out[f"{name}.logits"] = logits.detach()
+        for path, param in model.named_parameters():
+            grad = param.grad
+            full = grad.full_tensor() if isinstance(grad, DTensor) else grad
+            out[f"{name}.{path}"] = full.detach().clone()
+    out["step"] = sharded.layers["1"].feed_forward.w2.step.clone()
+    return out
+
+
+def test_tensor_parallelism_with_torchtitans_llama3_plan_on_two_gloo_ranks() -> None:
+    """Sharded equals whole up to the order of the sums (a rowwise layer's output and the
+    sharded norms' gradients are sums across ranks)."""
+    results = run_ranks(tp_body, device="cpu")
+    for result in results:
+        assert int(result["step"]) == 1
+        whole = {k[6:]: v for k, v in result.items() if k.startswith("whole.")}
+        for name, value in whole.items():
+            torch.testing.assert_close(result[f"tp.{name}"], value, rtol=1e-4, atol=1e-5)
