@@ -66,6 +66,15 @@ class PreparedRounding:
     routes: dict[tuple[torch.dtype, bool], Route] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # the request's fields before and after its offset: a call's request is built from
+    # them (a third of `_replace`'s host time, which maps its keywords by name)
+    head: tuple = field(init=False, compare=False, repr=False)
+    tail: tuple = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        offset = Request._fields.index("offset")
+        object.__setattr__(self, "head", tuple(self.request[:offset]))
+        object.__setattr__(self, "tail", tuple(self.request[offset + 1 :]))
 
     def round(self, x: Tensor, offset: int) -> Tensor:
         """x rounded with the prepared choices, SR drawing the words of ``offset`` in the
@@ -76,7 +85,7 @@ class PreparedRounding:
         check_input(x)
         request = self.request
         if request.mode == "sr":
-            request = request._replace(offset=offset)
+            request = Request._make((*self.head, offset, *self.tail))
         if through_op(x):  # traced, for autograd or a DTensor: the custom op, as round does
             return round_through_op(x, request, self.backend, "value", x.dtype)
         where = (x.dtype, x.is_cuda)
