@@ -25,12 +25,19 @@ one op a parameter, as a user's loop computes it). Rows (case ``mlp_step``):
   backward rounded as under ``emulate`` (the SGD step is outside the graph, not rounded).
   The issue's target: compiled_* <= 1.5x compiled_fp32; emulate_* <= 3x fp32.
 
+Case ``mlp_step_w8``: the same step, eager, at width 8 and batch 8 (``--layers`` layers),
+rows ``fp32``, ``emulate_rne`` and ``emulate_sr``: the compute is negligible, so a step's
+time is the host cost of its ops (PyTorch's dispatch, the emulation's handling of each op
+and each rounding's host side, on the CPU its PyTorch path too), and ``(emulate - fp32)
+/ roundings`` is the emulation's cost an op.
+
 Each emulated row reports its roundings a step (``roundings``: `Emulation.calls`) and the
 overhead a rounding: (step - fp32 step) / roundings. Checks before timing: the loss is
 finite and within 5% of the fp32 loss (bf16 rounding moves it by far less).
 
     python benchmarks/bench_emulate.py                   # GPU
     python benchmarks/bench_emulate.py --device cpu --width 256 --batch 64
+    python benchmarks/bench_emulate.py --device cpu --only mlp_step_w8 --calls 50  # host cost
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ from harness import Benchmark, CheckFailed, Run
 import stochround as sr
 
 CASE = "mlp_step"
+TINY = "mlp_step_w8"  # the per-op host cost: a step whose compute is negligible
+TINY_WIDTH = TINY_BATCH = 8
 CLASSES = 10
 LOSS_BOUND = 0.05  # relative distance of a rounded step's loss from the fp32 step's
 SEED = 0
@@ -203,6 +212,11 @@ def main() -> int:
     bench.add(CASE, "compiled_fp32", partial(build, "compiled_fp32", reference))
     for kind in ("compiled_rne", "compiled_sr"):
         bench.add(CASE, kind, partial(build, kind, reference), ours=True)
+    tiny_reference: list[float] = []
+    build_tiny = partial(row, (TINY_WIDTH, args.layers, TINY_BATCH), bench.device)
+    bench.add(TINY, "fp32", partial(build_tiny, "fp32", tiny_reference))
+    for kind in ("emulate_rne", "emulate_sr"):
+        bench.add(TINY, kind, partial(build_tiny, kind, tiny_reference), ours=True)
     return bench.run()
 
 

@@ -6,7 +6,7 @@ rounded, with which offsets, and why).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -14,11 +14,12 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import arith, rounding
+from .. import arith
 from .. import random as streams
 from ..formats import Format, format_of_dtype
 from ..presets import HardwarePreset
 from ..reference import check_choice, check_mode
+from ..rounding.prepared import PreparedRounding, prepare
 from ..torch_path import FLOAT_DTYPES
 from .exact import EXACT_OPS, exact_pair, sr_pair
 from .ops import (
@@ -54,16 +55,17 @@ def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
     return check_choice("ops", ops, OPS)
 
 
-def _tensors(values: Iterable[object]) -> Iterator[Tensor]:
-    """The tensors among an ATen op's arguments or outputs: its schema admits tensors,
-    lists and tuples of them (optional ones: None) and scalars, never a dict, so a walk of
-    the lists and tuples finds them all (a general pytree walk costs every op's dispatch
-    more than the op itself)."""
+def _check_supported(values: Iterable[object]) -> None:
+    """TypeError for a complex or sparse tensor among an ATen op's arguments or outputs
+    (`_unsupported`): its schema admits tensors, lists and tuples of them (optional ones:
+    None) and scalars, never a dict, so a walk of the lists and tuples finds them all (a
+    general pytree walk costs every op's dispatch more than the op itself)."""
     for value in values:
         if isinstance(value, Tensor):
-            yield value
+            if value.layout != torch.strided or value.is_complex():
+                _unsupported(value)
         elif isinstance(value, list | tuple):
-            yield from _tensors(value)
+            _check_supported(value)
 
 
 def each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
@@ -108,7 +110,10 @@ class Emulation(TorchDispatchMode):
 
     ``calls``: the tensors rounded so far, which is also the counter: the next rounding
     draws its random words at offset ``calls`` of the stream ``key`` (``seed`` in
-    `StreamDomain.EMULATE`: `stochround.random.stream_key`).
+    `StreamDomain.EMULATE`: `stochround.random.stream_key`).  What can be is resolved
+    once: every argument is checked here, each format's rounding prepared here
+    (``roundings``: `stochround.rounding.prepared`), each op overload's handling read at
+    its first call (``ops`` asked then).
     """
 
     def __init__(
@@ -161,35 +166,27 @@ class Emulation(TorchDispatchMode):
         )
         self.key = int(streams.stream_key(self.seed, streams.StreamDomain.EMULATE))
         self.calls = 0
-        # the rounding's own checks (rbits, variant, hardware against the mode and format)
-        # raise here, not at the first op
-        self._unhandled(self._probe)
+        # each format's rounding, its choices (rbits, variant, hardware against the mode and
+        # format) checked here, not at the first op, and resolved once: an op's rounding
+        # calls it directly, without `stochround.round`'s per-call checks and routing
+        prepared = {
+            target: prepare(
+                target, self.mode, seed=self.key, rbits=rbits, variant=variant, hardware=hardware
+            )
+            for target in (*self.formats.values(), *self.cast_formats.values())
+        }
+        self.roundings = {dtype: prepared[target] for dtype, target in self.formats.items()}
+        self.cast_roundings = {
+            dtype: prepared[target] for dtype, target in self.cast_formats.items()
+        }
+        # what each op overload gets, read once per op (`_op_entry`)
+        self._entries: dict[torch._ops.OpOverload, tuple[OpKind, bool]] = {}
 
-    def _probe(self) -> None:
-        for dtype, target in self.formats.items():
-            self._rounded(torch.zeros(1, dtype=dtype), target, offset=0)
-
-    def _unhandled(self, body: Callable[[], Any]) -> Any:
-        """body() with the enclosing emulations passed through (`_handling`)."""
-        outer = getattr(_handling, "active", False)
-        _handling.active = True
-        try:
-            return body()
-        finally:
-            _handling.active = outer
-
-    def _rounded(self, x: Tensor, target: Format, offset: int) -> Tensor:
-        """x rounded to ``target`` (values in x's dtype) with the words of offset ``offset``."""
-        return rounding.round(
-            x,
-            target,
-            self.mode,
-            rbits=self.rbits,
-            variant=self.variant,
-            seed=self.key,
-            offset=offset,
-            hardware=self.hardware,
-        )
+    def _op_entry(self, func: torch._ops.OpOverload) -> tuple[OpKind, bool]:
+        """``func``'s `OpKind` and whether this emulation handles it (it computes values
+        and ``ops`` picks it), resolved at its first call (``ops`` asked once an op)."""
+        kind = op_kind(func)
+        return kind, not kind.aliases_only and self.selected(func)
 
     def selected(self, func: torch._ops.OpOverload) -> bool:
         """Whether ``ops`` picks ``func`` for rounding."""
@@ -210,17 +207,25 @@ class Emulation(TorchDispatchMode):
         kwargs = kwargs or {}
         if getattr(_handling, "active", False):  # an inner emulation's op or rounding
             return func(*args, **kwargs)
-        for tensor in _tensors((args, kwargs.values())):
-            _unsupported(tensor)
-        kind = op_kind(func)
-        if kind.aliases_only or not self.selected(func):
+        _check_supported(args)
+        if kwargs:
+            _check_supported(kwargs.values())
+        entry = self._entries.get(func)
+        if entry is None:
+            entry = self._entries[func] = self._op_entry(func)
+        kind, handled = entry
+        if not handled:
             return func(*args, **kwargs)
         if kind.lays_out and not converts(func, args, kwargs):
             out = func(*args, **kwargs)  # a factory makes complex tensors from nothing
-            for tensor in _tensors((out,)):
-                _unsupported(tensor)
+            _check_supported((out,))
             return out
-        return self._unhandled(lambda: self._emulated(func, kind, args, kwargs))
+        # the enclosing emulations pass this op's own ops and its roundings through
+        _handling.active = True
+        try:
+            return self._emulated(func, kind, args, kwargs)
+        finally:
+            _handling.active = False
 
     def _emulated(
         self,
@@ -233,27 +238,37 @@ class Emulation(TorchDispatchMode):
         if self.round_inputs:
             args, kwargs = self._inputs_rounded(kind, args, kwargs)
         before = self.calls
-        cast = self._cast(func, args, kwargs)
-        per_op = None
-        if cast is None and self.accumulate == "per_op":
-            per_op = self._per_op(func, args, kwargs)
-        if cast is not None:
-            out = cast
-        elif per_op is not None:
-            out = per_op
-        elif self.compute == "float64" and not kind.seeded:
-            out = self._wide(func, kind, args, kwargs)
-        else:
-            out = func(*args, **kwargs)
-            for tensor in self._mutated(kind, args, kwargs):
-                if tensor.dtype in self.formats and self.round_outputs:
-                    tensor.copy_(self._next_rounding(tensor, self.formats[tensor.dtype]))
-            if not kind.mutated_positions and self.round_outputs:
-                out = each_output(self._output_rounded, out)
-        for tensor in _tensors((out,)):
-            _unsupported(tensor)
+        out = self._cast(func, args, kwargs) if kind.lays_out else None  # (conversions)
+        if out is None and self.accumulate == "per_op":
+            out = self._per_op(func, args, kwargs)
+        if out is None:
+            if self.compute == "float64" and not kind.seeded:
+                out = self._wide(func, kind, args, kwargs)
+            else:
+                out = self._native(func, kind, args, kwargs)
+        _check_supported((out,))
         if self.observer is not None and self.calls > before:
             self.observer(func, out)
+        return out
+
+    def _native(
+        self,
+        func: torch._ops.OpOverload,
+        kind: OpKind,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """The op run natively, its outputs rounded: the tensors it mutates in place, else
+        its fresh outputs (`_output_rounded`)."""
+        out = func(*args, **kwargs)
+        if not self.round_outputs:
+            return out
+        if not kind.mutated_positions:
+            return each_output(self._output_rounded, out)
+        for tensor in self._mutated(kind, args, kwargs):
+            prepared = self.roundings.get(tensor.dtype)
+            if prepared is not None:
+                tensor.copy_(self._next_rounding(tensor, prepared))
         return out
 
     def _cast(
@@ -266,13 +281,13 @@ class Emulation(TorchDispatchMode):
         SR or directed rounding after it would see its values already rounded."""
         if func is aten._to_copy.default:
             source = args[0]
-            target = self.cast_format(kwargs.get("dtype") or source.dtype)
+            target = self._cast_rounding(kwargs.get("dtype") or source.dtype)
             if target is None or not source.is_floating_point():
                 return None
             return func(self._next_rounding(source.to(torch.float64), target), **kwargs)
         if func is aten.copy_.default:
             destination, source = args[0], args[1]
-            target = self.cast_format(destination.dtype)
+            target = self._cast_rounding(destination.dtype)
             if target is None or not isinstance(source, Tensor) or not source.is_floating_point():
                 return None
             rounded = self._next_rounding(source.to(torch.float64), target)
@@ -379,13 +394,19 @@ class Emulation(TorchDispatchMode):
         target = self.formats.get(dtype)
         return self.cast_formats.get(dtype) if target is None else target
 
+    def _cast_rounding(self, dtype: torch.dtype) -> PreparedRounding | None:
+        """The rounding of a conversion into ``dtype`` (to `cast_format`; None: none)."""
+        prepared = self.roundings.get(dtype)
+        return self.cast_roundings.get(dtype) if prepared is None else prepared
+
     def _output_rounded(self, out: Tensor) -> Tensor:
         """A fresh output rounded, if its dtype has a format: the rounding's own result where
         its strides are the output's (one pass: a dense output, the common case), else
         copied into the output (its strides kept: a transposed ``mm`` result, ...)."""
-        if out.dtype not in self.formats:
+        prepared = self.roundings.get(out.dtype)
+        if prepared is None:
             return out
-        rounded = self._next_rounding(out, self.formats[out.dtype])
+        rounded = self._next_rounding(out, prepared)
         if rounded.stride() == out.stride():
             return rounded
         return out.copy_(rounded)
@@ -408,11 +429,12 @@ class Emulation(TorchDispatchMode):
         mutated = {id(t) for t in self._mutated(kind, args, kwargs)}
 
         def entered(t: Tensor) -> Tensor:
-            if t.dtype not in self.formats:
+            prepared = self.roundings.get(t.dtype)
+            if prepared is None:
                 return t
             if id(t) in mutated:
-                return t.copy_(self._next_rounding(t, self.formats[t.dtype]))
-            return self._next_rounding(t, self.formats[t.dtype])
+                return t.copy_(self._next_rounding(t, prepared))
+            return self._next_rounding(t, prepared)
 
         return pytree.tree_map_only(Tensor, entered, (args, kwargs))
 
@@ -501,17 +523,19 @@ class Emulation(TorchDispatchMode):
             full = target.precision >= format_of_dtype(dtype).precision
             if self.residuals and dtype == torch.float64 and full and func not in EXACT_OPS:
                 self.no_residual.add(str(func))
-            return self._next_rounding(wide, target)
+            return self._next_rounding(wide, self.roundings[dtype])
         offset = self.calls
         self.calls += 1
         return sr_pair(pair[0], pair[1], target, self.key, offset)
 
-    def _next_rounding(self, x: Tensor, target: Format) -> Tensor:
-        """x rounded to ``target`` with the next offset of the counter: a new tensor of x's
-        dtype (float64 for a result computed wide, which holds every format until stored)."""
+    def _next_rounding(self, x: Tensor, prepared: PreparedRounding) -> Tensor:
+        """x rounded by a format's prepared rounding with the next offset of the counter: a
+        new tensor of x's dtype (float64 for a result computed wide, which holds every
+        format until stored); the bits of ``stochround.round(x, fmt, mode, rbits=rbits,
+        variant=variant, seed=key, offset=k, hardware=hardware)``."""
         offset = self.calls
         self.calls += 1
-        return self._rounded(x.detach(), target, offset)
+        return prepared.round(x.detach(), offset)
 
 
 def _scalar_dtype(floating: list[Tensor]) -> torch.dtype | None:

@@ -1,7 +1,8 @@
 """The user entry points `round`, `cast`, `encode` and `decode`: their checks (`checks`),
 the one dispatch point between the PyTorch path and the Triton kernels (`route`), the
-`stochround::round` custom op (`op`), DTensor inputs (`dtensor`), and the entry points
-themselves (`entry`).
+`stochround::round` custom op (`op`), DTensor inputs (`dtensor`), the entry points
+themselves (`entry`), and a rounding prepared once for many calls (`prepared`: its choices
+checked and routed once, each call's tensor rounded by its path directly).
 
 A call's choices are checked and routed once per set of them (`route.call_route`, cached),
 its per-call values (seed, offset, rand, index_offset) on every call.  The route picks the

@@ -122,8 +122,7 @@ def check_call_values(
     rand as int64 integers of x's shape, and 0, 0, None for what the call does not use."""
     index_offset = streams.check_index_offset(index_offset)
     if mode != "sr":
-        if rbits is not None or rand is not None:
-            raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
+        check_sr_only(mode, rbits, rand)
         return 0, 0, None, index_offset
     if rand is None:
         offset = 0 if offset is None else streams.check_seed(offset, "offset")
@@ -133,6 +132,13 @@ def check_call_values(
             raise ValueError(f"rand must be an integer tensor or 'data'; got {rand!r}")
         return 0, 0, None, index_offset
     return 0, 0, _check_rand(x, rand, n).expand(x.shape), index_offset
+
+
+def check_sr_only(mode: str, rbits: int | None, rand: object) -> None:
+    """ValueError where a call in a deterministic ``mode`` gives ``rbits`` or ``rand``,
+    which only SR draws on."""
+    if mode != "sr" and (rbits is not None or rand is not None):
+        raise ValueError(f"rbits and rand apply to mode='sr' only; got mode={mode!r}")
 
 
 def _drawn_seed(seed: int | Tensor | None) -> int | Tensor:
@@ -177,5 +183,6 @@ __all__ = [
     "check_input",
     "check_rand_values",
     "check_request",
+    "check_sr_only",
     "rand_source",
 ]

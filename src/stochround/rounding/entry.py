@@ -13,15 +13,15 @@ from torch import Tensor
 from .. import random as streams
 from ..formats import Format, format_of_dtype
 from ..formats import format as find_format
-from ..kernels.availability import check_backend
 from ..packing import PACK_GROUPS
-from ..presets import HardwarePreset, preset
+from ..presets import HardwarePreset
 from ..reference import check_mode
 from ..shards import is_dtensor
 from ..torch_path import FLOAT_DTYPES, Request, decode_values, round_tensor
 from .checks import check_call_values, check_input, check_request, rand_source
 from .dtensor import round_dtensor
 from .op import round_through_op
+from .prepared import hardware_unit
 from .route import call_route, through_op
 
 
@@ -40,33 +40,6 @@ def _stream_values(
     if rand is not None:
         raise ValueError("rand= replaces the random stream: pass stream= or rand=, not both")
     return stream.take() if sr else (None, None)
-
-
-def _hardware_unit(
-    hardware: str | HardwarePreset,
-    fmt: Format | str | torch.dtype | None,
-    mode: str,
-    rbits: int | None,
-    variant: str,
-    sat: str,
-    rand: object,
-    backend: str,
-) -> HardwarePreset:
-    """The preset a call's ``hardware=`` names (``fmt`` picks the unit of a family or
-    confirms it), checked against the call's other choices: the preset fixes the mode,
-    rbits, variant and saturation, and rounds on the PyTorch path."""
-    if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
-        raise ValueError(
-            f"hardware={hardware!r} sets the mode, rbits, variant and sat; pass only x, the "
-            "format (to pick or confirm the unit's), seed, offset or stream, rand, "
-            "index_offset and nan"
-        )
-    if isinstance(rand, str):
-        raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
-    check_backend(backend)
-    if backend == "triton":
-        raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
-    return preset(hardware, None if fmt is None else find_format(fmt))
 
 
 def _round_call(
@@ -99,7 +72,7 @@ def _round_call(
     operand: Format | None = None
     flush_below: float | None = None
     if hardware is not None:
-        unit = _hardware_unit(hardware, fmt, mode, rbits, variant, sat, rand, backend)
+        unit = hardware_unit(hardware, fmt, mode, rbits, variant, sat, rand, backend)
         fmt, mode, rbits, variant, sat = unit.target, "sr", unit.rbits, unit.variant, unit.sat
         operand, flush_below, backend = unit.operand, unit.flush_below, "torch"
     elif fmt is None:

@@ -177,14 +177,24 @@ def dispatch(
         x.is_cuda,
         False,
     )
+    return routed(x, request, route)
+
+
+def routed(x: Tensor, request: Request, route: Route) -> Tensor:
+    """x rounded as a checked request says, by the path its ``route`` (`call_route` of the
+    request's choices for x's dtype and device, no custom op) picks: the kernels' plan,
+    the compiled CPU path where x is large enough, else the PyTorch path.  `dispatch`
+    routes a request first; a caller that resolved the route once (`stochround.rounding.
+    prepared`) calls this directly."""
     if route.plan is not None:
         return route.plan.round(x, request.seed, request.offset, request.index_offset, request.rand)
+    out_dtype = route.out_dtype
     if route.cpu and cpu_path.worth_compiling(x.numel()) and cpu_path.compile_refusal() is None:
         stream = (request.seed, request.offset, request.index_offset)
         rounded = cpu_path.bf16_sr_cpu(x, *stream, request.n, request.variant, request.sat)
         return rounded if out_dtype == torch.bfloat16 else rounded.to(out_dtype)
     refuse_capture(route.checked, x, request.fmt)
-    return round_tensor(x, request, output, out_dtype)
+    return round_tensor(x, request, route.output, out_dtype)
 
 
-__all__ = ["Route", "call_route", "dispatch", "through_op"]
+__all__ = ["Route", "call_route", "dispatch", "routed", "through_op"]

@@ -1,0 +1,135 @@
+"""A rounding resolved once for many calls: `prepare` checks a rounding's choices (format,
+mode, random bits, variant, saturation, a hardware unit, the seed) as `round` checks them
+and returns a `PreparedRounding`, whose ``round(x, offset)`` rounds each tensor with those
+choices without `round`'s checks of the choices and its routing on every call (only the
+tensor, new each call, is checked): the route of each input dtype and device is found
+once, and a call goes to its path (the kernels' plan on CUDA, the PyTorch path or the
+compiled CPU path on the CPU) directly.  For a caller that rounds many tensors with the
+same choices, each at its own offset of one stream: `stochround.emulate` rounds every
+op's outputs with one, prepared when the emulation is made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .. import random as streams
+from ..formats import Format
+from ..formats import format as find_format
+from ..kernels.availability import check_backend
+from ..presets import HardwarePreset, preset
+from ..reference import check_mode
+from ..torch_path import Request
+from .checks import check_choices, check_input, check_sr_only
+from .op import round_through_op
+from .route import Route, call_route, routed, through_op
+
+
+def hardware_unit(
+    hardware: str | HardwarePreset,
+    fmt: Format | str | torch.dtype | None,
+    mode: str,
+    rbits: int | None,
+    variant: str,
+    sat: str,
+    rand: object,
+    backend: str,
+) -> HardwarePreset:
+    """The preset a call's ``hardware=`` names (``fmt`` picks the unit of a family or
+    confirms it), checked against the call's other choices: the preset fixes the mode,
+    rbits, variant and saturation, and rounds on the PyTorch path."""
+    if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
+        raise ValueError(
+            f"hardware={hardware!r} sets the mode, rbits, variant and sat; pass only x, the "
+            "format (to pick or confirm the unit's), seed, offset or stream, rand, "
+            "index_offset and nan"
+        )
+    if isinstance(rand, str):
+        raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
+    check_backend(backend)
+    if backend == "triton":
+        raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
+    return preset(hardware, None if fmt is None else find_format(fmt))
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRounding:
+    """A rounding's checked choices (`prepare`): ``request`` holds them as a call's
+    `Request` would (the seed the stream's key; the offset a placeholder, each call's
+    own), ``backend`` is "auto", or "torch" for a hardware unit (a preset rounds on the
+    PyTorch path).  ``routes`` caches the route of each (input dtype, on CUDA) seen."""
+
+    request: Request
+    backend: str
+    routes: dict[tuple[torch.dtype, bool], Route] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # the request's fields before and after its offset: a call's request is built from
+    # them (a third of `_replace`'s host time, which maps its keywords by name)
+    head: tuple = field(init=False, compare=False, repr=False)
+    tail: tuple = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        offset = Request._fields.index("offset")
+        object.__setattr__(self, "head", tuple(self.request[:offset]))
+        object.__setattr__(self, "tail", tuple(self.request[offset + 1 :]))
+
+    def round(self, x: Tensor, offset: int) -> Tensor:
+        """x rounded with the prepared choices, SR drawing the words of ``offset`` in the
+        seed's stream at x's flat indices (index_offset 0): the bits of ``round(x, fmt,
+        mode, ..., seed=seed, offset=offset)``, in x's dtype.  x is checked as `round`
+        checks it (`check_input`: a new tensor each call); ``offset`` is the caller's
+        counter, an int in [0, 2**64), unchecked."""
+        check_input(x)
+        request = self.request
+        if request.mode == "sr":
+            request = Request._make((*self.head, offset, *self.tail))
+        if through_op(x):  # traced, for autograd or a DTensor: the custom op, as round does
+            return round_through_op(x, request, self.backend, "value", x.dtype)
+        where = (x.dtype, x.is_cuda)
+        route = self.routes.get(where)
+        if route is None:
+            route = self.routes[where] = call_route(self.choices(), x.dtype, x.is_cuda, False)
+        return routed(x, request, route)
+
+    def choices(self) -> tuple:
+        """The choices as `call_route` takes them (values of x's dtype, from the stream)."""
+        r = self.request
+        return (r.fmt, r.mode, r.n, r.variant, r.sat, r.nan, r.source, self.backend, "value", None)
+
+
+def prepare(
+    fmt: Format | str | torch.dtype | None,
+    mode: str = "rne",
+    *,
+    seed: int | Tensor,
+    rbits: int | None = None,
+    variant: str = "c",
+    sat: str = "none",
+    hardware: str | HardwarePreset | None = None,
+) -> PreparedRounding:
+    """The rounding ``round(x, fmt, mode, rbits=rbits, variant=variant, sat=sat, seed=seed,
+    offset=k, hardware=hardware)`` for any x and k, prepared: every choice checked here as
+    `round` checks it (ValueError/TypeError naming it), once."""
+    mode = check_mode(mode)
+    backend = "auto"
+    operand: Format | None = None
+    flush_below: float | None = None
+    if hardware is not None:
+        unit = hardware_unit(hardware, fmt, mode, rbits, variant, sat, None, backend)
+        fmt, mode, rbits, variant, sat = unit.target, "sr", unit.rbits, unit.variant, unit.sat
+        operand, flush_below, backend = unit.operand, unit.flush_below, "torch"
+    elif fmt is None:
+        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
+    target, n = check_choices(fmt, mode, rbits, variant, sat, "raise")
+    check_sr_only(mode, rbits, None)
+    key = streams.check_seed(seed, "seed") if mode == "sr" else 0
+    request = Request(
+        target, mode, sat, n, variant, "stream", key, 0, 0, None, "raise", operand, flush_below
+    )
+    return PreparedRounding(request, backend)
+
+
+__all__ = ["PreparedRounding", "hardware_unit", "prepare"]
