@@ -8,15 +8,22 @@ import math
 import pytest
 import torch
 
+from stochround import blocks
 from stochround.experiments import EXPERIMENTS
 from stochround.experiments import recipes_regime as regime
 from stochround.experiments.regime_lsq import (
+    RHT_SIZE,
     Training,
     batch_lr,
+    channel_outliers,
+    channel_scale,
+    data_lr,
     least_squares,
+    preconditioned_lr,
     predicted_stall,
     predicted_stall_iid,
     round_dy,
+    round_x,
     train,
 )
 from stochround.experiments.regime_plots import mean_std
@@ -32,15 +39,25 @@ def quick(tmp_path_factory: pytest.TempPathFactory):
 def test_quick_rows_columns_and_seeds(quick) -> None:
     experiment, out = quick
     sizes = regime.QUICK
-    noise, horizon, gemm, training, closed = experiment.tables
+    noise, horizon, error, training, closed = experiment.tables
     assert noise.columns == ["batch", "peak lr", "fp32", "bf16", "nvfp4_rn", "nvfp4_sr", "RN - SR"]
     assert [row[0] for row in noise.rows] == [str(b) for b in sizes.batches]
     assert horizon.columns[:3] == ["batch", "gradient", "final excess loss"]
     assert len(horizon.rows) == 6
     # every quantized horizon row names the first crossing of each of its 3 seeds
     assert all(len(row[4].split(", ")) == sizes.seeds for row in horizon.rows if row[3] != "-")
-    assert [row[0] for row in gemm.rows] == [f"{r:g}" for r in sizes.rates]
-    assert len(training.rows) == len(sizes.train_rates)
+    assert sizes.channels == ((0, 1.0), (1, 30.0))
+    assert [row[0] for row in error.rows] == [row[0] for row in training.rows] == ["none", "1 x 30"]
+    rht_columns = ["dy RN, no RHT", "dy RN, RHT-16", "RHT - none",
+                   "dy SR, no RHT", "dy SR, RHT-16", "RHT - none"]  # fmt: skip
+    assert error.columns == ["outlier channels", *rht_columns]
+    assert training.columns == ["outlier channels", "fp32", *rht_columns]
+    # the errors are averages of per-step relative errors: a mean ± std, positive, below 10
+    for row in error.rows:
+        for cell in (row[1], row[2], row[4], row[5]):
+            mean = float(cell.split(" ± ")[0])
+            assert 0 < mean < 10
+        assert row[3] in ("none",) or row[3].startswith(("lower by", "higher by"))
     assert closed.columns[-1] == "measured / predicted"
     assert experiment.key_numbers["seeds"] == sizes.seeds == 3
     # every mean ± std cell has a spread (3 seeds, ddof 1)
@@ -86,3 +103,46 @@ def test_rn_stalls_and_sr_does_not_in_quick_noise_config() -> None:
     assert rn - fp32 > rn_std + fp32_std
     assert sr - fp32 < rn - sr
     assert math.isfinite(rn) and rn > 0
+
+
+def test_channel_outliers_are_exactly_the_chosen_channels_for_every_token() -> None:
+    base = least_squares(64, 8, 4, 0.5, 3)
+    # a power-of-two scale multiplies exactly: columns 0 and 1 are 64 x, the rest untouched
+    scaled = least_squares(64, 8, 4, 0.5, 3, (2, 64.0))
+    assert torch.equal(scaled.x[:, :2], 64.0 * base.x[:, :2])
+    assert torch.equal(scaled.x[:, 2:], base.x[:, 2:])
+    assert torch.equal(channel_outliers(base.x, 0, 64.0), base.x)
+    with pytest.raises(ValueError, match=r"count must be in 0\.\.8 \(x.s channels\); got 9"):
+        channel_outliers(base.x, 9, 10.0)
+
+
+def test_wgrad_rht_runs_along_the_tokens_and_never_mixes_channels() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=generator, dtype=torch.float64)
+    dy = torch.randn(64, 4, generator=generator, dtype=torch.float64)
+    signs = blocks.random_signs(RHT_SIZE, seed=5)
+    # the rotation along the tokens is orthogonal: dy^T x unchanged up to rounding
+    hx = blocks.hadamard(x, RHT_SIZE, signs=signs, axis=0)
+    hdy = blocks.hadamard(dy, RHT_SIZE, signs=signs, axis=0)
+    torch.testing.assert_close(hdy.T @ hx, dy.T @ x, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(hx, x)
+    # one outlier channel: x's NVFP4 wgrad operand after the RHT (as nvfp4()) is zero on
+    # every other channel, exactly -- the 16-token blocks and their rotation stay in it
+    one = torch.zeros(64, 8)
+    one[:, 3] = 100.0 * x[:, 3].float()
+    quantized = round_x(one, RHT_SIZE)
+    assert torch.count_nonzero(quantized[:, [0, 1, 2, 4, 5, 6, 7]]) == 0
+    assert torch.count_nonzero(quantized[:, 3]) > 48
+
+
+def test_channel_scale_preconditions_to_the_normalized_data() -> None:
+    x = torch.tensor([[2.0, 0.0], [0.0, 1.0], [2.0, 1.0], [-2.0, -1.0]])
+    # mean squares: (4 + 0 + 4 + 4) / 4 = 3 and (0 + 1 + 1 + 1) / 4 = 0.75
+    assert channel_scale(x).tolist() == [3.0, 0.75]
+    normalized = x / channel_scale(x).sqrt()
+    assert preconditioned_lr(x) == data_lr(normalized)
+    scaled = channel_outliers(x, 1, 100.0)
+    # an outlier channel leaves the preconditioned step unchanged (up to rounding) while
+    # plain gradient descent's stable step falls by about scale^2
+    assert preconditioned_lr(scaled) == pytest.approx(preconditioned_lr(x), rel=1e-6)
+    assert data_lr(scaled) < data_lr(x) / 1000

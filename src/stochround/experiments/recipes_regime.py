@@ -27,13 +27,21 @@ mean smaller than its std are reported as "none".
    the unrounded operands, N the rounded GEMM's difference from it) at every logging step,
    with their sqrt(3) line.
 
-3. RHT axis.  x with injected outliers: each element, with probability ``rate``, times
-   30.  The wgrad GEMM as `nvfp4()` computes it (x RN, dy SR or RN, both NVFP4 along the
-   tokens after the same 16-point RHT with bf16 rotation, or no RHT): its relative
-   Frobenius error against the float64 product ``dy^T x`` (dy standard normal), and
-   full-batch training with both wgrad operands rounded so, with and without the RHT, from
-   the data's own stable step ``1 / lambda_max(X^T X / n)`` (outliers raise the largest
-   eigenvalue above the Gaussian rule's).
+3. RHT axis.  Outlier channels, as in LLM activations: x's first ``count`` channels (of
+   d) times ``scale`` for every token.  The wgrad GEMM as `nvfp4()` computes it: x RN, dy
+   RN or SR, both NVFP4 along the tokens (wgrad = dy^T x contracts over them), after the
+   same 16-point RHT along the tokens with bf16 rotation, or no RHT.  An outlier channel
+   is a column of x: its 16-token blocks are all large, one block scale each, and the RHT
+   mixes 16 tokens of that one channel, never two channels; dy = (X W^T - Y) / n inherits
+   the outlier channel's column only as a term ``scale x_c (W - T)_c`` of each token's
+   residual, again no outlier along the tokens.  Full-batch training with both operands
+   so rounded, ``rht_steps`` steps (a cosine to 0), the step preconditioned by each
+   channel's mean square (`regime_lsq.channel_scale`, standing in for Adam's per-weight
+   scaling: plain gradient descent's stable step would be 1 / scale^2 and the other
+   channels would not move), from ``1 / lambda_max`` of the normalized data.  Reported:
+   the wgrad error ``||Q(dy)^T Q(x) - dy^T x||_F / ||dy^T x||_F`` (the exact product of
+   the same operands), at every logging step of each run, averaged; and the final excess
+   loss, with fp32's beside it.
 
 4. Closed form.  With RN, dy's rounding error at W* is a deterministic ``e*`` (``n Q(r*/n)
    - r*``, r* the residual at W*).  Treating rounding as locally mean-preserving (a small
@@ -52,23 +60,21 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from .lm_summary import verdict
 from .regime_lsq import (
     GRADIENTS,
     RHT_SIZE,
+    WGRADS,
+    Curve,
     Problem,
     Training,
     batch_lr,
-    data_lr,
     least_squares,
-    outliers,
+    preconditioned_lr,
     predicted_stall,
     predicted_stall_iid,
     rounding_error,
     train,
-    wgrad_error,
 )
 from .regime_plots import mean_std, plot_closed_form, plot_horizon, plot_noise, plot_rht
 from .report import Experiment, KeyNumber, ProgressLike, Table
@@ -91,20 +97,19 @@ class Sizes:
     horizon_steps: int
     horizon_batch: int
     log_every: int
-    rates: tuple[float, ...]
-    tokens: int
-    train_rates: tuple[float, ...]
+    channels: tuple[tuple[int, float], ...]
+    rht_steps: int
 
 
 QUICK = Sizes(
     n=64, d=8, m=4, noise=0.5, steps=40, batches=(16, 64), seeds=3, noises=(0.5,),
-    horizon_steps=40, horizon_batch=16, log_every=10, rates=(0.0, 0.05), tokens=64,
-    train_rates=(0.0,),
+    horizon_steps=40, horizon_batch=16, log_every=10, channels=((0, 1.0), (1, 30.0)),
+    rht_steps=60,
 )  # fmt: skip
 FULL = Sizes(
     n=512, d=32, m=16, noise=0.5, steps=300, batches=(16, 32, 64, 128, 256, 512), seeds=3,
     noises=(0.125, 0.25, 0.5, 1.0, 2.0), horizon_steps=400, horizon_batch=32, log_every=5,
-    rates=(0.0, 0.001, 0.01, 0.05, 0.1), tokens=1024, train_rates=(0.0, 0.01),
+    channels=((0, 1.0), (1, 10.0), (1, 100.0), (4, 100.0)), rht_steps=900,
 )  # fmt: skip
 
 
@@ -187,72 +192,88 @@ def horizon_table(sizes: Sizes, curves: dict[tuple[int, str], list]) -> Table:
     )  # fmt: skip
 
 
+Channels = tuple[int, float]  # (count, scale) of the RHT axis's outlier channels
+Wgrad = tuple[str, int | None]  # (dy's rounding, RHT size or None), `WGRADS`
+
+
+def channels_label(channels: Channels) -> str:
+    """``none`` or ``count x scale`` (the outlier channels of a row)."""
+    count, scale = channels
+    return "none" if count == 0 else f"{count} x {scale:g}"
+
+
 def rht_axis(
     sizes: Sizes, seeds: list[int], progress: ProgressLike
-) -> tuple[
-    dict[tuple[float, str, int | None], list[float]], dict[tuple[float, int | None], list[float]]
-]:
-    """The wgrad GEMM errors (rate, mode, rht) and the training finals (rate, rht)."""
-    errors: dict[tuple[float, str, int | None], list[float]] = {}
-    for rate in progress.track(sizes.rates, "regime: RHT GEMM error", len(sizes.rates)):
-        for mode in ("rne", "sr"):
-            for rht in (None, RHT_SIZE):
-                values = []
-                for seed in seeds:
-                    generator = torch.Generator().manual_seed(seed)
-                    x = torch.randn(sizes.tokens, sizes.d, generator=generator)
-                    x = outliers(x, rate, generator)
-                    dy = torch.randn(sizes.tokens, sizes.m, generator=generator)
-                    values.append(wgrad_error(x, dy, mode, rht, seed))
-                errors[rate, mode, rht] = values
-    finals: dict[tuple[float, int | None], list[float]] = {}
-    cases = [(r, h) for r in sizes.train_rates for h in (None, RHT_SIZE)]
-    for rate, rht in progress.track(cases, "regime: RHT training", len(cases)):
-        finals[rate, rht] = []
-        for s in seeds:
-            problem = least_squares(sizes.n, sizes.d, sizes.m, sizes.noise, s, rate)
-            # the data's own stable step: outliers raise X^T X's largest eigenvalue
-            run = Training(sizes.steps, sizes.n, data_lr(problem.x), "nvfp4_sr", rht, True)
-            finals[rate, rht].append(train(problem, run, s).excess[-1])
-    return errors, finals
+) -> tuple[dict[tuple[Channels, Wgrad], list[Curve]], dict[Channels, list[float]]]:
+    """The curves of every (channels, wgrad) over the seeds, and fp32's final excess per
+    channels (module docstring, 3.)."""
+    curves: dict[tuple[Channels, Wgrad], list[Curve]] = {}
+    fp32: dict[Channels, list[float]] = {}
+    for channels in progress.track(sizes.channels, "regime: RHT axis", len(sizes.channels)):
+        fp32[channels] = []
+        for key in WGRADS:
+            curves[channels, key] = []
+        for seed in seeds:
+            problem = least_squares(sizes.n, sizes.d, sizes.m, sizes.noise, seed, channels)
+            lr = preconditioned_lr(problem.x)
+            run = Training(sizes.rht_steps, sizes.n, lr, "fp32", precondition=True)
+            fp32[channels].append(train(problem, run, seed).excess[-1])
+            for gradient, rht in WGRADS:
+                run = Training(sizes.rht_steps, sizes.n, lr, gradient, rht, True, precondition=True)
+                curves[channels, (gradient, rht)].append(train(problem, run, seed, sizes.log_every))
+    return curves, fp32
+
+
+def mean_error(curve: Curve) -> float:
+    """The wgrad error ``||N|| / ||G||`` (the inverse of the logged ratio) averaged over a
+    run's logging steps."""
+    return sum(1.0 / r for r in curve.ratio) / len(curve.ratio)
+
+
+def rht_cells(on: list[float], off: list[float]) -> list[str]:
+    """no RHT, RHT-16, and their seed-paired verdict."""
+    return [pm(off), pm(on), verdict([a - b for a, b in zip(on, off, strict=True)])]
 
 
 def rht_tables(
     sizes: Sizes,
-    errors: dict[tuple[float, str, int | None], list[float]],
-    finals: dict[tuple[float, int | None], list[float]],
+    curves: dict[tuple[Channels, Wgrad], list[Curve]],
+    fp32: dict[Channels, list[float]],
 ) -> list[Table]:
-    rows = []
-    for rate in sizes.rates:
-        row = [f"{rate:g}"]
-        for mode in ("rne", "sr"):
-            off, on = errors[rate, mode, None], errors[rate, mode, RHT_SIZE]
-            diffs = [a - b for a, b in zip(on, off, strict=True)]
-            row += [pm(off), pm(on), verdict(diffs)]
-        rows.append(row)
-    gemm = Table(
-        f"RHT axis: relative wgrad error vs float64 ({sizes.tokens} tokens x {sizes.d} x "
-        f"{sizes.m}; outliers x30)",
-        ["outlier rate", "dy RN, no RHT", "dy RN, RHT-16", "RHT - none",
-         "dy SR, no RHT", "dy SR, RHT-16", "RHT - none"],
-        rows,
-        ["||Q(dy)^T Q(x) - dy^T x||_F / ||dy^T x||_F, x RN; mean ± std over seeds."],
-    )  # fmt: skip
-    training_rows = []
-    for rate in sizes.train_rates:
-        off, on = finals[rate, None], finals[rate, RHT_SIZE]
-        diffs = [a - b for a, b in zip(on, off, strict=True)]
-        training_rows.append([f"{rate:g}", pm(off), pm(on), verdict(diffs)])
-    training = Table(
-        "RHT axis: full-batch training, wgrad as nvfp4() (x RN, dy SR), final excess loss",
-        ["outlier rate", "no RHT", "RHT-16", "RHT - none"],
-        training_rows,
-        [
-            f"{sizes.steps} steps from 1 / lambda_max(X^T X / n) of each seed's data, cosine"
-            " to 0; mean ± std over seeds."
-        ],
-    )
-    return [gemm, training]
+    def of(channels: Channels, gradient: str, rht: int | None, what: str) -> list[float]:
+        runs = curves[channels, (gradient, rht)]
+        return [mean_error(c) if what == "error" else c.excess[-1] for c in runs]
+
+    tables = []
+    for what in ("error", "loss"):
+        rows = []
+        for channels in sizes.channels:
+            row = [channels_label(channels)] + ([pm(fp32[channels])] if what == "loss" else [])
+            for gradient in ("nvfp4_rn", "nvfp4_sr"):
+                off = of(channels, gradient, None, what)
+                row += rht_cells(of(channels, gradient, RHT_SIZE, what), off)
+            rows.append(row)
+        rht_columns = ["dy RN, no RHT", "dy RN, RHT-16", "RHT - none",
+                       "dy SR, no RHT", "dy SR, RHT-16", "RHT - none"]  # fmt: skip
+        if what == "error":
+            title = "RHT axis: wgrad error along training, averaged"
+            columns = ["outlier channels", *rht_columns]
+            note = (f"||Q(dy)^T Q(x) - dy^T x||_F / ||dy^T x||_F every {sizes.log_every} steps"
+                    " of each run, x RN, averaged; mean ± std over seeds.")  # fmt: skip
+        else:
+            title = "RHT axis: final excess loss, wgrad as nvfp4() (x RN)"
+            columns = ["outlier channels", "fp32", *rht_columns]
+            note = (f"{sizes.rht_steps} full-batch steps, preconditioned by each channel's "
+                    "mean square, cosine to 0; mean ± std over seeds.")  # fmt: skip
+        tables.append(
+            Table(
+                f"{title} (n = {sizes.n}, d = {sizes.d}, m = {sizes.m}; count x scale)",
+                columns,
+                rows,
+                [note, "RHT - none: the seed-paired difference (none: |mean| < std)."],
+            )
+        )
+    return tables
 
 
 def closed_form(
@@ -302,10 +323,10 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
     problems = {s: least_squares(sizes.n, sizes.d, sizes.m, sizes.noise, s) for s in seeds}
     finals = noise_axis(sizes, seeds, problems, progress)
     curves = horizon_axis(sizes, seeds, problems, progress)
-    errors, rht_finals = rht_axis(sizes, seeds, progress)
+    rht_curves, rht_fp32 = rht_axis(sizes, seeds, progress)
     found = closed_form(sizes, seeds, progress)
     tables = [noise_table(sizes, finals), horizon_table(sizes, curves)]
-    tables += rht_tables(sizes, errors, rht_finals)
+    tables += rht_tables(sizes, rht_curves, rht_fp32)
     tables.append(closed_table(found))
     key: dict[str, KeyNumber] = {"seeds": sizes.seeds}
     full = sizes.n
@@ -321,7 +342,12 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
     figures = [
         plot_noise(sizes.batches, finals, out),
         plot_horizon(curves, SQRT3, out),
-        plot_rht(sizes.rates, errors, RHT_SIZE, out),
+        plot_rht(
+            [channels_label(c) for c in sizes.channels],
+            {(channels_label(c), key): runs for (c, key), runs in rht_curves.items()},
+            mean_error,
+            out,
+        ),
         plot_closed_form(found, out),
     ]
     settings: dict[str, KeyNumber] = {"quick": quick, "seed": seed}

@@ -15,8 +15,9 @@ from torch import Tensor
 from .. import blocks
 
 GRADIENTS = ("fp32", "bf16", "nvfp4_rn", "nvfp4_sr")  # how wgrad's dy is rounded
-OUTLIER_SCALE = 30.0  # an injected outlier is the element times this
 RHT_SIZE = 16  # Transformer Engine's RHT size, as `nvfp4()`
+# the NVFP4 wgrads of the RHT axis: dy RN or SR, after the RHT or not (x RN, as nvfp4())
+WGRADS = tuple((g, h) for g in ("nvfp4_rn", "nvfp4_sr") for h in (None, RHT_SIZE))
 
 
 @dataclass(frozen=True)
@@ -30,22 +31,26 @@ class Problem:
     loss_star: float
 
 
-def outliers(x: Tensor, rate: float, generator: torch.Generator) -> Tensor:
-    """``x`` with each element, independently with probability ``rate``, times
-    `OUTLIER_SCALE` (heavy-tailed activations at a controlled rate)."""
-    hit = torch.rand(x.shape, generator=generator) < rate
-    return torch.where(hit, x * OUTLIER_SCALE, x)
+def channel_outliers(x: Tensor, count: int, scale: float) -> Tensor:
+    """``x`` (tokens, channels) with its first ``count`` channels times ``scale`` for every
+    token: outlier channels as in LLM activations (the channels are exchangeable in the
+    teacher-student problem, so the first ones serve)."""
+    if not 0 <= count <= x.shape[1]:
+        raise ValueError(f"count must be in 0..{x.shape[1]} (x's channels); got {count}")
+    factors = torch.ones(x.shape[1], dtype=x.dtype)
+    factors[:count] = scale
+    return x * factors
 
 
 def least_squares(
-    n: int, d: int, m: int, noise: float, seed: int, outlier_rate: float = 0.0
+    n: int, d: int, m: int, noise: float, seed: int, channels: tuple[int, float] = (0, 1.0)
 ) -> Problem:
-    """A teacher-student regression: X standard normal (with outliers at ``outlier_rate``),
-    the teacher T (m, d) normal with variance 1/d, label noise of std ``noise``; all from
-    torch.Generator seeded with ``seed``."""
+    """A teacher-student regression: X standard normal (``channels`` = (count, scale): its
+    first ``count`` channels times ``scale``, `channel_outliers`), the teacher T (m, d)
+    normal with variance 1/d, label noise of std ``noise``; all from torch.Generator
+    seeded with ``seed``."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=generator)
-    x = outliers(x, outlier_rate, generator) if outlier_rate > 0 else x
+    x = channel_outliers(torch.randn(n, d, generator=generator), *channels)
     teacher = torch.randn(m, d, generator=generator) / math.sqrt(d)
     y = x @ teacher.T + noise * torch.randn(n, m, generator=generator)
     x64, y64 = x.double(), y.double()
@@ -110,9 +115,23 @@ def batch_lr(batch: int, d: int) -> float:
 def data_lr(x: Tensor) -> float:
     """``1 / lambda_max(X^T X / n)`` of the data itself (float64): full-batch gradient
     descent's stable step for data whose spectrum the Gaussian rule (`batch_lr`) does not
-    describe, such as x with injected outliers, whose largest eigenvalue grows with them."""
+    describe."""
     x64 = x.double()
     return 1.0 / float(torch.linalg.eigvalsh(x64.T @ x64 / x.shape[0]).max())
+
+
+def channel_scale(x: Tensor) -> Tensor:
+    """The Jacobi preconditioner's diagonal, each channel's mean square ``diag(X^T X) /
+    n`` (fp32): dividing the gradient's column j by it puts every channel on one
+    curvature, as Adam's per-weight scaling does, so that an outlier channel (curvature
+    scale^2) does not set the step of every channel."""
+    return x.square().mean(dim=0)
+
+
+def preconditioned_lr(x: Tensor) -> float:
+    """`data_lr` of the channel-normalized data ``X diag(channel_scale)^(-1/2)``: the
+    stable step of preconditioned full-batch gradient descent."""
+    return data_lr(x / channel_scale(x).sqrt())
 
 
 @dataclass(frozen=True)
@@ -121,7 +140,9 @@ class Training:
     is n), peak learning rate ``lr`` with a cosine to 0, dy rounded as ``gradient``;
     ``rht``: the wgrad RHT size or None; ``quantize_x``: x of the wgrad GEMM in NVFP4 too
     (as `nvfp4()` does); ``tail``: None for a cosine to 0, else the learning rate of the
-    run's second half as a fraction of ``lr`` (`run_lr`)."""
+    run's second half as a fraction of ``lr`` (`run_lr`); ``precondition``: the step
+    divides the gradient's columns by `channel_scale` of the full data (after the rounded
+    GEMM: the rounding sees the gradient as the GEMM makes it)."""
 
     steps: int
     batch: int
@@ -130,6 +151,7 @@ class Training:
     rht: int | None = None
     quantize_x: bool = False
     tail: float | None = None
+    precondition: bool = False
 
 
 @dataclass
@@ -152,6 +174,7 @@ def train(problem: Problem, run: Training, seed: int, log_every: int = 0) -> Cur
     n = x.shape[0]
     generator = torch.Generator().manual_seed(seed)
     w = torch.zeros(y.shape[1], x.shape[1])
+    divisor = channel_scale(x) if run.precondition else torch.ones(x.shape[1])
     full = run.batch == n
     # full batch: the same rows every step, so x's quantization is done once
     x_full = round_x(x, run.rht) if full and run.quantize_x else x
@@ -171,7 +194,7 @@ def train(problem: Problem, run: Training, seed: int, log_every: int = 0) -> Cur
                 exact = dy.T @ xb
                 noise = float((gradient - exact).norm())
                 curve.ratio.append(math.inf if noise == 0 else float(exact.norm()) / noise)
-        w -= run_lr(step, run) * gradient
+        w -= run_lr(step, run) * gradient / divisor
         if curve.steps and curve.steps[-1] == step + 1:
             curve.excess.append(excess(problem, w))
     return curve
@@ -216,30 +239,34 @@ def predicted_stall_iid(n: int, d: int, m: int, error_ms: float) -> float:
     return d * m * error_ms / (2 * n)
 
 
-def wgrad_error(x: Tensor, dy: Tensor, mode: str, rht: int | None, seed: int) -> float:
+def wgrad_error(
+    x: Tensor, dy: Tensor, gradient: str, rht: int | None, seed: int, step: int = 0
+) -> float:
     """The relative Frobenius error of NVFP4 wgrad, ``||Q(dy)^T Q(x) - dy^T x|| / ||dy^T
-    x||``, against the float64 product: x round to nearest, dy with ``mode`` ("rne" or
-    "sr", seed ``seed``), both along the tokens after the same RHT (``rht``) or none."""
-    gradient = "nvfp4_sr" if mode == "sr" else "nvfp4_rn"
-    quantized = round_dy(dy, gradient, seed, 0, rht).double().T @ round_x(x, rht).double()
+    x||``, against the float64 product: x round to nearest, dy as ``gradient``
+    ("nvfp4_rn" or "nvfp4_sr", SR from stream (seed, ``step``)), both along the tokens
+    after the same RHT (``rht``) or none."""
+    quantized = round_dy(dy, gradient, seed, step, rht).double().T @ round_x(x, rht).double()
     exact = dy.double().T @ x.double()
     return float((quantized - exact).norm() / exact.norm())
 
 
 __all__ = [
     "GRADIENTS",
-    "OUTLIER_SCALE",
     "RHT_SIZE",
+    "WGRADS",
     "Curve",
     "Problem",
     "Training",
     "batch_lr",
+    "channel_outliers",
+    "channel_scale",
     "cosine",
     "data_lr",
     "excess",
     "least_squares",
     "loss",
-    "outliers",
+    "preconditioned_lr",
     "predicted_stall",
     "predicted_stall_iid",
     "round_dy",

@@ -4,7 +4,7 @@ of ± one standard deviation."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,20 +73,29 @@ def plot_horizon(curves: dict, sqrt3: float, out: Path) -> Path:
     return save_figure(figure, out, "regime_horizon")
 
 
-def plot_rht(rates: Sequence[float], errors: dict, rht: int, out: Path) -> Path:
-    """The relative wgrad error against the outlier rate, with and without the RHT."""
-    figure, axes = new_figure(width=6.4, height=4.4)
-    x = [max(rate, 1e-4) for rate in rates]  # rate 0 drawn at 1e-4 on the log axis
-    for mode, colour in (("rne", "C3"), ("sr", "C2")):
-        for size, line in ((None, "-"), (rht, "--")):
-            runs = np.asarray([errors[r, mode, size] for r in rates]).T
-            label = f"dy {mode}, {'RHT-' + str(size) if size else 'no RHT'}"
-            band(axes, x, runs, color=colour, linestyle=line, marker="o", label=label)
-    axes.set_xscale("log")
-    axes.set_xlabel("outlier rate (0 drawn at 1e-4)")
-    axes.set_ylabel("||Q(dy)^T Q(x) - dy^T x|| / ||dy^T x||")
-    axes.set_title("RHT axis: NVFP4 wgrad error against float64", fontsize=10)
-    axes.legend(fontsize=8)
+def plot_rht(labels: Sequence[str], curves: dict, error_of: Callable, out: Path) -> Path:
+    """Left: the wgrad error averaged along training (``error_of`` a run), right: the
+    final excess loss, per outlier-channel case (``labels``), dy RN or SR, RHT or none."""
+    figure, (error, loss) = new_figure(width=12.0, height=4.4, columns=2)
+    x = list(range(len(labels)))
+    for gradient, colour in (("nvfp4_rn", "C3"), ("nvfp4_sr", "C2")):
+        for size, line in ((None, "-"), (16, "--")):
+            runs = [curves[label, (gradient, size)] for label in labels]
+            style = {"color": colour, "linestyle": line, "marker": "o"}
+            name = f"dy {gradient[6:].upper()}, {'RHT-16' if size else 'no RHT'}"
+            band(error, x, np.asarray([[error_of(c) for c in r] for r in runs]).T,
+                 label=name, **style)  # fmt: skip
+            band(loss, x, np.asarray([[c.excess[-1] for c in r] for r in runs]).T,
+                 label=name, **style)  # fmt: skip
+    for axes in (error, loss):
+        axes.set_xticks(x, list(labels))
+        axes.set_xlabel("outlier channels (count x scale)")
+        axes.legend(fontsize=8)
+    loss.set_yscale("log")
+    error.set_ylabel("||Q(dy)^T Q(x) - dy^T x|| / ||dy^T x||, mean over steps")
+    loss.set_ylabel("final excess loss")
+    error.set_title("RHT axis: NVFP4 wgrad error along training", fontsize=10)
+    loss.set_title("RHT axis: full-batch training, x RN", fontsize=10)
     return save_figure(figure, out, "regime_rht")
 
 
