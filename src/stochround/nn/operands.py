@@ -23,7 +23,7 @@ from ..blocks.request import BlockArguments
 from ..blocks.rowwise import PreparedRowGemmOperand, row_kernel_operand, row_operand_refusal
 from ..blocks.scales import absmax_scales
 from ..blocks.tensor import GemmOperand
-from ..kernels.availability import triton_missing, use_kernel
+from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
@@ -111,7 +111,7 @@ def tensor_scaled_operand(
 def _tensor_amax(x: Tensor) -> Tensor:
     """max |x| in fp32 (NaN where x holds one): the kernels' one-read amax for a CUDA
     tensor where Triton runs, else the PyTorch path's (the same value)."""
-    if x.is_cuda and x.is_contiguous() and triton_missing() is None:
+    if on_kernel_device(x) and x.is_contiguous() and triton_missing() is None:
         from ..kernels.blocks import tensor_amax  # needs triton: imported here
 
         return tensor_amax(x)
@@ -172,14 +172,15 @@ def quantize_operand(
         quantized = quantize(operand, fmt, spec.mode, **options)
         return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
     prepared = None
-    if operand.is_cuda and not torch.compiler.is_compiling():
+    if on_kernel_device(operand) and not torch.compiler.is_compiling():
         prepared = prepared_operand(spec, fmt, operand.shape, operand.dtype, operand.device)
     if prepared is not None and isinstance(offset, Tensor):
         # the eager CUDA step: the checks and the launches' set-up made once per shape
         result = prepared(operand, seed_on(seed, operand.device), offset.reshape(1), signs)
     else:
         result = gemm_operand(operand, fmt, spec.mode, **options)
-    if result.values.is_cuda and result.values.dtype == torch.float32 and exact_in_bf16(fmt):
+    values = result.values
+    if on_kernel_device(values) and values.dtype == torch.float32 and exact_in_bf16(fmt):
         # a bf16 GEMM instead of an fp32 one: the same products, exactly
         return exact_bf16_operand(result, fmt.element.mbits)
     return result
