@@ -41,7 +41,7 @@ import functools
 import math
 import typing
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -105,10 +105,42 @@ def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
 def step_offsets(step: Tensor, layer: int) -> Tensor:
     """The stream offsets of all `SLOTS_PER_LAYER` slots of ``layer`` at ``step`` (a 0-d
     int64 tensor) as one int64 tensor: element ``slot`` is ``stream_offset(step, layer,
-    slot)``, made by three operations however many operands a step quantizes."""
+    slot)``, made by two operations (`slot_bases` made once) however many operands a step
+    quantizes."""
+    return (step << STEP_SHIFT) | slot_bases(layer, step.device).view(-1)
+
+
+# `slot_bases`' tensors by layer and device (a dict read by a plain function: torch.compile
+# warns about lru_cache-wrapped functions in the code it traces)
+_SLOT_BASES: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def slot_bases(layer: int, device: torch.device) -> Tensor:
+    """``layer * 16 + slot`` for each slot, an int64 ``(SLOTS_PER_LAYER, 1)`` tensor on
+    ``device``: the low half of the layer's offsets at every step, made once per layer and
+    device (an arange and an add a step otherwise)."""
     stream_offset(0, layer, 0)  # checks the layer index
-    slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=step.device)
-    return (step << STEP_SHIFT) | (slots + layer * SLOTS_PER_LAYER)
+    if torch.compiler.is_compiling():
+        slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=device)
+        return (slots + layer * SLOTS_PER_LAYER).view(-1, 1)
+    bases = _SLOT_BASES.get((layer, device))
+    if bases is None:
+        slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=device)
+        bases = _SLOT_BASES[layer, device] = (slots + layer * SLOTS_PER_LAYER).view(-1, 1)
+    return bases
+
+
+def slot_offsets(offsets: Tensor) -> tuple[Tensor, ...]:
+    """The one-element offset tensor of each slot (views), from `step_column`'s column: one
+    operation for all slots, where indexing each would be one each (and a reshape more for
+    the kernels, which read one-element tensors)."""
+    return offsets.unbind(0)
+
+
+def step_column(step: Tensor, layer: int) -> Tensor:
+    """`step_offsets` as an int64 ``(SLOTS_PER_LAYER, 1)`` column (`slot_offsets` splits it
+    into the slots' one-element offsets)."""
+    return (step << STEP_SHIFT) | slot_bases(layer, step.device)
 
 
 class Plan(NamedTuple):
@@ -185,7 +217,7 @@ def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
 
 
 def rotation_signs(
-    plan: Plan, gemm: str, spec: QuantSpec, offsets: Tensor, device: torch.device
+    plan: Plan, gemm: str, spec: QuantSpec, offsets: Sequence[Tensor], device: torch.device
 ) -> Tensor | None:
     """The RHT signs of ``spec``'s operand in ``gemm``: per-step signs from the GEMM's own
     stream (`SIGN_SLOTS`, so that both operands draw the same rotation), fixed signs
@@ -209,10 +241,11 @@ def gemm_operands(
     gemm: str,
     left: Tensor | GemmOperand,
     right: Tensor | GemmOperand,
-    offsets: Tensor,
+    offsets: Sequence[Tensor],
 ) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
-    from its role's stream at the step whose `step_offsets` are ``offsets``, rotated by
+    from its role's stream at the step whose slots' offsets (`slot_offsets`) are ``offsets``,
+    rotated by
     `rotation_signs` where its spec has an RHT; an operand already quantized is taken as
     it is."""
     left_role, right_role = GEMMS[gemm]
@@ -228,7 +261,7 @@ def gemm_operands(
         if entry.spec.rht is not None:
             key = (entry.spec.rht, entry.spec.rht_signs)
             if key not in drawn:
-                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, offsets.device)
+                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, operand.device)
             signs = drawn[key]
         offset = offsets[ROLE_SLOTS[role]]
         quantized = quantize_operand(
@@ -239,7 +272,7 @@ def gemm_operands(
 
 
 def quantized_pair(
-    plan: Plan, tensor: Tensor, name: str, offsets: Tensor
+    plan: Plan, tensor: Tensor, name: str, offsets: Sequence[Tensor]
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """Both operands of x (``name`` "input": fprop's and wgrad's) or dy ("grad_output":
     dgrad's and wgrad's) from one read (`stochround.nn.orientations.both_orientations`),
@@ -253,7 +286,7 @@ def quantized_pair(
         return None
     signs = None
     if column.spec.rht is not None and column.spec.rht_signs == "per_step":
-        signs = rotation_signs(plan, "wgrad", column.spec, offsets, offsets.device)
+        signs = rotation_signs(plan, "wgrad", column.spec, offsets, tensor.device)
     multiple = plan.token_multiple
     padded = -(-tensor.shape[0] // multiple) * multiple
     row_offset, column_offset = offsets[ROLE_SLOTS[row_role]], offsets[ROLE_SLOTS[column.role]]
@@ -305,7 +338,8 @@ class QuantizedMatmul(torch.autograd.Function):
         wgrad: bool = False,
     ) -> Tensor:
         with autocast_off(x.device.type):
-            offsets = step_offsets(step, plan.layer)
+            column = step_column(step, plan.layer)
+            offsets = slot_offsets(column)
             # where wgrad runs, x read once for both of its operands: wgrad's kept for the
             # backward instead of transposing and quantizing x again there
             pair = quantized_pair(plan, x, "input", offsets) if wgrad else None
@@ -317,7 +351,7 @@ class QuantizedMatmul(torch.autograd.Function):
         kept = plan.weight_transposes and qw.row_scale is None
         values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
         x_t_values, x_t_scale = (None, None) if pair is None else pair[1][:2]
-        ctx.save_for_backward(x, weight, offsets, values, scale, x_t_values, x_t_scale)
+        ctx.save_for_backward(x, weight, column, values, scale, x_t_values, x_t_scale)
         ctx.factor = qw.factor
         ctx.plan = plan
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -325,7 +359,8 @@ class QuantizedMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, offsets, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
+        x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
+        offsets = slot_offsets(column)
         plan: Plan = ctx.plan
         grad_x = grad_weight = grad_bias = None
         dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -580,6 +615,9 @@ __all__ = [
     "rotation_signs",
     "running_gemms",
     "shares_rotation",
+    "slot_bases",
+    "slot_offsets",
+    "step_column",
     "step_offsets",
     "stream_offset",
     "token_multiple",

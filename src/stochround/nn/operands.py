@@ -176,7 +176,7 @@ def quantize_operand(
         prepared = prepared_operand(spec, fmt, operand.shape, operand.dtype, operand.device)
     if prepared is not None and isinstance(offset, Tensor):
         # the eager CUDA step: the checks and the launches' set-up made once per shape
-        result = prepared(operand, seed_on(seed, operand.device), offset.reshape(1), signs)
+        result = prepared(operand, seed_on(seed, operand.device), one_element(offset), signs)
     else:
         result = gemm_operand(operand, fmt, spec.mode, **options)
     values = result.values
@@ -184,6 +184,13 @@ def quantize_operand(
         # a bf16 GEMM instead of an fp32 one: the same products, exactly
         return exact_bf16_operand(result, fmt.element.mbits)
     return result
+
+
+def one_element(offset: Tensor) -> Tensor:
+    """A 0-d or one-element offset as the one-element tensor the kernels read (itself where
+    it is one already: `stochround.nn.linear.slot_offsets` gives them so, without a view a
+    call)."""
+    return offset if offset.dim() == 1 else offset.reshape(1)
 
 
 def noise_words(entry: Operand) -> str:
@@ -212,7 +219,7 @@ def row_kernel_operand_of(
         prepared = prepared_row_operand(
             spec, fmt, words, operand.shape, operand.dtype, operand.device
         )
-        return prepared(operand, seed_on(seed, operand.device), offset.reshape(1))
+        return prepared(operand, seed_on(seed, operand.device), one_element(offset))
     n = 32 if rbits is None else rbits
     return row_kernel_operand(operand, fmt, spec.mode, n, variant, words, seed, offset)
 
@@ -292,6 +299,7 @@ __all__ = [
     "dequantized_operand",
     "exact_in_bf16",
     "noise_words",
+    "one_element",
     "prepared_operand",
     "prepared_row_operand",
     "quantize_operand",
