@@ -555,7 +555,8 @@ class QuantizedLinear(nn.Linear):
         if plan.native:
             check_native(x)
         lead = x.shape[:-1]
-        tokens = x.reshape(-1, in_features)
+        matrix = x.dim() == 2  # a matrix of tokens already: no reshape either way
+        tokens = x if matrix else x.reshape(-1, in_features)
         gemms = running_gemms(x, weight)
         try:
             check_operand_shapes(plan, tokens.shape[0], in_features, out_features, gemms)
@@ -575,7 +576,7 @@ class QuantizedLinear(nn.Linear):
         out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad))
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
-        y = torch.ops.aten._unsafe_view(out, (*lead, out_features))
+        y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
         return y if wrap is None else wrap(y)
 
     def _load_from_state_dict(

@@ -88,8 +88,8 @@ def tensor_scaled_operand(
     the float8 dtype, which the core's kernel runs on CUDA."""
     if operand.dtype == torch.float64:  # the rule scales fp32 values
         operand = operand.to(torch.float32)
-    amax = _tensor_amax(operand).reshape(1, 1)
-    scale, multiplier = absmax_scales(amax, fmt.element_max)
+    # a 0-d amax: the rule's one row, which the products broadcast alike
+    scale, multiplier = absmax_scales(_tensor_amax(operand), fmt.element_max)
     dtype = fmt.element.torch_dtype
     if dtype is None or dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"a per-tensor format has float8 elements; got {fmt.element.name}")
@@ -105,7 +105,7 @@ def tensor_scaled_operand(
         sat="finite",
     )
     values = codes if native else codes.to(fmt.gemm_dtype)
-    return GemmOperand(values, tensor_scale=scale.reshape(()), row_scale=None, factor=1.0)
+    return GemmOperand(values, tensor_scale=scale, row_scale=None, factor=1.0)
 
 
 def _tensor_amax(x: Tensor) -> Tensor:
