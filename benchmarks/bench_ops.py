@@ -158,6 +158,7 @@ def linear_step(name: str, tokens: int, features: int) -> Callable[[], object]:
     the recipe ``name`` with its defaults, on ``tokens`` fp32 tokens."""
     generator = torch.Generator().manual_seed(0)
     where = device()
+    torch.manual_seed(0)  # the layer's initial weights
     linear = torch.nn.Linear(features, features).to(where)
     layer = srnn.QuantizedLinear.from_linear(linear, srnn.RECIPES[name]())
     x = torch.randn(tokens, features, generator=generator).to(where).requires_grad_()
