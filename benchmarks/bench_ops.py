@@ -10,8 +10,9 @@ them and the host code is a CUDA step's.  On a GPU the counts are taken on CUDA 
 
 Counted, per case (after a warm-up call, which builds the prepared launches):
 
-- ``launches``: Triton kernel launches (`triton.JITFunction.run` and the interpreter's
-  ``InterpretedFunction.run``; `stochround.kernels.runtime.Launch`'s native launch on a GPU);
+- ``launches``: Triton kernel launches (`stochround.kernels.runtime.Launch` calls, whose
+  fast path on a GPU calls the compiled launcher itself, and `triton.JITFunction.run` or
+  the interpreter's ``InterpretedFunction.run`` outside one);
 - ``aten``: ATen operations dispatched (a `TorchDispatchMode`), outside the launches (the
   interpreter's own tensor copies are not the step's), views and allocations included;
 - ``other``: operations of other namespaces (stochround's custom ops).
@@ -47,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import stochround as sr
 import stochround.nn as srnn
 from stochround.kernels.availability import cpu_as_cuda
+from stochround.kernels.runtime import Launch
 
 RECIPES = ("nvfp4", "mxfp8", "mxfp4_tseng", "int8", "fp8")
 BLOCK_CASES = (("nvfp4", "sr"), ("mxfp8_e4m3", "rne"))
@@ -95,23 +97,27 @@ def caller() -> str:
 @contextlib.contextmanager
 def counting() -> Iterator[OpCounter]:
     """An `OpCounter` active, with each Triton launch recorded as ``launch:<kernel>`` and
-    the operations inside it left out."""
+    the operations inside it left out.  A launch is a call of
+    `stochround.kernels.runtime.Launch` (whose fast path calls the compiled launcher
+    itself on a GPU) or of a kernel's ``run`` outside one (the JIT's and the
+    interpreter's)."""
     counter = OpCounter()
-    patched: list[tuple[type, Callable]] = []
-    classes: list[type] = [triton.JITFunction]
+    patched: list[tuple[type, str, Callable]] = []
+    targets: list[tuple[type, str]] = [(Launch, "__call__"), (triton.JITFunction, "run")]
     try:
         from triton.runtime.interpreter import InterpretedFunction
 
-        classes.append(InterpretedFunction)
+        targets.append((InterpretedFunction, "run"))
     except ImportError:
         pass
-    for cls in classes:
-        original = cls.run
+    for cls, method in targets:
+        original = getattr(cls, method)
 
-        def run(self: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
-            if kwargs.get("warmup"):
+        def launch(self: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            if kwargs.get("warmup") or counter.paused:  # a launch's own inner call
                 return _original(self, *args, **kwargs)
-            name = getattr(self, "__name__", None) or getattr(self.fn, "__name__", "?")
+            kernel = getattr(self, "kernel", self)  # a Launch's kernel, or the kernel
+            name = getattr(kernel, "__name__", None) or getattr(kernel.fn, "__name__", "?")
             counter.names.append(f"launch:{name}")
             if counter.where is not None:
                 counter.where.append(caller())
@@ -121,14 +127,14 @@ def counting() -> Iterator[OpCounter]:
             finally:
                 counter.paused -= 1
 
-        cls.run = run  # type: ignore[method-assign]
-        patched.append((cls, original))
+        setattr(cls, method, launch)
+        patched.append((cls, method, original))
     try:
         with counter:
             yield counter
     finally:
-        for cls, original in patched:
-            cls.run = original  # type: ignore[method-assign]
+        for cls, method, original in patched:
+            setattr(cls, method, original)
 
 
 def counted(call: Callable[[], object], where: bool = False) -> Counts:
