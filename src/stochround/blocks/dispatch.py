@@ -274,15 +274,13 @@ def _tile_amax(x: Tensor, tile: tuple[int, int]) -> Tensor:
     tile's rows: one value a 1-D block of ``tile[1]`` elements of x's [rows, last axis]
     view, what the kernel reads to quantize the tiles as those blocks."""
     rows, cols = tile
-    # the max over each tile's rows first (a reduction across rows, which reads whole rows
-    # at a time), then over runs of ``cols`` of the result, a tile-row's size: the same
-    # maxima as one reduction over each tile
-    columns = x.reshape(-1, rows, x.shape[-1]).abs().amax(dim=1)
-    tiles = columns.reshape(columns.shape[0], -1, cols).amax(dim=-1)
-    # repeated by a broadcast copy (repeat_interleave would read its size on the host)
-    repeated = tiles.to(torch.float32).unsqueeze(1).expand(-1, rows, -1)
+    # one reduction over each tile (a 4-D view of x's tiles: max is exact in any order and
+    # keeps NaN), repeated for each of the tile's rows by a broadcast copy (repeat_interleave
+    # would read its size on the host)
+    tiles = x.reshape(-1, rows, x.shape[-1] // cols, cols).abs().amax(dim=(1, 3), keepdim=True)
+    repeated = tiles.to(torch.float32).expand(-1, rows, -1, -1)
     # contiguous: with one row of tiles the reshape is a view of the broadcast (stride 0)
-    return repeated.reshape(-1, tiles.shape[-1]).contiguous()
+    return repeated.reshape(-1, x.shape[-1] // cols).contiguous()
 
 
 def _kernel_call(
@@ -321,7 +319,9 @@ def _run_tensor_scale(
     from ..kernels.blocks import nvfp4_tensor_scale as kernel_tensor_scale
 
     rotation = rht or None
-    return kernel_tensor_scale(x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16)[0]
+    return kernel_tensor_scale(
+        x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16, keep_amax=False
+    )[0]
 
 
 _tensor_scale_op = torch.library.custom_op(
@@ -494,7 +494,8 @@ def _launch(x: Tensor, request: BlockRequest, call: _KernelCall, output: str) ->
     )
     # eager calls run the kernel directly: the op's dispatch is host time a call need not pay
     launch = _quantize_blocks_op if torch.compiler.is_compiling() else _run_quantize_blocks
-    tensors = (x.reshape(rows, x.shape[-1]), call.tensor_scale, call.rht_signs, call.amax)
+    matrix = x if x.dim() == 2 else x.reshape(rows, x.shape[-1])  # a view op: only if needed
+    tensors = (matrix, call.tensor_scale, call.rht_signs, call.amax)
     results = launch(*tensors, seed_tensor, offset_tensor, **spec._asdict())
     return tuple(results) if output in ("codes", "fp4x2") else results[0]
 
@@ -503,9 +504,10 @@ def _quantize_kernel(x: Tensor, request: BlockRequest, call: _KernelCall) -> Blo
     """The Triton kernel's quantization (`stochround.kernels.blocks.quantize_blocks`)."""
     fmt = request.fmt
     codes, scales = _launch(x, request, call, "codes")
-    lead = tuple(x.shape[:-1])
-    codes = codes.reshape(*lead, codes.shape[-1])
-    scales = scales.reshape(*lead, scales.shape[-1])
+    if x.dim() != 2:  # the kernel's rows are x's: no view for a matrix
+        lead = tuple(x.shape[:-1])
+        codes = codes.reshape(*lead, codes.shape[-1])
+        scales = scales.reshape(*lead, scales.shape[-1])
     if isinstance(fmt.block, tuple):  # the rows of a tile hold its scale alike: keep one
         scales = scales[..., :: fmt.block[0], :].contiguous()
     if fmt.scale_rule in POWER_OF_TWO_RULES:

@@ -15,7 +15,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kernels.availability import check_backend, triton_missing, use_kernel
+from ..kernels.availability import (
+    check_backend,
+    on_kernel_device,
+    triton_missing,
+    use_kernel,
+)
 from .scales import exact_floor_log2
 from .tensor import GemmOperand
 
@@ -69,7 +74,7 @@ def exact_bf16_operand(operand: GemmOperand, mbits: int) -> GemmOperand:
         raise ValueError(
             f"operand.values must be 2-D fp32; got {values.dtype} {tuple(values.shape)}"
         )
-    if values.is_cuda:
+    if on_kernel_device(values):
         from ..kernels.operand_bf16 import exact_bf16_rows  # needs triton: imported here
 
         shifted, unshift = exact_bf16_rows(values, mbits)
@@ -84,7 +89,7 @@ def exact_bf16_operand(operand: GemmOperand, mbits: int) -> GemmOperand:
 def fp32_product(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b.T`` in fp32, accumulated in fp32: ``a`` (M, K), ``b`` (N, K), each bf16 or
     fp32 (a bf16 operand's values are exact in fp32, so widening it changes no product)."""
-    if MM_TO_FP32 and a.is_cuda and a.dtype == b.dtype == torch.bfloat16:
+    if MM_TO_FP32 and on_kernel_device(a) and a.dtype == b.dtype == torch.bfloat16:
         return torch.mm(a, b.T, out_dtype=torch.float32)
     return a.to(torch.float32) @ b.to(torch.float32).T
 
@@ -187,7 +192,7 @@ def scaled_mm(
             f"{tuple(a.values.shape)} and {tuple(b.values.shape)}"
         )
     backend = check_backend(backend)
-    wanted = backend == "triton" or (backend == "auto" and a.values.is_cuda)
+    wanted = backend == "triton" or (backend == "auto" and on_kernel_device(a.values))
     if wanted and not torch.compiler.is_compiling():
         result = kernel_scaled_mm(a, b, bias, out_dtype, backend)
         if result is not None:

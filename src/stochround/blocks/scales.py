@@ -89,16 +89,50 @@ def quotient(numerator: Tensor | float, denominator: Tensor | float, like: Tenso
     """numerator / denominator correctly rounded in ``like``'s dtype, on every device,
     eager and compiled.
 
-    Both operands become tensors of ``like``'s shape and device first: PyTorch computes
+    Both operands become tensors of ``like``'s dtype and device first: PyTorch computes
     ``tensor / python_float`` on CUDA as a product with the float's reciprocal (two
     roundings) and ``python_float / tensor`` everywhere as ``reciprocal * float``, so that
     a quotient written with a Python number differs between devices.  Narrower operands
     are divided in float64 and the quotient rounded once to ``like``'s dtype: correctly
     rounded (53 >= 2p + 2 bits for p = 24), and what inductor compiles for CUDA, whose fp32
-    division in Triton is not correctly rounded, while its float64 division is."""
+    division in Triton is not correctly rounded, while its float64 division is.
+
+    Eagerly a Python number is a 0-d float64 tensor on the device, made once
+    (`device_constant`), which the division broadcasts: the same elementwise division as a
+    full tensor of it, without a fill and a conversion a call."""
     wide = torch.float64
+    if not torch.compiler.is_compiling():
+        quotients = torch.div(_wide(numerator, like), _wide(denominator, like))
+        if quotients.shape == like.shape:
+            return quotients.to(like.dtype)
     quotients = torch.div(_full(numerator, like, wide), _full(denominator, like, wide))
     return quotients.to(like.dtype)
+
+
+def _wide(value: Tensor | float, like: Tensor) -> Tensor:
+    """value in float64 on ``like``'s device, rounded to ``like``'s dtype first (a Python
+    number as a cached 0-d tensor), in ``value``'s own shape."""
+    if isinstance(value, Tensor):
+        return value.to(dtype=like.dtype, device=like.device).to(torch.float64)
+    return device_constant(value, like.dtype, like.device)
+
+
+# `device_constant`'s tensors (a dict read by a plain function, as torch.compile wants)
+_CONSTANTS: dict[tuple[float, torch.dtype, torch.device, torch.dtype], Tensor] = {}
+
+
+def device_constant(
+    value: float, dtype: torch.dtype, device: torch.device, wide: torch.dtype = torch.float64
+) -> Tensor:
+    """``wide(dtype(value))``, a 0-d tensor on ``device``, made once per value, dtypes and
+    device: a constant operand broadcast by the operations that read it (on the device, not
+    a CPU scalar, which CUDA's division would turn into a product with its reciprocal)."""
+    key = (value, dtype, device, wide)
+    constant = _CONSTANTS.get(key)
+    if constant is None:
+        rounded = torch.tensor(value, dtype=dtype).to(wide)
+        constant = _CONSTANTS[key] = rounded.to(device)
+    return constant
 
 
 def _full(value: Tensor | float, like: Tensor, dtype: torch.dtype) -> Tensor:
@@ -302,7 +336,11 @@ def absmax_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
     gives x back on average under SR — `absmax_floor`, docs/guide/blocks.md)."""
     scales = quotient(amax, max_value, amax)
     floor = absmax_floor(scales.dtype)
-    scales = torch.where(scales < floor, torch.full_like(scales, floor), scales)  # keeps NaN
+    if torch.compiler.is_compiling():
+        scales = torch.where(scales < floor, torch.full_like(scales, floor), scales)  # keeps NaN
+    else:  # the same: maximum keeps NaN, and the floor is a value of the scales' dtype
+        constant = device_constant(floor, scales.dtype, scales.device, scales.dtype)
+        scales = torch.maximum(scales, constant)
     wide = scales.to(torch.float32)
     return scales, quotient(1.0, wide, wide)
 
@@ -317,6 +355,7 @@ __all__ = [
     "absmax_scales",
     "as_e8m0",
     "check_flavour",
+    "device_constant",
     "e8m0_bits",
     "e8m0_codes",
     "e8m0_scales",

@@ -10,10 +10,14 @@ optimizers' own checks of a parameter).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..formats import Format, format_of_dtype
 from ..reference import check_choice
@@ -48,6 +52,49 @@ def triton_missing() -> str | None:
     return _TRITON_IMPORT[0]
 
 
+# whether "auto" routes CPU tensors as it routes CUDA ones (`cpu_as_cuda`): a list read by a
+# plain function, as `_TRITON_IMPORT`
+_CPU_AS_CUDA: list[bool] = [False]
+
+
+def on_kernel_device(x: torch.Tensor) -> bool:
+    """Whether ``x`` lies where "auto" routes a call to the kernels: a CUDA tensor, or any
+    tensor inside `cpu_as_cuda`.  Every routing decision reads this instead of
+    ``x.is_cuda``."""
+    return x.is_cuda or _CPU_AS_CUDA[0]
+
+
+class _CudaOnlyOps(TorchDispatchMode):
+    """Supplies, for CPU tensors, the one operation a CUDA step dispatches that the CPU
+    lacks: ``torch.mm`` of bf16 operands with an fp32 ``out_dtype``, computed as the fp32
+    product of the widened operands (each bf16 value exact in fp32)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten.mm.dtype and not args[0].is_cuda:
+            a, b, out_dtype = args
+            return torch.mm(a.to(torch.float32), b.to(torch.float32)).to(out_dtype)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def cpu_as_cuda() -> Iterator[None]:
+    """Under Triton's interpreter, route CPU tensors as CUDA ones: "auto" calls take the
+    kernels (in the interpreter) and the host code a CUDA step runs, so that the
+    operations a CUDA step dispatches can be counted, and its bits checked, on a CPU
+    (benchmarks/bench_ops.py).  The one operation only CUDA has (``torch.mm`` with an
+    ``out_dtype``) is supplied for CPU tensors meanwhile.  ValueError outside the
+    interpreter."""
+    if not INTERPRETED:
+        raise ValueError("cpu_as_cuda needs Triton's interpreter (TRITON_INTERPRET=1)")
+    before = _CPU_AS_CUDA[0]
+    _CPU_AS_CUDA[0] = True
+    try:
+        with _CudaOnlyOps():
+            yield
+    finally:
+        _CPU_AS_CUDA[0] = before
+
+
 def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:
     """Why no Triton kernel can serve a call whose tensor (named ``tensor`` in the message)
     is on a CUDA device or not (None if the kernels can run there)."""
@@ -65,6 +112,7 @@ def use_kernel(backend: str, tensor: str, on_cuda: bool, refusal: str | None) ->
     kernel; "auto" takes it for a CUDA tensor (named ``tensor`` in messages) that it serves
     where Triton runs; "triton" takes it or raises a ValueError saying why it cannot.
     """
+    on_cuda = on_cuda or _CPU_AS_CUDA[0]
     if backend == "torch" or (backend == "auto" and not on_cuda):
         return False
     reason = refusal if refusal is not None else kernels_refusal(tensor, on_cuda)
@@ -81,7 +129,9 @@ __all__ = [
     "BACKENDS",
     "INTERPRETED",
     "check_backend",
+    "cpu_as_cuda",
     "kernels_refusal",
+    "on_kernel_device",
     "triton_missing",
     "use_kernel",
 ]

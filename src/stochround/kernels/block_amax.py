@@ -164,6 +164,7 @@ def nvfp4_tensor_scale(
     rht_signs: Tensor | None = None,
     rht_bf16: bool = False,
     amax: Tensor | None = None,
+    keep_amax: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """NVFP4's tensor scales of x, S_dec and S_enc (a 2-element fp32 tensor), and x's amax
     (0-d fp32), on x's device, in two launches and one read of x (no host
@@ -171,17 +172,36 @@ def nvfp4_tensor_scale(
     computing the flavour's scales, equal to the `decode` and `encode` of
     ``stochround.blocks.scales.nvfp4_tensor_scales(x.abs().amax(), flavour)``.  ``flavour``
     "te" or "torchao"; the rotation as `tensor_amax` takes it.  Returns (scales, amax):
-    `quantize_blocks` takes the scales as its ``tensor_scale``."""
+    `quantize_blocks` takes the scales as its ``tensor_scale``; with ``keep_amax`` False
+    the amax is written to the device's `amax_sink` (and returned as it: a caller that
+    takes the scales alone spares an allocation a call)."""
     check_choice("flavour", flavour, NVFP4_FLAVOURS)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
-            return nvfp4_tensor_scale(x, flavour, rht=rht, rht_signs=rht_signs, rht_bf16=rht_bf16)
+            return nvfp4_tensor_scale(
+                x, flavour, rht=rht, rht_signs=rht_signs, rht_bf16=rht_bf16, keep_amax=keep_amax
+            )
     partial = _partial_maxima(x, rht, rht_signs, rht_bf16)
-    amax = x.new_empty((), dtype=torch.float32)
+    amax = x.new_empty((), dtype=torch.float32) if keep_amax else amax_sink(x.device)
     scale = x.new_empty(2, dtype=torch.float32)
     launch, partials = tensor_scale_launch(partial.numel(), flavour)
     launch(_device(x), 1, partial, amax, scale, partials)
     return scale, amax
+
+
+# `amax_sink`'s tensors by device (a dict read by a plain function)
+_SINKS: dict[torch.device, Tensor] = {}
+
+
+def amax_sink(device: torch.device) -> Tensor:
+    """A 0-d fp32 tensor on ``device`` for the tensor-scale kernel's amax output where no
+    caller reads it: written by every such launch and never read, so that launches on any
+    stream (or captured in a CUDA graph: it is never freed) share it, where a fresh one
+    would cost an allocation a call."""
+    sink = _SINKS.get(device)
+    if sink is None:
+        sink = _SINKS[device] = torch.empty((), dtype=torch.float32, device=device)
+    return sink
 
 
 class PreparedTensorScale:
@@ -209,21 +229,22 @@ class PreparedTensorScale:
         self.amax_launch = _amax_launch(x, rotation)
         self.scale_launch, _ = tensor_scale_launch(self.programs, flavour)
         self.device, self.device_index = x.device, _device(x)
+        self.amax = amax_sink(x.device)  # the scale kernel's amax, which no caller reads
 
     def __call__(self, x: Tensor, rht_signs: Tensor | None) -> Tensor:
         """S_dec and S_enc of x (the prepared size, on the prepared device, current), a
         2-element fp32 tensor, as `nvfp4_tensor_scale` gives them."""
         partial = x.new_empty(self.programs, dtype=torch.int32)
-        amax = x.new_empty((), dtype=torch.float32)
         scale = x.new_empty(2, dtype=torch.float32)
         self.amax_launch(self.device_index, self.programs, x, partial, rht_signs, self.count)
-        self.scale_launch(self.device_index, 1, partial, amax, scale, self.programs)
+        self.scale_launch(self.device_index, 1, partial, self.amax, scale, self.programs)
         return scale
 
 
 __all__ = [
     "AMAX_BLOCK",
     "PreparedTensorScale",
+    "amax_sink",
     "nvfp4_tensor_scale",
     "tensor_amax",
     "tensor_scale_launch",

@@ -37,6 +37,21 @@ TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
 _NUM_WARPS = 4
 
 
+# `stand_in`'s tensors by dtype and device (a dict read by a plain function)
+_STAND_INS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+
+
+def stand_in(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An empty tensor of ``dtype`` on ``device`` for the kernel's outputs a call does not
+    write (the codes and scales of a dequantizing call, the values of a quantizing one):
+    never read or written, so made once and shared, where a fresh one would cost an
+    allocation a call."""
+    empty = _STAND_INS.get((dtype, device))
+    if empty is None:
+        empty = _STAND_INS[dtype, device] = torch.empty(0, dtype=dtype, device=device)
+    return empty
+
+
 def quantize_blocks(
     x: Tensor,
     element: Format | str,
@@ -117,7 +132,7 @@ def quantize_blocks(
         rht_bf16=rht_bf16,
         amax=amax,
     )
-    _launch(x, codes, scales, x.new_empty(0), call)
+    _launch(x, codes, scales, stand_in(x.dtype, x.device), call)
     return codes, scales
 
 
@@ -148,7 +163,7 @@ def fake_quantize_blocks(
     as `quantize_blocks`'s; returns a tensor shaped like x, in x's dtype."""
     fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
     out = torch.empty_like(x)
-    empty = x.new_empty(0, dtype=torch.uint8)
+    empty = stand_in(torch.uint8, x.device)
     call = _Call(
         fmt=fmt,
         block=block,
@@ -201,7 +216,7 @@ def gemm_blocks(
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
     fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
     out = torch.empty_like(x, dtype=out_dtype)
-    empty = x.new_empty(0, dtype=torch.uint8)
+    empty = stand_in(torch.uint8, x.device)
     call = _Call(
         fmt=fmt,
         block=block,
@@ -532,5 +547,6 @@ __all__ = [
     "nvfp4_tensor_scale",
     "quantize_blocks",
     "rht_normalization",
+    "stand_in",
     "tensor_amax",
 ]

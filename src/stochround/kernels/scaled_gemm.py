@@ -355,10 +355,14 @@ def _epilogue_arguments(epilogue: Epilogue, stand_in: Tensor) -> tuple[tuple, di
 
 
 def _contiguous(epilogue: Epilogue) -> Epilogue:
-    """The epilogue's tensors as contiguous vectors (views where they already are)."""
+    """The epilogue's tensors as contiguous vectors: themselves where they are contiguous
+    already (the kernels read them through their pointers alone, whatever their shape: a
+    view would be one more operation a call), else flattened copies."""
 
     def flat(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.reshape(-1).contiguous()
+        if t is None or t.is_contiguous():
+            return t
+        return t.reshape(-1).contiguous()
 
     return epilogue._replace(
         row_a=flat(epilogue.row_a),

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .availability import INTERPRETED
+from .availability import INTERPRETED, on_kernel_device
 from .grid import cdiv
 from .runtime import bound_launch, current_device
 
@@ -51,7 +51,7 @@ def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
     converted: the result equals ``x.T`` bit for bit."""
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D; got shape {tuple(x.shape)}")
-    use_kernel = x.is_cuda if kernel is None else kernel
+    use_kernel = on_kernel_device(x) if kernel is None else kernel
     if kernel and not (x.is_cuda or INTERPRETED):
         raise ValueError("kernel=True needs a CUDA tensor or TRITON_INTERPRET=1")
     if not use_kernel or not x.is_contiguous() or x.numel() == 0:

@@ -9,9 +9,10 @@ a model's `nn.Linear` weights, and the functional `sample_weight`).
 `recipes` holds the data, `linear` the layer and its autograd function, `operands` the
 quantization of one GEMM operand, `orientations` both orientations of a tensor from one
 read, `tensor_parallel` the layer under torch's colwise and rowwise tensor parallelism,
-`recompute` the step a checkpoint's recomputation reads, `step_ops` the step's opaque ops
-under torch.compile, `apply` the module swaps (both ways), `gaussws_noise` the sampling's
-noise (the PyTorch path the kernel matches) and `gaussws` the sampling applied to a model.
+`recompute` the step a checkpoint's recomputation reads, `streams` the stream offsets of a
+step's draws, `step_ops` the step's opaque ops under torch.compile, `apply` the module
+swaps (both ways), `gaussws_noise` the sampling's noise (the PyTorch path the kernel
+matches) and `gaussws` the sampling applied to a model.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import functools
 import math
 import typing
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -61,16 +61,18 @@ from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
 from .recompute import read_step
 from .step_ops import autocast_off, bias_gradient, draw_signs, transposed
+from .streams import (
+    MAX_LAYERS,
+    ROLE_SLOTS,
+    SIGN_SLOTS,
+    SLOTS_PER_LAYER,
+    slot_bases,
+    slot_offsets,
+    step_column,
+    step_offsets,
+    stream_offset,
+)
 from .tensor_parallel import local_call, rank_key
-
-# offset = step * 2**32 + layer * 16 + slot: the roles take slots 0..5, the per-step RHT
-# signs of each GEMM slots 8..10, so no two draws of a run share an offset (a Philox
-# counter's upper half): no random word is used twice
-SLOTS_PER_LAYER = 16
-ROLE_SLOTS = {role: slot for slot, role in enumerate(ROLES)}
-SIGN_SLOTS = {gemm: 8 + index for index, gemm in enumerate(GEMMS)}
-MAX_LAYERS = 1 << 28
-STEP_SHIFT = 32
 
 # the releases whose compiled backward of `QuantizedMatmul` is tested to equal eager's
 COMPILES = TorchVersion(torch.__version__) >= "2.13"
@@ -84,31 +86,6 @@ def next_layer_index(model: torch.nn.Module, kind: type) -> int:
         typing.cast(int, each.layer_index) for each in model.modules() if isinstance(each, kind)
     ]
     return 1 + max(indices, default=-1)
-
-
-def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
-    """``step * 2**32 + layer * 16 + slot``: the stream offset of one draw.  ``step``: an
-    int in [0, 2**32) or an int64 tensor (giving a tensor); ``layer`` in [0, 2**28);
-    ``slot`` in [0, 16) (`ROLE_SLOTS`, `SIGN_SLOTS`)."""
-    if not 0 <= layer < MAX_LAYERS:
-        raise ValueError(f"layer must be in [0, 2**28), got {layer}")
-    if not 0 <= slot < SLOTS_PER_LAYER:
-        raise ValueError(f"slot must be in [0, 16), got {slot}")
-    low = layer * SLOTS_PER_LAYER + slot
-    if isinstance(step, Tensor):
-        return (step << STEP_SHIFT) | low
-    if not 0 <= step < 1 << STEP_SHIFT:
-        raise ValueError(f"step must be in [0, 2**32), got {step}")
-    return (step << STEP_SHIFT) | low
-
-
-def step_offsets(step: Tensor, layer: int) -> Tensor:
-    """The stream offsets of all `SLOTS_PER_LAYER` slots of ``layer`` at ``step`` (a 0-d
-    int64 tensor) as one int64 tensor: element ``slot`` is ``stream_offset(step, layer,
-    slot)``, made by three operations however many operands a step quantizes."""
-    stream_offset(0, layer, 0)  # checks the layer index
-    slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=step.device)
-    return (step << STEP_SHIFT) | (slots + layer * SLOTS_PER_LAYER)
 
 
 class Plan(NamedTuple):
@@ -185,7 +162,7 @@ def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
 
 
 def rotation_signs(
-    plan: Plan, gemm: str, spec: QuantSpec, offsets: Tensor, device: torch.device
+    plan: Plan, gemm: str, spec: QuantSpec, offsets: Sequence[Tensor], device: torch.device
 ) -> Tensor | None:
     """The RHT signs of ``spec``'s operand in ``gemm``: per-step signs from the GEMM's own
     stream (`SIGN_SLOTS`, so that both operands draw the same rotation), fixed signs
@@ -209,10 +186,11 @@ def gemm_operands(
     gemm: str,
     left: Tensor | GemmOperand,
     right: Tensor | GemmOperand,
-    offsets: Tensor,
+    offsets: Sequence[Tensor],
 ) -> tuple[GemmOperand, GemmOperand]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
-    from its role's stream at the step whose `step_offsets` are ``offsets``, rotated by
+    from its role's stream at the step whose slots' offsets (`slot_offsets`) are ``offsets``,
+    rotated by
     `rotation_signs` where its spec has an RHT; an operand already quantized is taken as
     it is."""
     left_role, right_role = GEMMS[gemm]
@@ -228,7 +206,7 @@ def gemm_operands(
         if entry.spec.rht is not None:
             key = (entry.spec.rht, entry.spec.rht_signs)
             if key not in drawn:
-                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, offsets.device)
+                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, operand.device)
             signs = drawn[key]
         offset = offsets[ROLE_SLOTS[role]]
         quantized = quantize_operand(
@@ -239,7 +217,7 @@ def gemm_operands(
 
 
 def quantized_pair(
-    plan: Plan, tensor: Tensor, name: str, offsets: Tensor
+    plan: Plan, tensor: Tensor, name: str, offsets: Sequence[Tensor]
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """Both operands of x (``name`` "input": fprop's and wgrad's) or dy ("grad_output":
     dgrad's and wgrad's) from one read (`stochround.nn.orientations.both_orientations`),
@@ -253,7 +231,7 @@ def quantized_pair(
         return None
     signs = None
     if column.spec.rht is not None and column.spec.rht_signs == "per_step":
-        signs = rotation_signs(plan, "wgrad", column.spec, offsets, offsets.device)
+        signs = rotation_signs(plan, "wgrad", column.spec, offsets, tensor.device)
     multiple = plan.token_multiple
     padded = -(-tensor.shape[0] // multiple) * multiple
     row_offset, column_offset = offsets[ROLE_SLOTS[row_role]], offsets[ROLE_SLOTS[column.role]]
@@ -305,7 +283,8 @@ class QuantizedMatmul(torch.autograd.Function):
         wgrad: bool = False,
     ) -> Tensor:
         with autocast_off(x.device.type):
-            offsets = step_offsets(step, plan.layer)
+            column = step_column(step, plan.layer)
+            offsets = slot_offsets(column)
             # where wgrad runs, x read once for both of its operands: wgrad's kept for the
             # backward instead of transposing and quantizing x again there
             pair = quantized_pair(plan, x, "input", offsets) if wgrad else None
@@ -317,7 +296,7 @@ class QuantizedMatmul(torch.autograd.Function):
         kept = plan.weight_transposes and qw.row_scale is None
         values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
         x_t_values, x_t_scale = (None, None) if pair is None else pair[1][:2]
-        ctx.save_for_backward(x, weight, offsets, values, scale, x_t_values, x_t_scale)
+        ctx.save_for_backward(x, weight, column, values, scale, x_t_values, x_t_scale)
         ctx.factor = qw.factor
         ctx.plan = plan
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -325,7 +304,8 @@ class QuantizedMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, offsets, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
+        x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
+        offsets = slot_offsets(column)
         plan: Plan = ctx.plan
         grad_x = grad_weight = grad_bias = None
         dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -520,7 +500,8 @@ class QuantizedLinear(nn.Linear):
         if plan.native:
             check_native(x)
         lead = x.shape[:-1]
-        tokens = x.reshape(-1, in_features)
+        matrix = x.dim() == 2  # a matrix of tokens already: no reshape either way
+        tokens = x if matrix else x.reshape(-1, in_features)
         gemms = running_gemms(x, weight)
         try:
             check_operand_shapes(plan, tokens.shape[0], in_features, out_features, gemms)
@@ -540,7 +521,7 @@ class QuantizedLinear(nn.Linear):
         out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad))
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
-        y = torch.ops.aten._unsafe_view(out, (*lead, out_features))
+        y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
         return y if wrap is None else wrap(y)
 
     def _load_from_state_dict(
@@ -580,6 +561,9 @@ __all__ = [
     "rotation_signs",
     "running_gemms",
     "shares_rotation",
+    "slot_bases",
+    "slot_offsets",
+    "step_column",
     "step_offsets",
     "stream_offset",
     "token_multiple",

@@ -23,7 +23,7 @@ from ..blocks.request import BlockArguments
 from ..blocks.rowwise import PreparedRowGemmOperand, row_kernel_operand, row_operand_refusal
 from ..blocks.scales import absmax_scales
 from ..blocks.tensor import GemmOperand
-from ..kernels.availability import triton_missing, use_kernel
+from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
@@ -88,8 +88,8 @@ def tensor_scaled_operand(
     the float8 dtype, which the core's kernel runs on CUDA."""
     if operand.dtype == torch.float64:  # the rule scales fp32 values
         operand = operand.to(torch.float32)
-    amax = _tensor_amax(operand).reshape(1, 1)
-    scale, multiplier = absmax_scales(amax, fmt.element_max)
+    # a 0-d amax: the rule's one row, which the products broadcast alike
+    scale, multiplier = absmax_scales(_tensor_amax(operand), fmt.element_max)
     dtype = fmt.element.torch_dtype
     if dtype is None or dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"a per-tensor format has float8 elements; got {fmt.element.name}")
@@ -105,13 +105,13 @@ def tensor_scaled_operand(
         sat="finite",
     )
     values = codes if native else codes.to(fmt.gemm_dtype)
-    return GemmOperand(values, tensor_scale=scale.reshape(()), row_scale=None, factor=1.0)
+    return GemmOperand(values, tensor_scale=scale, row_scale=None, factor=1.0)
 
 
 def _tensor_amax(x: Tensor) -> Tensor:
     """max |x| in fp32 (NaN where x holds one): the kernels' one-read amax for a CUDA
     tensor where Triton runs, else the PyTorch path's (the same value)."""
-    if x.is_cuda and x.is_contiguous() and triton_missing() is None:
+    if on_kernel_device(x) and x.is_contiguous() and triton_missing() is None:
         from ..kernels.blocks import tensor_amax  # needs triton: imported here
 
         return tensor_amax(x)
@@ -172,17 +172,25 @@ def quantize_operand(
         quantized = quantize(operand, fmt, spec.mode, **options)
         return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
     prepared = None
-    if operand.is_cuda and not torch.compiler.is_compiling():
+    if on_kernel_device(operand) and not torch.compiler.is_compiling():
         prepared = prepared_operand(spec, fmt, operand.shape, operand.dtype, operand.device)
     if prepared is not None and isinstance(offset, Tensor):
         # the eager CUDA step: the checks and the launches' set-up made once per shape
-        result = prepared(operand, seed_on(seed, operand.device), offset.reshape(1), signs)
+        result = prepared(operand, seed_on(seed, operand.device), one_element(offset), signs)
     else:
         result = gemm_operand(operand, fmt, spec.mode, **options)
-    if result.values.is_cuda and result.values.dtype == torch.float32 and exact_in_bf16(fmt):
+    values = result.values
+    if on_kernel_device(values) and values.dtype == torch.float32 and exact_in_bf16(fmt):
         # a bf16 GEMM instead of an fp32 one: the same products, exactly
         return exact_bf16_operand(result, fmt.element.mbits)
     return result
+
+
+def one_element(offset: Tensor) -> Tensor:
+    """A 0-d or one-element offset as the one-element tensor the kernels read (itself where
+    it is one already: `stochround.nn.linear.slot_offsets` gives them so, without a view a
+    call)."""
+    return offset if offset.dim() == 1 else offset.reshape(1)
 
 
 def noise_words(entry: Operand) -> str:
@@ -211,7 +219,7 @@ def row_kernel_operand_of(
         prepared = prepared_row_operand(
             spec, fmt, words, operand.shape, operand.dtype, operand.device
         )
-        return prepared(operand, seed_on(seed, operand.device), offset.reshape(1))
+        return prepared(operand, seed_on(seed, operand.device), one_element(offset))
     n = 32 if rbits is None else rbits
     return row_kernel_operand(operand, fmt, spec.mode, n, variant, words, seed, offset)
 
@@ -291,6 +299,7 @@ __all__ = [
     "dequantized_operand",
     "exact_in_bf16",
     "noise_words",
+    "one_element",
     "prepared_operand",
     "prepared_row_operand",
     "quantize_operand",

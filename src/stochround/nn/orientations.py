@@ -18,7 +18,7 @@ from ..blocks.formats import BlockFormat
 from ..blocks.request import default_signs
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import use_kernel
-from .operands import Operand, seed_on
+from .operands import Operand, one_element, seed_on
 
 # what the pair quantizer reads
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -103,7 +103,7 @@ class PreparedPair:
         ``signs``: the rotation's per-step signs (None: the fixed ones)."""
         rotation = self.signs if signs is None else signs
         key = seed_on(seed, self.device)
-        pair = self.kernel(x, key, row_offset.reshape(1), column_offset.reshape(1), rotation)
+        pair = self.kernel(x, key, one_element(row_offset), one_element(column_offset), rotation)
         scales = pair.scales
         row_scale = None if scales is None else scales[0, 0]
         column_scale = None if scales is None else scales[1, 0]

@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.utils import checkpoint as torch_checkpoint
 
 from ..blocks.hadamard import random_signs
-from ..kernels.availability import triton_missing
+from ..kernels.availability import on_kernel_device, triton_missing
 
 
 def draw_signs_eagerly(size: int, seed: Tensor, offset: Tensor) -> Tensor:
@@ -131,7 +131,7 @@ def transposed(x: Tensor) -> Tensor:
     """``x.T.contiguous()`` of a 2-D tensor: by the tiled Triton kernel for a CUDA tensor
     where Triton is installed (`stochround.kernels.transpose`), else by PyTorch's copy; the
     same bits either way."""
-    if x.is_cuda and triton_missing() is None:
+    if on_kernel_device(x) and triton_missing() is None:
         from ..kernels.transpose import transpose  # needs triton: imported only here
 
         return transpose(x)

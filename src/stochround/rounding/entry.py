@@ -13,6 +13,7 @@ from torch import Tensor
 from .. import random as streams
 from ..formats import Format, format_of_dtype
 from ..formats import format as find_format
+from ..kernels.availability import on_kernel_device
 from ..packing import PACK_GROUPS
 from ..presets import HardwarePreset
 from ..reference import check_mode
@@ -79,7 +80,7 @@ def _round_call(
         raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
     source, via_op = rand_source(rand), through_op(x)
     choices = (fmt, mode, rbits, variant, sat, nan, source, backend, output, out_dtype)
-    route = call_route(choices, x.dtype, x.is_cuda, via_op)
+    route = call_route(choices, x.dtype, on_kernel_device(x), via_op)
     if stream is not None:  # taken once the choices are checked: a refused call takes none
         seed, offset = _stream_values(stream, seed, offset, rand, mode == "sr")
     seed, offset, rand, index_offset = check_call_values(

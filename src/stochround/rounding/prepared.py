@@ -18,7 +18,7 @@ from torch import Tensor
 from .. import random as streams
 from ..formats import Format
 from ..formats import format as find_format
-from ..kernels.availability import check_backend
+from ..kernels.availability import check_backend, on_kernel_device
 from ..presets import HardwarePreset, preset
 from ..reference import check_mode
 from ..torch_path import Request
@@ -88,10 +88,10 @@ class PreparedRounding:
             request = Request._make((*self.head, offset, *self.tail))
         if through_op(x):  # traced, for autograd or a DTensor: the custom op, as round does
             return round_through_op(x, request, self.backend, "value", x.dtype)
-        where = (x.dtype, x.is_cuda)
+        where = (x.dtype, on_kernel_device(x))
         route = self.routes.get(where)
         if route is None:
-            route = self.routes[where] = call_route(self.choices(), x.dtype, x.is_cuda, False)
+            route = self.routes[where] = call_route(self.choices(), *where, False)
         return routed(x, request, route)
 
     def choices(self) -> tuple:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .. import cpu_path
 from ..formats import Format
-from ..kernels.availability import check_backend, kernels_refusal, use_kernel
+from ..kernels.availability import check_backend, kernels_refusal, on_kernel_device, use_kernel
 from ..packing import PACKINGS
 from ..shards import is_dtensor
 from ..torch_path import Request, checks_nan, code_dtype, refuse_capture, round_tensor
@@ -174,7 +174,7 @@ def dispatch(
         output,
         out_dtype,
         x.dtype,
-        x.is_cuda,
+        on_kernel_device(x),
         False,
     )
     return routed(x, request, route)

@@ -1,0 +1,231 @@
+"""Operations a CUDA step dispatches, counted: the host work of issue 42 as numbers.
+
+On a GPU the eager `QuantizedLinear` step is host-bound: each dispatched ATen operation
+and each Triton launch costs the host microseconds, whatever the GPU does.  Their NUMBER is
+exact and the same on any machine, so this script counts them on the route a CUDA tensor
+takes, on the CPU: under Triton's interpreter (``TRITON_INTERPRET=1``, set here when no GPU
+is present) inside `stochround.kernels.availability.cpu_as_cuda`, which routes CPU
+tensors as CUDA ones, so that the kernels run (interpreted) where a CUDA step launches
+them and the host code is a CUDA step's.  On a GPU the counts are taken on CUDA tensors.
+
+Counted, per case (after a warm-up call, which builds the prepared launches):
+
+- ``launches``: Triton kernel launches (`stochround.kernels.runtime.Launch` calls, whose
+  fast path on a GPU calls the compiled launcher itself, and `triton.JITFunction.run` or
+  the interpreter's ``InterpretedFunction.run`` outside one);
+- ``aten``: ATen operations dispatched (a `TorchDispatchMode`), outside the launches (the
+  interpreter's own tensor copies are not the step's), views and allocations included;
+- ``other``: operations of other namespaces (stochround's custom ops).
+
+Cases: one `QuantizedLinear` forward and backward (dx, dW, db) per named recipe with its
+defaults, on ``--tokens`` x ``--features`` x ``--features`` (fp32 input), and
+`stochround.blocks.quantize` of a ``--features`` square (NVFP4 SR, MXFP8 RN).
+
+    python benchmarks/bench_ops.py                   # CPU (interpreter) or GPU: the table
+    python benchmarks/bench_ops.py --ops nvfp4       # also each operation's name, in order
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import torch
+
+if not torch.cuda.is_available():  # before stochround imports a kernel (Triton reads it then)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import stochround as sr
+import stochround.nn as srnn
+from stochround.kernels.availability import cpu_as_cuda
+from stochround.kernels.runtime import Launch
+
+RECIPES = ("nvfp4", "mxfp8", "mxfp4_tseng", "int8", "fp8")
+BLOCK_CASES = (("nvfp4", "sr"), ("mxfp8_e4m3", "rne"))
+
+
+class Counts(NamedTuple):
+    """One case's counts: Triton launches, ATen operations, other operations, and the
+    names of the ATen and other operations in dispatch order (launches as ``launch:name``),
+    and with ``where`` each one's caller (`caller`)."""
+
+    launches: int
+    aten: int
+    other: int
+    names: tuple[str, ...]
+    sites: tuple[str, ...] = ()
+
+
+class OpCounter(TorchDispatchMode):
+    """Records every operation dispatched to it by name (``cpu_as_cuda``, entered first,
+    supplies the CUDA-only ``torch.mm`` with an ``out_dtype`` below it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+        self.paused = 0
+        # each operation's caller (file:line of the innermost stochround frame), with --where
+        self.where: list[str] | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if not self.paused:
+            self.names.append(func.name())
+            if self.where is not None:
+                self.where.append(caller())
+        return func(*args, **kwargs)
+
+
+def caller() -> str:
+    """file:line of the innermost stochround frame on the stack (for --where)."""
+    for frame in reversed(traceback.extract_stack()):
+        if "stochround" in frame.filename and "bench_ops" not in frame.filename:
+            return f"{frame.filename.rsplit('stochround/', 1)[-1]}:{frame.lineno} {frame.name}"
+    return "?"
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[OpCounter]:
+    """An `OpCounter` active, with each Triton launch recorded as ``launch:<kernel>`` and
+    the operations inside it left out.  A launch is a call of
+    `stochround.kernels.runtime.Launch` (whose fast path calls the compiled launcher
+    itself on a GPU) or of a kernel's ``run`` outside one (the JIT's and the
+    interpreter's)."""
+    counter = OpCounter()
+    patched: list[tuple[type, str, Callable]] = []
+    targets: list[tuple[type, str]] = [(Launch, "__call__"), (triton.JITFunction, "run")]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        targets.append((InterpretedFunction, "run"))
+    except ImportError:
+        pass
+    for cls, method in targets:
+        original = getattr(cls, method)
+
+        def launch(self: Any, *args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            if kwargs.get("warmup") or counter.paused:  # a launch's own inner call
+                return _original(self, *args, **kwargs)
+            kernel = getattr(self, "kernel", self)  # a Launch's kernel, or the kernel
+            name = getattr(kernel, "__name__", None) or getattr(kernel.fn, "__name__", "?")
+            counter.names.append(f"launch:{name}")
+            if counter.where is not None:
+                counter.where.append(caller())
+            counter.paused += 1
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                counter.paused -= 1
+
+        setattr(cls, method, launch)
+        patched.append((cls, method, original))
+    try:
+        with counter:
+            yield counter
+    finally:
+        for cls, method, original in patched:
+            setattr(cls, method, original)
+
+
+def counted(call: Callable[[], object], where: bool = False) -> Counts:
+    """The counts of one ``call`` (after a warm-up call) on the CUDA route: CUDA tensors on
+    a GPU, else CPU tensors inside `cpu_as_cuda` (the caller builds them on the device
+    `device()` names)."""
+    route = contextlib.nullcontext() if torch.cuda.is_available() else cpu_as_cuda()
+    with route:
+        call()  # the warm-up: prepared launches made, kernels compiled
+        with counting() as counter:
+            counter.where = [] if where else None
+            call()
+    names = tuple(counter.names)
+    launches = sum(name.startswith("launch:") for name in names)
+    aten = sum(name.startswith("aten::") for name in names)
+    sites = tuple(counter.where or ())
+    return Counts(launches, aten, len(names) - launches - aten, names, sites)
+
+
+def device() -> torch.device:
+    """CUDA where there is a GPU, else the CPU (the interpreter's route)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def linear_step(name: str, tokens: int, features: int) -> Callable[[], object]:
+    """One forward and backward of a ``features`` square `QuantizedLinear` (with bias) under
+    the recipe ``name`` with its defaults, on ``tokens`` fp32 tokens."""
+    generator = torch.Generator().manual_seed(0)
+    where = device()
+    torch.manual_seed(0)  # the layer's initial weights
+    linear = torch.nn.Linear(features, features).to(where)
+    layer = srnn.QuantizedLinear.from_linear(linear, srnn.RECIPES[name]())
+    x = torch.randn(tokens, features, generator=generator).to(where).requires_grad_()
+    grad = torch.randn(tokens, features, generator=generator).to(where)
+
+    def step() -> None:
+        # as a training step after zero_grad(): no gradient to accumulate into
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        layer(x).backward(grad)
+
+    return step
+
+
+def block_quantize(fmt: str, mode: str, features: int) -> Callable[[], object]:
+    """`stochround.blocks.quantize` of a ``features`` square of fp32 values (SR: seed 0,
+    offset 0)."""
+    x = torch.randn(features, features, generator=torch.Generator().manual_seed(0))
+    x = x.to(device())
+    options = {"seed": 0, "offset": 0} if mode == "sr" else {}
+    return lambda: sr.blocks.quantize(x, fmt, mode, **options)
+
+
+def cases(tokens: int, features: int) -> dict[str, Callable[[], object]]:
+    """Every case by name: ``linear_<recipe>`` and ``quantize_<format>_<mode>``."""
+    found = {f"linear_{name}": linear_step(name, tokens, features) for name in RECIPES}
+    for fmt, mode in BLOCK_CASES:
+        found[f"quantize_{fmt}_{mode}"] = block_quantize(fmt, mode, features)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=64, help="tokens of a layer step (64)")
+    parser.add_argument("--features", type=int, default=64, help="in = out features (64)")
+    parser.add_argument("--case", action="append", help="only these cases (repeatable)")
+    parser.add_argument("--ops", action="append", default=[], help="list this case's ops")
+    parser.add_argument("--where", action="store_true", help="with --ops: in order, by caller")
+    parser.add_argument("--json", help="write the counts to this file")
+    args = parser.parse_args(argv)
+    where = "cuda" if torch.cuda.is_available() else "cpu (interpreter, cpu_as_cuda)"
+    print(f"operations dispatched per call, {args.tokens} x {args.features}; route: {where}")
+    print(f"{'case':<28}{'launches':>9}{'aten':>6}{'other':>6}")
+    results = {}
+    for case, call in cases(args.tokens, args.features).items():
+        if args.case and case not in args.case:
+            continue
+        listed = case in args.ops or case.removeprefix("linear_") in args.ops
+        counts = counted(call, where=listed and args.where)
+        results[case] = counts._asdict()
+        print(f"{case:<28}{counts.launches:>9}{counts.aten:>6}{counts.other:>6}")
+        if listed and args.where:
+            for name, site in zip(counts.names, counts.sites, strict=True):
+                print(f"    {name:<32} {site}")
+        elif listed:
+            for name, count in Counter(counts.names).most_common():
+                print(f"    {count:>3}  {name}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"device": where, "counts": results}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

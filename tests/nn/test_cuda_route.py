@@ -1,0 +1,139 @@
+"""The route a CUDA tensor takes, on the CPU (`stochround.kernels.availability.cpu_as_cuda`,
+under Triton's interpreter): a `QuantizedLinear` step's operands there are the PyTorch
+path's bit for bit, and the operations a step and a block quantization dispatch there are
+counted exactly (benchmarks/bench_ops.py): on a GPU each costs the host microseconds, so a
+change that adds one fails here."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor
+
+import stochround.nn as srnn
+from stochround.kernels import availability
+from stochround.nn import linear, operands
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_ops  # noqa: E402
+
+# One nvfp4() step of a 64 x 64 layer with bias on 64 fp32 tokens, forward and backward.
+# Five operands are quantized (fprop's x and W, dgrad's dy, wgrad's dy^T and x^T; dgrad's
+# W^T is fprop's Q(W) transposed), each by three launches: the amax's partial maxima, the
+# tensor scale (S_dec, S_enc) from them, the quantization.  Three GEMMs, each a product
+# and the epilogue launch that scales it (cuBLAS's mm with an fp32 output at this size),
+# and two transposes for wgrad's operands.
+NVFP4_LAUNCHES = {
+    "_amax_kernel": 5,
+    "_tensor_scale_kernel": 5,
+    "quantize_blocks_kernel": 5,
+    "_epilogue_kernel": 3,
+    "_transpose_kernel": 2,
+}
+NVFP4_ATEN = {
+    # the step: the counter read (clone) and advanced, the offsets of the layer's 16 slots
+    # as one column (shift, or), split into one-element views in the forward and backward
+    "aten::clone": 1 + 1,  # + the 2-D weight tiles' repeated amax (contiguous copy)
+    "aten::add_.Tensor": 1,
+    "aten::__lshift__.Scalar": 1,
+    "aten::bitwise_or.Tensor": 1,
+    "aten::unbind.int": 2,
+    # per quantized operand: the partial maxima and the tensor scales, the output, and the
+    # 0-d S_dec of the two scales (the GEMM's tensor scale)
+    "aten::new_empty": 5 * 2 + 2,  # + the two transposes' outputs
+    "aten::empty_like": 5 + 3,  # + the three epilogues' outputs
+    "aten::select.int": 5,
+    # fprop's W in 16 x 16 tiles: each tile's amax (view, abs, amax), repeated for its rows
+    "aten::view": 1,
+    "aten::abs": 1,
+    "aten::amax": 1,
+    "aten::expand": 1,
+    "aten::_unsafe_view": 1,
+    # the GEMMs: b transposed (a view) and cuBLAS's bf16 product with an fp32 output;
+    # dgrad's Q(W^T) as a transposed view of Q(W)
+    "aten::permute": 3 + 1,
+    "aten::mm.dtype": 3,
+    # db, and the autograd engine's detach of each gradient it accumulates
+    "aten::sum.dim_IntList": 1,
+    "aten::detach": 3,
+}
+
+
+def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Each quantized operand of two training steps of a 64 x 64 layer under recipe
+    ``name`` (fp32 values by role and step), on the CUDA route (``route``) or the CPU's."""
+    torch.manual_seed(0)
+    layer = srnn.QuantizedLinear.from_linear(torch.nn.Linear(64, 64), srnn.RECIPES[name]())
+    x = torch.randn(64, 64).requires_grad_()
+    grad = torch.randn(64, 64)
+    calls: dict = {}
+    original = operands.quantize_operand
+
+    def spy(operand: Tensor, entry: operands.Operand, *args: object, **kwargs: object) -> object:
+        result = original(operand, entry, *args, **kwargs)  # type: ignore[arg-type]
+        values = operands.dequantized_operand(result).clone()
+        calls[entry.role, int(layer.step) - 1] = values
+        return result
+
+    monkeypatch.setattr(linear, "quantize_operand", spy)
+    with availability.cpu_as_cuda() if route else contextlib.nullcontext():
+        for _ in range(2):
+            layer(x).backward(grad)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng", "mxfp8", "fp8", "int8"])
+def test_the_cuda_route_quantizes_every_operand_as_the_cpu_path_does(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kernels = quantized_operands(name, True, monkeypatch)
+    reference = quantized_operands(name, False, monkeypatch)
+    assert kernels.keys() == reference.keys() and len(kernels) >= 8
+    for key, values in reference.items():
+        assert torch.equal(kernels[key], values), key
+
+
+def test_cpu_as_cuda_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(availability, "INTERPRETED", False)
+    route = availability.cpu_as_cuda()
+    with pytest.raises(ValueError, match=r"cpu_as_cuda needs Triton's interpreter"):
+        route.__enter__()
+
+
+def counts_of(case: str) -> bench_ops.Counts:
+    return bench_ops.counted(bench_ops.cases(64, 64)[case])
+
+
+def test_an_nvfp4_layer_step_dispatches_twenty_launches_and_forty_eight_aten_ops() -> None:
+    counts = counts_of("linear_nvfp4")
+    names = Counter(counts.names)
+    launches = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
+    aten = {name: n for name, n in names.items() if name.startswith("aten::")}
+    assert launches == NVFP4_LAUNCHES
+    assert aten == NVFP4_ATEN
+    assert (counts.launches, counts.aten, counts.other) == (20, 48, 0)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        # amax, tensor scale, quantization; partial maxima, tensor scales, codes, scales,
+        # the e4m3 view of the scales (and its detach), the 0-d S_dec
+        ("quantize_nvfp4_sr", (3, 7, 0)),
+        # the quantization; codes, scales, the e8m0 view of the scales and the e4m3fn view
+        # of the codes (each with its detach)
+        ("quantize_mxfp8_e4m3_rne", (1, 6, 0)),
+    ],
+)
+def test_a_block_quantization_dispatches_its_launches_and_allocations_alone(
+    case: str, expected: tuple[int, int, int]
+) -> None:
+    counts = counts_of(case)
+    assert (counts.launches, counts.aten, counts.other) == expected, Counter(counts.names)
