@@ -36,8 +36,8 @@ mean smaller than its std are reported as "none".
    or no RHT.  An outlier channel is a column of x: its 16-token blocks are all large, one
    block scale each, and the RHT mixes 16 tokens of that one channel, never two channels.
    A token outlier (every >= 16) is one element that sets its block's scale, the other 15
-   small beside it; the RHT spreads it over the block as 16 values of magnitude
-   ``scale |x| / 4``, the others' values riding on them.  Full-batch training with both operands
+   small beside it; the RHT spreads it over the block as 16 values of magnitude ``scale
+   |x| / 4``, the others' values riding on them.  Full-batch training with both operands
    so rounded, ``rht_steps`` steps (a cosine to 0), the step preconditioned by each
    channel's mean square (`regime_lsq.channel_scale`, standing in for Adam's per-weight
    scaling: plain gradient descent's stable step would be 1 / scale^2 and the other
