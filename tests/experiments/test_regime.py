@@ -12,10 +12,11 @@ from stochround import blocks
 from stochround.experiments import EXPERIMENTS
 from stochround.experiments import recipes_regime as regime
 from stochround.experiments.regime_lsq import (
+    NO_OUTLIERS,
     RHT_SIZE,
+    Outliers,
     Training,
     batch_lr,
-    channel_outliers,
     channel_scale,
     data_lr,
     least_squares,
@@ -25,6 +26,7 @@ from stochround.experiments.regime_lsq import (
     round_dy,
     round_x,
     train,
+    with_outliers,
 )
 from stochround.experiments.regime_plots import mean_std
 from stochround.experiments.report import NoProgress
@@ -46,12 +48,13 @@ def test_quick_rows_columns_and_seeds(quick) -> None:
     assert len(horizon.rows) == 6
     # every quantized horizon row names the first crossing of each of its 3 seeds
     assert all(len(row[4].split(", ")) == sizes.seeds for row in horizon.rows if row[3] != "-")
-    assert sizes.channels == ((0, 1.0), (1, 30.0))
-    assert [row[0] for row in error.rows] == [row[0] for row in training.rows] == ["none", "1 x 30"]
+    assert sizes.outliers == (NO_OUTLIERS, Outliers(1, 30.0), Outliers(1, 30.0, 16))
+    labels = ["none", "1 x 30", "1 x 30, 1/16"]
+    assert [row[0] for row in error.rows] == [row[0] for row in training.rows] == labels
     rht_columns = ["dy RN, no RHT", "dy RN, RHT-16", "RHT - none",
                    "dy SR, no RHT", "dy SR, RHT-16", "RHT - none"]  # fmt: skip
-    assert error.columns == ["outlier channels", *rht_columns]
-    assert training.columns == ["outlier channels", "fp32", *rht_columns]
+    assert error.columns == ["outliers", *rht_columns]
+    assert training.columns == ["outliers", "fp32", *rht_columns]
     # the errors are averages of per-step relative errors: a mean ± std, positive, below 10
     for row in error.rows:
         for cell in (row[1], row[2], row[4], row[5]):
@@ -108,12 +111,53 @@ def test_rn_stalls_and_sr_does_not_in_quick_noise_config() -> None:
 def test_channel_outliers_are_exactly_the_chosen_channels_for_every_token() -> None:
     base = least_squares(64, 8, 4, 0.5, 3)
     # a power-of-two scale multiplies exactly: columns 0 and 1 are 64 x, the rest untouched
-    scaled = least_squares(64, 8, 4, 0.5, 3, (2, 64.0))
+    scaled = least_squares(64, 8, 4, 0.5, 3, Outliers(2, 64.0))
     assert torch.equal(scaled.x[:, :2], 64.0 * base.x[:, :2])
     assert torch.equal(scaled.x[:, 2:], base.x[:, 2:])
-    assert torch.equal(channel_outliers(base.x, 0, 64.0), base.x)
-    with pytest.raises(ValueError, match=r"count must be in 0\.\.8 \(x.s channels\); got 9"):
-        channel_outliers(base.x, 9, 10.0)
+    assert torch.equal(with_outliers(base.x, NO_OUTLIERS), base.x)
+    with pytest.raises(
+        ValueError, match=r"outliers.channels must be in 0\.\.8 \(x.s channels\); got 9"
+    ):
+        with_outliers(base.x, Outliers(9, 10.0))
+
+
+def test_token_outliers_are_exactly_the_chosen_tokens_and_channels() -> None:
+    base = least_squares(64, 8, 4, 0.5, 3)
+    scaled = least_squares(64, 8, 4, 0.5, 3, Outliers(3, 64.0, 16))
+    tokens, channels = torch.nonzero(scaled.x != base.x, as_tuple=True)
+    # tokens 0, 16, 32, 48 (one in 16, the first of each block) of channels 0, 1, 2 only
+    assert sorted(set(tokens.tolist())) == [0, 16, 32, 48]
+    assert sorted(set(channels.tolist())) == [0, 1, 2]
+    assert torch.equal(scaled.x[::16, :3], 64.0 * base.x[::16, :3])
+    assert Outliers(3, 64.0, 16).label == "3 x 64, 1/16"
+    assert Outliers(3, 64.0).label == "3 x 64" and NO_OUTLIERS.label == "none"
+    with pytest.raises(ValueError, match=r"every must be an int >= 1 \(1: every token\); got 0"):
+        Outliers(1, 10.0, 0)
+    with pytest.raises(ValueError, match="channels must be >= 0; got -1"):
+        Outliers(-1)
+
+
+def test_one_token_outlier_zeroes_its_block_with_and_without_the_rht() -> None:
+    # one 16-token block of one channel: the outlier 96 at token 0, 15 values in (-1, 1)
+    generator = torch.Generator().manual_seed(1)
+    x = (torch.rand(16, 1, generator=generator) * 2 - 1).contiguous()
+    x[0, 0] = 96.0
+    # no RHT: the block scale is 96 / 6 = 16 (FP4's smallest nonzero, 0.5 x 16 = 8, lies
+    # above every other value's double), so the outlier is exact and the rest exactly 0
+    plain = round_x(x, None)
+    assert plain[0, 0] == 96.0
+    assert torch.count_nonzero(plain[1:]) == 0
+    # RHT-16: the outlier spread as 16 values of magnitude 96 / 4 = 24, the others' mix
+    # (each at most 15 / 4) riding on them; FP4's top levels are 4 and 6 times the block
+    # scale (amax / 6), and here every rotated value lies above 5 / 6 of the amax: the
+    # codes are one magnitude, 6, and un-rotated they are the spike alone -- the 15 small
+    # values are lost as without the RHT, and the outlier is no longer exact
+    rotated = blocks.quantize(x, "nvfp4", "rne", axis=0, rht=RHT_SIZE, rht_bf16=True)
+    nibbles = torch.cat([rotated.codes & 0xF, rotated.codes >> 4]).flatten()
+    assert set((nibbles & 0x7).tolist()) == {0b111}  # e2m1 magnitude 6
+    spread = round_x(x, RHT_SIZE)
+    assert torch.count_nonzero(spread[1:]) == 0
+    assert spread[0, 0] != 96.0
 
 
 def test_wgrad_rht_runs_along_the_tokens_and_never_mixes_channels() -> None:
@@ -141,7 +185,7 @@ def test_channel_scale_preconditions_to_the_normalized_data() -> None:
     assert channel_scale(x).tolist() == [3.0, 0.75]
     normalized = x / channel_scale(x).sqrt()
     assert preconditioned_lr(x) == data_lr(normalized)
-    scaled = channel_outliers(x, 1, 100.0)
+    scaled = with_outliers(x, Outliers(1, 100.0))
     # an outlier channel leaves the preconditioned step unchanged (up to rounding) while
     # plain gradient descent's stable step falls by about scale^2
     assert preconditioned_lr(scaled) == pytest.approx(preconditioned_lr(x), rel=1e-6)

@@ -27,14 +27,17 @@ mean smaller than its std are reported as "none".
    the unrounded operands, N the rounded GEMM's difference from it) at every logging step,
    with their sqrt(3) line.
 
-3. RHT axis.  Outlier channels, as in LLM activations: x's first ``count`` channels (of
-   d) times ``scale`` for every token.  The wgrad GEMM as `nvfp4()` computes it: x RN, dy
-   RN or SR, both NVFP4 along the tokens (wgrad = dy^T x contracts over them), after the
-   same 16-point RHT along the tokens with bf16 rotation, or no RHT.  An outlier channel
-   is a column of x: its 16-token blocks are all large, one block scale each, and the RHT
-   mixes 16 tokens of that one channel, never two channels; dy = (X W^T - Y) / n inherits
-   the outlier channel's column only as a term ``scale x_c (W - T)_c`` of each token's
-   residual, again no outlier along the tokens.  Full-batch training with both operands
+3. RHT axis.  Outliers of x (`regime_lsq.Outliers`): its first ``count`` channels (of
+   d) times ``scale`` at one token in ``every``.  Outlier channels (every = 1, as in LLM
+   activations: a column large for every token) and token outliers (every > 1, as LLMs'
+   massive activations: a few tokens huge in a few channels).  The wgrad GEMM as
+   `nvfp4()` computes it: x RN, dy RN or SR, both NVFP4 along the tokens (wgrad = dy^T x
+   contracts over them), after the same 16-point RHT along the tokens with bf16 rotation,
+   or no RHT.  An outlier channel is a column of x: its 16-token blocks are all large, one
+   block scale each, and the RHT mixes 16 tokens of that one channel, never two channels.
+   A token outlier (every >= 16) is one element that sets its block's scale, the other 15
+   small beside it; the RHT spreads it over the block as 16 values of magnitude ``scale
+   |x| / 4``, the others' values riding on them.  Full-batch training with both operands
    so rounded, ``rht_steps`` steps (a cosine to 0), the step preconditioned by each
    channel's mean square (`regime_lsq.channel_scale`, standing in for Adam's per-weight
    scaling: plain gradient descent's stable step would be 1 / scale^2 and the other
@@ -63,9 +66,11 @@ from pathlib import Path
 from .lm_summary import verdict
 from .regime_lsq import (
     GRADIENTS,
+    NO_OUTLIERS,
     RHT_SIZE,
     WGRADS,
     Curve,
+    Outliers,
     Problem,
     Training,
     batch_lr,
@@ -97,19 +102,21 @@ class Sizes:
     horizon_steps: int
     horizon_batch: int
     log_every: int
-    channels: tuple[tuple[int, float], ...]
+    outliers: tuple[Outliers, ...]
     rht_steps: int
 
 
 QUICK = Sizes(
     n=64, d=8, m=4, noise=0.5, steps=40, batches=(16, 64), seeds=3, noises=(0.5,),
-    horizon_steps=40, horizon_batch=16, log_every=10, channels=((0, 1.0), (1, 30.0)),
-    rht_steps=60,
+    horizon_steps=40, horizon_batch=16, log_every=10,
+    outliers=(NO_OUTLIERS, Outliers(1, 30.0), Outliers(1, 30.0, 16)), rht_steps=60,
 )  # fmt: skip
 FULL = Sizes(
     n=512, d=32, m=16, noise=0.5, steps=300, batches=(16, 32, 64, 128, 256, 512), seeds=3,
     noises=(0.125, 0.25, 0.5, 1.0, 2.0), horizon_steps=400, horizon_batch=32, log_every=5,
-    channels=((0, 1.0), (1, 10.0), (1, 100.0), (4, 100.0)), rht_steps=900,
+    outliers=(NO_OUTLIERS, Outliers(4, 100.0), Outliers(4, 10.0, 64), Outliers(4, 100.0, 64),
+              Outliers(4, 1000.0, 64), Outliers(4, 100.0, 256)),
+    rht_steps=900,
 )  # fmt: skip
 
 
@@ -192,35 +199,28 @@ def horizon_table(sizes: Sizes, curves: dict[tuple[int, str], list]) -> Table:
     )  # fmt: skip
 
 
-Channels = tuple[int, float]  # (count, scale) of the RHT axis's outlier channels
 Wgrad = tuple[str, int | None]  # (dy's rounding, RHT size or None), `WGRADS`
-
-
-def channels_label(channels: Channels) -> str:
-    """``none`` or ``count x scale`` (the outlier channels of a row)."""
-    count, scale = channels
-    return "none" if count == 0 else f"{count} x {scale:g}"
 
 
 def rht_axis(
     sizes: Sizes, seeds: list[int], progress: ProgressLike
-) -> tuple[dict[tuple[Channels, Wgrad], list[Curve]], dict[Channels, list[float]]]:
-    """The curves of every (channels, wgrad) over the seeds, and fp32's final excess per
-    channels (module docstring, 3.)."""
-    curves: dict[tuple[Channels, Wgrad], list[Curve]] = {}
-    fp32: dict[Channels, list[float]] = {}
-    for channels in progress.track(sizes.channels, "regime: RHT axis", len(sizes.channels)):
-        fp32[channels] = []
+) -> tuple[dict[tuple[Outliers, Wgrad], list[Curve]], dict[Outliers, list[float]]]:
+    """The curves of every (outliers, wgrad) over the seeds, and fp32's final excess per
+    outliers (module docstring, 3.)."""
+    curves: dict[tuple[Outliers, Wgrad], list[Curve]] = {}
+    fp32: dict[Outliers, list[float]] = {}
+    for outliers in progress.track(sizes.outliers, "regime: RHT axis", len(sizes.outliers)):
+        fp32[outliers] = []
         for key in WGRADS:
-            curves[channels, key] = []
+            curves[outliers, key] = []
         for seed in seeds:
-            problem = least_squares(sizes.n, sizes.d, sizes.m, sizes.noise, seed, channels)
+            problem = least_squares(sizes.n, sizes.d, sizes.m, sizes.noise, seed, outliers)
             lr = preconditioned_lr(problem.x)
             run = Training(sizes.rht_steps, sizes.n, lr, "fp32", precondition=True)
-            fp32[channels].append(train(problem, run, seed).excess[-1])
+            fp32[outliers].append(train(problem, run, seed).excess[-1])
             for gradient, rht in WGRADS:
                 run = Training(sizes.rht_steps, sizes.n, lr, gradient, rht, True, precondition=True)
-                curves[channels, (gradient, rht)].append(train(problem, run, seed, sizes.log_every))
+                curves[outliers, (gradient, rht)].append(train(problem, run, seed, sizes.log_every))
     return curves, fp32
 
 
@@ -237,37 +237,38 @@ def rht_cells(on: list[float], off: list[float]) -> list[str]:
 
 def rht_tables(
     sizes: Sizes,
-    curves: dict[tuple[Channels, Wgrad], list[Curve]],
-    fp32: dict[Channels, list[float]],
+    curves: dict[tuple[Outliers, Wgrad], list[Curve]],
+    fp32: dict[Outliers, list[float]],
 ) -> list[Table]:
-    def of(channels: Channels, gradient: str, rht: int | None, what: str) -> list[float]:
-        runs = curves[channels, (gradient, rht)]
+    def of(outliers: Outliers, gradient: str, rht: int | None, what: str) -> list[float]:
+        runs = curves[outliers, (gradient, rht)]
         return [mean_error(c) if what == "error" else c.excess[-1] for c in runs]
 
     tables = []
     for what in ("error", "loss"):
         rows = []
-        for channels in sizes.channels:
-            row = [channels_label(channels)] + ([pm(fp32[channels])] if what == "loss" else [])
+        for outliers in sizes.outliers:
+            row = [outliers.label] + ([pm(fp32[outliers])] if what == "loss" else [])
             for gradient in ("nvfp4_rn", "nvfp4_sr"):
-                off = of(channels, gradient, None, what)
-                row += rht_cells(of(channels, gradient, RHT_SIZE, what), off)
+                off = of(outliers, gradient, None, what)
+                row += rht_cells(of(outliers, gradient, RHT_SIZE, what), off)
             rows.append(row)
         rht_columns = ["dy RN, no RHT", "dy RN, RHT-16", "RHT - none",
                        "dy SR, no RHT", "dy SR, RHT-16", "RHT - none"]  # fmt: skip
         if what == "error":
             title = "RHT axis: wgrad error along training, averaged"
-            columns = ["outlier channels", *rht_columns]
+            columns = ["outliers", *rht_columns]
             note = (f"||Q(dy)^T Q(x) - dy^T x||_F / ||dy^T x||_F every {sizes.log_every} steps"
                     " of each run, x RN, averaged; mean ± std over seeds.")  # fmt: skip
         else:
             title = "RHT axis: final excess loss, wgrad as nvfp4() (x RN)"
-            columns = ["outlier channels", "fp32", *rht_columns]
+            columns = ["outliers", "fp32", *rht_columns]
             note = (f"{sizes.rht_steps} full-batch steps, preconditioned by each channel's "
                     "mean square, cosine to 0; mean ± std over seeds.")  # fmt: skip
         tables.append(
             Table(
-                f"{title} (n = {sizes.n}, d = {sizes.d}, m = {sizes.m}; count x scale)",
+                f"{title} (n = {sizes.n}, d = {sizes.d}, m = {sizes.m}; outliers: channels x "
+                "scale, at 1 token in every (every token if not given))",
                 columns,
                 rows,
                 [note, "RHT - none: the seed-paired difference (none: |mean| < std)."],
@@ -343,8 +344,8 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
         plot_noise(sizes.batches, finals, out),
         plot_horizon(curves, SQRT3, out),
         plot_rht(
-            [channels_label(c) for c in sizes.channels],
-            {(channels_label(c), key): runs for (c, key), runs in rht_curves.items()},
+            [o.label for o in sizes.outliers],
+            {(o.label, key): runs for (o, key), runs in rht_curves.items()},
             mean_error,
             out,
         ),
@@ -352,6 +353,7 @@ def run(quick: bool, seed: int, out: Path, progress: ProgressLike) -> Experiment
     ]
     settings: dict[str, KeyNumber] = {"quick": quick, "seed": seed}
     settings.update({k: str(v) for k, v in asdict(sizes).items()})
+    settings["outliers"] = "; ".join(o.label for o in sizes.outliers)
     return Experiment(
         name="recipes-regime",
         title="Where SR and the RHT pay: least-squares sweeps with error bars",

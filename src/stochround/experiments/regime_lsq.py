@@ -31,26 +31,62 @@ class Problem:
     loss_star: float
 
 
-def channel_outliers(x: Tensor, count: int, scale: float) -> Tensor:
-    """``x`` (tokens, channels) with its first ``count`` channels times ``scale`` for every
-    token: outlier channels as in LLM activations (the channels are exchangeable in the
-    teacher-student problem, so the first ones serve)."""
-    if not 0 <= count <= x.shape[1]:
-        raise ValueError(f"count must be in 0..{x.shape[1]} (x's channels); got {count}")
-    factors = torch.ones(x.shape[1], dtype=x.dtype)
-    factors[:count] = scale
+@dataclass(frozen=True)
+class Outliers:
+    """x's outliers on the RHT axis: its first ``channels`` channels times ``scale`` at one
+    token in ``every`` (tokens 0, every, 2 every, ...).  ``every = 1``: outlier channels
+    (a column large for every token); ``every > 1``: token outliers, as LLMs' massive
+    activations (a few tokens, such as each sequence's first, huge in a few channels), one
+    element large in each of its channel's 16-token blocks that holds an outlier token.
+    The channels are exchangeable in the teacher-student problem, so the first ones serve;
+    ``channels = 0`` is no outlier."""
+
+    channels: int = 0
+    scale: float = 1.0
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.channels, bool) or not isinstance(self.channels, int):
+            raise TypeError(f"channels must be an int; got {self.channels!r}")
+        if self.channels < 0:
+            raise ValueError(f"channels must be >= 0; got {self.channels}")
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ValueError(f"every must be an int >= 1 (1: every token); got {self.every!r}")
+
+    @property
+    def label(self) -> str:
+        """``none``, ``count x scale`` (every token) or ``count x scale, 1/every``."""
+        if self.channels == 0:
+            return "none"
+        tokens = "" if self.every == 1 else f", 1/{self.every}"
+        return f"{self.channels} x {self.scale:g}{tokens}"
+
+
+NO_OUTLIERS = Outliers()
+
+
+def with_outliers(x: Tensor, outliers: Outliers) -> Tensor:
+    """``x`` (tokens, channels) with ``outliers`` (`Outliers`): its first
+    ``outliers.channels`` channels times ``outliers.scale`` at tokens 0, every, 2 every,
+    ...; every other element unchanged."""
+    if outliers.channels > x.shape[1]:
+        raise ValueError(
+            f"outliers.channels must be in 0..{x.shape[1]} (x's channels); got {outliers.channels}"
+        )
+    factors = torch.ones_like(x)
+    factors[:: outliers.every, : outliers.channels] = outliers.scale
     return x * factors
 
 
 def least_squares(
-    n: int, d: int, m: int, noise: float, seed: int, channels: tuple[int, float] = (0, 1.0)
+    n: int, d: int, m: int, noise: float, seed: int, outliers: Outliers = NO_OUTLIERS
 ) -> Problem:
-    """A teacher-student regression: X standard normal (``channels`` = (count, scale): its
-    first ``count`` channels times ``scale``, `channel_outliers`), the teacher T (m, d)
+    """A teacher-student regression: X standard normal (with ``outliers``,
+    `with_outliers`), the teacher T (m, d)
     normal with variance 1/d, label noise of std ``noise``; all from torch.Generator
     seeded with ``seed``."""
     generator = torch.Generator().manual_seed(seed)
-    x = channel_outliers(torch.randn(n, d, generator=generator), *channels)
+    x = with_outliers(torch.randn(n, d, generator=generator), outliers)
     teacher = torch.randn(m, d, generator=generator) / math.sqrt(d)
     y = x @ teacher.T + noise * torch.randn(n, m, generator=generator)
     x64, y64 = x.double(), y.double()
@@ -253,13 +289,14 @@ def wgrad_error(
 
 __all__ = [
     "GRADIENTS",
+    "NO_OUTLIERS",
     "RHT_SIZE",
     "WGRADS",
     "Curve",
+    "Outliers",
     "Problem",
     "Training",
     "batch_lr",
-    "channel_outliers",
     "channel_scale",
     "cosine",
     "data_lr",
@@ -275,4 +312,5 @@ __all__ = [
     "run_lr",
     "train",
     "wgrad_error",
+    "with_outliers",
 ]

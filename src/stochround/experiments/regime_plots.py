@@ -75,7 +75,7 @@ def plot_horizon(curves: dict, sqrt3: float, out: Path) -> Path:
 
 def plot_rht(labels: Sequence[str], curves: dict, error_of: Callable, out: Path) -> Path:
     """Left: the wgrad error averaged along training (``error_of`` a run), right: the
-    final excess loss, per outlier-channel case (``labels``), dy RN or SR, RHT or none."""
+    final excess loss, per outliers case (``labels``), dy RN or SR, RHT or none."""
     figure, (error, loss) = new_figure(width=12.0, height=4.4, columns=2)
     x = list(range(len(labels)))
     for gradient, colour in (("nvfp4_rn", "C3"), ("nvfp4_sr", "C2")):
@@ -88,8 +88,8 @@ def plot_rht(labels: Sequence[str], curves: dict, error_of: Callable, out: Path)
             band(loss, x, np.asarray([[c.excess[-1] for c in r] for r in runs]).T,
                  label=name, **style)  # fmt: skip
     for axes in (error, loss):
-        axes.set_xticks(x, list(labels))
-        axes.set_xlabel("outlier channels (count x scale)")
+        axes.set_xticks(x, list(labels), rotation=20, fontsize=8)
+        axes.set_xlabel("outliers (channels x scale, at 1 token in every; else every token)")
         axes.legend(fontsize=8)
     loss.set_yscale("log")
     error.set_ylabel("||Q(dy)^T Q(x) - dy^T x|| / ||dy^T x||, mean over steps")
