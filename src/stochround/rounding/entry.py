@@ -22,7 +22,7 @@ from ..torch_path import FLOAT_DTYPES, Request, decode_values, round_tensor
 from .checks import check_call_values, check_input, check_request, rand_source
 from .dtensor import round_dtensor
 from .op import round_through_op
-from .prepared import hardware_unit
+from .prepared import call_target
 from .route import call_route, through_op
 
 
@@ -69,15 +69,10 @@ def _round_call(
     `Request` (the op's dispatch would only flatten the arguments and unflatten them
     again)."""
     check_input(x)
-    mode = check_mode(mode)  # "SR" is "sr" below: every comparison sees the canonical name
-    operand: Format | None = None
-    flush_below: float | None = None
-    if hardware is not None:
-        unit = hardware_unit(hardware, fmt, mode, rbits, variant, sat, rand, backend)
-        fmt, mode, rbits, variant, sat = unit.target, "sr", unit.rbits, unit.variant, unit.sat
-        operand, flush_below, backend = unit.operand, unit.flush_below, "torch"
-    elif fmt is None:
-        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
+    # "SR" is "sr" below: every comparison sees the canonical name
+    fmt, mode, rbits, variant, sat, operand, flush_below, backend = call_target(
+        hardware, fmt, check_mode(mode), rbits, variant, sat, rand, backend
+    )
     source, via_op = rand_source(rand), through_op(x)
     choices = (fmt, mode, rbits, variant, sat, nan, source, backend, output, out_dtype)
     route = call_route(choices, x.dtype, on_kernel_device(x), via_op)

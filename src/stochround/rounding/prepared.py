@@ -11,6 +11,7 @@ op's outputs with one, prepared when the emulation is made."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -52,6 +53,43 @@ def hardware_unit(
     if backend == "triton":
         raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
     return preset(hardware, None if fmt is None else find_format(fmt))
+
+
+class CallTarget(NamedTuple):
+    """A call's format and rounding choices after its ``hardware=`` preset (if any) has
+    set them: the preset's operand format and flush threshold, and its backend."""
+
+    fmt: Format | str | torch.dtype
+    mode: str
+    rbits: int | None
+    variant: str
+    sat: str
+    operand: Format | None
+    flush_below: float | None
+    backend: str
+
+
+def call_target(
+    hardware: str | HardwarePreset | None,
+    fmt: Format | str | torch.dtype | None,
+    mode: str,
+    rbits: int | None,
+    variant: str,
+    sat: str,
+    rand: object,
+    backend: str,
+) -> CallTarget:
+    """The choices a call rounds with: its own, or those its ``hardware=`` preset fixes
+    (`hardware_unit`); ValueError where neither ``fmt`` nor ``hardware`` is given."""
+    if hardware is not None:
+        unit = hardware_unit(hardware, fmt, mode, rbits, variant, sat, rand, backend)
+        return CallTarget(
+            unit.target, "sr", unit.rbits, unit.variant, unit.sat, unit.operand,
+            unit.flush_below, "torch",
+        )  # fmt: skip
+    if fmt is None:
+        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
+    return CallTarget(fmt, mode, rbits, variant, sat, None, None, backend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,16 +151,9 @@ def prepare(
     """The rounding ``round(x, fmt, mode, rbits=rbits, variant=variant, sat=sat, seed=seed,
     offset=k, hardware=hardware)`` for any x and k, prepared: every choice checked here as
     `round` checks it (ValueError/TypeError naming it), once."""
-    mode = check_mode(mode)
-    backend = "auto"
-    operand: Format | None = None
-    flush_below: float | None = None
-    if hardware is not None:
-        unit = hardware_unit(hardware, fmt, mode, rbits, variant, sat, None, backend)
-        fmt, mode, rbits, variant, sat = unit.target, "sr", unit.rbits, unit.variant, unit.sat
-        operand, flush_below, backend = unit.operand, unit.flush_below, "torch"
-    elif fmt is None:
-        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
+    fmt, mode, rbits, variant, sat, operand, flush_below, backend = call_target(
+        hardware, fmt, check_mode(mode), rbits, variant, sat, None, "auto"
+    )
     target, n = check_choices(fmt, mode, rbits, variant, sat, "raise")
     check_sr_only(mode, rbits, None)
     key = streams.check_seed(seed, "seed") if mode == "sr" else 0
