@@ -50,6 +50,7 @@ DEBUG_LINEARS = [
         "feed_forward.w3",
     )
 ]
+RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 ONE_RANK = types.SimpleNamespace()  # the converter and optimizers read nothing of it here
 
 
@@ -221,7 +222,10 @@ def checkpointed_run(
     if ranks > 1:
         launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     args = [str(script), str(folder), str(steps), str(interval), str(load or "")]
-    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # without the rendezvous an in-process run of an earlier test left in os.environ (its
+    # store's port may still be taken): the run picks its own, or torchrun sets them
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     done = subprocess.run(
         [*launch, *args], env=env, capture_output=True, text=True, timeout=500, check=False
     )
