@@ -46,6 +46,34 @@ def test_byte_tokenizer_and_stdlib_samples() -> None:
     assert torch.equal(again[0]["input"], third[0]["input"])
 
 
+@pytest.mark.parametrize("infinite", [False, True])
+def test_a_resumed_dataset_continues_as_the_uninterrupted_one(tmp_path, infinite) -> None:
+    """Resumed from the state after each sample, the dataset yields the uninterrupted run's
+    next samples and passes through its states (a DCP checkpoint of a resumed run is the
+    uninterrupted run's), across files and, infinite, the epoch's end.  (Before, a resumed
+    iterator read the next file before yielding the restored buffer's samples: the same
+    samples but other states, and a finite one dropped its last file's samples.)"""
+    for name, size in (("a.py", 70), ("b.py", 9), ("c.py", 40)):
+        (tmp_path / name).write_text("x" * size)
+
+    def run(dataset: StdlibDataset, count: int) -> list[tuple[list[int], dict]]:
+        samples = iter(dataset)
+        out = []
+        for sample in samples:
+            out.append((sample[0]["input"].tolist(), dataset.state_dict()))
+            if len(out) == count:
+                break
+        return out
+
+    tokenizer = ByteTokenizer()
+    whole = run(StdlibDataset(tokenizer, 16, root=str(tmp_path), infinite=infinite), 12)
+    assert len(whole) == (12 if infinite else 7)
+    for k in range(1, len(whole)):
+        resumed = StdlibDataset(tokenizer, 16, root=str(tmp_path), infinite=infinite)
+        resumed.load_state_dict(whole[k - 1][1])
+        assert run(resumed, len(whole) - k) == whole[k:]
+
+
 def test_recipe_names_switches_and_rules() -> None:
     with pytest.raises(ValueError, match="recipe must be one of bf16, nvfp4"):
         make_recipe("nvfp5")

@@ -8,8 +8,10 @@ tokens into ``seq_len`` samples as torchtitan's text loader does: within one fil
 labels are the inputs shifted by one, positions restart at each file, and a file's last
 token never predicts the next file's first.  Its state (file, epoch, leftover tokens) is
 a ``Stateful``'s, so a DCP checkpoint of torchtitan's loader saves the position and a
-resumed run reads the same samples.  The corpus is the interpreter's own (about 30 MB of
-source on CPython 3.11): two machines with the same Python read the same tokens.
+resumed run reads the same samples, and passes through the same states (a restored
+buffer's samples come before the next file is read).  The corpus is the interpreter's
+own (about 30 MB of source on CPython 3.11): two machines with the same Python read the
+same tokens.
 """
 
 from __future__ import annotations
@@ -99,19 +101,20 @@ class StdlibDataset(IterableDataset[tuple[dict[str, torch.Tensor], torch.Tensor]
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         while True:
-            while self.file_index < len(self.files):
-                text = self.files[self.file_index].read_text(encoding="utf-8", errors="replace")
-                tokens = self.tokenizer.encode(text, add_bos=True, add_eos=True)
-                self.inputs.extend(tokens[:-1])
-                self.labels.extend(tokens[1:])
-                self.positions.extend(range(len(tokens) - 1))
-                self.file_index += 1
-                while len(self.inputs) >= self.seq_len:
-                    yield self.take()
-            if not self.infinite:
-                return
-            self.file_index = 0
-            self.epoch += 1
+            # the buffered samples first: a restored state's are the ones its run yields next
+            while len(self.inputs) >= self.seq_len:
+                yield self.take()
+            if self.file_index == len(self.files):
+                if not self.infinite:
+                    return
+                self.file_index = 0
+                self.epoch += 1
+            text = self.files[self.file_index].read_text(encoding="utf-8", errors="replace")
+            tokens = self.tokenizer.encode(text, add_bos=True, add_eos=True)
+            self.inputs.extend(tokens[:-1])
+            self.labels.extend(tokens[1:])
+            self.positions.extend(range(len(tokens) - 1))
+            self.file_index += 1
 
     def take(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The next sample off the buffers.  The positions of a file that began in an
