@@ -4,8 +4,10 @@ trains a built trainer, rank 0 writing the rows."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +23,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def single_process_env() -> int:
-    """Fill in the rank variables ``torchrun`` would set, for a group of one where they are
-    missing; returns the world size."""
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_ADDR", "localhost")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    return int(os.environ["WORLD_SIZE"])
+@contextlib.contextmanager
+def single_process_env() -> Iterator[int]:
+    """Within: the rank variables ``torchrun`` would set, filled in for a group of one
+    where they are missing (a free port for the rendezvous); yields the world size.  The
+    variables it filled in are removed after, so a later run in the process picks its own
+    port."""
+    defaults = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": None,
+    }
+    filled = [key for key in defaults if key not in os.environ]
+    for key in filled:
+        os.environ[key] = defaults[key] or str(free_port())
+    try:
+        yield int(os.environ["WORLD_SIZE"])
+    finally:
+        for key in filled:
+            os.environ.pop(key, None)
 
 
 def train_with_rows(trainer: Any, rows: Path, fields: dict[str, Any]) -> None:

@@ -37,8 +37,8 @@ def run_training(config: Trainer.Config, device: str, fields: dict[str, Any]) ->
         return rows
     if not torch.cuda.is_available():
         raise ValueError("device='cuda' needs a CUDA device; use device='cpu'")
-    world = single_process_env()
-    train_with_rows(config.build(), rows, {**fields, "device": "cuda", "world_size": world})
+    with single_process_env() as world:
+        train_with_rows(config.build(), rows, {**fields, "device": "cuda", "world_size": world})
     return rows
 
 

@@ -30,11 +30,10 @@ def run_training(config: JobConfig, device: str, fields: dict[str, Any]) -> Path
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' needs a CUDA device; use device='cpu'")
     rows = Path(config.job.dump_folder) / "rows.jsonl"
-    world = single_process_env()
     on_cpu = device == "cpu"
     if on_cpu:
         config.training.mixed_precision_param = "float32"
-    with cpu_trainer() if on_cpu else contextlib.nullcontext():
+    with single_process_env() as world, cpu_trainer() if on_cpu else contextlib.nullcontext():
         trainer = Trainer(config)
         train_with_rows(trainer, rows, {**fields, "device": device, "world_size": world})
     return rows
