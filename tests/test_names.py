@@ -26,6 +26,13 @@ SHADOWED = {"formats.py", "reference.py"}
 # `main` its launcher looks for, so the name is fixed by the launcher, not by us.
 ALLOWED = {"main"}
 
+# The torchtitan integration has one implementation of its API for each torchtitan release
+# it supports (0.3.0 in `integrations/torchtitan/`, 0.2.2 in its `v0_2/` package); the
+# package exports the installed release's (`integrations/torchtitan/__init__.py`), so an
+# API name (`titan_config`, `StochroundConverter`, ...) is defined once in each.
+TITAN = "integrations/torchtitan/"
+TITAN_V0_2 = TITAN + "v0_2/"
+
 # Names still defined twice, to be given one home or distinct names.
 PENDING: set[str] = set()
 
@@ -69,8 +76,20 @@ def definitions() -> dict[str, list[str]]:
 def allowed(name: str, modules: list[str]) -> bool:
     if name in ALLOWED or name in PENDING:
         return True
+    if len(modules) == 2 and is_release_twin(*modules):
+        return True
     outside = [m for m in modules if not m.startswith(EXPERIMENTS)]
     return len(outside) == 0 or (len(outside) == 1 and outside[0] in SHADOWED)
+
+
+def is_release_twin(first: str, second: str) -> bool:
+    """Whether two modules are the torchtitan integration's two releases' (`TITAN`)."""
+    releases = sorted((first, second), key=lambda m: m.startswith(TITAN_V0_2))
+    return (
+        releases[0].startswith(TITAN)
+        and not releases[0].startswith(TITAN_V0_2)
+        and (releases[1].startswith(TITAN_V0_2))
+    )
 
 
 def test_no_public_name_is_defined_in_two_modules() -> None:

@@ -15,6 +15,19 @@ import torch
 
 from .rows import RowsLogger
 
+# where ``stochround titan`` trains: torchtitan's trainer on CUDA; on the CPU, a plain loop
+# (0.3.0) or the trainer with the device switched (0.2.2)
+TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+
+
+def check_training_device(device: str) -> None:
+    """ValueError unless ``device`` is one of `TRAINING_DEVICES` (and, for "cuda", a CUDA
+    device is present)."""
+    if device not in TRAINING_DEVICES:
+        raise ValueError(f"device must be one of {', '.join(TRAINING_DEVICES)}; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' needs a CUDA device; use device='cpu'")
+
 
 def free_port() -> int:
     """A TCP port free on this machine now (for a one-process group's rendezvous)."""
@@ -61,4 +74,10 @@ def train_with_rows(trainer: Any, rows: Path, fields: dict[str, Any]) -> None:
             torch.distributed.destroy_process_group()
 
 
-__all__ = ["free_port", "single_process_env", "train_with_rows"]
+__all__ = [
+    "TRAINING_DEVICES",
+    "check_training_device",
+    "free_port",
+    "single_process_env",
+    "train_with_rows",
+]

@@ -21,22 +21,23 @@ from torchtitan.trainer import Trainer
 
 from .attention import dense_attention
 from .data import ByteTokenizer
-from .launch import free_port, single_process_env, train_with_rows
+from .launch import (
+    TRAINING_DEVICES,
+    check_training_device,
+    free_port,
+    single_process_env,
+    train_with_rows,
+)
 from .rows import RowsLogger, train_steps
-
-TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
 def run_training(config: Trainer.Config, device: str, fields: dict[str, Any]) -> Path:
     """Train ``config`` on ``device`` (one of `TRAINING_DEVICES`); returns the rows file."""
-    if device not in TRAINING_DEVICES:
-        raise ValueError(f"device must be one of {', '.join(TRAINING_DEVICES)}; got {device!r}")
+    check_training_device(device)
     rows = Path(config.dump_folder) / "rows.jsonl"
     if device == "cpu":
         cpu_train(config, RowsLogger(rows, {**fields, "device": "cpu", "world_size": 1}))
         return rows
-    if not torch.cuda.is_available():
-        raise ValueError("device='cuda' needs a CUDA device; use device='cpu'")
     with single_process_env() as world:
         train_with_rows(config.build(), rows, {**fields, "device": "cuda", "world_size": world})
     return rows

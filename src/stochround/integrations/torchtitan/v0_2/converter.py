@@ -55,7 +55,7 @@ def parse_rules(items: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def parse_switches(text: str) -> dict[str, Any]:
+def switches_of_json(text: str) -> dict[str, Any]:
     """The JSON object of ``stochround.switches`` (ValueError otherwise)."""
     try:
         switches = json.loads(text)
@@ -79,7 +79,7 @@ class StochroundConverter:
             )
         self.choice = RecipeChoice(
             args.recipe,
-            parse_switches(args.switches),
+            switches_of_json(args.switches),
             rules=parse_rules(list(args.rules)),
             keep=list(args.keep),
             seed=args.seed,
@@ -133,6 +133,6 @@ __all__ = [
     "StochroundConverter",
     "converted_paths",
     "parse_rules",
-    "parse_switches",
+    "switches_of_json",
     "zeroing_steps",
 ]

@@ -13,22 +13,16 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-import torch
 from torchtitan.config import JobConfig
 from torchtitan.train import Trainer
 
-from ..launch import single_process_env, train_with_rows
+from ..launch import TRAINING_DEVICES, check_training_device, single_process_env, train_with_rows
 from .cpu_device import cpu_trainer
-
-TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
 def run_training(config: JobConfig, device: str, fields: dict[str, Any]) -> Path:
     """Train ``config`` on ``device`` (one of `TRAINING_DEVICES`); returns the rows file."""
-    if device not in TRAINING_DEVICES:
-        raise ValueError(f"device must be one of {', '.join(TRAINING_DEVICES)}; got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' needs a CUDA device; use device='cpu'")
+    check_training_device(device)
     rows = Path(config.job.dump_folder) / "rows.jsonl"
     on_cpu = device == "cpu"
     if on_cpu:
