@@ -23,15 +23,28 @@ defaults, on ``--tokens`` x ``--features`` x ``--features`` (fp32 input), and
 
     python benchmarks/bench_ops.py                   # CPU (interpreter) or GPU: the table
     python benchmarks/bench_ops.py --ops nvfp4       # also each operation's name, in order
+    python benchmarks/bench_ops.py --host            # also the quantize cases' host time
+
+``--host``: the Python host time of one `stochround.blocks.quantize` call on the CUDA
+route, measured on the CPU (no GPU figure): inside ``cpu_as_cuda(cuda_only_ops=False)``
+(no dispatch mode: a CUDA call has none) with every Triton launch stubbed out
+(`stochround.kernels.runtime.Launch` returns at once: the kernels are not what is
+measured), the ATen operations real on the ``--features`` square (64: their compute is
+negligible); the best of ``--repeats`` runs of ``--calls`` calls back to back, in process
+time, per call; ``--profile`` adds cProfile's top entries.  Only where no GPU is present.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import io
 import json
 import os
+import pstats
 import sys
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -154,6 +167,47 @@ def counted(call: Callable[[], object], where: bool = False) -> Counts:
     return Counts(launches, aten, len(names) - launches - aten, names, sites)
 
 
+@contextlib.contextmanager
+def launches_stubbed() -> Iterator[None]:
+    """Every `Launch` call returns at once (the kernels are not run: host time alone)."""
+    original = Launch.__call__
+    Launch.__call__ = lambda self, *args: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Launch.__call__ = original  # type: ignore[method-assign]
+
+
+def host_time(call: Callable[[], object], calls: int, repeats: int) -> float:
+    """Seconds of process time one ``call`` takes on the CPU's CUDA route with the launches
+    stubbed (`launches_stubbed`): the best of ``repeats`` runs of ``calls`` calls, after
+    warm-up calls."""
+    with cpu_as_cuda(cuda_only_ops=False), launches_stubbed():
+        for _ in range(10):
+            call()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.process_time()
+            for _ in range(calls):
+                call()
+            best = min(best, (time.process_time() - start) / calls)
+    return best
+
+
+def profiled(call: Callable[[], object], calls: int, top: int = 15) -> str:
+    """cProfile's ``top`` entries by own time over ``calls`` calls (as `host_time` runs them)."""
+    profile = cProfile.Profile()
+    with cpu_as_cuda(cuda_only_ops=False), launches_stubbed():
+        call()
+        profile.enable()
+        for _ in range(calls):
+            call()
+        profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def device() -> torch.device:
     """CUDA where there is a GPU, else the CPU (the interpreter's route)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -203,7 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", action="append", default=[], help="list this case's ops")
     parser.add_argument("--where", action="store_true", help="with --ops: in order, by caller")
     parser.add_argument("--json", help="write the counts to this file")
+    parser.add_argument(
+        "--host", action="store_true", help="quantize cases: CPU host time, launches stubbed"
+    )
+    parser.add_argument("--calls", type=int, default=2000, help="--host: calls a run (2000)")
+    parser.add_argument("--repeats", type=int, default=7, help="--host: runs, best kept (7)")
+    parser.add_argument("--profile", action="store_true", help="--host: cProfile's top")
     args = parser.parse_args(argv)
+    if args.host and torch.cuda.is_available():
+        parser.error("--host measures the CUDA route on the CPU: run it without a GPU")
     where = "cuda" if torch.cuda.is_available() else "cpu (interpreter, cpu_as_cuda)"
     print(f"operations dispatched per call, {args.tokens} x {args.features}; route: {where}")
     print(f"{'case':<28}{'launches':>9}{'aten':>6}{'other':>6}")
@@ -221,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         elif listed:
             for name, count in Counter(counts.names).most_common():
                 print(f"    {count:>3}  {name}")
+        if args.host and case.startswith("quantize_"):
+            seconds = host_time(call, args.calls, args.repeats)
+            results[case]["host_us"] = seconds * 1e6
+            print(f"    host time (CPU, launches stubbed): {seconds * 1e6:.1f} us a call")
+            if args.profile:
+                print(profiled(call, args.calls))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"device": where, "counts": results}, handle, indent=1)

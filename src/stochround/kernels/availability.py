@@ -77,19 +77,21 @@ class _CudaOnlyOps(TorchDispatchMode):
 
 
 @contextlib.contextmanager
-def cpu_as_cuda() -> Iterator[None]:
+def cpu_as_cuda(cuda_only_ops: bool = True) -> Iterator[None]:
     """Under Triton's interpreter, route CPU tensors as CUDA ones: "auto" calls take the
     kernels (in the interpreter) and the host code a CUDA step runs, so that the
     operations a CUDA step dispatches can be counted, and its bits checked, on a CPU
     (benchmarks/bench_ops.py).  The one operation only CUDA has (``torch.mm`` with an
-    ``out_dtype``) is supplied for CPU tensors meanwhile.  ValueError outside the
+    ``out_dtype``) is supplied for CPU tensors meanwhile, unless ``cuda_only_ops`` is
+    False: without that dispatch mode (which costs every operation host time a CUDA call
+    does not pay) a call's host time can be measured.  ValueError outside the
     interpreter."""
     if not INTERPRETED:
         raise ValueError("cpu_as_cuda needs Triton's interpreter (TRITON_INTERPRET=1)")
     before = _CPU_AS_CUDA[0]
     _CPU_AS_CUDA[0] = True
     try:
-        with _CudaOnlyOps():
+        with _CudaOnlyOps() if cuda_only_ops else contextlib.nullcontext():
             yield
     finally:
         _CPU_AS_CUDA[0] = before
