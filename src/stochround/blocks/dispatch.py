@@ -12,7 +12,8 @@ from torch import Tensor
 
 from .. import random as streams
 from ..block_constants import POWER_OF_TWO_RULES
-from ..kernels.availability import use_kernel
+from ..kernels.availability import on_kernel_device, use_kernel
+from ..rounding import check_input
 from .formats import OCP_INT8
 from .reference import quantize_torch
 from .request import (
@@ -83,14 +84,26 @@ def _routed(x: Tensor, request: BlockRequest, args: BlockArguments, swizzle: boo
 
 def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTensor:
     """`quantize` of a local tensor: checked, then computed by the kernel or the PyTorch
-    path (``args.backend``).  The sharded path calls it for each rank's shard."""
-    x, request = check_call(x, args)
-    if not isinstance(args.rht_bf16, bool) or not isinstance(swizzle, bool):
-        raise TypeError("rht_bf16 and swizzle must be bools")
-    check_extras(x, request, args)
+    path (``args.backend``).  The sharded path calls it for each rank's shard.  The
+    checks and routing of a call's choices, x's shape, dtype and device are made once
+    (`_quantize_plan`, kept under `_plan_key`): a later call with the same ones checks x
+    itself and the stream alone, which the plan's checks do not cover."""
+    key = _plan_key(x, args, swizzle)
+    plan = None if key is None else _PLANS.get(key)
+    if plan is None:
+        plan = _quantize_plan(x, args, swizzle)
+        if key is not None:
+            if len(_PLANS) >= _MAX_PLANS:  # many shapes: start again rather than grow
+                _PLANS.clear()
+            _PLANS[key] = plan
+    else:
+        x = check_input(x)  # what of x the key does not hold (layout, meta, transforms)
+    x = typing.cast(Tensor, x)
+    request = plan.request
     seed, offset = random_source(request.mode, args)
-    if _routed(x, request, args, swizzle):
-        return _quantize_kernel(x, request, _kernel_call(x, request, args, seed, offset))
+    if plan.routed:
+        call = _kernel_call(x, request, args, seed, offset)
+        return _quantize_kernel(x, request, call, plan.launch)
     result, _ = quantize_torch(
         x,
         request,
@@ -103,6 +116,58 @@ def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTenso
         swizzle=swizzle,
     )
     return result
+
+
+class _QuantizePlan(NamedTuple):
+    """A `quantize_local` call's choices checked and routed: its request, whether the
+    kernel computes it, and then its launch's options (`_launch_options`)."""
+
+    request: BlockRequest
+    routed: bool
+    launch: dict[str, Any]
+
+
+# the plans of the calls made so far, by `_plan_key` (a bound on their number: a program
+# that quantizes ever new shapes starts again rather than grow)
+_PLANS: dict[tuple, _QuantizePlan] = {}
+_MAX_PLANS = 256
+
+
+def _plan_key(x: object, args: BlockArguments, swizzle: bool) -> tuple | None:
+    """What a call's checks and routing depend on beside the stream: its choices with their
+    types (``axis=True`` is refused where ``axis=1`` is not, yet they are equal), x's
+    shape, dtype, device and contiguity and where it is routed; None where a call's checks
+    read its values (a given tensor scale or signs), under torch.compile, or for an x that
+    is not a plain local tensor: those calls are checked in full each time."""
+    if type(x) is not Tensor or args.rht_signs is not None or torch.compiler.is_compiling():
+        return None
+    if args.tensor_scale is not None and args.tensor_scale is not False:
+        return None
+    block = args.block
+    choices = (
+        args.fmt, args.mode, args.axis, block, args.scale_rule, args.tensor_scale,
+        args.nvfp4_flavour, args.rht, args.rht_bf16, args.rbits, args.variant, args.hardware,
+        args.index_offset, args.backend, swizzle,
+    )  # fmt: skip
+    types = tuple(map(type, choices))
+    inner = tuple(map(type, block)) if type(block) is tuple else None
+    try:
+        hash(choices)
+    except TypeError:  # an unhashable argument: the checks name it
+        return None
+    device = (x.shape, x.dtype, x.device, x.is_contiguous(), on_kernel_device(x))
+    return choices, types, inner, device
+
+
+def _quantize_plan(x: object, args: BlockArguments, swizzle: bool) -> _QuantizePlan:
+    """A call's checks (each error naming its argument) and its routing."""
+    x, request = check_call(x, args)
+    if not isinstance(args.rht_bf16, bool) or not isinstance(swizzle, bool):
+        raise TypeError("rht_bf16 and swizzle must be bools")
+    check_extras(x, request, args)
+    routed = _routed(x, request, args, swizzle)
+    options = _launch_options(x, request, args.rht, args.rht_bf16, "codes") if routed else {}
+    return _QuantizePlan(request, routed, options)
 
 
 class _FakeQuantize(torch.autograd.Function):
@@ -346,29 +411,6 @@ def _stream_value(tensor: Tensor | None, signed: int) -> int | Tensor:
     return tensor if tensor is not None else streams.as_unsigned64(signed)
 
 
-class _Launch(NamedTuple):
-    """One launch's arguments beside its tensors, each named as the op takes it: the
-    element format's name, the block along the row, the scale rule, the rounding (mode,
-    random bits ``n``, variant), NVFP4's flavour, the stream (``seed``/``offset`` signed
-    64-bit ints, 0 where a tensor gives them), the first element's global index, the RHT
-    size (0: none) and rht_bf16, and the output: "codes", "fp4x2" (codes and scales),
-    "dequantized", or a GEMM's operand "gemm_bf16"/"gemm_fp32" (the values alone)."""
-
-    element: str
-    block: int
-    scale_rule: str
-    mode: str
-    n: int
-    variant: str
-    flavour: str
-    seed: int
-    offset: int
-    index_offset: int
-    rht: int
-    rht_bf16: bool
-    output: str
-
-
 def _run_quantize_blocks(
     x: Tensor,
     tensor_scale: Tensor | None,
@@ -391,8 +433,9 @@ def _run_quantize_blocks(
     rht_bf16: bool,
     output: str,
 ) -> list[Tensor]:
-    """The kernel's launch (`_Launch`'s arguments by name) as an op, so that torch.compile
-    traces a call as one opaque node with the eager bits."""
+    """The kernel's launch (`_launch_options`' arguments by name, and the stream: ``seed``
+    and ``offset`` signed 64-bit ints, 0 where a tensor gives them) as an op, so that
+    torch.compile traces a call as one opaque node with the eager bits."""
     from ..kernels.blocks import fake_quantize_blocks, gemm_blocks, quantize_blocks
 
     element_format = OCP_INT8 if element == OCP_INT8.name else element
@@ -462,48 +505,58 @@ def _(
     return [codes, x.new_empty((rows, cols // block), dtype=scale_dtype)]
 
 
-def _launch(x: Tensor, request: BlockRequest, call: _KernelCall, output: str) -> Any:
+def _launch_options(
+    x: Tensor, request: BlockRequest, rht: int | None, rht_bf16: bool, output: str
+) -> dict[str, Any]:
+    """A launch's arguments beside its tensors and the stream, each named as the op takes
+    it: the element format's name, the block along the row, the scale rule, the rounding
+    (mode, random bits ``n``, variant), NVFP4's flavour, the first element's global index,
+    the RHT size (0: none) and rht_bf16, and the output: "codes", "fp4x2" (codes and
+    scales), "dequantized", or a GEMM's operand "gemm_bf16"/"gemm_fp32" (the values)."""
+    fmt = request.fmt
+    block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
+    if output == "codes" and fmt.element.bits == 4:
+        output = "fp4x2"
+    return {
+        "element": fmt.element.name, "block": x.shape[-1] if block is None else block,
+        "scale_rule": fmt.scale_rule, "mode": request.mode, "n": request.n,
+        "variant": request.variant, "flavour": request.flavour,
+        "index_offset": request.index_offset, "rht": rht or 0, "rht_bf16": rht_bf16,
+        "output": output,
+    }  # fmt: skip
+
+
+def _launch(
+    x: Tensor,
+    request: BlockRequest,
+    call: _KernelCall,
+    output: str,
+    options: dict[str, Any] | None = None,
+) -> Any:
     """`stochround.kernels.blocks.quantize_blocks` (``output`` "codes": the codes and
     scales), `fake_quantize_blocks` ("dequantized") or `gemm_blocks` (a key of
     `_GEMM_OUTPUTS`) on x's [rows, last axis] view, through `_quantize_blocks_op`; 2-D tiles
-    as the 1-D blocks of their rows."""
-    fmt = request.fmt
-    rows = x.numel() // x.shape[-1]
-    if fmt.block is None:
-        block = x.shape[-1]
-    else:
-        block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
+    as the 1-D blocks of their rows.  ``options``: `_launch_options` of the call, if made."""
+    if options is None:
+        options = _launch_options(x, request, call.rht, call.rht_bf16, output)
     seed_tensor, seed = _stream_arguments(call.seed)
     offset_tensor, offset = _stream_arguments(call.offset)
-    if output == "codes" and fmt.element.bits == 4:
-        output = "fp4x2"
-    spec = _Launch(
-        element=fmt.element.name,
-        block=block,
-        scale_rule=fmt.scale_rule,
-        mode=request.mode,
-        n=request.n,
-        variant=request.variant,
-        flavour=request.flavour,
-        seed=seed,
-        offset=offset,
-        index_offset=request.index_offset,
-        rht=call.rht or 0,
-        rht_bf16=call.rht_bf16,
-        output=output,
-    )
     # eager calls run the kernel directly: the op's dispatch is host time a call need not pay
     launch = _quantize_blocks_op if torch.compiler.is_compiling() else _run_quantize_blocks
-    matrix = x if x.dim() == 2 else x.reshape(rows, x.shape[-1])  # a view op: only if needed
+    # a view op: only if needed
+    matrix = x if x.dim() == 2 else x.reshape(x.numel() // x.shape[-1], x.shape[-1])
     tensors = (matrix, call.tensor_scale, call.rht_signs, call.amax)
-    results = launch(*tensors, seed_tensor, offset_tensor, **spec._asdict())
-    return tuple(results) if output in ("codes", "fp4x2") else results[0]
+    results = launch(*tensors, seed_tensor, offset_tensor, seed=seed, offset=offset, **options)
+    return tuple(results) if options["output"] in ("codes", "fp4x2") else results[0]
 
 
-def _quantize_kernel(x: Tensor, request: BlockRequest, call: _KernelCall) -> BlockTensor:
-    """The Triton kernel's quantization (`stochround.kernels.blocks.quantize_blocks`)."""
+def _quantize_kernel(
+    x: Tensor, request: BlockRequest, call: _KernelCall, options: dict[str, Any]
+) -> BlockTensor:
+    """The Triton kernel's quantization (`stochround.kernels.blocks.quantize_blocks`) with
+    the launch's options (`_launch_options`)."""
     fmt = request.fmt
-    codes, scales = _launch(x, request, call, "codes")
+    codes, scales = _launch(x, request, call, "codes", options)
     if x.dim() != 2:  # the kernel's rows are x's: no view for a matrix
         lead = tuple(x.shape[:-1])
         codes = codes.reshape(*lead, codes.shape[-1])
