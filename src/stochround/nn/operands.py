@@ -21,7 +21,7 @@ from ..blocks.quantize import gemm_operand, quantize
 from ..blocks.reference import absolute_max
 from ..blocks.request import BlockArguments
 from ..blocks.rowwise import PreparedRowGemmOperand, row_kernel_operand, row_operand_refusal
-from ..blocks.scales import absmax_scales
+from ..blocks.scales import absmax_floor, absmax_scales, device_constant
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
@@ -89,7 +89,7 @@ def tensor_scaled_operand(
     if operand.dtype == torch.float64:  # the rule scales fp32 values
         operand = operand.to(torch.float32)
     # a 0-d amax: the rule's one row, which the products broadcast alike
-    scale, multiplier = absmax_scales(_tensor_amax(operand), fmt.element_max)
+    scale, multiplier = tensor_scales(_tensor_amax(operand), fmt.element_max)
     dtype = fmt.element.torch_dtype
     if dtype is None or dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"a per-tensor format has float8 elements; got {fmt.element.name}")
@@ -106,6 +106,23 @@ def tensor_scaled_operand(
     )
     values = codes if native else codes.to(fmt.gemm_dtype)
     return GemmOperand(values, tensor_scale=scale, row_scale=None, factor=1.0)
+
+
+def tensor_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
+    """`stochround.blocks.scales.absmax_scales` of a 0-d fp32 ``amax``: ``scale =
+    max(amax / max, floor)`` and ``multiplier = 1 / scale``, each an fp32 division of fp32
+    operands, which eager PyTorch rounds correctly on the CPU and on CUDA (tensor by tensor:
+    neither is a CPU scalar, which CUDA would turn into a product with its reciprocal), so
+    the rule's float64 quotients rounded once to fp32 bit for bit (53 >= 2 * 24 + 2 bits),
+    in three operations with cached 0-d constants instead of seven.  Compiled (inductor's
+    fp32 division is not correctly rounded) or another dtype: the rule itself."""
+    if torch.compiler.is_compiling() or amax.dtype != torch.float32:
+        return absmax_scales(amax, max_value)
+    fp32, device = torch.float32, amax.device
+    top = device_constant(max_value, fp32, device, fp32)
+    floor = device_constant(absmax_floor(fp32), fp32, device, fp32)
+    scale = torch.maximum(torch.div(amax, top), floor)  # maximum keeps NaN, as the rule's
+    return scale, torch.div(device_constant(1.0, fp32, device, fp32), scale)
 
 
 def _tensor_amax(x: Tensor) -> Tensor:
@@ -308,4 +325,5 @@ __all__ = [
     "row_words",
     "seed_on",
     "tensor_scaled_operand",
+    "tensor_scales",
 ]
