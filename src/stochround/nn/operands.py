@@ -28,6 +28,7 @@ from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
 from .recipes import TENSOR_FORMATS, QuantSpec
+from .step_ops import transposed
 
 
 class Operand(NamedTuple):
@@ -67,6 +68,43 @@ def dequantized_operand(operand: GemmOperand) -> Tensor:
 # the roles whose operand is the transpose of the tensor the layer holds (W^T in dgrad,
 # dy^T and x^T in wgrad): their contraction axis is the tensor's first axis
 TRANSPOSED_ROLES = ("dgrad_weight", "wgrad_grad_output", "wgrad_input")
+
+
+# the roles whose operand is the transpose of another role's tensor: W^T of fprop's W, x^T of
+# fprop's x, dy^T of dgrad's dy
+TRANSPOSE_SOURCES = {
+    "dgrad_weight": "fprop_weight",
+    "wgrad_input": "fprop_input",
+    "wgrad_grad_output": "dgrad_grad_output",
+}
+
+
+def tensor_transposes(operands: dict[str, Operand], token_multiple: int) -> frozenset[str]:
+    """The roles of `TRANSPOSE_SOURCES` whose per-tensor operand is its source's transposed
+    bit for bit, so that a step transposes Q(t) instead of quantizing t^T again: both roles
+    of one per-tensor spec without random bits (the amax of t^T is t's, and the rounding of
+    each element is the same function of it and the scale) and, for wgrad's, no token
+    padding (zero tokens would be appended)."""
+    reused = set()
+    for role, source in TRANSPOSE_SOURCES.items():
+        spec = operands[role].spec
+        alike = spec == operands[source].spec and spec.mode != "sr"
+        padded = role.startswith("wgrad") and token_multiple != 1
+        if alike and spec.format in TENSOR_FORMATS and not padded:
+            reused.add(role)
+    return frozenset(reused)
+
+
+def transposed_operand(operand: GemmOperand) -> GemmOperand:
+    """A per-tensor operand's transpose: its values transposed contiguously (as the
+    transposed tensor's quantization lays them out), its scale kept.  float8 codes are
+    transposed as bytes (the transpose kernel's 1-byte loads)."""
+    values = operand.values
+    if values.element_size() == 1 and values.is_floating_point():
+        values_t = transposed(values.view(torch.uint8)).view(values.dtype)
+    else:
+        values_t = transposed(values)
+    return GemmOperand(values_t, operand.tensor_scale, None, operand.factor)
 
 
 def tensor_scaled_operand(
@@ -312,6 +350,7 @@ def exact_in_bf16(fmt: BlockFormat) -> bool:
 
 __all__ = [
     "TRANSPOSED_ROLES",
+    "TRANSPOSE_SOURCES",
     "Operand",
     "dequantized_operand",
     "exact_in_bf16",
@@ -326,4 +365,6 @@ __all__ = [
     "seed_on",
     "tensor_scaled_operand",
     "tensor_scales",
+    "tensor_transposes",
+    "transposed_operand",
 ]
