@@ -214,3 +214,12 @@ def test_an_fp8_step_with_its_transposed_operands_equals_the_step_quantizing_eac
     assert plan.tensor_transposes == {"dgrad_weight", "wgrad_input", "wgrad_grad_output"}
     for got, want in zip(fp8_steps(True), fp8_steps(False), strict=True):
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_an_fp8_native_step_dispatches_nine_launches_and_seventy_aten_ops() -> None:
+    # fp8()'s step less its bf16 conversions (3 _to_copy), epilogues (3 launches, 3
+    # empty_like) and mm's permutes, with torch._scaled_mm's GEMMs (3 _scaled_mm, b's 3 t,
+    # the 6 scales' 0-d views) and the float8 codes transposed as bytes (a uint8 and a
+    # float8 view.dtype around each of the 3 transposes, each with its detach)
+    counts = counts_of("linear_fp8_native")
+    assert (counts.launches, counts.aten, counts.other) == (9, 70, 0), Counter(counts.names)
