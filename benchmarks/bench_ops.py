@@ -19,7 +19,8 @@ Counted, per case (after a warm-up call, which builds the prepared launches):
 
 Cases: one `QuantizedLinear` forward and backward (dx, dW, db) per named recipe with its
 defaults, on ``--tokens`` x ``--features`` x ``--features`` (fp32 input), and
-`stochround.blocks.quantize` of a ``--features`` square (NVFP4 SR, MXFP8 RN).
+`stochround.blocks.quantize` of a ``--features`` square (NVFP4 SR, MXFP8 RN); and
+``linear_fp8_native``, fp8(native=True)'s step (on the CPU with its device check skipped).
 
     python benchmarks/bench_ops.py                   # CPU (interpreter) or GPU: the table
     python benchmarks/bench_ops.py --ops nvfp4       # also each operation's name, in order
@@ -213,14 +214,16 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def linear_step(name: str, tokens: int, features: int) -> Callable[[], object]:
+def linear_step(
+    name: str, tokens: int, features: int, recipe: srnn.Recipe | None = None
+) -> Callable[[], object]:
     """One forward and backward of a ``features`` square `QuantizedLinear` (with bias) under
-    the recipe ``name`` with its defaults, on ``tokens`` fp32 tokens."""
+    the recipe ``name`` with its defaults (or ``recipe``), on ``tokens`` fp32 tokens."""
     generator = torch.Generator().manual_seed(0)
     where = device()
     torch.manual_seed(0)  # the layer's initial weights
     linear = torch.nn.Linear(features, features).to(where)
-    layer = srnn.QuantizedLinear.from_linear(linear, srnn.RECIPES[name]())
+    layer = srnn.QuantizedLinear.from_linear(linear, recipe or srnn.RECIPES[name]())
     x = torch.randn(tokens, features, generator=generator).to(where).requires_grad_()
     grad = torch.randn(tokens, features, generator=generator).to(where)
 
@@ -230,6 +233,22 @@ def linear_step(name: str, tokens: int, features: int) -> Callable[[], object]:
         layer(x).backward(grad)
 
     return step
+
+
+def without_check(step: Callable[[], object]) -> Callable[[], object]:
+    """``step`` with gemm="native"'s device check skipped: on the CPU, whose
+    ``torch._scaled_mm`` takes float8 operands too, so that the native step's host
+    operations are counted there."""
+    from stochround.nn import linear
+
+    def call() -> object:
+        check, linear.check_native = linear.check_native, lambda x: None
+        try:
+            return step()
+        finally:
+            linear.check_native = check
+
+    return call
 
 
 def block_quantize(fmt: str, mode: str, features: int) -> Callable[[], object]:
@@ -244,6 +263,8 @@ def block_quantize(fmt: str, mode: str, features: int) -> Callable[[], object]:
 def cases(tokens: int, features: int) -> dict[str, Callable[[], object]]:
     """Every case by name: ``linear_<recipe>`` and ``quantize_<format>_<mode>``."""
     found = {f"linear_{name}": linear_step(name, tokens, features) for name in RECIPES}
+    native = linear_step("fp8", tokens, features, srnn.fp8(native=True))
+    found["linear_fp8_native"] = native if torch.cuda.is_available() else without_check(native)
     for fmt, mode in BLOCK_CASES:
         found[f"quantize_{fmt}_{mode}"] = block_quantize(fmt, mode, features)
     return found

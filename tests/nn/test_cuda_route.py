@@ -66,6 +66,47 @@ NVFP4_ATEN = {
 }
 
 
+# One fp8() step of the same layer: three tensors quantized per tensor (fprop's x and W,
+# dgrad's dy; dgrad's W^T, wgrad's dy^T and x^T are their Q(.) transposed, bit for bit), each
+# by two launches (the amax's partial maxima, the elementwise rounding); three GEMMs (the
+# product and the epilogue that scales it) and the three transposes of Q(W), Q(dy), Q(x).
+FP8_LAUNCHES = {
+    "_amax_kernel": 3,
+    "_round_kernel": 3,
+    "_epilogue_kernel": 3,
+    "_transpose_kernel": 3,
+}
+FP8_ATEN = {
+    # the step: the counter read (clone) and advanced, the slots' offsets (shift, or),
+    # split into one-element views in the forward and backward
+    "aten::clone": 1,
+    "aten::add_.Tensor": 1,
+    "aten::__lshift__.Scalar": 1,
+    "aten::bitwise_or.Tensor": 1,
+    "aten::unbind.int": 2,
+    # per quantized tensor: the partial maxima, the rounding's codes and the transpose's
+    # output (allocations); the amax of the partial maxima (max of the bits, viewed as
+    # fp32, a view and its detach); the scale amax / max, its floor and the multiplier
+    # 1 / scale (`tensor_scales`); x times the multiplier; the codes' float8 view (and its
+    # detach); the codes as bf16, the GEMM's dtype
+    "aten::new_empty": 3 * 3,
+    "aten::amax": 3,
+    "aten::view.dtype": 3 * 2,
+    "aten::detach": 3 * 2 + 3,  # + the autograd engine's detach of each gradient
+    "aten::div.Tensor": 3 * 2,
+    "aten::maximum": 3,
+    "aten::mul.Tensor": 3,
+    "aten::_to_copy": 3,
+    # the GEMMs: b transposed (a view), cuBLAS's bf16 product with an fp32 output, the
+    # epilogue's output
+    "aten::permute": 3,
+    "aten::mm.dtype": 3,
+    "aten::empty_like": 3,
+    # db
+    "aten::sum.dim_IntList": 1,
+}
+
+
 def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Each quantized operand of two training steps of a 64 x 64 layer under recipe
     ``name`` (fp32 values by role and step), on the CUDA route (``route``) or the CPU's."""
@@ -95,7 +136,8 @@ def test_the_cuda_route_quantizes_every_operand_as_the_cpu_path_does(
 ) -> None:
     kernels = quantized_operands(name, True, monkeypatch)
     reference = quantized_operands(name, False, monkeypatch)
-    assert kernels.keys() == reference.keys() and len(kernels) >= 8
+    # fp8 quantizes three roles a step (the other three are their transposes)
+    assert kernels.keys() == reference.keys() and len(kernels) >= 6
     for key, values in reference.items():
         assert torch.equal(kernels[key], values), key
 
@@ -137,3 +179,47 @@ def test_a_block_quantization_dispatches_its_launches_and_allocations_alone(
 ) -> None:
     counts = counts_of(case)
     assert (counts.launches, counts.aten, counts.other) == expected, Counter(counts.names)
+
+
+def test_an_fp8_layer_step_dispatches_twelve_launches_and_fifty_eight_aten_ops() -> None:
+    counts = counts_of("linear_fp8")
+    names = Counter(counts.names)
+    launches = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
+    aten = {name: n for name, n in names.items() if name.startswith("aten::")}
+    assert launches == FP8_LAUNCHES
+    assert aten == FP8_ATEN
+    assert (counts.launches, counts.aten, counts.other) == (12, 58, 0)
+
+
+def fp8_steps(transposes: bool) -> list[Tensor]:
+    """y, dx, dW and db of two fp8() steps of a 64 x 96 layer on the CUDA route, with the
+    plan's per-tensor transposes (``transposes``) or each role quantized itself."""
+    torch.manual_seed(0)
+    layer = srnn.QuantizedLinear.from_linear(torch.nn.Linear(64, 96), srnn.RECIPES["fp8"]())
+    if not transposes:
+        layer.plan = layer.plan._replace(tensor_transposes=frozenset())
+    x = (torch.randn(48, 64) * 3).requires_grad_()
+    results = []
+    with availability.cpu_as_cuda():
+        for _ in range(2):
+            x.grad = layer.weight.grad = layer.bias.grad = None
+            y = layer(x)
+            y.backward(torch.randn(48, 96))
+            results += [y.detach(), x.grad, layer.weight.grad, layer.bias.grad]
+    return results
+
+
+def test_an_fp8_step_with_its_transposed_operands_equals_the_step_quantizing_each_role() -> None:
+    plan = srnn.QuantizedLinear(64, 96, recipe=srnn.RECIPES["fp8"]()).plan
+    assert plan.tensor_transposes == {"dgrad_weight", "wgrad_input", "wgrad_grad_output"}
+    for got, want in zip(fp8_steps(True), fp8_steps(False), strict=True):
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_an_fp8_native_step_dispatches_nine_launches_and_seventy_aten_ops() -> None:
+    # fp8()'s step less its bf16 conversions (3 _to_copy), epilogues (3 launches, 3
+    # empty_like) and mm's permutes, with torch._scaled_mm's GEMMs (3 _scaled_mm, b's 3 t,
+    # the 6 scales' 0-d views) and the float8 codes transposed as bytes (a uint8 and a
+    # float8 view.dtype around each of the 3 transposes, each with its detach)
+    counts = counts_of("linear_fp8_native")
+    assert (counts.launches, counts.aten, counts.other) == (9, 70, 0), Counter(counts.names)

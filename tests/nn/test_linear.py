@@ -87,7 +87,8 @@ def test_sr_is_applied_exactly_where_the_recipe_says(
         layer = srnn.QuantizedLinear.from_linear(reference, recipe.replace(seed=seed))
         with recorded(monkeypatch) as calls:
             one_step(layer, x, grad)
-        reused = ("dgrad_weight",) if layer.plan.weight_transposes else ()
+        reused = {"dgrad_weight"} if layer.plan.weight_transposes else set()
+        reused |= layer.plan.tensor_transposes  # fp8's: each transposed from its source
         assert sorted(role for role, _ in calls) == sorted(set(ROLES) - set(reused))
         results.append(dict(calls))
     for role in results[0]:

@@ -56,7 +56,7 @@ from ..blocks.request import RHT_SEED, check_blocks
 from ..blocks.tensor import GemmOperand
 from ..random import StreamDomain, seed_tensor, stream_key
 from ..shards import is_dtensor
-from .operands import Operand, quantize_operand
+from .operands import Operand, quantize_operand, tensor_transposes, transposed_operand
 from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
 from .recompute import read_step
@@ -93,7 +93,8 @@ class Plan(NamedTuple):
     recipe's seed in `StreamDomain.RECIPE`: `stochround.random.stream_key`), the layer's
     index, the multiple the wgrad GEMM pads its token count to (`token_multiple`) and
     whether dgrad's weight operand is fprop's transposed (`weight_transposes`), and
-    whether the GEMMs run on the FP8 tensor cores (``native``, `Recipe.gemm`)."""
+    whether the GEMMs run on the FP8 tensor cores (``native``, `Recipe.gemm`), and the
+    per-tensor roles whose operand is another's transposed (`tensor_transposes`)."""
 
     operands: dict[str, Operand]
     seed: int
@@ -101,6 +102,7 @@ class Plan(NamedTuple):
     token_multiple: int
     weight_transposes: bool
     native: bool = False
+    tensor_transposes: frozenset[str] = frozenset()
 
 
 def token_multiple(operands: dict[str, Operand]) -> int:
@@ -129,8 +131,9 @@ def make_plan(recipe: Recipe, layer: int) -> Plan:
     stream_offset(0, layer, 0)  # checks the layer index
     key = int(stream_key(recipe.seed, StreamDomain.RECIPE))
     native = recipe.gemm == "native"
-    reuse = weight_transposes(operands)
-    return Plan(operands, key, layer, token_multiple(operands), reuse, native)
+    reuse, multiple = weight_transposes(operands), token_multiple(operands)
+    transposes = tensor_transposes(operands, multiple)
+    return Plan(operands, key, layer, multiple, reuse, native, transposes)
 
 
 def weight_transposes(operands: dict[str, Operand]) -> bool:
@@ -293,9 +296,13 @@ class QuantizedMatmul(torch.autograd.Function):
             out = gemm_of(plan)(qx, qw, bias=bias, out_dtype=x.dtype)
         # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
         # GEMM reads as it is) instead of quantizing W^T again
-        kept = plan.weight_transposes and qw.row_scale is None
+        # (per-tensor: kept whole, transposed contiguously in the backward)
+        copied = "dgrad_weight" in plan.tensor_transposes
+        kept = (plan.weight_transposes or copied) and qw.row_scale is None
         values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
         x_t_values, x_t_scale = (None, None) if pair is None else pair[1][:2]
+        if wgrad and "wgrad_input" in plan.tensor_transposes:  # Q(x^T) is Q(x)^T
+            x_t_values, x_t_scale = transposed_operand(qx)[:2]
         ctx.save_for_backward(x, weight, column, values, scale, x_t_values, x_t_scale)
         ctx.factor = qw.factor
         ctx.plan = plan
@@ -317,12 +324,18 @@ class QuantizedMatmul(torch.autograd.Function):
             if dgrad:
                 right: Tensor | GemmOperand
                 if weight_values is not None:
-                    right = GemmOperand(weight_values.T, weight_scale, None, ctx.factor)
+                    right = GemmOperand(weight_values, weight_scale, None, ctx.factor)
+                    if "dgrad_weight" in plan.tensor_transposes:
+                        right = transposed_operand(right)
+                    else:
+                        right = right._replace(values=weight_values.T)
                 else:
                     right = transposed(weight)
                 left = grad if pair is None else pair[0]
                 qdy, qw = gemm_operands(plan, "dgrad", left, right, offsets)
                 grad_x = gemm_of(plan)(qdy, qw, out_dtype=x.dtype)
+                if "wgrad_grad_output" in plan.tensor_transposes:  # Q(dy^T) is Q(dy)^T
+                    pair = (qdy, transposed_operand(qdy))
             if wgrad:
                 multiple = plan.token_multiple
                 grad_t: Tensor | GemmOperand

@@ -21,13 +21,14 @@ from ..blocks.quantize import gemm_operand, quantize
 from ..blocks.reference import absolute_max
 from ..blocks.request import BlockArguments
 from ..blocks.rowwise import PreparedRowGemmOperand, row_kernel_operand, row_operand_refusal
-from ..blocks.scales import absmax_scales
+from ..blocks.scales import absmax_floor, absmax_scales, device_constant
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
 from .recipes import TENSOR_FORMATS, QuantSpec
+from .step_ops import transposed
 
 
 class Operand(NamedTuple):
@@ -69,6 +70,43 @@ def dequantized_operand(operand: GemmOperand) -> Tensor:
 TRANSPOSED_ROLES = ("dgrad_weight", "wgrad_grad_output", "wgrad_input")
 
 
+# the roles whose operand is the transpose of another role's tensor: W^T of fprop's W, x^T of
+# fprop's x, dy^T of dgrad's dy
+TRANSPOSE_SOURCES = {
+    "dgrad_weight": "fprop_weight",
+    "wgrad_input": "fprop_input",
+    "wgrad_grad_output": "dgrad_grad_output",
+}
+
+
+def tensor_transposes(operands: dict[str, Operand], token_multiple: int) -> frozenset[str]:
+    """The roles of `TRANSPOSE_SOURCES` whose per-tensor operand is its source's transposed
+    bit for bit, so that a step transposes Q(t) instead of quantizing t^T again: both roles
+    of one per-tensor spec without random bits (the amax of t^T is t's, and the rounding of
+    each element is the same function of it and the scale) and, for wgrad's, no token
+    padding (zero tokens would be appended)."""
+    reused = set()
+    for role, source in TRANSPOSE_SOURCES.items():
+        spec = operands[role].spec
+        alike = spec == operands[source].spec and spec.mode != "sr"
+        padded = role.startswith("wgrad") and token_multiple != 1
+        if alike and spec.format in TENSOR_FORMATS and not padded:
+            reused.add(role)
+    return frozenset(reused)
+
+
+def transposed_operand(operand: GemmOperand) -> GemmOperand:
+    """A per-tensor operand's transpose: its values transposed contiguously (as the
+    transposed tensor's quantization lays them out), its scale kept.  float8 codes are
+    transposed as bytes (the transpose kernel's 1-byte loads)."""
+    values = operand.values
+    if values.element_size() == 1 and values.is_floating_point():
+        values_t = transposed(values.view(torch.uint8)).view(values.dtype)
+    else:
+        values_t = transposed(values)
+    return GemmOperand(values_t, operand.tensor_scale, None, operand.factor)
+
+
 def tensor_scaled_operand(
     operand: Tensor,
     fmt: BlockFormat,
@@ -89,7 +127,7 @@ def tensor_scaled_operand(
     if operand.dtype == torch.float64:  # the rule scales fp32 values
         operand = operand.to(torch.float32)
     # a 0-d amax: the rule's one row, which the products broadcast alike
-    scale, multiplier = absmax_scales(_tensor_amax(operand), fmt.element_max)
+    scale, multiplier = tensor_scales(_tensor_amax(operand), fmt.element_max)
     dtype = fmt.element.torch_dtype
     if dtype is None or dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"a per-tensor format has float8 elements; got {fmt.element.name}")
@@ -106,6 +144,23 @@ def tensor_scaled_operand(
     )
     values = codes if native else codes.to(fmt.gemm_dtype)
     return GemmOperand(values, tensor_scale=scale, row_scale=None, factor=1.0)
+
+
+def tensor_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
+    """`stochround.blocks.scales.absmax_scales` of a 0-d fp32 ``amax``: ``scale =
+    max(amax / max, floor)`` and ``multiplier = 1 / scale``, each an fp32 division of fp32
+    operands, which eager PyTorch rounds correctly on the CPU and on CUDA (tensor by tensor:
+    neither is a CPU scalar, which CUDA would turn into a product with its reciprocal), so
+    the rule's float64 quotients rounded once to fp32 bit for bit (53 >= 2 * 24 + 2 bits),
+    in three operations with cached 0-d constants instead of seven.  Compiled (inductor's
+    fp32 division is not correctly rounded) or another dtype: the rule itself."""
+    if torch.compiler.is_compiling() or amax.dtype != torch.float32:
+        return absmax_scales(amax, max_value)
+    fp32, device = torch.float32, amax.device
+    top = device_constant(max_value, fp32, device, fp32)
+    floor = device_constant(absmax_floor(fp32), fp32, device, fp32)
+    scale = torch.maximum(torch.div(amax, top), floor)  # maximum keeps NaN, as the rule's
+    return scale, torch.div(device_constant(1.0, fp32, device, fp32), scale)
 
 
 def _tensor_amax(x: Tensor) -> Tensor:
@@ -295,6 +350,7 @@ def exact_in_bf16(fmt: BlockFormat) -> bool:
 
 __all__ = [
     "TRANSPOSED_ROLES",
+    "TRANSPOSE_SOURCES",
     "Operand",
     "dequantized_operand",
     "exact_in_bf16",
@@ -308,4 +364,7 @@ __all__ = [
     "row_words",
     "seed_on",
     "tensor_scaled_operand",
+    "tensor_scales",
+    "tensor_transposes",
+    "transposed_operand",
 ]
