@@ -107,6 +107,15 @@ def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:
     assert "recipe must be one of" in result.output
 
 
+def test_titan_command_bad_activation_checkpoint_is_a_bad_input_exit(tmp_path) -> None:
+    args = ["titan", "--activation-checkpoint", "offload", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "activation_checkpoint must be one of none, full, selective; got 'offload'" in (
+        result.output
+    )
+
+
 def test_an_unsupported_torchtitan_is_an_import_error_naming_the_releases() -> None:
     from stochround.integrations.torchtitan.versions import titan_api
 

@@ -188,6 +188,18 @@ def test_the_toml_is_titan_configs_default() -> None:
     assert ours.training == from_toml.training
 
 
+@pytest.mark.parametrize("mode", ["none", "full", "selective"])
+def test_titan_config_sets_torchtitans_activation_checkpointing(mode: str) -> None:
+    assert titan_config("nvfp4", activation_checkpoint=mode).activation_checkpoint.mode == mode
+
+
+def test_an_unknown_activation_checkpoint_raises() -> None:
+    with pytest.raises(
+        ValueError, match="activation_checkpoint must be one of none, full, selective; got 'op'"
+    ):
+        titan_config("nvfp4", activation_checkpoint="op")
+
+
 def test_cpu_trainer_restores_torchtitans_device() -> None:
     device = titan_utils.device_type
     with cpu_trainer():

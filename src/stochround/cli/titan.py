@@ -55,6 +55,10 @@ def titan_command(
     compile_model: Annotated[
         bool, typer.Option("--compile", help="torch.compile the model (CUDA).")
     ] = False,
+    activation_checkpoint: Annotated[
+        str,
+        typer.Option(help="torchtitan's activation checkpointing: none, full or selective."),
+    ] = "none",
     out: Annotated[Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints).")] = Path(
         "titan-run"
     ),
@@ -82,6 +86,7 @@ def titan_command(
             local_batch_size=batch,
             lr=lr,
             compile_model=compile_model,
+            activation_checkpoint=activation_checkpoint,
             dump_folder=str(out),
             **kept,
         )

@@ -25,20 +25,20 @@ from .versions import installed_torchtitan, titan_api
 TITAN_VERSION = installed_torchtitan()
 TITAN_API = titan_api(TITAN_VERSION)
 
+from .checkpointing import ACTIVATION_CHECKPOINTS  # noqa: E402
 from .corpus import ByteCodec, StdlibDataset, stdlib_files  # noqa: E402
 from .flavors import FLAVORS  # noqa: E402
 from .recipe_rules import RecipeChoice, make_recipe  # noqa: E402
 from .sr_optimizers import OPTIMIZERS, SR_OPTIMIZERS  # noqa: E402
 
 if TITAN_API == "0.3":
-    from .config_registry import ACTIVATION_CHECKPOINTS, titan_config
+    from .config_registry import titan_config
     from .converter import StochroundConverter, StochroundLinear, converted_paths
     from .data import ByteTokenizer, StdlibDataLoader
     from .optimizers import SROptimizersContainer, sr_optimizer
     from .run import run_training
 
     __all__ = [
-        "ACTIVATION_CHECKPOINTS",
         "SROptimizersContainer",
         "StdlibDataLoader",
         "StochroundLinear",
@@ -58,6 +58,7 @@ else:
     __all__ = ["build_sr_optimizers"]
 
 __all__ += [
+    "ACTIVATION_CHECKPOINTS",
     "FLAVORS",
     "OPTIMIZERS",
     "SR_OPTIMIZERS",

@@ -42,25 +42,18 @@ from torchtitan.models.llama3.model import Llama3Model
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
 
+from .checkpointing import check_activation_checkpoint
 from .converter import StochroundConverter
 from .data import ByteTokenizer, StdlibDataLoader
 from .flavors import FLAVORS, SIZES, check_flavor
 from .optimizers import SROptimizersContainer, sr_optimizer
 from .sr_optimizers import OPTIMIZERS, check_optimizer
 
-# torchtitan's activation checkpointing of each transformer block: none, the whole block
-# (``checkpoint_wrapper``), or its per-op selective policy
-ACTIVATION_CHECKPOINTS: tuple[str, ...] = ("none", "full", "selective")
-
 
 def activation_checkpoint_config(mode: str) -> ActivationCheckpointingConfig | None:
     """torchtitan's activation checkpointing config of ``mode`` (one of
     `ACTIVATION_CHECKPOINTS`; None for "none", which the trainer reads as off)."""
-    if mode not in ACTIVATION_CHECKPOINTS:
-        raise ValueError(
-            f"activation_checkpoint must be one of {', '.join(ACTIVATION_CHECKPOINTS)}; "
-            f"got {mode!r}"
-        )
+    check_activation_checkpoint(mode)
     if mode == "full":
         return FullAC.Config()
     if mode == "selective":

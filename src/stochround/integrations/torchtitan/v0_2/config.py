@@ -15,6 +15,7 @@ from typing import Any
 
 from torchtitan.config import ConfigManager, JobConfig
 
+from ..checkpointing import check_activation_checkpoint
 from ..flavors import check_flavor
 from ..recipe_rules import make_recipe
 from ..sr_optimizers import check_optimizer
@@ -38,13 +39,16 @@ def titan_config(
     local_batch_size: int = 8,
     lr: float = 8e-4,
     compile_model: bool = False,
+    activation_checkpoint: str = "none",
     dump_folder: str = "titan-run",
 ) -> JobConfig:
     """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
     the converter is off), ``rules`` ``(regex, recipe name or None)`` pairs (None: bf16),
-    the seed also torchtitan's (``debug.seed``); ValueError naming a bad flavour,
-    optimizer or recipe."""
+    the seed also torchtitan's (``debug.seed``), ``activation_checkpoint`` one of
+    `ACTIVATION_CHECKPOINTS` (torchtitan's ``activation_checkpoint.mode``); ValueError
+    naming a bad flavour, optimizer, checkpointing or recipe."""
     check_flavor(flavor)
+    check_activation_checkpoint(activation_checkpoint)
     check_optimizer(optimizer)
     make_recipe(recipe, switches, seed=seed, keep=keep)  # its errors, before torchtitan's
     args = ["--job.config_file", str(TOML), "--job.dump_folder", dump_folder]
@@ -55,6 +59,7 @@ def titan_config(
     args += ["--debug.seed", str(seed), "--stochround.seed", str(seed)]
     args += ["--stochround.recipe", recipe, "--stochround.switches", json.dumps(switches or {})]
     args += ["--compile.enable" if compile_model else "--compile.no-enable"]
+    args += ["--activation_checkpoint.mode", activation_checkpoint]
     config = ConfigManager().parse_args(args)
     # lists set here: torchtitan's command line splits a list at commas, which regexes hold
     config.stochround.keep = list(keep)
