@@ -28,33 +28,6 @@ from .op import round_through_op
 from .route import Route, call_route, routed, through_op
 
 
-def hardware_unit(
-    hardware: str | HardwarePreset,
-    fmt: Format | str | torch.dtype | None,
-    mode: str,
-    rbits: int | None,
-    variant: str,
-    sat: str,
-    rand: object,
-    backend: str,
-) -> HardwarePreset:
-    """The preset a call's ``hardware=`` names (``fmt`` picks the unit of a family or
-    confirms it), checked against the call's other choices: the preset fixes the mode,
-    rbits, variant and saturation, and rounds on the PyTorch path."""
-    if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
-        raise ValueError(
-            f"hardware={hardware!r} sets the mode, rbits, variant and sat; pass only x, the "
-            "format (to pick or confirm the unit's), seed, offset or stream, rand, "
-            "index_offset and nan"
-        )
-    if isinstance(rand, str):
-        raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
-    check_backend(backend)
-    if backend == "triton":
-        raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
-    return preset(hardware, None if fmt is None else find_format(fmt))
-
-
 class CallTarget(NamedTuple):
     """A call's format and rounding choices after its ``hardware=`` preset (if any) has
     set them: the preset's operand format and flush threshold, and its backend."""
@@ -80,16 +53,29 @@ def call_target(
     backend: str,
 ) -> CallTarget:
     """The choices a call rounds with: its own, or those its ``hardware=`` preset fixes
-    (`hardware_unit`); ValueError where neither ``fmt`` nor ``hardware`` is given."""
-    if hardware is not None:
-        unit = hardware_unit(hardware, fmt, mode, rbits, variant, sat, rand, backend)
-        return CallTarget(
-            unit.target, "sr", unit.rbits, unit.variant, unit.sat, unit.operand,
-            unit.flush_below, "torch",
-        )  # fmt: skip
-    if fmt is None:
-        raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
-    return CallTarget(fmt, mode, rbits, variant, sat, None, None, backend)
+    (``fmt`` picks the unit of a family or confirms it; the preset sets the mode, rbits,
+    variant and saturation, and rounds on the PyTorch path, so the call may not set
+    them); ValueError where neither ``fmt`` nor ``hardware`` is given."""
+    if hardware is None:
+        if fmt is None:
+            raise ValueError("fmt is required (a format name or Format) unless hardware= is given")
+        return CallTarget(fmt, mode, rbits, variant, sat, None, None, backend)
+    if mode not in ("rne", "sr") or rbits is not None or variant != "c" or sat != "none":
+        raise ValueError(
+            f"hardware={hardware!r} sets the mode, rbits, variant and sat; pass only x, the "
+            "format (to pick or confirm the unit's), seed, offset or stream, rand, "
+            "index_offset and nan"
+        )
+    if isinstance(rand, str):
+        raise ValueError("hardware presets take rand as an integer tensor, not 'data'")
+    check_backend(backend)
+    if backend == "triton":
+        raise ValueError("hardware presets round on the PyTorch path: backend='triton' cannot")
+    unit = preset(hardware, None if fmt is None else find_format(fmt))
+    return CallTarget(
+        unit.target, "sr", unit.rbits, unit.variant, unit.sat, unit.operand, unit.flush_below,
+        "torch",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,4 +149,4 @@ def prepare(
     return PreparedRounding(request, backend)
 
 
-__all__ = ["PreparedRounding", "hardware_unit", "prepare"]
+__all__ = ["CallTarget", "PreparedRounding", "call_target", "prepare"]
