@@ -153,14 +153,24 @@ def counts_of(case: str) -> bench_ops.Counts:
     return bench_ops.counted(bench_ops.cases(64, 64)[case])
 
 
-def test_an_nvfp4_layer_step_dispatches_twenty_launches_and_forty_eight_aten_ops() -> None:
-    counts = counts_of("linear_nvfp4")
+@pytest.mark.parametrize(
+    ("case", "launches", "aten", "totals"),
+    [
+        ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (20, 48, 0)),
+        ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (12, 58, 0)),
+    ],
+)
+def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
+    case: str, launches: dict[str, int], aten: dict[str, int], totals: tuple[int, int, int]
+) -> None:
+    """nvfp4(): twenty launches and forty-eight ATen ops; fp8(): twelve and fifty-eight."""
+    counts = counts_of(case)
     names = Counter(counts.names)
-    launches = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
-    aten = {name: n for name, n in names.items() if name.startswith("aten::")}
-    assert launches == NVFP4_LAUNCHES
-    assert aten == NVFP4_ATEN
-    assert (counts.launches, counts.aten, counts.other) == (20, 48, 0)
+    launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
+    dispatched = {name: n for name, n in names.items() if name.startswith("aten::")}
+    assert launched == launches
+    assert dispatched == aten
+    assert (counts.launches, counts.aten, counts.other) == totals
 
 
 @pytest.mark.parametrize(
@@ -179,16 +189,6 @@ def test_a_block_quantization_dispatches_its_launches_and_allocations_alone(
 ) -> None:
     counts = counts_of(case)
     assert (counts.launches, counts.aten, counts.other) == expected, Counter(counts.names)
-
-
-def test_an_fp8_layer_step_dispatches_twelve_launches_and_fifty_eight_aten_ops() -> None:
-    counts = counts_of("linear_fp8")
-    names = Counter(counts.names)
-    launches = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
-    aten = {name: n for name, n in names.items() if name.startswith("aten::")}
-    assert launches == FP8_LAUNCHES
-    assert aten == FP8_ATEN
-    assert (counts.launches, counts.aten, counts.other) == (12, 58, 0)
 
 
 def fp8_steps(transposes: bool) -> list[Tensor]:
