@@ -236,7 +236,7 @@ def test_the_streams_of_a_run_never_share_an_offset() -> None:
     }
     assert len(offsets) == 3 * 4 * 16
     assert int(srnn.stream_offset(torch.tensor(2), 1, 3)) == srnn.stream_offset(2, 1, 3)
-    every_slot = linear.step_offsets(torch.tensor(5), 7)
+    every_slot = linear.step_column(torch.tensor(5), 7).view(-1)
     assert every_slot.tolist() == [srnn.stream_offset(5, 7, slot) for slot in range(16)]
     for kwargs in ({"step": -1}, {"layer": 2**28}, {"slot": 16}):
         arguments = {"step": 0, "layer": 0, "slot": 0, **kwargs}

@@ -69,7 +69,6 @@ from .streams import (
     slot_bases,
     slot_offsets,
     step_column,
-    step_offsets,
     stream_offset,
 )
 from .tensor_parallel import local_call, rank_key
@@ -577,7 +576,6 @@ __all__ = [
     "slot_bases",
     "slot_offsets",
     "step_column",
-    "step_offsets",
     "stream_offset",
     "token_multiple",
 ]

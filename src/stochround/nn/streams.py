@@ -1,6 +1,6 @@
 """The random streams of a `QuantizedLinear` step: the stream offset of each draw
-(``step * 2**32 + layer * 16 + slot``) and a step's offsets of all slots, made in two
-operations and split into the kernels' one-element offsets by one more."""
+(``step * 2**32 + layer * 16 + slot``) and a step's offsets of all slots (`step_column`),
+made in two operations and split into the kernels' one-element offsets by one more."""
 
 from __future__ import annotations
 
@@ -35,14 +35,6 @@ def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
     return (step << STEP_SHIFT) | low
 
 
-def step_offsets(step: Tensor, layer: int) -> Tensor:
-    """The stream offsets of all `SLOTS_PER_LAYER` slots of ``layer`` at ``step`` (a 0-d
-    int64 tensor) as one int64 tensor: element ``slot`` is ``stream_offset(step, layer,
-    slot)``, made by two operations (`slot_bases` made once) however many operands a step
-    quantizes."""
-    return (step << STEP_SHIFT) | slot_bases(layer, step.device).view(-1)
-
-
 # `slot_bases`' tensors by layer and device (a dict read by a plain function: torch.compile
 # warns about lru_cache-wrapped functions in the code it traces)
 _SLOT_BASES: dict[tuple[int, torch.device], Tensor] = {}
@@ -71,8 +63,11 @@ def slot_offsets(offsets: Tensor) -> tuple[Tensor, ...]:
 
 
 def step_column(step: Tensor, layer: int) -> Tensor:
-    """`step_offsets` as an int64 ``(SLOTS_PER_LAYER, 1)`` column (`slot_offsets` splits it
-    into the slots' one-element offsets)."""
+    """The stream offsets of all `SLOTS_PER_LAYER` slots of ``layer`` at ``step`` (a 0-d
+    int64 tensor) as an int64 ``(SLOTS_PER_LAYER, 1)`` column: row ``slot`` is
+    ``stream_offset(step, layer, slot)``, made by two operations (`slot_bases` made once)
+    however many operands a step quantizes; `slot_offsets` splits it into the slots'
+    one-element offsets."""
     return (step << STEP_SHIFT) | slot_bases(layer, step.device)
 
 
@@ -85,6 +80,5 @@ __all__ = [
     "slot_bases",
     "slot_offsets",
     "step_column",
-    "step_offsets",
     "stream_offset",
 ]
