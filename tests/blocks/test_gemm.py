@@ -203,3 +203,19 @@ def test_native_fp8_mm_takes_float8_operands_with_one_scale_in_multiples_of_16()
     odd = GemmOperand(torch.zeros(16, 24).to(torch.float8_e4m3fn), scale, None, 1.0)
     with pytest.raises(ValueError, match="multiples of 16; got 16x24x16"):
         native_fp8_mm(odd, odd)
+
+
+@pytest.mark.parametrize("device", sorted({"cpu", KERNEL_DEVICE}))
+def test_native_fp8_mm_adds_a_bias_to_an_fp32_output_after_the_product(device: str) -> None:
+    # cuBLAS refuses a bias with an fp32 output: the product, then the fp32 addition
+    from stochround.blocks.gemm import native_fp8_mm
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(32, 48, generator=generator) for _ in range(2))
+    bias = torch.randn(32, generator=generator).to(device)
+    scale = torch.tensor(0.25, device=device)
+    qa, qb = (GemmOperand(t.to(device).to(torch.float8_e4m3fn), scale, None, 1.0) for t in (a, b))
+    plain = native_fp8_mm(qa, qb, out_dtype=torch.float32)
+    got = native_fp8_mm(qa, qb, bias=bias, out_dtype=torch.float32)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, plain + bias)

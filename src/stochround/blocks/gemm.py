@@ -115,15 +115,21 @@ def native_fp8_mm(
     (m, k), n = a.values.shape, b.values.shape[0]
     if m % 16 or k % 16 or n % 16:
         raise ValueError(f"FP8 GEMMs take dimensions that are multiples of 16; got {m}x{k}x{n}")
-    return torch._scaled_mm(
+    # cuBLAS adds a bias in the epilogue of a 16-bit output only; an fp32 output's sum
+    # with the bias is the same fp32 addition done after
+    epilogue_bias = bias is not None and out_dtype != torch.float32
+    product = torch._scaled_mm(
         a.values,
         b.values.t(),  # column-major, as the tensor cores read the second operand
         scale_a=a.tensor_scale.reshape(()),  # type: ignore[union-attr]
         scale_b=b.tensor_scale.reshape(()),  # type: ignore[union-attr]
-        bias=None if bias is None else bias.to(out_dtype),
+        bias=bias.to(out_dtype) if epilogue_bias else None,  # type: ignore[union-attr]
         out_dtype=out_dtype,
         use_fast_accum=False,
     )
+    if bias is not None and not epilogue_bias:
+        product.add_(bias.to(out_dtype))
+    return product
 
 
 def kernel_scaled_mm(

@@ -133,7 +133,9 @@ def tensor_scaled_operand(
         raise ValueError(f"a per-tensor format has float8 elements; got {fmt.element.name}")
     rbits = spec.rbits if spec.mode == "sr" else None
     codes = cast(
-        operand * multiplier,  # fp32: x's values times the fp32 multiplier, as the rule has it
+        # fp32: x's values times the fp32 multiplier, as the rule has it (a 0-d multiplier
+        # would leave a bf16 x's product in bf16, rounded twice; one dimension promotes it)
+        operand * multiplier.reshape(1),
         dtype,
         spec.mode,
         seed=seed,
