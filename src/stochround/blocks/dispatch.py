@@ -254,7 +254,8 @@ class PreparedGemmOperand:
     call or, for None, the fixed ones of `default_signs`."""
 
     def __init__(self, x: Tensor, args: BlockArguments) -> None:
-        from ..kernels.blocks import PreparedGemmBlocks, PreparedTensorScale  # needs triton
+        # needs triton
+        from ..kernels.blocks import PreparedGemmBlocks, PreparedTensorScale, PreparedTileAmax
 
         x_checked, request = check_call(x, args)
         if x_checked.dim() != 2 or request.fmt.block is None or args.stream is not None:
@@ -271,8 +272,13 @@ class PreparedGemmOperand:
             raise ValueError("a prepared operand computes its tensor scale or has none")
         fmt = request.fmt
         self.signs = None if args.rht is None else default_signs(args.rht, x.device)
-        self.scale = None
-        if self.choice == "amax":
+        self.scale: PreparedTensorScale | None = None
+        self.tiles: PreparedTileAmax | None = None  # 2-D tiles' amaxes (and tensor scales)
+        self.tile = fmt.block if isinstance(fmt.block, tuple) else None
+        if self.tile is not None:
+            flavour = request.flavour if self.choice == "amax" else None
+            self.tiles = PreparedTileAmax(x_checked, self.tile, flavour)
+        elif self.choice == "amax":
             self.scale = PreparedTensorScale(
                 x_checked,
                 request.flavour,
@@ -280,7 +286,6 @@ class PreparedGemmOperand:
                 rht_signs=self.signs,
                 rht_bf16=args.rht_bf16,
             )
-        self.tile = fmt.block if isinstance(fmt.block, tuple) else None
         self.factor = gemm_factor(fmt)
         block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
         element = OCP_INT8 if fmt.element == OCP_INT8 else fmt.element.name
@@ -313,7 +318,7 @@ class PreparedGemmOperand:
                 return self(x, seed, offset, rht_signs)
         signs = self.signs if rht_signs is None else rht_signs
         scales = None if self.scale is None else self.scale(x, signs)
-        amax = None if self.tile is None else _tile_amax(x, self.tile)
+        amax, scales = (None, scales) if self.tiles is None else self.tiles(x)
         values = self.kernel.launch(x, scales, signs, amax, seed, offset)  # x checked above
         return GemmOperand(values, None if scales is None else scales[0], None, self.factor)
 
@@ -334,38 +339,28 @@ class _KernelCall(NamedTuple):
     amax: Tensor | None = None
 
 
-def _tile_amax(x: Tensor, tile: tuple[int, int]) -> Tensor:
-    """Each 2-D tile's amax (NaN where it holds a NaN) in fp32, repeated for each of the
-    tile's rows: one value a 1-D block of ``tile[1]`` elements of x's [rows, last axis]
-    view, what the kernel reads to quantize the tiles as those blocks."""
-    rows, cols = tile
-    # one reduction over each tile (a 4-D view of x's tiles: max is exact in any order and
-    # keeps NaN), repeated for each of the tile's rows by a broadcast copy (repeat_interleave
-    # would read its size on the host)
-    tiles = x.reshape(-1, rows, x.shape[-1] // cols, cols).abs().amax(dim=(1, 3), keepdim=True)
-    repeated = tiles.to(torch.float32).expand(-1, rows, -1, -1)
-    # contiguous: with one row of tiles the reshape is a view of the broadcast (stride 0)
-    return repeated.reshape(-1, x.shape[-1] // cols).contiguous()
-
-
 def _kernel_call(
     x: Tensor, request: BlockRequest, args: BlockArguments, seed: int | Tensor, offset: int | Tensor
 ) -> _KernelCall:
     """The kernel's arguments: the signs of ``rht_signs=None`` drawn (`RHT_SEED`), the
     decoding tensor scale given, or computed from the (rotated) amax by the kernels'
-    one-read `tensor_amax`, and 2-D tiles' amax (`_tile_amax`)."""
+    one-read `tensor_amax`, and 2-D tiles' amax (`_run_tile_amax`, with the tensor scales
+    from the same read where they are computed)."""
     rht, signs, rht_bf16 = args.rht, args.rht_signs, args.rht_bf16
     if rht is not None and signs is None:
         signs = default_signs(rht, x.device)
     choice = tensor_scale_choice(request.fmt, args.tensor_scale)
     scales: Tensor | None = None  # S_dec and S_enc
-    if choice == "amax":
+    block, amax = request.fmt.block, None
+    if isinstance(block, tuple):  # the tiles' amaxes (and the tensor scales) in one read
+        tile_amax = _tile_amax_op if torch.compiler.is_compiling() else _run_tile_amax
+        amax, *rest = tile_amax(x, *block, request.flavour if choice == "amax" else "")
+        scales = rest[0] if rest else None
+    if choice == "amax" and scales is None:
         scale = _tensor_scale_op if torch.compiler.is_compiling() else _run_tensor_scale
         scales = scale(x, signs, request.flavour, rht or 0, rht_bf16)
     elif choice != "none":
         scales = torch.stack(tuple(given_scales(args.tensor_scale, x.device)))
-    block = request.fmt.block
-    amax = _tile_amax(x, block) if isinstance(block, tuple) else None
     return _KernelCall(scales, rht, signs, rht_bf16, seed, offset, amax)
 
 
@@ -397,6 +392,24 @@ _tensor_scale_op = torch.library.custom_op(
 @_tensor_scale_op.register_fake
 def _(x: Tensor, rht_signs: Tensor | None, flavour: str, rht: int, rht_bf16: bool) -> Tensor:
     return x.new_empty(2, dtype=torch.float32)
+
+
+def _run_tile_amax(x: Tensor, rows: int, columns: int, flavour: str) -> list[Tensor]:
+    """`stochround.kernels.blocks.tile_amax` of x's ``rows`` x ``columns`` tiles (a
+    ``flavour`` "": none) as an op that torch.compile traces as one node."""
+    from ..kernels.blocks import tile_amax
+
+    result = tile_amax(x, (rows, columns), flavour or None)
+    return [result.amax] if result.scales is None else [result.amax, result.scales]
+
+
+_tile_amax_op = torch.library.custom_op("stochround::tile_amax", _run_tile_amax, mutates_args=())
+
+
+@_tile_amax_op.register_fake
+def _(x: Tensor, rows: int, columns: int, flavour: str) -> list[Tensor]:
+    amax = x.new_empty((x.shape[:-1].numel(), x.shape[-1] // columns), dtype=torch.float32)
+    return [amax] if not flavour else [amax, x.new_empty(2, dtype=torch.float32)]
 
 
 def _stream_arguments(value: int | Tensor) -> tuple[Tensor | None, int]:

@@ -16,7 +16,13 @@ from ..formats import format as find_format
 from ..random import seed_tensor
 from ..reference import MODES, VARIANTS, check_choice, check_rbits
 from .availability import INTERPRETED
-from .block_amax import PreparedTensorScale, nvfp4_tensor_scale, tensor_amax
+from .block_amax import (
+    PreparedTensorScale,
+    PreparedTileAmax,
+    nvfp4_tensor_scale,
+    tensor_amax,
+    tile_amax,
+)
 from .block_kernel import (
     BLOCK_OUTPUTS,
     BlockOutput,
@@ -541,6 +547,7 @@ __all__ = [
     "BLOCK_OUTPUTS",
     "PreparedGemmBlocks",
     "PreparedTensorScale",
+    "PreparedTileAmax",
     "fake_quantize_blocks",
     "fast_bits",
     "gemm_blocks",
@@ -549,4 +556,5 @@ __all__ = [
     "rht_normalization",
     "stand_in",
     "tensor_amax",
+    "tile_amax",
 ]
