@@ -305,6 +305,131 @@ def test_the_tensor_amax_equals_the_amax_of_the_magnitudes() -> None:
     assert _same_bits(kernel_blocks.tensor_amax(x[:0]), torch.tensor(0.0, device=DEVICE))
 
 
+@pytest.mark.parametrize(
+    "tiling",
+    [block_amax.AmaxTiling(64, 3, 4), block_amax.AmaxTiling(256, 1, 8), block_amax.AMAX_TILING],
+)
+def test_the_tensor_amax_is_the_same_for_every_tiling(tiling: block_amax.AmaxTiling) -> None:
+    """Chunks read one after another (a masked tail chunk, several programs), NaN-aware."""
+    generator = torch.Generator().manual_seed(13)
+    x = torch.randn(5 * 64 * 3 + 17, generator=generator).to(DEVICE)
+    x[100] = -300.0
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        expected = x.to(dtype).abs().amax().to(torch.float32)
+        got = kernel_blocks.tensor_amax(x.to(dtype), tiling=tiling)
+        assert _same_bits(got, expected), (tiling, dtype)
+        scale, _ = kernel_blocks.nvfp4_tensor_scale(x.to(dtype), "te", tiling=tiling)
+        assert _same_bits(scale, kernel_blocks.nvfp4_tensor_scale(x.to(dtype), "te")[0])
+    x[-1] = math.nan
+    assert torch.isnan(kernel_blocks.tensor_amax(x, tiling=tiling))
+
+
+def test_an_amax_tiling_is_checked() -> None:
+    x = torch.ones(64, device=DEVICE)
+    for tiling in [block_amax.AmaxTiling(48, 1, 4), block_amax.AmaxTiling(64, 0, 4)]:
+        with pytest.raises(ValueError, match="tiling must be an AmaxTiling of a power-of-two"):
+            kernel_blocks.tensor_amax(x, tiling=tiling)
+
+
+def _tiles_amax(x: torch.Tensor, tile: tuple[int, int]) -> torch.Tensor:
+    """The PyTorch path's 2-D tile amax (each tile's ``abs().amax()`` in fp32), repeated
+    for each of the tile's rows, as the kernel reads it."""
+    rows, cols = tile
+    tiles = x.reshape(-1, rows, x.shape[-1] // cols, cols).abs().amax(dim=(1, 3), keepdim=True)
+    return tiles.to(torch.float32).expand(-1, rows, -1, -1).reshape(-1, x.shape[-1] // cols)
+
+
+TILE_CASES = [
+    ((64, 64), (16, 16)),
+    ((2, 48, 96), (16, 32)),
+    ((12, 40), (3, 5)),
+    ((16, 16), (16, 16)),
+]
+
+
+@pytest.mark.parametrize(("shape", "tile"), TILE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_tile_amax_equals_the_pytorch_paths_in_one_read(
+    shape: tuple[int, ...], tile: tuple[int, int], dtype: torch.dtype
+) -> None:
+    """Each tile's amax, repeated for its rows, on tiles of zeros (and -0), NaN, infinity
+    and fp32-subnormal values; with a flavour, NVFP4's tensor scales from the same read equal
+    `nvfp4_tensor_scale`'s."""
+    generator = torch.Generator().manual_seed(14)
+    x = (torch.randn(shape, generator=generator) * 8).to(DEVICE)
+    flat = x.view(-1, shape[-1])
+    flat[: tile[0], : tile[1]] = 0.0
+    flat[0, 1] = -0.0
+    if flat.shape[-1] >= 2 * tile[1]:
+        flat[: tile[0], tile[1] : 2 * tile[1]] *= 1e-40
+    cases = [x, x.clone(), x.clone()]
+    cases[1].view(-1, shape[-1])[-1, -1] = math.nan
+    cases[2].view(-1, shape[-1])[-1, 0] = -math.inf
+    for case in cases:
+        case = case.to(dtype)
+        expected = _tiles_amax(case, tile)
+        for flavour in (None, "te", "torchao"):
+            got = kernel_blocks.tile_amax(case, tile, flavour)
+            assert _same_values(got.amax, expected), (shape, tile, dtype, flavour)
+            if flavour is None:
+                assert got.scales is None
+            else:
+                scales, _ = kernel_blocks.nvfp4_tensor_scale(case, flavour)
+                assert _same_bits(got.scales, scales), (shape, tile, dtype, flavour)
+
+
+def test_the_tile_amax_of_an_empty_tensor_has_no_tiles_and_scales_of_amax_zero() -> None:
+    x = torch.ones(0, 32, device=DEVICE)
+    got = kernel_blocks.tile_amax(x, (16, 16), "te")
+    assert got.amax.shape == (0, 2)
+    assert _same_bits(got.scales, kernel_blocks.nvfp4_tensor_scale(x, "te")[0])
+
+
+def test_the_tile_amax_refuses_tiles_that_do_not_divide_x_and_other_inputs() -> None:
+    x = torch.ones(32, 48, device=DEVICE)
+    with pytest.raises(ValueError, match=r"tile \(16, 32\) must divide x's last two axes"):
+        kernel_blocks.tile_amax(x, (16, 32))
+    with pytest.raises(ValueError, match=r"tile \(16, 16\) must divide x's last two axes"):
+        kernel_blocks.tile_amax(torch.ones(32, device=DEVICE), (16, 16))
+    with pytest.raises(ValueError, match="tile must be a pair of positive ints"):
+        kernel_blocks.tile_amax(x, (16, 0))
+    with pytest.raises(ValueError, match="x must be a contiguous float32, bfloat16 or float16"):
+        kernel_blocks.tile_amax(x.t(), (16, 16))
+    with pytest.raises(ValueError, match="flavour must be one of"):
+        kernel_blocks.tile_amax(x, (16, 16), "nvidia")
+    prepared = kernel_blocks.PreparedTileAmax(x, (16, 16), None)
+    with pytest.raises(ValueError, match=r"x must be a contiguous torch\.float32 tensor of shape"):
+        prepared(torch.ones(16, 48, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_2d_tiles_on_the_kernel_route_equal_the_pytorch_path_with_special_tiles(
+    dtype: torch.dtype,
+) -> None:
+    """Codes, scales and tensor scale of NVFP4 and MXFP8 in 16 x 16 tiles (the tiles' amax
+    from the tile-amax kernel) with a zero tile, a NaN tile and an infinite tile."""
+    generator = torch.Generator().manual_seed(15)
+    x = (torch.randn(32, 64, generator=generator) * 3).to(DEVICE)
+    x[:16, :16] = 0.0
+    x[16:, 16:32] *= 1e-3
+    for special in (None, math.nan, math.inf):
+        case = x.clone()
+        if special is not None:
+            case[20, 40] = special
+        case = case.to(dtype)
+        for name in ("nvfp4", "mxfp8_e4m3"):
+            for options in ({}, {"mode": "sr", "seed": 4}, {"tensor_scale": False}):
+                if name != "nvfp4" and "tensor_scale" in options:
+                    continue
+                got = blocks.quantize(case, name, block=(16, 16), backend="triton", **options)
+                want = blocks.quantize(case, name, block=(16, 16), backend="torch", **options)
+                context = (dtype, special, name, options)
+                assert _same_bits(got.codes.view(torch.uint8), want.codes.view(torch.uint8))
+                assert _same_bits(got.scales.view(torch.uint8), want.scales.view(torch.uint8))
+                if want.tensor_scale is not None:
+                    assert _same_bits(got.tensor_scale, want.tensor_scale), context
+
+
 def test_the_rotation_normalizations_are_the_hadamard_modules() -> None:
     assert all(
         kernel_blocks.rht_normalization(size) == NORMALIZATION[size] for size in HADAMARD_SIZES

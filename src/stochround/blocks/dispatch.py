@@ -359,7 +359,7 @@ def _kernel_call(
     if choice == "amax" and scales is None:
         scale = _tensor_scale_op if torch.compiler.is_compiling() else _run_tensor_scale
         scales = scale(x, signs, request.flavour, rht or 0, rht_bf16)
-    elif choice != "none":
+    elif choice not in ("amax", "none"):
         scales = torch.stack(tuple(given_scales(args.tensor_scale, x.device)))
     return _KernelCall(scales, rht, signs, rht_bf16, seed, offset, amax)
 
