@@ -81,7 +81,7 @@ def _amax_kernel(
         offsets = tl.arange(0, CHUNK // 4)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
     else:  # one contiguous run: vector loads
         offsets = tl.arange(0, CHUNK)
-    best = tl.zeros(offsets.shape, dtype=tl.int32)
+    best = tl.zeros_like(offsets)  # int32, as the magnitudes' bits
     for step in tl.static_range(TILING.STEPS):
         position = start + step * CHUNK + offsets
         x = tl.load(x_ptr + position, mask=position < count, other=0.0)
