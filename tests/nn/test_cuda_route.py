@@ -65,13 +65,13 @@ NVFP4_ATEN = {
 
 # One fp8() step of the same layer: three tensors quantized per tensor (fprop's x and W,
 # dgrad's dy; dgrad's W^T, wgrad's dy^T and x^T are their Q(.) transposed, bit for bit), each
-# by two launches (the amax's partial maxima, the elementwise rounding); three GEMMs (the
-# product and the epilogue that scales it) and the three transposes of Q(W), Q(dy), Q(x).
+# by two launches (the amax's partial maxima; `stochround.kernels.tensor_round`'s one pass,
+# which multiplies, rounds, stores the bf16 values and their transpose: no transpose
+# launches); three GEMMs (the product and the epilogue that scales it).
 FP8_LAUNCHES = {
     "_amax_kernel": 3,
-    "_round_kernel": 3,
+    "_tensor_round_kernel": 3,
     "_epilogue_kernel": 3,
-    "_transpose_kernel": 3,
 }
 FP8_ATEN = {
     # the step: the counter read (clone) and advanced, the slots' offsets (shift, or),
@@ -81,21 +81,18 @@ FP8_ATEN = {
     "aten::__lshift__.Scalar": 1,
     "aten::bitwise_or.Tensor": 1,
     "aten::unbind.int": 2,
-    # per quantized tensor: the partial maxima, the rounding's codes and the transpose's
-    # output (allocations); the amax of the partial maxima (max of the bits, viewed as
-    # fp32, a view and its detach); the scale amax / max, its floor and the multiplier
-    # 1 / scale (`tensor_scales`); x times the multiplier (a 1-element view of it, so that
-    # a bf16 x's product is fp32); the codes' float8 view (and its detach); the codes as
-    # bf16, the GEMM's dtype
+    # per quantized tensor: the partial maxima, the bf16 values and their transpose
+    # (allocations); the amax of the partial maxima (max of the bits, viewed as fp32, a
+    # view and its detach); the scale amax / max, its floor and the multiplier 1 / scale
+    # (`tensor_scales`).  The kernel reads the 0-d multiplier and x and writes bf16: the
+    # product (and its multiplier's 1-element view), the codes' float8 view (and its
+    # detach) and their bf16 copy are gone
     "aten::new_empty": 3 * 3,
     "aten::amax": 3,
-    "aten::view.dtype": 3 * 2,
-    "aten::detach": 3 * 2 + 3,  # + the autograd engine's detach of each gradient
+    "aten::view.dtype": 3,
+    "aten::detach": 3 + 3,  # + the autograd engine's detach of each gradient
     "aten::div.Tensor": 3 * 2,
     "aten::maximum": 3,
-    "aten::mul.Tensor": 3,
-    "aten::view": 3,
-    "aten::_to_copy": 3,
     # the GEMMs: b transposed (a view), cuBLAS's bf16 product with an fp32 output, the
     # epilogue's output
     "aten::permute": 3,
@@ -169,13 +166,13 @@ def counts_of(case: str) -> bench_ops.Counts:
     ("case", "launches", "aten", "totals"),
     [
         ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (20, 43, 0)),
-        ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (12, 61, 0)),
+        ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (9, 46, 0)),
     ],
 )
 def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
     case: str, launches: dict[str, int], aten: dict[str, int], totals: tuple[int, int, int]
 ) -> None:
-    """nvfp4(): twenty launches and forty-three ATen ops; fp8(): twelve and sixty-one."""
+    """nvfp4(): twenty launches and forty-three ATen ops; fp8(): nine and forty-six."""
     counts = counts_of(case)
     names = Counter(counts.names)
     launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
@@ -230,11 +227,11 @@ def test_an_fp8_step_with_its_transposed_operands_equals_the_step_quantizing_eac
         assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
 
-def test_an_fp8_native_step_dispatches_nine_launches_and_seventy_four_aten_ops() -> None:
-    # fp8()'s step less its bf16 conversions (3 _to_copy), epilogues (3 launches, 3
-    # empty_like) and mm's permutes, with torch._scaled_mm's GEMMs (3 _scaled_mm, b's 3 t,
-    # the 6 scales' 0-d views) and the float8 codes transposed as bytes (a uint8 and a
-    # float8 view.dtype around each of the 3 transposes, each with its detach), and fprop's
-    # bias added after its fp32 product (cuBLAS adds one in the epilogue of 16-bit outputs)
+def test_an_fp8_native_step_dispatches_six_launches_and_fifty_aten_ops() -> None:
+    # fp8()'s step less its epilogues (3 launches, 3 empty_like) and mm's permutes, with
+    # torch._scaled_mm's GEMMs (3 _scaled_mm, b's 3 t, the 6 scales' 0-d views), and
+    # fprop's bias added after its fp32 product (cuBLAS adds one in the epilogue of 16-bit
+    # outputs).  The kernel writes the float8 codes and their transpose into float8
+    # tensors: no views of the codes as bytes and back around transposes
     counts = counts_of("linear_fp8_native")
-    assert (counts.launches, counts.aten, counts.other) == (9, 74, 0), Counter(counts.names)
+    assert (counts.launches, counts.aten, counts.other) == (6, 50, 0), Counter(counts.names)

@@ -56,7 +56,7 @@ from ..blocks.request import RHT_SEED, check_blocks
 from ..blocks.tensor import GemmOperand
 from ..random import StreamDomain, seed_tensor, stream_key
 from ..shards import is_dtensor
-from .operands import Operand, quantize_operand, tensor_transposes, transposed_operand
+from .operands import TRANSPOSE_TARGETS, Operand, quantize_operand, tensor_transposes
 from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
 from .recompute import read_step
@@ -189,13 +189,15 @@ def gemm_operands(
     left: Tensor | GemmOperand,
     right: Tensor | GemmOperand,
     offsets: Sequence[Tensor],
-) -> tuple[GemmOperand, GemmOperand]:
+    reuse: frozenset[str] = frozenset(),
+) -> tuple[GemmOperand, GemmOperand, dict[str, GemmOperand]]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
     from its role's stream at the step whose slots' offsets (`slot_offsets`) are ``offsets``,
-    rotated by
-    `rotation_signs` where its spec has an RHT; an operand already quantized is taken as
-    it is."""
+    rotated by `rotation_signs` where its spec has an RHT; an operand already quantized is
+    taken as it is.  And by role, the operands of the roles in ``reuse`` (of the plan's
+    `tensor_transposes`) that are one of these transposed, written with it."""
     left_role, right_role = GEMMS[gemm]
+    reused: dict[str, GemmOperand] = {}
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
     results = []
     drawn: dict[tuple[int, str], Tensor | None] = {}  # the GEMM's signs, drawn once
@@ -211,11 +213,16 @@ def gemm_operands(
                 drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, operand.device)
             signs = drawn[key]
         offset = offsets[ROLE_SLOTS[role]]
+        target = TRANSPOSE_TARGETS.get(role)
+        transposes: list[GemmOperand] | None = [] if target in reuse else None
         quantized = quantize_operand(
-            operand.contiguous(), entry, plan.seed, offset, signs, rotated, native=plan.native
-        )
+            operand.contiguous(), entry, plan.seed, offset, signs, rotated, native=plan.native,
+            transposes=transposes,
+        )  # fmt: skip
+        if transposes and target is not None:
+            reused[target] = transposes[0]
         results.append(quantized)
-    return results[0], results[1]
+    return results[0], results[1], reused
 
 
 def quantized_pair(
@@ -283,6 +290,7 @@ class QuantizedMatmul(torch.autograd.Function):
         step: Tensor,
         plan: Plan,
         wgrad: bool = False,
+        dgrad: bool = False,
     ) -> Tensor:
         with autocast_off(x.device.type):
             column = step_column(step, plan.layer)
@@ -291,17 +299,20 @@ class QuantizedMatmul(torch.autograd.Function):
             # backward instead of transposing and quantizing x again there
             pair = quantized_pair(plan, x, "input", offsets) if wgrad else None
             left = x if pair is None else pair[0]
-            qx, qw = gemm_operands(plan, "fprop", left, weight, offsets)
+            # per-tensor: Q(W)^T and Q(x)^T for the backward, written with Q(W) and Q(x)
+            runs = {"dgrad_weight": dgrad, "wgrad_input": wgrad}
+            reuse = frozenset(role for role in plan.tensor_transposes if runs.get(role))
+            qx, qw, reused = gemm_operands(plan, "fprop", left, weight, offsets, reuse)
             out = gemm_of(plan)(qx, qw, bias=bias, out_dtype=x.dtype)
         # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
-        # GEMM reads as it is) instead of quantizing W^T again
-        # (per-tensor: kept whole, transposed contiguously in the backward)
-        copied = "dgrad_weight" in plan.tensor_transposes
-        kept = (plan.weight_transposes or copied) and qw.row_scale is None
+        # GEMM reads as it is) instead of quantizing W^T again (per-tensor: contiguous)
+        kept = plan.weight_transposes and qw.row_scale is None
         values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
+        if "dgrad_weight" in reused:
+            values, scale = reused["dgrad_weight"][:2]
         x_t_values, x_t_scale = (None, None) if pair is None else pair[1][:2]
-        if wgrad and "wgrad_input" in plan.tensor_transposes:  # Q(x^T) is Q(x)^T
-            x_t_values, x_t_scale = transposed_operand(qx)[:2]
+        if "wgrad_input" in reused:  # Q(x^T) is Q(x)^T
+            x_t_values, x_t_scale = reused["wgrad_input"][:2]
         ctx.save_for_backward(x, weight, column, values, scale, x_t_values, x_t_scale)
         ctx.factor = qw.factor
         ctx.plan = plan
@@ -324,17 +335,17 @@ class QuantizedMatmul(torch.autograd.Function):
                 right: Tensor | GemmOperand
                 if weight_values is not None:
                     right = GemmOperand(weight_values, weight_scale, None, ctx.factor)
-                    if "dgrad_weight" in plan.tensor_transposes:
-                        right = transposed_operand(right)
-                    else:
+                    if "dgrad_weight" not in plan.tensor_transposes:  # per-tensor: W^T's
                         right = right._replace(values=weight_values.T)
                 else:
                     right = transposed(weight)
                 left = grad if pair is None else pair[0]
-                qdy, qw = gemm_operands(plan, "dgrad", left, right, offsets)
+                # Q(dy^T) is Q(dy)^T (per-tensor), written with Q(dy)
+                reuse = plan.tensor_transposes & {"wgrad_grad_output"} if wgrad else frozenset()
+                qdy, qw, reused = gemm_operands(plan, "dgrad", left, right, offsets, reuse)
                 grad_x = gemm_of(plan)(qdy, qw, out_dtype=x.dtype)
-                if "wgrad_grad_output" in plan.tensor_transposes:  # Q(dy^T) is Q(dy)^T
-                    pair = (qdy, transposed_operand(qdy))
+                if "wgrad_grad_output" in reused:
+                    pair = (qdy, reused["wgrad_grad_output"])
             if wgrad:
                 multiple = plan.token_multiple
                 grad_t: Tensor | GemmOperand
@@ -347,11 +358,11 @@ class QuantizedMatmul(torch.autograd.Function):
                     x_t = GemmOperand(x_t_values, x_t_scale, None, 1.0)
                 else:
                     x_t = pad_tokens(transposed(x.contiguous()), multiple)
-                qdy, qx = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
+                qdy, qx, _ = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
                 grad_weight = gemm_of(plan)(qdy, qx, out_dtype=weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None
 
 
 def check_operand_shapes(
@@ -529,8 +540,9 @@ class QuantizedLinear(nn.Linear):
         # one step a training forward, which a checkpoint's recomputation reads again
         read = read_step(counter, self.step_reads, self.training)
         step = counter.clone() if read is None else read
-        wgrad = "wgrad" in gemms
-        out = typing.cast(Tensor, QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad))
+        wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
+        out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad)
+        out = typing.cast(Tensor, out)
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
         y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))

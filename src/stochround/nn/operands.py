@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import typing
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -29,6 +29,9 @@ from ..rounding import cast
 from ..rounding import round as round_values
 from .recipes import TENSOR_FORMATS, QuantSpec
 from .step_ops import transposed
+
+if TYPE_CHECKING:  # the kernel module imports triton: only its type here
+    from ..kernels.tensor_round import TensorRounding
 
 
 class Operand(NamedTuple):
@@ -77,6 +80,8 @@ TRANSPOSE_SOURCES = {
     "wgrad_input": "fprop_input",
     "wgrad_grad_output": "dgrad_grad_output",
 }
+# the other way: the role whose operand is each source role's transpose
+TRANSPOSE_TARGETS = {source: role for role, source in TRANSPOSE_SOURCES.items()}
 
 
 def tensor_transposes(operands: dict[str, Operand], token_multiple: int) -> frozenset[str]:
@@ -114,16 +119,20 @@ def tensor_scaled_operand(
     seed: int,
     offset: int | Tensor,
     native: bool = False,
+    transposes: list[GemmOperand] | None = None,
 ) -> GemmOperand:
     """The `GemmOperand` of a per-tensor (current scaling) format: the whole tensor as one
     row of the row-wise absmax rule in fp32, ``scale = amax / max`` (fp32, the rule's
     floor below), the elements ``round(fp32(x) / scale)`` by the core with sat="finite"
     (SR drawing the word of each element's row-major index), the scale as the GEMM's
     tensor scale.  The values in the format's GEMM dtype, or with ``native`` in its
-    float8 dtype, as an FP8 tensor core reads them.
+    float8 dtype, as an FP8 tensor core reads them.  ``transposes``: where given, the
+    operand's transpose (`transposed_operand`'s) is appended to it.
     Equal to `stochround.blocks.gemm_operand` of ``x.reshape(1, -1)`` in fp32 (a test
-    checks it), computed as one amax (one read on CUDA) and one elementwise rounding into
-    the float8 dtype, which the core's kernel runs on CUDA."""
+    checks it), computed as one amax (one read on CUDA) and one elementwise rounding:
+    on CUDA one pass of `stochround.kernels.tensor_round` (x times the multiplier,
+    rounded, stored in the values' dtype, and transposed where asked), else the PyTorch
+    path below, its executable spec."""
     if operand.dtype == torch.float64:  # the rule scales fp32 values
         operand = operand.to(torch.float32)
     # a 0-d amax: the rule's one row, which the products broadcast alike
@@ -131,21 +140,82 @@ def tensor_scaled_operand(
     dtype = fmt.element.torch_dtype
     if dtype is None or dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"a per-tensor format has float8 elements; got {fmt.element.name}")
-    rbits = spec.rbits if spec.mode == "sr" else None
-    codes = cast(
-        # fp32: x's values times the fp32 multiplier, as the rule has it (a 0-d multiplier
-        # would leave a bf16 x's product in bf16, rounded twice; one dimension promotes it)
-        operand * multiplier.reshape(1),
-        dtype,
-        spec.mode,
-        seed=seed,
-        offset=offset,
-        rbits=rbits,
-        variant=spec.variant,
-        sat="finite",
-    )
-    values = codes if native else codes.to(fmt.gemm_dtype)
-    return GemmOperand(values, tensor_scale=scale, row_scale=None, factor=1.0)
+    values_t: Tensor | None = None
+    if tensor_kernel_serves(operand, fmt, native):
+        from ..kernels.tensor_round import tensor_round  # needs triton: imported here
+
+        rounding = tensor_rounding(spec, fmt, native)
+        words: tuple[Tensor | None, Tensor | None] = (None, None)
+        if spec.mode == "sr":
+            words = (seed_on(seed, operand.device), offset_on(offset, operand.device))
+        want_t = transposes is not None
+        values, values_t = tensor_round(operand, multiplier, rounding, *words, want_t)
+    else:
+        rbits = spec.rbits if spec.mode == "sr" else None
+        codes = cast(
+            # fp32: x's values times the fp32 multiplier, as the rule has it (a 0-d
+            # multiplier would leave a bf16 x's product in bf16, rounded twice; one
+            # dimension promotes it)
+            operand * multiplier.reshape(1),
+            dtype,
+            spec.mode,
+            seed=seed,
+            offset=offset,
+            rbits=rbits,
+            variant=spec.variant,
+            sat="finite",
+        )
+        values = codes if native else codes.to(fmt.gemm_dtype)
+    result = GemmOperand(values, tensor_scale=scale, row_scale=None, factor=1.0)
+    if transposes is not None:
+        # the kernel's, written with the values, or the values transposed
+        if values_t is None:
+            transposes.append(transposed_operand(result))
+        else:
+            transposes.append(result._replace(values=values_t))
+    return result
+
+
+def tensor_kernel_serves(operand: Tensor, fmt: BlockFormat, native: bool) -> bool:
+    """Whether `stochround.kernels.tensor_round` computes a per-tensor operand: eagerly
+    (compiled, the PyTorch path's `cast` is an op of the graph), where "auto" routes it to
+    a kernel (`tensor_operand_refusal`)."""
+    if torch.compiler.is_compiling():
+        return False
+    refusal = tensor_operand_refusal(operand, fmt, native)
+    return use_kernel("auto", "operand", operand.is_cuda, refusal)
+
+
+def tensor_operand_refusal(operand: Tensor, fmt: BlockFormat, native: bool) -> str | None:
+    """Why `stochround.kernels.tensor_round` cannot compute a per-tensor operand (None if
+    it can): it takes 2-D contiguous fp32, bf16 or fp16 tensors and writes float8 codes
+    (``native``) or bf16 values."""
+    if operand.dim() != 2 or not operand.is_contiguous():
+        return "the per-tensor kernel takes 2-D contiguous operands"
+    if operand.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return f"the per-tensor kernel reads fp32/bf16/fp16 operands, not {operand.dtype}"
+    if not native and fmt.gemm_dtype != torch.bfloat16:
+        return f"the per-tensor kernel writes bf16 values, not {fmt.gemm_dtype}"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def tensor_rounding(spec: QuantSpec, fmt: BlockFormat, native: bool) -> TensorRounding:
+    """The `stochround.kernels.tensor_round.TensorRounding` of a per-tensor spec (made once
+    per spec: a step's calls repeat it)."""
+    from ..kernels.tensor_round import TensorRounding  # needs triton: imported here
+
+    nbits = 32 if spec.rbits is None or spec.mode != "sr" else spec.rbits
+    output = "codes" if native else "bfloat16"
+    return TensorRounding(fmt.element, spec.mode, nbits, spec.variant, output)
+
+
+def offset_on(offset: int | Tensor, device: torch.device) -> Tensor:
+    """An SR offset as the one-element int64 tensor the kernels read (a step's tensor as
+    it is; an int filled on ``device``)."""
+    if isinstance(offset, Tensor):
+        return one_element(offset)
+    return seed_tensor(offset, "offset", device)
 
 
 def tensor_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
@@ -199,6 +269,7 @@ def quantize_operand(
     rotated: bool = False,
     *,
     native: bool = False,
+    transposes: list[GemmOperand] | None = None,
 ) -> GemmOperand:
     """Q(operand) as a GEMM takes it (`stochround.blocks.GemmOperand`): ``operand`` (2-D,
     contiguous, the GEMM's contraction axis last) quantized by the entry's spec; a
@@ -206,12 +277,15 @@ def quantize_operand(
     ``signs``: the per-step RHT signs (None: the fixed ones); ``rotated``: keep an RHT's
     rotated basis (the other operand is rotated alike), else the values are rotated back
     (fp32); ``native``: per-tensor operands in their float8 dtype, for the FP8 tensor
-    cores."""
+    cores; ``transposes`` (per-tensor entries): Q(operand)^T appended to it
+    (`tensor_scaled_operand`)."""
     spec, fmt = entry.spec, entry.fmt
+    if transposes is not None and spec.format not in TENSOR_FORMATS:
+        raise ValueError(f"transposes is given for per-tensor formats only; got {spec.format}")
     if fmt is None:
         return GemmOperand(operand, None, None, 1.0)
     if spec.format in TENSOR_FORMATS:
-        return tensor_scaled_operand(operand, fmt, spec, seed, offset, native)
+        return tensor_scaled_operand(operand, fmt, spec, seed, offset, native, transposes)
     if fmt.block is None and spec.hardware is None:
         row_operand = row_kernel_operand_of(operand, entry, seed, offset)
         if row_operand is not None:
@@ -353,10 +427,12 @@ def exact_in_bf16(fmt: BlockFormat) -> bool:
 __all__ = [
     "TRANSPOSED_ROLES",
     "TRANSPOSE_SOURCES",
+    "TRANSPOSE_TARGETS",
     "Operand",
     "dequantized_operand",
     "exact_in_bf16",
     "noise_words",
+    "offset_on",
     "one_element",
     "prepared_operand",
     "prepared_row_operand",
@@ -365,6 +441,9 @@ __all__ = [
     "row_noise_operand",
     "row_words",
     "seed_on",
+    "tensor_kernel_serves",
+    "tensor_operand_refusal",
+    "tensor_rounding",
     "tensor_scaled_operand",
     "tensor_scales",
     "tensor_transposes",
