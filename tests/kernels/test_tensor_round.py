@@ -18,7 +18,8 @@ import stochround as sr
 from stochround.formats import format_of_dtype
 from stochround.kernels import tensor_round as tensor_round_module
 from stochround.kernels.availability import INTERPRETED, cpu_as_cuda
-from stochround.kernels.tensor_round import TILE, TensorRounding, tensor_round
+from stochround.kernels.tensor_round import TensorRounding, tensor_round
+from stochround.kernels.transpose import TILE
 from stochround.nn import operands
 from stochround.nn.recipes import TENSOR_FORMATS, QuantSpec
 from stochround.random import seed_tensor

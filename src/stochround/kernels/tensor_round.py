@@ -32,18 +32,17 @@ from .common import (
 )
 from .grid import cdiv
 from .runtime import Launch, current_device
+from .transpose import TILE  # the side of a tile stored both ways
 
-# the tile's side: a power of two, large enough for full memory transactions both ways
-TILE = 64
 _NUM_WARPS = 4
 
 # what the kernel stores: the format's codes (one byte each) or its values as bf16
-OUTPUTS = ("codes", "bfloat16")
+TENSOR_OUTPUTS = ("codes", "bfloat16")
 
 
 class TensorRounding(NamedTuple):
     """A call's rounding choices: the float8 format, the mode ("rne" or "sr"), SR's random
-    bits (32: exact) and variant, and the output (`OUTPUTS`)."""
+    bits (32: exact) and variant, and the output (`TENSOR_OUTPUTS`)."""
 
     fmt: Format
     mode: str
@@ -202,4 +201,4 @@ def tensor_round(
     return out, out_t
 
 
-__all__ = ["OUTPUTS", "TILE", "TensorRounding", "tensor_round"]
+__all__ = ["TENSOR_OUTPUTS", "TensorRounding", "tensor_round"]
