@@ -276,3 +276,23 @@ def test_scripts_import_their_neighbours(tmp_path):
     )
     text = ok("mca", str(script), "--precision", "8", "--n", "4", "--out", str(tmp_path))
     assert row(text, "result")[1] == "()"
+
+
+def test_a_script_that_cannot_be_batched_runs_serially_with_a_notice(tmp_path):
+    """A branch on a value: the batched run stops at that op; the command says so, naming
+    the op and the script's line, and runs main() n times one after another."""
+    script = write_script(
+        tmp_path,
+        "import torch\n\ndef main():\n    x = torch.ones(3) * 0.1\n"
+        "    if x.sum() > 0:\n        x = x * 3\n    return x\n",
+    )
+    text = ok("mca", str(script), "--precision", "11", "--n", "4", "--out", str(tmp_path))
+    assert (
+        f"notice: aten._local_scalar_dense.default (at {script}:5 main) cannot run on the 4 "
+        "MCA samples together: its result is a Python value read from the samples' values."
+    ) in text
+    assert "; running main() 4 times one after another" in text
+    assert "main() run 4 times, every op rounded" in text
+    # the digits are the serial runs'
+    expected = mca(load_script_main(script), n=4, precision=11, seed=0, batched=False)
+    assert row(text, "result")[2] == f"{float(expected.digits[0].min()):.2f}"

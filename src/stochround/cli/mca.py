@@ -361,7 +361,9 @@ def mca_command(
             took = timed(lambda: found.append(measured(not serial)))
         except BatchingError as error:
             console.print(
-                f"notice: {error}; running main() {n} times one after another", markup=False
+                f"notice: {error}; running main() {n} times one after another",
+                markup=False,
+                soft_wrap=True,
             )
             serial = True
             took = timed(lambda: found.append(measured(False)))

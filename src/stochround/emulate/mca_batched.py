@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from .. import random as streams
 from .. import rounding
 from ..formats import Format
+from ..kernels.availability import on_kernel_device, use_kernel
 from ..rounding.prepared import PreparedRounding
 from .dispatch import Emulation
 from .exact import sr_pair_words
@@ -35,10 +36,20 @@ from .exact import sr_pair_words
 # the offsets between the starts of two runs' counters: a run makes fewer roundings
 SAMPLE_STRIDE = 2**40
 
+# the most samples the words kernel takes: its launch grid's second dimension
+_KERNEL_SAMPLES = 65535
+
 
 class BatchingError(RuntimeError):
     """An op of the program cannot run on the n samples together; the message names the
     op, the program's line and what to do (run the samples one after another)."""
+
+
+# what a batched run says where the program reads its values outside ATen
+_READ = (
+    "x.{}() reads the values of a tensor of a batched MCA run, which holds the n samples'. "
+    " Run the samples one after another: mca(..., batched=False), stochround mca --serial"
+)
 
 
 class _Rounds(Exception):
@@ -81,14 +92,36 @@ class SampleTensor(Tensor):
             "from the MCAResult"
         )
 
+    def tolist(self) -> Any:  # torch reads a subclass's values without an ATen op here
+        raise BatchingError(_READ.format("tolist"))
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:
+        raise BatchingError(_READ.format("numpy"))
+
     def __repr__(self) -> str:  # type: ignore[override]  # the default reads the values
         return f"SampleTensor(n={self.samples.shape[0]}, shape={tuple(self.shape)})"
 
 
-def sample_words(shape: torch.Size, key: int, offsets: Tensor) -> Tensor:
-    """The words of n tensors of ``shape``, tensor j in stream ``(key, offsets[j])``:
-    ``out[j]`` is ``random_words_like(x_j, key, offsets[j])`` (row-major flat indices from
-    0), computed for all j at once.  Returns int64, shape ``(n, *shape)``."""
+def sample_words_refusal(bases: Tensor) -> str | None:
+    """Why the words kernel cannot serve these samples (None if it can): one program
+    column a sample, and a launch grid's second dimension holds at most 65535."""
+    if bases.shape[0] > _KERNEL_SAMPLES:
+        return f"{bases.shape[0]} samples: the words kernel takes at most {_KERNEL_SAMPLES}"
+    return None
+
+
+def sample_words(shape: torch.Size, key: int, bases: Tensor, offset: int = 0) -> Tensor:
+    """The words of n tensors of ``shape``, tensor j in stream ``(key, bases[j] +
+    offset)``: ``out[j]`` is ``random_words_like(x_j, key, bases[j] + offset)`` (row-major
+    flat indices from 0), computed for all j at once: one kernel on CUDA
+    (`stochround.kernels.sample_words`), PyTorch's ops elsewhere.  Returns int64, shape
+    ``(n, *shape)``."""
+    if use_kernel("auto", "bases", on_kernel_device(bases), sample_words_refusal(bases)):
+        # the kernel module imports triton: imported where it runs
+        from ..kernels.sample_words import sample_words_triton
+
+        return sample_words_triton(shape, key, bases, offset)
+    offsets = bases + offset
     n = offsets.shape[0]
     count = shape.numel()
     if count == 0:
@@ -316,7 +349,7 @@ class BatchedEmulation(Emulation):
 
     def _words(self, x: Tensor, offset: int) -> Tensor:
         """Sample j's words of offset ``j SAMPLE_STRIDE + offset`` for x's ``(n, *shape)``."""
-        return sample_words(x.shape[1:], self.key, self.bases(x.device) + offset)
+        return sample_words(x.shape[1:], self.key, self.bases(x.device), offset)
 
     def _next_rounding(self, x: Tensor, prepared: PreparedRounding) -> Tensor:
         """As the emulation's, each sample drawing its own run's words (`_words`)."""
