@@ -1,7 +1,10 @@
-"""``stochround mca SCRIPT.py``: Monte Carlo arithmetic on a script's ``main()``: run it n
-times with every floating ATen op rounded at random (`stochround.emulate.mca` with
-``trace=True``), then print the significant digits of what it returns and the call sites
-(lines of the script) that keep the fewest, and plot the digits of every site.
+"""``stochround mca SCRIPT.py``: Monte Carlo arithmetic on a script's ``main()``: run it on
+n samples with every floating ATen op rounded at random (`stochround.emulate.mca` with
+``trace=True``: the n samples together, or with ``--serial`` n runs one after another; a
+script that cannot be batched runs serially after a notice naming the op), then print the
+time against one unrounded call of ``main()``, the significant digits of what it returns
+and the call sites (lines of the script) that keep the fewest, and plot the digits of
+every site.
 
 The script is imported as a module (its top-level code runs once, unrounded: data set up
 there is exact); only ``main()`` runs under the emulation.  Bad options, a missing script, a
