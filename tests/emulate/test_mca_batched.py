@@ -185,3 +185,23 @@ def test_batched_samples_carry_no_gradient():
         mca(lambda t: t * 3, v, n=2)
     with pytest.raises(TypeError, match=r"^batched must be a bool; got 1"):
         mca(lambda t: t * 3, torch.ones(3), n=2, batched=1)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"precision": 12}, {"mca_mode": "mca", "precision": 20}], ids=str
+)
+def test_batched_samples_on_the_kernels_route_are_the_serial_runs(options):
+    """The route a CUDA tensor takes (the words kernel, the rounding kernels; run by
+    Triton's interpreter here): the same samples as the serial runs on the PyTorch path."""
+    x = torch.rand(37, generator=torch.Generator().manual_seed(0))
+
+    def damped(x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for _ in range(3):
+            y = (y * 0.999 + x) / 3.0
+        return y.sum()
+
+    expected = mca(damped, x, n=3, seed=0, batched=False, **options)
+    with cpu_as_cuda():
+        batched = mca(damped, x, n=3, seed=0, **options)
+    assert torch.equal(batched.samples[0], expected.samples[0])
