@@ -29,7 +29,7 @@ CAPABILITIES: dict[str, tuple[str, ...]] = {
     "blocks": ("bench_blocks", "bench_fp8_operand"),
     "nn": ("bench_nn", "bench_model", "bench_gemm"),
     "gaussws": ("bench_gaussws",),
-    "emulate": ("bench_emulate",),
+    "emulate": ("bench_emulate", "bench_mca"),
     "distributed": ("bench_distributed",),
     "cpu": ("bench_cpu",),
     "host": ("bench_host", "bench_launch"),

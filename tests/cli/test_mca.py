@@ -65,7 +65,8 @@ def test_mca_prints_the_cancelling_line_first_and_writes_the_plot(tmp_path):
 
 
 def test_mca_runs_main_n_times_and_imports_the_script_once(tmp_path):
-    """The script prints on import and counts main()'s calls: one import, n calls."""
+    """The script prints on import and counts main()'s calls: one import; one unrounded
+    call (timed), then one batched call, or n with --serial."""
     script = write_script(
         tmp_path,
         "import torch\nprint('imported')\nCOUNT = [0]\n\n"
@@ -74,7 +75,14 @@ def test_mca_runs_main_n_times_and_imports_the_script_once(tmp_path):
     )
     text = ok("mca", str(script), "--format", "bfloat16", "--n", "3", "--out", str(tmp_path))
     assert text.count("imported") == 1
-    assert "call 3" in text and "call 4" not in text
+    assert "call 2" in text and "call 3" not in text
+    assert "main() run once on 3 samples together" in text
+    assert re.search(r"time: main\(\) alone \S+ s \(one unrounded call, first\), MCA \S+ s", text)
+    text = ok(
+        "mca", str(script), "--format", "bf16", "--n", "3", "--out", str(tmp_path), "--serial"
+    )
+    assert "call 4" in text and "call 5" not in text
+    assert "main() run 3 times" in text
 
 
 def test_without_format_or_precision_each_dtype_keeps_its_own(tmp_path):
@@ -177,9 +185,10 @@ def test_sys_exit_in_main_or_at_import_is_one_line(tmp_path):
 )
 def test_results_mca_cannot_measure_are_one_line(tmp_path, returned, message):
     """main() runs, but what it returns cannot be measured: the library's reason, one line.
-    (A list that grows run by run: no ATen op, so the check is mca's, not the trace's.)"""
+    (A list that grows run by run: no ATen op, so the check is mca's, not the trace's;
+    --serial: a batched run is one run.)"""
     text = f"import torch\nCALLS = []\n\ndef main():\n    CALLS.append(1)\n    return {returned}\n"
-    assert message in failure(tmp_path, text, "--out", str(tmp_path / "out"))
+    assert message in failure(tmp_path, text, "--out", str(tmp_path / "out"), "--serial")
 
 
 def test_integer_and_bool_outputs_every_run_agrees_on_are_exact(tmp_path):
@@ -267,3 +276,23 @@ def test_scripts_import_their_neighbours(tmp_path):
     )
     text = ok("mca", str(script), "--precision", "8", "--n", "4", "--out", str(tmp_path))
     assert row(text, "result")[1] == "()"
+
+
+def test_a_script_that_cannot_be_batched_runs_serially_with_a_notice(tmp_path):
+    """A branch on a value: the batched run stops at that op; the command says so, naming
+    the op and the script's line, and runs main() n times one after another."""
+    script = write_script(
+        tmp_path,
+        "import torch\n\ndef main():\n    x = torch.ones(3) * 0.1\n"
+        "    if x.sum() > 0:\n        x = x * 3\n    return x\n",
+    )
+    text = ok("mca", str(script), "--precision", "11", "--n", "4", "--out", str(tmp_path))
+    assert (
+        f"notice: aten._local_scalar_dense.default (at {script}:5 main) cannot run on the 4 "
+        "MCA samples together: its result is a Python value read from the samples' values."
+    ) in text
+    assert "; running main() 4 times one after another" in text
+    assert "main() run 4 times, every op rounded" in text
+    # the digits are the serial runs'
+    expected = mca(load_script_main(script), n=4, precision=11, seed=0, batched=False)
+    assert row(text, "result")[2] == f"{float(expected.digits[0].min()):.2f}"

@@ -14,7 +14,13 @@ import torch
 
 from stochround import arith
 from stochround.emulate import Emulation
-from stochround.emulate.mca import MAX_PRECISION, mca, significant_digits, virtual_precision
+from stochround.emulate.mca import (
+    MAX_PRECISION,
+    SAMPLE_STRIDE,
+    mca,
+    significant_digits,
+    virtual_precision,
+)
 from stochround.formats import Format, floor_log2
 
 LOG10_2 = math.log10(2)
@@ -131,10 +137,10 @@ def test_the_trace_points_at_the_cancelling_line():
 
 
 def test_mca_is_reproducible_from_its_seed_and_run_0_is_one_emulated_run():
-    """One stream for the n runs, the counter continuing: the same seed gives the same
-    samples bit for bit, another seed others; run 0 draws offsets 0, 1, ... of the seed, as
-    the emulation alone does (each op from its exact result: compute="float64" and the
-    float64 ops' residuals), and run 1 continues where run 0 stopped."""
+    """One stream for the n runs: the same seed gives the same samples bit for bit, another
+    seed others; run 0 draws offsets 0, 1, ... of the seed, as the emulation alone does
+    (each op from its exact result: compute="float64" and the float64 ops' residuals), and
+    run j's counter starts at j SAMPLE_STRIDE (batched and serial alike)."""
     x = large_mean_data()
     first = mca(naive_variance, x, n=8, precision=24, seed=5)
     again = mca(naive_variance, x, n=8, precision=24, seed=5)
@@ -142,7 +148,10 @@ def test_mca_is_reproducible_from_its_seed_and_run_0_is_one_emulated_run():
     assert torch.equal(first.samples[0], again.samples[0])
     assert not torch.equal(first.samples[0], other.samples[0])
     emulation = Emulation(virtual_precision(24), "sr", seed=5, compute="float64", residuals=True)
+    serial = mca(naive_variance, x, n=8, precision=24, seed=5, batched=False)
+    assert torch.equal(first.samples[0], serial.samples[0])
     for run in range(2):
+        emulation.calls = run * SAMPLE_STRIDE
         with emulation:
             sample = naive_variance(x)
         assert sample.item() == first.samples[0][run].item()
@@ -150,7 +159,9 @@ def test_mca_is_reproducible_from_its_seed_and_run_0_is_one_emulated_run():
 
 def test_outputs_are_flattened_in_order_with_their_labels():
     """A dict of a tensor, a tuple and a Python number; an output tensor reused by every run
-    (written in place) is copied after each run, not read at the end."""
+    (written in place) is copied after each run, not read at the end (the serial runs: a
+    batched run cannot write into a tensor made outside it, tests/emulate/
+    test_mca_batched.py)."""
     x = torch.tensor([1.0, 2.0**-12, 3.0])
     buffer = torch.zeros(3)
 
@@ -158,7 +169,7 @@ def test_outputs_are_flattened_in_order_with_their_labels():
         buffer.copy_(x * 1.1)
         return {"sum": x.sum(), "parts": (buffer, None, 2.5), "n": 3}
 
-    result = mca(program, x, n=4, precision=8, seed=0)
+    result = mca(program, x, n=4, precision=8, seed=0, batched=False)
     assert result.labels == ("['sum']", "['parts'][0]", "['parts'][2]", "['n']")
     assert [s.shape for s in result.samples] == [(4,), (4, 3), (4,), (4,)]
     assert [s.dtype for s in result.samples] == [torch.float64] * 4
@@ -275,9 +286,11 @@ def test_bad_arguments_raise_errors_naming_them(call, error, match):
 
 def test_the_samples_carry_the_exact_gradient_straight_through_the_roundings():
     """As `arith.monte_carlo`'s: d mean / dv of sum(3 v) is 3 for every element, whatever
-    the roundings did to the values."""
+    the roundings did to the values (the serial runs: the batched samples carry none)."""
     v = torch.tensor([0.1, 0.2, 0.3], requires_grad=True)
-    result = mca(lambda t: (t * 3).sum(), v, n=4, precision=8, seed=0)
+    with pytest.raises(ValueError, match=r"^batched=True gives samples without a gradient"):
+        mca(lambda t: (t * 3).sum(), v, n=4, precision=8, seed=0)
+    result = mca(lambda t: (t * 3).sum(), v, n=4, precision=8, seed=0, batched=False)
     result.mean[0].backward()
     assert torch.equal(v.grad, torch.full((3,), 3.0))
 
@@ -321,7 +334,8 @@ def test_integer_and_bool_outputs_are_exact_where_every_run_agrees():
 
 
 def test_results_that_change_shape_between_runs_are_a_runtime_error():
-    """A list that grows, or a tensor whose shape changes (not torch.stack's error)."""
+    """A list that grows, or a tensor whose shape changes (not torch.stack's error): the
+    serial runs (a batched run is one run)."""
     sizes = iter(range(1, 10))
 
     def grows() -> list[float]:
@@ -332,4 +346,4 @@ def test_results_that_change_shape_between_runs_are_a_runtime_error():
 
     for fn in (grows, reshapes):
         with pytest.raises(RuntimeError, match=rf"^{fn.__name__}\(\) returned results of "):
-            mca(fn, n=3, precision=8)
+            mca(fn, n=3, precision=8, batched=False)

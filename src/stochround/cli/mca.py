@@ -1,7 +1,10 @@
-"""``stochround mca SCRIPT.py``: Monte Carlo arithmetic on a script's ``main()``: run it n
-times with every floating ATen op rounded at random (`stochround.emulate.mca` with
-``trace=True``), then print the significant digits of what it returns and the call sites
-(lines of the script) that keep the fewest, and plot the digits of every site.
+"""``stochround mca SCRIPT.py``: Monte Carlo arithmetic on a script's ``main()``: run it on
+n samples with every floating ATen op rounded at random (`stochround.emulate.mca` with
+``trace=True``: the n samples together, or with ``--serial`` n runs one after another; a
+script that cannot be batched runs serially after a notice naming the op), then print the
+time against one unrounded call of ``main()``, the significant digits of what it returns
+and the call sites (lines of the script) that keep the fewest, and plot the digits of
+every site.
 
 The script is imported as a module (its top-level code runs once, unrounded: data set up
 there is exact); only ``main()`` runs under the emulation.  Bad options, a missing script, a
@@ -20,6 +23,7 @@ import inspect
 import math
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,7 +33,14 @@ from typing import Annotated
 import torch
 import typer
 
-from ..emulate.mca import MCA_MODES, MCAResult, SiteDigits, mca, virtual_precision
+from ..emulate.mca import (
+    MCA_MODES,
+    BatchingError,
+    MCAResult,
+    SiteDigits,
+    mca,
+    virtual_precision,
+)
 from ..emulate.mca_digits import ESTIMATORS
 from ..experiments import report
 from ..reference import MODES, check_choice, check_mode
@@ -137,6 +148,8 @@ def guarded(main: Callable[[], object], script: Path) -> Callable[[], object]:
     def run() -> object:
         try:
             return main()
+        except BatchingError:  # the batched run's refusal: the command runs serially
+            raise
         except Exception as error:
             message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
             where = raised_at(error, script)
@@ -241,6 +254,16 @@ def plot_sites(sites: tuple[SiteDigits, ...], max_digits: float, out: Path) -> P
     return report.save_figure(figure, out, PLOT_NAME)
 
 
+def timed(run: Callable[[], object]) -> float:
+    """Seconds ``run()`` takes, the accelerator's queued work included."""
+    synchronize = torch.cuda.synchronize if torch.cuda.is_initialized() else lambda: None
+    synchronize()
+    start = time.perf_counter()
+    run()
+    synchronize()
+    return time.perf_counter() - start
+
+
 def max_digits_of(result: MCAResult) -> float:
     """The most digits any rounded result can keep: p log10 2 of the widest format."""
     return max(fmt.precision for fmt in result.formats.values()) * math.log10(2)
@@ -293,6 +316,14 @@ def mca_command(
     out: Annotated[
         Path, typer.Option(metavar="DIR", help="Folder for the plot (created if missing).")
     ] = Path("stochround-mca"),
+    serial: Annotated[
+        bool,
+        typer.Option(
+            "--serial",
+            help="Run main() n times one after another (default: once, on the n samples "
+            "together, falling back to --serial with a notice where it cannot).",
+        ),
+    ] = False,
 ) -> None:
     """Monte Carlo arithmetic on SCRIPT.py's main(): run it n times with every floating op
     rounded at random, print the significant digits of its results and the lines that lose
@@ -308,11 +339,12 @@ def mca_command(
         output.fail(f"--n must be an integer >= 2 (a std needs two runs); got {n}")
     checked_seed = output.parse_seed(seed)
     output.prepare_out(out)
-    main = load_main(script)
+    main = guarded(load_main(script), script)
     console = output.new_console()
-    try:
-        result = mca(
-            guarded(main, script),
+
+    def measured(batched: bool) -> MCAResult:
+        return mca(
+            main,
             n=n,
             precision=precision,
             fmt=format_name,
@@ -322,16 +354,39 @@ def mca_command(
             mca_mode=mca_mode,
             estimator=estimator,
             probability=probability,
+            batched=batched,
         )
+
+    found: list[MCAResult] = []
+    try:
+        alone = timed(main)  # once unrounded: the time the MCA is measured against
+        try:
+            took = timed(lambda: found.append(measured(not serial)))
+        except BatchingError as error:
+            console.print(
+                f"notice: {error}; running main() {n} times one after another",
+                markup=False,
+                soft_wrap=True,
+            )
+            serial = True
+            took = timed(lambda: found.append(measured(False)))
     except MainFailed as error:
         output.fail(str(error))
     except (TypeError, RuntimeError) as error:  # what main() returned: mca cannot measure it
         output.fail(str(error))
     except ValueError as error:  # too few runs for the Bernoulli estimator's statement
         output.fail(str(error).replace("n >=", "--n >=").replace("got n=", "got --n "))
+    result = found[0]
+    runs = f"run {n} times" if serial else f"run once on {n} samples together"
     console.print(
-        f"{script}: main() run {n} times, every op rounded to {target} with {mode} "
+        f"{script}: main() {runs}, every op rounded to {target} with {mode} "
         f"(MCA mode {mca_mode}, digits by {estimator}), seed {checked_seed}",
+        markup=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"time: main() alone {alone:.3g} s (one unrounded call, first), MCA {took:.3g} s "
+        f"({took / max(alone, 1e-9):.3g}x)",
         markup=False,
         soft_wrap=True,
     )

@@ -211,11 +211,17 @@ def exact_pair(
 
 
 def sr_pair(hi: Tensor, lo: Tensor, target: Format, key: int, offset: int) -> Tensor:
+    """`sr_pair_words` with the words of ``(key, offset)`` at hi's flat indices."""
+    return sr_pair_words(hi, lo, target, streams.random_words_like(hi, key, offset))
+
+
+def sr_pair_words(hi: Tensor, lo: Tensor, target: Format, words: Tensor) -> Tensor:
     """``hi + lo`` (float64, |lo| at most half an ulp of hi after renormalisation) rounded
     stochastically to ``target`` with the rounding contract's exact SR (32-bit words,
     variant c): with z and a the neighbours of |hi + lo| toward and away from zero and
     ``nu = (|hi + lo| - z) / (a - z)``, the result is a iff ``round_half_even(nu 2**32)
-    + r >= 2**32``, r the word of ``(key, offset, flat index)``.  nu is computed in float64
+    + r >= 2**32``, r the element's word in ``words`` (int64 in [0, 2**32), hi's shape;
+    `sr_pair`: those of ``(key, offset, flat index)``).  nu is computed in float64
     (relative error at most 2**-52): the probability is exact SR's to within that.
     Infinite and NaN ``hi`` are kept; beyond the format's largest finite value, hi is
     rounded as `stochround.rounding.round` rounds it (mode "sr", the same words)."""
@@ -232,13 +238,12 @@ def sr_pair(hi: Tensor, lo: Tensor, target: Format, key: int, offset: int) -> Te
     away = rounding.round(step, target, "ru")
     nu = ((magnitude - toward) + tail) / (away - toward)
     count = torch.round(nu.clamp(0, 1) * _WORD)
-    words = streams.random_words_like(hi, key, offset).to(hi.dtype)
-    rounded = torch.where(count + words >= _WORD, away, toward) * sign
+    rounded = torch.where(count + words.to(hi.dtype) >= _WORD, away, toward) * sign
     # beyond the format's largest finite value (no finite neighbour away from zero): the
     # core's SR, which overflows there by the rounding contract, with the same words
-    overflow = rounding.round(hi, target, "sr", seed=key, offset=offset)
+    overflow = rounding.round(hi, target, "sr", rand=words)
     rounded = torch.where(torch.isinf(away), overflow, rounded)
     return torch.where(torch.isfinite(hi) & ((hi != 0) | (lo != 0)), rounded, hi)
 
 
-__all__ = ["EXACT_OPS", "exact_pair", "sr_pair", "two_prod", "two_sum"]
+__all__ = ["EXACT_OPS", "exact_pair", "sr_pair", "sr_pair_words", "two_prod", "two_sum"]

@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from .. import random as streams
 from ..formats import Format, format_of_dtype
 from ..reference import check_choice, check_mode
 from ..torch_path import FLOAT_DTYPES
 from .dispatch import Emulation
+from .mca_batched import SAMPLE_STRIDE, BatchedEmulation, BatchingError, sample_values
 from .mca_digits import check_estimator, estimated_digits, significant_digits
 from .ops import FormatSpec, target_formats
 
@@ -35,6 +37,8 @@ __all__ = [
     "MAX_PRECISION",
     "MCA_MODES",
     "NO_PYTHON_FRAME",
+    "SAMPLE_STRIDE",
+    "BatchingError",
     "MCAResult",
     "SiteDigits",
     "call_site",
@@ -227,14 +231,31 @@ class SiteStatistics:
         """Restart the call indices: the next run's calls match this run's by index."""
         self.calls_in_run = {}
 
-    def observe(self, func: torch._ops.OpOverload, outputs: object) -> None:
-        """The observer: fold the op's floating outputs into its call's moments.  The
-        emulation calls it with its rounding turned off, so these float64 ops are not
-        rounded to the emulated format."""
+    def _call(self) -> tuple[str, int]:
+        """The current op call's key: its site and its index among the site's calls."""
         site = call_site()
         index = self.calls_in_run.get(site, 0)
         self.calls_in_run[site] = index + 1
         self.calls[site] = max(self.calls.get(site, 0), index + 1)
+        return site, index
+
+    def observe_samples(self, func: torch._ops.OpOverload, outputs: object) -> None:
+        """The batched run's observer: the op's floating outputs hold the n samples
+        (``(n, *shape)``), whose moments are the call's."""
+        key = self._call()
+        self.moments[key] = [
+            [t.shape[0], mean, ((wide - mean) ** 2).sum(dim=0), _precision(self.formats, t.dtype)]
+            for t in _tensors(outputs)
+            if t.is_floating_point() and t.numel() > 0
+            for wide in [t.detach().to(torch.float64)]
+            for mean in [wide.mean(dim=0)]
+        ]
+
+    def observe(self, func: torch._ops.OpOverload, outputs: object) -> None:
+        """The observer: fold the op's floating outputs into its call's moments.  The
+        emulation calls it with its rounding turned off, so these float64 ops are not
+        rounded to the emulated format."""
+        site, index = self._call()
         tensors = [
             t
             for t in _tensors(outputs)
@@ -313,6 +334,7 @@ def mca(
     estimator: str = "plain",
     probability: float = 0.99,
     confidence: float = 0.95,
+    batched: bool = True,
     **kwargs: object,
 ) -> MCAResult:
     """Monte Carlo arithmetic on an unmodified function: ``fn(*args, **kwargs)`` run n times
@@ -326,11 +348,18 @@ def mca(
     output); "pb", precision bounding: each op's floating inputs rounded with ``mode`` to
     the format, the op computed in float64 and stored to nearest in its dtype; "mca": both.
 
-    Random words: one stream ``seed`` for the n runs, its counter continuing from one run
-    to the next (run 0 draws offsets 0..k-1, run 1 offsets k..2k-1, ...), as
-    `stochround.arith.monte_carlo` does: every rounding draws fresh words, the whole is
-    reproducible from ``seed``, and run 0 is ``with Emulation(formats, mode, seed=seed,
-    compute="float64", residuals=mode == "sr", ...): fn(*args, **kwargs)``.
+    Random words: one stream ``seed`` for the n runs, run j's counter starting at ``j
+    SAMPLE_STRIDE`` (``j 2**40``; its i-th rounding draws offset ``j 2**40 + i``): every
+    rounding draws fresh words, the whole is reproducible from ``seed``, run 0 is ``with
+    Emulation(formats, mode, seed=seed, compute="float64", residuals=mode == "sr", ...):
+    fn(*args, **kwargs)``, and the batched and serial runs agree bit for bit.
+
+    ``batched=True`` (the default) runs fn once on the n samples together
+    (`stochround.emulate.mca_batched`: each op once over all samples); a program that reads
+    a value of its tensors (``.item()``, ``if x > 0``), draws from torch's generator or
+    whose shapes depend on its values raises `BatchingError` naming the op and its line:
+    run it with ``batched=False``, the n runs one after another.  The batched samples carry
+    no gradient: an argument that requires one is a ValueError (pass ``batched=False``).
 
     Args:
         fn: the function; it returns tensors, Python numbers, None, or tuples, lists and
@@ -381,40 +410,39 @@ def mca(
         target = own_precision() if fmt is None else fmt
     formats = target_formats(target)
     statistics = SiteStatistics(formats)
-    emulation = Emulation(
-        target,
-        mode,
-        seed=seed,
-        observer=statistics.observe if trace else None,
-        compute="float64",
-        residuals=mode == "sr",
-        round_inputs=mca_mode != "rr",
-        round_outputs=mca_mode != "pb",
-    )
-    runs = []
+    if not isinstance(batched, bool):
+        raise TypeError(f"batched must be a bool; got {batched!r}")
     name = returner(fn)
-    for _ in range(n):
-        statistics.start_run()
-        with emulation:
+    if batched:
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+        if any(t.requires_grad for t in inputs) and torch.is_grad_enabled():
+            raise ValueError(
+                "batched=True gives samples without a gradient; an argument requires one: "
+                "pass batched=False for samples that carry fn's gradient"
+            )
+        batched_emulation = BatchedEmulation(
+            n,
+            target,
+            mode,
+            seed=seed,
+            residuals=mode == "sr",
+            round_inputs=mca_mode != "rr",
+            round_outputs=mca_mode != "pb",
+            on_samples=statistics.observe_samples if trace else None,
+            site=call_site,
+        )
+        with batched_emulation:
             result = fn(*args, **kwargs)
-        # copies, made outside the emulation (not rounded), and now: a later run may
-        # overwrite a tensor this one returned.  Not detached: as `arith.monte_carlo`'s, the
-        # samples carry fn's gradient (straight through every rounding)
-        runs.append(
-            [
-                (label, t.dtype, t.to(torch.float64, copy=True))
-                for label, t in flat_outputs(result, returned_by=name)
-            ]
+        found = flat_outputs(result, returned_by=name)
+        layout = [(label, t.dtype) for label, t in found]
+        samples = tuple(sample_values(t, n) for _, t in found)
+        no_residual = batched_emulation.no_residual
+    else:
+        layout, samples, no_residual = _serial(
+            fn, args, kwargs, n, target, mode, seed, mca_mode, statistics, trace
         )
-    layout = [(label, dtype, t.shape) for label, dtype, t in runs[0]]
-    if any([(label, dtype, t.shape) for label, dtype, t in run] != layout for run in runs):
-        raise RuntimeError(
-            f"{name} returned results of different structures, dtypes or shapes in different "
-            "runs; mca compares the runs output by output"
-        )
-    labels = tuple(label for label, _, _ in layout)
-    dtypes = [dtype for _, dtype, _ in layout]
-    samples = tuple(torch.stack([run[i][2] for run in runs]) for i in range(len(labels)))
+    labels = tuple(label for label, _ in layout)
+    dtypes = [dtype for _, dtype in layout]
     mean = tuple(s.mean(dim=0) for s in samples)
     std = tuple(s.std(dim=0, correction=1) for s in samples)
     digits = tuple(
@@ -435,5 +463,56 @@ def mca(
         estimator,
         float(probability),
         float(confidence),
-        tuple(sorted(emulation.no_residual)),
+        tuple(sorted(no_residual)),
     )
+
+
+def _serial(
+    fn: Callable[..., object],
+    args: tuple[object, ...],
+    kwargs: Mapping[str, object],
+    n: int,
+    target: FormatSpec | Mapping[torch.dtype, FormatSpec],
+    mode: str,
+    seed: int,
+    mca_mode: str,
+    statistics: SiteStatistics,
+    trace: bool,
+) -> tuple[list[tuple[str, torch.dtype]], tuple[Tensor, ...], set[str]]:
+    """`mca`'s n runs one after another, run j's counter from ``j SAMPLE_STRIDE``: the
+    outputs' (label, dtype), their ``(n, *shape)`` float64 samples, the ops without a
+    residual."""
+    emulation = Emulation(
+        target,
+        mode,
+        seed=seed,
+        observer=statistics.observe if trace else None,
+        compute="float64",
+        residuals=mode == "sr",
+        round_inputs=mca_mode != "rr",
+        round_outputs=mca_mode != "pb",
+    )
+    runs = []
+    name = returner(fn)
+    for run in range(n):
+        statistics.start_run()
+        emulation.calls = run * SAMPLE_STRIDE
+        with emulation:
+            result = fn(*args, **kwargs)
+        # copies, made outside the emulation (not rounded), and now: a later run may
+        # overwrite a tensor this one returned.  Not detached: as `arith.monte_carlo`'s, the
+        # samples carry fn's gradient (straight through every rounding)
+        runs.append(
+            [
+                (label, t.dtype, t.to(torch.float64, copy=True))
+                for label, t in flat_outputs(result, returned_by=name)
+            ]
+        )
+    layout = [(label, dtype, t.shape) for label, dtype, t in runs[0]]
+    if any([(label, dtype, t.shape) for label, dtype, t in run] != layout for run in runs):
+        raise RuntimeError(
+            f"{name} returned results of different structures, dtypes or shapes in different "
+            "runs; mca compares the runs output by output"
+        )
+    samples = tuple(torch.stack([run[i][2] for run in runs]) for i in range(len(layout)))
+    return [(label, dtype) for label, dtype, _ in layout], samples, emulation.no_residual

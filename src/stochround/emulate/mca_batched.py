@@ -1,0 +1,402 @@
+"""The n samples of Monte Carlo arithmetic in one run (`stochround.emulate.mca` with
+``batched=True``): every tensor the program makes carries the n samples' values
+(`SampleTensor`), each ATen op runs once over all of them (`torch.func.vmap` over the op
+and its emulation), and each rounding draws, for sample j, the words sample j's own
+serial run draws, so that sample j is the serial run j bit for bit.
+
+Streams: run j of `mca` starts its counter at ``j * SAMPLE_STRIDE`` (serial and batched
+alike): the i-th rounding of run j draws offset ``j 2**40 + i`` of the seed's stream, and
+run 0 draws offsets 0, 1, ..., as ``with Emulation(..., seed=seed)`` alone does.
+
+What cannot be batched (`BatchingError`): an op whose result is not a tensor, read from the
+samples' values (``.item()``, ``bool(x)``, ``if x > 0``, ``x.tolist()``), an op whose
+result's shape depends on the values (``nonzero``, ``masked_select``, ``unique``), a
+draw from torch's generator (``randn`` inside the program), an in-place op that writes the
+samples' values into a tensor made outside the program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch._C import _functorch as functorch
+from torch.utils import _pytree as pytree
+
+from .. import random as streams
+from .. import rounding
+from ..formats import Format
+from ..kernels.availability import on_kernel_device, use_kernel
+from ..rounding.prepared import PreparedRounding
+from .dispatch import Emulation
+from .exact import sr_pair_words
+
+# the offsets between the starts of two runs' counters: a run makes fewer roundings
+SAMPLE_STRIDE = 2**40
+
+# the most samples the words kernel takes: its launch grid's second dimension
+_KERNEL_SAMPLES = 65535
+
+
+class BatchingError(RuntimeError):
+    """An op of the program cannot run on the n samples together; the message names the
+    op, the program's line and what to do (run the samples one after another)."""
+
+
+# what a batched run says where the program reads its values outside ATen
+_READ = (
+    "x.{}() reads the values of a tensor of a batched MCA run, which holds the n samples'. "
+    " Run the samples one after another: mca(..., batched=False), stochround mca --serial"
+)
+
+
+class _Rounds(Exception):
+    """A factory run once (`BatchedEmulation._made`) reached a rounding."""
+
+
+class SampleTensor(Tensor):
+    """A tensor of the program holding its value in each of the n samples: ``samples``,
+    shape ``(n, *shape)``; the tensor itself has the shape, dtype and device of one
+    sample's value.  Only `BatchedEmulation` computes with it."""
+
+    samples: Tensor
+
+    @staticmethod
+    def __new__(cls, samples: Tensor) -> SampleTensor:
+        made = Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls,
+            samples.shape[1:],
+            strides=samples.stride()[1:],
+            dtype=samples.dtype,
+            device=samples.device,
+        )
+        made.samples = samples
+        return made
+
+    # torch's own subclasses' idiom (torch functions go straight to ATen); the stubs type
+    # these hooks more narrowly than torch calls them
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls,
+        func: torch._ops.OpOverload,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        raise BatchingError(
+            f"{func} on a tensor of a batched MCA run outside the run: read the samples "
+            "from the MCAResult"
+        )
+
+    def tolist(self) -> Any:  # torch reads a subclass's values without an ATen op here
+        raise BatchingError(_READ.format("tolist"))
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:
+        raise BatchingError(_READ.format("numpy"))
+
+    def __repr__(self) -> str:  # type: ignore[override]  # the default reads the values
+        return f"SampleTensor(n={self.samples.shape[0]}, shape={tuple(self.shape)})"
+
+
+def sample_words_refusal(bases: Tensor) -> str | None:
+    """Why the words kernel cannot serve these samples (None if it can): one program
+    column a sample, and a launch grid's second dimension holds at most 65535."""
+    if bases.shape[0] > _KERNEL_SAMPLES:
+        return f"{bases.shape[0]} samples: the words kernel takes at most {_KERNEL_SAMPLES}"
+    return None
+
+
+def sample_words(shape: torch.Size, key: int, bases: Tensor, offset: int = 0) -> Tensor:
+    """The words of n tensors of ``shape``, tensor j in stream ``(key, bases[j] +
+    offset)``: ``out[j]`` is ``random_words_like(x_j, key, bases[j] + offset)`` (row-major
+    flat indices from 0), computed for all j at once: one kernel on CUDA
+    (`stochround.kernels.sample_words`), PyTorch's ops elsewhere.  Returns int64, shape
+    ``(n, *shape)``."""
+    if use_kernel("auto", "bases", on_kernel_device(bases), sample_words_refusal(bases)):
+        # the kernel module imports triton: imported where it runs
+        from ..kernels.sample_words import sample_words_triton
+
+        return sample_words_triton(shape, key, bases, offset)
+    offsets = bases + offset
+    n = offsets.shape[0]
+    count = shape.numel()
+    if count == 0:
+        return torch.empty((n, *shape), dtype=torch.int64, device=offsets.device)
+    groups = torch.arange((count + 3) >> 2, dtype=torch.int64, device=offsets.device)
+    column = offsets.reshape(n, 1)
+    words = streams.philox4x32(
+        groups & streams.MASK32,
+        groups >> 32,
+        column & streams.MASK32,
+        (column >> 32) & streams.MASK32,
+        key & streams.MASK32,
+        key >> 32,
+    )
+    return torch.stack(words, dim=-1).reshape(n, -1)[:, :count].reshape(n, *shape)
+
+
+def _tensor_returns(func: torch._ops.OpOverload) -> bool:
+    """Whether every result of ``func`` is a tensor or a list of tensors (vmap needs that)."""
+    return all(
+        isinstance(r.type, torch.TensorType)
+        or (
+            isinstance(r.type, torch.ListType)
+            and isinstance(r.type.getElementType(), torch.TensorType)
+        )
+        for r in func._schema.returns
+    )
+
+
+class BatchedEmulation(Emulation):
+    """An `Emulation` (compute="float64", accumulate="once", 32-bit words, variant c)
+    that runs every op on the n samples together: the op's `SampleTensor` arguments give
+    their samples, its other tensors are shared by every sample, and its tensor results
+    are `SampleTensor`s.  Each rounding of the i-th call draws, for sample j, offset
+    ``j SAMPLE_STRIDE + i`` (`sample_words`).  ``on_samples``: None or a callable
+    ``(func, outputs)`` given each rounded op's outputs as ``(n, *shape)`` tensors;
+    ``site``: where the program is (its errors name it: `stochround.emulate.mca.call_site`)."""
+
+    def __init__(
+        self,
+        n: int,
+        fmt: Any,
+        mode: str,
+        *,
+        seed: int,
+        residuals: bool,
+        round_inputs: bool,
+        round_outputs: bool,
+        on_samples: Callable[[torch._ops.OpOverload, Any], None] | None = None,
+        site: Callable[[], str] = lambda: "?",
+    ) -> None:
+        super().__init__(
+            fmt,
+            mode,
+            seed=seed,
+            compute="float64",
+            residuals=residuals,
+            round_inputs=round_inputs,
+            round_outputs=round_outputs,
+        )
+        self.n = n
+        self.on_samples, self.site = on_samples, site
+        self._bases: dict[torch.device, Tensor] = {}
+
+    def __enter__(self) -> BatchedEmulation:
+        # the dispatch keys of the code that enters the run (`__torch_dispatch__`), the
+        # Python keys excluded: the op's own ops do not come back to the mode
+        python = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
+            torch._C.DispatchKey.PythonTLSSnapshot
+        )
+        self._keys = (
+            torch._C._dispatch_tls_local_include_set(),
+            torch._C._dispatch_tls_local_exclude_set() | python,
+        )
+        super().__enter__()
+        return self
+
+    def bases(self, device: torch.device) -> Tensor:
+        """The first offset of each sample's counter, ``j SAMPLE_STRIDE``, on ``device``."""
+        found = self._bases.get(device)
+        if found is None:
+            found = torch.arange(self.n, dtype=torch.int64, device=device) * SAMPLE_STRIDE
+            self._bases[device] = found
+        return found
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        batched = [isinstance(value, SampleTensor) for value in leaves]
+        entry = self._entries.get(func)
+        if entry is None:
+            entry = self._entries[func] = self._op_entry(func)
+        if not any(batched) and (entry[0].aliases_only or not _tensor_returns(func)):
+            # a view of a tensor made outside the program, a query of one: shared as it is
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        if not _tensor_returns(func):
+            raise self._error(func, "its result is a Python value read from the samples' values")
+        if not func._schema.returns:  # a check of the values (linalg's): of every sample's
+            unwrapped = [v.samples if b else v for v, b in zip(leaves, batched, strict=True)]
+            return super().__torch_dispatch__(func, types, *pytree.tree_unflatten(unwrapped, spec))
+        if not any(isinstance(v, Tensor) for v in leaves):
+            made = self._made(func, types, args, kwargs)
+            if made is not None:
+                return made
+        if any(not isinstance(t, SampleTensor) for t in self._mutated(entry[0], args, kwargs)):
+            raise self._error(
+                func,
+                "it writes into a tensor made outside the run (an argument, a global), which "
+                "holds one value, not the n samples'",
+            )
+        # a tensor shared by every sample enters as n views of it: the op's results (and
+        # the emulation's copies into them) are then per sample, as its rounding is
+        values = [
+            v.samples if b else v.expand(self.n, *v.shape) if isinstance(v, Tensor) else v
+            for v, b in zip(leaves, batched, strict=True)
+        ]
+        devices = [v.device for v in values if isinstance(v, Tensor)]
+        device = devices[0] if devices else torch.device("cpu")
+        before = self.calls
+
+        def one_sample(_: Tensor, *flat: Any) -> Any:
+            inner_args, inner_kwargs = pytree.tree_unflatten(list(flat), spec)
+            return Emulation.__torch_dispatch__(self, func, types, inner_args, inner_kwargs)
+
+        in_dims = (0, *(0 if isinstance(v, Tensor) else None for v in values))
+        try:
+            # a dispatch mode's handler runs with every key above Python excluded, vmap's
+            # among them: the op's vmap runs with the keys the program's code had
+            with torch._C._ForceDispatchKeyGuard(*self._keys):
+                out = torch.func.vmap(one_sample, in_dims=in_dims, randomness="error")(
+                    self.bases(device), *values
+                )
+        except (BatchingError, TypeError):  # the emulation's own refusals (complex, ...)
+            raise
+        except Exception as error:  # vmap refuses the op (its message says why)
+            raise self._error(func, f"{type(error).__name__}: {error}") from error
+        wrapped = self._wrapped(func, args, kwargs, out)
+        # observed as the serial emulation observes: an op whose outputs were rounded
+        if self.on_samples is not None and self.round_outputs and self.calls > before:
+            self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
+        return wrapped
+
+    def _made(
+        self,
+        func: torch._ops.OpOverload,
+        types: tuple[type, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A factory (no tensor argument: ``zeros``, ``arange``) run once, its tensors then
+        given to every sample (copies: a program writes in them); None where the emulation
+        rounded it (the counter moved: each sample's rounding needs the op's vmap)."""
+        before = self.calls
+        try:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+        except _Rounds:
+            self.calls = before
+            return None
+        return pytree.tree_map_only(
+            Tensor, lambda t: SampleTensor(t.expand(self.n, *t.shape).clone()), out
+        )
+
+    def _error(self, func: torch._ops.OpOverload, why: str) -> BatchingError:
+        return BatchingError(
+            f"{func} (at {self.site()}) cannot run on the {self.n} MCA samples together: "
+            f"{why}.  Run the samples one after another: mca(..., batched=False), "
+            "stochround mca --serial"
+        )
+
+    def _wrapped(
+        self,
+        func: torch._ops.OpOverload,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+    ) -> Any:
+        """vmap's ``(n, ...)`` results as `SampleTensor`s; a result that is a mutated
+        argument (``add_``, ``out=``) is that argument itself."""
+        schema = func._schema
+        written: dict[int, Any] = {}
+        for position, result in enumerate(schema.returns):
+            if result.alias_info is None or not result.alias_info.is_write:
+                continue
+            for index, argument in enumerate(schema.arguments):
+                if argument.alias_info is not None and (
+                    argument.alias_info.before_set == result.alias_info.before_set
+                ):
+                    value = args[index] if index < len(args) else kwargs.get(argument.name)
+                    written[position] = value
+        if isinstance(out, Tensor):
+            return written.get(0, self._sample_tensor(out))
+        results = [
+            written[i] if i in written else pytree.tree_map_only(Tensor, self._sample_tensor, r)
+            for i, r in enumerate(out)
+        ]
+        return type(out)(results) if isinstance(out, tuple) else results
+
+    def _sample_tensor(self, samples: Tensor) -> SampleTensor:
+        """``samples`` as a `SampleTensor`; a result shared by every sample (vmap expands
+        it) copied, so that an in-place op may write one sample's value in it."""
+        if samples.ndim and samples.stride(0) == 0 and self.n > 1:
+            samples = samples.contiguous()
+        return SampleTensor(samples)
+
+    def _physical(self, x: Tensor) -> Tensor:
+        """The ``(n, *shape)`` values of x inside the op's vmap (a tensor shared by every
+        sample: expanded)."""
+        level = functorch.maybe_current_level()
+        if level is None:  # a factory run once (`_made`): it must run per sample
+            raise _Rounds
+        values, dim = functorch._unwrap_batched(x, level)
+        if dim is None:
+            return values.expand(self.n, *values.shape)
+        return values.movedim(dim, 0)
+
+    def _batched(self, values: Tensor) -> Tensor:
+        """``(n, *shape)`` values as a tensor of the op's vmap (the inverse of `_physical`)."""
+        return functorch._add_batch_dim(values, 0, functorch.current_level())
+
+    def _words(self, x: Tensor, offset: int) -> Tensor:
+        """Sample j's words of offset ``j SAMPLE_STRIDE + offset`` for x's ``(n, *shape)``."""
+        return sample_words(x.shape[1:], self.key, self.bases(x.device), offset)
+
+    def _next_rounding(self, x: Tensor, prepared: PreparedRounding) -> Tensor:
+        """As the emulation's, each sample drawing its own run's words (`_words`)."""
+        offset = self.calls
+        self.calls += 1
+        values = self._physical(x.detach())
+        if self.mode != "sr":
+            return self._batched(prepared.round(values, offset))
+        target = prepared.request.fmt
+        rounded = rounding.round(values, target, "sr", rand=self._words(values, offset))
+        return self._batched(rounded)
+
+    def _result_rounded(
+        self,
+        func: torch._ops.OpOverload,
+        pair: tuple[Tensor, Tensor] | None,
+        wide: Tensor,
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """As the emulation's; an exact result ``hi + lo`` rounded by `sr_pair_words` with
+        each sample's words."""
+        if pair is None or not self.round_outputs:
+            return super()._result_rounded(func, pair, wide, dtype)
+        target: Format = self.formats[dtype]
+        offset = self.calls
+        self.calls += 1
+        hi, lo = self._physical(pair[0]), self._physical(pair[1])
+        return self._batched(sr_pair_words(hi, lo, target, self._words(hi, offset)))
+
+
+def _samples_of(value: SampleTensor) -> Tensor:
+    return value.samples
+
+
+def sample_values(value: Tensor, n: int) -> Tensor:
+    """A result's ``(n, *shape)`` float64 samples, copied: a `SampleTensor`'s own, a plain
+    tensor's (the same in every sample) repeated."""
+    if isinstance(value, SampleTensor):
+        return value.samples.to(torch.float64, copy=True)
+    return value.detach().to(torch.float64, copy=True).expand(n, *value.shape).clone()
+
+
+__all__ = [
+    "SAMPLE_STRIDE",
+    "BatchedEmulation",
+    "BatchingError",
+    "SampleTensor",
+    "sample_values",
+    "sample_words",
+]
