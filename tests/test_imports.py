@@ -42,6 +42,7 @@ NEEDS_TRITON = {
     "stochround.kernels.sample_words",
     "stochround.kernels.scaled_gemm",
     "stochround.kernels.stream_sr",
+    "stochround.kernels.tensor_round",
     "stochround.kernels.transpose",
     "stochround.kernels.two_orientation",
 }
