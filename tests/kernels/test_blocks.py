@@ -550,3 +550,40 @@ def test_the_e2m1_sr_presets_are_the_kernels_sr_with_their_bits_and_variant(
         )
         assert _same_bits(codes, expected.codes), (fmt, tensor_scale)
         assert _same_bits(scales, expected.scales.view(torch.uint8)), (fmt, tensor_scale)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ties_and_their_neighbours_round_to_nearest_even_as_the_pytorch_path(
+    fmt: str, dtype: torch.dtype
+) -> None:
+    # every midpoint between the element's magnitudes (ties: to even), the fp32 values on
+    # either side of it, values below half the smallest subnormal and the max, each
+    # block led by the element's max so that the floor rule's scale is 1: round-to-nearest-
+    # even's addition of 2**(q + 23) (block_math.fast_round) decides each of them
+    element = block_format(fmt).element
+    magnitudes = sorted(
+        {float(element.magnitude_value(code)) for code in range(element.max_magnitude_code + 1)}
+    )
+    midpoints = torch.tensor(
+        [(a + b) / 2 for a, b in zip(magnitudes, magnitudes[1:], strict=False)]
+    )
+    values = torch.cat(
+        [
+            midpoints,
+            torch.nextafter(midpoints, torch.tensor(math.inf)),
+            torch.nextafter(midpoints, torch.tensor(0.0)),
+            torch.tensor([magnitudes[1] / 4, 1e-30, 0.0, element.max]),
+        ]
+    ).to(torch.float32)
+    values = torch.cat([values, -values])
+    block = 32
+    rows = -(-values.numel() // (block - 1))
+    x = torch.zeros(rows, block - 1)
+    x.view(-1)[: values.numel()] = values
+    x = torch.cat([torch.full((rows, 1), element.max), x], dim=1).to(DEVICE, dtype)
+    expected, got = _both(x, fmt, "rne", scale_rule="floor")
+    _assert_same_block_tensor(expected, got, (fmt, dtype))
+    assert torch.equal(got.scales.float(), torch.ones(rows, 1, device=DEVICE))  # scales of 1
+    want = blocks.quantize(x, fmt, "rne", scale_rule="floor", backend="torch").dequantize()
+    assert _same_bits(fake_quantize_blocks(x, element, block, "floor"), want.to(dtype))
