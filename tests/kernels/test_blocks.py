@@ -565,9 +565,7 @@ def test_ties_and_their_neighbours_round_to_nearest_even_as_the_pytorch_path(
     magnitudes = sorted(
         {float(element.magnitude_value(code)) for code in range(element.max_magnitude_code + 1)}
     )
-    midpoints = torch.tensor(
-        [(a + b) / 2 for a, b in zip(magnitudes, magnitudes[1:], strict=False)]
-    )
+    midpoints = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(magnitudes)])
     values = torch.cat(
         [
             midpoints,
