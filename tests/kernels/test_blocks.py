@@ -244,7 +244,7 @@ def test_a_slice_quantized_with_its_index_offset_equals_that_slice_of_the_whole(
 
 def test_tiles_cut_mid_tensor_and_a_partial_last_tile_are_exact() -> None:
     """More blocks than one program's tile, and a last tile only partly filled."""
-    tile_blocks = kernel_blocks.TILE_ELEMENTS // 32
+    tile_blocks = kernel_blocks.quantize_tiling(0, True).ELEMENTS // 32
     rows = 2 * tile_blocks // 4 + 3
     generator = torch.Generator().manual_seed(8)
     x = (torch.randn(rows, 128, generator=generator) * 3).to(DEVICE)
@@ -550,3 +550,108 @@ def test_the_e2m1_sr_presets_are_the_kernels_sr_with_their_bits_and_variant(
         )
         assert _same_bits(codes, expected.codes), (fmt, tensor_scale)
         assert _same_bits(scales, expected.scales.view(torch.uint8)), (fmt, tensor_scale)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp6_e2m3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ties_and_their_neighbours_round_to_nearest_even_as_the_pytorch_path(
+    fmt: str, dtype: torch.dtype
+) -> None:
+    # every midpoint between the element's magnitudes (ties: to even), the fp32 values on
+    # either side of it, values below half the smallest subnormal and the max, each
+    # block led by the element's max so that the floor rule's scale is 1: round-to-nearest-
+    # even's addition of 2**(q + 23) (block_math.fast_round) decides each of them
+    element = block_format(fmt).element
+    magnitudes = sorted(
+        {float(element.magnitude_value(code)) for code in range(element.max_magnitude_code + 1)}
+    )
+    midpoints = torch.tensor([(a + b) / 2 for a, b in itertools.pairwise(magnitudes)])
+    values = torch.cat(
+        [
+            midpoints,
+            torch.nextafter(midpoints, torch.tensor(math.inf)),
+            torch.nextafter(midpoints, torch.tensor(0.0)),
+            torch.tensor([magnitudes[1] / 4, 1e-30, 0.0, element.max]),
+        ]
+    ).to(torch.float32)
+    values = torch.cat([values, -values])
+    block = 32
+    rows = -(-values.numel() // (block - 1))
+    x = torch.zeros(rows, block - 1)
+    x.view(-1)[: values.numel()] = values
+    x = torch.cat([torch.full((rows, 1), element.max), x], dim=1).to(DEVICE, dtype)
+    expected, got = _both(x, fmt, "rne", scale_rule="floor")
+    _assert_same_block_tensor(expected, got, (fmt, dtype))
+    assert torch.equal(got.scales.float(), torch.ones(rows, 1, device=DEVICE))  # scales of 1
+    want = blocks.quantize(x, fmt, "rne", scale_rule="floor", backend="torch").dequantize()
+    assert _same_bits(fake_quantize_blocks(x, element, block, "floor"), want.to(dtype))
+
+
+TILINGS = [
+    kernel_blocks.QuantizeTiling(ELEMENTS=64, WARPS=1),
+    kernel_blocks.QuantizeTiling(ELEMENTS=256, WARPS=2),
+    kernel_blocks.QuantizeTiling(ELEMENTS=1024, WARPS=8),
+]
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
+@pytest.mark.parametrize(
+    ("element", "block", "rule", "mode", "rht"),
+    [
+        ("e2m1", 16, "nvfp4", "rne", None),
+        ("e2m1", 16, "nvfp4", "sr", 16),
+        ("e4m3fn", 32, "rceil", "rne", None),
+        ("e2m1", 32, "floor-3/4", "sr", 64),
+    ],
+)
+def test_every_tiling_gives_the_default_tilings_bits(
+    tiling: kernel_blocks.QuantizeTiling, element: str, block: int, rule: str, mode: str, rht
+) -> None:
+    # the recipes' configurations (nvfp4: x, dy with the RHT; mxfp8; mxfp4_tseng), with a
+    # partial last tile: the tiling moves work between programs, never a bit
+    generator = torch.Generator().manual_seed(21)
+    x = (torch.randn(37, 128, generator=generator) * 5).to(DEVICE, torch.bfloat16)
+    signs = None
+    if rht is not None:
+        signs = torch.where(torch.rand(rht, generator=generator) < 0.5, -1.0, 1.0).to(DEVICE)
+    options = {
+        "out_dtype": torch.bfloat16 if element == "e2m1" else torch.float32,
+        "mode": mode,
+        "seed": 3,
+        "offset": 8,
+        "tensor_scale": (torch.tensor([0.01, 100.0], device=DEVICE) if rule == "nvfp4" else None),
+        "rht": rht,
+        "rht_signs": signs,
+        "rht_bf16": rht is not None,
+    }
+    expected = kernel_blocks.gemm_blocks(x, element, block, rule, **options)
+    got = kernel_blocks.gemm_blocks(x, element, block, rule, tiling=tiling, **options)
+    assert _same_bits(got, expected)
+
+
+def test_a_tiling_is_checked() -> None:
+    x = torch.ones(4, 64, device=DEVICE)
+    bad = [
+        (32, 4),
+        ("64", 4),
+        kernel_blocks.QuantizeTiling(ELEMENTS=48, WARPS=4),
+        kernel_blocks.QuantizeTiling(ELEMENTS=16, WARPS=4),
+        kernel_blocks.QuantizeTiling(ELEMENTS=64, WARPS=3),
+    ]
+    for tiling in bad:
+        with pytest.raises(ValueError, match="tiling must be a QuantizeTiling"):
+            kernel_blocks.gemm_blocks(
+                x, "e2m1", 32, "floor", out_dtype=torch.float32, tiling=tiling
+            )
+    signs = torch.ones(64, device=DEVICE)
+    with pytest.raises(ValueError, match="ELEMENTS >= 64"):
+        kernel_blocks.gemm_blocks(
+            x,
+            "e2m1",
+            16,
+            "floor",
+            out_dtype=torch.float32,
+            rht=64,
+            rht_signs=signs,
+            tiling=kernel_blocks.QuantizeTiling(ELEMENTS=32, WARPS=4),
+        )

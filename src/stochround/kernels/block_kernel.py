@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from ..block_constants import ABSMAX_FLOORS, RESCALE, fp32
+from .availability import INTERPRETED
 from .block_math import (
     e8m0_exponent,
     fast_round,
@@ -43,6 +44,48 @@ class BlockTiling(NamedTuple):
     GROUPS: int
     TILE: int
     WIDE: bool
+
+
+class QuantizeTiling(NamedTuple):
+    """A launch's tiling (host side): ELEMENTS a program quantizes (a power of two, at least
+    one block's power-of-two extent and a multiple of a rotation's size) with WARPS warps;
+    `quantize_tiling` picks it per configuration, a benchmark passes its own."""
+
+    ELEMENTS: int
+    WARPS: int
+
+
+# the default tiling: the interpreter runs programs one after another, so there a larger
+# tile costs less
+_COMPILED_TILING = QuantizeTiling(ELEMENTS=2**12, WARPS=4)
+_INTERPRETED_TILING = QuantizeTiling(ELEMENTS=2**14, WARPS=4)
+
+
+def quantize_tiling(rotation: int, sr: bool) -> QuantizeTiling:
+    """The default tiling of a configuration: ``rotation`` its Hadamard size (0: none),
+    ``sr`` whether it draws random words (the two differ in registers a element).  One
+    tiling for every configuration until the sweep of benchmarks/bench_quantize_tiling.py
+    picks per-configuration ones."""
+    del rotation, sr  # the choice's inputs, kept for the per-configuration defaults
+    return _INTERPRETED_TILING if INTERPRETED else _COMPILED_TILING
+
+
+def check_tiling(tiling: QuantizeTiling, extent: int, rotation: int) -> None:
+    """ValueError unless ``tiling`` is a QuantizeTiling of a power-of-two ELEMENTS of at
+    least ``extent`` (a block's power-of-two extent) and ``rotation``, and WARPS in 1, 2,
+    4, 8, 16."""
+    elements, warps = tiling if isinstance(tiling, tuple) and len(tiling) == 2 else (0, 0)
+    if (
+        not isinstance(tiling, QuantizeTiling)
+        or not isinstance(elements, int)
+        or elements < max(extent, rotation, 1)
+        or elements & (elements - 1)
+        or warps not in (1, 2, 4, 8, 16)
+    ):
+        raise ValueError(
+            f"tiling must be a QuantizeTiling of a power-of-two ELEMENTS >= {max(extent, rotation)}"
+            f" and WARPS in 1, 2, 4, 8, 16; got {tiling!r}"
+        )
 
 
 class BlockStream(NamedTuple):
@@ -258,4 +301,13 @@ def _store_codes(
         tl.store(codes_ptr + position, code.to(tl.uint8), mask=mask)
 
 
-__all__ = ["BLOCK_OUTPUTS", "BlockOutput", "BlockStream", "BlockTiling", "quantize_blocks_kernel"]
+__all__ = [
+    "BLOCK_OUTPUTS",
+    "BlockOutput",
+    "BlockStream",
+    "BlockTiling",
+    "QuantizeTiling",
+    "check_tiling",
+    "quantize_blocks_kernel",
+    "quantize_tiling",
+]

@@ -225,17 +225,32 @@ def fast_round(bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr):
     bits r: variant a takes B = 32, kept + away = floor((floor(v) + r 2**(32 - n)) / 2**32)
     (floor(nu 2**32) floored by 32 - n bits is floor(nu 2**n)); variant c takes B = n,
     kept + away = floor((rne(v) + r) / 2**n) (kept 2**n is an integer, so rounding v
-    rounds nu 2**n, half to even).  NaN gives NAN_CODE and NaN.  B: ROUNDING.FAST_BITS."""
+    rounds nu 2**n, half to even).  Round-to-nearest-even takes no scaling: |x| + 2**(q + 23)
+    in fp32 is |x| rounded to a multiple of 2**q, half to even, plus 2**(q + 23), and kept +
+    away is its bits less those of 2**(q + 23).  The value (kept + away) 2**q is the fp32
+    of 2**(q + 23)'s bits plus kept + away, less 2**(q + 23) (exact: no int-to-float
+    conversion).  NaN gives NAN_CODE and NaN.  B: ROUNDING.FAST_BITS."""
     B: tl.constexpr = ROUNDING.FAST_BITS
     MBITS: tl.constexpr = ELEMENT.MBITS
     magnitude = bits & 0x7FFFFFFF
     is_nan = magnitude > 0x7F800000
     clamped_magnitude = tl.minimum(magnitude, ELEMENT.MAX_BITS)
     field = tl.maximum(clamped_magnitude >> 23, ELEMENT.EMIN + 127)
-    # 2**(B - q) = 2**(B + mbits + 127 - field), an fp32 normal power of two
-    scale = ((254 + B + MBITS - field) << 23).to(tl.float32, bitcast=True)
-    v = clamped_magnitude.to(tl.float32, bitcast=True) * scale
-    if ROUNDING.MODE == "sr":
+    # C = 2**(q + 23), whose binade's ulp is 2**q: C + t 2**q (t < 2**23) has C's bits
+    # plus t, so a multiple t of 2**q goes to fp32 by an integer addition and one exact
+    # subtraction (no int-to-float conversion, a slow instruction on a GPU)
+    magic_bits = (field + (23 - MBITS)) << 23
+    magic = magic_bits.to(tl.float32, bitcast=True)
+    if ROUNDING.MODE == "rne":
+        # |x| + C: the fp32 addition rounds |x| to a multiple of 2**q, to nearest even (C
+        # is an even multiple), and the multiple is its bits above C's: no scaling, no
+        # float-to-int conversion
+        rounded = clamped_magnitude.to(tl.float32, bitcast=True) + magic
+        total = rounded.to(tl.int32, bitcast=True) - magic_bits
+    elif ROUNDING.MODE == "sr":
+        # 2**(B - q) = 2**(B + mbits + 127 - field), an fp32 normal power of two
+        scale = ((254 + B + MBITS - field) << 23).to(tl.float32, bitcast=True)
+        v = clamped_magnitude.to(tl.float32, bitcast=True) * scale
         if ROUNDING.VARIANT == "a":
             count = v.to(tl.uint64)
             noise = r.to(tl.uint64) << (32 - ROUNDING.NBITS)
@@ -245,13 +260,15 @@ def fast_round(bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr):
             noise = r.to(tl.uint64)
         total = ((count + noise) >> B).to(tl.int32)
     else:
+        scale = ((254 + B + MBITS - field) << 23).to(tl.float32, bitcast=True)
+        v = clamped_magnitude.to(tl.float32, bitcast=True) * scale
         kept = v.to(tl.int32)
         away = magnitude_steps_up(kept, v - kept.to(tl.float32), bits < 0, ROUNDING)
         total = kept + away.to(tl.int32)
     code = ((field + (ELEMENT.BIAS - 128)) << MBITS) + total
     code = code | sign_bit(bits, code, ELEMENT.SIGN_SHIFT, ELEMENT.HAS_NEGATIVE_ZERO)
-    # the value total 2**q: exact (a small integer times a normal power of two)
-    value = total.to(tl.float32) * ((field - MBITS) << 23).to(tl.float32, bitcast=True)
+    # the value total 2**q: C + total 2**q (C's bits plus total), less C, exactly
+    value = (magic_bits + total).to(tl.float32, bitcast=True) - magic
     # x's sign as a bit (a float negation is 0 - v in Triton, which loses -0)
     value = (value.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
     if not ELEMENT.HAS_NEGATIVE_ZERO:

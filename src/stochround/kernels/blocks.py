@@ -15,7 +15,6 @@ from ..formats import Format
 from ..formats import format as find_format
 from ..random import seed_tensor
 from ..reference import MODES, VARIANTS, check_choice, check_rbits
-from .availability import INTERPRETED
 from .block_amax import (
     PreparedTensorScale,
     PreparedTileAmax,
@@ -28,20 +27,16 @@ from .block_kernel import (
     BlockOutput,
     BlockStream,
     BlockTiling,
+    QuantizeTiling,
+    check_tiling,
     quantize_blocks_kernel,
+    quantize_tiling,
 )
 from .block_math import BlockScale, element_format, element_rounding, fast_bits
 from .block_rotation import checked_rotation, rht_normalization
 from .common import INPUT_DTYPES, NAN16_BITS, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
 from .runtime import Launch, bound_launch, check_prepared, current_device
-
-# elements a program handles (a power of two): enough to hide the memory latency; the
-# interpreter runs programs one after another, so there a larger tile costs less
-TILE_ELEMENTS = 2**14 if INTERPRETED else 2**12
-# warps a program runs; both are read at each launch, so a benchmark can sweep them
-_NUM_WARPS = 4
-
 
 # `stand_in`'s tensors by dtype and device (a dict read by a plain function)
 _STAND_INS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
@@ -211,13 +206,15 @@ def gemm_blocks(
     rht_signs: Tensor | None = None,
     rht_bf16: bool = False,
     amax: Tensor | None = None,
+    tiling: QuantizeTiling | None = None,
 ) -> Tensor:
     """Quantize in one pass and store what a block-scaled GEMM multiplies: each element
     times its block's scale, ``element * scale`` in fp32 (the E4M3 or E8M0 value, without
     NVFP4's tensor scale or floor-3/4's 4/3, which scale the GEMM's result), in the
     rotated basis where ``rht`` is given, stored in ``out_dtype`` (torch.bfloat16, which
     the caller asks for only where every such product is a bf16 value, or torch.float32).
-    Arguments as `quantize_blocks`'s; returns a tensor shaped like x."""
+    Arguments as `quantize_blocks`'s, and ``tiling`` the launch's (None: the
+    configuration's default, `quantize_tiling`); returns a tensor shaped like x."""
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
     fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
@@ -240,6 +237,7 @@ def gemm_blocks(
         rht_signs=rht_signs,
         rht_bf16=rht_bf16,
         amax=amax,
+        tiling=tiling,
     )
     _launch(x, empty, empty, out, call)
     return out
@@ -301,6 +299,7 @@ class _Call(NamedTuple):
     rht_signs: Tensor | None
     rht_bf16: bool
     amax: Tensor | None
+    tiling: QuantizeTiling | None = None
 
 
 def _check_tensors(x: Tensor, call: _Call) -> None:
@@ -344,7 +343,10 @@ def _grid(x: Tensor, out_dtype: torch.dtype, call: _Call, from_tensors: bool) ->
     count = x.numel()
     block, index_offset = call.block, call.index_offset
     groups = next_power_of_2(cdiv(block, 4))
-    tile = max(1, TILE_ELEMENTS // (groups * 4))
+    rotation_size = call.rht or 0
+    tiling = call.tiling or quantize_tiling(rotation_size, call.mode == "sr")
+    check_tiling(tiling, groups * 4, rotation_size)
+    tile = tiling.ELEMENTS // (groups * 4)
     if call.rht is not None and (groups * 4 != block or call.scale_rule == "absmax"):
         raise ValueError(
             f"rht= needs a block that is a power of two of at least 4 and a scale rule other "
@@ -378,7 +380,7 @@ def _grid(x: Tensor, out_dtype: torch.dtype, call: _Call, from_tensors: bool) ->
             NAN16=NAN16_BITS.get(x.dtype, 0),
             OUT_NAN16=NAN16_BITS.get(out_dtype, 0) if call.output == "gemm" else 0,
         ),
-        "num_warps": _NUM_WARPS,
+        "num_warps": tiling.WARPS,
         # no multiply-add contraction: every product is rounded, as the PyTorch path
         # rounds it (the inverse rotation adds products that can be inexact)
         "enable_fp_fusion": False,
@@ -435,7 +437,7 @@ class PreparedGemmBlocks:
     every step.  The stream comes as one-element int64 tensors on x's device; the tensor
     scales (one or two elements, or None), the rotation's signs and the tiles' amax as
     `gemm_blocks` takes them, of the kinds given here (``tensor_scales``: their count,
-    ``amax_given``)."""
+    ``amax_given``); ``tiling`` the launch's (None: `quantize_tiling`'s)."""
 
     def __init__(
         self,
@@ -455,6 +457,7 @@ class PreparedGemmBlocks:
         nvfp4_flavour: str = "te",
         rht: int | None = None,
         rht_bf16: bool = False,
+        tiling: QuantizeTiling | None = None,
     ) -> None:
         if out_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
@@ -480,6 +483,7 @@ class PreparedGemmBlocks:
             rht_signs=rht_signs,
             rht_bf16=rht_bf16,
             amax=amax,
+            tiling=tiling,
         )
         _check_tensors(x, call)
         self.grid = _grid(x, out_dtype, call, from_tensors=True)
@@ -548,11 +552,13 @@ __all__ = [
     "PreparedGemmBlocks",
     "PreparedTensorScale",
     "PreparedTileAmax",
+    "QuantizeTiling",
     "fake_quantize_blocks",
     "fast_bits",
     "gemm_blocks",
     "nvfp4_tensor_scale",
     "quantize_blocks",
+    "quantize_tiling",
     "rht_normalization",
     "stand_in",
     "tensor_amax",
