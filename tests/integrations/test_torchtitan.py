@@ -333,7 +333,7 @@ def test_torchtitans_trainer_runs_tensor_parallel_on_two_gloo_ranks(tmp_path) ->
     out = tmp_path / "tp"
     script = Path(__file__).with_name("titan_parallel_run.py")
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    args = [str(script), str(out), "mxfp8", "3", "2", "partial_dtensor"]
+    args = [str(script), str(out), "mxfp8", "3", "2", "2", "partial_dtensor"]
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run(
         [*launch, *args], env=env, capture_output=True, text=True, timeout=300, check=False

@@ -263,3 +263,23 @@ def test_tensor_parallelism_with_torchtitans_llama3_plan_on_two_gloo_ranks() -> 
         whole = {k[6:]: v for k, v in result.items() if k.startswith("whole.")}
         for name, value in whole.items():
             torch.testing.assert_close(result[f"tp.{name}"], value, rtol=1e-4, atol=1e-5)
+
+
+def test_tensor_parallelism_with_fsdp2_on_four_gloo_ranks(tmp_path) -> None:
+    """2-D: torchtitan's trainer on the CPU with ``tensor_parallel_degree=2`` and FSDP2 over
+    the other factor of four gloo ranks (``data_parallel_shard_degree`` 2), mxfp8, two
+    steps: it trains.  (The losses are not a one-rank run's: torchtitan initialises the
+    DTensor weights by DTensor's random generator, and each data-parallel rank reads its
+    own files.)"""
+    out = tmp_path / "tp-fsdp"
+    script = Path(__file__).with_name("titan_parallel_run.py")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+    args = [str(script), str(out), "mxfp8", "2", "2", "1"]
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [*launch, *args], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["world_size"]) for row in rows] == [(1, 4), (2, 4)]
+    assert all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
