@@ -5,7 +5,13 @@ accelerator is found, and FlexAttention has no CPU backward), and ``stochround t
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +20,9 @@ from titan_versions import torchtitan_mismatch
 if reason := torchtitan_mismatch("0.3.0", "torchtitan"):
     pytest.skip(reason, allow_module_level=True)
 
+from ranks import run_ranks
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+from torchtitan.models.common.decoder_sharding import colwise_config, rowwise_config
 from torchtitan.models.common.linear import Linear
 
 import stochround as sr
@@ -31,7 +39,9 @@ from stochround.integrations.torchtitan.config_registry import (
     adamw,
     stochround_debugmodel_nvfp4,
 )
+from stochround.nn.tensor_parallel import rank_key
 
+SRC = Path(__file__).resolve().parents[2] / "src"
 DEBUG_LINEARS = [
     f"layers.{i}.{name}"
     for i in range(6)
@@ -187,20 +197,152 @@ def test_unknown_recipe_and_misfit_layer_raise() -> None:
         converter.convert(Linear.Config(in_features=24, out_features=32))
 
 
-@pytest.mark.parametrize(
-    ("tp", "backend", "message"),
-    [
-        (2, "spmd_types", "does not support tensor parallelism yet"),
-        (1, "full_dtensor", "got 'full_dtensor'"),
-    ],
-)
-def test_tensor_parallelism_is_refused(tp: int, backend: str, message: str) -> None:
+def test_the_full_dtensor_backend_is_refused() -> None:
     config = StochroundLinear.Config(in_features=32, out_features=32, recipe=sr.nn.int8())
     with torch.device("meta"):
         layer = config.build()
-    dims = types.SimpleNamespace(tp=tp, spmd_backend=backend)
-    with pytest.raises(ValueError, match=message):
+    dims = types.SimpleNamespace(tp=1, spmd_backend="full_dtensor")
+    with pytest.raises(
+        ValueError, match=r"spmd_backend in spmd_types, partial_dtensor.*got 'full_dtensor'"
+    ):
         layer.parallelize(dims)
+
+
+@pytest.mark.parametrize(
+    ("sharding", "tp", "message"),
+    [
+        # colwise: 64 outputs over 4 ranks, 16 a rank; mxfp8's dgrad blocks of 32 along them
+        (
+            colwise_config,
+            4,
+            r"under parallelism\.tensor_parallel_degree=4 each rank "
+            r"quantizes its local weight \(16, 64\): a block would straddle",
+        ),
+        # rowwise: 64 inputs over 4 ranks, 16 a rank: the fprop blocks of 32
+        (rowwise_config, 4, r"local weight \(64, 16\)"),
+        (colwise_config, 3, r"tensor_parallel_degree=3 does not divide the weight's axis 0"),
+    ],
+)
+def test_a_block_straddling_two_tensor_parallel_shards_is_refused(sharding, tp, message) -> None:
+    """Checked before the layer is parallelized, naming its path."""
+    config = StochroundLinear.Config(
+        in_features=64,
+        out_features=64,
+        recipe=sr.nn.mxfp8(),
+        path="layers.0.feed_forward.w1",
+        sharding_config=sharding(),
+    )
+    with torch.device("meta"):
+        layer = config.build()
+    dims = types.SimpleNamespace(tp=tp, spmd_backend="spmd_types")
+    with pytest.raises(ValueError, match=r"^layers\.0\.feed_forward\.w1: .*" + message):
+        layer.parallelize(dims)
+
+
+def tp_body(rank: int, world_size: int, device: str, recipe: str) -> dict[str, object]:
+    """The tiny model under ``recipe``, once whole and once tensor parallel over the ranks
+    as torchtitan's trainer parallelizes it (its Llama 3 sharding configs, sequence
+    parallel, the ``spmd_types`` backend, ``model.parallelize`` on ``meta``), with the
+    whole model's weights: each rank's logits (its vocabulary shard) and gradients under
+    a loss linear in the logits, the whole model's beside them, and the layers' TP ranks
+    and Philox keys."""
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+
+    def build(tp: int) -> tuple[object, torch.nn.Module]:
+        config = titan_config(recipe, flavor="tiny")
+        config.parallelism.tensor_parallel_degree = tp
+        model_config = dense_attention(config.model_spec.model)
+        model_config.update_from_config(config=config)
+        with torch.device("meta"):
+            return config, model_config.build()
+
+    _, whole = build(1)
+    whole.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        whole.init_weights(buffer_device=None)
+    config, sharded = build(world_size)
+    dims = ParallelDims.from_config(config.parallelism, world_size)  # type: ignore[attr-defined]
+    dist_utils.set_spmd_backend("spmd_types")
+    out: dict[str, object] = {}
+    with dist_utils.get_spmd_context(parallel_dims=dims)():
+        sharded.parallelize(dims)
+        sharded.to_empty(device="cpu")
+        with torch.no_grad():
+            sharded.init_weights(buffer_device=None)  # the buffers (RoPE, step counters)
+            full = dict(whole.named_parameters())
+            for name, param in sharded.named_parameters():
+                param.copy_(shard_of(full[name], param.shape, rank, world_size))
+        tokens = torch.randint(0, 258, (2, 32), generator=torch.Generator().manual_seed(3))
+        positions = torch.arange(32).repeat(2, 1)
+        for name, model in (("whole", whole), ("tp", sharded)):
+            logits = model(
+                tokens, attention_masks=model.get_attention_masks(positions), positions=positions
+            )
+            weights = torch.randn(
+                (*logits.shape[:-1], 2048), generator=torch.Generator().manual_seed(4)
+            )
+            (logits * shard_of(weights, logits.shape, rank, world_size)).sum().backward()
+            out[f"{name}.logits"] = logits.detach()
+            for path, param in model.named_parameters():
+                out[f"{name}.{path}"] = param.grad.detach().clone()
+    layers = [m for m in sharded.modules() if isinstance(m, StochroundLinear)]
+    plain = [m for m in whole.modules() if isinstance(m, StochroundLinear)]
+    out["tp_ranks"] = {m.tp_rank for m in layers}
+    out["keys"] = [(p.plan.seed, m.plan.seed) for p, m in zip(plain, layers, strict=True)]
+    out["step"] = int(sharded.layers["1"].feed_forward.w2.step)
+    return out
+
+
+def shard_of(whole: torch.Tensor, shape: torch.Size, rank: int, ranks: int) -> torch.Tensor:
+    """Rank ``rank``'s shard of ``whole`` with the local ``shape`` (the whole tensor where
+    the shapes agree; else its ``rank``-th chunk along the axis they differ on)."""
+    axes = [axis for axis in range(whole.dim()) if whole.shape[axis] != shape[axis]]
+    return whole if not axes else whole.chunk(ranks, axes[0])[rank]
+
+
+def test_tensor_parallelism_with_torchtitans_llama3_sharding_on_two_gloo_ranks() -> None:
+    """mxfp8 (blocks of 32 along each GEMM's contraction axis, round to nearest: a shard
+    quantizes as the whole does): the tensor-parallel logits and linears' gradients are
+    the rank's shards of the whole model's, up to the order of sums (a rowwise layer's
+    output is a sum across ranks; its gradients came out bit-equal).  Before, the
+    converter refused tensor parallelism."""
+    results = run_ranks(tp_body, "mxfp8", device="cpu")
+    for rank, result in enumerate(results):
+        assert result["step"] == 1
+        assert result["tp_ranks"] == {rank}
+        assert all(key == rank_key(whole, rank) for whole, key in result["keys"])
+        names = [k[6:] for k in result if k.startswith("whole.")]
+        linears = [n for n in names if "norm" not in n]  # the norms' gradients: partial sums
+        assert len(linears) == 1 + 1 + 2 * 5 + 1  # logits, embeddings, 10 linears, head
+        for name in linears:
+            whole = result[f"whole.{name}"]
+            mine = result[f"tp.{name}"]
+            expected = shard_of(whole, mine.shape, rank, len(results))
+            torch.testing.assert_close(mine, expected, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_torchtitans_trainer_runs_tensor_parallel_on_two_gloo_ranks(tmp_path) -> None:
+    """torchtitan 0.3.0's trainer on the CPU (`cpu_trainer`), ``tensor_parallel_degree=2``
+    over two gloo ranks under the ``partial_dtensor`` backend (DTensor weights:
+    `QuantizedLinear`'s own tensor-parallel path), mxfp8, three steps: it trains (the
+    default ``spmd_types`` backend is checked in the model above: with this torch its
+    trainer stops in FSDP2's wrapping, a bf16 model too).  The losses are not a one-rank
+    run's: torchtitan initialises DTensor weights by DTensor's random generator."""
+    out = tmp_path / "tp"
+    script = Path(__file__).with_name("titan_parallel_run.py")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args = [str(script), str(out), "mxfp8", "3", "2", "2", "partial_dtensor"]
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [*launch, *args], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["world_size"]) for row in rows] == [(1, 2), (2, 2), (3, 2)]
+    losses = [row["loss"] for row in rows]
+    assert all(math.isfinite(loss) for loss in losses) and losses[2] < losses[0]
 
 
 @pytest.mark.parametrize(

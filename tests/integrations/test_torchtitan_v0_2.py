@@ -20,13 +20,13 @@ if reason := torchtitan_mismatch("0.2.2", "torchtitan-0.2"):
     pytest.skip(reason, allow_module_level=True)
 
 from torch import nn
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torchtitan.config import ConfigManager
 from torchtitan.models.llama3 import Transformer
 from torchtitan.tools import utils as titan_utils
 
 import stochround as sr
 from stochround.integrations.torchtitan import TITAN_API, titan_config
+from stochround.integrations.torchtitan.cpu_device import cpu_trainer
 from stochround.integrations.torchtitan.v0_2 import (
     TOML,
     StochroundConverter,
@@ -34,7 +34,6 @@ from stochround.integrations.torchtitan.v0_2 import (
     converted_paths,
     model_args,
 )
-from stochround.integrations.torchtitan.v0_2.cpu_device import cpu_trainer
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 DEBUG_LINEARS = [
@@ -50,7 +49,6 @@ DEBUG_LINEARS = [
         "feed_forward.w3",
     )
 ]
-RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 ONE_RANK = types.SimpleNamespace()  # the converter and optimizers read nothing of it here
 
 
@@ -224,69 +222,6 @@ def test_fsdp2_on_two_gloo_ranks(tmp_path) -> None:
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
 
 
-def checkpointed_run(
-    folder: Path, ranks: int, steps: int, interval: int, load: Path | None = None
-) -> tuple[list[float], dict[str, object]]:
-    """``titan_v0_2_checkpointed_run.py`` on ``ranks`` gloo processes (two: FSDP2): the
-    losses of its steps and its last checkpoint, every entry flattened to a dotted key."""
-    script = Path(__file__).with_name("titan_v0_2_checkpointed_run.py")
-    launch = [sys.executable]
-    if ranks > 1:
-        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    args = [str(script), str(folder), str(steps), str(interval), str(load or "")]
-    # without the rendezvous an in-process run of an earlier test left in os.environ (its
-    # store's port may still be taken): the run picks its own, or torchrun sets them
-    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
-    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    done = subprocess.run(
-        [*launch, *args], env=env, capture_output=True, text=True, timeout=500, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
-    assert [row["world_size"] for row in rows] == [ranks] * len(rows)
-    whole = folder / "whole.pt"
-    dcp_to_torch_save(folder / "checkpoint" / f"step-{steps}", whole)
-    return [row["loss"] for row in rows], flat(torch.load(whole, weights_only=False))
-
-
-def flat(tree: dict[str, object], prefix: str = "") -> dict[str, object]:
-    """A nested state dict as ``{dotted key: leaf}``."""
-    out: dict[str, object] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-@pytest.mark.parametrize("ranks", [1, 2], ids=["one-rank", "fsdp2-two-ranks"])
-def test_a_run_resumed_from_a_dcp_checkpoint_is_the_uninterrupted_run(tmp_path, ranks) -> None:
-    """torchtitan's trainer under nvfp4 (SR gradients) and SRAdamW: 4 steps saving a full
-    checkpoint at step 2, then a run resumed from it for steps 3 and 4.  The resumed run's
-    losses are the uninterrupted run's, and its step-4 checkpoint is the uninterrupted one's
-    entry for entry, bit for bit: parameters, the layers' step counters, the optimizer's
-    states and steps, the LR scheduler, the data loader's position."""
-    losses, whole = checkpointed_run(tmp_path / "whole", ranks, steps=4, interval=2)
-    middle = tmp_path / "whole" / "checkpoint" / "step-2"
-    resumed_losses, resumed = checkpointed_run(tmp_path / "resumed", ranks, 4, 2, middle)
-    assert resumed_losses == losses[2:]
-    assert resumed.keys() == whole.keys()
-    different = [
-        key
-        for key, value in whole.items()
-        if not (
-            torch.equal(value, resumed[key])
-            if isinstance(value, torch.Tensor)
-            else value == resumed[key]
-        )
-    ]
-    assert different == []
-    assert int(whole["layers.1.feed_forward.w2.step"]) == 4
-    assert int(whole["optimizer.state.layers.1.feed_forward.w2.weight.step"]) == 4
-    assert whole["train_state.step"] == 4
-
-
 def tp_body(rank: int, world_size: int, device: str) -> dict[str, torch.Tensor]:
     """The tiny model under mxfp8 (every operand in blocks of 32 along its contraction
     axis, round to nearest: a shard quantizes as the whole does), once whole and once
@@ -328,3 +263,23 @@ def test_tensor_parallelism_with_torchtitans_llama3_plan_on_two_gloo_ranks() -> 
         whole = {k[6:]: v for k, v in result.items() if k.startswith("whole.")}
         for name, value in whole.items():
             torch.testing.assert_close(result[f"tp.{name}"], value, rtol=1e-4, atol=1e-5)
+
+
+def test_tensor_parallelism_with_fsdp2_on_four_gloo_ranks(tmp_path) -> None:
+    """2-D: torchtitan's trainer on the CPU with ``tensor_parallel_degree=2`` and FSDP2 over
+    the other factor of four gloo ranks (``data_parallel_shard_degree`` 2), mxfp8, two
+    steps: it trains.  (The losses are not a one-rank run's: torchtitan initialises the
+    DTensor weights by DTensor's random generator, and each data-parallel rank reads its
+    own files.)"""
+    out = tmp_path / "tp-fsdp"
+    script = Path(__file__).with_name("titan_parallel_run.py")
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+    args = [str(script), str(out), "mxfp8", "2", "2", "1"]
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [*launch, *args], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["world_size"]) for row in rows] == [(1, 4), (2, 4)]
+    assert all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)

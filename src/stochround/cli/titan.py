@@ -4,8 +4,8 @@ stochround recipe (`stochround.integrations.torchtitan`, the ``torchtitan`` extr
 One command, offline: ``stochround titan --recipe nvfp4 --steps 200``, with torchtitan
 0.3.0 or 0.2.2 (whichever is installed).  On CUDA it runs torchtitan's trainer (under
 ``torchrun --nproc_per_node N -m stochround titan ...``, one process per GPU with FSDP2);
-on the CPU, torchtitan 0.2.2's trainer with gloo, or with 0.3.0 the same model, optimizer
-and data in a loop (slow: choose a small ``--flavor`` and ``--seq-len``).  Each step's
+on the CPU, the same trainer with gloo (slow: choose a small ``--flavor`` and
+``--seq-len``).  Each step's
 loss and tokens/s go to ``OUT/rows.jsonl``; the last loss is printed.  Bad options, and a
 missing torchtitan, are bad-input exits (``error: ...``, status 2).
 """

@@ -13,12 +13,20 @@ swapped layers are numbered 0,
 1, ... in the config tree's order (their ``layer_index``: each draws its own random
 streams).
 
-Tensor parallelism is refused: `StochroundLinear.parallelize` raises ValueError when the
-tensor-parallel degree is above 1, and under the ``full_dtensor`` backend, whose parameters
-stay DTensors.  `QuantizedLinear` itself runs under torch's `ColwiseParallel` and
-`RowwiseParallel` (`stochround.nn.tensor_parallel`), but torchtitan's TP plans (sequence
-parallelism, loss parallelism, its prepare-input styles) have not been run with it, and
-torchtitan 0.3.0 does not run on the GPU machine's torch: refused until a run checks them.
+Tensor parallelism: torchtitan's model config declares each linear's sharding
+(``sharding_config``: colwise ``S(0)`` or rowwise ``S(1)`` weights on the ``tp`` axis),
+and its ``Module.parallelize`` hands a swapped layer its rank's shard.  Under the
+``spmd_types`` backend (torchtitan's default) the layer's weight and inputs are plain local
+tensors: `StochroundLinear.parallelize` checks that its recipe's blocks divide the local
+weight (a block would otherwise straddle two ranks' shards: ValueError naming the layer,
+the degree and the local shape) and keys the layer's random words by its TP rank
+(`stochround.nn.tensor_parallel.rank_key`, as the DTensor path does), so the GEMMs run on
+each rank's local operands, quantized there.  Under ``partial_dtensor`` the weight is a
+DTensor and `QuantizedLinear` runs its own tensor-parallel path
+(`stochround.nn.tensor_parallel`).  The ``full_dtensor`` backend, whose FSDP parameters
+stay DTensors on a 2-D mesh, is refused.  The tensor scales come from each rank's shard,
+so a recipe with tensor scales (nvfp4) does not give a one-device run's bits (the
+distributed guide's decision).
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ from typing import Any
 
 import torch
 from torchtitan.components.quantization import QuantizationConverter
+from torchtitan.distributed.parallel_dims import MeshAxisName
 from torchtitan.models.common.linear import Linear
 from torchtitan.protocols.module import Module
+from torchtitan.protocols.sharding import ShardingConfig
 from torchtitan.tools.logging import logger
 
 from ...nn.linear import QuantizedLinear
 from ...nn.recipes import Recipe
+from ...nn.tensor_parallel import rank_key
 from .recipe_rules import RecipeChoice, check_fits, make_recipe
 
 # backends under which FSDP2 hands the layer plain tensors (the gathered weight)
@@ -44,10 +55,14 @@ class StochroundLinear(QuantizedLinear, Module):
     """A `stochround.nn.QuantizedLinear` built from a torchtitan config.
 
     Its config is a ``Linear.Config`` (in/out features, bias, ``param_init``, the sharding
-    the model sets) with the layer's `Recipe` and ``layer_index``.  The ``step`` buffer
-    (persistent: a DCP checkpoint saves it, so a resumed run draws the same random bits)
-    is made on the real device by ``init_states`` (torchtitan builds models on ``meta``).
+    the model sets) with the layer's `Recipe`, ``layer_index`` and ``path``.  The ``step``
+    buffer (persistent: a DCP checkpoint saves it, so a resumed run draws the same random
+    bits) is made on the real device by ``init_states`` (torchtitan builds models on
+    ``meta``).  ``tp_rank`` is the layer's rank on the tensor-parallel axis when it holds
+    a plain local shard (module docstring): its random words are keyed by it.
     """
+
+    tp_rank: int = 0
 
     @dataclass(kw_only=True, slots=True)
     class Config(Linear.Config):
@@ -56,6 +71,9 @@ class StochroundLinear(QuantizedLinear, Module):
 
         layer_index: int = 0
         """The layer's number in the model: its random streams."""
+
+        path: str = ""
+        """The layer's path in the model (for error messages)."""
 
     def __init__(self, config: Config) -> None:
         QuantizedLinear.__init__(
@@ -66,25 +84,49 @@ class StochroundLinear(QuantizedLinear, Module):
             recipe=config.recipe,
             layer_index=config.layer_index,
         )
+        self.path = config.path
+        self.tp_axis = tp_weight_axis(config.sharding_config)
         # a slot that init_states fills on the real device (torchtitan's buffer protocol,
         # as NVFP4Linear's _sr_seed): parallelize distributes no None buffer, so the counter
         # stays a plain tensor, the same on every rank
         self.register_buffer("step", None, persistent=True)
 
+    def set_recipe(self, recipe: Recipe, layer_index: int | None = None) -> None:
+        """`QuantizedLinear.set_recipe`, the plan's Philox key then keyed by ``tp_rank``
+        (`rank_key`: the layer's own key on rank 0)."""
+        QuantizedLinear.set_recipe(self, recipe, layer_index)
+        self.plan = self.plan._replace(seed=rank_key(self.plan.seed, self.tp_rank))
+
     def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
         device = buffer_device if buffer_device is not None else self.weight.device
         self.step = torch.zeros((), dtype=torch.int64, device=device)
 
-    def parallelize(self, parallel_dims: Any) -> None:
-        """torchtitan's ``Module.parallelize``, after refusing tensor parallelism and the
-        ``full_dtensor`` backend (ValueError naming the setting)."""
-        if parallel_dims.tp > 1:
+    def check_tp_shard(self, tp: int) -> None:
+        """ValueError, naming the layer, the degree and the local weight, unless ``tp``
+        ranks shard the weight evenly into shards the recipe's blocks divide."""
+        axis = self.tp_axis
+        if tp == 1 or axis is None:
+            return
+        shape = [self.out_features, self.in_features]
+        setting = f"parallelism.tensor_parallel_degree={tp}"
+        if shape[axis] % tp:
             raise ValueError(
-                "stochround's torchtitan converter does not support tensor parallelism yet "
-                f"(parallelism.tensor_parallel_degree={parallel_dims.tp}): torchtitan's TP "
-                "plans are untested with QuantizedLinear; shard with FSDP2 (parallelism."
-                "data_parallel_shard_degree) instead, or keep this layer in bf16 with a rule"
+                f"{self.path or self.layer_index}: {setting} does not divide the weight's "
+                f"axis {axis} (shape {tuple(shape)}); leave the layer in bf16 with a rule or keep"
             )
+        shape[axis] //= tp
+        try:
+            check_fits(self.path, shape[1], shape[0], self.recipe, self.layer_index)
+        except ValueError as error:
+            raise ValueError(
+                f"{error} (under {setting} each rank quantizes its local weight "
+                f"{tuple(shape)}: a block would straddle two ranks' shards)"
+            ) from None
+
+    def parallelize(self, parallel_dims: Any) -> None:
+        """torchtitan's ``Module.parallelize``, after checking the layer's tensor-parallel
+        shards (`check_tp_shard`), refusing the ``full_dtensor`` backend (ValueError naming
+        the setting) and, under ``spmd_types``, keying the random words by the TP rank."""
         backend = parallel_dims.spmd_backend
         if backend not in SUPPORTED_SPMD_BACKENDS:
             raise ValueError(
@@ -92,7 +134,23 @@ class StochroundLinear(QuantizedLinear, Module):
                 f"{', '.join(SUPPORTED_SPMD_BACKENDS)} (FSDP2 gathers plain weights); "
                 f"got {backend!r}"
             )
+        self.check_tp_shard(parallel_dims.tp)
+        if parallel_dims.tp > 1 and backend == "spmd_types" and self.tp_axis is not None:
+            # plain local shards: the layer cannot see its rank (a DTensor weight tells
+            # QuantizedLinear's own path, under partial_dtensor)
+            self.tp_rank = parallel_dims.get_mesh("tp").get_local_rank()
+            self.set_recipe(self.recipe)
         Module.parallelize(self, parallel_dims)
+
+
+def tp_weight_axis(sharding: ShardingConfig | None) -> int | None:
+    """The weight axis a linear's sharding config shards over the ``tp`` mesh axis (0:
+    colwise, 1: rowwise), None where it shards none."""
+    if sharding is None or "weight" not in sharding.state_shardings:
+        return None
+    placement = sharding.state_shardings["weight"].per_axis_spmd_types().get(MeshAxisName.TP)
+    dim = getattr(placement, "dim", None)
+    return None if dim is None else dim % 2
 
 
 class StochroundConverter(QuantizationConverter):
@@ -141,6 +199,7 @@ class StochroundConverter(QuantizationConverter):
                 param_init=linear.param_init,
                 recipe=recipe,
                 layer_index=index,
+                path=path,
             )
             check_fits(path, new.in_features, new.out_features, recipe, index)
             index += 1
@@ -170,4 +229,5 @@ __all__ = [
     "check_fits",
     "converted_paths",
     "make_recipe",
+    "tp_weight_axis",
 ]

@@ -1,22 +1,24 @@
 """A torchtitan trainer's run (both APIs): in one process without ``torchrun``, the
 environment ``torch.distributed`` reads (a group of one on a free port); `train_with_rows`
-trains a built trainer, rank 0 writing the rows."""
+trains a built trainer, rank 0 writing the rows; `train_on` builds and trains one on a
+device (the CPU under `cpu_trainer`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .cpu_device import cpu_trainer
 from .rows import RowsLogger
 
-# where ``stochround titan`` trains: torchtitan's trainer on CUDA; on the CPU, a plain loop
-# (0.3.0) or the trainer with the device switched (0.2.2)
+# where ``stochround titan`` trains: torchtitan's trainer, on the CPU with the device
+# switched (`cpu_trainer`)
 TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
@@ -74,10 +76,22 @@ def train_with_rows(trainer: Any, rows: Path, fields: dict[str, Any]) -> None:
             torch.distributed.destroy_process_group()
 
 
+def train_on(device: str, build: Callable[[], Any], rows: Path, fields: dict[str, Any]) -> Path:
+    """The trainer ``build()`` makes, trained on ``device`` by `train_with_rows` (the CPU:
+    under `cpu_trainer`, built there too), in the rank environment of
+    `single_process_env`; each row with ``fields``, the device and the world size.
+    Returns ``rows``."""
+    on_cpu = device == "cpu"
+    with single_process_env() as world, cpu_trainer() if on_cpu else contextlib.nullcontext():
+        train_with_rows(build(), rows, {**fields, "device": device, "world_size": world})
+    return rows
+
+
 __all__ = [
     "TRAINING_DEVICES",
     "check_training_device",
     "free_port",
     "single_process_env",
+    "train_on",
     "train_with_rows",
 ]

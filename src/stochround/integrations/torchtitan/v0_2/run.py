@@ -9,28 +9,22 @@ torchtitan runs it.  Rank 0 writes one row per step to ``rows.jsonl`` in the dum
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
 from torchtitan.config import JobConfig
 from torchtitan.train import Trainer
 
-from ..launch import TRAINING_DEVICES, check_training_device, single_process_env, train_with_rows
-from .cpu_device import cpu_trainer
+from ..launch import TRAINING_DEVICES, check_training_device, train_on
 
 
 def run_training(config: JobConfig, device: str, fields: dict[str, Any]) -> Path:
     """Train ``config`` on ``device`` (one of `TRAINING_DEVICES`); returns the rows file."""
     check_training_device(device)
-    rows = Path(config.job.dump_folder) / "rows.jsonl"
-    on_cpu = device == "cpu"
-    if on_cpu:
+    if device == "cpu":
         config.training.mixed_precision_param = "float32"
-    with single_process_env() as world, cpu_trainer() if on_cpu else contextlib.nullcontext():
-        trainer = Trainer(config)
-        train_with_rows(trainer, rows, {**fields, "device": device, "world_size": world})
-    return rows
+    rows = Path(config.job.dump_folder) / "rows.jsonl"
+    return train_on(device, lambda: Trainer(config), rows, fields)
 
 
 __all__ = ["TRAINING_DEVICES", "run_training"]

@@ -1,16 +1,17 @@
-"""A torchtitan 0.2.2 run of the tiny model under nvfp4 with SRAdamW on the CPU that saves
-full DCP checkpoints (model, optimizer, LR scheduler, data loader, train state) every
-INTERVAL steps and at the last, resumed from the checkpoint LOAD if given (the test of
-`test_torchtitan_v0_2.py` runs it, alone or under ``torchrun``):
+"""A torchtitan run (0.2.2 or 0.3.0, whichever is installed) of the tiny model under
+nvfp4 with SRAdamW on the CPU that saves full DCP checkpoints (model, optimizer, LR
+scheduler, data loader, train state) every INTERVAL steps and at the last, resumed from
+the checkpoint LOAD if given (the test of `test_torchtitan_common.py` runs it, alone or
+under ``torchrun``):
 
-    python titan_v0_2_checkpointed_run.py DUMP_FOLDER STEPS INTERVAL [LOAD]
+    python titan_checkpointed_run.py DUMP_FOLDER STEPS INTERVAL [LOAD]
 """
 
 from __future__ import annotations
 
 import sys
 
-from stochround.integrations.torchtitan.v0_2 import run_training, titan_config
+from stochround.integrations.torchtitan import run_training, titan_config
 
 
 def main(dump_folder: str, steps: str, interval: str, load: str = "") -> None:

@@ -1,4 +1,4 @@
-"""torchtitan 0.2.2's trainer on the CPU: its device, seen as ``"cpu"``.
+"""torchtitan's trainer on the CPU (both releases): its device, seen as ``"cpu"``.
 
 torchtitan picks its device once, at import (``torchtitan.tools.utils.device_type``: the
 available accelerator, else ``"cuda"``), and its modules copy that name and the device's
@@ -6,8 +6,12 @@ available accelerator, else ``"cuda"``), and its modules copy that name and the 
 sets the name to ``"cpu"`` and the module to `CpuDevice` (the calls torchtitan makes:
 set the device, synchronize, memory statistics — none has anything to do on the CPU) in
 each module that holds them, for the duration of a ``with`` block, and restores them
-after.  Under it the trainer runs as on a GPU, with gloo for its process groups: what
-``stochround titan --device cpu`` and the tests run.
+after.  The trainer also shortens its process groups' timeouts after the first step
+(``set_pg_timeouts``); 0.3.0 does it by ``torch.distributed.set_timeout``, which torch's
+CPU build (2.13) lacks, so inside the block that step only synchronizes the ranks, as it
+does before changing them, and the groups keep their timeouts (`keep_pg_timeouts`, under
+both releases).  Under it the trainer runs as on a GPU, with gloo for its process groups:
+what ``stochround titan --device cpu`` (0.2.2) and the tests run.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ import importlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from types import ModuleType
 from typing import Any, NamedTuple
 
-# the torchtitan 0.2.2 modules that copy device_type and/or device_module at import
+import torch
+
+# the torchtitan modules (0.2.2 and 0.3.0) that copy device_type and/or device_module at
+# import
 DEVICE_HOLDERS: tuple[str, ...] = (
     "torchtitan.tools.utils",
     "torchtitan.components.metrics",
@@ -69,11 +77,21 @@ class CpuDevice:
         return {}
 
 
+def keep_pg_timeouts(timeout: timedelta, parallel_dims: Any) -> None:
+    """torchtitan 0.3.0's ``set_pg_timeouts`` on the CPU: the ranks synchronized, the
+    timeouts kept (module docstring)."""
+    torch.distributed.barrier()
+
+
 @contextmanager
 def cpu_trainer() -> Iterator[None]:
     """torchtitan's device seen as the CPU inside the block (module docstring)."""
     modules: list[ModuleType] = [importlib.import_module(name) for name in DEVICE_HOLDERS]
-    cpu = {"device_type": "cpu", "device_module": CpuDevice}
+    cpu = {
+        "device_type": "cpu",
+        "device_module": CpuDevice,
+        "set_pg_timeouts": keep_pg_timeouts,
+    }
     saved = [(m, name, getattr(m, name)) for m in modules for name in cpu if hasattr(m, name)]
     try:
         for module, name, _ in saved:
@@ -84,4 +102,4 @@ def cpu_trainer() -> Iterator[None]:
             setattr(module, name, value)
 
 
-__all__ = ["DEVICE_HOLDERS", "CpuDevice", "DeviceProperties", "cpu_trainer"]
+__all__ = ["DEVICE_HOLDERS", "CpuDevice", "DeviceProperties", "cpu_trainer", "keep_pg_timeouts"]
