@@ -16,27 +16,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
-
-
-def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
-    """Seconds a call: Triton's do_bench (median, ms) on CUDA; the median wall time on the
-    CPU."""
-    if device == "cuda":
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=25, rep=repeats * 10, return_mode="median") / 1e3
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from harness import sweep_seconds
 
 
 def row(name: str, seconds: float, nbytes: int, copy_rate: float) -> str:
@@ -66,7 +48,7 @@ def main() -> int:
     x = torch.randn(args.tokens, args.features, device=args.device).to(dtype)
     nbytes = x.numel() * x.element_size()
     expected = x.abs().amax().float()
-    copy_seconds = timed(x.clone, args.device, args.repeats)
+    copy_seconds = sweep_seconds(x.clone, args.device, args.repeats)
     copy_rate = 2 * nbytes / copy_seconds
     print(f"x {args.tokens} x {args.features} {args.dtype} on {args.device}; default tiling")
     print(f"{block_amax.AMAX_TILING}; copy (read + write) {copy_rate / 1e9:.0f} GB/s")
@@ -74,7 +56,10 @@ def main() -> int:
     print(row("x.clone() (read + write)", copy_seconds, 2 * nbytes, copy_rate))
     print(
         row(
-            "torch x.abs().amax()", timed(lambda: x.abs().amax(), args.device, 5), nbytes, copy_rate
+            "torch x.abs().amax()",
+            sweep_seconds(lambda: x.abs().amax(), args.device, 5),
+            nbytes,
+            copy_rate,
         )
     )
 
@@ -88,7 +73,7 @@ def main() -> int:
         got = block_amax.tensor_amax(x, tiling=tiling)
         if not torch.equal(got, expected):
             raise SystemExit(f"{tiling}: amax {got} != {expected}")
-        seconds = timed(
+        seconds = sweep_seconds(
             lambda t=tiling: block_amax.tensor_amax(x, tiling=t), args.device, args.repeats
         )
         print(row(f"tensor_amax {chunk} x {steps}, {warps} warps", seconds, nbytes, copy_rate))
@@ -109,7 +94,7 @@ def main() -> int:
     print(
         row(
             f"tile_amax {tile} + tensor scales (prepared)",
-            timed(lambda: prepared(x), args.device, args.repeats),
+            sweep_seconds(lambda: prepared(x), args.device, args.repeats),
             nbytes,
             copy_rate,
         )
@@ -117,7 +102,7 @@ def main() -> int:
     print(
         row(
             f"torch {tile} tiles' amax, repeated",
-            timed(torch_tiles, args.device, 5),
+            sweep_seconds(torch_tiles, args.device, 5),
             nbytes,
             copy_rate,
         )
@@ -126,7 +111,7 @@ def main() -> int:
     print(
         row(
             "tensor scales alone (prepared, default tiling)",
-            timed(lambda: scale(x, None), args.device, args.repeats),
+            sweep_seconds(lambda: scale(x, None), args.device, args.repeats),
             nbytes,
             copy_rate,
         )

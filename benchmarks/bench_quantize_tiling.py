@@ -19,12 +19,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import statistics
-import time
-from collections.abc import Callable
 from functools import partial
 
 import torch
+from harness import sweep_seconds
 
 # name: (element, block, scale rule, mode, rht, tensor scales, amax given, out dtype)
 CONFIGURATIONS: dict[str, tuple] = {
@@ -76,22 +74,6 @@ class Operand:
         return prepared(self.x, self.tensor_scale, self.signs, self.amax, self.seed, self.offset)
 
 
-def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
-    """Seconds a call: Triton's do_bench (median, ms) on CUDA; the median wall time on the
-    CPU."""
-    if device == "cuda":
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=25, rep=repeats * 10, return_mode="median") / 1e3
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (interpreter)")
@@ -111,7 +93,7 @@ def main() -> int:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(args.tokens, args.features, generator=generator).to(args.device)
     x = x.to(torch.bfloat16)
-    copy_seconds = timed(x.clone, args.device, args.repeats)
+    copy_seconds = sweep_seconds(x.clone, args.device, args.repeats)
     copy_rate = 2 * x.numel() * x.element_size() / copy_seconds
     print(f"x {args.tokens} x {args.features} bfloat16 on {args.device}")
     print(f"copy (read + write) {copy_rate / 1e9:.0f} GB/s, {copy_seconds * 1e6:.1f} us")
@@ -134,7 +116,7 @@ def main() -> int:
             tiling = blocks.QuantizeTiling(ELEMENTS=count, WARPS=warp)
             if not same_bits(operand.run(tiling), expected):
                 raise SystemExit(f"{name} {tiling}: differs from the default tiling's bits")
-            seconds = timed(partial(operand.run, tiling), args.device, args.repeats)
+            seconds = sweep_seconds(partial(operand.run, tiling), args.device, args.repeats)
             rate = nbytes / seconds
             print(
                 f"{name:<28} {count:>8} {warp:>5} {seconds * 1e6:>9.1f} {rate / 1e9:>7.0f} "

@@ -289,6 +289,22 @@ def free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def sweep_seconds(fn: Callable[[], object], device: str, repeats: int) -> float:
+    """Seconds a call of ``fn`` (a sweep's timer): Triton's do_bench (median, ms) on CUDA;
+    the median wall time on the CPU."""
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=repeats * 10, return_mode="median") / 1e3
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def host_us(call: Callable[[], object], device: torch.device, calls: int, repeats: int) -> float:
     """Wall-clock microseconds a call over ``calls`` calls back to back (then a device
     synchronize), the median of ``repeats`` runs, after ``calls // 10`` warm-up calls."""
