@@ -251,9 +251,9 @@ class PreparedGemmOperand:
     training layer's operand), checked and resolved once: a call then issues the launches
     alone (the tensor scales, 2-D tiles' amax and the quantization) with the same bits.
     The stream is given per call as int64 tensors on x's device; the rotation's signs per
-    call or, for None, the fixed ones of `default_signs`."""
+    call or, for None, the fixed ones of `default_signs`; ``exact_bf16``: `exact_bf16_operand`'s."""
 
-    def __init__(self, x: Tensor, args: BlockArguments) -> None:
+    def __init__(self, x: Tensor, args: BlockArguments, exact_bf16: bool = False) -> None:
         # needs triton
         from ..kernels.blocks import PreparedGemmBlocks, PreparedTensorScale, PreparedTileAmax
 
@@ -294,7 +294,8 @@ class PreparedGemmOperand:
             element,
             typing.cast(int, block),
             fmt.scale_rule,
-            out_dtype=fmt.gemm_dtype,
+            out_dtype=torch.bfloat16 if exact_bf16 else fmt.gemm_dtype,
+            exact_bf16=exact_bf16,
             tensor_scales=2 if self.choice == "amax" else 0,
             amax_given=self.tile is not None,
             rht_signs=self.signs,
@@ -319,8 +320,11 @@ class PreparedGemmOperand:
         signs = self.signs if rht_signs is None else rht_signs
         scales = None if self.scale is None else self.scale(x, signs)
         amax, scales = (None, scales) if self.tiles is None else self.tiles(x)
-        values = self.kernel.launch(x, scales, signs, amax, seed, offset)  # x checked above
-        return GemmOperand(values, None if scales is None else scales[0], None, self.factor)
+        if self.kernel.rows is None:  # x checked above
+            values, unshift = self.kernel.launch(x, scales, signs, amax, seed, offset), None
+        else:  # exact_bf16: the row scales 2**-s
+            values, unshift = self.kernel.launch_exact(x, scales, signs, amax, seed, offset)
+        return GemmOperand(values, None if scales is None else scales[0], unshift, self.factor)
 
 
 # --- the kernel's side: its arguments, the custom ops and the launch --------------------------

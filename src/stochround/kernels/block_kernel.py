@@ -22,6 +22,7 @@ from .block_math import (
 )
 from .block_rotation import rotated, rotation_rounded
 from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits, seed_and_offset
+from .operand_bf16 import FLAGGED_SHIFT
 
 # what the kernel writes: element codes one a byte, fp4 codes two a byte (low nibble
 # first), the dequantized values in x's dtype, or a GEMM's operand: each element times its
@@ -34,6 +35,7 @@ _ABSMAX_FLOOR = tl.constexpr(ABSMAX_FLOORS[torch.float32])
 _ABSMAX_FLOOR_BF16 = tl.constexpr(ABSMAX_FLOORS[torch.bfloat16])
 _ABSMAX_FLOOR_FP16 = tl.constexpr(ABSMAX_FLOORS[torch.float16])
 _RESCALE = tl.constexpr(fp32(RESCALE))
+_FLAGGED_FACTOR = tl.constexpr(float(2**FLAGGED_SHIFT))
 
 
 class BlockTiling(NamedTuple):
@@ -100,11 +102,14 @@ class BlockStream(NamedTuple):
 class BlockOutput(NamedTuple):
     """What the kernel stores: KIND in `BLOCK_OUTPUTS`, NAN16 the NaN of x's 16-bit dtype
     (0: fp32), in which dequantized values and absmax scales are held, OUT_NAN16 the NaN
-    of the bf16 "gemm" output (0: fp32)."""
+    of the bf16 "gemm" output (0: fp32); FLAG_BELOW (bf16 "gemm" output of power-of-two
+    scales): the fp32 bits of ``2**(mbits - 133)``, below which a nonzero value is not
+    exact in bf16 (`stochround.kernels.operand_bf16.flag_bits`), 0: no flags."""
 
     KIND: str
     NAN16: int
     OUT_NAN16: int
+    FLAG_BELOW: int = 0
 
 
 @triton.jit
@@ -146,7 +151,8 @@ def quantize_blocks_kernel(
     `tl.math.div_rn`, products as the PyTorch path orders them, clamps as selects that keep
     NaN), the elements scaled and rounded to ELEMENT saturating to its finite range, and
     OUTPUT.KIND stored: codes and scales, the dequantized values in x's dtype, or each
-    element times its block scale (a GEMM's operand).
+    element times its block scale (a GEMM's operand; with OUTPUT.FLAG_BELOW, in bf16 with
+    each block's flag in ``scales_ptr``).
 
     Elements round by the core's contract: `fast_round` (one fp32 scaling per element, for
     sign-magnitude formats with zero: fp8, fp6, fp4; modes rne, rna, rz, ru, rd and SR
@@ -257,6 +263,15 @@ def quantize_blocks_kernel(
             tl.store(out_ptr + position, narrow, mask=mask)
     elif KIND == "gemm":
         operand = element * block_value[:, None, None]
+        if OUTPUT.FLAG_BELOW != 0:
+            # a block holding a nonzero value below 2**(mbits - 133) (its lowest bit below
+            # bf16's) is flagged and stored times 2**FLAGGED_SHIFT, exactly (its scale is
+            # tiny); `operand_bf16.shift_flagged_rows` shifts the rows holding one
+            operand_magnitude = operand.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            below = (operand_magnitude > 0) & (operand_magnitude < OUTPUT.FLAG_BELOW)
+            flag = tl.max(tl.max(below.to(tl.int32), axis=2), axis=1)
+            operand = tl.where(flag[:, None, None] != 0, operand * _FLAGGED_FACTOR, operand)
+            tl.store(scales_ptr + block_id, flag.to(tl.uint8), mask=block_id < blocks)
         if OUTPUT.OUT_NAN16 == 0:
             tl.store(out_ptr + position, operand, mask=mask)
         else:  # exact: the caller asks for bf16 only where every product is a bf16 value

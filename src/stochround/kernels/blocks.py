@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..block_constants import NVFP4_FLAVOURS, SCALE_RULES
+from ..block_constants import NVFP4_FLAVOURS, POWER_OF_TWO_RULES, SCALE_RULES
 from ..formats import Format
 from ..formats import format as find_format
 from ..random import seed_tensor
@@ -36,6 +36,7 @@ from .block_math import BlockScale, element_format, element_rounding, fast_bits
 from .block_rotation import checked_rotation, rht_normalization
 from .common import INPUT_DTYPES, NAN16_BITS, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
+from .operand_bf16 import FlaggedRows, flag_bits
 from .runtime import Launch, bound_launch, check_prepared, current_device
 
 # `stand_in`'s tensors by dtype and device (a dict read by a plain function)
@@ -300,6 +301,7 @@ class _Call(NamedTuple):
     rht_bf16: bool
     amax: Tensor | None
     tiling: QuantizeTiling | None = None
+    flag_below: int = 0  # `BlockOutput.FLAG_BELOW`
 
 
 def _check_tensors(x: Tensor, call: _Call) -> None:
@@ -379,6 +381,7 @@ def _grid(x: Tensor, out_dtype: torch.dtype, call: _Call, from_tensors: bool) ->
             KIND=call.output,
             NAN16=NAN16_BITS.get(x.dtype, 0),
             OUT_NAN16=NAN16_BITS.get(out_dtype, 0) if call.output == "gemm" else 0,
+            FLAG_BELOW=call.flag_below,
         ),
         "num_warps": tiling.WARPS,
         # no multiply-add contraction: every product is rounded, as the PyTorch path
@@ -437,7 +440,9 @@ class PreparedGemmBlocks:
     every step.  The stream comes as one-element int64 tensors on x's device; the tensor
     scales (one or two elements, or None), the rotation's signs and the tiles' amax as
     `gemm_blocks` takes them, of the kinds given here (``tensor_scales``: their count,
-    ``amax_given``); ``tiling`` the launch's (None: `quantize_tiling`'s)."""
+    ``amax_given``); ``tiling`` the launch's (None: `quantize_tiling`'s).  ``exact_bf16``
+    (power-of-two scales, bf16 ``out_dtype``): `launch_exact` gives the operand as
+    `stochround.kernels.operand_bf16.exact_bf16_rows` gives it from the fp32 one."""
 
     def __init__(
         self,
@@ -458,12 +463,19 @@ class PreparedGemmBlocks:
         rht: int | None = None,
         rht_bf16: bool = False,
         tiling: QuantizeTiling | None = None,
+        exact_bf16: bool = False,
     ) -> None:
         if out_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
         if x.numel() == 0:
             raise ValueError("x must hold elements")
         fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+        if exact_bf16 and (out_dtype != torch.bfloat16 or scale_rule not in POWER_OF_TWO_RULES):
+            raise ValueError(
+                "exact_bf16 takes out_dtype torch.bfloat16 and a power-of-two scale rule; got "
+                f"{out_dtype}, {scale_rule!r}"
+            )
+        self.rows = FlaggedRows(x.shape[0], x.shape[1], block, fmt.mbits) if exact_bf16 else None
         scale = None if tensor_scales == 0 else x.new_empty(tensor_scales, dtype=torch.float32)
         amax = x.new_empty(x.numel() // block, dtype=torch.float32) if amax_given else None
         call = _Call(
@@ -484,6 +496,7 @@ class PreparedGemmBlocks:
             rht_bf16=rht_bf16,
             amax=amax,
             tiling=tiling,
+            flag_below=flag_bits(fmt.mbits) if exact_bf16 else 0,
         )
         _check_tensors(x, call)
         self.grid = _grid(x, out_dtype, call, from_tensors=True)
@@ -522,9 +535,11 @@ class PreparedGemmBlocks:
         amax: Tensor | None,
         seed: Tensor,
         offset: Tensor,
+        flags: Tensor | None = None,
     ) -> Tensor:
         """`__call__` for a caller that has checked x (`check`) and made its device
-        current: the launch alone."""
+        current: the launch alone (``flags``: where an ``exact_bf16`` launch stores each
+        block's flag, `launch_exact`'s)."""
         out = torch.empty_like(x, dtype=self.out_dtype)
         grid = self.grid
         grid.launch(
@@ -532,7 +547,7 @@ class PreparedGemmBlocks:
             grid.programs,
             x,
             self.empty,
-            self.empty,
+            self.empty if flags is None else flags,
             out,
             tensor_scale,
             rht_signs if rht_signs is not None else grid.signs,
@@ -545,6 +560,24 @@ class PreparedGemmBlocks:
             self.index_offset,
         )
         return out
+
+    def launch_exact(
+        self,
+        x: Tensor,
+        tensor_scale: Tensor | None,
+        rht_signs: Tensor | None,
+        amax: Tensor | None,
+        seed: Tensor,
+        offset: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """With ``exact_bf16``, for a caller as `launch`'s: (bf16 ``v * 2**s``, fp32 ``2**-s``
+        (M, 1)) as `exact_bf16_rows` gives them for `launch`'s fp32 operand v: the
+        quantization (bf16 values, each block's flag), then `FlaggedRows`' pass."""
+        if self.rows is None:
+            raise ValueError("launch_exact needs a PreparedGemmBlocks made with exact_bf16=True")
+        flags = x.new_empty(self.rows.flags_shape, dtype=torch.uint8)
+        values = self.launch(x, tensor_scale, rht_signs, amax, seed, offset, flags)
+        return self.rows(values, flags)
 
 
 __all__ = [

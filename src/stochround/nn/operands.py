@@ -405,7 +405,11 @@ def prepared_operand(
         options["rht_bf16"], options["rbits"], options["variant"], 0, 0, None, None, 0, "auto",
     )  # fmt: skip
     try:
-        return PreparedGemmOperand(torch.empty(shape, dtype=dtype, device=device), args)
+        # MXFP8's fp32 values as exact bf16 in the quantizer's pass (`quantize_operand`
+        # then finds them bf16): the bits of `exact_bf16_operand` of the fp32 values
+        exact = fmt.gemm_dtype == torch.float32 and exact_in_bf16(fmt)
+        example = torch.empty(shape, dtype=dtype, device=device)
+        return PreparedGemmOperand(example, args, exact_bf16=exact)
     except ValueError:  # the kernel refuses it: the entry point routes the call
         return None
 
