@@ -1,10 +1,13 @@
 """The amax kernels' speed against a copy of the same tensor (issue 42): `tensor_amax` under
-each `AmaxTiling` of a sweep (elements a load, loads a program, warps), and the 2-D tiles'
-amax with NVFP4's tensor scales in one read (`tile_amax`) against the PyTorch reduction it
-replaced.  Each row: the device time a call (the median of Triton's ``do_bench`` on CUDA,
-wall time on the CPU), the bytes of x read per second, and that as a fraction of a copy's
-(read + write of x, per second of the copy's time: the bandwidth a streaming kernel can
-reach).  Every tiling's result is checked against ``x.abs().amax()``.
+each `AmaxTiling` of a sweep (elements a load, loads a program, warps), the 2-D tiles' amax
+with NVFP4's tensor scales in one read (`tile_amax`) against the PyTorch reduction it
+replaced, and the tensor scales of the amax launch's last program.  Each row: the device
+time a call (the median of Triton's ``do_bench`` on CUDA, wall time on the CPU), the bytes
+of x read per second, and that as a fraction of a copy's (read + write of x, per second of
+the copy's time: the bandwidth a streaming kernel can reach).  Every tiling's result is
+checked against ``x.abs().amax()``, and first the tensor scales against the PyTorch path
+on tensors whose largest magnitude sits in a different program each time (on a GPU this
+exercises the ticket counter's memory ordering).
 
 GPU:  python benchmarks/bench_amax.py
 CPU smoke (interpreter):  TRITON_INTERPRET=1 python benchmarks/bench_amax.py --device cpu \
@@ -26,6 +29,34 @@ def row(name: str, seconds: float, nbytes: int, copy_rate: float) -> str:
     return f"{name:<44} {seconds * 1e6:10.1f} {rate / 1e9:9.0f} {rate / copy_rate:8.0%}"
 
 
+def check_tensor_scales(x: torch.Tensor, rounds: int) -> None:
+    """SystemExit unless the one-launch tensor scales (prepared, unprepared, with the 2-D
+    tiles' amax) equal `nvfp4_tensor_scales` of ``x.abs().amax()`` over ``rounds`` tensors
+    like x, each with its largest magnitude placed at random (a different last program
+    and a different program holding the max each time)."""
+    from stochround.blocks.scales import nvfp4_tensor_scales
+    from stochround.kernels import block_amax
+
+    generator = torch.Generator().manual_seed(0)
+    for flavour in ("te", "torchao"):
+        prepared = block_amax.PreparedTensorScale(x, flavour)
+        tiles = block_amax.PreparedTileAmax(x, (16, 16), flavour)
+        for _ in range(rounds):
+            case = torch.randn(x.shape, device=x.device).to(x.dtype)
+            where = int(torch.randint(case.numel(), (1,), generator=generator))
+            case.view(-1)[where] = 1e4
+            expected = torch.stack(tuple(nvfp4_tensor_scales(case.abs().amax(), flavour)))
+            got = {
+                "prepared": prepared(case, None),
+                "unprepared": block_amax.nvfp4_tensor_scale(case, flavour)[0],
+                "tiles": tiles(case).scales,
+            }
+            for name, scales in got.items():
+                assert scales is not None
+                if not torch.equal(scales.view(torch.int32), expected.view(torch.int32)):
+                    raise SystemExit(f"{flavour} {name}: scales {scales} != {expected}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (interpreter)")
@@ -39,6 +70,9 @@ def main() -> int:
     parser.add_argument("--warps", default="4,8", help="AmaxTiling.WARPS values")
     parser.add_argument("--tile", default="16,16", help="2-D tile rows,columns (16,16)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls (20)")
+    parser.add_argument(
+        "--scale-checks", type=int, default=20, help="tensors whose scales are checked (20)"
+    )
     args = parser.parse_args()
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels import triton
@@ -48,6 +82,7 @@ def main() -> int:
     x = torch.randn(args.tokens, args.features, device=args.device).to(dtype)
     nbytes = x.numel() * x.element_size()
     expected = x.abs().amax().float()
+    check_tensor_scales(x, args.scale_checks)
     copy_seconds = sweep_seconds(x.clone, args.device, args.repeats)
     copy_rate = 2 * nbytes / copy_seconds
     print(f"x {args.tokens} x {args.features} {args.dtype} on {args.device}; default tiling")
@@ -112,6 +147,16 @@ def main() -> int:
         row(
             "tensor scales alone (prepared, default tiling)",
             sweep_seconds(lambda: scale(x, None), args.device, args.repeats),
+            nbytes,
+            copy_rate,
+        )
+    )
+    print(
+        row(
+            "tensor scales alone (nvfp4_tensor_scale)",
+            sweep_seconds(
+                lambda: block_amax.nvfp4_tensor_scale(x, "te"), args.device, args.repeats
+            ),
             nbytes,
             copy_rate,
         )

@@ -43,6 +43,7 @@ NEEDS_TRITON = {
     "stochround.kernels.scaled_gemm",
     "stochround.kernels.stream_sr",
     "stochround.kernels.tensor_round",
+    "stochround.kernels.tensor_scales",
     "stochround.kernels.transpose",
     "stochround.kernels.two_orientation",
 }

@@ -26,15 +26,15 @@ import bench_ops  # noqa: E402
 
 # One nvfp4() step of a 64 x 64 layer with bias on 64 fp32 tokens, forward and backward.
 # Five operands are quantized (fprop's x and W, dgrad's dy, wgrad's dy^T and x^T; dgrad's
-# W^T is fprop's Q(W) transposed), each by three launches: the amax's partial maxima, the
-# tensor scale (S_dec, S_enc) from them, the quantization; fprop's W in 16 x 16 tiles reads
-# its tiles' amaxes and its partial maxima in one launch (the tile-amax kernel, in place of
-# the amax kernel).  Three GEMMs, each a product and the epilogue launch that scales it
-# (cuBLAS's mm with an fp32 output at this size), and two transposes for wgrad's operands.
+# W^T is fprop's Q(W) transposed), each by two launches: the amax, whose last program
+# reduces the partial maxima to the tensor scales (S_dec, S_enc; the separate tensor-scale
+# launch is gone), and the quantization; fprop's W in 16 x 16 tiles reads its tiles'
+# amaxes and its tensor scales in one launch (the tile-amax kernel, in place of the amax
+# kernel).  Three GEMMs, each a product and the epilogue launch that scales it (cuBLAS's mm
+# with an fp32 output at this size), and two transposes for wgrad's operands.
 NVFP4_LAUNCHES = {
     "_amax_kernel": 4,
     "_tile_amax_kernel": 1,
-    "_tensor_scale_kernel": 5,
     "quantize_blocks_kernel": 5,
     "_epilogue_kernel": 3,
     "_transpose_kernel": 2,
@@ -47,10 +47,11 @@ NVFP4_ATEN = {
     "aten::__lshift__.Scalar": 1,
     "aten::bitwise_or.Tensor": 1,
     "aten::unbind.int": 2,
-    # per quantized operand: the partial maxima and the tensor scales, the output, and the
-    # 0-d S_dec of the two scales (the GEMM's tensor scale); fprop's W in 16 x 16 tiles
-    # also its tiles' amaxes, which the tile-amax kernel writes (no ATen op reduces them)
-    "aten::new_empty": 5 * 2 + 1 + 2,  # + the two transposes' outputs
+    # per quantized operand: the tensor scales, the output, and the 0-d S_dec of the two
+    # scales (the GEMM's tensor scale; the partial maxima and the ticket counter are the
+    # prepared operand's own, allocated once); fprop's W in 16 x 16 tiles also its tiles'
+    # amaxes, which the tile-amax kernel writes (no ATen op reduces them)
+    "aten::new_empty": 5 + 1 + 2,  # + the two transposes' outputs
     "aten::empty_like": 5 + 3,  # + the three epilogues' outputs
     "aten::select.int": 5,
     # the GEMMs: b transposed (a view) and cuBLAS's bf16 product with an fp32 output;
@@ -165,14 +166,14 @@ def counts_of(case: str) -> bench_ops.Counts:
 @pytest.mark.parametrize(
     ("case", "launches", "aten", "totals"),
     [
-        ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (20, 43, 0)),
+        ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (15, 38, 0)),
         ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (9, 46, 0)),
     ],
 )
 def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
     case: str, launches: dict[str, int], aten: dict[str, int], totals: tuple[int, int, int]
 ) -> None:
-    """nvfp4(): twenty launches and forty-three ATen ops; fp8(): nine and forty-six."""
+    """nvfp4(): fifteen launches and thirty-eight ATen ops; fp8(): nine and forty-six."""
     counts = counts_of(case)
     names = Counter(counts.names)
     launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
@@ -185,9 +186,10 @@ def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        # amax, tensor scale, quantization; partial maxima, tensor scales, codes, scales,
-        # the e4m3 view of the scales (and its detach), the 0-d S_dec
-        ("quantize_nvfp4_sr", (3, 7, 0)),
+        # amax (its last program writes the tensor scale: no launch of its own; the ticket
+        # counter is the stream's, made once), quantization; partial maxima, tensor
+        # scales, codes, scales, the e4m3 view of the scales (and its detach), the 0-d S_dec
+        ("quantize_nvfp4_sr", (2, 7, 0)),
         # the quantization; codes, scales, the e8m0 view of the scales and the e4m3fn view
         # of the codes (each with its detach)
         ("quantize_mxfp8_e4m3_rne", (1, 6, 0)),

@@ -1,6 +1,11 @@
 """A tensor's amax in one read (`tensor_amax`), its 2-D tiles' amaxes in the same read
-(`tile_amax`), and NVFP4's tensor scales from it in one more launch (`nvfp4_tensor_scale`),
-on the device, without host synchronization."""
+(`tile_amax`), and NVFP4's tensor scales from it in the same launch (`nvfp4_tensor_scale`:
+the program that finishes last reduces the programs' partial maxima), on the device,
+without host synchronization.
+
+The last program is found by a ticket counter (`kernels.tensor_scales`, which states the
+rule for sharing one: a prepared object owns its own and serves one stream; an unprepared
+call takes the current stream's)."""
 
 from __future__ import annotations
 
@@ -12,13 +17,22 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..block_constants import FLT_MAX, NVFP4_FLAVOURS
+from ..block_constants import NVFP4_FLAVOURS
 from ..reference import check_choice
 from .availability import INTERPRETED
 from .block_rotation import Rotation, checked_rotation, rotated, rotation_rounded
 from .common import INPUT_DTYPES, NAN16_BITS, fp32_bits_of
 from .grid import cdiv, next_power_of_2
 from .runtime import Launch, bound_launch, check_prepared, current_device
+from .tensor_scales import (
+    PartialsTiling,
+    Tickets,
+    amax_sink,
+    last_program_scales,
+    own_tickets,
+    partials_tiling,
+    ticket_counter,
+)
 
 
 class AmaxTiling(NamedTuple):
@@ -40,7 +54,6 @@ AMAX_BLOCK = AMAX_TILING.CHUNK * AMAX_TILING.STEPS
 # elements a tile-amax program reads a step (a power of two), and its warps
 TILE_AMAX_ELEMENTS = 2**14 if INTERPRETED else 2**13
 _TILE_AMAX_WARPS = 8
-_FLT_MAX = tl.constexpr(FLT_MAX)
 
 
 class TileShape(NamedTuple):
@@ -63,15 +76,22 @@ def _amax_kernel(
     partial_ptr,
     signs_ptr,
     count,
+    programs,
+    counter_ptr,
+    amax_ptr,
+    scale_ptr,
     TILING: tl.constexpr,
     WIDE: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
+    FLAVOUR: tl.constexpr,
+    PARTIALS: tl.constexpr,
 ):
     """Each program's max |x| over TILING.STEPS chunks of TILING.CHUNK consecutive elements
     (of x rotated as the quantize kernel rotates it, with ROTATION.SIZE > 0), as fp32 bits
     (int32): an integer max of the magnitudes' bits, so a NaN anywhere gives a NaN
-    pattern."""
+    pattern.  With a FLAVOUR ("te" or "torchao"; "" none), the last program to finish
+    also writes x's amax and NVFP4's tensor scales (`last_program_scales`)."""
     program = tl.program_id(0)
     if WIDE:
         program = program.to(tl.int64)
@@ -98,6 +118,10 @@ def _amax_kernel(
     else:
         largest = tl.max(best, axis=0)
     tl.store(partial_ptr + program, largest)
+    if FLAVOUR != "":
+        last_program_scales(
+            partial_ptr, programs, counter_ptr, amax_ptr, scale_ptr, FLAVOUR, PARTIALS
+        )
 
 
 @triton.jit
@@ -107,16 +131,22 @@ def _tile_amax_kernel(
     amax_ptr,
     tiles_per_row,
     chunks,
+    programs,
+    counter_ptr,
+    tensor_amax_ptr,
+    scale_ptr,
     TILE: tl.constexpr,
-    PARTIAL: tl.constexpr,
+    FLAVOUR: tl.constexpr,
+    PARTIALS: tl.constexpr,
 ):
     """The amax of TILE.TILES consecutive ROWS x COLS tiles of a contiguous [rows,
     tiles_per_row * COLS] x, of its row of tiles ``program // chunks``, from tile
     ``(program % chunks) * TILES``: an integer max of the magnitudes' fp32 bits (a NaN in
     a tile gives a NaN pattern), stored as fp32 once for each of the tile's rows (one value
-    a 1-D block of COLS elements, the layout the quantize kernel reads), and with PARTIAL
-    the max over the program's tiles (int32 bits) at ``partial_ptr + program``, a partial
-    maximum of x's amax."""
+    a 1-D block of COLS elements, the layout the quantize kernel reads), and with a FLAVOUR
+    ("te" or "torchao"; "" none) the max over the program's tiles (int32 bits) at
+    ``partial_ptr + program``, a partial maximum of x's amax, from which the last program to
+    finish writes x's amax and NVFP4's tensor scales (`last_program_scales`)."""
     ROWS: tl.constexpr = TILE.ROWS
     COLS: tl.constexpr = TILE.COLS
     ROW_CHUNK: tl.constexpr = TILE.ROW_CHUNK
@@ -138,51 +168,17 @@ def _tile_amax_kernel(
         x = tl.load(x_ptr + position, mask=mask, other=0.0)
         magnitude = fp32_bits_of(x) & 0x7FFFFFFF
         best = tl.maximum(best, tl.max(tl.max(magnitude, axis=2), axis=0))
-    if PARTIAL:
+    if FLAVOUR != "":
         tl.store(partial_ptr + program, tl.max(best, axis=0))
+        last_program_scales(
+            partial_ptr, programs, counter_ptr, tensor_amax_ptr, scale_ptr, FLAVOUR, PARTIALS
+        )
     amax = tl.broadcast_to(best.to(tl.float32, bitcast=True)[None, :], (ROW_CHUNK, TILE.TILES))
     for step in range(TILE.STEPS):
         rows = step * ROW_CHUNK + row
         index = (tile_row * ROWS + rows)[:, None] * tiles_per_row + tile[None, :]
         store_mask = (rows < ROWS)[:, None] & (tile < tiles_per_row)[None, :]
         tl.store(amax_ptr + index, amax, mask=store_mask)
-
-
-@triton.jit
-def _tensor_scale_kernel(
-    partial_ptr,
-    amax_ptr,
-    scale_ptr,
-    count,
-    BLOCK: tl.constexpr,
-    STEPS: tl.constexpr,
-    FLAVOUR: tl.constexpr,
-):
-    """One program: the max of ``count`` partial maxima (fp32 bits, int32; STEPS x BLOCK
-    of them cover ``count``), stored as the tensor's amax, and NVFP4's tensor scales from
-    it, S_dec then S_enc (`stochround.blocks.scales.nvfp4_tensor_scales`): "te" S_enc =
-    min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is 0), and S_dec
-    = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not finite, and
-    S_enc = 1 / S_dec."""
-    best = tl.zeros((BLOCK,), dtype=tl.int32)
-    for step in tl.static_range(STEPS):
-        position = step * BLOCK + tl.arange(0, BLOCK)
-        best = tl.maximum(best, tl.load(partial_ptr + position, mask=position < count, other=0))
-    amax_bits = tl.max(best, axis=0)
-    amax = amax_bits.to(tl.float32, bitcast=True)
-    bad = (amax_bits == 0) | (amax_bits >= 0x7F800000)
-    if FLAVOUR == "te":
-        encode = tl.math.div_rn(2688.0, amax)
-        encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
-        encode = tl.where(bad | (encode == 0.0), 1.0, encode)
-        scale = tl.math.div_rn(1.0, encode)
-    else:
-        tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te or torchao")
-        scale = tl.where(bad, 1.0, tl.math.div_rn(amax, 2688.0))
-        encode = tl.math.div_rn(1.0, scale)
-    tl.store(amax_ptr, amax)
-    tl.store(scale_ptr, scale)
-    tl.store(scale_ptr + 1, encode)
 
 
 def _device(x: Tensor) -> int:
@@ -218,6 +214,12 @@ def _checked_tiling(tiling: AmaxTiling | None) -> AmaxTiling:
     return tiling
 
 
+def _amax_programs(count: int, tiling: AmaxTiling) -> int:
+    """`_amax_kernel`'s programs for ``count`` elements: one at least (an empty x's one
+    program reads nothing and gives the partial maximum 0)."""
+    return max(1, cdiv(count, tiling.CHUNK * tiling.STEPS))
+
+
 def _partial_maxima(
     x: Tensor,
     rht: int | None,
@@ -230,26 +232,31 @@ def _partial_maxima(
     x = _checked_x(x)
     tiling = _checked_tiling(tiling)
     signs, rotation = checked_rotation(x, rht, rht_signs, rht_bf16, tiling.CHUNK)
-    count = x.numel()
-    if count == 0:
-        return x.new_zeros(1, dtype=torch.int32)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             return _partial_maxima(x, rht, rht_signs, rht_bf16, tiling)
-    programs = cdiv(count, tiling.CHUNK * tiling.STEPS)
+    count = x.numel()
+    programs = _amax_programs(count, tiling)
     partial = x.new_empty(programs, dtype=torch.int32)
-    _amax_launch(x, rotation, tiling)(_device(x), programs, x, partial, signs, count)
+    launch = _amax_launch(x, rotation, tiling, "", programs)
+    launch(_device(x), programs, x, partial, signs, count, programs, None, None, None)
     return partial
 
 
-def _amax_launch(x: Tensor, rotation: Rotation, tiling: AmaxTiling) -> Launch:
-    """`_amax_kernel` bound for x's size and dtype, the rotation and the tiling."""
+def _amax_launch(
+    x: Tensor, rotation: Rotation, tiling: AmaxTiling, flavour: str, programs: int
+) -> Launch:
+    """`_amax_kernel` bound for x's size and dtype, the rotation, the tiling and the
+    flavour of the tensor scales its last program writes ("": none) from ``programs``
+    partial maxima."""
     block = tiling.CHUNK * tiling.STEPS
-    constants: dict[str, int | bool | Rotation | AmaxTiling] = {
+    constants: dict[str, int | bool | str | Rotation | AmaxTiling | PartialsTiling] = {
         "TILING": tiling,
         "WIDE": x.numel() + block >= 2**31,
         "ROTATION": rotation,
         "NAN16": NAN16_BITS.get(x.dtype, 0),
+        "FLAVOUR": flavour,
+        "PARTIALS": partials_tiling(programs),
         "num_warps": tiling.WARPS,
         "enable_fp_fusion": False,
     }
@@ -302,11 +309,14 @@ class TileAmax(NamedTuple):
     scales: Tensor | None
 
 
-def _tile_launch(shape: TileShape, partial: bool) -> Launch:
-    """`_tile_amax_kernel` bound for the tile shape, writing partial maxima or not."""
-    constants: dict[str, TileShape | bool | int] = {
+def _tile_launch(shape: TileShape, flavour: str, programs: int) -> Launch:
+    """`_tile_amax_kernel` bound for the tile shape and the flavour of the tensor scales
+    its last program writes ("": none, and no partial maxima) from ``programs`` partial
+    maxima."""
+    constants: dict[str, TileShape | PartialsTiling | str | int] = {
         "TILE": shape,
-        "PARTIAL": partial,
+        "FLAVOUR": flavour,
+        "PARTIALS": partials_tiling(programs),
         "num_warps": _TILE_AMAX_WARPS,
     }
     return bound_launch(_tile_amax_kernel, tuple(constants.items()))
@@ -319,19 +329,30 @@ def tile_amax(x: Tensor, tile: tuple[int, int], flavour: str | None = None) -> T
     ``x.reshape(-1, rows, C // columns, columns).abs().amax(dim=(1, 3), keepdim=True)``
     broadcast over the tile's rows, as [numel / C, C / columns] (C = x.shape[-1]); one read
     of x and no host synchronization.  With ``flavour`` ("te" or "torchao"), also NVFP4's
-    tensor scales of x from the same read (the max of the tiles' maxima is x's amax), as
-    `nvfp4_tensor_scale` gives them, in one more launch."""
+    tensor scales of x from the same read and launch (the max of the tiles' maxima is x's
+    amax), as `nvfp4_tensor_scale` gives them, with the current stream's
+    `ticket_counter`."""
     if flavour is not None:
         check_choice("flavour", flavour, NVFP4_FLAVOURS)
-    return PreparedTileAmax(x, tile, flavour)(x)
+    counter = None if flavour is None else ticket_counter(x.device)
+    return PreparedTileAmax(x, tile, flavour, counter=counter)(x)
 
 
 class PreparedTileAmax:
     """`tile_amax` for one shape, dtype and device, tile and flavour (or None), checked and
-    bound once (a training layer's operand): a call issues the launches alone, with the
-    same bits."""
+    bound once (a training layer's operand): a call issues the launch alone, with the same
+    bits.  With a flavour, its launches take tickets from ``counter`` (a zeroed
+    one-element int32 tensor on x's device, as `ticket_counter` gives) or, for None, from
+    a counter of its own: then its calls must not run on two streams at once."""
 
-    def __init__(self, x: Tensor, tile: tuple[int, int], flavour: str | None) -> None:
+    def __init__(
+        self,
+        x: Tensor,
+        tile: tuple[int, int],
+        flavour: str | None,
+        *,
+        counter: Tensor | None = None,
+    ) -> None:
         x = _checked_x(x)
         if flavour is not None:
             check_choice("flavour", flavour, NVFP4_FLAVOURS)
@@ -341,9 +362,15 @@ class PreparedTileAmax:
         self.flavour = flavour
         self.device_index = _device(x)
         self.amax_shape = (math.prod(x.shape[:-1]), self.tiles_per_row)
-        self.launch = _tile_launch(shape, flavour is not None)
-        self.scale_launch, _ = tensor_scale_launch(max(self.programs, 1), flavour or "te")
-        self.sink = amax_sink(x.device)  # the scale kernel's amax, which no caller reads
+        self.launch = _tile_launch(shape, flavour or "", self.programs)
+        self.tickets: Tickets | None = None
+        if flavour is not None and self.programs:
+            self.tickets = (
+                own_tickets(x, self.programs)
+                if counter is None
+                else Tickets(x.new_empty(self.programs, dtype=torch.int32), counter)
+            )
+        self.sink = amax_sink(x.device)  # the tensor's amax, which no caller reads
 
     def __call__(self, x: Tensor) -> TileAmax:
         """The tiles' amax of x (the prepared shape, dtype and device, contiguous) and, with
@@ -358,28 +385,16 @@ class PreparedTileAmax:
             if self.flavour is not None:
                 scales = nvfp4_tensor_scale(x, self.flavour, keep_amax=False)[0]
             return TileAmax(amax, scales)
-        tiles = (self.tiles_per_row, self.chunks)
-        if self.flavour is None:
-            self.launch(self.device_index, self.programs, x, None, amax, *tiles)
+        tiles = (self.tiles_per_row, self.chunks, self.programs)
+        if self.tickets is None:
+            self.launch(self.device_index, self.programs, x, None, amax, *tiles, None, None, None)
             return TileAmax(amax, None)
-        partial = x.new_empty(self.programs, dtype=torch.int32)
         scales = x.new_empty(2, dtype=torch.float32)
-        self.launch(self.device_index, self.programs, x, partial, amax, *tiles)
-        self.scale_launch(self.device_index, 1, partial, self.sink, scales, self.programs)
+        partial, counter = self.tickets
+        self.launch(
+            self.device_index, self.programs, x, partial, amax, *tiles, counter, self.sink, scales
+        )
         return TileAmax(amax, scales)
-
-
-def tensor_scale_launch(partials: int, flavour: str) -> tuple[Launch, int]:
-    """`_tensor_scale_kernel` bound for ``partials`` partial maxima and the flavour."""
-    block = min(next_power_of_2(partials), 1024)
-    steps = cdiv(partials, block)
-    constants: dict[str, int | str | bool] = {
-        "BLOCK": block,
-        "STEPS": next_power_of_2(steps),
-        "FLAVOUR": flavour,
-        "enable_fp_fusion": False,
-    }
-    return bound_launch(_tensor_scale_kernel, tuple(constants.items())), partials
 
 
 def tensor_amax(
@@ -396,7 +411,7 @@ def tensor_amax(
     temporary |x| and no host synchronization.  With ``rht``, ``rht_signs`` and
     ``rht_bf16`` (as `quantize_blocks` takes them): the max of x rotated along its last
     axis, as `quantize_blocks` rotates it.  `nvfp4_tensor_scale` also gives NVFP4's
-    tensor scale from it, in one more launch.  ``tiling``: the programs' work
+    tensor scale from it, in the same launch.  ``tiling``: the programs' work
     (`AmaxTiling`; None: `AMAX_TILING`), which changes no bit."""
     return _partial_maxima(x, rht, rht_signs, rht_bf16, tiling).amax().view(torch.float32)
 
@@ -413,15 +428,19 @@ def nvfp4_tensor_scale(
     tiling: AmaxTiling | None = None,
 ) -> tuple[Tensor, Tensor]:
     """NVFP4's tensor scales of x, S_dec and S_enc (a 2-element fp32 tensor), and x's amax
-    (0-d fp32), on x's device, in two launches and one read of x (no host
-    synchronization): `tensor_amax`'s partial maxima, then one program reducing them and
-    computing the flavour's scales, equal to the `decode` and `encode` of
-    ``stochround.blocks.scales.nvfp4_tensor_scales(x.abs().amax(), flavour)``.  ``flavour``
-    "te" or "torchao"; the rotation and ``tiling`` as `tensor_amax` takes them.  Returns
-    (scales, amax): `quantize_blocks` takes the scales as its ``tensor_scale``; with
-    ``keep_amax`` False the amax is written to the device's `amax_sink` (and returned as
-    it: a caller that takes the scales alone spares an allocation a call)."""
+    (0-d fp32), on x's device, in one launch and one read of x (no host synchronization):
+    `tensor_amax`'s partial maxima, which the last program to finish reduces to the
+    flavour's scales (with the current stream's `ticket_counter`), equal to the `decode`
+    and `encode` of ``stochround.blocks.scales.nvfp4_tensor_scales(x.abs().amax(),
+    flavour)``.  ``flavour`` "te" or "torchao"; the rotation and ``tiling`` as
+    `tensor_amax` takes them.  Returns (scales, amax): `quantize_blocks` takes the scales
+    as its ``tensor_scale``; with ``keep_amax`` False the amax is written to the device's
+    `amax_sink` (and returned as it: a caller that takes the scales alone spares an
+    allocation a call)."""
     check_choice("flavour", flavour, NVFP4_FLAVOURS)
+    x = _checked_x(x)
+    tiling = _checked_tiling(tiling)
+    signs, rotation = checked_rotation(x, rht, rht_signs, rht_bf16, tiling.CHUNK)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             return nvfp4_tensor_scale(
@@ -433,34 +452,24 @@ def nvfp4_tensor_scale(
                 keep_amax=keep_amax,
                 tiling=tiling,
             )
-    partial = _partial_maxima(x, rht, rht_signs, rht_bf16, tiling)
+    count = x.numel()
+    programs = _amax_programs(count, tiling)
+    partial = x.new_empty(programs, dtype=torch.int32)
     amax = x.new_empty((), dtype=torch.float32) if keep_amax else amax_sink(x.device)
     scale = x.new_empty(2, dtype=torch.float32)
-    launch, partials = tensor_scale_launch(partial.numel(), flavour)
-    launch(_device(x), 1, partial, amax, scale, partials)
+    launch = _amax_launch(x, rotation, tiling, flavour, programs)
+    counter = ticket_counter(x.device)
+    launch(_device(x), programs, x, partial, signs, count, programs, counter, amax, scale)
     return scale, amax
-
-
-# `amax_sink`'s tensors by device (a dict read by a plain function)
-_SINKS: dict[torch.device, Tensor] = {}
-
-
-def amax_sink(device: torch.device) -> Tensor:
-    """A 0-d fp32 tensor on ``device`` for the tensor-scale kernel's amax output where no
-    caller reads it: written by every such launch and never read, so that launches on any
-    stream (or captured in a CUDA graph: it is never freed) share it, where a fresh one
-    would cost an allocation a call."""
-    sink = _SINKS.get(device)
-    if sink is None:
-        sink = _SINKS[device] = torch.empty((), dtype=torch.float32, device=device)
-    return sink
 
 
 class PreparedTensorScale:
     """`nvfp4_tensor_scale` for one shape, dtype and device, flavour and rotation size,
-    checked and bound once (a training layer's operand): a call issues the two launches
+    checked and bound once (a training layer's operand): a call issues the one launch
     alone, with the same bits.  The rotation's signs come with each call; ``tiling`` as
-    `tensor_amax` takes it."""
+    `tensor_amax` takes it.  Its launches take tickets from a counter of its own (and
+    write their partial maxima to a buffer of its own): its calls must not run on two
+    streams at once."""
 
     def __init__(
         self,
@@ -479,19 +488,21 @@ class PreparedTensorScale:
         tiling = _checked_tiling(tiling)
         _, rotation = checked_rotation(x, rht, rht_signs, rht_bf16, tiling.CHUNK)
         self.count = x.numel()
-        self.programs = cdiv(self.count, tiling.CHUNK * tiling.STEPS)
-        self.amax_launch = _amax_launch(x, rotation, tiling)
-        self.scale_launch, _ = tensor_scale_launch(self.programs, flavour)
+        self.programs = _amax_programs(self.count, tiling)
+        self.launch = _amax_launch(x, rotation, tiling, flavour, self.programs)
+        self.tickets = own_tickets(x, self.programs)
         self.device, self.device_index = x.device, _device(x)
-        self.amax = amax_sink(x.device)  # the scale kernel's amax, which no caller reads
+        self.amax = amax_sink(x.device)  # the tensor's amax, which no caller reads
 
     def __call__(self, x: Tensor, rht_signs: Tensor | None) -> Tensor:
         """S_dec and S_enc of x (the prepared size, on the prepared device, current), a
         2-element fp32 tensor, as `nvfp4_tensor_scale` gives them."""
-        partial = x.new_empty(self.programs, dtype=torch.int32)
         scale = x.new_empty(2, dtype=torch.float32)
-        self.amax_launch(self.device_index, self.programs, x, partial, rht_signs, self.count)
-        self.scale_launch(self.device_index, 1, partial, self.amax, scale, self.programs)
+        partial, counter = self.tickets
+        self.launch(
+            self.device_index, self.programs, x, partial, rht_signs, self.count, self.programs,
+            counter, self.amax, scale,
+        )  # fmt: skip
         return scale
 
 
@@ -503,9 +514,7 @@ __all__ = [
     "PreparedTileAmax",
     "TileAmax",
     "TileShape",
-    "amax_sink",
     "nvfp4_tensor_scale",
     "tensor_amax",
-    "tensor_scale_launch",
     "tile_amax",
 ]

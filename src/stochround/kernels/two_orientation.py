@@ -21,7 +21,6 @@ from torch import Tensor
 
 from ..formats import Format
 from .availability import INTERPRETED
-from .block_amax import tensor_scale_launch
 from .block_math import (
     BlockScale,
     ElementFormat,
@@ -36,6 +35,7 @@ from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, ro
 from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits
 from .grid import cdiv
 from .runtime import Launch, bound_launch, check_prepared, current_device
+from .tensor_scales import tensor_scale_launch
 
 # NVFP4's block: 16 elements along the contraction axis of each orientation
 PAIR_BLOCK = 16

@@ -1,0 +1,202 @@
+"""NVFP4's tensor scales from an amax kernel's partial maxima, on the device: the math
+(`store_tensor_scales`), in the amax launch itself (`last_program_scales`: the program that
+finishes last computes them, found by a ticket counter) or in a launch of its own
+(`tensor_scale_launch`), and the buffers those launches take.
+
+The ticket: each program of an amax launch stores its partial maximum, then takes a ticket
+from an int32 counter (an atomic add, acquire-release); the one that draws ``programs - 1``
+reads every partial maximum, writes the scales and resets the counter to 0 for the next
+launch (no memset launch; a CUDA graph's replay finds it 0).  A counter serves one launch
+at a time: launches in flight together (on two streams) need two counters.  The rule: a
+prepared caller owns its counter and partial maxima (`own_tickets`; no launch reads them
+after it ends), so it serves one stream; an unprepared call takes the counter of the
+current (device, stream) (`ticket_counter`), which orders its launches."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..block_constants import FLT_MAX
+from .grid import next_power_of_2
+from .runtime import Launch, bound_launch
+
+_FLT_MAX = tl.constexpr(FLT_MAX)
+
+
+class PartialsTiling(NamedTuple):
+    """How one program reads a launch's partial maxima: STEPS x BLOCK of them (BLOCK a
+    power of two, at most 1024; STEPS a power of two) cover the count.  A constexpr, as the
+    interpreter takes no loop over a runtime count."""
+
+    BLOCK: int
+    STEPS: int
+
+
+def partials_tiling(partials: int) -> PartialsTiling:
+    """The `PartialsTiling` of ``partials`` partial maxima (one at least)."""
+    block = min(next_power_of_2(partials), 1024)
+    return PartialsTiling(block, next_power_of_2(-(-partials // block)))
+
+
+@triton.jit
+def partials_max(partial_ptr, count, PARTIALS: tl.constexpr):
+    """The max of ``count`` partial maxima (fp32 bits, int32), read PARTIALS.BLOCK at a time
+    (from L2: ``.cg``, as other programs wrote them)."""
+    BLOCK: tl.constexpr = PARTIALS.BLOCK
+    best = tl.zeros((BLOCK,), dtype=tl.int32)
+    for step in tl.static_range(PARTIALS.STEPS):
+        position = step * BLOCK + tl.arange(0, BLOCK)
+        partial = tl.load(
+            partial_ptr + position, mask=position < count, other=0, cache_modifier=".cg"
+        )
+        best = tl.maximum(best, partial)
+    return tl.max(best, axis=0)
+
+
+@triton.jit
+def store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR: tl.constexpr):
+    """Stores the amax (given as its fp32 bits, int32) and NVFP4's tensor scales from it,
+    S_dec then S_enc (`stochround.blocks.scales.nvfp4_tensor_scales`): "te" S_enc =
+    min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is 0), and S_dec
+    = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not finite, and
+    S_enc = 1 / S_dec."""
+    amax = amax_bits.to(tl.float32, bitcast=True)
+    bad = (amax_bits == 0) | (amax_bits >= 0x7F800000)
+    if FLAVOUR == "te":
+        encode = tl.math.div_rn(2688.0, amax)
+        encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
+        encode = tl.where(bad | (encode == 0.0), 1.0, encode)
+        scale = tl.math.div_rn(1.0, encode)
+    else:
+        tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te or torchao")
+        scale = tl.where(bad, 1.0, tl.math.div_rn(amax, 2688.0))
+        encode = tl.math.div_rn(1.0, scale)
+    tl.store(amax_ptr, amax)
+    tl.store(scale_ptr, scale)
+    tl.store(scale_ptr + 1, encode)
+
+
+@triton.jit
+def last_program_scales(
+    partial_ptr,
+    programs,
+    counter_ptr,
+    amax_ptr,
+    scale_ptr,
+    FLAVOUR: tl.constexpr,
+    PARTIALS: tl.constexpr,
+):
+    """Called by every one of the launch's ``programs`` programs (its 1-D grid; given, as
+    the interpreter's ``tl.num_programs`` is no scalar) after it stored its partial
+    maximum: the program that takes the last ticket from the counter reduces all
+    programs' partial maxima
+    (`partials_max`), stores the amax and the tensor scales (`store_tensor_scales`) and
+    resets the counter to 0.  The max of bits is order-free, so the result is the same
+    whichever program is last.  On a GPU: the barrier orders the program's partial store
+    (whichever thread made it) before the atomic, whose release publishes it at GPU scope;
+    the last program's acquire (then the barrier Triton places to broadcast the ticket)
+    orders its loads after every other program's release.  The interpreter runs programs
+    one after another, so there the last one sees all stores anyway."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
+    if ticket == programs - 1:
+        amax_bits = partials_max(partial_ptr, programs, PARTIALS)
+        store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR)
+        tl.store(counter_ptr, 0)  # all tickets taken: the next launch starts from 0
+
+
+@triton.jit
+def _tensor_scale_kernel(
+    partial_ptr,
+    amax_ptr,
+    scale_ptr,
+    count,
+    PARTIALS: tl.constexpr,
+    FLAVOUR: tl.constexpr,
+):
+    """One program: the max of ``count`` partial maxima (fp32 bits, int32), stored as the
+    tensor's amax, and NVFP4's tensor scales from it (`store_tensor_scales`): the second
+    launch for an amax kernel that does not take tickets (the two-orientation kernel's)."""
+    store_tensor_scales(partials_max(partial_ptr, count, PARTIALS), amax_ptr, scale_ptr, FLAVOUR)
+
+
+def tensor_scale_launch(partials: int, flavour: str) -> tuple[Launch, int]:
+    """`_tensor_scale_kernel` bound for ``partials`` partial maxima and the flavour: the
+    second launch of an amax kernel that takes no tickets."""
+    constants: dict[str, PartialsTiling | str | bool] = {
+        "PARTIALS": partials_tiling(partials),
+        "FLAVOUR": flavour,
+        "enable_fp_fusion": False,
+    }
+    return bound_launch(_tensor_scale_kernel, tuple(constants.items())), partials
+
+
+# `ticket_counter`'s counters by (device, stream): PyTorch's stream triple, or "cpu"
+_COUNTERS: dict[object, Tensor] = {}
+
+
+def ticket_counter(device: torch.device) -> Tensor:
+    """The ticket counter (a one-element int32 tensor, 0 between launches) of the current
+    stream of ``device`` (a CUDA device; on the CPU, the interpreter's one): launches on
+    one stream run one after another, so they share it, and launches on two streams never
+    do.  Made once a stream (an allocation and a fill); under CUDA graph capture a fresh
+    one each call, whose fill the graph replays (a graph's launches may run beside the
+    stream's own)."""
+    key: object = "cpu"
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(1, dtype=torch.int32, device=device)
+        key = torch._C._cuda_getCurrentStream(device.index)
+    counter = _COUNTERS.get(key)
+    if counter is None:
+        counter = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
+
+
+class Tickets(NamedTuple):
+    """A launch's partial maxima (int32, one a program) and its ticket counter."""
+
+    partial: Tensor
+    counter: Tensor
+
+
+def own_tickets(x: Tensor, programs: int) -> Tickets:
+    """Partial maxima and a counter (zeroed) for a prepared object's launches alone: one
+    allocation and one fill, once; no launch reads them after it ends, so the next call's
+    launch (on the same stream) reuses them."""
+    work = torch.zeros(programs + 1, dtype=torch.int32, device=x.device)
+    return Tickets(work[:programs], work[programs:])
+
+
+# `amax_sink`'s tensors by device (a dict read by a plain function)
+_SINKS: dict[torch.device, Tensor] = {}
+
+
+def amax_sink(device: torch.device) -> Tensor:
+    """A 0-d fp32 tensor on ``device`` for the tensor-scale kernel's amax output where no
+    caller reads it: written by every such launch and never read, so that launches on any
+    stream (or captured in a CUDA graph: it is never freed) share it, where a fresh one
+    would cost an allocation a call."""
+    sink = _SINKS.get(device)
+    if sink is None:
+        sink = _SINKS[device] = torch.empty((), dtype=torch.float32, device=device)
+    return sink
+
+
+__all__ = [
+    "PartialsTiling",
+    "Tickets",
+    "amax_sink",
+    "last_program_scales",
+    "own_tickets",
+    "partials_max",
+    "partials_tiling",
+    "store_tensor_scales",
+    "tensor_scale_launch",
+    "ticket_counter",
+]
