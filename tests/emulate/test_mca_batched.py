@@ -5,6 +5,8 @@ cannot be batched is a `BatchingError` naming its op and line."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -97,6 +99,14 @@ def test_sample_j_does_not_depend_on_n():
     assert torch.equal(many.samples[0][:3], few.samples[0])
 
 
+def kernel_route() -> tuple[torch.device, contextlib.AbstractContextManager]:
+    """Where the CUDA route runs: a GPU's CUDA tensors, else CPU tensors under
+    `cpu_as_cuda` (Triton's interpreter)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda"), contextlib.nullcontext()
+    return torch.device("cpu"), cpu_as_cuda()
+
+
 def test_sample_words_are_each_samples_stream_on_both_paths():
     """The PyTorch path and the kernel (TRITON_INTERPRET here): sample j's words are
     random_words_like's at offset bases[j] + offset; a key above 2**63, a shape that is
@@ -108,8 +118,9 @@ def test_sample_words_are_each_samples_stream_on_both_paths():
             [streams.random_words_like(torch.empty(shape), key, int(b) + 77) for b in bases]
         )
         assert torch.equal(sample_words(shape, key, bases, 77), expected)
-        with cpu_as_cuda():
-            assert torch.equal(sample_words(shape, key, bases, 77), expected)
+        device, route = kernel_route()
+        with route:
+            assert torch.equal(sample_words(shape, key, bases.to(device), 77).cpu(), expected)
 
 
 def error_of(fn, *args) -> str:
@@ -202,6 +213,7 @@ def test_batched_samples_on_the_kernels_route_are_the_serial_runs(options):
         return y.sum()
 
     expected = mca(damped, x, n=3, seed=0, batched=False, **options)
-    with cpu_as_cuda():
-        batched = mca(damped, x, n=3, seed=0, **options)
-    assert torch.equal(batched.samples[0], expected.samples[0])
+    device, route = kernel_route()
+    with route:
+        batched = mca(damped, x.to(device), n=3, seed=0, **options)
+    assert torch.equal(batched.samples[0].cpu(), expected.samples[0])

@@ -102,7 +102,8 @@ def _amax_kernel(
     else:  # one contiguous run: vector loads
         offsets = tl.arange(0, CHUNK)
     best = tl.zeros_like(offsets)  # int32, as the magnitudes' bits
-    for step in tl.static_range(TILING.STEPS):
+    STEPS: tl.constexpr = TILING.STEPS  # a field of a constexpr record is no constexpr itself
+    for step in tl.static_range(STEPS):
         position = start + step * CHUNK + offsets
         x = tl.load(x_ptr + position, mask=position < count, other=0.0)
         bits = fp32_bits_of(x)
@@ -150,18 +151,23 @@ def _tile_amax_kernel(
     ROWS: tl.constexpr = TILE.ROWS
     COLS: tl.constexpr = TILE.COLS
     ROW_CHUNK: tl.constexpr = TILE.ROW_CHUNK
+    # a constexpr record's fields are plain ints: constexprs of their own for Triton
+    TILES: tl.constexpr = TILE.TILES
+    COLS_P2: tl.constexpr = TILE.COLS_P2
+    STEPS: tl.constexpr = TILE.STEPS
+    WIDE: tl.constexpr = TILE.WIDE
     program = tl.program_id(0)
-    if TILE.WIDE:
+    if WIDE:
         program = program.to(tl.int64)
     tile_row = program // chunks
-    tile = (program % chunks) * TILE.TILES + tl.arange(0, TILE.TILES)
-    lane = tl.arange(0, TILE.COLS_P2)
+    tile = (program % chunks) * TILES + tl.arange(0, TILES)
+    lane = tl.arange(0, COLS_P2)
     row = tl.arange(0, ROW_CHUNK)
     columns = tiles_per_row * COLS
     inside = (tile < tiles_per_row)[None, :, None] & (lane < COLS)[None, None, :]
     column = tile[None, :, None] * COLS + lane[None, None, :]
-    best = tl.zeros((TILE.TILES,), dtype=tl.int32)
-    for step in range(TILE.STEPS):  # a loop, not unrolled: tall tiles take many steps
+    best = tl.zeros((TILES,), dtype=tl.int32)
+    for step in range(STEPS):  # a loop, not unrolled: tall tiles take many steps
         rows = step * ROW_CHUNK + row
         position = (tile_row * ROWS + rows)[:, None, None] * columns + column
         mask = (rows < ROWS)[:, None, None] & inside
@@ -173,8 +179,8 @@ def _tile_amax_kernel(
         last_program_scales(
             partial_ptr, programs, counter_ptr, tensor_amax_ptr, scale_ptr, FLAVOUR, PARTIALS
         )
-    amax = tl.broadcast_to(best.to(tl.float32, bitcast=True)[None, :], (ROW_CHUNK, TILE.TILES))
-    for step in range(TILE.STEPS):
+    amax = tl.broadcast_to(best.to(tl.float32, bitcast=True)[None, :], (ROW_CHUNK, TILES))
+    for step in range(STEPS):
         rows = step * ROW_CHUNK + row
         index = (tile_row * ROWS + rows)[:, None] * tiles_per_row + tile[None, :]
         store_mask = (rows < ROWS)[:, None] & (tile < tiles_per_row)[None, :]

@@ -49,7 +49,8 @@ def partials_max(partial_ptr, count, PARTIALS: tl.constexpr):
     (from L2: ``.cg``, as other programs wrote them)."""
     BLOCK: tl.constexpr = PARTIALS.BLOCK
     best = tl.zeros((BLOCK,), dtype=tl.int32)
-    for step in tl.static_range(PARTIALS.STEPS):
+    STEPS: tl.constexpr = PARTIALS.STEPS  # a field of a constexpr record is no constexpr itself
+    for step in tl.static_range(STEPS):
         position = step * BLOCK + tl.arange(0, BLOCK)
         partial = tl.load(
             partial_ptr + position, mask=position < count, other=0, cache_modifier=".cg"
