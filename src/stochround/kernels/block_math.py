@@ -212,41 +212,6 @@ def magnitude_steps_up(kept, fraction, negative, ROUNDING: tl.constexpr):
 
 
 @triton.jit
-def _variant_c_total(clamped_magnitude, field, r, NBITS: tl.constexpr, MBITS: tl.constexpr):
-    """SR variant c's kept + away, floor((rne(v) + r) / 2**n) for v = |x| 2**(n - q), in
-    32-bit integers from |x|'s bits (int32 ``clamped_magnitude``, ``field`` as
-    `fast_round` makes it; r < 2**n): |x| = S 2**(E - 23) holds k = q - E + 23 >= 16 bits
-    below the ulp 2**q, so v = kept 2**n + f 2**(n - k) with kept = S >> k and f the k low
-    bits; kept 2**n is even, so rne(v) = kept 2**n + rem with rem = rne(f 2**(n - k)) (f
-    shifted up where k <= n, else shifted down by t = k - n bits, half to even: rem <= 2**n),
-    and away = (rem + r) >= 2**n: (rem + r) >> n below n = 32 (no overflow: rem + r <
-    2**(n + 1)), else where rem + r wraps around 2**32 (rem <= 2**24 there)."""
-    exponent_field = clamped_magnitude >> 23
-    # fp32 subnormals: no implicit bit, the exponent of the smallest normal binade
-    significand = (clamped_magnitude & 0x7FFFFF) | tl.where(exponent_field > 0, 0x800000, 0)
-    k = field - MBITS + 23 - tl.maximum(exponent_field, 1)
-    low_bits = tl.minimum(k, 31).to(tl.uint32)  # from k = 24 up, every bit lies below
-    s = significand.to(tl.uint32)
-    kept = s >> low_bits
-    fraction = s - (kept << low_bits)
-    t = k - NBITS
-    up = fraction << tl.maximum(-t, 0).to(tl.uint32)  # exact: f < 2**k, k <= n
-    # from t = 25 up f < 2**24 <= half: rem = 0, as with t clamped to 31
-    dropped_bits = tl.minimum(tl.maximum(t, 1), 31).to(tl.uint32)
-    down = fraction >> dropped_bits
-    dropped = fraction - (down << dropped_bits)
-    half = tl.full(dropped.shape, 1, tl.uint32) << (dropped_bits - 1)
-    round_up = (dropped > half) | ((dropped == half) & ((down & 1) == 1))
-    rem = tl.where(t > 0, down + round_up.to(tl.uint32), up)
-    noise = r.to(tl.uint32)
-    if NBITS == 32:  # the sum wraps around 2**32 exactly where it reaches it
-        away = (noise + rem) < noise
-    else:
-        away = ((rem + noise) >> NBITS) != 0
-    return (kept + away.to(tl.uint32)).to(tl.int32)
-
-
-@triton.jit
 def fast_round(bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr):
     """Codes (int32) and values (fp32) of fp32 values (``bits``: int32) rounded to a
     sign-magnitude format with zero and mbits >= 1, saturating to its finite range, in
@@ -260,12 +225,14 @@ def fast_round(bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr):
     bits r: variant a takes B = 32, kept + away = floor((floor(v) + r 2**(32 - n)) / 2**32)
     (floor(nu 2**32) floored by 32 - n bits is floor(nu 2**n)); variant c takes B = n,
     kept + away = floor((rne(v) + r) / 2**n) (kept 2**n is an integer, so rounding v rounds
-    nu 2**n, half to even; in 32-bit integers: `_variant_c_total`).  Round-to-nearest-even
+    nu 2**n, half to even); both in one 64-bit conversion, addition and shift (fewer
+    instructions and registers than the same in 32-bit integers, which the RHT's tile,
+    live in registers, pays for: benchmarks/kernel_resources.py).  Round-to-nearest-even
     takes no scaling: |x| + 2**(q + 23) in fp32 is |x| rounded to a multiple of 2**q, half
     to even, plus 2**(q + 23), and kept + away is its bits less those of 2**(q + 23).  The
-    value (kept + away) 2**q is the fp32
-    of 2**(q + 23)'s bits plus kept + away, less 2**(q + 23) (exact: no int-to-float
-    conversion).  NaN gives NAN_CODE and NaN.  B: ROUNDING.FAST_BITS."""
+    value (kept + away) 2**q is the fp32 of 2**(q + 23)'s bits plus kept + away, less
+    2**(q + 23) (exact: no int-to-float conversion); in SR, total converted to fp32 times
+    2**q (exact).  NaN gives NAN_CODE and NaN.  B: ROUNDING.FAST_BITS."""
     B: tl.constexpr = ROUNDING.FAST_BITS
     MBITS: tl.constexpr = ELEMENT.MBITS
     magnitude = bits & 0x7FFFFFFF
@@ -283,16 +250,18 @@ def fast_round(bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr):
         # float-to-int conversion
         rounded = clamped_magnitude.to(tl.float32, bitcast=True) + magic
         total = rounded.to(tl.int32, bitcast=True) - magic_bits
-    elif ROUNDING.MODE == "sr" and ROUNDING.VARIANT == "a":
+    elif ROUNDING.MODE == "sr":
         # 2**(B - q) = 2**(B + mbits + 127 - field), an fp32 normal power of two
         scale = ((254 + B + MBITS - field) << 23).to(tl.float32, bitcast=True)
         v = clamped_magnitude.to(tl.float32, bitcast=True) * scale
-        count = v.to(tl.uint64)
-        noise = r.to(tl.uint64) << (32 - ROUNDING.NBITS)
+        if ROUNDING.VARIANT == "a":
+            count = v.to(tl.uint64)
+            noise = r.to(tl.uint64) << (32 - ROUNDING.NBITS)
+        else:
+            tl.static_assert(ROUNDING.VARIANT == "c", "the fast path rounds SR variants a and c")
+            count = nearest_integer(v)
+            noise = r.to(tl.uint64)
         total = ((count + noise) >> B).to(tl.int32)
-    elif ROUNDING.MODE == "sr":
-        tl.static_assert(ROUNDING.VARIANT == "c", "the fast path rounds SR variants a and c")
-        total = _variant_c_total(clamped_magnitude, field, r, ROUNDING.NBITS, MBITS)
     else:
         scale = ((254 + B + MBITS - field) << 23).to(tl.float32, bitcast=True)
         v = clamped_magnitude.to(tl.float32, bitcast=True) * scale
@@ -301,8 +270,12 @@ def fast_round(bits, r, ROUNDING: tl.constexpr, ELEMENT: tl.constexpr):
         total = kept + away.to(tl.int32)
     code = ((field + (ELEMENT.BIAS - 128)) << MBITS) + total
     code = code | sign_bit(bits, code, ELEMENT.SIGN_SHIFT, ELEMENT.HAS_NEGATIVE_ZERO)
-    # the value total 2**q: C + total 2**q (C's bits plus total), less C, exactly
-    value = (magic_bits + total).to(tl.float32, bitcast=True) - magic
+    if ROUNDING.MODE == "sr":
+        # the value total 2**q: a small integer times a normal power of two, exactly (C's
+        # bits plus total less C compiles to more instructions in the SR kernels)
+        value = total.to(tl.float32) * ((field - MBITS) << 23).to(tl.float32, bitcast=True)
+    else:  # C + total 2**q (C's bits plus total), less C, exactly
+        value = (magic_bits + total).to(tl.float32, bitcast=True) - magic
     # x's sign as a bit (a float negation is 0 - v in Triton, which loses -0)
     value = (value.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
     if not ELEMENT.HAS_NEGATIVE_ZERO:

@@ -1,0 +1,41 @@
+"""The block quantizer's SR configurations compiled offline for sm_90 (H100/H200) by
+benchmarks/kernel_resources.py: no more registers and SASS instructions than before the
+fast_round rewrite (2d6f3be), no spills (issue 42: variant c's 32-bit integer path took
+tseng's kernel from 128 to 197 registers).  The budgets are Triton 3.6's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import triton
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+# config: (registers, SASS instructions) at 2d6f3be, 4096 elements and 4 warps a program
+BUDGETS = {"tseng_sr_rht64": (128, 2735), "nvfp4_dy_sr": (104, 1519)}
+
+pytestmark = pytest.mark.skipif(
+    not triton.__version__.startswith("3.6") or not (BIN / "ptxas").exists(),
+    reason="budgets of Triton 3.6's NVIDIA backend (ptxas, cuobjdump)",
+)
+
+
+def test_sr_configurations_within_their_2d6f3be_resources() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    command = [sys.executable, str(ROOT / "benchmarks" / "kernel_resources.py")]
+    command += ["--elements", "4096", "--warps", "4"]
+    for name in BUDGETS:
+        command += ["--config", name]
+    table = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+    for name, (registers, instructions) in BUDGETS.items():
+        _, _, regs, spills, sass, stl, ldl = rows[name]
+        assert int(regs) <= registers, (name, regs)
+        assert int(sass) <= instructions, (name, sass)
+        assert (spills, stl, ldl) == ("0/0", "0", "0"), name
