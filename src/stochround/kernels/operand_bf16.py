@@ -115,26 +115,29 @@ def _shift_flagged_rows_kernel(
         mask = first + flag_offsets < FLAGS
         flags = tl.load(row_flags + first + flag_offsets, mask=mask, other=0).to(tl.int32)
         any_flag = tl.maximum(any_flag, flags)
-    # a row without a flagged block keeps its values (shift 0): every access below masked
-    flagged = tl.max(any_flag, axis=0) != 0
-    start = values_ptr + row * COLS
-    offsets = tl.arange(0, CHUNK)
-    largest = tl.zeros((CHUNK,), tl.float32)
-    smallest = tl.full((CHUNK,), float("inf"), tl.float32)
-    for first in range(0, COLS, CHUNK):
-        mask = (first + offsets < COLS) & flagged
-        v = _stored_value(start + first + offsets, row_flags, first + offsets, mask, BLOCK)
-        m = tl.abs(v)
-        largest = tl.maximum(largest, m)  # a NaN takes no part, as in the spec
-        smallest = tl.minimum(smallest, tl.where(m > 0, m, float("inf")))
-    shift = _row_shift(tl.max(largest, axis=0), tl.min(smallest, axis=0), MBITS)
-    factor = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(unshift_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
-    for first in range(0, COLS, CHUNK):
-        mask = (first + offsets < COLS) & flagged
-        v = _stored_value(start + first + offsets, row_flags, first + offsets, mask, BLOCK)
-        shifted = _bf16_bits(v * factor).to(tl.bfloat16, bitcast=True)
-        tl.store(start + first + offsets, shifted, mask=mask)
+    # a row without a flagged block keeps its values (shift 0, `_row_shift` of an empty
+    # row): its flags are all the program reads (a scalar branch, taken per row)
+    if tl.max(any_flag, axis=0) != 0:
+        start = values_ptr + row * COLS
+        offsets = tl.arange(0, CHUNK)
+        largest = tl.zeros((CHUNK,), tl.float32)
+        smallest = tl.full((CHUNK,), float("inf"), tl.float32)
+        for first in range(0, COLS, CHUNK):
+            mask = first + offsets < COLS
+            v = _stored_value(start + first + offsets, row_flags, first + offsets, mask, BLOCK)
+            m = tl.abs(v)
+            largest = tl.maximum(largest, m)  # a NaN takes no part, as in the spec
+            smallest = tl.minimum(smallest, tl.where(m > 0, m, float("inf")))
+        shift = _row_shift(tl.max(largest, axis=0), tl.min(smallest, axis=0), MBITS)
+        factor = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+        tl.store(unshift_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
+        for first in range(0, COLS, CHUNK):
+            mask = first + offsets < COLS
+            v = _stored_value(start + first + offsets, row_flags, first + offsets, mask, BLOCK)
+            shifted = _bf16_bits(v * factor).to(tl.bfloat16, bitcast=True)
+            tl.store(start + first + offsets, shifted, mask=mask)
+    else:
+        tl.store(unshift_ptr + row, 1.0)
 
 
 @triton.jit
