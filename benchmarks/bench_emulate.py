@@ -11,6 +11,9 @@ one op a parameter, as a user's loop computes it). Rows (case ``mlp_step``):
 - ``emulate_rne``, ``emulate_sr``: the step inside ``with emulate("bfloat16", mode,
   seed=0)``: every floating op's fp32 result rounded to bf16 values (forward, backward and
   the optimizer's update alike), one rounding kernel a result.
+- ``passthrough``: the step inside a `TorchDispatchMode` that only calls each op: PyTorch's
+  cost of a Python dispatch mode, which any eager emulation pays on every op (views
+  included); ``emulate_* - passthrough`` is the emulation's own handling and roundings.
 - ``explicit_sr``: the model written for it, as mptorch's quantized layers are: each
   Linear's input, weight and output rounded to bf16 by SR in the forward and the
   gradients of its input and output in the backward (`stochround.round`, one call each),
@@ -26,10 +29,12 @@ one op a parameter, as a user's loop computes it). Rows (case ``mlp_step``):
   The issue's target: compiled_* <= 1.5x compiled_fp32; emulate_* <= 3x fp32.
 
 Case ``mlp_step_w8``: the same step, eager, at width 8 and batch 8 (``--layers`` layers),
-rows ``fp32``, ``emulate_rne`` and ``emulate_sr``: the compute is negligible, so a step's
-time is the host cost of its ops (PyTorch's dispatch, the emulation's handling of each op
-and each rounding's host side, on the CPU its PyTorch path too), and ``(emulate - fp32)
-/ roundings`` is the emulation's cost an op.
+rows ``fp32``, ``passthrough``, ``emulate_rne`` and ``emulate_sr``: the compute is
+negligible, so a step's time is the host cost of its ops (PyTorch's dispatch, the
+emulation's handling of each op and each rounding's host side), and ``(emulate - fp32) /
+roundings`` is the emulation's cost an op.  On the CPU each rounding runs the PyTorch path
+(tens of small ops for a bf16 rounding, more for SR), which dominates these rows there;
+on a GPU it is one kernel launch.
 
 Each emulated row reports its roundings a step (``roundings``: `Emulation.calls`) and the
 overhead a rounding: (step - fp32 step) / roundings. Checks before timing: the loss is
@@ -52,6 +57,7 @@ import harness  # noqa: F401
 import torch
 import torch.nn.functional as F
 from harness import Benchmark, CheckFailed, Run
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import stochround as sr
 
@@ -75,6 +81,13 @@ class Rounded(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         return sr.round(grad, "bfloat16", "sr", seed=SEED, offset=next(ctx.counter)), None
+
+
+class PassThrough(TorchDispatchMode):
+    """A dispatch mode that calls each op as it is (the ``passthrough`` row)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return func(*args, **(kwargs or {}))
 
 
 class QuantizedLinear(torch.nn.Linear):
@@ -170,6 +183,13 @@ def row(
         before = emulation.calls
         call()
         extra["roundings"] = emulation.calls - before
+    elif kind == "passthrough":
+        step = training_step(model, inputs, targets)
+
+        def call() -> torch.Tensor:
+            with PassThrough():
+                return step()
+
     elif kind.startswith("compiled_"):
         mode = kind.removeprefix("compiled_")
         compile_backend: object = "inductor"
@@ -207,6 +227,7 @@ def main() -> int:
     reference: list[float] = []
     build = partial(row, shape, bench.device)
     bench.add(CASE, "fp32", partial(build, "fp32", reference), reference=True)
+    bench.add(CASE, "passthrough", partial(build, "passthrough", reference))
     for kind in ("emulate_rne", "emulate_sr", "explicit_sr"):
         bench.add(CASE, kind, partial(build, kind, reference), ours=True)
     bench.add(CASE, "compiled_fp32", partial(build, "compiled_fp32", reference))
@@ -215,6 +236,7 @@ def main() -> int:
     tiny_reference: list[float] = []
     build_tiny = partial(row, (TINY_WIDTH, args.layers, TINY_BATCH), bench.device)
     bench.add(TINY, "fp32", partial(build_tiny, "fp32", tiny_reference))
+    bench.add(TINY, "passthrough", partial(build_tiny, "passthrough", tiny_reference))
     for kind in ("emulate_rne", "emulate_sr"):
         bench.add(TINY, kind, partial(build_tiny, kind, tiny_reference), ours=True)
     return bench.run()

@@ -3,6 +3,7 @@
 - `stochround.emulate.mode`: `emulate`, the dispatch mode that rounds every floating ATen
   op's outputs to a format; `stochround.emulate.dispatch`: `Emulation`, its class;
   `stochround.emulate.ops`: which ops and dtypes it rounds, and how;
+  `stochround.emulate.supported`: the check of every op's tensors (no complex, no sparse);
 - `stochround.emulate.mca`: Monte Carlo arithmetic on an unmodified function, `mca`, and
   its result, `MCAResult`;
 - `stochround.emulate.compiled`: `backend`, the `torch.compile` backend that emulates at

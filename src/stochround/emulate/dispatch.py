@@ -6,7 +6,7 @@ rounded, with which offsets, and why).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -37,13 +37,21 @@ from .ops import (
     op_kind,
     target_formats,
 )
+from .supported import check_arguments, check_supported, raise_unsupported
 
 _Observer = Callable[[torch._ops.OpOverload, Any], None]
+
 
 # Set while an emulation's handler runs, in the thread that runs it: the ops it dispatches
 # (the op itself, the rounding's own arithmetic) pass through every enclosing emulation, so
 # the innermost emulation alone rounds an op and no rounding is rounded again.
-_handling = threading.local()
+class _Handling(threading.local):
+    """Whether an emulation's handler runs in this thread (False in each new thread)."""
+
+    active = False
+
+
+_handling = _Handling()
 
 
 def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
@@ -55,17 +63,18 @@ def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
     return check_choice("ops", ops, OPS)
 
 
-def _check_supported(values: Iterable[object]) -> None:
-    """TypeError for a complex or sparse tensor among an ATen op's arguments or outputs
-    (`_unsupported`): its schema admits tensors, lists and tuples of them (optional ones:
-    None) and scalars, never a dict, so a walk of the lists and tuples finds them all (a
-    general pytree walk costs every op's dispatch more than the op itself)."""
-    for value in values:
-        if isinstance(value, Tensor):
-            if value.layout != torch.strided or value.is_complex():
-                _unsupported(value)
-        elif isinstance(value, list | tuple):
-            _check_supported(value)
+class _Entry:
+    """What an emulation does with one op overload, resolved at its first call: its
+    `OpKind`, whether it handles it (``handled``: it computes values and ``ops`` picks
+    it), and whether it runs it plainly (``plain``: natively, its outputs or mutated
+    arguments rounded (`Emulation._native`); no conversion, no rounded inputs, no
+    per-operation accumulation, no float64 computation, no observer), the path most ops
+    take."""
+
+    __slots__ = ("handled", "kind", "plain")
+
+    def __init__(self, kind: OpKind, handled: bool, plain: bool) -> None:
+        self.kind, self.handled, self.plain = kind, handled, plain
 
 
 def each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
@@ -78,22 +87,6 @@ def each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
     if isinstance(out, tuple):
         return tuple(each_output(function, value) for value in out)
     return out
-
-
-def _unsupported(value: object) -> None:
-    """TypeError for a complex or sparse (any non-strided) tensor: SR of their values is
-    not defined here (complex) or would lose their structure (sparse)."""
-    if isinstance(value, Tensor):
-        if value.is_complex():
-            raise TypeError(
-                f"emulate does not support complex tensors (got {value.dtype}): round the "
-                "real and imaginary parts as real tensors"
-            )
-        if value.layout != torch.strided:
-            raise TypeError(
-                f"emulate does not support {value.layout} tensors: only dense (strided) "
-                "tensors can be rounded; pass x.to_dense()"
-            )
 
 
 class Emulation(TorchDispatchMode):
@@ -180,13 +173,22 @@ class Emulation(TorchDispatchMode):
             dtype: prepared[target] for dtype, target in self.cast_formats.items()
         }
         # what each op overload gets, read once per op (`_op_entry`)
-        self._entries: dict[torch._ops.OpOverload, tuple[OpKind, bool]] = {}
+        self._entries: dict[torch._ops.OpOverload, _Entry] = {}
 
-    def _op_entry(self, func: torch._ops.OpOverload) -> tuple[OpKind, bool]:
-        """``func``'s `OpKind` and whether this emulation handles it (it computes values
-        and ``ops`` picks it), resolved at its first call (``ops`` asked once an op)."""
+    def _op_entry(self, func: torch._ops.OpOverload) -> _Entry:
+        """``func``'s `_Entry`, resolved at its first call (``ops`` asked once an op)."""
         kind = op_kind(func)
-        return kind, not kind.aliases_only and self.selected(func)
+        handled = not kind.aliases_only and self.selected(func)
+        plain = (
+            handled
+            and not kind.lays_out
+            and not self.round_inputs
+            and self.round_outputs
+            and self.accumulate == "once"
+            and (self.compute == "native" or kind.seeded)
+            and self.observer is None
+        )
+        return _Entry(kind, handled, plain)
 
     def selected(self, func: torch._ops.OpOverload) -> bool:
         """Whether ``ops`` picks ``func`` for rounding."""
@@ -204,21 +206,28 @@ class Emulation(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = kwargs or {}
-        if getattr(_handling, "active", False):  # an inner emulation's op or rounding
-            return func(*args, **kwargs)
-        _check_supported(args)
-        if kwargs:
-            _check_supported(kwargs.values())
+        if _handling.active:  # an inner emulation's op or rounding
+            return func(*args, **kwargs) if kwargs else func(*args)
         entry = self._entries.get(func)
         if entry is None:
             entry = self._entries[func] = self._op_entry(func)
-        kind, handled = entry
-        if not handled:
+        kind = entry.kind
+        check_arguments(args, kind.tensor_lists)
+        if kwargs:
+            check_supported(kwargs.values())
+        else:
+            kwargs = {}
+        if entry.plain:
+            _handling.active = True
+            try:
+                return self._plain(func, kind, args, kwargs)
+            finally:
+                _handling.active = False
+        if not entry.handled:
             return func(*args, **kwargs)
         if kind.lays_out and not converts(func, args, kwargs):
             out = func(*args, **kwargs)  # a factory makes complex tensors from nothing
-            _check_supported((out,))
+            check_supported((out,))
             return out
         # the enclosing emulations pass this op's own ops and its roundings through
         _handling.active = True
@@ -226,6 +235,33 @@ class Emulation(TorchDispatchMode):
             return self._emulated(func, kind, args, kwargs)
         finally:
             _handling.active = False
+
+    def _plain(
+        self,
+        func: torch._ops.OpOverload,
+        kind: OpKind,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """An op of a plain entry (`_Entry`): what `_emulated` does for it (`_native`, its
+        outputs rounded, then checked), with one fresh output tensor, the common case,
+        rounded without a walk."""
+        if kind.mutated_positions:
+            out = self._native(func, kind, args, kwargs)
+            check_supported((out,))
+            return out
+        out = func(*args, **kwargs)
+        if not isinstance(out, Tensor):
+            out = each_output(self._output_rounded, out)
+            check_supported((out,))
+            return out
+        prepared = self.roundings.get(out.dtype)
+        if prepared is not None:
+            rounded = self._next_rounding(out, prepared)
+            out = rounded if rounded.stride() == out.stride() else out.copy_(rounded)
+        elif out.layout != torch.strided or out.is_complex():
+            raise_unsupported(out)
+        return out
 
     def _emulated(
         self,
@@ -246,7 +282,7 @@ class Emulation(TorchDispatchMode):
                 out = self._wide(func, kind, args, kwargs)
             else:
                 out = self._native(func, kind, args, kwargs)
-        _check_supported((out,))
+        check_supported((out,))
         if self.observer is not None and self.calls > before:
             self.observer(func, out)
         return out

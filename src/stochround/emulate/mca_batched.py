@@ -220,7 +220,7 @@ class BatchedEmulation(Emulation):
         entry = self._entries.get(func)
         if entry is None:
             entry = self._entries[func] = self._op_entry(func)
-        if not any(batched) and (entry[0].aliases_only or not _tensor_returns(func)):
+        if not any(batched) and (entry.kind.aliases_only or not _tensor_returns(func)):
             # a view of a tensor made outside the program, a query of one: shared as it is
             return super().__torch_dispatch__(func, types, args, kwargs)
         if not _tensor_returns(func):
@@ -232,7 +232,7 @@ class BatchedEmulation(Emulation):
             made = self._made(func, types, args, kwargs)
             if made is not None:
                 return made
-        if any(not isinstance(t, SampleTensor) for t in self._mutated(entry[0], args, kwargs)):
+        if any(not isinstance(t, SampleTensor) for t in self._mutated(entry.kind, args, kwargs)):
             raise self._error(
                 func,
                 "it writes into a tensor made outside the run (an argument, a global), which "

@@ -191,9 +191,18 @@ FormatSpec = Format | str | torch.dtype
 class OpKind:
     """What an op's schema says about it, read once per op: whether it only aliases its
     inputs (views, in-place metadata ops) or holds no values, whether it only lays values
-    out (`LAYOUT_OPS`), and which arguments it mutates (their positions and names)."""
+    out (`LAYOUT_OPS`), which arguments it mutates (their positions and names), and which
+    positional arguments may hold a list of tensors (``tensor_lists``: every other argument
+    is one tensor, a scalar or None, so a check of its tensors needs no walk)."""
 
-    __slots__ = ("aliases_only", "lays_out", "mutated_names", "mutated_positions", "seeded")
+    __slots__ = (
+        "aliases_only",
+        "lays_out",
+        "mutated_names",
+        "mutated_positions",
+        "seeded",
+        "tensor_lists",
+    )
 
     def __init__(self, func: torch._ops.OpOverload) -> None:
         schema = func._schema
@@ -215,6 +224,19 @@ class OpKind:
         self.mutated_names = tuple(name for _, name in mutated)
         # random ops draw from torch's generator: computed once, natively (compute="float64")
         self.seeded = torch.Tag.nondeterministic_seeded in func.tags
+        self.tensor_lists = tuple(
+            index
+            for index, argument in enumerate(schema.arguments)
+            if not argument.kwarg_only and _holds_tensor_list(argument.type)
+        )
+
+
+def _holds_tensor_list(kind: torch._C.JitType) -> bool:
+    """Whether an argument of this schema type may be a list of tensors (``Tensor[]``,
+    ``Tensor?[]``, optional or not)."""
+    if isinstance(kind, torch.OptionalType):
+        kind = kind.getElementType()
+    return isinstance(kind, torch.ListType) and "Tensor" in str(kind.getElementType())
 
 
 _KINDS: dict[torch._ops.OpOverload, OpKind] = {}

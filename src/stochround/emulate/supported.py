@@ -1,0 +1,56 @@
+"""The check every op an emulation sees passes: no complex or sparse tensor among its
+arguments or outputs (`raise_unsupported` says why and what to do instead)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_STRIDED = torch.strided
+
+
+def check_supported(values: Iterable[object]) -> None:
+    """TypeError for a complex or sparse tensor among an ATen op's arguments or outputs
+    (`raise_unsupported`): its schema admits tensors, lists and tuples of them (optional ones:
+    None) and scalars, never a dict, so a walk of the lists and tuples finds them all (a
+    general pytree walk costs every op's dispatch more than the op itself)."""
+    for value in values:
+        if isinstance(value, Tensor):
+            if value.layout != torch.strided or value.is_complex():
+                raise_unsupported(value)
+        elif isinstance(value, list | tuple):
+            check_supported(value)
+
+
+def check_arguments(args: tuple[Any, ...], tensor_lists: tuple[int, ...]) -> None:
+    """`check_supported` of an op's positional arguments, with its schema's word on which
+    of them may hold a list of tensors (`OpKind.tensor_lists`): the others are checked
+    without a walk (the check runs on every op, views and factories included)."""
+    for value in args:
+        if isinstance(value, Tensor) and (value.layout != _STRIDED or value.is_complex()):
+            raise_unsupported(value)
+    for position in tensor_lists:
+        if position < len(args):
+            check_supported((args[position],))
+
+
+def raise_unsupported(value: object) -> None:
+    """TypeError for a complex or sparse (any non-strided) tensor: SR of their values is
+    not defined here (complex) or would lose their structure (sparse)."""
+    if isinstance(value, Tensor):
+        if value.is_complex():
+            raise TypeError(
+                f"emulate does not support complex tensors (got {value.dtype}): round the "
+                "real and imaginary parts as real tensors"
+            )
+        if value.layout != torch.strided:
+            raise TypeError(
+                f"emulate does not support {value.layout} tensors: only dense (strided) "
+                "tensors can be rounded; pass x.to_dense()"
+            )
+
+
+__all__ = ["check_arguments", "check_supported", "raise_unsupported"]
