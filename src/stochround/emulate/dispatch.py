@@ -255,11 +255,9 @@ class Emulation(TorchDispatchMode):
             out = each_output(self._output_rounded, out)
             check_supported((out,))
             return out
-        prepared = self.roundings.get(out.dtype)
-        if prepared is not None:
-            rounded = self._next_rounding(out, prepared)
-            out = rounded if rounded.stride() == out.stride() else out.copy_(rounded)
-        elif out.layout != torch.strided or out.is_complex():
+        if out.dtype in self.roundings:
+            return self._output_rounded(out)
+        if out.layout != torch.strided or out.is_complex():
             raise_unsupported(out)
         return out
 
