@@ -77,22 +77,9 @@ def _exact_bf16_rows_kernel(
     x_ptr, out_ptr, unshift_ptr, COLS: tl.constexpr, MBITS: tl.constexpr, CHUNK: tl.constexpr
 ):
     row = tl.program_id(0).to(tl.int64)
-    start = x_ptr + row * COLS
-    offsets = tl.arange(0, CHUNK)
-    largest = tl.zeros((CHUNK,), tl.float32)
-    smallest = tl.full((CHUNK,), float("inf"), tl.float32)
-    for first in range(0, COLS, CHUNK):
-        mask = first + offsets < COLS
-        m = tl.abs(tl.load(start + first + offsets, mask=mask, other=0.0))
-        largest = tl.maximum(largest, m)  # a NaN takes no part, as in the spec
-        smallest = tl.minimum(smallest, tl.where(m > 0, m, float("inf")))
-    shift = _row_shift(tl.max(largest, axis=0), tl.min(smallest, axis=0), MBITS)
-    factor = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(unshift_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
-    for first in range(0, COLS, CHUNK):
-        mask = first + offsets < COLS
-        v = tl.load(start + first + offsets, mask=mask, other=0.0)
-        tl.store(out_ptr + row * COLS + first + offsets, _bf16_bits(v * factor), mask=mask)
+    # an fp32 row: no flags to read (x_ptr stands in for them)
+    _shift_row(x_ptr + row * COLS, out_ptr + row * COLS, unshift_ptr + row, x_ptr,
+               COLS, 1, MBITS, CHUNK, False)  # fmt: skip
 
 
 @triton.jit
@@ -119,25 +106,53 @@ def _shift_flagged_rows_kernel(
     # row): its flags are all the program reads (a scalar branch, taken per row)
     if tl.max(any_flag, axis=0) != 0:
         start = values_ptr + row * COLS
-        offsets = tl.arange(0, CHUNK)
-        largest = tl.zeros((CHUNK,), tl.float32)
-        smallest = tl.full((CHUNK,), float("inf"), tl.float32)
-        for first in range(0, COLS, CHUNK):
-            mask = first + offsets < COLS
-            v = _stored_value(start + first + offsets, row_flags, first + offsets, mask, BLOCK)
-            m = tl.abs(v)
-            largest = tl.maximum(largest, m)  # a NaN takes no part, as in the spec
-            smallest = tl.minimum(smallest, tl.where(m > 0, m, float("inf")))
-        shift = _row_shift(tl.max(largest, axis=0), tl.min(smallest, axis=0), MBITS)
-        factor = ((shift + 127) << 23).to(tl.float32, bitcast=True)
-        tl.store(unshift_ptr + row, ((127 - shift) << 23).to(tl.float32, bitcast=True))
-        for first in range(0, COLS, CHUNK):
-            mask = first + offsets < COLS
-            v = _stored_value(start + first + offsets, row_flags, first + offsets, mask, BLOCK)
-            shifted = _bf16_bits(v * factor).to(tl.bfloat16, bitcast=True)
-            tl.store(start + first + offsets, shifted, mask=mask)
+        _shift_row(start, start, unshift_ptr + row, row_flags, COLS, BLOCK, MBITS, CHUNK, True)
     else:
         tl.store(unshift_ptr + row, 1.0)
+
+
+@triton.jit
+def _shift_row(
+    source,
+    target,
+    unshift_ptr,
+    row_flags,
+    COLS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MBITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    STORED: tl.constexpr,
+):
+    """One row: its values (at ``source``: fp32, or with STORED the quantizer's bf16 values
+    and the row's flags, `_stored_value`) times ``2**s`` in bf16 at ``target`` (bit
+    patterns), ``2**-s`` at ``unshift_ptr``, s the row's `_row_shift`."""
+    offsets = tl.arange(0, CHUNK)
+    largest = tl.zeros((CHUNK,), tl.float32)
+    smallest = tl.full((CHUNK,), float("inf"), tl.float32)
+    for first in range(0, COLS, CHUNK):
+        mask = first + offsets < COLS
+        m = tl.abs(_row_values(source + first + offsets, row_flags, first + offsets, mask,
+                               BLOCK, STORED))  # fmt: skip
+        largest = tl.maximum(largest, m)  # a NaN takes no part, as in the spec
+        smallest = tl.minimum(smallest, tl.where(m > 0, m, float("inf")))
+    shift = _row_shift(tl.max(largest, axis=0), tl.min(smallest, axis=0), MBITS)
+    factor = ((shift + 127) << 23).to(tl.float32, bitcast=True)
+    tl.store(unshift_ptr, ((127 - shift) << 23).to(tl.float32, bitcast=True))
+    patterns = target.to(tl.pointer_type(tl.int16))
+    for first in range(0, COLS, CHUNK):
+        mask = first + offsets < COLS
+        v = _row_values(source + first + offsets, row_flags, first + offsets, mask, BLOCK, STORED)
+        tl.store(patterns + first + offsets, _bf16_bits(v * factor), mask=mask)
+
+
+@triton.jit
+def _row_values(pointers, row_flags, columns, mask, BLOCK: tl.constexpr, STORED: tl.constexpr):
+    """A chunk of a row's fp32 values: loaded, or with STORED `_stored_value`'s."""
+    if STORED:
+        values = _stored_value(pointers, row_flags, columns, mask, BLOCK)
+    else:
+        values = tl.load(pointers, mask=mask, other=0.0)
+    return values
 
 
 @triton.jit
