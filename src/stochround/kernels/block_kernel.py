@@ -57,9 +57,9 @@ class QuantizeTiling(NamedTuple):
     WARPS: int
 
 
-# the default tiling: on an H200 the sweep of benchmarks/bench_quantize_tiling.py found it
-# the fastest, or within the sweep's noise, for every configuration a recipe step launches;
-# the interpreter runs programs one after another, so there a larger tile costs less
+# the default tiling, chosen by benchmarks/bench_quantize_tiling.py's sweep (its figures
+# in benchmarks/RESULTS.md); the interpreter runs programs one after another, so there a
+# larger tile costs less
 _COMPILED_TILING = QuantizeTiling(ELEMENTS=2**11, WARPS=4)
 _INTERPRETED_TILING = QuantizeTiling(ELEMENTS=2**14, WARPS=4)
 
@@ -67,8 +67,7 @@ _INTERPRETED_TILING = QuantizeTiling(ELEMENTS=2**14, WARPS=4)
 def quantize_tiling(rotation: int, sr: bool) -> QuantizeTiling:
     """The default tiling of a configuration: ``rotation`` its Hadamard size (0: none),
     ``sr`` whether it draws random words (the two differ in registers a element).  One
-    tiling for every configuration: no configuration's sweep preferred another by more than
-    its noise (benchmarks/notes/blocks.md)."""
+    tiling for every configuration (benchmarks/notes/blocks.md says why)."""
     del rotation, sr  # the choice's inputs, kept for the per-configuration defaults
     return _INTERPRETED_TILING if INTERPRETED else _COMPILED_TILING
 
