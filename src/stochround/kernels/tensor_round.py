@@ -32,7 +32,7 @@ from .common import (
 )
 from .grid import cdiv
 from .runtime import Launch, current_device
-from .transpose import TILE  # the side of a tile stored both ways
+from .transpose import TILE, tile_places  # the side of a tile stored both ways, its places
 
 _NUM_WARPS = 4
 
@@ -106,14 +106,9 @@ def _tensor_round_kernel(
     row-major), and with TRANSPOSE out_t[j, i] the same; program p takes tile
     (p // col_tiles, p % col_tiles).  ``multiplier``: a 0-d fp32 tensor; ``seed`` and
     ``offset``: one-element int64 tensors (SR only)."""
-    program = tl.program_id(0)
-    if WIDE:  # positions beyond int32
-        program = program.to(tl.int64)
-    tile_row = program // col_tiles
-    tile_col = program % col_tiles
-    row = tile_row * TILE + tl.arange(0, TILE)[:, None]
-    col = tile_col * TILE + tl.arange(0, TILE)[None, :]
-    mask = (row < rows) & (col < cols)
+    row, col, mask, row_t, col_t, mask_t = tile_places(
+        tl.program_id(0), rows, cols, col_tiles, WIDE, TILE
+    )
     position = row * cols + col
     x = tl.load(x_ptr + position, mask=mask, other=0.0)
     # one fp32 multiply, rounded to nearest: x's fp32 value (bf16 widened by its bits)
@@ -141,9 +136,6 @@ def _tensor_round_kernel(
         value = (result >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     tl.store(out_ptr.to(tl.pointer_type(value.dtype)) + position, value, mask=mask)
     if TRANSPOSE:
-        row_t = tile_col * TILE + tl.arange(0, TILE)[:, None]
-        col_t = tile_row * TILE + tl.arange(0, TILE)[None, :]
-        mask_t = (row_t < cols) & (col_t < rows)
         out_t = out_t_ptr.to(tl.pointer_type(value.dtype))
         tl.store(out_t + row_t * rows + col_t, tl.trans(value), mask=mask_t)
 

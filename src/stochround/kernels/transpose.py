@@ -24,24 +24,32 @@ _NUM_WARPS = 4
 
 
 @triton.jit
-def _transpose_kernel(
-    x_ptr, out_ptr, rows, cols, col_tiles, WIDE: tl.constexpr, TILE: tl.constexpr
-):
-    """out[j, i] = x[i, j] for one TILE x TILE tile of x (rows x cols, row-major); program
-    p takes tile (p // col_tiles, p % col_tiles)."""
-    program = tl.program_id(0)
+def tile_places(program, rows, cols, col_tiles, WIDE: tl.constexpr, TILE: tl.constexpr):
+    """Program ``program``'s TILE x TILE tile (p // col_tiles, p % col_tiles) of a rows x
+    cols row-major tensor: its elements' rows, columns and mask there, then the same of
+    their places in the cols x rows transpose (the tile transposed: `tl.trans`)."""
     if WIDE:  # positions beyond int32
         program = program.to(tl.int64)
     tile_row = program // col_tiles
     tile_col = program % col_tiles
     row = tile_row * TILE + tl.arange(0, TILE)[:, None]
     col = tile_col * TILE + tl.arange(0, TILE)[None, :]
-    mask = (row < rows) & (col < cols)
+    row_t = tile_col * TILE + tl.arange(0, TILE)[:, None]
+    col_t = tile_row * TILE + tl.arange(0, TILE)[None, :]
+    return row, col, (row < rows) & (col < cols), row_t, col_t, (row_t < cols) & (col_t < rows)
+
+
+@triton.jit
+def _transpose_kernel(
+    x_ptr, out_ptr, rows, cols, col_tiles, WIDE: tl.constexpr, TILE: tl.constexpr
+):
+    """out[j, i] = x[i, j] for one TILE x TILE tile of x (rows x cols, row-major); program
+    p takes tile (p // col_tiles, p % col_tiles)."""
+    row, col, mask, row_t, col_t, mask_t = tile_places(
+        tl.program_id(0), rows, cols, col_tiles, WIDE, TILE
+    )
     tile = tl.load(x_ptr + row * cols + col, mask=mask)
-    out_row = tile_col * TILE + tl.arange(0, TILE)[:, None]
-    out_col = tile_row * TILE + tl.arange(0, TILE)[None, :]
-    out_mask = (out_row < cols) & (out_col < rows)
-    tl.store(out_ptr + out_row * rows + out_col, tl.trans(tile), mask=out_mask)
+    tl.store(out_ptr + row_t * rows + col_t, tl.trans(tile), mask=mask_t)
 
 
 def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
@@ -70,4 +78,4 @@ def transpose(x: Tensor, *, kernel: bool | None = None) -> Tensor:
     return out
 
 
-__all__ = ["TILE", "transpose"]
+__all__ = ["TILE", "tile_places", "transpose"]
