@@ -17,7 +17,7 @@ without host time):
 
 - ``bf16``: the model as it is (``bf16_eager`` is the reference row).
 - ``nvfp4``: `stochround.nn.quantize_(model, nvfp4())` (the recipe keeps the head in
-  bf16). Compiled only where `stochround.nn.linear.COMPILES` (torch >= 2.13); the row says
+  bf16). Compiled only where `stochround.nn.linear.COMPILES` (torch >= 2.11); the row says
   so otherwise.
 - ``gaussws``: `stochround.nn.gaussws_(model, "e3m2")` on every Linear but the head.
 
@@ -78,7 +78,7 @@ def row(
     from stochround.nn.linear import COMPILES
 
     if how == "compiled" and variant == "nvfp4" and not COMPILES:
-        raise ImportError(f"QuantizedLinear compiles with torch >= 2.13 (here {torch.__version__})")
+        raise ImportError(f"QuantizedLinear compiles with torch >= 2.11 (here {torch.__version__})")
     model = build_model(shape, variant, device)
     runner: torch.nn.Module = torch.compile(model) if how == "compiled" else model
     call = step(runner, inputs)  # type: ignore[arg-type]

@@ -26,6 +26,10 @@ Rows (case ``linear_step``):
   quantize-dequantize (with the transpose and the amax) one ``torch.compile`` call. It does
   less than the recipe: no SR, no RHT, 1x16 blocks for W.
 
+The same rows in case ``linear_step_graphed`` (CUDA: the step captured as one CUDA graph
+and replayed, what is left without host time) and ``linear_step_compiled`` (the layer
+compiled by ``torch.compile``, inductor's default mode; the bf16 row compiled alike).
+
 Checks, before timing (relative Frobenius errors against the fp32 products of the same
 bf16 x, W and dy; `step_check`): the bf16 row's y, dx and dW within ``2**-6`` (bf16 output
 rounding, accumulation order); stochround's y within ``2**-6`` of the fprop computed from
@@ -49,6 +53,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import typing
 from collections import defaultdict
 from collections.abc import Callable
 from functools import partial
@@ -157,14 +162,14 @@ def training_step(layer: nn.Module, inputs: Inputs) -> Callable[[], tuple[Tensor
     return step
 
 
-def bf16_linear(inputs: Inputs) -> Run:
-    """``nn.Linear(bias=False)`` in bf16 with the inputs' weight."""
+def bf16_linear(inputs: Inputs, how: str = "eager") -> Run:
+    """``nn.Linear(bias=False)`` in bf16 with the inputs' weight, run ``how`` (`HOWS`)."""
     features = inputs.weight.shape[0]
     layer = nn.Linear(features, features, bias=False, device=inputs.x.device, dtype=torch.bfloat16)
     layer.weight.data.copy_(inputs.weight)
     bounds = dict.fromkeys(("y", "dx", "dW"), EXACT_BOUND)
     check = step_check(inputs.exact, bounds, {})
-    return Run(training_step(layer, inputs), check, inputs.elements, notes="eager")
+    return Run(run_as(layer, inputs, how), check, inputs.elements, notes=HOW_NOTES[how])
 
 
 def recipe_fprop(inputs: Inputs, recipe: Recipe) -> Tensor:
@@ -197,9 +202,15 @@ RECIPE_NOTES = {
 }
 
 
-def stochround_recipe(inputs: Inputs, name: str, graphed: bool = False) -> Run:
+# how a row runs its step: as it is, captured as one CUDA graph and replayed, or its layer
+# compiled by torch.compile (inductor, default mode)
+HOWS = ("eager", "graphed", "compiled")
+HOW_NOTES = {"eager": "eager", "graphed": "one CUDA graph", "compiled": "torch.compile"}
+
+
+def stochround_recipe(inputs: Inputs, name: str, how: str = "eager") -> Run:
     """``QuantizedLinear`` under ``stochround.nn.RECIPES[name]()`` in bf16 with the inputs'
-    weight: eager, or its step captured as one CUDA graph and replayed (``graphed``)."""
+    weight, run ``how`` (`HOWS`)."""
     import stochround.nn as srnn
 
     features = inputs.weight.shape[0]
@@ -218,18 +229,19 @@ def stochround_recipe(inputs: Inputs, name: str, graphed: bool = False) -> Run:
     bounds.update(dx=SANITY_BOUND, dW=SANITY_BOUND)
     exact = {"y": recipe_fprop(inputs, recipe)} if deterministic_fprop else {}
     check = step_check(inputs.exact, bounds, exact)
-    step = training_step(layer, inputs)
-    mode = "eager"
-    if graphed:
-        step, mode = harness.graph_of(step), "one CUDA graph"
-    notes = f"{mode}, default backend; {name}(): {RECIPE_NOTES[name]}"
+    step = run_as(layer, inputs, how)
+    notes = f"{HOW_NOTES[how]}, default backend; {name}(): {RECIPE_NOTES[name]}"
     return Run(step, check, inputs.elements, notes=notes)
 
 
-def bf16_linear_graphed(inputs: Inputs) -> Run:
-    """The bf16 row's step captured as one CUDA graph (`graph_of`)."""
-    run = bf16_linear(inputs)
-    return Run(harness.graph_of(run.call), run.check, inputs.elements, notes="one CUDA graph")
+def run_as(layer: nn.Module, inputs: Inputs, how: str) -> Callable[[], tuple[Tensor, ...]]:
+    """`training_step` of ``layer`` run ``how`` (`HOWS`): the compiled row's step calls the
+    compiled module, whose parameters are the layer's."""
+    if how == "compiled":
+        step = training_step(typing.cast(nn.Module, torch.compile(layer)), inputs)
+    else:
+        step = training_step(layer, inputs)
+    return harness.graph_of(step) if how == "graphed" else step
 
 
 def torchao_float8(inputs: Inputs) -> Run:
@@ -486,12 +498,14 @@ def main() -> int:
         CASE, "torchao_float8", partial(torchao_float8, inputs), requires=("torchao",),
         cuda_only=True,
     )  # fmt: skip
-    # the same steps captured as CUDA graphs: what is left without host time
-    graphed = f"{CASE}_graphed"
-    bench.add(graphed, "bf16_linear", partial(bf16_linear_graphed, inputs), cuda_only=True)
-    for name in RECIPE_NOTES:
-        run = partial(stochround_recipe, inputs, name, graphed=True)
-        bench.add(graphed, f"stochround_{name}", run, ours=True, cuda_only=True)
+    # the same steps captured as CUDA graphs (what is left without host time) and compiled
+    for how in HOWS[1:]:
+        case, graphed = f"{CASE}_{how}", how == "graphed"
+        bench.add(case, "bf16_linear", partial(bf16_linear, inputs, how), cuda_only=graphed)
+        for name in RECIPE_NOTES:
+            run = partial(stochround_recipe, inputs, name, how)
+            cuda_only = graphed or name == "fp8_native"
+            bench.add(case, f"stochround_{name}", run, ours=True, cuda_only=cuda_only)
     status = bench.run()
     if bench.device.type == "cuda":
         path = args.out / f"bench_nn{'_' + args.tag if args.tag else ''}.json"

@@ -248,7 +248,7 @@ def compiled_reference(name: str) -> tuple[Tensor, ...]:
 
 
 @pytest.mark.compiles
-@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
 def test_compiled_checkpointing_of_a_round_to_nearest_recipe_changes_no_bit() -> None:
     """mxfp8() draws no random bits: its compiled checkpointed blocks give the bits of the
     compiled blocks without checkpointing (inductor recomputes the forward's ops alike)."""
@@ -256,7 +256,7 @@ def test_compiled_checkpointing_of_a_round_to_nearest_recipe_changes_no_bit() ->
 
 
 @pytest.mark.compiles
-@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.13")
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
 @pytest.mark.parametrize(
     ("name", "mode"),
     [("nvfp4", "non_reentrant"), ("nvfp4", "wrapper"), ("mxfp4_tseng", "wrapper"),

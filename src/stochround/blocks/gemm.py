@@ -231,14 +231,20 @@ def scale_product(
     if bias is not None:
         steps.append(("add", bias.to(torch.float32)))
     if not steps:
-        return product.to(out_dtype)
+        return product if product.dtype == out_dtype else product.to(out_dtype)
+    # eagerly the last operation writes out_dtype itself (one pass); traced, no out=
+    # argument (torch 2.11's Dynamo lost the gradient of an autograd.Function whose output
+    # an out= op wrote): the fp32 result cast, the same one rounding
+    into = not torch.compiler.is_compiling()
     for index, (operation, operand) in enumerate(steps):
         last = index == len(steps) - 1
-        # the last operation rounds straight into out_dtype: one pass, one rounding
-        out = torch.empty_like(product, dtype=out_dtype) if last else None
         function = torch.mul if operation == "mul" else torch.add
-        product = function(product, operand, out=out) if last else function(product, operand)
-    return product
+        if last and into:
+            out = torch.empty_like(product, dtype=out_dtype)
+            product = function(product, operand, out=out)
+        else:
+            product = function(product, operand)
+    return product if product.dtype == out_dtype else product.to(out_dtype)
 
 
 __all__ = [

@@ -74,7 +74,7 @@ from .streams import (
 from .tensor_parallel import local_call, rank_key
 
 # the releases whose compiled backward of `QuantizedMatmul` is tested to equal eager's
-COMPILES = TorchVersion(torch.__version__) >= "2.13"
+COMPILES = TorchVersion(torch.__version__) >= "2.11"
 
 
 def next_layer_index(model: torch.nn.Module, kind: type) -> int:
@@ -505,7 +505,7 @@ class QuantizedLinear(nn.Linear):
             bias = None if bias is None else bias.to(dtype)
         if torch.compiler.is_compiling() and not COMPILES:
             raise RuntimeError(
-                "QuantizedLinear compiles with torch >= 2.13 (on older releases the "
+                "QuantizedLinear compiles with torch >= 2.11 (on older releases the "
                 f"compiled backward was seen to give zero weight gradients); torch "
                 f"{torch.__version__} runs it eagerly: leave the model uncompiled"
             )
