@@ -12,8 +12,9 @@ Model: `stochround.experiments.lm_model.GPT` (byte-level: 256 symbols) in bf16. 
 One step is the forward and the backward of the mean cross-entropy on random bytes
 (gradients set to None first); no optimizer step. Rows (case ``model_step_<preset>``), each
 ``<variant>_<how>`` with ``how`` one of ``eager``, ``compiled`` (``torch.compile`` of the
-model, inductor) and ``graphed`` (the eager step captured as one CUDA graph: what is left
-without host time):
+model, inductor), ``compiled_cudagraphs`` (``torch.compile(mode="reduce-overhead")``:
+inductor's graphs replayed as CUDA graphs, CUDA only) and ``graphed`` (the eager step
+captured as one CUDA graph: what is left without host time):
 
 - ``bf16``: the model as it is (``bf16_eager`` is the reference row).
 - ``nvfp4``: `stochround.nn.quantize_(model, nvfp4())` (the recipe keeps the head in
@@ -49,7 +50,9 @@ PRESETS = {  # d_model, blocks, heads, context, windows a step
     "lm": (384, 6, 6, 256, 64),
 }
 VARIANTS = ("bf16", "nvfp4", "gaussws")
-HOWS = ("eager", "compiled", "graphed")
+HOWS = ("eager", "compiled", "compiled_cudagraphs", "graphed")
+# torch.compile's mode for each compiled ``how``
+COMPILE_MODES = {"compiled": None, "compiled_cudagraphs": "reduce-overhead"}
 
 
 def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.device) -> GPT:
@@ -77,10 +80,12 @@ def row(
     its loss in ``reference`` for the others' checks."""
     from stochround.nn.linear import COMPILES
 
-    if how == "compiled" and variant == "nvfp4" and not COMPILES:
+    if how in COMPILE_MODES and variant == "nvfp4" and not COMPILES:
         raise ImportError(f"QuantizedLinear compiles with torch >= 2.11 (here {torch.__version__})")
     model = build_model(shape, variant, device)
-    runner: torch.nn.Module = torch.compile(model) if how == "compiled" else model
+    runner: torch.nn.Module = model
+    if how in COMPILE_MODES:
+        runner = torch.compile(model, mode=COMPILE_MODES[how])  # type: ignore[assignment]
     call = step(runner, inputs)  # type: ignore[arg-type]
     if how == "graphed":
         call = harness.graph_of(call)
@@ -120,7 +125,8 @@ def main() -> int:
     build = partial(row, shape, inputs, bench.device)
     for variant in VARIANTS:
         for how in HOWS:
-            options = {"cuda_only": how == "graphed", "ours": variant != "bf16"}
+            cuda_only = how in ("graphed", "compiled_cudagraphs")
+            options = {"cuda_only": cuda_only, "ours": variant != "bf16"}
             if (variant, how) == ("bf16", "eager"):
                 options["reference"] = True
             bench.add(case, f"{variant}_{how}", partial(build, variant, how, reference), **options)
