@@ -32,6 +32,15 @@ from ..kernels.availability import on_kernel_device, use_kernel
 from ..rounding.prepared import PreparedRounding
 from .dispatch import Emulation
 from .exact import sr_pair_words
+from .mca_direct import (
+    Direct,
+    StackedCall,
+    direct_kind,
+    same_dtypes,
+    signature,
+    stacked_pointwise,
+    stacked_reduction,
+)
 
 # the offsets between the starts of two runs' counters: a run makes fewer roundings
 SAMPLE_STRIDE = 2**40
@@ -185,6 +194,14 @@ class BatchedEmulation(Emulation):
         self.n = n
         self.on_samples, self.site = on_samples, site
         self._bases: dict[torch.device, Tensor] = {}
+        # per op overload, read once: whether its results are tensors, how it runs on
+        # the stacked samples (`stochround.emulate.mca_direct`)
+        self._forms: dict[torch._ops.OpOverload, tuple[bool, Direct]] = {}
+        # per op and form of its call (`signature`): whether stacking keeps its dtypes
+        self._alike: dict[tuple[Any, ...], bool] = {}
+        # set while an op runs directly on the stacked samples: its tensors are the
+        # samples' ``(n, ...)`` values, not vmap's
+        self._direct = False
 
     def __enter__(self) -> BatchedEmulation:
         # the dispatch keys of the code that enters the run (`__torch_dispatch__`), the
@@ -220,10 +237,14 @@ class BatchedEmulation(Emulation):
         entry = self._entries.get(func)
         if entry is None:
             entry = self._entries[func] = self._op_entry(func)
-        if not any(batched) and (entry.kind.aliases_only or not _tensor_returns(func)):
+        form = self._forms.get(func)
+        if form is None:
+            form = self._forms[func] = (_tensor_returns(func), direct_kind(func, entry.kind))
+        tensor_returns, direct = form
+        if not any(batched) and (entry.kind.aliases_only or not tensor_returns):
             # a view of a tensor made outside the program, a query of one: shared as it is
             return super().__torch_dispatch__(func, types, args, kwargs)
-        if not _tensor_returns(func):
+        if not tensor_returns:
             raise self._error(func, "its result is a Python value read from the samples' values")
         if not func._schema.returns:  # a check of the values (linalg's): of every sample's
             unwrapped = [v.samples if b else v for v, b in zip(leaves, batched, strict=True)]
@@ -238,6 +259,73 @@ class BatchedEmulation(Emulation):
                 "it writes into a tensor made outside the run (an argument, a global), which "
                 "holds one value, not the n samples'",
             )
+        before = self.calls
+        stacked = self._stacked(func, direct, leaves, batched, spec, args, kwargs)
+        if stacked is not None:
+            out = self._run_stacked(types, stacked)
+        else:
+            out = self._vmapped(func, types, leaves, batched, spec)
+        wrapped = self._wrapped(func, args, kwargs, out)
+        # observed as the serial emulation observes: an op whose outputs were rounded
+        if self.on_samples is not None and self.round_outputs and self.calls > before:
+            self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
+        return wrapped
+
+    def _stacked(
+        self,
+        func: torch._ops.OpOverload,
+        direct: Direct,
+        leaves: list[Any],
+        batched: list[bool],
+        spec: pytree.TreeSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> StackedCall | None:
+        """The op as it runs directly on the stacked samples (`stochround.emulate.
+        mca_direct`), or None where it takes vmap's path: not pointwise nor a covered
+        reduction, or its dtypes would change (checked once per form of its call)."""
+        if direct is Direct.NONE:
+            return None
+        if direct is Direct.REDUCTION:
+            first = args[0] if args else None
+            if not isinstance(first, SampleTensor):
+                return None
+            stacked = stacked_reduction(func, args, kwargs, first.samples)
+        else:
+            samples = [v.samples if b else None for v, b in zip(leaves, batched, strict=True)]
+            flat = stacked_pointwise(func, leaves, samples, self.n)
+            stacked = StackedCall(func, *pytree.tree_unflatten(flat, spec))
+        if stacked is None:
+            return None
+        key = signature(leaves, batched)
+        if key is None:
+            return stacked if same_dtypes(func, leaves, stacked, spec.unflatten) else None
+        key = (func, *key)
+        alike = self._alike.get(key)
+        if alike is None:
+            alike = self._alike[key] = same_dtypes(func, leaves, stacked, spec.unflatten)
+        return stacked if alike else None
+
+    def _run_stacked(self, types: tuple[type, ...], stacked: StackedCall) -> Any:
+        """The emulation's op on the stacked samples: its handling (computed wide, its
+        exact result, its rounding) as one sample's, every tensor ``(n, ...)``."""
+        self._direct = True
+        try:
+            return Emulation.__torch_dispatch__(
+                self, stacked.func, types, stacked.args, stacked.kwargs
+            )
+        finally:
+            self._direct = False
+
+    def _vmapped(
+        self,
+        func: torch._ops.OpOverload,
+        types: tuple[type, ...],
+        leaves: list[Any],
+        batched: list[bool],
+        spec: pytree.TreeSpec,
+    ) -> Any:
+        """The emulation's op on each sample by `torch.func.vmap`: the general path."""
         # a tensor shared by every sample enters as n views of it: the op's results (and
         # the emulation's copies into them) are then per sample, as its rounding is
         values = [
@@ -246,7 +334,6 @@ class BatchedEmulation(Emulation):
         ]
         devices = [v.device for v in values if isinstance(v, Tensor)]
         device = devices[0] if devices else torch.device("cpu")
-        before = self.calls
 
         def one_sample(_: Tensor, *flat: Any) -> Any:
             inner_args, inner_kwargs = pytree.tree_unflatten(list(flat), spec)
@@ -264,11 +351,7 @@ class BatchedEmulation(Emulation):
             raise
         except Exception as error:  # vmap refuses the op (its message says why)
             raise self._error(func, f"{type(error).__name__}: {error}") from error
-        wrapped = self._wrapped(func, args, kwargs, out)
-        # observed as the serial emulation observes: an op whose outputs were rounded
-        if self.on_samples is not None and self.round_outputs and self.calls > before:
-            self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
-        return wrapped
+        return out
 
     def _made(
         self,
@@ -334,7 +417,9 @@ class BatchedEmulation(Emulation):
 
     def _physical(self, x: Tensor) -> Tensor:
         """The ``(n, *shape)`` values of x inside the op's vmap (a tensor shared by every
-        sample: expanded)."""
+        sample: expanded); on the stacked path, x itself."""
+        if self._direct:
+            return x
         level = functorch.maybe_current_level()
         if level is None:  # a factory run once (`_made`): it must run per sample
             raise _Rounds
@@ -345,6 +430,8 @@ class BatchedEmulation(Emulation):
 
     def _batched(self, values: Tensor) -> Tensor:
         """``(n, *shape)`` values as a tensor of the op's vmap (the inverse of `_physical`)."""
+        if self._direct:
+            return values
         return functorch._add_batch_dim(values, 0, functorch.current_level())
 
     def _words(self, x: Tensor, offset: int) -> Tensor:

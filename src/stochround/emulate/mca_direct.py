@@ -1,0 +1,196 @@
+"""The ops a batched MCA run (`stochround.emulate.mca_batched`) runs directly on the
+samples' stacked ``(n, *shape)`` values, without `torch.func.vmap`: pointwise ops (ATen's
+``torch.Tag.pointwise``) and the sums and means the exact pairs cover.
+
+With the sample dimension leading, a pointwise op on stacked values is the op of each
+sample: a sample tensor of fewer dims than the op's largest is viewed as ``(n, 1, ...,
+1, *shape)`` so that broadcasting aligns its trailing dims as one sample's op aligns them,
+and a tensor shared by every sample is viewed as ``(n, *shape)`` (``expand``: no copy).
+A sum or mean over dims ``d`` of one sample is the stacked sum over ``d + 1`` (every dim:
+``1 .. ndim``), which is vmap's own rule for them.  The one difference the leading dim can
+make is the result's dtype: PyTorch promotes a 0-d tensor's dtype below a tensor of dims,
+and stacking gives a 0-d value a dim; an op whose dtypes stacking would change (found once
+per form of the call, on meta tensors) is left to vmap.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .ops import OpKind, aten
+
+# a sum or mean of one sample, and the stacked op over explicit dims that computes it
+_REDUCTIONS = {
+    aten.sum.default: aten.sum.dim_IntList,
+    aten.sum.dim_IntList: aten.sum.dim_IntList,
+    aten.mean.default: aten.mean.dim,
+    aten.mean.dim: aten.mean.dim,
+}
+
+# the argument types a pointwise op's direct run takes: tensors and numbers (no lists)
+_ARGUMENT_TYPES = (
+    torch.TensorType,
+    torch.NumberType,
+    torch.FloatType,
+    torch.IntType,
+    torch.BoolType,
+    torch.StringType,
+)
+
+
+class Direct(Enum):
+    """How an op overload runs on the stacked samples: pointwise, a reduction, or not at
+    all (vmap's general path)."""
+
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    NONE = "none"
+
+
+def _takes(argument: torch.Argument) -> bool:
+    kind = argument.type
+    if isinstance(kind, torch.OptionalType):
+        kind = kind.getElementType()
+    return isinstance(kind, _ARGUMENT_TYPES)
+
+
+def direct_kind(func: torch._ops.OpOverload, kind: OpKind) -> Direct:
+    """How ``func`` runs on stacked samples, read from its schema (once an overload): a
+    pointwise op with one tensor result, fresh or its first argument written in place,
+    arguments tensors and numbers; a sum or mean the exact pairs cover; else NONE."""
+    if func in _REDUCTIONS:
+        return Direct.REDUCTION
+    schema = func._schema
+    pointwise = (
+        torch.Tag.pointwise in func.tags
+        and not kind.aliases_only
+        and not kind.lays_out
+        and not kind.seeded
+        and kind.mutated_positions in ((), (0,))
+        and len(schema.returns) == 1
+        and isinstance(schema.returns[0].type, torch.TensorType)
+        and all(_takes(argument) for argument in schema.arguments)
+    )
+    return Direct.POINTWISE if pointwise else Direct.NONE
+
+
+class StackedCall(NamedTuple):
+    """An op as it runs on the stacked samples: the overload, its arguments (every tensor
+    ``(n, ...)``), its keyword arguments."""
+
+    func: torch._ops.OpOverload
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def stacked_pointwise(
+    func: torch._ops.OpOverload,
+    leaves: list[Any],
+    samples: list[Tensor | None],
+    n: int,
+) -> list[Any]:
+    """A pointwise op's flat arguments on the stacked samples: a sample tensor's values
+    (``samples[i]``, ``(n, *shape)``) given the op's largest dims, ``(n, 1, .., 1,
+    *shape)``; a shared tensor so too, expanded over the samples (a view); any other value
+    as it is."""
+    ndim = max((v.ndim for v in leaves if isinstance(v, Tensor)), default=0)
+    stacked: list[Any] = []
+    for value, values in zip(leaves, samples, strict=True):
+        if values is not None:
+            if value.ndim < ndim:
+                values = values.reshape(n, *(1,) * (ndim - value.ndim), *value.shape)
+            stacked.append(values)
+        elif isinstance(value, Tensor):
+            padded = value[(None,) * (ndim - value.ndim + 1)]
+            stacked.append(padded.expand(n, *padded.shape[1:]))
+        else:
+            stacked.append(value)
+    return stacked
+
+
+def stacked_reduction(
+    func: torch._ops.OpOverload,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    values: Tensor,
+) -> StackedCall | None:
+    """A sum or mean of one sample of ``args[0]`` as the stacked op over the shifted dims
+    (``values``: its ``(n, *shape)`` samples); None for a 0-d sample (no dim to shift:
+    vmap's path) or a ``dim`` given as names."""
+    ndim = values.ndim - 1
+    if ndim == 0:
+        return None
+    if func in (aten.sum.default, aten.mean.default):
+        dim, keepdim = None, False
+    else:
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        keepdim = bool(args[2]) if len(args) > 2 else bool(kwargs.get("keepdim", False))
+    if dim is not None and not all(isinstance(d, int) for d in dim):
+        return None
+    dims = [d % ndim + 1 for d in dim] if dim else list(range(1, ndim + 1))
+    rest = {name: value for name, value in kwargs.items() if name not in ("dim", "keepdim")}
+    return StackedCall(_REDUCTIONS[func], (values, dims, keepdim), rest)
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return torch.empty((1,) * value.ndim, dtype=value.dtype, device="meta")
+    return value
+
+
+def _dtypes(out: Any) -> tuple[torch.dtype, ...]:
+    return tuple(t.dtype for t in ([out] if isinstance(out, Tensor) else out))
+
+
+def same_dtypes(
+    func: torch._ops.OpOverload,
+    leaves: list[Any],
+    stacked: StackedCall,
+    unflatten: Any,
+) -> bool:
+    """Whether ``func`` on one sample's arguments (``leaves``, unflattened by
+    ``unflatten``) and the stacked call give results of the same dtypes (run on meta
+    tensors); False where either cannot run there."""
+    try:
+        args, kwargs = unflatten([_meta(v) for v in leaves])
+        one = func(*args, **kwargs)
+        many = stacked.func(
+            *[_meta(v) for v in stacked.args], **{k: _meta(v) for k, v in stacked.kwargs.items()}
+        )
+    except Exception:  # an op that has no meta kernel, or these arguments none: vmap's path
+        return False
+    return _dtypes(one) == _dtypes(many)
+
+
+def signature(leaves: list[Any], batched: list[bool]) -> tuple[Any, ...] | None:
+    """What a call's result dtypes depend on: each tensor's dtype, whether it is a sample
+    tensor and whether it is 0-d, each number's type, any other value itself; None where
+    a value cannot be a key (a call then asks the meta tensors itself)."""
+    key: list[Any] = []
+    for value, sample in zip(leaves, batched, strict=True):
+        if isinstance(value, Tensor):
+            key.append((value.dtype, sample, value.ndim == 0, value.layout))
+        elif isinstance(value, bool | int | float | complex):
+            key.append(type(value))
+        else:
+            try:
+                hash(value)
+            except TypeError:
+                return None
+            key.append(value)
+    return tuple(key)
+
+
+__all__ = [
+    "Direct",
+    "StackedCall",
+    "direct_kind",
+    "same_dtypes",
+    "signature",
+    "stacked_pointwise",
+    "stacked_reduction",
+]
