@@ -41,6 +41,7 @@ from .mca_direct import (
     stacked_pointwise,
     stacked_reduction,
 )
+from .ops import OpKind
 
 # the offsets between the starts of two runs' counters: a run makes fewer roundings
 SAMPLE_STRIDE = 2**40
@@ -202,6 +203,8 @@ class BatchedEmulation(Emulation):
         # set while an op runs directly on the stacked samples: its tensors are the
         # samples' ``(n, ...)`` values, not vmap's
         self._direct = False
+        # the counter once the op's inputs were rounded (`_inputs_rounded`)
+        self._entered = 0
 
     def __enter__(self) -> BatchedEmulation:
         # the dispatch keys of the code that enters the run (`__torch_dispatch__`), the
@@ -259,15 +262,16 @@ class BatchedEmulation(Emulation):
                 "it writes into a tensor made outside the run (an argument, a global), which "
                 "holds one value, not the n samples'",
             )
-        before = self.calls
+        self._entered = self.calls
         stacked = self._stacked(func, direct, leaves, batched, spec, args, kwargs)
         if stacked is not None:
             out = self._run_stacked(types, stacked)
         else:
             out = self._vmapped(func, types, leaves, batched, spec)
         wrapped = self._wrapped(func, args, kwargs, out)
-        # observed as the serial emulation observes: an op whose outputs were rounded
-        if self.on_samples is not None and self.round_outputs and self.calls > before:
+        # observed as the serial emulation observes: an op that rounded once its inputs
+        # were (its outputs, a conversion's source)
+        if self.on_samples is not None and self.calls > self._entered:
             self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
         return wrapped
 
@@ -433,6 +437,15 @@ class BatchedEmulation(Emulation):
         if self._direct:
             return values
         return functorch._add_batch_dim(values, 0, functorch.current_level())
+
+    def _inputs_rounded(
+        self, kind: OpKind, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """As the emulation's; the counter after it noted (`_entered`): the serial run
+        observes an op whose rounding came after its inputs'."""
+        rounded = super()._inputs_rounded(kind, args, kwargs)
+        self._entered = self.calls
+        return rounded
 
     def _words(self, x: Tensor, offset: int) -> Tensor:
         """Sample j's words of offset ``j SAMPLE_STRIDE + offset`` for x's ``(n, *shape)``."""

@@ -51,6 +51,11 @@ class Direct(Enum):
     NONE = "none"
 
 
+# ops that lay values out and run per element on stacked samples as on one: a conversion
+# (its options are keywords: a dtype, a device, a memory format)
+_CONVERSIONS = frozenset({aten._to_copy.default})
+
+
 def _takes(argument: torch.Argument) -> bool:
     kind = argument.type
     if isinstance(kind, torch.OptionalType):
@@ -61,9 +66,12 @@ def _takes(argument: torch.Argument) -> bool:
 def direct_kind(func: torch._ops.OpOverload, kind: OpKind) -> Direct:
     """How ``func`` runs on stacked samples, read from its schema (once an overload): a
     pointwise op with one tensor result, fresh or its first argument written in place,
-    arguments tensors and numbers; a sum or mean the exact pairs cover; else NONE."""
+    arguments tensors and numbers, or a conversion (``_to_copy``); a sum or mean the exact
+    pairs cover; else NONE."""
     if func in _REDUCTIONS:
         return Direct.REDUCTION
+    if func in _CONVERSIONS:
+        return Direct.POINTWISE
     schema = func._schema
     pointwise = (
         torch.Tag.pointwise in func.tags

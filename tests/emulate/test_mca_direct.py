@@ -1,0 +1,137 @@
+"""The ops a batched MCA run computes directly on the stacked samples, without vmap
+(`stochround.emulate.mca_direct`): pointwise ops and the covered sums and means give,
+sample for sample, the serial runs' results bit for bit, in every MCA mode; vmap is not
+called for them; an op whose dtypes stacking would change takes vmap's path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stochround.emulate.mca import mca
+from stochround.emulate.mca_direct import Direct, direct_kind
+from stochround.emulate.ops import op_kind
+
+aten = torch.ops.aten
+
+
+def scalars_and_tensors(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Tensor and Python-number operands, a sample tensor against a shared one of more
+    dims (w: (4, 3) against x's (3,)) and of fewer, division, sqrt, a square."""
+    y = x * 0.999 + 1.5
+    z = w * y  # (4, 3): a sample tensor broadcast against a shared one of more dims
+    z = 2.0 - z / 3.0
+    u = (z**2).sqrt() + y  # y (3,) against z (4, 3)
+    return torch.where(u > 1.0, u, -u) - x
+
+
+def in_place(x: torch.Tensor) -> torch.Tensor:
+    acc = torch.zeros(3)
+    for _ in range(3):
+        acc += x * 1.1
+        acc.mul_(0.7)
+    acc.sub_(x, alpha=2)
+    return acc
+
+
+def reductions(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    m = w * x  # (4, 3)
+    return (
+        m.sum(),
+        m.sum(dim=-1),
+        m.mean(dim=0, keepdim=True),
+        m.mean(),
+        (m * 1.0001).sum(dim=[0, 1]),
+        m.sum(dtype=torch.float64),
+    )
+
+
+def zero_dim_promotion(x: torch.Tensor) -> torch.Tensor:
+    """A 0-d float64 sample tensor against a float32 vector: float32 in one sample (a 0-d
+    tensor's dtype ranks below a tensor of dims), float64 if stacked; vmap's path."""
+    s = x.double().sum() * 1.5  # 0-d float64
+    return x * s
+
+
+def muller(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    for _ in range(12):
+        a, b = b, 111 - 1130 / b + 3000 / (a * b)
+    return b
+
+
+X = torch.rand(3, generator=torch.Generator().manual_seed(1)) + 0.5
+W = torch.rand(4, 3, generator=torch.Generator().manual_seed(2)) + 0.5
+
+PROGRAMS = {
+    "scalars_and_tensors": (scalars_and_tensors, (X, W)),
+    "in_place": (in_place, (X,)),
+    "reductions": (reductions, (X, W)),
+    "zero_dim_promotion": (zero_dim_promotion, (X,)),
+    "muller": (muller, (torch.tensor(2.0), torch.tensor(-4.0))),
+}
+OPTIONS = {
+    "rr": {},
+    "pb": {"mca_mode": "pb", "precision": 12},
+    "mca": {"mca_mode": "mca", "precision": 14},
+    "rr_float64": {"fmt": "float64"},
+    "rne_bfloat16": {"fmt": "bfloat16", "mode": "rne"},
+}
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_direct_samples_are_the_serial_runs_bit_for_bit(program, options):
+    fn, args = PROGRAMS[program]
+    serial = mca(fn, *args, n=4, seed=3, trace=True, batched=False, **OPTIONS[options])
+    batched = mca(fn, *args, n=4, seed=3, trace=True, **OPTIONS[options])
+    assert batched.labels == serial.labels
+    for ours, theirs in zip(batched.samples, serial.samples, strict=True):
+        assert ours.shape == theirs.shape and torch.equal(ours, theirs)
+    assert batched.no_residual == serial.no_residual
+    assert [(s.site, s.calls) for s in batched.sites] == [(s.site, s.calls) for s in serial.sites]
+
+
+def refuse_vmap(*args, **kwargs):
+    raise AssertionError("vmap called")
+
+
+@pytest.mark.parametrize("program", ["scalars_and_tensors", "in_place", "reductions", "muller"])
+# the conversions of reductions' dtype=float64 and of muller's Python numbers included
+def test_pointwise_ops_and_sums_do_not_call_vmap(program, monkeypatch):
+    fn, args = PROGRAMS[program]
+    expected = mca(fn, *args, n=3, seed=5, batched=False)
+    monkeypatch.setattr(torch.func, "vmap", refuse_vmap)
+    found = mca(fn, *args, n=3, seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(found.samples, expected.samples, strict=True))
+
+
+def test_a_call_whose_dtype_stacking_would_change_takes_vmaps_path(monkeypatch):
+    """Of zero_dim_promotion's ops (a conversion, a sum, two products) only ``x * s``
+    (float32 in one sample, float64 stacked) runs under vmap."""
+    vmapped = []
+    vmap = torch.func.vmap
+
+    def counted(function, *args, **kwargs):
+        vmapped.append(function)
+        return vmap(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.func, "vmap", counted)
+    found = mca(zero_dim_promotion, X, n=3, seed=5, trace=True)
+    assert len(vmapped) == 1 and found.samples[0].shape == (3, 3)
+    assert sorted(s.calls for s in found.sites) == [1, 3]
+
+
+def test_each_overloads_direct_form():
+    def form(func):
+        return direct_kind(func, op_kind(func))
+
+    assert form(aten.mul.Tensor) is Direct.POINTWISE
+    assert form(aten.add_.Tensor) is Direct.POINTWISE
+    assert form(aten.where.self) is Direct.POINTWISE
+    assert form(aten.sum.dim_IntList) is Direct.REDUCTION
+    assert form(aten.mean.default) is Direct.REDUCTION
+    assert form(aten._to_copy.default) is Direct.POINTWISE
+    # out= writes an argument other than the first; clone lays values out; mm is no
+    # pointwise op; amax is a reduction the exact pairs do not cover
+    for func in (aten.add.out, aten.clone.default, aten.mm.default, aten.amax.default):
+        assert form(func) is Direct.NONE, func
