@@ -135,3 +135,68 @@ def test_each_overloads_direct_form():
     # pointwise op; amax is a reduction the exact pairs do not cover
     for func in (aten.add.out, aten.clone.default, aten.mm.default, aten.amax.default):
         assert form(func) is Direct.NONE, func
+
+
+def pair_values(fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) float64 pairs: ordinary values, values on the grid with a residual either
+    way, ties of the SR count, the format's subnormals, values at and beyond its max,
+    zeros, infinities and NaN."""
+    g = torch.Generator().manual_seed(0)
+    a = (torch.rand(200, generator=g, dtype=torch.float64) - 0.5) * 2.0 ** torch.randint(
+        -30, 30, (200,), generator=g
+    ).double()
+    b = a * 2.0**-60 * torch.randn(200, generator=g, dtype=torch.float64)
+    grid = torch.tensor([1.0, 0.75, -3.0, 1.5 * 2.0**-3]).double()
+    tiny = 2.0 ** (fmt.emin - fmt.mbits)
+    top = fmt.max
+    hi = torch.cat(
+        [
+            a,
+            grid,
+            grid,
+            torch.tensor([tiny, 3.3 * tiny, -0.4 * tiny, top, -top, top * (1 + 2.0**-50)]),
+            torch.tensor([0.0, -0.0, 0.0, float("inf"), -float("inf"), float("nan"), 1.0]),
+        ]
+    ).double()
+    lo = torch.cat(
+        [
+            b,
+            grid * 2.0**-70,
+            -grid * 2.0**-70,
+            torch.tensor([0.0, 0.0, 0.0, top * 2.0**-60, -top * 2.0**-60, 0.0]),
+            torch.tensor([0.0, 0.0, 2.0**-1074, 0.0, 0.0, 0.0, 2.0**-60]),
+        ]
+    ).double()
+    return hi, lo
+
+
+@pytest.mark.parametrize("fmt_name", ["t10", "t24", "t53", "bfloat16", "float16", "e4m3", "e5m2"])
+def test_the_pair_kernel_is_sr_pair_words_with_each_samples_words(fmt_name):
+    """The kernel (Triton's interpreter here) against `sr_pair_words` with `sample_words`,
+    bit for bit; n = 3 samples of the same pairs, each its own words."""
+    from stochround.emulate.exact import sr_pair_words
+    from stochround.emulate.mca import SAMPLE_STRIDE, virtual_precision
+    from stochround.emulate.mca_batched import sample_pair_refusal, sample_words
+    from stochround.formats import format as find_format
+    from stochround.kernels.sample_pair import sample_pair_triton
+
+    if fmt_name.startswith("t"):
+        fmt = virtual_precision(int(fmt_name[1:]))[torch.float64]
+    else:
+        fmt = find_format(fmt_name)
+    assert sample_pair_refusal(fmt) is None
+    hi, lo = pair_values(fmt)
+    hi, lo = hi.expand(3, -1), lo.expand(3, -1)
+    key, bases = 2**64 - 99, torch.arange(3, dtype=torch.int64) * SAMPLE_STRIDE
+    expected = sr_pair_words(hi, lo, fmt, sample_words(hi.shape[1:], key, bases, 12))
+    found = sample_pair_triton(hi, lo, fmt, key, bases, 12)
+    assert torch.equal(found.view(torch.int64), expected.view(torch.int64))
+
+
+def test_the_pair_kernel_refuses_formats_off_its_grid():
+    from stochround.emulate.mca_batched import sample_pair_refusal
+    from stochround.formats import format as find_format
+
+    assert sample_pair_refusal(find_format("e4m3fn")) == (
+        "e4m3fn: the kernel takes IEEE-like formats only"
+    )

@@ -17,6 +17,7 @@ samples' values into a tensor made outside the program.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,29 @@ def sample_words_refusal(bases: Tensor) -> str | None:
     column a sample, and a launch grid's second dimension holds at most 65535."""
     if bases.shape[0] > _KERNEL_SAMPLES:
         return f"{bases.shape[0]} samples: the words kernel takes at most {_KERNEL_SAMPLES}"
+    return None
+
+
+@functools.cache
+def sample_pair_refusal(fmt: Format) -> str | None:
+    """Why the kernel cannot round to ``fmt`` (None if it can): it takes the IEEE-like
+    formats (signed, infinities, IEEE NaNs, subnormals, max ``(2 - 2**-mbits)
+    2**emax``) within float64's (mbits <= 52, emin >= -1022), such as every virtual
+    precision of `stochround.emulate.mca`."""
+    ieee_like = (
+        fmt.signed
+        and fmt.inf
+        and fmt.nan == "ieee"
+        and fmt.subnormals
+        and not fmt.twos_complement
+        and fmt.ebits > 0
+    )
+    if not ieee_like:
+        return f"{fmt.name or fmt}: the kernel takes IEEE-like formats only"
+    if fmt.mbits > 52 or fmt.emin < -1022 or fmt.emax > 1023:
+        return f"{fmt.name or fmt}: beyond float64's precision or exponent range"
+    if fmt.max != (2 - 2.0**-fmt.mbits) * 2.0**fmt.emax or fmt.lowest != -fmt.max:
+        return f"{fmt.name or fmt}: its max is not the top of its grid"
     return None
 
 
@@ -477,7 +501,19 @@ class BatchedEmulation(Emulation):
         offset = self.calls
         self.calls += 1
         hi, lo = self._physical(pair[0]), self._physical(pair[1])
-        return self._batched(sr_pair_words(hi, lo, target, self._words(hi, offset)))
+        return self._batched(self._pair_rounded(hi, lo, target, offset))
+
+    def _pair_rounded(self, hi: Tensor, lo: Tensor, target: Format, offset: int) -> Tensor:
+        """``hi + lo`` (``(n, *shape)``) rounded by `sr_pair_words` with each sample's
+        words of ``offset``: one kernel on CUDA for words and rounding
+        (`stochround.kernels.sample_pair`), PyTorch's ops elsewhere."""
+        bases = self.bases(hi.device)
+        if use_kernel("auto", "hi", on_kernel_device(hi), sample_pair_refusal(target)):
+            # the kernel module imports triton: imported where it runs
+            from ..kernels.sample_pair import sample_pair_triton
+
+            return sample_pair_triton(hi, lo, target, self.key, bases, offset)
+        return sr_pair_words(hi, lo, target, self._words(hi, offset))
 
 
 def _samples_of(value: SampleTensor) -> Tensor:
@@ -497,6 +533,7 @@ __all__ = [
     "BatchedEmulation",
     "BatchingError",
     "SampleTensor",
+    "sample_pair_refusal",
     "sample_values",
     "sample_words",
 ]
