@@ -200,3 +200,62 @@ def test_the_pair_kernel_refuses_formats_off_its_grid():
     assert sample_pair_refusal(find_format("e4m3fn")) == (
         "e4m3fn: the kernel takes IEEE-like formats only"
     )
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bit patterns, every NaN as one (a NaN's sign and payload are the platform's:
+    x86 and CUDA make different ones, and torch.equal sees no NaN equal)."""
+    return torch.where(x.isnan(), torch.nan, x).view(torch.uint8)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "rsub", "mul", "div"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scalar", [False, True], ids=["tensor", "number"])
+def test_the_binary_kernel_is_the_emulations_exact_pair_rounded(op, dtype, scalar):
+    """One launch (Triton's interpreter here) against the emulation's PyTorch path: the
+    op's exact pair from float64 operands (`exact_pair`), `sr_pair_words` with each
+    sample's words, stored in the dtype; special values, zeros, a zero divisor."""
+    from stochround.emulate.exact import exact_pair, sr_pair_words
+    from stochround.emulate.mca import SAMPLE_STRIDE, virtual_precision
+    from stochround.emulate.mca_batched import sample_words
+    from stochround.kernels.sample_pair import sample_binary_triton
+
+    fmt = virtual_precision(12 if dtype == torch.float32 else 30)[dtype]
+    g = torch.Generator().manual_seed(4)
+    special = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-40, 3e38, 1.0])
+    a = torch.cat([torch.randn(60, generator=g), special]).to(dtype)
+    b = torch.cat([torch.randn(60, generator=g), special.flip(0)]).to(dtype)
+    a, b = a.expand(3, -1).contiguous(), b.expand(3, -1).contiguous()
+    # the number 0.1 as the emulation's float64 arithmetic takes it (float32 operands:
+    # rounded to float32 first)
+    wide_other = float(torch.tensor(0.1, dtype=dtype)) if scalar else b.double()
+    func = getattr(torch.ops.aten, op).Scalar if scalar else getattr(torch.ops.aten, op).Tensor
+    hi, lo = exact_pair(func, (a.double(), wide_other), {})
+    key, bases = 77, torch.arange(3, dtype=torch.int64) * SAMPLE_STRIDE
+    expected = sr_pair_words(hi, lo, fmt, sample_words(hi.shape[1:], key, bases, 5)).to(dtype)
+    found = sample_binary_triton(op, a, wide_other if scalar else b, dtype, fmt, key, bases, 5)
+    assert found.dtype == dtype
+    assert torch.equal(bits(found), bits(expected))
+
+
+@pytest.mark.parametrize("program", ["scalars_and_tensors", "in_place", "reductions", "muller"])
+def test_binary_ops_on_the_kernels_route_are_one_launch_and_the_serial_runs(program, monkeypatch):
+    """On the route a CUDA tensor takes (`cpu_as_cuda` here), the binary ops go to the
+    binary kernel, and the samples are still the serial runs'."""
+    from stochround.kernels import sample_pair
+    from stochround.kernels.availability import cpu_as_cuda
+
+    fn, args = PROGRAMS[program]
+    expected = mca(fn, *args, n=3, seed=5, batched=False)
+    launched = []
+    binary = sample_pair.sample_binary_triton
+
+    def counted(op, *rest):
+        launched.append(op)
+        return binary(op, *rest)
+
+    monkeypatch.setattr(sample_pair, "sample_binary_triton", counted)
+    with cpu_as_cuda():
+        found = mca(fn, *args, n=3, seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(found.samples, expected.samples, strict=True))
+    assert launched

@@ -36,6 +36,7 @@ from .exact import sr_pair_words
 from .mca_direct import (
     Direct,
     StackedCall,
+    binary_call,
     direct_kind,
     same_dtypes,
     signature,
@@ -337,6 +338,9 @@ class BatchedEmulation(Emulation):
     def _run_stacked(self, types: tuple[type, ...], stacked: StackedCall) -> Any:
         """The emulation's op on the stacked samples: its handling (computed wide, its
         exact result, its rounding) as one sample's, every tensor ``(n, ...)``."""
+        fused = self._fused(stacked)
+        if fused is not None:
+            return fused
         self._direct = True
         try:
             return Emulation.__torch_dispatch__(
@@ -344,6 +348,37 @@ class BatchedEmulation(Emulation):
             )
         finally:
             self._direct = False
+
+    def _fused(self, stacked: StackedCall) -> Tensor | None:
+        """A binary op of the stacked samples computed whole by one kernel on CUDA (its
+        float64 result, its exact residual, their rounding with each sample's words:
+        `stochround.kernels.sample_pair`), where the emulation would compute just that:
+        its output rounded from its exact result, no input rounded, the op selected, a
+        format the kernel takes.  None otherwise (the emulation's handling)."""
+        first = stacked.args[0] if stacked.args else None
+        if not (isinstance(first, Tensor) and on_kernel_device(first)):
+            return None
+        if not (self.residuals and self.round_outputs and not self.round_inputs):
+            return None
+        call = binary_call(stacked)
+        if (
+            call is None
+            or call.dtype not in self.formats
+            or not self._entries[stacked.func].handled
+        ):
+            return None
+        target = self.formats[call.dtype]
+        if not use_kernel("auto", "a", on_kernel_device(call.a), sample_pair_refusal(target)):
+            return None
+        # the kernel module imports triton: imported where it runs
+        from ..kernels.sample_pair import sample_binary_triton
+
+        offset = self.calls
+        self.calls += 1
+        bases = self.bases(call.a.device)
+        return sample_binary_triton(
+            call.op, call.a, call.b, call.dtype, target, self.key, bases, offset
+        )
 
     def _vmapped(
         self,

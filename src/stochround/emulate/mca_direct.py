@@ -144,6 +144,60 @@ def stacked_reduction(
     return StackedCall(_REDUCTIONS[func], (values, dims, keepdim), rest)
 
 
+# the binary ops one kernel computes whole on CUDA (`stochround.kernels.sample_pair`),
+# by the name it takes
+_BINARY = {
+    aten.add.Tensor: "add",
+    aten.add.Scalar: "add",
+    aten.sub.Tensor: "sub",
+    aten.sub.Scalar: "sub",
+    aten.rsub.Tensor: "rsub",
+    aten.rsub.Scalar: "rsub",
+    aten.mul.Tensor: "mul",
+    aten.mul.Scalar: "mul",
+    aten.div.Tensor: "div",
+    aten.div.Scalar: "div",
+}
+
+
+class BinaryCall(NamedTuple):
+    """A binary op on stacked samples as the kernel takes it: its name, a and b of one
+    shape (b a float: a Python number as the op's float64 arithmetic holds it), the
+    dtype of a, b and the result."""
+
+    op: str
+    a: Tensor
+    b: Tensor | float
+    dtype: torch.dtype
+
+
+def binary_call(stacked: StackedCall) -> BinaryCall | None:
+    """The stacked call as a `BinaryCall`, or None: not one of the ops, ``alpha`` other
+    than 1, operands not float32 or float64 of one dtype and device, a number that is a
+    bool or an int beyond 2**53.  A float taken with float32 tensors is first rounded to
+    float32, as the emulation's float64 computation takes it (the native op's)."""
+    op = _BINARY.get(stacked.func)
+    args, kwargs = stacked.args, stacked.kwargs
+    if op is None or len(args) not in (2, 3) or not set(kwargs) <= {"alpha"}:
+        return None
+    alpha = args[2] if len(args) == 3 else kwargs.get("alpha", 1)
+    a, b = args[0], args[1]
+    if alpha != 1 or not isinstance(a, Tensor) or a.dtype not in (torch.float32, torch.float64):
+        return None
+    if isinstance(b, Tensor):
+        if b.dtype != a.dtype or b.device != a.device:
+            return None
+        a, b = torch.broadcast_tensors(a, b)
+        return BinaryCall(op, a, b, a.dtype)
+    if isinstance(b, bool) or not isinstance(b, int | float):
+        return None
+    if isinstance(b, int):
+        return BinaryCall(op, a, float(b), a.dtype) if abs(b) <= 2**53 else None
+    if a.dtype == torch.float32:
+        b = float(torch.tensor(b, dtype=torch.float32))
+    return BinaryCall(op, a, b, a.dtype)
+
+
 def _meta(value: Any) -> Any:
     if isinstance(value, Tensor):
         return torch.empty((1,) * value.ndim, dtype=value.dtype, device="meta")
@@ -194,8 +248,10 @@ def signature(leaves: list[Any], batched: list[bool]) -> tuple[Any, ...] | None:
 
 
 __all__ = [
+    "BinaryCall",
     "Direct",
     "StackedCall",
+    "binary_call",
     "direct_kind",
     "same_dtypes",
     "signature",

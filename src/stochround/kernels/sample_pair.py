@@ -15,6 +15,8 @@ u`` (at most the format's max), upward ``ceil(m / u) u`` (infinity above the max
 
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -61,32 +63,21 @@ def _half_even(x):
     return f + tl.where(d > 0.5, 1.0, tl.where(d == 0.5, odd, 0.0))
 
 
-@triton.jit(do_not_specialize=["offset", "count", "total"])
-def _sample_pair_kernel(
-    out_ptr,
-    hi_ptr,
-    lo_ptr,
-    bases_ptr,
-    seed_ptr,
-    offset,
-    count,
-    total,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MBITS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    positions = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = positions < total
+@triton.jit
+def _sample_word(bases_ptr, seed_ptr, offset, count, positions, mask):
+    """The word of each flat position of ``(n, count)`` values: element ``positions mod
+    count`` of its sample j's stream ``(seed, bases[j] + offset)``, as a float64."""
     sample = positions // count
     index = positions - sample * count
-    seed = tl.load(seed_ptr)
     start = tl.load(bases_ptr + sample, mask=mask, other=0) + offset
-    word = random_word(seed, start, index).to(tl.int64).to(tl.float64)
-    hi0 = tl.load(hi_ptr + positions, mask=mask, other=0.0)
-    lo0 = tl.load(lo_ptr + positions, mask=mask, other=0.0)
+    return random_word(tl.load(seed_ptr), start, index).to(tl.int64).to(tl.float64)
+
+
+@triton.jit
+def _sr_pair(hi0, lo0, word, EMIN: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr):
+    """``hi0 + lo0`` rounded as ``sr_pair_words`` rounds it, with these words."""
     # the format's max, (2 - 2**-mbits) 2**emax, exact as a difference of powers of two
-    emax = tl.full([BLOCK], EMAX, tl.int64)
+    emax = tl.full(hi0.shape, EMAX, tl.int64)
     top = _pow2(emax + 1) - _pow2(emax - MBITS)
     # FastTwoSum: |hi| >= |lo| after the op's own rounding
     hi = hi0 + lo0
@@ -121,7 +112,107 @@ def _sample_pair_kernel(
     overflow = tl.where(overflow > top, float("inf"), overflow) * sign
     rounded = tl.where(away == float("inf"), overflow, rounded)
     keep = (magnitude < float("inf")) & ((hi != 0) | (lo != 0))
-    tl.store(out_ptr + positions, tl.where(keep, rounded, hi), mask=mask)
+    return tl.where(keep, rounded, hi)
+
+
+@triton.jit(do_not_specialize=["offset", "count", "total"])
+def _sample_pair_kernel(
+    out_ptr,
+    hi_ptr,
+    lo_ptr,
+    bases_ptr,
+    seed_ptr,
+    offset,
+    count,
+    total,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MBITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    positions = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < total
+    word = _sample_word(bases_ptr, seed_ptr, offset, count, positions, mask)
+    hi = tl.load(hi_ptr + positions, mask=mask, other=0.0)
+    lo = tl.load(lo_ptr + positions, mask=mask, other=0.0)
+    tl.store(out_ptr + positions, _sr_pair(hi, lo, word, EMIN, EMAX, MBITS), mask=mask)
+
+
+@triton.jit
+def _two_sum(a, b):
+    """Knuth's TwoSum, as `stochround.emulate.exact.two_sum` (no contraction)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@triton.jit
+def _split(a):
+    """Veltkamp's split by 2**27 + 1, as `stochround.emulate.exact`'s."""
+    splitter = _pow2(tl.full(a.shape, 27, tl.int64)) + 1.0  # 2**27 + 1: not an fp32 literal
+    c = splitter * a
+    high = c - (c - a)
+    return high, a - high
+
+
+@triton.jit
+def _two_prod(a, b):
+    """Dekker's TwoProd, as `stochround.emulate.exact.two_prod`, its sums in its order."""
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@triton.jit(do_not_specialize=["b_bits", "offset", "count", "total"])
+def _sample_binary_kernel(
+    out_ptr,
+    a_ptr,
+    b_ptr,
+    b_bits,
+    bases_ptr,
+    seed_ptr,
+    offset,
+    count,
+    total,
+    OP: tl.constexpr,
+    B_SCALAR: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MBITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    positions = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = positions < total
+    word = _sample_word(bases_ptr, seed_ptr, offset, count, positions, mask)
+    a = tl.load(a_ptr + positions, mask=mask, other=0.0).to(tl.float64)
+    if B_SCALAR:  # a Python number, its float64 bits
+        b = tl.full([BLOCK], b_bits, tl.int64).to(tl.float64, bitcast=True)
+    else:
+        b = tl.load(b_ptr + positions, mask=mask, other=1.0).to(tl.float64)
+    # the exact result hi + lo of `stochround.emulate.exact`'s rule for the op
+    if OP == 0:  # a + b
+        hi, lo = _two_sum(a, b)
+    elif OP == 1:  # a - b
+        hi, lo = _two_sum(a, -b)
+    elif OP == 2:  # b - a (rsub)
+        hi, lo = _two_sum(b, -a)
+    elif OP == 3:  # a b
+        hi, lo = _two_prod(a, b)
+    else:  # a / b: the quotient and its residual ((a - q b) + 0) / b, q b by TwoProd
+        hi = a / b
+        p, e = _two_prod(hi, b)
+        lo = (((a - p) - e) + 0.0) / b
+    lo = tl.where(tl.abs(lo) < float("inf"), lo, 0.0)  # an overflowed or NaN residual
+    rounded = _sr_pair(hi, lo, word, EMIN, EMAX, MBITS)
+    tl.store(out_ptr + positions, rounded.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _constants(fmt: Format, *extra: tuple[str, object]) -> tuple[tuple[str, object], ...]:
+    # every product rounded, as the PyTorch path's (TwoProd's residual needs it)
+    options = (("num_warps", 4), ("enable_fp_fusion", False))
+    grid = (("EMIN", fmt.emin), ("EMAX", fmt.emax), ("MBITS", fmt.mbits), ("BLOCK", _BLOCK))
+    return (*extra, *grid, *options)
 
 
 def sample_pair_triton(
@@ -139,8 +230,7 @@ def sample_pair_triton(
         return out
     count = total // hi.shape[0]
     seed = seed_tensor(key, "seed", hi.device)
-    constants = (("EMIN", fmt.emin), ("EMAX", fmt.emax), ("MBITS", fmt.mbits), ("BLOCK", _BLOCK))
-    launch = bound_launch(_sample_pair_kernel, constants)
+    launch = bound_launch(_sample_pair_kernel, _constants(fmt))
     launch(
         current_device() if hi.is_cuda else 0,
         cdiv(total, _BLOCK),
@@ -156,4 +246,43 @@ def sample_pair_triton(
     return out
 
 
-__all__ = ["sample_pair_triton"]
+# the ops of `sample_binary_triton`, by their kernel code
+BINARY_OPS = {"add": 0, "sub": 1, "rsub": 2, "mul": 3, "div": 4}
+
+
+def sample_binary_triton(
+    op: str,
+    a: Tensor,
+    b: Tensor | float,
+    out_dtype: torch.dtype,
+    fmt: Format,
+    key: int,
+    bases: Tensor,
+    offset: int,
+) -> Tensor:
+    """``op`` (one of `BINARY_OPS`) of a and b (``(n, *shape)`` tensors of one shape, or b
+    a float: a Python number as the op's float64 arithmetic takes it), computed in
+    float64 with its exact residual, rounded as `sample_pair_triton` rounds, stored in
+    ``out_dtype`` (float32 or float64): the bits of ``sr_pair_words(*exact_pair(op,
+    a.double(), b), fmt, sample_words(...)).to(out_dtype)``, one launch."""
+    a = a.contiguous()
+    scalar = not isinstance(b, Tensor)
+    if isinstance(b, Tensor):
+        bits, other = 0, b.contiguous()
+    else:
+        bits = struct.unpack("<q", struct.pack("<d", float(b)))[0]
+        other = a
+    out = torch.empty(a.shape, dtype=out_dtype, device=a.device)
+    total = a.numel()
+    if total == 0:
+        return out
+    seed = seed_tensor(key, "seed", a.device)
+    constants = _constants(fmt, ("OP", BINARY_OPS[op]), ("B_SCALAR", scalar))
+    launch = bound_launch(_sample_binary_kernel, constants)
+    device = current_device() if a.is_cuda else 0
+    count = total // a.shape[0]
+    launch(device, cdiv(total, _BLOCK), out, a, other, bits, bases, seed, offset, count, total)
+    return out
+
+
+__all__ = ["BINARY_OPS", "sample_binary_triton", "sample_pair_triton"]
