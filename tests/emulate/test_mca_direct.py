@@ -11,6 +11,7 @@ import torch
 from stochround.emulate.mca import mca
 from stochround.emulate.mca_direct import Direct, direct_kind
 from stochround.emulate.ops import op_kind
+from stochround.random import seed_tensor
 
 aten = torch.ops.aten
 
@@ -189,7 +190,7 @@ def test_the_pair_kernel_is_sr_pair_words_with_each_samples_words(fmt_name):
     hi, lo = hi.expand(3, -1), lo.expand(3, -1)
     key, bases = 2**64 - 99, torch.arange(3, dtype=torch.int64) * SAMPLE_STRIDE
     expected = sr_pair_words(hi, lo, fmt, sample_words(hi.shape[1:], key, bases, 12))
-    found = sample_pair_triton(hi, lo, fmt, key, bases, 12)
+    found = sample_pair_triton(hi, lo, fmt, seed_tensor(key, "seed", hi.device), bases, 12)
     assert torch.equal(found.view(torch.int64), expected.view(torch.int64))
 
 
@@ -233,7 +234,8 @@ def test_the_binary_kernel_is_the_emulations_exact_pair_rounded(op, dtype, scala
     hi, lo = exact_pair(func, (a.double(), wide_other), {})
     key, bases = 77, torch.arange(3, dtype=torch.int64) * SAMPLE_STRIDE
     expected = sr_pair_words(hi, lo, fmt, sample_words(hi.shape[1:], key, bases, 5)).to(dtype)
-    found = sample_binary_triton(op, a, wide_other if scalar else b, dtype, fmt, key, bases, 5)
+    seed = seed_tensor(key, "seed", a.device)
+    found = sample_binary_triton(op, a, wide_other if scalar else b, dtype, fmt, seed, bases, 5)
     assert found.dtype == dtype
     assert torch.equal(bits(found), bits(expected))
 

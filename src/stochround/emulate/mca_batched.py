@@ -220,6 +220,7 @@ class BatchedEmulation(Emulation):
         self.n = n
         self.on_samples, self.site = on_samples, site
         self._bases: dict[torch.device, Tensor] = {}
+        self._seeds: dict[torch.device, Tensor] = {}
         # per op overload, read once: whether its results are tensors, how it runs on
         # the stacked samples (`stochround.emulate.mca_direct`)
         self._forms: dict[torch._ops.OpOverload, tuple[bool, Direct]] = {}
@@ -243,6 +244,14 @@ class BatchedEmulation(Emulation):
         )
         super().__enter__()
         return self
+
+    def seed_on(self, device: torch.device) -> Tensor:
+        """The stream's key as the kernels take it (`stochround.random.seed_tensor`) on
+        ``device``, made once."""
+        found = self._seeds.get(device)
+        if found is None:
+            found = self._seeds[device] = streams.seed_tensor(self.key, "seed", device)
+        return found
 
     def bases(self, device: torch.device) -> Tensor:
         """The first offset of each sample's counter, ``j SAMPLE_STRIDE``, on ``device``."""
@@ -377,7 +386,7 @@ class BatchedEmulation(Emulation):
         self.calls += 1
         bases = self.bases(call.a.device)
         return sample_binary_triton(
-            call.op, call.a, call.b, call.dtype, target, self.key, bases, offset
+            call.op, call.a, call.b, call.dtype, target, self.seed_on(call.a.device), bases, offset
         )
 
     def _vmapped(
@@ -547,7 +556,7 @@ class BatchedEmulation(Emulation):
             # the kernel module imports triton: imported where it runs
             from ..kernels.sample_pair import sample_pair_triton
 
-            return sample_pair_triton(hi, lo, target, self.key, bases, offset)
+            return sample_pair_triton(hi, lo, target, self.seed_on(hi.device), bases, offset)
         return sr_pair_words(hi, lo, target, self._words(hi, offset))
 
 

@@ -187,7 +187,8 @@ def binary_call(stacked: StackedCall) -> BinaryCall | None:
     if isinstance(b, Tensor):
         if b.dtype != a.dtype or b.device != a.device:
             return None
-        a, b = torch.broadcast_tensors(a, b)
+        if a.shape != b.shape:
+            a, b = torch.broadcast_tensors(a, b)
         return BinaryCall(op, a, b, a.dtype)
     if isinstance(b, bool) or not isinstance(b, int | float):
         return None

@@ -23,7 +23,6 @@ import triton.language as tl
 from torch import Tensor
 
 from ..formats import Format
-from ..random import seed_tensor
 from .grid import cdiv
 from .philox import random_word
 from .runtime import bound_launch, current_device
@@ -216,20 +215,20 @@ def _constants(fmt: Format, *extra: tuple[str, object]) -> tuple[tuple[str, obje
 
 
 def sample_pair_triton(
-    hi: Tensor, lo: Tensor, fmt: Format, key: int, bases: Tensor, offset: int
+    hi: Tensor, lo: Tensor, fmt: Format, seed: Tensor, bases: Tensor, offset: int
 ) -> Tensor:
     """``hi + lo`` (float64, ``(n, *shape)``) rounded stochastically to ``fmt`` (exact SR,
     32-bit words, variant c), element i of sample j with the word of index i in stream
     ``(key, bases[j] + offset)``: the bits of ``sr_pair_words(hi, lo, fmt,
-    sample_words(shape, key, bases, offset))``.  ``fmt`` passes `sample_pair_refusal`;
-    ``bases[j] + offset`` below 2**63."""
+    sample_words(shape, key, bases, offset))``.  ``seed``: the key as
+    `stochround.random.seed_tensor` gives it on the device (made once by the caller);
+    ``fmt`` passes ``sample_pair_refusal``; ``bases[j] + offset`` below 2**63."""
     hi, lo = hi.contiguous(), lo.contiguous()
     out = torch.empty_like(hi)
     total = hi.numel()
     if total == 0:
         return out
     count = total // hi.shape[0]
-    seed = seed_tensor(key, "seed", hi.device)
     launch = bound_launch(_sample_pair_kernel, _constants(fmt))
     launch(
         current_device() if hi.is_cuda else 0,
@@ -256,7 +255,7 @@ def sample_binary_triton(
     b: Tensor | float,
     out_dtype: torch.dtype,
     fmt: Format,
-    key: int,
+    seed: Tensor,
     bases: Tensor,
     offset: int,
 ) -> Tensor:
@@ -264,7 +263,8 @@ def sample_binary_triton(
     a float: a Python number as the op's float64 arithmetic takes it), computed in
     float64 with its exact residual, rounded as `sample_pair_triton` rounds, stored in
     ``out_dtype`` (float32 or float64): the bits of ``sr_pair_words(*exact_pair(op,
-    a.double(), b), fmt, sample_words(...)).to(out_dtype)``, one launch."""
+    a.double(), b), fmt, sample_words(...)).to(out_dtype)``, one launch; ``seed`` as
+    `sample_pair_triton` takes it."""
     a = a.contiguous()
     scalar = not isinstance(b, Tensor)
     if isinstance(b, Tensor):
@@ -276,7 +276,6 @@ def sample_binary_triton(
     total = a.numel()
     if total == 0:
         return out
-    seed = seed_tensor(key, "seed", a.device)
     constants = _constants(fmt, ("OP", BINARY_OPS[op]), ("B_SCALAR", scalar))
     launch = bound_launch(_sample_binary_kernel, constants)
     device = current_device() if a.is_cuda else 0
