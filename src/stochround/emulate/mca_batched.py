@@ -34,10 +34,12 @@ from ..rounding.prepared import PreparedRounding
 from .dispatch import Emulation
 from .exact import sr_pair_words
 from .mca_direct import (
+    CallSpec,
     Direct,
     StackedCall,
     binary_call,
     direct_kind,
+    flat_call,
     same_dtypes,
     signature,
     stacked_pointwise,
@@ -269,7 +271,7 @@ class BatchedEmulation(Emulation):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves, spec = flat_call(args, kwargs)
         batched = [isinstance(value, SampleTensor) for value in leaves]
         entry = self._entries.get(func)
         if entry is None:
@@ -285,7 +287,7 @@ class BatchedEmulation(Emulation):
             raise self._error(func, "its result is a Python value read from the samples' values")
         if not func._schema.returns:  # a check of the values (linalg's): of every sample's
             unwrapped = [v.samples if b else v for v, b in zip(leaves, batched, strict=True)]
-            return super().__torch_dispatch__(func, types, *pytree.tree_unflatten(unwrapped, spec))
+            return super().__torch_dispatch__(func, types, *spec.unflatten(unwrapped))
         if not any(isinstance(v, Tensor) for v in leaves):
             made = self._made(func, types, args, kwargs)
             if made is not None:
@@ -315,7 +317,7 @@ class BatchedEmulation(Emulation):
         direct: Direct,
         leaves: list[Any],
         batched: list[bool],
-        spec: pytree.TreeSpec,
+        spec: CallSpec,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> StackedCall | None:
@@ -332,7 +334,7 @@ class BatchedEmulation(Emulation):
         else:
             samples = [v.samples if b else None for v, b in zip(leaves, batched, strict=True)]
             flat = stacked_pointwise(func, leaves, samples, self.n)
-            stacked = StackedCall(func, *pytree.tree_unflatten(flat, spec))
+            stacked = StackedCall(func, *spec.unflatten(flat))
         if stacked is None:
             return None
         key = signature(leaves, batched)
@@ -395,7 +397,7 @@ class BatchedEmulation(Emulation):
         types: tuple[type, ...],
         leaves: list[Any],
         batched: list[bool],
-        spec: pytree.TreeSpec,
+        spec: CallSpec,
     ) -> Any:
         """The emulation's op on each sample by `torch.func.vmap`: the general path."""
         # a tensor shared by every sample enters as n views of it: the op's results (and
@@ -408,7 +410,7 @@ class BatchedEmulation(Emulation):
         device = devices[0] if devices else torch.device("cpu")
 
         def one_sample(_: Tensor, *flat: Any) -> Any:
-            inner_args, inner_kwargs = pytree.tree_unflatten(list(flat), spec)
+            inner_args, inner_kwargs = spec.unflatten(list(flat))
             return Emulation.__torch_dispatch__(self, func, types, inner_args, inner_kwargs)
 
         in_dims = (0, *(0 if isinstance(v, Tensor) else None for v in values))

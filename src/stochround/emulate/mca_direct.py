@@ -15,11 +15,14 @@ per form of the call, on meta tensors) is left to vmap.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterable
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from .ops import OpKind, aten
 
@@ -84,6 +87,36 @@ def direct_kind(func: torch._ops.OpOverload, kind: OpKind) -> Direct:
         and all(_takes(argument) for argument in schema.arguments)
     )
     return Direct.POINTWISE if pointwise else Direct.NONE
+
+
+class CallSpec(Protocol):
+    """How a call's flat values make its ``(args, kwargs)`` again (pytree's `TreeSpec`
+    is one)."""
+
+    def unflatten(self, leaves: Iterable[Any]) -> Any: ...
+
+
+class _FlatSpec(NamedTuple):
+    """The structure of a call whose arguments hold no list, tuple or dict (an ATen op's
+    usual call): its positional count and keyword names."""
+
+    positional: int
+    names: tuple[str, ...]
+
+    def unflatten(self, leaves: Iterable[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        values = list(leaves)
+        split = self.positional
+        return tuple(values[:split]), dict(zip(self.names, values[split:], strict=True))
+
+
+def flat_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], CallSpec]:
+    """A call's values in order (args, then kwargs' values) and how to rebuild it: pytree's
+    flattening where a value is a container, else a flat spec (pytree's walk costs more
+    than most ops' own host time)."""
+    values = [*args, *kwargs.values()]
+    if any(isinstance(v, list | tuple | dict) for v in values):
+        return pytree.tree_flatten((args, kwargs))
+    return values, _FlatSpec(len(args), tuple(kwargs))
 
 
 class StackedCall(NamedTuple):
@@ -195,8 +228,16 @@ def binary_call(stacked: StackedCall) -> BinaryCall | None:
     if isinstance(b, int):
         return BinaryCall(op, a, float(b), a.dtype) if abs(b) <= 2**53 else None
     if a.dtype == torch.float32:
-        b = float(torch.tensor(b, dtype=torch.float32))
+        b = _as_float32(b)
     return BinaryCall(op, a, b, a.dtype)
+
+
+def _as_float32(value: float) -> float:
+    """value rounded to float32 (to nearest, as ``torch.tensor(value, dtype=float32)``)."""
+    try:
+        return float(struct.unpack("<f", struct.pack("<f", value))[0])
+    except OverflowError:  # beyond float32's range: torch's conversion gives infinity
+        return float(torch.tensor(value, dtype=torch.float32))
 
 
 def _meta(value: Any) -> Any:
@@ -250,10 +291,12 @@ def signature(leaves: list[Any], batched: list[bool]) -> tuple[Any, ...] | None:
 
 __all__ = [
     "BinaryCall",
+    "CallSpec",
     "Direct",
     "StackedCall",
     "binary_call",
     "direct_kind",
+    "flat_call",
     "same_dtypes",
     "signature",
     "stacked_pointwise",
