@@ -1,8 +1,11 @@
 """The n samples of Monte Carlo arithmetic in one run (`stochround.emulate.mca` with
 ``batched=True``): every tensor the program makes carries the n samples' values
-(`SampleTensor`), each ATen op runs once over all of them (`torch.func.vmap` over the op
-and its emulation), and each rounding draws, for sample j, the words sample j's own
-serial run draws, so that sample j is the serial run j bit for bit.
+(`SampleTensor`), each ATen op runs once over all of them, and each rounding draws, for
+sample j, the words sample j's own serial run draws, so that sample j is the serial run j
+bit for bit.  A pointwise op, a conversion, a sum or a mean runs its emulation directly
+on the stacked ``(n, ...)`` values (`stochround.emulate.mca_direct`; on CUDA a binary
+op's whole emulation is one launch, `stochround.kernels.sample_pair`); any other op
+runs through `torch.func.vmap` over the op and its emulation.
 
 Streams: run j of `mca` starts its counter at ``j * SAMPLE_STRIDE`` (serial and batched
 alike): the i-th rounding of run j draws offset ``j 2**40 + i`` of the seed's stream, and
