@@ -10,7 +10,10 @@ steps, then ``x.sum()`` (``--ops`` 100000 by default: a 1e5-op script).  Rows (c
 - ``plain``: the script as it is (the reference row).
 - ``mca_batched``: ``mca(script, n=--samples, trace=True)`` (the command's call: the
   digits of each line too), the n samples together (`stochround.emulate.mca_batched`):
-  each op once over all n samples.
+  each op once over all n samples, on their stacked values (no vmap for pointwise ops
+  and sums: `stochround.emulate.mca_direct`); on CUDA each of the script's ops is one
+  launch that computes it, its exact residual and its rounding for every sample
+  (`stochround.kernels.sample_pair`).
 - ``mca_serial``: the same with ``batched=False``, the runs one after another, timed for
   ``--serial-samples`` runs (default 2: a run of 1e5 emulated ops takes seconds).
 
@@ -19,7 +22,8 @@ summary after the table gives each MCA row's time for n samples (the serial row'
 from its runs: the runs are the same script) over the plain script's; the target is
 ``mca_batched`` <= 10x at n = 32 on the GPU.  Check: the batched run's samples 0 and
 1 equal the serial run's bit for bit (run j draws the same words in both).  Timer: wall
-clock a call (``--calls`` 1, median of ``--repeats``), the device synchronized.
+clock a call (``--calls`` 1, median of ``--repeats``, 2 by default: each row also makes
+one first call), the device synchronized.
 
     python benchmarks/bench_mca.py                                     # GPU
     python benchmarks/bench_mca.py --device cpu --ops 2000 --samples 8 --repeats 1
@@ -91,7 +95,7 @@ def row(kind: str, args: object, device: torch.device, found: dict[str, MCAResul
 
 def main() -> int:
     bench = Benchmark("bench_mca", __doc__, timer="host", reference=f"{CASE}/plain")
-    bench.parser.set_defaults(calls=1, repeats=3)
+    bench.parser.set_defaults(calls=1, repeats=2)
     add = bench.parser.add_argument
     add("--ops", type=int, default=100_000, help="ATen ops of the script (100000)")
     add("--width", type=int, default=64, help="elements of its vectors (64)")
@@ -121,7 +125,11 @@ def summary(args: object) -> None:
         if not plain or not entry.get("median_us"):
             continue
         total = entry["median_us"] * n / entry["elements"]
-        print(f"{name}: n = {n} samples in {total / 1e6:.3g} s = {total / plain:.3g}x the script")
+        ops = args.ops // OPS_A_STEP * OPS_A_STEP + 1  # type: ignore[attr-defined]  # + the sum
+        print(
+            f"{name}: n = {n} samples in {total / 1e6:.3g} s = {total / plain:.3g}x the script "
+            f"({total / ops:.3g} us an op; the script {plain / ops:.3g} us an op)"
+        )
 
 
 if __name__ == "__main__":

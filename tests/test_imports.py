@@ -39,6 +39,7 @@ NEEDS_TRITON = {
     "stochround.kernels.rounding",
     "stochround.kernels.row_tiles",
     "stochround.kernels.runtime",
+    "stochround.kernels.sample_pair",
     "stochround.kernels.sample_words",
     "stochround.kernels.scaled_gemm",
     "stochround.kernels.stream_sr",

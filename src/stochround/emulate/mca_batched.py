@@ -1,8 +1,11 @@
 """The n samples of Monte Carlo arithmetic in one run (`stochround.emulate.mca` with
 ``batched=True``): every tensor the program makes carries the n samples' values
-(`SampleTensor`), each ATen op runs once over all of them (`torch.func.vmap` over the op
-and its emulation), and each rounding draws, for sample j, the words sample j's own
-serial run draws, so that sample j is the serial run j bit for bit.
+(`SampleTensor`), each ATen op runs once over all of them, and each rounding draws, for
+sample j, the words sample j's own serial run draws, so that sample j is the serial run j
+bit for bit.  A pointwise op, a conversion, a sum or a mean runs its emulation directly
+on the stacked ``(n, ...)`` values (`stochround.emulate.mca_direct`; on CUDA a binary
+op's whole emulation is one launch, `stochround.kernels.sample_pair`); any other op
+runs through `torch.func.vmap` over the op and its emulation.
 
 Streams: run j of `mca` starts its counter at ``j * SAMPLE_STRIDE`` (serial and batched
 alike): the i-th rounding of run j draws offset ``j 2**40 + i`` of the seed's stream, and
@@ -17,6 +20,7 @@ samples' values into a tensor made outside the program.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +36,19 @@ from ..kernels.availability import on_kernel_device, use_kernel
 from ..rounding.prepared import PreparedRounding
 from .dispatch import Emulation
 from .exact import sr_pair_words
+from .mca_direct import (
+    CallSpec,
+    Direct,
+    StackedCall,
+    binary_call,
+    direct_kind,
+    flat_call,
+    same_dtypes,
+    signature,
+    stacked_pointwise,
+    stacked_reduction,
+)
+from .ops import OpKind
 
 # the offsets between the starts of two runs' counters: a run makes fewer roundings
 SAMPLE_STRIDE = 2**40
@@ -110,6 +127,29 @@ def sample_words_refusal(bases: Tensor) -> str | None:
     return None
 
 
+@functools.cache
+def sample_pair_refusal(fmt: Format) -> str | None:
+    """Why the kernel cannot round to ``fmt`` (None if it can): it takes the IEEE-like
+    formats (signed, infinities, IEEE NaNs, subnormals, max ``(2 - 2**-mbits)
+    2**emax``) within float64's (mbits <= 52, emin >= -1022), such as every virtual
+    precision of `stochround.emulate.mca`."""
+    ieee_like = (
+        fmt.signed
+        and fmt.inf
+        and fmt.nan == "ieee"
+        and fmt.subnormals
+        and not fmt.twos_complement
+        and fmt.ebits > 0
+    )
+    if not ieee_like:
+        return f"{fmt.name or fmt}: the kernel takes IEEE-like formats only"
+    if fmt.mbits > 52 or fmt.emin < -1022 or fmt.emax > 1023:
+        return f"{fmt.name or fmt}: beyond float64's precision or exponent range"
+    if fmt.max != (2 - 2.0**-fmt.mbits) * 2.0**fmt.emax or fmt.lowest != -fmt.max:
+        return f"{fmt.name or fmt}: its max is not the top of its grid"
+    return None
+
+
 def sample_words(shape: torch.Size, key: int, bases: Tensor, offset: int = 0) -> Tensor:
     """The words of n tensors of ``shape``, tensor j in stream ``(key, bases[j] +
     offset)``: ``out[j]`` is ``random_words_like(x_j, key, bases[j] + offset)`` (row-major
@@ -185,6 +225,17 @@ class BatchedEmulation(Emulation):
         self.n = n
         self.on_samples, self.site = on_samples, site
         self._bases: dict[torch.device, Tensor] = {}
+        self._seeds: dict[torch.device, Tensor] = {}
+        # per op overload, read once: whether its results are tensors, how it runs on
+        # the stacked samples (`stochround.emulate.mca_direct`)
+        self._forms: dict[torch._ops.OpOverload, tuple[bool, Direct]] = {}
+        # per op and form of its call (`signature`): whether stacking keeps its dtypes
+        self._alike: dict[tuple[Any, ...], bool] = {}
+        # set while an op runs directly on the stacked samples: its tensors are the
+        # samples' ``(n, ...)`` values, not vmap's
+        self._direct = False
+        # the counter once the op's inputs were rounded (`_inputs_rounded`)
+        self._entered = 0
 
     def __enter__(self) -> BatchedEmulation:
         # the dispatch keys of the code that enters the run (`__torch_dispatch__`), the
@@ -198,6 +249,14 @@ class BatchedEmulation(Emulation):
         )
         super().__enter__()
         return self
+
+    def seed_on(self, device: torch.device) -> Tensor:
+        """The stream's key as the kernels take it (`stochround.random.seed_tensor`) on
+        ``device``, made once."""
+        found = self._seeds.get(device)
+        if found is None:
+            found = self._seeds[device] = streams.seed_tensor(self.key, "seed", device)
+        return found
 
     def bases(self, device: torch.device) -> Tensor:
         """The first offset of each sample's counter, ``j SAMPLE_STRIDE``, on ``device``."""
@@ -215,19 +274,23 @@ class BatchedEmulation(Emulation):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves, spec = flat_call(args, kwargs)
         batched = [isinstance(value, SampleTensor) for value in leaves]
         entry = self._entries.get(func)
         if entry is None:
             entry = self._entries[func] = self._op_entry(func)
-        if not any(batched) and (entry.kind.aliases_only or not _tensor_returns(func)):
+        form = self._forms.get(func)
+        if form is None:
+            form = self._forms[func] = (_tensor_returns(func), direct_kind(func, entry.kind))
+        tensor_returns, direct = form
+        if not any(batched) and (entry.kind.aliases_only or not tensor_returns):
             # a view of a tensor made outside the program, a query of one: shared as it is
             return super().__torch_dispatch__(func, types, args, kwargs)
-        if not _tensor_returns(func):
+        if not tensor_returns:
             raise self._error(func, "its result is a Python value read from the samples' values")
         if not func._schema.returns:  # a check of the values (linalg's): of every sample's
             unwrapped = [v.samples if b else v for v, b in zip(leaves, batched, strict=True)]
-            return super().__torch_dispatch__(func, types, *pytree.tree_unflatten(unwrapped, spec))
+            return super().__torch_dispatch__(func, types, *spec.unflatten(unwrapped))
         if not any(isinstance(v, Tensor) for v in leaves):
             made = self._made(func, types, args, kwargs)
             if made is not None:
@@ -238,6 +301,108 @@ class BatchedEmulation(Emulation):
                 "it writes into a tensor made outside the run (an argument, a global), which "
                 "holds one value, not the n samples'",
             )
+        self._entered = self.calls
+        stacked = self._stacked(func, direct, leaves, batched, spec, args, kwargs)
+        if stacked is not None:
+            out = self._run_stacked(types, stacked)
+        else:
+            out = self._vmapped(func, types, leaves, batched, spec)
+        wrapped = self._wrapped(func, args, kwargs, out)
+        # observed as the serial emulation observes: an op that rounded once its inputs
+        # were (its outputs, a conversion's source)
+        if self.on_samples is not None and self.calls > self._entered:
+            self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
+        return wrapped
+
+    def _stacked(
+        self,
+        func: torch._ops.OpOverload,
+        direct: Direct,
+        leaves: list[Any],
+        batched: list[bool],
+        spec: CallSpec,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> StackedCall | None:
+        """The op as it runs directly on the stacked samples (`stochround.emulate.
+        mca_direct`), or None where it takes vmap's path: not pointwise nor a covered
+        reduction, or its dtypes would change (checked once per form of its call)."""
+        if direct is Direct.NONE:
+            return None
+        if direct is Direct.REDUCTION:
+            first = args[0] if args else None
+            if not isinstance(first, SampleTensor):
+                return None
+            stacked = stacked_reduction(func, args, kwargs, first.samples)
+        else:
+            samples = [v.samples if b else None for v, b in zip(leaves, batched, strict=True)]
+            flat = stacked_pointwise(func, leaves, samples, self.n)
+            stacked = StackedCall(func, *spec.unflatten(flat))
+        if stacked is None:
+            return None
+        key = signature(leaves, batched)
+        if key is None:
+            return stacked if same_dtypes(func, leaves, stacked, spec.unflatten) else None
+        key = (func, *key)
+        alike = self._alike.get(key)
+        if alike is None:
+            alike = self._alike[key] = same_dtypes(func, leaves, stacked, spec.unflatten)
+        return stacked if alike else None
+
+    def _run_stacked(self, types: tuple[type, ...], stacked: StackedCall) -> Any:
+        """The emulation's op on the stacked samples: its handling (computed wide, its
+        exact result, its rounding) as one sample's, every tensor ``(n, ...)``."""
+        fused = self._fused(stacked)
+        if fused is not None:
+            return fused
+        self._direct = True
+        try:
+            return Emulation.__torch_dispatch__(
+                self, stacked.func, types, stacked.args, stacked.kwargs
+            )
+        finally:
+            self._direct = False
+
+    def _fused(self, stacked: StackedCall) -> Tensor | None:
+        """A binary op of the stacked samples computed whole by one kernel on CUDA (its
+        float64 result, its exact residual, their rounding with each sample's words:
+        `stochround.kernels.sample_pair`), where the emulation would compute just that:
+        its output rounded from its exact result, no input rounded, the op selected, a
+        format the kernel takes.  None otherwise (the emulation's handling)."""
+        first = stacked.args[0] if stacked.args else None
+        if not (isinstance(first, Tensor) and on_kernel_device(first)):
+            return None
+        if not (self.residuals and self.round_outputs and not self.round_inputs):
+            return None
+        call = binary_call(stacked)
+        if (
+            call is None
+            or call.dtype not in self.formats
+            or not self._entries[stacked.func].handled
+        ):
+            return None
+        target = self.formats[call.dtype]
+        if not use_kernel("auto", "a", on_kernel_device(call.a), sample_pair_refusal(target)):
+            return None
+        # the kernel module imports triton: imported where it runs
+        from ..kernels.sample_pair import sample_binary_triton
+
+        offset = self.calls
+        self.calls += 1
+        bases = self.bases(call.a.device)
+        return sample_binary_triton(
+            call.op, call.a, call.b, call.dtype, target, self.seed_on(call.a.device), bases, offset
+        )
+
+    def _vmapped(
+        self,
+        func: torch._ops.OpOverload,
+        types: tuple[type, ...],
+        leaves: list[Any],
+        batched: list[bool],
+        spec: CallSpec,
+    ) -> Any:
+        """The emulation's op on each sample by `torch.func.vmap`: the general path."""
         # a tensor shared by every sample enters as n views of it: the op's results (and
         # the emulation's copies into them) are then per sample, as its rounding is
         values = [
@@ -246,10 +411,9 @@ class BatchedEmulation(Emulation):
         ]
         devices = [v.device for v in values if isinstance(v, Tensor)]
         device = devices[0] if devices else torch.device("cpu")
-        before = self.calls
 
         def one_sample(_: Tensor, *flat: Any) -> Any:
-            inner_args, inner_kwargs = pytree.tree_unflatten(list(flat), spec)
+            inner_args, inner_kwargs = spec.unflatten(list(flat))
             return Emulation.__torch_dispatch__(self, func, types, inner_args, inner_kwargs)
 
         in_dims = (0, *(0 if isinstance(v, Tensor) else None for v in values))
@@ -264,11 +428,7 @@ class BatchedEmulation(Emulation):
             raise
         except Exception as error:  # vmap refuses the op (its message says why)
             raise self._error(func, f"{type(error).__name__}: {error}") from error
-        wrapped = self._wrapped(func, args, kwargs, out)
-        # observed as the serial emulation observes: an op whose outputs were rounded
-        if self.on_samples is not None and self.round_outputs and self.calls > before:
-            self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
-        return wrapped
+        return out
 
     def _made(
         self,
@@ -334,7 +494,9 @@ class BatchedEmulation(Emulation):
 
     def _physical(self, x: Tensor) -> Tensor:
         """The ``(n, *shape)`` values of x inside the op's vmap (a tensor shared by every
-        sample: expanded)."""
+        sample: expanded); on the stacked path, x itself."""
+        if self._direct:
+            return x
         level = functorch.maybe_current_level()
         if level is None:  # a factory run once (`_made`): it must run per sample
             raise _Rounds
@@ -345,7 +507,18 @@ class BatchedEmulation(Emulation):
 
     def _batched(self, values: Tensor) -> Tensor:
         """``(n, *shape)`` values as a tensor of the op's vmap (the inverse of `_physical`)."""
+        if self._direct:
+            return values
         return functorch._add_batch_dim(values, 0, functorch.current_level())
+
+    def _inputs_rounded(
+        self, kind: OpKind, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """As the emulation's; the counter after it noted (`_entered`): the serial run
+        observes an op whose rounding came after its inputs'."""
+        rounded = super()._inputs_rounded(kind, args, kwargs)
+        self._entered = self.calls
+        return rounded
 
     def _words(self, x: Tensor, offset: int) -> Tensor:
         """Sample j's words of offset ``j SAMPLE_STRIDE + offset`` for x's ``(n, *shape)``."""
@@ -377,7 +550,19 @@ class BatchedEmulation(Emulation):
         offset = self.calls
         self.calls += 1
         hi, lo = self._physical(pair[0]), self._physical(pair[1])
-        return self._batched(sr_pair_words(hi, lo, target, self._words(hi, offset)))
+        return self._batched(self._pair_rounded(hi, lo, target, offset))
+
+    def _pair_rounded(self, hi: Tensor, lo: Tensor, target: Format, offset: int) -> Tensor:
+        """``hi + lo`` (``(n, *shape)``) rounded by `sr_pair_words` with each sample's
+        words of ``offset``: one kernel on CUDA for words and rounding
+        (`stochround.kernels.sample_pair`), PyTorch's ops elsewhere."""
+        bases = self.bases(hi.device)
+        if use_kernel("auto", "hi", on_kernel_device(hi), sample_pair_refusal(target)):
+            # the kernel module imports triton: imported where it runs
+            from ..kernels.sample_pair import sample_pair_triton
+
+            return sample_pair_triton(hi, lo, target, self.seed_on(hi.device), bases, offset)
+        return sr_pair_words(hi, lo, target, self._words(hi, offset))
 
 
 def _samples_of(value: SampleTensor) -> Tensor:
@@ -397,6 +582,7 @@ __all__ = [
     "BatchedEmulation",
     "BatchingError",
     "SampleTensor",
+    "sample_pair_refusal",
     "sample_values",
     "sample_words",
 ]
