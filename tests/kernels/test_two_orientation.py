@@ -13,6 +13,7 @@ from torch.nn import functional
 import stochround.nn as srnn
 from stochround.blocks.hadamard import random_signs
 from stochround.formats import format as find_format
+from stochround.kernels import two_orientation
 from stochround.kernels.blocks import gemm_blocks, nvfp4_tensor_scale
 from stochround.kernels.two_orientation import PreparedTwoOrientations, orientation
 from stochround.nn import orientations
@@ -54,6 +55,38 @@ def test_both_orientations_equal_separate_quantizations(tokens, features, dtype,
     prepared = PreparedTwoOrientations(
         x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
     )
+    seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
+    result = prepared(x, seed, row_offset, column_offset, signs)
+    expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)
+    expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, rotate=True)
+    assert result.scales is not None
+    assert torch.equal(result.scales[0], row_scales)
+    assert torch.equal(result.scales[1], column_scales)
+    assert torch.equal(result.row.view(torch.int16), expected_row.view(torch.int16))
+    assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+@pytest.mark.parametrize("rht, tile_tokens", [(None, 16), (16, 16), (16, 32), (32, 32)])
+def test_many_tiles_equal_separate_quantizations(mode, rht, tile_tokens, monkeypatch):
+    """Tiles smaller than x (as the compiled kernel's): 70 tokens (padded to 80, the last
+    token tile partly padding) by 80 features (the last 32-feature tile partly outside
+    x), a zero block, tiny values (scales near fp32's subnormals) and the two roles'
+    streams at different offsets give the separate path's bits in every tile; RHT-32
+    (signs by the token's place in its 32) pads to 96 tokens."""
+    monkeypatch.setattr(two_orientation, "TILE_TOKENS", tile_tokens)
+    monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
+    tokens, features, padded = 70, 80, 96 if rht == 32 else 80
+    generator = torch.Generator().manual_seed(70)
+    x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, torch.bfloat16)
+    x[16:32, 16:32] = 0.0  # a zero block in both orientations
+    x[40:50, 48:] *= 2.0**-120  # tiny blocks: their scales near the subnormals
+    signs = None if rht is None else random_signs(rht, 3, offset=5, device=DEVICE)
+    row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
+    prepared = PreparedTwoOrientations(
+        x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
+    )
+    assert prepared.programs == -(-padded // tile_tokens) * 3
     seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
     result = prepared(x, seed, row_offset, column_offset, signs)
     expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)

@@ -39,9 +39,13 @@ from .tensor_scales import tensor_scale_launch
 
 # NVFP4's block: 16 elements along the contraction axis of each orientation
 PAIR_BLOCK = 16
-# a tile's sides (powers of two, multiples of the block): the interpreter runs programs one
-# after another, so there a larger tile costs less
-TILE_SIDE = 128 if INTERPRETED else 64
+# a tile's sides (powers of two, multiples of the block; the tokens' side at least the
+# rotation's size): compiled for sm_90, 32 x 64 with 4 warps keeps the SR pair's
+# registers low enough for several programs an SM, without spills, where 64 x 64 holds
+# twice the elements a thread (benchmarks/bench_pair.py --resources prints them); the
+# interpreter runs programs one after another, so there a larger tile costs less
+TILE_TOKENS = 128 if INTERPRETED else 32
+TILE_FEATURES = 128 if INTERPRETED else 64
 _NUM_WARPS = 4
 
 
@@ -113,7 +117,8 @@ def _tile_operand(
 @triton.jit
 def _tile_bits(x_ptr, tokens, features, program, feature_tiles, TILING: tl.constexpr):
     """A program's TOKENS x FEATURES tile of x as fp32 bits (zero beyond x: the padding
-    tokens), and its first token and feature."""
+    tokens), and its first token and feature.  ``features`` is a multiple of 16 (Triton
+    specializes it so): the rows' loads are vector loads."""
     if TILING.WIDE:
         program = program.to(tl.int64)
     first_token = (program // feature_tiles) * TILING.TOKENS
@@ -126,12 +131,27 @@ def _tile_bits(x_ptr, tokens, features, program, feature_tiles, TILING: tl.const
 
 
 @triton.jit
+def _block_places(
+    first_line, first, stride, lines, length, LINES: tl.constexpr, LENGTH: tl.constexpr
+):
+    """The places of a LINES x LENGTH tile of a row-major operand (``stride`` elements a
+    line; the tile's first line and element ``first_line``, ``first``) cut into blocks of
+    16 along its lines, as [LINES * LENGTH // 16, 4, 4] (block, group, lane): each
+    element's global index, and whether it lies inside ``lines`` x ``length``.  Built
+    from ranges in the blocks' own shape (not reshaped), so that Triton sees each group's
+    four consecutive places and stores them with one vector store."""
+    CHUNKS: tl.constexpr = LENGTH // 16
+    block = tl.arange(0, LINES * CHUNKS)[:, None, None]
+    group = tl.arange(0, 4)[None, :, None]
+    lane = tl.arange(0, 4)[None, None, :]
+    line = first_line + block // CHUNKS
+    element = first + (block % CHUNKS) * 16 + group * 4 + lane
+    return line * stride + element, (line < lines) & (element < length)
+
+
+@triton.jit
 def _column_bits(
     bits,
-    first_token,
-    first_feature,
-    padded,
-    features,
     signs_ptr,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
@@ -139,20 +159,23 @@ def _column_bits(
     X_DTYPE: tl.constexpr,
 ):
     """The tile transposed into x^T's layout as [blocks, 4, 4] (each row 16 tokens of one
-    feature), rotated along the tokens as `quantize_blocks_kernel` rotates x^T's rows,
-    with its positions in the padded x^T ``(features, padded)``."""
-    feature = first_feature + tl.arange(0, TILING.FEATURES)[:, None]
-    token = first_token + tl.arange(0, TILING.TOKENS)[None, :]
+    feature), rotated along the tokens as `quantize_blocks_kernel` rotates x^T's rows.  The
+    tile's first token is a multiple of the rotation's size, so an element's sign is that
+    of its token's place in the tile; for RHT-16, its place in the block (group * 4 +
+    lane), the same for every block: 16 signs loaded a thread, not one an element."""
     shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
-    position = tl.reshape(feature * padded + token, shape)
     column = tl.reshape(tl.trans(bits), shape)
     if ROTATION.SIZE > 0:
-        value = rotated(column.to(tl.float32, bitcast=True), signs_ptr, position, ROTATION, False)
+        place = tl.arange(0, 4)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+        if ROTATION.SIZE > 16:
+            CHUNKS: tl.constexpr = TILING.TOKENS // 16
+            place = (tl.arange(0, shape[0])[:, None, None] % CHUNKS) * 16 + place
+        value = rotated(column.to(tl.float32, bitcast=True), signs_ptr, place, ROTATION, False)
         column = rotation_rounded(value, NAN16, X_DTYPE, ROTATION).to(tl.int32, bitcast=True)
-    return column, position, tl.reshape((feature < features) & (token < padded), shape)
+    return column
 
 
-@triton.jit(do_not_specialize=["tokens", "padded", "features", "feature_tiles"])
+@triton.jit(do_not_specialize=["tokens", "feature_tiles"])
 def two_orientation_kernel(
     x_ptr,
     row_out_ptr,
@@ -177,32 +200,32 @@ def two_orientation_kernel(
     """Quantize a TOKENS x FEATURES tile of a contiguous x ``(tokens, features)`` both ways:
     the blocks of 16 features of each token into ``row_out`` ``(tokens, features)``, and
     (rotated along the tokens by ROTATION) the blocks of 16 tokens of each feature into
-    ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero."""
+    ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero.
+    ``padded`` and ``features`` are multiples of 16, which Triton's specialization sees
+    (they are not in do_not_specialize): loads and stores are vector accesses."""
     bits, first_token, first_feature = _tile_bits(
         x_ptr, tokens, features, tl.program_id(0), feature_tiles, TILING
     )
     seed = tl.load(seed_ptr)
-    token = first_token + tl.arange(0, TILING.TOKENS)[:, None]
-    feature = first_feature + tl.arange(0, TILING.FEATURES)[None, :]
     shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
-    row_position = tl.reshape(token * features + feature, shape)
-    row_mask = tl.reshape((token < tokens) & (feature < features), shape)
-    row_bits = tl.reshape(bits, shape)
+    row_position, row_mask = _block_places(
+        first_token, first_feature, features, tokens, features, TILING.TOKENS, TILING.FEATURES
+    )
     _tile_operand(
-        row_bits, row_position, row_mask, row_out_ptr, row_scale_ptr, seed, row_offset_ptr,
-        ROW, OUT_NAN16,
+        tl.reshape(bits, shape), row_position, row_mask, row_out_ptr, row_scale_ptr, seed,
+        row_offset_ptr, ROW, OUT_NAN16,
     )  # fmt: skip
-    column, position, inside = _column_bits(
-        bits, first_token, first_feature, padded, features, signs_ptr, TILING, ROTATION, NAN16,
-        x_ptr.dtype.element_ty,
-    )  # fmt: skip
+    column = _column_bits(bits, signs_ptr, TILING, ROTATION, NAN16, x_ptr.dtype.element_ty)
+    position, inside = _block_places(
+        first_feature, first_token, padded, features, padded, TILING.FEATURES, TILING.TOKENS
+    )
     _tile_operand(
         column, position, inside, column_out_ptr, column_scale_ptr, seed,
         column_offset_ptr, COLUMN, OUT_NAN16,
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["tokens", "padded", "features", "feature_tiles", "programs"])
+@triton.jit(do_not_specialize=["tokens", "feature_tiles", "programs"])
 def two_orientation_amax_kernel(
     x_ptr,
     partial_ptr,
@@ -221,16 +244,11 @@ def two_orientation_amax_kernel(
     (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
     magnitudes' bits, so a NaN anywhere gives a NaN pattern."""
     program = tl.program_id(0)
-    bits, first_token, first_feature = _tile_bits(
-        x_ptr, tokens, features, program, feature_tiles, TILING
-    )
+    bits, _, _ = _tile_bits(x_ptr, tokens, features, program, feature_tiles, TILING)
     row = tl.max(tl.max(bits & 0x7FFFFFFF, axis=1), axis=0)
     tl.store(partial_ptr + program, row)
     if ROTATION.SIZE > 0:
-        column, _, _ = _column_bits(
-            bits, first_token, first_feature, padded, features, signs_ptr, TILING, ROTATION,
-            NAN16, x_ptr.dtype.element_ty,
-        )  # fmt: skip
+        column = _column_bits(bits, signs_ptr, TILING, ROTATION, NAN16, x_ptr.dtype.element_ty)
         column_max = tl.max(tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         tl.store(partial_ptr + programs + program, column_max)
     else:  # x^T's values are x's
@@ -281,15 +299,17 @@ class PreparedTwoOrientations:
             )
         if row.SCALE.TENSOR_SCALE != column.SCALE.TENSOR_SCALE:
             raise ValueError("both orientations have tensor scales or neither has")
-        side = max(TILE_SIDE, rht or 1)
+        side = max(TILE_TOKENS, rht or 1)
         probe = x.new_empty((features, padded))  # the column operand's shape, for the check
         _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
         if rht is None:
             self.rotation = NO_ROTATION
-        self.feature_tiles = cdiv(features, TILE_SIDE)
+        self.feature_tiles = cdiv(features, TILE_FEATURES)
         self.programs = cdiv(padded, side) * self.feature_tiles
-        wide = max(padded * features, cdiv(padded, side) * side * features) + side >= 2**31
-        tiling = PairTiling(TOKENS=side, FEATURES=TILE_SIDE, WIDE=wide)
+        # the tiles' extents bound every place either orientation computes (masked or not)
+        extent = cdiv(padded, side) * side * self.feature_tiles * TILE_FEATURES
+        wide = extent + side >= 2**31
+        tiling = PairTiling(TOKENS=side, FEATURES=TILE_FEATURES, WIDE=wide)
         nan16 = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}.get(x.dtype, 0)
         self.quantize = _quantize_launch(tiling, row, column, self.rotation, nan16)
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
@@ -374,7 +394,8 @@ def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
 
 __all__ = [
     "PAIR_BLOCK",
-    "TILE_SIDE",
+    "TILE_FEATURES",
+    "TILE_TOKENS",
     "Orientation",
     "PairOperands",
     "PairTiling",
