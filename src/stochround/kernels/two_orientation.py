@@ -42,7 +42,7 @@ PAIR_BLOCK = 16
 # a tile's sides (powers of two, multiples of the block; the tokens' side at least the
 # rotation's size): compiled for sm_90, 32 x 64 with 4 warps keeps the SR pair's
 # registers low enough for several programs an SM, without spills, where 64 x 64 holds
-# twice the elements a thread (benchmarks/bench_pair.py --resources prints them); the
+# twice the elements a thread (benchmarks/pair_resources.py prints them); the
 # interpreter runs programs one after another, so there a larger tile costs less
 TILE_TOKENS = 128 if INTERPRETED else 32
 TILE_FEATURES = 128 if INTERPRETED else 64
