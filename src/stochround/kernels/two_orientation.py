@@ -5,9 +5,15 @@ with zero tokens), written by one launch, with the tensor amax of both (the colu
 after its rotation) from one more read.  Bit-identical to `gemm_blocks` of x and of the
 padded contiguous x^T, each with its own stream, rounding and tensor scales.
 
-A program loads a TOKENS x FEATURES tile of x once: its rows give the row-wise blocks, its
-transpose (rotated in registers) the column-wise blocks, each quantized as
-`quantize_blocks_kernel` quantizes a tile of blocks, and stored in its operand's layout.
+A program reads a TOKENS x FEATURES tile of x from memory once, as its row-wise blocks (16
+features of a token, one thread a block, vector loads), then gathers the same tile as its
+column-wise blocks (16 tokens of a feature, one thread a block), which the cache serves;
+each orientation's blocks are rotated (the column-wise ones, along the tokens), quantized
+and stored in its operand's layout as `quantize_blocks_kernel` does for a tile of blocks.
+Each thread holding whole blocks keeps the rotation, the block amax and the stream's groups
+of four within a thread: no transpose through shared memory, no shuffles (a transpose in
+registers, `tl.trans` of the tile, made Triton compute the rotation twice, once in each of
+two layouts, with shared-memory conversions between them).
 """
 
 from __future__ import annotations
@@ -40,10 +46,12 @@ from .tensor_scales import tensor_scale_launch
 # NVFP4's block: 16 elements along the contraction axis of each orientation
 PAIR_BLOCK = 16
 # a tile's sides (powers of two, multiples of the block; the tokens' side at least the
-# rotation's size): compiled for sm_90, 32 x 64 with 4 warps keeps the SR pair's
-# registers low enough for several programs an SM, without spills, where 64 x 64 holds
-# twice the elements a thread (benchmarks/pair_resources.py prints them); the
-# interpreter runs programs one after another, so there a larger tile costs less
+# rotation's size): compiled for sm_90, 32 x 64 with 4 warps (16 elements a thread) takes
+# the fewest instructions an element at few registers; smaller tiles repeat a thread's
+# fixed work over fewer elements, larger ones (32 elements a thread) more than double the
+# registers (benchmarks/pair_resources.py prints them; benchmarks/bench_pair.py times
+# others).  The interpreter runs programs one after another, so there a larger tile
+# costs less
 TILE_TOKENS = 128 if INTERPRETED else 32
 TILE_FEATURES = 128 if INTERPRETED else 64
 _NUM_WARPS = 4
@@ -115,64 +123,70 @@ def _tile_operand(
 
 
 @triton.jit
-def _tile_bits(x_ptr, tokens, features, program, feature_tiles, TILING: tl.constexpr):
-    """A program's TOKENS x FEATURES tile of x as fp32 bits (zero beyond x: the padding
-    tokens), and its first token and feature.  ``features`` is a multiple of 16 (Triton
-    specializes it so): the rows' loads are vector loads."""
+def _tile_start(program, feature_tiles, TILING: tl.constexpr):
+    """A program's first token and feature (int64 where TILING.WIDE)."""
     if TILING.WIDE:
         program = program.to(tl.int64)
-    first_token = (program // feature_tiles) * TILING.TOKENS
-    first_feature = (program % feature_tiles) * TILING.FEATURES
-    token = first_token + tl.arange(0, TILING.TOKENS)[:, None]
-    feature = first_feature + tl.arange(0, TILING.FEATURES)[None, :]
-    inside = (token < tokens) & (feature < features)
-    x = tl.load(x_ptr + token * features + feature, mask=inside, other=0.0)
-    return fp32_bits_of(x), first_token, first_feature
+    return (program // feature_tiles) * TILING.TOKENS, (program % feature_tiles) * TILING.FEATURES
 
 
 @triton.jit
-def _block_places(
-    first_line, first, stride, lines, length, LINES: tl.constexpr, LENGTH: tl.constexpr
-):
-    """The places of a LINES x LENGTH tile of a row-major operand (``stride`` elements a
-    line; the tile's first line and element ``first_line``, ``first``) cut into blocks of
-    16 along its lines, as [LINES * LENGTH // 16, 4, 4] (block, group, lane): each
-    element's global index, and whether it lies inside ``lines`` x ``length``.  Built
-    from ranges in the blocks' own shape (not reshaped), so that Triton sees each group's
-    four consecutive places and stores them with one vector store."""
+def _block_places(first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr):
+    """A LINES x LENGTH tile (its first line and element ``first_line``, ``first``) cut
+    into blocks of 16 along its lines, as [LINES * LENGTH // 16, 4, 4] (block, group,
+    lane): each block's line ([blocks, 1, 1]) and each element's place along its line."""
     CHUNKS: tl.constexpr = LENGTH // 16
     block = tl.arange(0, LINES * CHUNKS)[:, None, None]
     group = tl.arange(0, 4)[None, :, None]
     lane = tl.arange(0, 4)[None, None, :]
-    line = first_line + block // CHUNKS
-    element = first + (block % CHUNKS) * 16 + group * 4 + lane
-    return line * stride + element, (line < lines) & (element < length)
+    return first_line + block // CHUNKS, first + (block % CHUNKS) * 16 + group * 4 + lane
 
 
 @triton.jit
-def _column_bits(
-    bits,
+def _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING: tl.constexpr):
+    """The tile's row-wise blocks (16 features of a token) as fp32 bits [blocks, 4, 4] (int32,
+    zero beyond x), their places in x (and in the row-wise operand: the same layout) and
+    whether they lie in x.  ``features`` is a multiple of 16, which Triton's
+    specialization sees: each group of four is one vector access."""
+    token, feature = _block_places(first_token, first_feature, TILING.TOKENS, TILING.FEATURES)
+    position = token * features + feature
+    inside = (token < tokens) & (feature < features)
+    x = tl.load(x_ptr + position, mask=inside, other=0.0)
+    return fp32_bits_of(x), position, inside
+
+
+@triton.jit
+def _column_blocks(
+    x_ptr,
     signs_ptr,
+    first_token,
+    first_feature,
+    tokens,
+    padded,
+    features,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
-    X_DTYPE: tl.constexpr,
 ):
-    """The tile transposed into x^T's layout as [blocks, 4, 4] (each row 16 tokens of one
-    feature), rotated along the tokens as `quantize_blocks_kernel` rotates x^T's rows.  The
+    """The tile's column-wise blocks (16 tokens of a feature, the tokens from ``tokens`` to
+    ``padded`` zero) as fp32 bits [blocks, 4, 4], rotated along the tokens as
+    `quantize_blocks_kernel` rotates x^T's rows, their places in x^T ``(features,
+    padded)`` and whether they lie in it.  The values are gathered from x in the blocks'
+    own layout (each thread's elements a block's tokens), as the row-wise blocks of the same
+    tile were just read: the second read is served by the cache, and the rotation, the
+    amax and the stream's groups of four stay within a thread, as in the block kernel.  The
     tile's first token is a multiple of the rotation's size, so an element's sign is that
-    of its token's place in the tile; for RHT-16, its place in the block (group * 4 +
-    lane), the same for every block: 16 signs loaded a thread, not one an element."""
-    shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
-    column = tl.reshape(tl.trans(bits), shape)
+    of its token's place in the tile (for RHT-16 its place in the block)."""
+    feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
+    x = tl.load(
+        x_ptr + token * features + feature, mask=(token < tokens) & (feature < features), other=0.0
+    )
+    bits = fp32_bits_of(x)
     if ROTATION.SIZE > 0:
-        place = tl.arange(0, 4)[None, :, None] * 4 + tl.arange(0, 4)[None, None, :]
-        if ROTATION.SIZE > 16:
-            CHUNKS: tl.constexpr = TILING.TOKENS // 16
-            place = (tl.arange(0, shape[0])[:, None, None] % CHUNKS) * 16 + place
-        value = rotated(column.to(tl.float32, bitcast=True), signs_ptr, place, ROTATION, False)
-        column = rotation_rounded(value, NAN16, X_DTYPE, ROTATION).to(tl.int32, bitcast=True)
-    return column
+        value = rotated(bits.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
+                        ROTATION, False)  # fmt: skip
+        bits = rotation_rounded(value, NAN16, x.dtype, ROTATION).to(tl.int32, bitcast=True)
+    return bits, feature * padded + token, (feature < features) & (token < padded)
 
 
 @triton.jit(do_not_specialize=["tokens", "feature_tiles"])
@@ -202,26 +216,23 @@ def two_orientation_kernel(
     (rotated along the tokens by ROTATION) the blocks of 16 tokens of each feature into
     ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero.
     ``padded`` and ``features`` are multiples of 16, which Triton's specialization sees
-    (they are not in do_not_specialize): loads and stores are vector accesses."""
-    bits, first_token, first_feature = _tile_bits(
-        x_ptr, tokens, features, tl.program_id(0), feature_tiles, TILING
-    )
+    (they are not in do_not_specialize): the row-wise loads and both stores are vector
+    accesses."""
+    first_token, first_feature = _tile_start(tl.program_id(0), feature_tiles, TILING)
     seed = tl.load(seed_ptr)
-    shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
-    row_position, row_mask = _block_places(
-        first_token, first_feature, features, tokens, features, TILING.TOKENS, TILING.FEATURES
+    bits, position, inside = _row_blocks(
+        x_ptr, first_token, first_feature, tokens, features, TILING
     )
     _tile_operand(
-        tl.reshape(bits, shape), row_position, row_mask, row_out_ptr, row_scale_ptr, seed,
-        row_offset_ptr, ROW, OUT_NAN16,
+        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, OUT_NAN16
+    )
+    bits, position, inside = _column_blocks(
+        x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
+        ROTATION, NAN16,
     )  # fmt: skip
-    column = _column_bits(bits, signs_ptr, TILING, ROTATION, NAN16, x_ptr.dtype.element_ty)
-    position, inside = _block_places(
-        first_feature, first_token, padded, features, padded, TILING.FEATURES, TILING.TOKENS
-    )
     _tile_operand(
-        column, position, inside, column_out_ptr, column_scale_ptr, seed,
-        column_offset_ptr, COLUMN, OUT_NAN16,
+        bits, position, inside, column_out_ptr, column_scale_ptr, seed, column_offset_ptr,
+        COLUMN, OUT_NAN16,
     )  # fmt: skip
 
 
@@ -244,11 +255,15 @@ def two_orientation_amax_kernel(
     (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
     magnitudes' bits, so a NaN anywhere gives a NaN pattern."""
     program = tl.program_id(0)
-    bits, _, _ = _tile_bits(x_ptr, tokens, features, program, feature_tiles, TILING)
-    row = tl.max(tl.max(bits & 0x7FFFFFFF, axis=1), axis=0)
+    first_token, first_feature = _tile_start(program, feature_tiles, TILING)
+    bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING)
+    row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
     tl.store(partial_ptr + program, row)
     if ROTATION.SIZE > 0:
-        column = _column_bits(bits, signs_ptr, TILING, ROTATION, NAN16, x_ptr.dtype.element_ty)
+        column, _, _ = _column_blocks(
+            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
+            ROTATION, NAN16,
+        )  # fmt: skip
         column_max = tl.max(tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         tl.store(partial_ptr + programs + program, column_max)
     else:  # x^T's values are x's
