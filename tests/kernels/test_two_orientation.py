@@ -73,7 +73,8 @@ def test_both_orientations_equal_separate_quantizations(tokens, features, dtype,
 
 @pytest.mark.parametrize("mode", ["rne", "sr"])
 @pytest.mark.parametrize("rht, tile_tokens", [(None, 16), (16, 16), (16, 32), (32, 32)])
-def test_many_tiles_equal_separate_quantizations(mode, rht, tile_tokens, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_many_tiles_equal_separate_quantizations(mode, rht, tile_tokens, dtype, monkeypatch):
     """Tiles smaller than x (as the compiled kernel's): 70 tokens (padded to 80, the last
     token tile partly padding) by 80 features (the last 32-feature tile partly outside
     x), a zero block, tiny values (scales near fp32's subnormals) and the two roles'
@@ -83,9 +84,10 @@ def test_many_tiles_equal_separate_quantizations(mode, rht, tile_tokens, monkeyp
     monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
     tokens, features, padded = 70, 80, 96 if rht == 32 else 80
     generator = torch.Generator().manual_seed(70)
-    x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, torch.bfloat16)
+    x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, dtype)
     x[16:32, 16:32] = 0.0  # a zero block in both orientations
-    x[40:50, 48:] *= 2.0**-120  # tiny blocks: their scales near the subnormals
+    # tiny blocks: their scales near fp32's subnormals (fp16: its own subnormals)
+    x[40:50, 48:] *= 2.0**-120 if dtype == torch.bfloat16 else 2.0**-20
     signs = None if rht is None else random_signs(rht, 3, offset=5, device=DEVICE)
     row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
     prepared = PreparedTwoOrientations(
