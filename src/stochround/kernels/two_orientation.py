@@ -167,6 +167,7 @@ def _column_blocks(
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
+    ROUNDED: tl.constexpr,
 ):
     """The tile's column-wise blocks (16 tokens of a feature, the tokens from ``tokens`` to
     ``padded`` zero) as fp32 bits [blocks, 4, 4], rotated along the tokens as
@@ -176,7 +177,9 @@ def _column_blocks(
     tile were just read: the second read is served by the cache, and the rotation, the
     amax and the stream's groups of four stay within a thread, as in the block kernel.  The
     tile's first token is a multiple of the rotation's size, so an element's sign is that
-    of its token's place in the tile (for RHT-16 its place in the block)."""
+    of its token's place in the tile (for RHT-16 its place in the block).  ROUNDED: the
+    rotated values rounded as the quantize kernels hold them (`rotation_rounded`), else in
+    fp32 as the butterfly leaves them."""
     feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
     x = tl.load(
         x_ptr + token * features + feature, mask=(token < tokens) & (feature < features), other=0.0
@@ -185,7 +188,9 @@ def _column_blocks(
     if ROTATION.SIZE > 0:
         value = rotated(bits.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
                         ROTATION, False)  # fmt: skip
-        bits = rotation_rounded(value, NAN16, x.dtype, ROTATION).to(tl.int32, bitcast=True)
+        if ROUNDED:
+            value = rotation_rounded(value, NAN16, x.dtype, ROTATION)
+        bits = value.to(tl.int32, bitcast=True)
     return bits, feature * padded + token, (feature < features) & (token < padded)
 
 
@@ -228,7 +233,7 @@ def two_orientation_kernel(
     )
     bits, position, inside = _column_blocks(
         x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
-        ROTATION, NAN16,
+        ROTATION, NAN16, True,
     )  # fmt: skip
     _tile_operand(
         bits, position, inside, column_out_ptr, column_scale_ptr, seed, column_offset_ptr,
@@ -262,9 +267,16 @@ def two_orientation_amax_kernel(
     if ROTATION.SIZE > 0:
         column, _, _ = _column_blocks(
             x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
-            ROTATION, NAN16,
+            ROTATION, NAN16, False,
         )  # fmt: skip
-        column_max = tl.max(tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+        # the rounding to x's dtype (and bf16) is monotone and odd, so the largest rounded
+        # magnitude is the largest magnitude rounded (a NaN too: the canonical NaN): a
+        # block's maximum is rounded, not each element
+        block_max = tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1)
+        rounded = rotation_rounded(
+            block_max.to(tl.float32, bitcast=True), NAN16, x_ptr.dtype.element_ty, ROTATION
+        )
+        column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
         tl.store(partial_ptr + programs + program, column_max)
     else:  # x^T's values are x's
         tl.store(partial_ptr + programs + program, row)
