@@ -1,5 +1,5 @@
-"""The two-orientation quantizer's compiled resources, offline: its quantize and amax
-kernels (`stochround.kernels.two_orientation`) compiled for a GPU target (sm_90:
+"""The two-orientation quantizer's compiled resources, offline: its quantize, amax and
+tensor-scale kernels (`stochround.kernels.two_orientation`) compiled for a GPU target (sm_90:
 H100/H200) without a GPU, for `nvfp4()`'s two pairs (x: round to nearest, dy: SR, the
 column-wise operand rotated by RHT-16 along the tokens), at the default tile or at the
 tiles given: registers a thread, spill bytes, SASS instructions and local-memory (STL/LDL)
@@ -51,7 +51,7 @@ class _Recorder:
 
 
 def recorded_launches(pair: str) -> dict[str, tuple[Any, dict, tuple]]:
-    """The quantize and amax launches of ``pair``'s `PreparedPair`: each kernel, its
+    """The quantize, amax and tensor-scale launches of ``pair``'s `PreparedPair`: each kernel, its
     constexprs and options, and the runtime arguments a call gives it."""
     name = PAIRS[pair]
     plan = make_plan(srnn.nvfp4(seed=1), 0)
@@ -60,10 +60,10 @@ def recorded_launches(pair: str) -> dict[str, tuple[Any, dict, tuple]]:
     x = torch.empty(SHAPE, dtype=torch.bfloat16)
     prepared = PreparedPair(row, column, x.shape, x.dtype, x.device, SHAPE[0])
     kernel = prepared.kernel
-    launches = {"quantize": kernel.quantize, "amax": kernel.amax}
+    launches = {"quantize": kernel.quantize, "amax": kernel.amax, "scales": kernel.scale}
     recorders = {what: _Recorder() for what in launches}
     kernel.quantize, kernel.amax = recorders["quantize"], recorders["amax"]
-    kernel.scale = lambda *args: None  # the tensor-scale launch: not this script's
+    kernel.scale = recorders["scales"]
     offset = torch.zeros((), dtype=torch.int64)
     prepared(x, 1, offset, offset.clone(), None)
     return {
@@ -113,11 +113,15 @@ def main(argv: list[str] | None = None) -> int:
                     count = sass_count(listing)
                     if parsed.sass and what == "quantize" and len(pairs) == len(tiles) == 1:
                         Path(parsed.sass).write_text(listing.read_text())
-                tiling, warps = constants["TILING"], constants["num_warps"]
-                per_thread = tiling.TOKENS * tiling.FEATURES // (32 * warps)
+                warps = constants.get("num_warps", 4)
+                tiling = constants.get("TILING")
+                per_thread = (
+                    0 if tiling is None else tiling.TOKENS * tiling.FEATURES // (32 * warps)
+                )
+                shape = "-" if tiling is None else f"{tiling.TOKENS}x{tiling.FEATURES}"
                 spill = f"{result.spill_stores}/{result.spill_loads}"
                 print(
-                    f"{pair:<4} {what:<8} {f'{tiling.TOKENS}x{tiling.FEATURES}':>7} {warps:>5} "
+                    f"{pair:<4} {what:<8} {shape:>7} {warps:>5} "
                     f"{per_thread:>8} {result.registers:>5} {spill:>14} {count:>6} "
                     f"{result.stl:>4} {result.ldl:>4}",
                     flush=True,

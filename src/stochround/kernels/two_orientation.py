@@ -2,8 +2,9 @@
 along its rows (``F``, the row-wise operand) and of x^T ``(F, T')`` blocked along the tokens
 (the column-wise operand, after an optional RHT along the tokens, ``T'`` the tokens padded
 with zero tokens), written by one launch, with the tensor amax of both (the column copy's
-after its rotation) from one more read.  Bit-identical to `gemm_blocks` of x and of the
-padded contiguous x^T, each with its own stream, rounding and tensor scales.
+after its rotation) from one more read and both tensor scales from a small launch.
+Bit-identical to `gemm_blocks` of x and of the padded contiguous x^T, each with its own
+stream, rounding and tensor scales.
 
 A program reads a TOKENS x FEATURES tile of x from memory once, as its row-wise blocks (16
 features of a token, one thread a block, vector loads), then gathers the same tile as its
@@ -41,7 +42,12 @@ from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, ro
 from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits
 from .grid import cdiv
 from .runtime import Launch, bound_launch, check_prepared, current_device
-from .tensor_scales import tensor_scale_launch
+from .tensor_scales import (
+    PartialsTiling,
+    partials_max,
+    partials_tiling,
+    store_tensor_scales,
+)
 
 # NVFP4's block: 16 elements along the contraction axis of each orientation
 PAIR_BLOCK = 16
@@ -258,7 +264,10 @@ def two_orientation_amax_kernel(
     """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
     the tile's transpose rotated along the tokens as the quantize kernels rotate it
     (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
-    magnitudes' bits, so a NaN anywhere gives a NaN pattern."""
+    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  (The tensor scales come from
+    a launch of their own, `pair_scales_kernel`: taking tickets here, as
+    `last_program_scales` does, would size every program's registers for the last one's
+    reduction of the partial maxima.)"""
     program = tl.program_id(0)
     first_token, first_feature = _tile_start(program, feature_tiles, TILING)
     bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING)
@@ -282,6 +291,19 @@ def two_orientation_amax_kernel(
         tl.store(partial_ptr + programs + program, row)
 
 
+@triton.jit(do_not_specialize=["programs"])
+def pair_scales_kernel(
+    partial_ptr, amax_ptr, scale_ptr, programs, PARTIALS: tl.constexpr, FLAVOUR: tl.constexpr
+):
+    """Program ``which`` (0: x's, 1: the rotated x^T's) of two: the max of its orientation's
+    ``programs`` partial maxima (``partial[which]``, fp32 bits), stored as ``amax[which]``,
+    and NVFP4's tensor scales from it (`store_tensor_scales`) in ``scale[which]``: both
+    orientations' scales in one launch."""
+    which = tl.program_id(0)
+    amax_bits = partials_max(partial_ptr + which * programs, programs, PARTIALS)
+    store_tensor_scales(amax_bits, amax_ptr + which, scale_ptr + 2 * which, FLAVOUR)
+
+
 def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int) -> Orientation:
     """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (the "te" flavour) with
     ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc)."""
@@ -302,8 +324,8 @@ class PreparedTwoOrientations:
     """Both NVFP4 orientations of x ``(tokens, features)`` (contiguous, fp32, bf16 or
     fp16) for one shape, dtype, device and padded token count, and one pair of
     `Orientation` choices and rotation, checked and bound once: a call issues the amax
-    launch, the tensor-scale launches (where the operands have tensor scales) and the
-    quantize launch."""
+    launch and the tensor-scale launch (both orientations' amaxes and scales, where the
+    operands have tensor scales) and the quantize launch."""
 
     def __init__(
         self,
@@ -342,7 +364,9 @@ class PreparedTwoOrientations:
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
             self.amax = _amax_launch(tiling, self.rotation, nan16)
-            self.scale, _ = tensor_scale_launch(self.programs, "te")
+            self.scale = _scales_launch(partials_tiling(self.programs))
+            # both amaxes, which no caller reads: written by every launch
+            self.amax_sink = x.new_empty(2, dtype=torch.float32)
         self.shape, self.dtype, self.device, self.padded = x.shape, x.dtype, x.device, padded
         self.device_index = x.device.index if x.is_cuda else -1
 
@@ -373,11 +397,8 @@ class PreparedTwoOrientations:
                 self.device_index, self.programs, x, partial, rht_signs, tokens, self.padded,
                 features, self.feature_tiles, self.programs,
             )  # fmt: skip
-            amax = x.new_empty(2, dtype=torch.float32)
             scales = x.new_empty((2, 2), dtype=torch.float32)
-            for which in range(2):
-                self.scale(self.device_index, 1, partial[which], amax[which], scales[which],
-                           self.programs)  # fmt: skip
+            self.scale(self.device_index, 2, partial, self.amax_sink, scales, self.programs)
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
         row_scale = None if scales is None else scales[0]
@@ -407,6 +428,12 @@ def _quantize_launch(
     return bound_launch(two_orientation_kernel, tuple(constants.items()))
 
 
+def _scales_launch(partials: PartialsTiling) -> Launch:
+    """`pair_scales_kernel` bound for this many partial maxima and the "te" flavour."""
+    constants = {"PARTIALS": partials, "FLAVOUR": "te", "enable_fp_fusion": False}
+    return bound_launch(pair_scales_kernel, tuple(constants.items()))
+
+
 def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
     """`two_orientation_amax_kernel` bound for these choices."""
     constants = {
@@ -428,6 +455,7 @@ __all__ = [
     "PairTiling",
     "PreparedTwoOrientations",
     "orientation",
+    "pair_scales_kernel",
     "two_orientation_amax_kernel",
     "two_orientation_kernel",
 ]
