@@ -185,19 +185,20 @@ def _column_blocks(
     tile's first token is a multiple of the rotation's size, so an element's sign is that
     of its token's place in the tile (for RHT-16 its place in the block).  ROUNDED: the
     rotated values rounded as the quantize kernels hold them (`rotation_rounded`), else in
-    fp32 as the butterfly leaves them."""
+    fp32 as the butterfly leaves them.  Also returns the values before the rotation."""
     feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
     x = tl.load(
         x_ptr + token * features + feature, mask=(token < tokens) & (feature < features), other=0.0
     )
-    bits = fp32_bits_of(x)
+    raw = fp32_bits_of(x)
+    bits = raw
     if ROTATION.SIZE > 0:
-        value = rotated(bits.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
+        value = rotated(raw.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
                         ROTATION, False)  # fmt: skip
         if ROUNDED:
             value = rotation_rounded(value, NAN16, x.dtype, ROTATION)
         bits = value.to(tl.int32, bitcast=True)
-    return bits, feature * padded + token, (feature < features) & (token < padded)
+    return raw, bits, feature * padded + token, (feature < features) & (token < padded)
 
 
 @triton.jit(do_not_specialize=["tokens", "feature_tiles"])
@@ -237,7 +238,7 @@ def two_orientation_kernel(
     _tile_operand(
         bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, OUT_NAN16
     )
-    bits, position, inside = _column_blocks(
+    _, bits, position, inside = _column_blocks(
         x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
         ROTATION, NAN16, True,
     )  # fmt: skip
@@ -270,14 +271,14 @@ def two_orientation_amax_kernel(
     reduction of the partial maxima.)"""
     program = tl.program_id(0)
     first_token, first_feature = _tile_start(program, feature_tiles, TILING)
-    bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING)
-    row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
-    tl.store(partial_ptr + program, row)
     if ROTATION.SIZE > 0:
-        column, _, _ = _column_blocks(
+        # one read, the column-wise blocks' gather: x's maximum does not depend on the
+        # blocks' layout
+        raw, column, _, _ = _column_blocks(
             x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
             ROTATION, NAN16, False,
         )  # fmt: skip
+        row = tl.max(tl.max(tl.max(raw & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         # the rounding to x's dtype (and bf16) is monotone and odd, so the largest rounded
         # magnitude is the largest magnitude rounded (a NaN too: the canonical NaN): a
         # block's maximum is rounded, not each element
@@ -286,9 +287,12 @@ def two_orientation_amax_kernel(
             block_max.to(tl.float32, bitcast=True), NAN16, x_ptr.dtype.element_ty, ROTATION
         )
         column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
-        tl.store(partial_ptr + programs + program, column_max)
     else:  # x^T's values are x's
-        tl.store(partial_ptr + programs + program, row)
+        bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING)
+        row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+        column_max = row
+    tl.store(partial_ptr + program, row)
+    tl.store(partial_ptr + programs + program, column_max)
 
 
 @triton.jit(do_not_specialize=["programs"])
