@@ -26,7 +26,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 CAPABILITIES: dict[str, tuple[str, ...]] = {
     "cast": ("bench_cast", "bench_stream_floor"),
     "optimizers": ("bench_optim",),
-    "blocks": ("bench_blocks", "bench_fp8_operand"),
+    "blocks": ("bench_blocks", "bench_fp8_operand", "bench_pair"),
     "nn": ("bench_nn", "bench_model", "bench_gemm"),
     "gaussws": ("bench_gaussws",),
     "emulate": ("bench_emulate", "bench_mca"),

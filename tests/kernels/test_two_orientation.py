@@ -5,14 +5,20 @@ tokens), each with its own stream, rounding and tensor scales (the separate amax
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+import triton
 from torch.nn import functional
 
 import stochround.nn as srnn
 from stochround.blocks.hadamard import random_signs
 from stochround.formats import format as find_format
+from stochround.kernels import two_orientation
 from stochround.kernels.blocks import gemm_blocks, nvfp4_tensor_scale
 from stochround.kernels.two_orientation import PreparedTwoOrientations, orientation
 from stochround.nn import orientations
@@ -65,6 +71,67 @@ def test_both_orientations_equal_separate_quantizations(tokens, features, dtype,
     assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
 
 
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+@pytest.mark.parametrize("rht, tile_tokens", [(None, 16), (16, 16), (16, 32), (32, 32)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_many_tiles_equal_separate_quantizations(mode, rht, tile_tokens, dtype, monkeypatch):
+    """Tiles smaller than x (as the compiled kernel's): 70 tokens (padded to 80, the last
+    token tile partly padding) by 80 features (the last 32-feature tile partly outside
+    x), a zero block, tiny values (scales near fp32's subnormals) and the two roles'
+    streams at different offsets give the separate path's bits in every tile; RHT-32
+    (signs by the token's place in its 32) pads to 96 tokens."""
+    monkeypatch.setattr(two_orientation, "TILE_TOKENS", tile_tokens)
+    monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
+    tokens, features, padded = 70, 80, 96 if rht == 32 else 80
+    generator = torch.Generator().manual_seed(70)
+    x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, dtype)
+    x[16:32, 16:32] = 0.0  # a zero block in both orientations
+    # tiny blocks: their scales near fp32's subnormals (fp16: its own subnormals)
+    x[40:50, 48:] *= 2.0**-120 if dtype == torch.bfloat16 else 2.0**-20
+    signs = None if rht is None else random_signs(rht, 3, offset=5, device=DEVICE)
+    row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
+    prepared = PreparedTwoOrientations(
+        x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
+    )
+    assert prepared.programs == -(-padded // tile_tokens) * 3
+    seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
+    result = prepared(x, seed, row_offset, column_offset, signs)
+    expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)
+    expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, rotate=True)
+    assert result.scales is not None
+    assert torch.equal(result.scales[0], row_scales)
+    assert torch.equal(result.scales[1], column_scales)
+    assert torch.equal(result.row.view(torch.int16), expected_row.view(torch.int16))
+    assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
+
+
+@pytest.mark.parametrize("special", [float("inf"), float("nan"), 65504.0])
+def test_special_values_give_the_separate_tensor_scales(special):
+    """An infinity, a NaN or fp16's largest finite value in x: the amax launch rounds each
+    block's largest rotated magnitude instead of every element (the rounding is monotone),
+    which gives the separate path's tensor scales and operands bit for bit (NaN patterns
+    included); 65504 rotated overflows fp16."""
+    tokens, features, padded = 40, 32, 48
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(tokens, features, generator=generator).to(DEVICE, torch.float16)
+    x[5, 7] = special
+    x[21, 7] = special  # two in one column block: a rotated sum of them
+    signs = random_signs(16, 3, offset=5, device=DEVICE)
+    row, column = (orientation(E2M1, "sr", 32, "c", 2) for _ in range(2))
+    prepared = PreparedTwoOrientations(
+        x, padded, row, column, rht=16, rht_signs=signs, rht_bf16=True
+    )
+    seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
+    result = prepared(x, seed, row_offset, column_offset, signs)
+    expected_row, row_scales = separate(x, padded, "sr", 11, 16, signs, rotate=False)
+    expected_column, column_scales = separate(x, padded, "sr", 13, 16, signs, rotate=True)
+    assert result.scales is not None
+    assert torch.equal(result.scales[0].view(torch.int32), row_scales.view(torch.int32))
+    assert torch.equal(result.scales[1].view(torch.int32), column_scales.view(torch.int32))
+    assert torch.equal(result.row.view(torch.int16), expected_row.view(torch.int16))
+    assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
+
+
 def per_step_nvfp4() -> srnn.Recipe:
     """nvfp4() with fresh RHT signs at each step (the wgrad GEMM's own stream)."""
     recipe = srnn.nvfp4(seed=5)
@@ -104,11 +171,18 @@ def training_steps(recipe: srnn.Recipe, tokens: int, dtype: torch.dtype) -> list
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
 @pytest.mark.parametrize("tokens", [40, 32])
-def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, monkeypatch):
+def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, monkeypatch, request):
     """The pair path (routed here on the CPU, under the interpreter) gives the separate
     path's y, dx, dW and db bit for bit, and serves x in the forward and dy in the
-    backward; 40 tokens pad to 48."""
+    backward; 40 tokens pad to 48.  Tiles of 16 tokens by 32 features, as the compiled
+    kernel's are smaller than its tensors: several programs, dy's 48 features ending in a
+    partial tile."""
     dtype = torch.bfloat16
+    monkeypatch.setattr(two_orientation, "TILE_TOKENS", 16)
+    monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
+    # pairs prepared at other tiles are not reused, nor these small-tile ones after the test
+    orientations.prepared_pair.cache_clear()
+    request.addfinalizer(orientations.prepared_pair.cache_clear)
     monkeypatch.setattr(orientations, "SERVES_STEPS", True)
     monkeypatch.setattr(orientations, "use_kernel", lambda *args: False)
     expected = training_steps(RECIPES[name](), tokens, dtype)
@@ -125,3 +199,41 @@ def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, mo
     assert calls == ["fprop_input", "dgrad_grad_output"] * 2
     for got, want in zip(result, expected, strict=True):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+# (pair, kernel): (registers, SASS instructions) compiled for sm_90 by Triton 3.6 at the
+# default tile (16 elements a thread); before issue 42's rewrite (64 x 64 tiles, 32
+# elements a thread, the tile transposed in registers) the dy pair's quantize kernel took
+# 252 registers and 6804 instructions, x's 197 and 4371, the amax 64 and 1544
+PAIR_BUDGETS = {
+    ("dy", "quantize"): (56, 1973),
+    ("x", "quantize"): (40, 1394),
+    ("dy", "amax"): (38, 423),
+    ("x", "amax"): (38, 423),
+    ("dy", "scales"): (32, 835),
+    ("x", "scales"): (32, 835),
+}
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(
+    not triton.__version__.startswith("3.6") or not PTXAS.exists(),
+    reason="budgets of Triton 3.6's NVIDIA backend (ptxas, cuobjdump)",
+)
+def test_pair_kernels_compile_within_their_budgets() -> None:
+    """benchmarks/pair_resources.py's offline compile for sm_90: the pair's kernels at the
+    default tile (and its one tensor-scale launch) within their registers and SASS
+    instructions, without spills."""
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root / "src")
+    command = [sys.executable, str(root / "benchmarks" / "pair_resources.py")]
+    table = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    rows = {tuple(line.split()[:2]): line.split() for line in table.splitlines()[1:]}
+    assert sorted(rows) == sorted(PAIR_BUDGETS)
+    for key, (registers, instructions) in PAIR_BUDGETS.items():
+        _, _, tile, warps, _, regs, spills, sass, stl, ldl = rows[key]
+        assert (tile, warps) == ("-" if key[1] == "scales" else "32x64", "4"), key
+        assert int(regs) <= registers, (key, regs)
+        assert int(sass) <= instructions, (key, sass)
+        assert (spills, stl, ldl) == ("0/0", "0", "0"), key

@@ -2,12 +2,19 @@
 along its rows (``F``, the row-wise operand) and of x^T ``(F, T')`` blocked along the tokens
 (the column-wise operand, after an optional RHT along the tokens, ``T'`` the tokens padded
 with zero tokens), written by one launch, with the tensor amax of both (the column copy's
-after its rotation) from one more read.  Bit-identical to `gemm_blocks` of x and of the
-padded contiguous x^T, each with its own stream, rounding and tensor scales.
+after its rotation) from one more read and both tensor scales from a small launch.
+Bit-identical to `gemm_blocks` of x and of the padded contiguous x^T, each with its own
+stream, rounding and tensor scales.
 
-A program loads a TOKENS x FEATURES tile of x once: its rows give the row-wise blocks, its
-transpose (rotated in registers) the column-wise blocks, each quantized as
-`quantize_blocks_kernel` quantizes a tile of blocks, and stored in its operand's layout.
+A program reads a TOKENS x FEATURES tile of x from memory once, as its row-wise blocks (16
+features of a token, one thread a block, vector loads), then gathers the same tile as its
+column-wise blocks (16 tokens of a feature, one thread a block), which the cache serves;
+each orientation's blocks are rotated (the column-wise ones, along the tokens), quantized
+and stored in its operand's layout as `quantize_blocks_kernel` does for a tile of blocks.
+Each thread holding whole blocks keeps the rotation, the block amax and the stream's groups
+of four within a thread: no transpose through shared memory, no shuffles (a transpose in
+registers, `tl.trans` of the tile, made Triton compute the rotation twice, once in each of
+two layouts, with shared-memory conversions between them).
 """
 
 from __future__ import annotations
@@ -35,13 +42,24 @@ from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, ro
 from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits
 from .grid import cdiv
 from .runtime import Launch, bound_launch, check_prepared, current_device
-from .tensor_scales import tensor_scale_launch
+from .tensor_scales import (
+    PartialsTiling,
+    partials_max,
+    partials_tiling,
+    store_tensor_scales,
+)
 
 # NVFP4's block: 16 elements along the contraction axis of each orientation
 PAIR_BLOCK = 16
-# a tile's sides (powers of two, multiples of the block): the interpreter runs programs one
-# after another, so there a larger tile costs less
-TILE_SIDE = 128 if INTERPRETED else 64
+# a tile's sides (powers of two, multiples of the block; the tokens' side at least the
+# rotation's size): compiled for sm_90, 32 x 64 with 4 warps (16 elements a thread) takes
+# the fewest instructions an element at few registers; smaller tiles repeat a thread's
+# fixed work over fewer elements, larger ones (32 elements a thread) more than double the
+# registers (benchmarks/pair_resources.py prints them; benchmarks/bench_pair.py times
+# others).  The interpreter runs programs one after another, so there a larger tile
+# costs less
+TILE_TOKENS = 128 if INTERPRETED else 32
+TILE_FEATURES = 128 if INTERPRETED else 64
 _NUM_WARPS = 4
 
 
@@ -111,48 +129,79 @@ def _tile_operand(
 
 
 @triton.jit
-def _tile_bits(x_ptr, tokens, features, program, feature_tiles, TILING: tl.constexpr):
-    """A program's TOKENS x FEATURES tile of x as fp32 bits (zero beyond x: the padding
-    tokens), and its first token and feature."""
+def _tile_start(program, feature_tiles, TILING: tl.constexpr):
+    """A program's first token and feature (int64 where TILING.WIDE)."""
     if TILING.WIDE:
         program = program.to(tl.int64)
-    first_token = (program // feature_tiles) * TILING.TOKENS
-    first_feature = (program % feature_tiles) * TILING.FEATURES
-    token = first_token + tl.arange(0, TILING.TOKENS)[:, None]
-    feature = first_feature + tl.arange(0, TILING.FEATURES)[None, :]
-    inside = (token < tokens) & (feature < features)
-    x = tl.load(x_ptr + token * features + feature, mask=inside, other=0.0)
-    return fp32_bits_of(x), first_token, first_feature
+    return (program // feature_tiles) * TILING.TOKENS, (program % feature_tiles) * TILING.FEATURES
 
 
 @triton.jit
-def _column_bits(
-    bits,
+def _block_places(first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr):
+    """A LINES x LENGTH tile (its first line and element ``first_line``, ``first``) cut
+    into blocks of 16 along its lines, as [LINES * LENGTH // 16, 4, 4] (block, group,
+    lane): each block's line ([blocks, 1, 1]) and each element's place along its line."""
+    CHUNKS: tl.constexpr = LENGTH // 16
+    block = tl.arange(0, LINES * CHUNKS)[:, None, None]
+    group = tl.arange(0, 4)[None, :, None]
+    lane = tl.arange(0, 4)[None, None, :]
+    return first_line + block // CHUNKS, first + (block % CHUNKS) * 16 + group * 4 + lane
+
+
+@triton.jit
+def _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING: tl.constexpr):
+    """The tile's row-wise blocks (16 features of a token) as fp32 bits [blocks, 4, 4] (int32,
+    zero beyond x), their places in x (and in the row-wise operand: the same layout) and
+    whether they lie in x.  ``features`` is a multiple of 16, which Triton's
+    specialization sees: each group of four is one vector access."""
+    token, feature = _block_places(first_token, first_feature, TILING.TOKENS, TILING.FEATURES)
+    position = token * features + feature
+    inside = (token < tokens) & (feature < features)
+    x = tl.load(x_ptr + position, mask=inside, other=0.0)
+    return fp32_bits_of(x), position, inside
+
+
+@triton.jit
+def _column_blocks(
+    x_ptr,
+    signs_ptr,
     first_token,
     first_feature,
+    tokens,
     padded,
     features,
-    signs_ptr,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
-    X_DTYPE: tl.constexpr,
+    ROUNDED: tl.constexpr,
 ):
-    """The tile transposed into x^T's layout as [blocks, 4, 4] (each row 16 tokens of one
-    feature), rotated along the tokens as `quantize_blocks_kernel` rotates x^T's rows,
-    with its positions in the padded x^T ``(features, padded)``."""
-    feature = first_feature + tl.arange(0, TILING.FEATURES)[:, None]
-    token = first_token + tl.arange(0, TILING.TOKENS)[None, :]
-    shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
-    position = tl.reshape(feature * padded + token, shape)
-    column = tl.reshape(tl.trans(bits), shape)
+    """The tile's column-wise blocks (16 tokens of a feature, the tokens from ``tokens`` to
+    ``padded`` zero) as fp32 bits [blocks, 4, 4], rotated along the tokens as
+    `quantize_blocks_kernel` rotates x^T's rows, their places in x^T ``(features,
+    padded)`` and whether they lie in it.  The values are gathered from x in the blocks'
+    own layout (each thread's elements a block's tokens), as the row-wise blocks of the same
+    tile were just read: the second read is served by the cache, and the rotation, the
+    amax and the stream's groups of four stay within a thread, as in the block kernel.  The
+    tile's first token is a multiple of the rotation's size, so an element's sign is that
+    of its token's place in the tile (for RHT-16 its place in the block).  ROUNDED: the
+    rotated values rounded as the quantize kernels hold them (`rotation_rounded`), else in
+    fp32 as the butterfly leaves them.  Also returns the values before the rotation."""
+    feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
+    x = tl.load(
+        x_ptr + token * features + feature, mask=(token < tokens) & (feature < features), other=0.0
+    )
+    raw = fp32_bits_of(x)
+    bits = raw
     if ROTATION.SIZE > 0:
-        value = rotated(column.to(tl.float32, bitcast=True), signs_ptr, position, ROTATION, False)
-        column = rotation_rounded(value, NAN16, X_DTYPE, ROTATION).to(tl.int32, bitcast=True)
-    return column, position, tl.reshape((feature < features) & (token < padded), shape)
+        value = rotated(raw.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
+                        ROTATION, False)  # fmt: skip
+        if ROUNDED:
+            value = rotation_rounded(value, NAN16, x.dtype, ROTATION)
+        bits = value.to(tl.int32, bitcast=True)
+    return raw, bits, feature * padded + token, (feature < features) & (token < padded)
 
 
-@triton.jit(do_not_specialize=["tokens", "padded", "features", "feature_tiles"])
+@triton.jit(do_not_specialize=["tokens", "feature_tiles"])
 def two_orientation_kernel(
     x_ptr,
     row_out_ptr,
@@ -177,32 +226,29 @@ def two_orientation_kernel(
     """Quantize a TOKENS x FEATURES tile of a contiguous x ``(tokens, features)`` both ways:
     the blocks of 16 features of each token into ``row_out`` ``(tokens, features)``, and
     (rotated along the tokens by ROTATION) the blocks of 16 tokens of each feature into
-    ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero."""
-    bits, first_token, first_feature = _tile_bits(
-        x_ptr, tokens, features, tl.program_id(0), feature_tiles, TILING
-    )
+    ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero.
+    ``padded`` and ``features`` are multiples of 16, which Triton's specialization sees
+    (they are not in do_not_specialize): the row-wise loads and both stores are vector
+    accesses."""
+    first_token, first_feature = _tile_start(tl.program_id(0), feature_tiles, TILING)
     seed = tl.load(seed_ptr)
-    token = first_token + tl.arange(0, TILING.TOKENS)[:, None]
-    feature = first_feature + tl.arange(0, TILING.FEATURES)[None, :]
-    shape: tl.constexpr = (TILING.TOKENS * TILING.FEATURES // 16, 4, 4)
-    row_position = tl.reshape(token * features + feature, shape)
-    row_mask = tl.reshape((token < tokens) & (feature < features), shape)
-    row_bits = tl.reshape(bits, shape)
+    bits, position, inside = _row_blocks(
+        x_ptr, first_token, first_feature, tokens, features, TILING
+    )
     _tile_operand(
-        row_bits, row_position, row_mask, row_out_ptr, row_scale_ptr, seed, row_offset_ptr,
-        ROW, OUT_NAN16,
-    )  # fmt: skip
-    column, position, inside = _column_bits(
-        bits, first_token, first_feature, padded, features, signs_ptr, TILING, ROTATION, NAN16,
-        x_ptr.dtype.element_ty,
+        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, OUT_NAN16
+    )
+    _, bits, position, inside = _column_blocks(
+        x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
+        ROTATION, NAN16, True,
     )  # fmt: skip
     _tile_operand(
-        column, position, inside, column_out_ptr, column_scale_ptr, seed,
-        column_offset_ptr, COLUMN, OUT_NAN16,
+        bits, position, inside, column_out_ptr, column_scale_ptr, seed, column_offset_ptr,
+        COLUMN, OUT_NAN16,
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["tokens", "padded", "features", "feature_tiles", "programs"])
+@triton.jit(do_not_specialize=["tokens", "feature_tiles", "programs"])
 def two_orientation_amax_kernel(
     x_ptr,
     partial_ptr,
@@ -219,22 +265,47 @@ def two_orientation_amax_kernel(
     """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
     the tile's transpose rotated along the tokens as the quantize kernels rotate it
     (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
-    magnitudes' bits, so a NaN anywhere gives a NaN pattern."""
+    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  (The tensor scales come from
+    a launch of their own, `pair_scales_kernel`: taking tickets here, as
+    `last_program_scales` does, would size every program's registers for the last one's
+    reduction of the partial maxima.)"""
     program = tl.program_id(0)
-    bits, first_token, first_feature = _tile_bits(
-        x_ptr, tokens, features, program, feature_tiles, TILING
-    )
-    row = tl.max(tl.max(bits & 0x7FFFFFFF, axis=1), axis=0)
-    tl.store(partial_ptr + program, row)
+    first_token, first_feature = _tile_start(program, feature_tiles, TILING)
     if ROTATION.SIZE > 0:
-        column, _, _ = _column_bits(
-            bits, first_token, first_feature, padded, features, signs_ptr, TILING, ROTATION,
-            NAN16, x_ptr.dtype.element_ty,
+        # one read, the column-wise blocks' gather: x's maximum does not depend on the
+        # blocks' layout
+        raw, column, _, _ = _column_blocks(
+            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
+            ROTATION, NAN16, False,
         )  # fmt: skip
-        column_max = tl.max(tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1), axis=0)
-        tl.store(partial_ptr + programs + program, column_max)
+        row = tl.max(tl.max(tl.max(raw & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+        # the rounding to x's dtype (and bf16) is monotone and odd, so the largest rounded
+        # magnitude is the largest magnitude rounded (a NaN too: the canonical NaN): a
+        # block's maximum is rounded, not each element
+        block_max = tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1)
+        rounded = rotation_rounded(
+            block_max.to(tl.float32, bitcast=True), NAN16, x_ptr.dtype.element_ty, ROTATION
+        )
+        column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
     else:  # x^T's values are x's
-        tl.store(partial_ptr + programs + program, row)
+        bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING)
+        row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+        column_max = row
+    tl.store(partial_ptr + program, row)
+    tl.store(partial_ptr + programs + program, column_max)
+
+
+@triton.jit(do_not_specialize=["programs"])
+def pair_scales_kernel(
+    partial_ptr, amax_ptr, scale_ptr, programs, PARTIALS: tl.constexpr, FLAVOUR: tl.constexpr
+):
+    """Program ``which`` (0: x's, 1: the rotated x^T's) of two: the max of its orientation's
+    ``programs`` partial maxima (``partial[which]``, fp32 bits), stored as ``amax[which]``,
+    and NVFP4's tensor scales from it (`store_tensor_scales`) in ``scale[which]``: both
+    orientations' scales in one launch."""
+    which = tl.program_id(0)
+    amax_bits = partials_max(partial_ptr + which * programs, programs, PARTIALS)
+    store_tensor_scales(amax_bits, amax_ptr + which, scale_ptr + 2 * which, FLAVOUR)
 
 
 def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int) -> Orientation:
@@ -257,8 +328,8 @@ class PreparedTwoOrientations:
     """Both NVFP4 orientations of x ``(tokens, features)`` (contiguous, fp32, bf16 or
     fp16) for one shape, dtype, device and padded token count, and one pair of
     `Orientation` choices and rotation, checked and bound once: a call issues the amax
-    launch, the tensor-scale launches (where the operands have tensor scales) and the
-    quantize launch."""
+    launch and the tensor-scale launch (both orientations' amaxes and scales, where the
+    operands have tensor scales) and the quantize launch."""
 
     def __init__(
         self,
@@ -281,21 +352,25 @@ class PreparedTwoOrientations:
             )
         if row.SCALE.TENSOR_SCALE != column.SCALE.TENSOR_SCALE:
             raise ValueError("both orientations have tensor scales or neither has")
-        side = max(TILE_SIDE, rht or 1)
+        side = max(TILE_TOKENS, rht or 1)
         probe = x.new_empty((features, padded))  # the column operand's shape, for the check
         _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
         if rht is None:
             self.rotation = NO_ROTATION
-        self.feature_tiles = cdiv(features, TILE_SIDE)
+        self.feature_tiles = cdiv(features, TILE_FEATURES)
         self.programs = cdiv(padded, side) * self.feature_tiles
-        wide = max(padded * features, cdiv(padded, side) * side * features) + side >= 2**31
-        tiling = PairTiling(TOKENS=side, FEATURES=TILE_SIDE, WIDE=wide)
+        # the tiles' extents bound every place either orientation computes (masked or not)
+        extent = cdiv(padded, side) * side * self.feature_tiles * TILE_FEATURES
+        wide = extent + side >= 2**31
+        tiling = PairTiling(TOKENS=side, FEATURES=TILE_FEATURES, WIDE=wide)
         nan16 = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}.get(x.dtype, 0)
         self.quantize = _quantize_launch(tiling, row, column, self.rotation, nan16)
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
             self.amax = _amax_launch(tiling, self.rotation, nan16)
-            self.scale, _ = tensor_scale_launch(self.programs, "te")
+            self.scale = _scales_launch(partials_tiling(self.programs))
+            # both amaxes, which no caller reads: written by every launch
+            self.amax_sink = x.new_empty(2, dtype=torch.float32)
         self.shape, self.dtype, self.device, self.padded = x.shape, x.dtype, x.device, padded
         self.device_index = x.device.index if x.is_cuda else -1
 
@@ -326,11 +401,8 @@ class PreparedTwoOrientations:
                 self.device_index, self.programs, x, partial, rht_signs, tokens, self.padded,
                 features, self.feature_tiles, self.programs,
             )  # fmt: skip
-            amax = x.new_empty(2, dtype=torch.float32)
             scales = x.new_empty((2, 2), dtype=torch.float32)
-            for which in range(2):
-                self.scale(self.device_index, 1, partial[which], amax[which], scales[which],
-                           self.programs)  # fmt: skip
+            self.scale(self.device_index, 2, partial, self.amax_sink, scales, self.programs)
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
         row_scale = None if scales is None else scales[0]
@@ -360,6 +432,12 @@ def _quantize_launch(
     return bound_launch(two_orientation_kernel, tuple(constants.items()))
 
 
+def _scales_launch(partials: PartialsTiling) -> Launch:
+    """`pair_scales_kernel` bound for this many partial maxima and the "te" flavour."""
+    constants = {"PARTIALS": partials, "FLAVOUR": "te", "enable_fp_fusion": False}
+    return bound_launch(pair_scales_kernel, tuple(constants.items()))
+
+
 def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
     """`two_orientation_amax_kernel` bound for these choices."""
     constants = {
@@ -374,12 +452,14 @@ def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
 
 __all__ = [
     "PAIR_BLOCK",
-    "TILE_SIDE",
+    "TILE_FEATURES",
+    "TILE_TOKENS",
     "Orientation",
     "PairOperands",
     "PairTiling",
     "PreparedTwoOrientations",
     "orientation",
+    "pair_scales_kernel",
     "two_orientation_amax_kernel",
     "two_orientation_kernel",
 ]

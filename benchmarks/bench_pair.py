@@ -1,0 +1,152 @@
+"""One read, both orientations (issue 42): the two-orientation quantizer
+(`stochround.nn.orientations`, kernel `stochround.kernels.two_orientation`) beside the
+separate path and the floor, at its default tile and at the tiles given.
+
+Input: a ``tokens x features`` bf16 x drawn from randn (8192 x 4096 by default, the
+QuantizedLinear step of bench_nn). Rows of case ``nvfp4_two_orientation``:
+
+- ``floor``: a Triton kernel reading x once and writing it twice in bf16, as it is and
+  transposed (bench_blocks' `pair_floor`): 6 bytes an element for every row.
+- ``stochround_pair_dy``, ``stochround_pair_x``: both `nvfp4()` operands of dy (SR, the
+  column-wise one rotated by RHT-16 along the tokens) or of x (round to nearest) by the
+  pair's two launches (the amaxes of both orientations in one read, then both operands),
+  at the default tile; ``..._<T>x<F>w<W>``: at ``--tile`` T x F with W warps. Each is
+  checked bit for bit against the separate path before it is timed.
+- ``stochround_separate_dy``, ``stochround_separate_x``: the separate path a step takes
+  while `orientations.SERVES_STEPS` is off (the row-wise operand, then the transpose kernel
+  and the column-wise operand, each with its amax and quantize launches).
+
+The table's last lines give each row as a fraction of the floor's bandwidth and the pair's
+time over the separate path's.
+
+    python benchmarks/bench_pair.py                                   # GPU, 8192 x 4096
+    python benchmarks/bench_pair.py --tile 16x64 --tile 64x64 --warps 4 --warps 8
+    python benchmarks/bench_pair.py --device cpu --tokens 48 --features 64  # smoke test
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from functools import partial
+from pathlib import Path
+
+# harness before triton: without a GPU it selects Triton's interpreter
+import harness  # noqa: F401
+import torch
+from bench_blocks import PAIR_BYTES, pair_floor, pair_parts, pair_roles, separate_pair
+from harness import Benchmark, CheckFailed, Run, same_bytes
+from torch import Tensor
+
+CASE = "nvfp4_two_orientation"
+
+
+def pair_run(x: Tensor, name: str, tile: tuple[int, int, int] | None) -> Run:
+    """Both operands of x as ``name``'s roles ("input", "grad_output") by the pair's
+    launches (`PreparedPair`), at ``tile`` (tokens, features, warps; None: the default),
+    checked against the separate path."""
+    from stochround.kernels import two_orientation
+    from stochround.nn.orientations import PreparedPair, pair_refusal
+
+    row, column, plan = pair_roles(name)
+    refusal = pair_refusal(row, column, True)  # type: ignore[arg-type]
+    if refusal is not None:
+        raise CheckFailed(f"the pair path refuses the call: {refusal}")
+    defaults = two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES
+    warps = two_orientation._NUM_WARPS
+    if tile is not None:
+        two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tile[:2]
+        two_orientation._NUM_WARPS = tile[2]
+    try:
+        prepared = PreparedPair(row, column, x.shape, x.dtype, x.device, x.shape[0])  # type: ignore[arg-type]
+    finally:
+        two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = defaults
+        two_orientation._NUM_WARPS = warps
+    offsets = torch.tensor([3, 5], dtype=torch.int64, device=x.device)
+
+    def call() -> object:
+        return prepared(x, plan.seed, offsets[0], offsets[1], None)  # type: ignore[attr-defined]
+
+    def check(output: object) -> str:
+        expected = separate_pair(x, name).call()
+        for part, reference in zip(pair_parts(output), pair_parts(expected), strict=True):
+            if part.shape != reference.shape or not same_bytes(part, reference):
+                raise CheckFailed("an operand differs from the separate path")
+        return "ok = separate path"
+
+    notes = "amax of both orientations, then both operands: 2 launches (+ tensor scales)"
+    return Run(call, check, x.numel(), PAIR_BYTES * x.numel(), notes)
+
+
+def parsed_tiles(tiles: list[str], warps: list[int]) -> list[tuple[int, int, int]]:
+    """(tokens, features, warps) of each ``--tile`` TxF and ``--warps`` W."""
+    result = []
+    for tile in tiles:
+        match = re.fullmatch(r"(\d+)x(\d+)", tile)
+        if match is None:
+            raise ValueError(f"--tile must be TOKENSxFEATURES (e.g. 32x64); got {tile!r}")
+        tokens, features = int(match.group(1)), int(match.group(2))
+        for side in (tokens, features):
+            if side < 16 or side & (side - 1):
+                raise ValueError(f"--tile sides must be powers of two >= 16; got {tile!r}")
+        result += [(tokens, features, w) for w in warps]
+    return result
+
+
+def print_fractions(path: Path) -> None:
+    """Each stochround row's bandwidth over the floor's, and its time over the separate
+    path's for the same tensor."""
+    rows = json.loads(path.read_text())["rows"]
+    found = {row["provider"]: row for row in rows if row["case"] == CASE}
+    base = found.get("floor")
+    print("fraction of the floor; time over the separate path's:")
+    for row in rows:
+        if not row["ours"] or not row.get("median_us") or base is None or not base.get("tb_s"):
+            continue
+        percent = 100 * row["tb_s"] / base["tb_s"]
+        tensor = "dy" if "_dy" in row["provider"] else "x"
+        separate = found.get(f"stochround_separate_{tensor}")
+        ratio = ""
+        if separate is not None and separate.get("median_us"):
+            ratio = f", {row['median_us'] / separate['median_us']:.2f}x the separate path"
+        print(
+            f"  {row['provider']}: {percent:.1f}% of the floor ({row['median_us']:.1f} us{ratio})"
+        )
+
+
+def main() -> int:
+    bench = Benchmark("bench_pair", __doc__, reference=f"{CASE}/floor")
+    add = bench.parser.add_argument
+    add("--tokens", type=int, default=8192, help="x's tokens (8192)")
+    add("--features", type=int, default=4096, help="x's features, a multiple of 16 (4096)")
+    add("--tile", action="append", default=[], help="a TOKENSxFEATURES tile to time too")
+    add("--warps", type=int, action="append", help="warps of each --tile (4)")
+    args = bench.parse_args()
+    if args.tokens % 16 or args.features % 16:
+        bench.parser.error(
+            f"--tokens and --features must be multiples of 16; got {args.tokens}, {args.features}"
+        )
+    try:
+        tiles = parsed_tiles(args.tile, args.warps or [4])
+    except ValueError as error:
+        bench.parser.error(str(error))
+    generator = torch.Generator(device=bench.device).manual_seed(0)
+    x = torch.randn(args.tokens, args.features, generator=generator, device=bench.device)
+    x = x.to(torch.bfloat16)
+
+    bench.add(CASE, "floor", lambda: pair_floor(x), reference=True, cuda_only=True)
+    for name, tensor in (("grad_output", "dy"), ("input", "x")):
+        bench.add(CASE, f"stochround_pair_{tensor}", partial(pair_run, x, name, None), ours=True)
+        for tile in tiles:
+            provider = f"stochround_pair_{tensor}_{tile[0]}x{tile[1]}w{tile[2]}"
+            bench.add(CASE, provider, partial(pair_run, x, name, tile), ours=True)
+        build = partial(separate_pair, x, name)
+        bench.add(CASE, f"stochround_separate_{tensor}", build, ours=True)
+    status = bench.run()
+    print_fractions(args.out / f"bench_pair{'_' + args.tag if args.tag else ''}.json")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
