@@ -175,7 +175,7 @@ def resources(kernel: Any, capability: int, sass_path: str | None = None) -> Res
         Path(sass_path).write_text(sass)
     registers = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
     opcodes = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*(@!?U?P\w+\s+)?", "", line) for line in lines]
     # NOPs pad the code to its alignment: not executed, left out of the count
     opcodes = [op for op in opcodes if not op.startswith("NOP")]

@@ -21,8 +21,6 @@ import argparse
 import os
 import re
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: the compiled route
@@ -72,15 +70,6 @@ def recorded_launches(pair: str) -> dict[str, tuple[Any, dict, tuple]]:
     }
 
 
-def sass_count(path: Path) -> int:
-    """SASS instructions in a cuobjdump listing, NOPs left out (addresses of any width)."""
-    lines = [
-        line for line in path.read_text().splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)
-    ]
-    opcodes = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*(@!?U?P\w+\s+)?", "", line) for line in lines]
-    return sum(not op.startswith("NOP") for op in opcodes)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", action="append", choices=sorted(PAIRS), help="only these")
@@ -107,12 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         for pair in pairs:
             for what, (kernel, constants, args) in recorded_launches(pair).items():
                 binary = compiled(kernel, constants, args, parsed.capability)
-                with tempfile.TemporaryDirectory() as folder:
-                    listing = Path(folder) / "k.sass"
-                    result = resources(binary, parsed.capability, str(listing))
-                    count = sass_count(listing)
-                    if parsed.sass and what == "quantize" and len(pairs) == len(tiles) == 1:
-                        Path(parsed.sass).write_text(listing.read_text())
+                single = parsed.sass and what == "quantize" and len(pairs) == len(tiles) == 1
+                result = resources(binary, parsed.capability, parsed.sass if single else None)
+                count = result.instructions
                 warps = constants.get("num_warps", 4)
                 tiling = constants.get("TILING")
                 per_thread = (
