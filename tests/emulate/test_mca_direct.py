@@ -5,6 +5,8 @@ called for them; an op whose dtypes stacking would change takes vmap's path."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -12,6 +14,9 @@ from stochround.emulate.mca import mca
 from stochround.emulate.mca_direct import Direct, direct_kind
 from stochround.emulate.ops import op_kind
 from stochround.random import seed_tensor
+
+# where the kernel tests run: a GPU's CUDA tensors, else the CPU under Triton's interpreter
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 aten = torch.ops.aten
 
@@ -186,9 +191,10 @@ def test_the_pair_kernel_is_sr_pair_words_with_each_samples_words(fmt_name):
     else:
         fmt = find_format(fmt_name)
     assert sample_pair_refusal(fmt) is None
-    hi, lo = pair_values(fmt)
+    hi, lo = (each.to(KERNEL_DEVICE) for each in pair_values(fmt))
     hi, lo = hi.expand(3, -1), lo.expand(3, -1)
-    key, bases = 2**64 - 99, torch.arange(3, dtype=torch.int64) * SAMPLE_STRIDE
+    key = 2**64 - 99
+    bases = torch.arange(3, dtype=torch.int64, device=KERNEL_DEVICE) * SAMPLE_STRIDE
     expected = sr_pair_words(hi, lo, fmt, sample_words(hi.shape[1:], key, bases, 12))
     found = sample_pair_triton(hi, lo, fmt, seed_tensor(key, "seed", hi.device), bases, 12)
     assert torch.equal(found.view(torch.int64), expected.view(torch.int64))
@@ -226,13 +232,13 @@ def test_the_binary_kernel_is_the_emulations_exact_pair_rounded(op, dtype, scala
     special = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1e-40, 3e38, 1.0])
     a = torch.cat([torch.randn(60, generator=g), special]).to(dtype)
     b = torch.cat([torch.randn(60, generator=g), special.flip(0)]).to(dtype)
-    a, b = a.expand(3, -1).contiguous(), b.expand(3, -1).contiguous()
+    a, b = (each.to(KERNEL_DEVICE).expand(3, -1).contiguous() for each in (a, b))
     # the number 0.1 as the emulation's float64 arithmetic takes it (float32 operands:
     # rounded to float32 first)
     wide_other = float(torch.tensor(0.1, dtype=dtype)) if scalar else b.double()
     func = getattr(torch.ops.aten, op).Scalar if scalar else getattr(torch.ops.aten, op).Tensor
     hi, lo = exact_pair(func, (a.double(), wide_other), {})
-    key, bases = 77, torch.arange(3, dtype=torch.int64) * SAMPLE_STRIDE
+    key, bases = 77, torch.arange(3, dtype=torch.int64, device=KERNEL_DEVICE) * SAMPLE_STRIDE
     expected = sr_pair_words(hi, lo, fmt, sample_words(hi.shape[1:], key, bases, 5)).to(dtype)
     seed = seed_tensor(key, "seed", a.device)
     found = sample_binary_triton(op, a, wide_other if scalar else b, dtype, fmt, seed, bases, 5)
@@ -242,12 +248,14 @@ def test_the_binary_kernel_is_the_emulations_exact_pair_rounded(op, dtype, scala
 
 @pytest.mark.parametrize("program", ["scalars_and_tensors", "in_place", "reductions", "muller"])
 def test_binary_ops_on_the_kernels_route_are_one_launch_and_the_serial_runs(program, monkeypatch):
-    """On the route a CUDA tensor takes (`cpu_as_cuda` here), the binary ops go to the
-    binary kernel, and the samples are still the serial runs'."""
+    """On the route a CUDA tensor takes (a GPU's, else `cpu_as_cuda` under the interpreter),
+    the binary ops go to the binary kernel, and the samples are still the serial runs'."""
     from stochround.kernels import sample_pair
     from stochround.kernels.availability import cpu_as_cuda
 
     fn, args = PROGRAMS[program]
+    args = tuple(a.to(KERNEL_DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
+    route = contextlib.nullcontext() if KERNEL_DEVICE == "cuda" else cpu_as_cuda()
     expected = mca(fn, *args, n=3, seed=5, batched=False)
     launched = []
     binary = sample_pair.sample_binary_triton
@@ -257,7 +265,7 @@ def test_binary_ops_on_the_kernels_route_are_one_launch_and_the_serial_runs(prog
         return binary(op, *rest)
 
     monkeypatch.setattr(sample_pair, "sample_binary_triton", counted)
-    with cpu_as_cuda():
+    with route:
         found = mca(fn, *args, n=3, seed=5)
     assert all(torch.equal(a, b) for a, b in zip(found.samples, expected.samples, strict=True))
     assert launched

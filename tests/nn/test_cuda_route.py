@@ -17,7 +17,7 @@ from torch import Tensor
 
 import stochround.nn as srnn
 from stochround.kernels import availability
-from stochround.nn import linear, operands
+from stochround.nn import linear, operands, orientations
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -25,19 +25,20 @@ sys.path.insert(0, str(BENCHMARKS))
 import bench_ops  # noqa: E402
 
 # One nvfp4() step of a 64 x 64 layer with bias on 64 fp32 tokens, forward and backward.
-# Five operands are quantized (fprop's x and W, dgrad's dy, wgrad's dy^T and x^T; dgrad's
-# W^T is fprop's Q(W) transposed), each by two launches: the amax, whose last program
-# reduces the partial maxima to the tensor scales (S_dec, S_enc; the separate tensor-scale
-# launch is gone), and the quantization; fprop's W in 16 x 16 tiles reads its tiles'
-# amaxes and its tensor scales in one launch (the tile-amax kernel, in place of the amax
-# kernel).  Three GEMMs, each a product and the epilogue launch that scales it (cuBLAS's mm
-# with an fp32 output at this size), and two transposes for wgrad's operands.
+# x and dy are each quantized in both orientations at once (`stochround.nn.orientations`,
+# the row-wise operand and the wgrad one, transposed and rotated): per tensor one amax launch
+# reading it once for both tensor amaxes, one two-program launch for both tensor scales and
+# one launch writing both operands, so no transpose launch.  fprop's W in 16 x 16 tiles reads
+# its tiles' amaxes and its tensor scales in one launch (the tile-amax kernel) and is quantized
+# by the block kernel; dgrad's W^T is fprop's Q(W) transposed.  Three GEMMs, each a product
+# and the epilogue launch that scales it (cuBLAS's mm with an fp32 output at this size).
 NVFP4_LAUNCHES = {
-    "_amax_kernel": 4,
+    "two_orientation_amax_kernel": 2,
+    "pair_scales_kernel": 2,
+    "two_orientation_kernel": 2,
     "_tile_amax_kernel": 1,
-    "quantize_blocks_kernel": 5,
+    "quantize_blocks_kernel": 1,
     "_epilogue_kernel": 3,
-    "_transpose_kernel": 2,
 }
 NVFP4_ATEN = {
     # the step: the counter read (clone) and advanced, the offsets of the layer's 16 slots
@@ -46,14 +47,12 @@ NVFP4_ATEN = {
     "aten::add_.Tensor": 1,
     "aten::__lshift__.Scalar": 1,
     "aten::bitwise_or.Tensor": 1,
-    "aten::unbind.int": 2,
-    # per quantized operand: the tensor scales, the output, and the 0-d S_dec of the two
-    # scales (the GEMM's tensor scale; the partial maxima and the ticket counter are the
-    # prepared operand's own, allocated once); fprop's W in 16 x 16 tiles also its tiles'
-    # amaxes, which the tile-amax kernel writes (no ATen op reduces them)
-    "aten::new_empty": 5 + 1 + 2,  # + the two transposes' outputs
-    "aten::empty_like": 5 + 3,  # + the three epilogues' outputs
-    "aten::select.int": 5,
+    # + each pair's two S_dec views (one select of the column, one unbind)
+    "aten::unbind.int": 2 + 2,
+    # outputs, scales and offsets' one-element views of the pairs and of W
+    "aten::new_empty": 10,
+    "aten::empty_like": 1 + 3,  # + the three epilogues' outputs
+    "aten::select.int": 7,
     # the GEMMs: b transposed (a view) and cuBLAS's bf16 product with an fp32 output;
     # dgrad's Q(W^T) as a transposed view of Q(W)
     "aten::permute": 3 + 1,
@@ -134,6 +133,9 @@ def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) 
         return result
 
     monkeypatch.setattr(linear, "quantize_operand", spy)
+    # each operand quantized on its own (the pair, which quantizes x and dy in both
+    # orientations at once, equals this path bit for bit: tests/kernels/test_two_orientation)
+    monkeypatch.setattr(orientations, "SERVES_STEPS", False)
     with context:
         for _ in range(2):
             layer(x).backward(grad)
@@ -166,14 +168,14 @@ def counts_of(case: str) -> bench_ops.Counts:
 @pytest.mark.parametrize(
     ("case", "launches", "aten", "totals"),
     [
-        ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (15, 38, 0)),
+        ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (11, 40, 0)),
         ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (9, 46, 0)),
     ],
 )
 def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
     case: str, launches: dict[str, int], aten: dict[str, int], totals: tuple[int, int, int]
 ) -> None:
-    """nvfp4(): fifteen launches and thirty-eight ATen ops; fp8(): nine and forty-six."""
+    """nvfp4(): eleven launches and forty ATen ops; fp8(): nine and forty-six."""
     counts = counts_of(case)
     names = Counter(counts.names)
     launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
