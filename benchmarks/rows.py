@@ -85,14 +85,16 @@ def size(elements: int) -> str:
 
 
 def elements(shape: str) -> int:
-    """The element count of a shape `size` wrote (``2^k`` or an integer): its first word;
-    0 for no shape (a row that failed before it knew its size)."""
+    """The element count of a shape: its first word, as `size` wrote it (``2^k`` or an
+    integer) or as dimensions (``AxB``: their product; bench_mca's ``<ops>x<width>``, the
+    same for its rows, so that their figures per element compare as their totals); 0 for
+    no shape (a row that failed before it knew its size)."""
     if not shape:
         return 0
     word = shape.split()[0].rstrip(",")
     if word.startswith("2^"):
         return 2 ** int(word[2:])
-    return int(word)
+    return math.prod(int(part) for part in word.split("x"))
 
 
 def parse(record: Mapping[str, str]) -> Row:
