@@ -249,8 +249,13 @@ class SiteStatistics:
         for device in list(self._open):
             self._reduce(device)
         fewest = [math.nan] * len(self.outputs)
+        per_device: dict[torch.device, list[tuple[list[int], Tensor]]] = {}
         for outputs, digits in self._reduced:
-            for output, value in zip(outputs, digits.tolist(), strict=True):
+            per_device.setdefault(digits.device, []).append((outputs, digits))
+        for chunks in per_device.values():
+            values = torch.cat([digits for _, digits in chunks]).tolist()
+            outputs = [output for chunk, _ in chunks for output in chunk]
+            for output, value in zip(outputs, values, strict=True):
                 fewest[output] = value
         return [(site, p, d) for (site, p), d in zip(self.outputs, fewest, strict=True)]
 
