@@ -107,6 +107,8 @@ class _Columns:
         self.columns = max(1, TRACE_BUFFER_BYTES // (8 * n))
         self.values = torch.empty((n, self.columns), dtype=torch.float64, device=device)
         self.used = 0
+        # per shape of samples: the strides of their view of the buffer's columns
+        self.strides: dict[torch.Size, list[int]] = {}
         self.lengths: list[int] = []
         self.outputs: list[int] = []
 
@@ -133,6 +135,7 @@ class SiteStatistics:
         self.outputs: list[tuple[str, int | None]] = []
         self._open: dict[torch.device, _Columns] = {}
         self._reduced: list[tuple[list[int], Tensor]] = []
+        self._precisions: dict[torch.dtype, int | None] = {}
 
     def start_run(self) -> None:
         """Restart the call indices: the next run's calls match this run's by index."""
@@ -156,7 +159,12 @@ class SiteStatistics:
             if not samples.is_floating_point() or samples.numel() == 0:
                 continue  # an empty output has no digits
             self._add(samples, len(self.outputs))
-            self.outputs.append((site, precision_of(self.formats, samples.dtype)))
+            precision = self._precisions.get(samples.dtype, 0)
+            if precision == 0:  # none is 0 bits: not yet looked up
+                precision = self._precisions[samples.dtype] = precision_of(
+                    self.formats, samples.dtype
+                )
+            self.outputs.append((site, precision))
 
     def _add(self, samples: Tensor, output: int) -> None:
         """Copy ``samples`` into the next columns of its device's buffer (reduced first if
@@ -176,8 +184,11 @@ class SiteStatistics:
             self._reduce(samples.device)
             columns = self._open[samples.device] = _Columns(n, samples.device)
         # the samples' values as they are now: a later in-place op may change them
-        strides = [columns.columns, *_row_strides(samples.shape[1:])]
-        columns.values.as_strided(samples.shape, strides, columns.used).copy_(samples)
+        shape = samples.shape
+        strides = columns.strides.get(shape)
+        if strides is None:
+            strides = columns.strides[shape] = [columns.columns, *_row_strides(shape[1:])]
+        columns.values.as_strided(shape, strides, columns.used).copy_(samples)
         columns.used += width
         columns.lengths.append(width)
         columns.outputs.append(output)
