@@ -14,6 +14,9 @@ steps, then ``x.sum()`` (``--ops`` 100000 by default: a 1e5-op script).  Rows (c
   and sums: `stochround.emulate.mca_direct`); on CUDA each of the script's ops is one
   launch that computes it, its exact residual and its rounding for every sample
   (`stochround.kernels.sample_pair`).
+- ``mca_batched_untraced``: the same without the trace (``trace=False``): the difference
+  is the trace's own cost (each op's samples copied into a buffer of the device, their
+  digits computed a buffer at a time: `stochround.emulate.mca_trace`).
 - ``mca_serial``: the same with ``batched=False``, the runs one after another, timed for
   ``--serial-samples`` runs (default 2: a run of 1e5 emulated ops takes seconds).
 
@@ -25,15 +28,25 @@ from its runs: the runs are the same script) over the plain script's; the target
 clock a call (``--calls`` 1, median of ``--repeats``, 2 by default: each row also makes
 one first call), the device synchronized.
 
+``--host`` (no GPU; with ``--device cpu``): instead of the table, the batched run's
+process time an op, traced and untraced, on the route a CUDA tensor takes: CPU tensors
+inside `stochround.kernels.availability.cpu_as_cuda`, every `stochround.kernels.runtime.
+Launch` returning at once, one torch thread; the best of ``--repeats``.  It is the host's
+Python and dispatch work an op plus the CPU's arithmetic on the small tensors (a GPU's is
+not the host's), no GPU figure.
+
     python benchmarks/bench_mca.py                                     # GPU
     python benchmarks/bench_mca.py --device cpu --ops 2000 --samples 8 --repeats 1
+    python benchmarks/bench_mca.py --device cpu --host --ops 4000      # host time an op
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from functools import partial
 
 # harness before stochround: without a GPU it selects Triton's interpreter
@@ -42,6 +55,8 @@ import torch
 from harness import Benchmark, CheckFailed, Run
 
 from stochround.emulate.mca import MCAResult, mca
+from stochround.kernels.availability import cpu_as_cuda
+from stochround.kernels.runtime import Launch
 
 CASE = "mca_script"
 OPS_A_STEP = 4
@@ -74,9 +89,10 @@ def row(kind: str, args: object, device: torch.device, found: dict[str, MCAResul
         return Run(main, elements=1, extra=extra)
     serial = kind == "mca_serial"
     runs = args.serial_samples if serial else n  # type: ignore[attr-defined]
+    trace = kind != "mca_batched_untraced"
 
     def call() -> MCAResult:
-        result = mca(main, n=runs, trace=True, seed=0, batched=not serial)
+        result = mca(main, n=runs, trace=trace, seed=0, batched=not serial)
         found[kind] = result
         return result
 
@@ -101,15 +117,55 @@ def main() -> int:
     add("--width", type=int, default=64, help="elements of its vectors (64)")
     add("--samples", type=int, default=32, help="n, the MCA samples (32)")
     add("--serial-samples", type=int, default=2, help="serial runs timed, scaled to n (2)")
+    add("--host", action="store_true", help="no GPU: host time an op, launches stubbed")
     args = bench.parse_args()
+    if args.host:
+        host_times(args)
+        return 0
     found: dict[str, MCAResult] = {}
     build = partial(row, args=args, device=bench.device, found=found)
     bench.add(CASE, "plain", partial(build, "plain"), reference=True)
     bench.add(CASE, "mca_batched", partial(build, "mca_batched"), ours=True)
+    bench.add(CASE, "mca_batched_untraced", partial(build, "mca_batched_untraced"), ours=True)
     bench.add(CASE, "mca_serial", partial(build, "mca_serial"), ours=True)
     status = bench.run()
     summary(args)
     return status
+
+
+@contextlib.contextmanager
+def launches_stubbed() -> Iterator[None]:
+    """Every `Launch` call returns at once (the kernels are not run: host time alone)."""
+    original = Launch.__call__
+    Launch.__call__ = lambda self, *args: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Launch.__call__ = original  # type: ignore[method-assign]
+
+
+def host_times(args: object) -> None:
+    """``--host``: the batched run's process time an op, traced and untraced, on the CPU's
+    CUDA route with the launches stubbed (module docstring)."""
+    if torch.cuda.is_available():
+        raise SystemExit("--host measures the CUDA route on the CPU: run it where no GPU is")
+    steps = args.ops // OPS_A_STEP  # type: ignore[attr-defined]
+    ops = steps * OPS_A_STEP + 1
+    main = script(steps, args.width, torch.device("cpu"))  # type: ignore[attr-defined]
+    n = args.samples  # type: ignore[attr-defined]
+    torch.set_num_threads(1)
+    with cpu_as_cuda(cuda_only_ops=False), launches_stubbed():
+        mca(main, n=n, trace=True, seed=0)  # the first call: prepared launches, caches
+        for trace in (True, False):
+            best = float("inf")
+            for _ in range(args.repeats):  # type: ignore[attr-defined]
+                start = time.process_time()
+                mca(main, n=n, trace=trace, seed=0)
+                best = min(best, time.process_time() - start)
+            print(
+                f"mca_batched trace={trace}: {best / ops * 1e6:.1f} us an op (host, CPU, CUDA "
+                f"route, launches stubbed; {ops} ops x {args.width}, n = {n})"  # type: ignore[attr-defined]
+            )
 
 
 def summary(args: object) -> None:
@@ -120,7 +176,7 @@ def summary(args: object) -> None:
     rows = {r["provider"]: r for r in json.loads(path.read_text())["rows"]}
     plain = rows.get("plain", {}).get("median_us")
     n = args.samples  # type: ignore[attr-defined]
-    for name in ("mca_batched", "mca_serial"):
+    for name in ("mca_batched", "mca_batched_untraced", "mca_serial"):
         entry = rows.get(name, {})
         if not plain or not entry.get("median_us"):
             continue

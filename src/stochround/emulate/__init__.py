@@ -5,7 +5,8 @@
   `stochround.emulate.ops`: which ops and dtypes it rounds, and how;
   `stochround.emulate.supported`: the check of every op's tensors (no complex, no sparse);
 - `stochround.emulate.mca`: Monte Carlo arithmetic on an unmodified function, `mca`, and
-  its result, `MCAResult`;
+  its result, `MCAResult`; `stochround.emulate.mca_trace`: its trace (``trace=True``),
+  the digits per line of the program;
 - `stochround.emulate.compiled`: `backend`, the `torch.compile` backend that emulates at
   compiled speed (`EmulationBackend`), with `graph_rounding` (the rounding as graph ops)
   and `opaque` (the ops Inductor may compute itself); `stochround.emulate.exact`: a

@@ -12,13 +12,8 @@ mean, a sample std and the significant digits (`stochround.emulate.mca_digits`).
 
 from __future__ import annotations
 
-import inspect
-import math
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,6 +26,7 @@ from ..torch_path import FLOAT_DTYPES
 from .dispatch import Emulation
 from .mca_batched import SAMPLE_STRIDE, BatchedEmulation, BatchingError, sample_values
 from .mca_digits import check_estimator, estimated_digits, significant_digits
+from .mca_trace import NO_PYTHON_FRAME, SiteDigits, SiteStatistics, call_site, precision_of
 from .ops import FormatSpec, target_formats
 
 __all__ = [
@@ -53,31 +49,6 @@ MAX_PRECISION = 53
 
 # Verificarlo's MCA modes: random rounding of outputs, precision bounding of inputs, both
 MCA_MODES = ("rr", "pb", "mca")
-
-# the site of an op run where no Python frame outside torch and stochround is on the stack
-# (an autograd engine thread running a backward pass on an accelerator)
-NO_PYTHON_FRAME = "<no Python frame>"
-
-# the folders whose frames `call_site` skips: the library's and torch's own code
-_LIBRARY_FOLDERS = tuple(
-    str(folder) + os.sep for folder in (Path(torch.__file__).parent, Path(__file__).parents[1])
-)
-
-
-@dataclass(frozen=True)
-class SiteDigits:
-    """The digits of one op call site over the n runs of `mca` with ``trace=True``.
-
-    ``site``: ``"file:line function"`` of the first Python frame outside torch and
-    stochround (`call_site`); ``calls``: the ATen ops that site ran in a run (the most over
-    the runs); ``digits``: the minimum, over those calls and over every element
-    of their floating outputs, of the significant digits across the n runs (NaN where a
-    call's outputs hold NaN, or where it happened in only one run).
-    """
-
-    site: str
-    calls: int
-    digits: float
 
 
 @dataclass(frozen=True)
@@ -159,18 +130,6 @@ def own_precision() -> dict[torch.dtype, Format]:
     return formats
 
 
-def call_site() -> str:
-    """``"file:line function"`` of the innermost Python frame outside torch's and
-    stochround's folders: the line of the user's program that ran the current op (for an
-    ``nn.Module``, the line that called it); `NO_PYTHON_FRAME` where there is none."""
-    frame = inspect.currentframe()
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_FOLDERS):
-        frame = frame.f_back
-    if frame is None:
-        return NO_PYTHON_FRAME
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
-
-
 def returner(fn: Callable[..., object]) -> str:
     """How error messages name ``fn``: ``name()`` for a named function (``main()``), else
     ``fn`` (a lambda, a partial)."""
@@ -210,115 +169,6 @@ def flat_outputs(
     for key, item in items:
         found += flat_outputs(item, f"{label}[{key!r}]", returned_by)
     return found
-
-
-class SiteStatistics:
-    """Running mean and sum of squared deviations (Welford) of the outputs of each op call,
-    keyed by (site, call index within the run), gathered as an `Emulation`'s observer.
-
-    Only the moments are kept (float64, the output's shape), not the n samples: a trace
-    costs twice the program's intermediate values in float64, whatever n is.
-    """
-
-    def __init__(self, formats: Mapping[torch.dtype, Format]) -> None:
-        self.formats = formats
-        # (site, index) -> per floating output: [count, mean, sum of squared deviations, p]
-        self.moments: dict[tuple[str, int], list[list[Any]]] = {}
-        self.calls_in_run: dict[str, int] = {}
-        self.calls: dict[str, int] = {}
-
-    def start_run(self) -> None:
-        """Restart the call indices: the next run's calls match this run's by index."""
-        self.calls_in_run = {}
-
-    def _call(self) -> tuple[str, int]:
-        """The current op call's key: its site and its index among the site's calls."""
-        site = call_site()
-        index = self.calls_in_run.get(site, 0)
-        self.calls_in_run[site] = index + 1
-        self.calls[site] = max(self.calls.get(site, 0), index + 1)
-        return site, index
-
-    def observe_samples(self, func: torch._ops.OpOverload, outputs: object) -> None:
-        """The batched run's observer: the op's floating outputs hold the n samples
-        (``(n, *shape)``), whose moments are the call's."""
-        key = self._call()
-        self.moments[key] = [
-            [t.shape[0], mean, ((wide - mean) ** 2).sum(dim=0), _precision(self.formats, t.dtype)]
-            for t in _tensors(outputs)
-            if t.is_floating_point() and t.numel() > 0
-            for wide in [t.detach().to(torch.float64)]
-            for mean in [wide.mean(dim=0)]
-        ]
-
-    def observe(self, func: torch._ops.OpOverload, outputs: object) -> None:
-        """The observer: fold the op's floating outputs into its call's moments.  The
-        emulation calls it with its rounding turned off, so these float64 ops are not
-        rounded to the emulated format."""
-        site, index = self._call()
-        tensors = [
-            t
-            for t in _tensors(outputs)
-            if t.is_floating_point() and t.numel() > 0  # an empty output has no digits
-        ]
-        entries = self.moments.setdefault((site, index), [])
-        if entries and len(entries) != len(tensors):
-            raise RuntimeError(
-                f"trace: the op call #{index} at {site} gave {len(tensors)} outputs in one "
-                f"run and {len(entries)} in another; fn must run the same ops in every run"
-            )
-        for position, tensor in enumerate(tensors):
-            value = tensor.detach().to(torch.float64, copy=True)
-            if position == len(entries):
-                p = _precision(self.formats, tensor.dtype)
-                entries.append([1, value, torch.zeros_like(value), p])
-                continue
-            entry = entries[position]
-            if entry[1].shape != value.shape:
-                raise RuntimeError(
-                    f"trace: the op call #{index} at {site} gave shapes "
-                    f"{tuple(entry[1].shape)} and {tuple(value.shape)} in two runs; fn must "
-                    "run the same ops in every run"
-                )
-            entry[0] += 1
-            delta = value - entry[1]
-            entry[1] = entry[1] + delta / entry[0]
-            entry[2] = entry[2] + delta * (value - entry[1])
-
-    def sites(self) -> tuple[SiteDigits, ...]:
-        """Per site, the fewest digits of any element of any of its calls' outputs (NaN if
-        any is NaN); sorted worst first (NaN first, then ascending), ties in order of first
-        call.  Sites whose outputs are all non-floating or empty have no digits: left out."""
-        per_site: dict[str, list[float]] = {}
-        for (site, _), entries in self.moments.items():
-            for count, mean, squares, p in entries:
-                std = (squares / (count - 1)).sqrt() if count > 1 else mean * math.nan
-                per_site.setdefault(site, []).append(float(significant_digits(mean, std, p).min()))
-        found = [
-            SiteDigits(site, self.calls[site], math.nan if math.isnan(sum(d)) else min(d))
-            for site, d in per_site.items()
-        ]
-        return tuple(sorted(found, key=lambda s: -math.inf if math.isnan(s.digits) else s.digits))
-
-
-def _tensors(value: object) -> list[Tensor]:
-    """The tensors in an op's result (a tensor, or a tuple or list of them, nested)."""
-    if isinstance(value, Tensor):
-        return [value]
-    if isinstance(value, tuple | list):
-        return [t for item in value for t in _tensors(item)]
-    return []
-
-
-def _precision(formats: Mapping[torch.dtype, Format], dtype: torch.dtype) -> int | None:
-    """The significant bits of ``dtype``'s results under the emulation: its target format's,
-    its own where it has none (its ops are unrounded); None for integer and bool values,
-    which no rounding touches (`significant_digits` does not clamp them)."""
-    if dtype in formats:
-        return formats[dtype].precision
-    if dtype in FLOAT_DTYPES:
-        return format_of_dtype(dtype).precision
-    return None
 
 
 def mca(
@@ -446,7 +296,7 @@ def mca(
     mean = tuple(s.mean(dim=0) for s in samples)
     std = tuple(s.std(dim=0, correction=1) for s in samples)
     digits = tuple(
-        estimated_digits(s, _precision(formats, dtype), estimator, probability, confidence)
+        estimated_digits(s, precision_of(formats, dtype), estimator, probability, confidence)
         for s, dtype in zip(samples, dtypes, strict=True)
     )
     sites = statistics.sites() if trace else ()

@@ -311,7 +311,11 @@ class BatchedEmulation(Emulation):
         # observed as the serial emulation observes: an op that rounded once its inputs
         # were (its outputs, a conversion's source)
         if self.on_samples is not None and self.calls > self._entered:
-            self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
+            # one tensor (most ops) without pytree's walk: it costs more than the trace
+            if isinstance(wrapped, SampleTensor):
+                self.on_samples(func, wrapped.samples)
+            else:
+                self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
         return wrapped
 
     def _stacked(

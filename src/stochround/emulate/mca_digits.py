@@ -7,6 +7,7 @@ probability and a confidence: Centered Normal (CNH) and Bernoulli.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -37,6 +38,32 @@ def significant_digits(mean: Tensor, std: Tensor, precision: int | None) -> Tens
         if precision is not None:
             digits = digits.clamp(max=max_digits)
         return torch.where(std == 0, max_digits, digits)
+
+
+def fewest_digits(mean: Tensor, std: Tensor, lengths: Sequence[int]) -> Tensor:
+    """Per run of ``lengths[k]`` consecutive elements of ``mean`` and ``std`` (1-d, float,
+    ``sum(lengths)`` long), the fewest of their unclamped `significant_digits` (precision
+    None: inf where std == 0), NaN where any of them is NaN.  Returns ``len(lengths)``
+    values on their device, nothing read back to the host.
+
+    The run index of each element goes to the device once (from pinned memory on CUDA:
+    no wait for the device); the minimum is a scatter ``amin``, exact in any order."""
+    count = len(lengths)
+    with torch.no_grad():
+        digits = significant_digits(mean, std, None)
+        # NaN as -inf, which no digit is otherwise (they are clamped at 0): amin then
+        # keeps it whatever its NaN convention
+        digits = digits.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+        runs = torch.repeat_interleave(
+            torch.arange(count, dtype=torch.int64), torch.tensor(lengths, dtype=torch.int64)
+        )
+        if digits.device.type == "cuda":
+            runs = runs.pin_memory().to(digits.device, non_blocking=True)
+        else:
+            runs = runs.to(digits.device)
+        fewest = torch.full((count,), math.inf, dtype=digits.dtype, device=digits.device)
+        fewest.scatter_reduce_(0, runs, digits, "amin")
+        return fewest.masked_fill(fewest == -math.inf, math.nan)
 
 
 def chi2_quantile(q: float, dof: int) -> float:
@@ -135,5 +162,6 @@ __all__ = [
     "chi2_quantile",
     "cnh_correction",
     "estimated_digits",
+    "fewest_digits",
     "significant_digits",
 ]
