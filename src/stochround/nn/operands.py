@@ -237,7 +237,11 @@ def tensor_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
 
 def _tensor_amax(x: Tensor) -> Tensor:
     """max |x| in fp32 (NaN where x holds one): the kernels' one-read amax for a CUDA
-    tensor where Triton runs, else the PyTorch path's (the same value)."""
+    tensor where Triton runs, else the PyTorch path's (the same value: a maximum is exact,
+    in any order).  Traced (torch.compile), the PyTorch path's reduction, which inductor
+    generates and can fuse with x's producer."""
+    if torch.compiler.is_compiling():
+        return absolute_max(x)
     if on_kernel_device(x) and x.is_contiguous() and triton_missing() is None:
         from ..kernels.blocks import tensor_amax  # needs triton: imported here
 
