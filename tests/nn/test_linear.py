@@ -675,7 +675,9 @@ def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) ->
 @pytest.mark.parametrize(
     "device", ["cpu", "cpu_as_cuda", pytest.param("cuda", marks=pytest.mark.gpu)]
 )
-def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: str) -> None:
+def test_inductor_gives_eagers_bits_for_every_named_recipe(
+    name: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torch.compile(backend="inductor", fullgraph=True) on the CPU, on the CUDA route
     (CUDA, and CPU tensors under `cpu_as_cuda`: the kernels in Triton's interpreter),
     forward and backward, two steps of 20 tokens (wgrad pads them): no graph break, and
@@ -685,7 +687,10 @@ def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: st
     for minutes), and db is summed by one opaque op (`step_ops.bias_gradient_op`:
     inductor's reduction loop adds in another order).  On the CUDA route every kernel the
     step launches is an opaque op or takes the PyTorch path when traced (a direct launch
-    broke the graph: the transposes, the fp8 amax, MXFP8's exact-bf16 rows)."""
+    broke the graph: the transposes, the fp8 amax, MXFP8's exact-bf16 rows).  Each step
+    compiled first, in a process that has not yet asked whether Triton imports: the first
+    ask, traced inside the autograd.Function's forward, broke the trace (Dynamo refused the
+    forward's saved tensor scale) where an eager step had not asked it before."""
     from torch._dynamo.utils import counters
 
     # a fresh cache: each case compiles the forward once more, and a cache that outlived
@@ -694,6 +699,7 @@ def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: st
     reference, _, _ = fixed_data()
     recipe = srnn.RECIPES[name](seed=1)
     route = device == "cpu_as_cuda"
+    monkeypatch.setattr(availability, "_TRITON_IMPORT", [])  # not asked yet
     reference = reference.to("cpu" if route else device)
     eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
     compiled_layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
@@ -703,11 +709,11 @@ def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: st
         generator = torch.Generator().manual_seed(step)
         x = torch.randn(20, SIZE, generator=generator).to(reference.weight.device)
         grad = torch.randn(20, SIZE, generator=generator).to(reference.weight.device)
-        with availability.cpu_as_cuda() if route else contextlib.nullcontext():
-            expected = (*one_step(eager, x, grad), eager.bias.grad.clone())  # type: ignore[union-attr]
         # traced, no dispatch mode: the compiled step dispatches no mm with an out_dtype
         with availability.cpu_as_cuda(cuda_only_ops=False) if route else contextlib.nullcontext():
             got = (*one_step(compiled, x, grad), compiled_layer.bias.grad.clone())  # type: ignore[union-attr]
+        with availability.cpu_as_cuda() if route else contextlib.nullcontext():
+            expected = (*one_step(eager, x, grad), eager.bias.grad.clone())  # type: ignore[union-attr]
         for what, mine, theirs in zip(("y", "dx", "dW", "db"), got, expected, strict=True):
             assert torch.equal(mine, theirs), f"{name} step {step}: {what}"
     assert not counters["graph_break"], dict(counters["graph_break"])
