@@ -745,6 +745,41 @@ def test_the_compiled_graphs_draw_the_rht_signs_by_one_opaque_op(name: str) -> N
     assert not any("bitwise_xor" in target for target in targets)
 
 
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.parametrize(
+    ("name", "op", "count"),
+    [
+        # fp8: x, W (forward) and dy (backward) rounded per tensor, each with its transpose
+        ("fp8", "stochround.nn_tensor_round.default", 3),
+        # mxfp8: each of the six operands' fp32 values as exact bf16 rows
+        ("mxfp8", "stochround.exact_bf16_rows.default", 6),
+    ],
+)
+def test_the_cuda_routes_compiled_graphs_run_its_fused_kernels_as_opaque_ops(
+    name: str, op: str, count: int
+) -> None:
+    """Compiled on the CUDA route (`cpu_as_cuda`), the kernels that beat inductor's code of
+    their PyTorch path run as opaque ops in the graphs: fp8's fused per-tensor rounding
+    (values and transpose in one pass) and MXFP8's exact-bf16 rows."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(module: torch.fx.GraphModule, inputs: Any) -> Any:
+        graphs.append(module)
+        return module.forward
+
+    torch._dynamo.reset()
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.RECIPES[name]())
+    compiled = torch.compile(
+        layer, fullgraph=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture)
+    )
+    with availability.cpu_as_cuda(cuda_only_ops=False):
+        compiled(torch.randn(SIZE, SIZE, requires_grad=True)).sum().backward()
+    targets = [str(node.target) for graph in graphs for node in graph.graph.nodes]
+    assert targets.count(op) == count
+
+
 def test_native_fp8_gemms_need_fp8_tensor_cores() -> None:
     """gemm='native' refuses a CPU input (and a GPU without FP8 tensor cores) by name."""
     layer = srnn.QuantizedLinear.from_linear(fixed_data()[0], srnn.fp8(native=True))
