@@ -5,6 +5,7 @@ quantized recipes and GaussWS (`stochround.nn.recompute`)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import typing
@@ -20,6 +21,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils.checkpoint import checkpoint
 
 import stochround.nn as srnn
+from stochround.kernels import availability
 from stochround.nn.linear import COMPILES
 from stochround.nn.recompute import read_step
 
@@ -222,10 +224,11 @@ class Checkpointed(nn.Module):
         return typing.cast(Tensor, checkpoint(self.block, x, use_reentrant=False))
 
 
-def compiled_run(name: str, mode: str) -> list[Tensor]:
+def compiled_run(name: str, mode: str, route: bool = False) -> list[Tensor]:
     """The run of the blocks checkpointed as ``mode`` says ("none", "non_reentrant": the
     block's call wrapped in torch's checkpoint, "wrapper": ``checkpoint_wrapper``), then
-    each compiled with inductor (torchtitan's order: AC, then compile)."""
+    each compiled with inductor (torchtitan's order: AC, then compile); on the CUDA route
+    (``route``: CPU tensors under `cpu_as_cuda`, the kernels in Triton's interpreter)."""
     torch._dynamo.reset()
     model = quantized(name)
     for index, block in enumerate(model.layers):
@@ -235,38 +238,50 @@ def compiled_run(name: str, mode: str) -> list[Tensor]:
         elif mode == "wrapper":
             wrapped = checkpoint_wrapper(block)
         model.layers[index] = torch.compile(wrapped, backend="inductor", fullgraph=True)
-    seen = train(model)
+    # traced, no dispatch mode: the compiled steps dispatch no mm with an out_dtype
+    with availability.cpu_as_cuda(cuda_only_ops=False) if route else contextlib.nullcontext():
+        seen = train(model)
     # dynamo's caches of checkpointed code would otherwise meet later tests' compiles
     torch._dynamo.reset()
     return seen
 
 
 @functools.cache
-def compiled_reference(name: str) -> tuple[Tensor, ...]:
+def compiled_reference(name: str, route: bool = False) -> tuple[Tensor, ...]:
     """The compiled run without checkpointing."""
-    return tuple(compiled_run(name, "none"))
+    return tuple(compiled_run(name, "none", route))
+
+
+ROUTES = [pytest.param(False, id="cpu"), pytest.param(True, id="cpu_as_cuda")]
 
 
 @pytest.mark.compiles
 @pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
-def test_compiled_checkpointing_of_a_round_to_nearest_recipe_changes_no_bit() -> None:
+@pytest.mark.parametrize("route", ROUTES)
+def test_compiled_checkpointing_of_a_round_to_nearest_recipe_changes_no_bit(route: bool) -> None:
     """mxfp8() draws no random bits: its compiled checkpointed blocks give the bits of the
     compiled blocks without checkpointing (inductor recomputes the forward's ops alike)."""
-    assert_same(compiled_run("mxfp8", "wrapper"), list(compiled_reference("mxfp8")))
+    got = compiled_run("mxfp8", "wrapper", route)
+    assert_same(got, list(compiled_reference("mxfp8", route)))
 
 
 @pytest.mark.compiles
 @pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize(
     ("name", "mode"),
     [("nvfp4", "non_reentrant"), ("nvfp4", "wrapper"), ("mxfp4_tseng", "wrapper"),
      ("int8", "non_reentrant"), ("gaussws", "wrapper")],
 )  # fmt: skip
-def test_compiled_checkpointing_of_an_sr_recipe_changes_no_bit(name: str, mode: str) -> None:
+def test_compiled_checkpointing_of_an_sr_recipe_changes_no_bit(
+    name: str, mode: str, route: bool
+) -> None:
     """Recipes that draw random bits (SR gradients; mxfp4_tseng's per-step RHT signs; GaussWS's
     samples), checkpointed by torch's checkpoint or ``checkpoint_wrapper`` and compiled,
     give the compiled blocks' bits without checkpointing — losses, gradients, step buffers
     at each of three steps — with no policy passed: the step read is saved for the
     backward (`stochround.nn.step_ops.save_the_step_read`).  Before, the compiled backward
-    recomputed it from the buffer the forward had advanced and drew the next step's words."""
-    assert_same(compiled_run(name, mode), list(compiled_reference(name)))
+    recomputed it from the buffer the forward had advanced and drew the next step's words.
+    On the CUDA route as well (`cpu_as_cuda`): a graph break there (a kernel launched in the
+    trace) made the recomputation read another step (int8's dW differed)."""
+    assert_same(compiled_run(name, mode, route), list(compiled_reference(name, route)))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 import stochround as sr
 import stochround.nn as srnn
 from stochround.blocks.request import RHT_SEED
+from stochround.kernels import availability
 from stochround.nn import linear, operands
 from stochround.nn.linear import COMPILES
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe
@@ -670,28 +672,51 @@ def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) ->
         "int8",
     ],
 )
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_inductor_gives_eagers_bits_for_every_named_recipe(name: str, device: str) -> None:
-    """torch.compile(backend="inductor") on the CPU and CUDA, forward and backward, two steps of
-    20 tokens (wgrad pads them): y, dx, dW and db equal eager's bit for bit.  What made
-    them differ or the compile slow, and is kept so: the RHT signs are drawn by one opaque
-    op (`step_ops.draw_signs`; inlined, their Philox rounds doubled at each butterfly stage
-    and the backward compiled for minutes), and db is summed by one opaque op
-    (`step_ops.bias_gradient_op`: inductor's reduction loop adds in another order)."""
+@pytest.mark.parametrize(
+    "device", ["cpu", "cpu_as_cuda", pytest.param("cuda", marks=pytest.mark.gpu)]
+)
+def test_inductor_gives_eagers_bits_for_every_named_recipe(
+    name: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.compile(backend="inductor", fullgraph=True) on the CPU, on the CUDA route
+    (CUDA, and CPU tensors under `cpu_as_cuda`: the kernels in Triton's interpreter),
+    forward and backward, two steps of 20 tokens (wgrad pads them): no graph break, and
+    y, dx, dW and db equal eager's bit for bit.  What made them differ or the compile slow,
+    and is kept so: the RHT signs are drawn by one opaque op (`step_ops.draw_signs`;
+    inlined, their Philox rounds doubled at each butterfly stage and the backward compiled
+    for minutes), and db is summed by one opaque op (`step_ops.bias_gradient_op`:
+    inductor's reduction loop adds in another order).  On the CUDA route every kernel the
+    step launches is an opaque op or takes the PyTorch path when traced (a direct launch
+    broke the graph: the transposes, the fp8 amax, MXFP8's exact-bf16 rows).  Each step
+    compiled first, in a process that has not yet asked whether Triton imports: the first
+    ask, traced inside the autograd.Function's forward, broke the trace (Dynamo refused the
+    forward's saved tensor scale) where an eager step had not asked it before."""
+    from torch._dynamo.utils import counters
+
+    # a fresh cache: each case compiles the forward once more, and a cache that outlived
+    # eight of them would refuse the next (Dynamo's recompile limit, fatal under fullgraph)
+    torch._dynamo.reset()
     reference, _, _ = fixed_data()
     recipe = srnn.RECIPES[name](seed=1)
-    reference = reference.to(device)
+    route = device == "cpu_as_cuda"
+    monkeypatch.setattr(availability, "_TRITON_IMPORT", [])  # not asked yet
+    reference = reference.to("cpu" if route else device)
     eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
     compiled_layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), recipe)
     compiled = torch.compile(compiled_layer, backend="inductor", fullgraph=True)
+    counters.clear()
     for step in range(2):
         generator = torch.Generator().manual_seed(step)
-        x = torch.randn(20, SIZE, generator=generator).to(device)
-        grad = torch.randn(20, SIZE, generator=generator).to(device)
-        expected = (*one_step(eager, x, grad), eager.bias.grad.clone())  # type: ignore[union-attr]
-        got = (*one_step(compiled, x, grad), compiled_layer.bias.grad.clone())  # type: ignore[union-attr]
+        x = torch.randn(20, SIZE, generator=generator).to(reference.weight.device)
+        grad = torch.randn(20, SIZE, generator=generator).to(reference.weight.device)
+        # traced, no dispatch mode: the compiled step dispatches no mm with an out_dtype
+        with availability.cpu_as_cuda(cuda_only_ops=False) if route else contextlib.nullcontext():
+            got = (*one_step(compiled, x, grad), compiled_layer.bias.grad.clone())  # type: ignore[union-attr]
+        with availability.cpu_as_cuda() if route else contextlib.nullcontext():
+            expected = (*one_step(eager, x, grad), eager.bias.grad.clone())  # type: ignore[union-attr]
         for what, mine, theirs in zip(("y", "dx", "dW", "db"), got, expected, strict=True):
             assert torch.equal(mine, theirs), f"{name} step {step}: {what}"
+    assert not counters["graph_break"], dict(counters["graph_break"])
 
 
 @pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
@@ -718,6 +743,41 @@ def test_the_compiled_graphs_draw_the_rht_signs_by_one_opaque_op(name: str) -> N
     rotated_gemms = {"nvfp4": 1, "mxfp4_tseng": 2}[name]  # wgrad; and dgrad
     assert targets.count("stochround.nn_rotation_signs.default") == rotated_gemms
     assert not any("bitwise_xor" in target for target in targets)
+
+
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.parametrize(
+    ("name", "op", "count"),
+    [
+        # fp8: x, W (forward) and dy (backward) rounded per tensor, each with its transpose
+        ("fp8", "stochround.nn_tensor_round.default", 3),
+        # mxfp8: each of the six operands' fp32 values as exact bf16 rows
+        ("mxfp8", "stochround.exact_bf16_rows.default", 6),
+    ],
+)
+def test_the_cuda_routes_compiled_graphs_run_its_fused_kernels_as_opaque_ops(
+    name: str, op: str, count: int
+) -> None:
+    """Compiled on the CUDA route (`cpu_as_cuda`), the kernels that beat inductor's code of
+    their PyTorch path run as opaque ops in the graphs: fp8's fused per-tensor rounding
+    (values and transpose in one pass) and MXFP8's exact-bf16 rows."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(module: torch.fx.GraphModule, inputs: Any) -> Any:
+        graphs.append(module)
+        return module.forward
+
+    torch._dynamo.reset()
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.RECIPES[name]())
+    compiled = torch.compile(
+        layer, fullgraph=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture)
+    )
+    with availability.cpu_as_cuda(cuda_only_ops=False):
+        compiled(torch.randn(SIZE, SIZE, requires_grad=True)).sum().backward()
+    targets = [str(node.target) for graph in graphs for node in graph.graph.nodes]
+    assert targets.count(op) == count
 
 
 def test_native_fp8_gemms_need_fp8_tensor_cores() -> None:

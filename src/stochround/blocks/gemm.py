@@ -67,17 +67,18 @@ def exact_bf16_operand(operand: GemmOperand, mbits: int) -> GemmOperand:
     e4m3/e5m2 elements times E8M0 scales) as bf16 values, exact: each row times ``2**s``
     (`bf16_row_shifts`) and ``2**-s`` moved into the row scale, so that a bf16 GEMM with
     fp32 accumulation computes the fp32 GEMM's products exactly (the same sums up to their
-    order).  By the Triton kernel for a CUDA tensor (`stochround.kernels.operand_bf16`),
-    else by PyTorch; the same bits."""
+    order).  By the Triton kernel for a CUDA tensor (`stochround.kernels.operand_bf16`;
+    traced by torch.compile, through the opaque op `exact_bf16_rows_op`), else by PyTorch;
+    the same bits."""
     values = operand.values
     if values.dtype != torch.float32 or values.dim() != 2:
         raise ValueError(
             f"operand.values must be 2-D fp32; got {values.dtype} {tuple(values.shape)}"
         )
     if on_kernel_device(values):
-        from ..kernels.operand_bf16 import exact_bf16_rows  # needs triton: imported here
-
-        shifted, unshift = exact_bf16_rows(values, mbits)
+        # eager calls launch directly: the op's dispatch is host time they need not pay
+        rows = exact_bf16_rows_op if torch.compiler.is_compiling() else run_exact_bf16_rows
+        shifted, unshift = rows(values, mbits)
     else:
         shifts = bf16_row_shifts(values, mbits)
         shifted = (values * power_of_two_fp32(shifts)).to(torch.bfloat16)
@@ -86,10 +87,38 @@ def exact_bf16_operand(operand: GemmOperand, mbits: int) -> GemmOperand:
     return operand._replace(values=shifted, row_scale=row_scale)
 
 
+def run_exact_bf16_rows(values: Tensor, mbits: int) -> tuple[Tensor, Tensor]:
+    """`stochround.kernels.operand_bf16.exact_bf16_rows` of fp32 ``values`` (M, K): the
+    bf16 ``values * 2**s`` and the fp32 ``2**-s`` (M, 1), ``s`` per row by
+    `bf16_row_shifts`."""
+    from ..kernels.operand_bf16 import exact_bf16_rows  # needs triton: imported here
+
+    return exact_bf16_rows(values, mbits)
+
+
+# The kernel as one opaque op under torch.compile: Dynamo cannot trace a Triton launch of
+# the kernels' runtime, and the kernel reads each row once for its extremes and its shifted
+# values where inductor would make two reductions and a pointwise pass of the PyTorch path.
+# The op runs the eager function: eager's bits.
+exact_bf16_rows_op = torch.library.custom_op(
+    "stochround::exact_bf16_rows", run_exact_bf16_rows, mutates_args=()
+)
+
+
+@exact_bf16_rows_op.register_fake
+def _(values: Tensor, mbits: int) -> tuple[Tensor, Tensor]:
+    shifted = torch.empty_like(values, dtype=torch.bfloat16, memory_format=torch.contiguous_format)
+    return shifted, values.new_empty((values.shape[0], 1))
+
+
 def fp32_product(a: Tensor, b: Tensor) -> Tensor:
     """``a @ b.T`` in fp32, accumulated in fp32: ``a`` (M, K), ``b`` (N, K), each bf16 or
-    fp32 (a bf16 operand's values are exact in fp32, so widening it changes no product)."""
-    if MM_TO_FP32 and on_kernel_device(a) and a.dtype == b.dtype == torch.bfloat16:
+    fp32 (a bf16 operand's values are exact in fp32, so widening it changes no product).
+    Traced (torch.compile), ``out_dtype`` is taken for CUDA tensors alone: inductor lowers
+    it for no other device (`stochround.kernels.availability.cpu_as_cuda`'s CPU tensors
+    take the widened product, the one `cpu_as_cuda` supplies for their eager call)."""
+    kernel_device = a.is_cuda if torch.compiler.is_compiling() else on_kernel_device(a)
+    if MM_TO_FP32 and kernel_device and a.dtype == b.dtype == torch.bfloat16:
         return torch.mm(a, b.T, out_dtype=torch.float32)
     return a.to(torch.float32) @ b.to(torch.float32).T
 
@@ -251,10 +280,12 @@ __all__ = [
     "MM_TO_FP32",
     "bf16_row_shifts",
     "exact_bf16_operand",
+    "exact_bf16_rows_op",
     "fp32_product",
     "kernel_scaled_mm",
     "native_fp8_mm",
     "power_of_two_fp32",
+    "run_exact_bf16_rows",
     "scale_product",
     "scaled_mm",
     "torch_scaled_mm",

@@ -130,7 +130,10 @@ def bias_gradient(grad: Tensor) -> Tensor:
 def transposed(x: Tensor) -> Tensor:
     """``x.T.contiguous()`` of a 2-D tensor: by the tiled Triton kernel for a CUDA tensor
     where Triton is installed (`stochround.kernels.transpose`), else by PyTorch's copy; the
-    same bits either way."""
+    same bits either way.  Traced (torch.compile), PyTorch's copy: inductor writes a tiled
+    transpose of its own, which it can fuse with the copy's producer or consumer."""
+    if torch.compiler.is_compiling():
+        return x.T.contiguous()
     if on_kernel_device(x) and triton_missing() is None:
         from ..kernels.transpose import transpose  # needs triton: imported only here
 
