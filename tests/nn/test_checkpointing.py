@@ -85,13 +85,18 @@ def checkpointed(model: Blocks, mode: str) -> Blocks:
     return model
 
 
-def train(model: Blocks, run: Callable[[Blocks, Tensor], Tensor] | None = None) -> list[Tensor]:
-    """Three SGD steps on fixed batches; every step's loss, gradients and step buffers."""
+def train(
+    model: Blocks,
+    run: Callable[[Blocks, Tensor], Tensor] | None = None,
+    device: str | torch.device = "cpu",
+) -> list[Tensor]:
+    """Three SGD steps on fixed batches (on ``device``, the model's); every step's loss,
+    gradients and step buffers."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     generator = torch.Generator().manual_seed(1)
     seen: list[Tensor] = []
     for _ in range(STEPS):
-        x = torch.randn(2, TOKENS // 2, WIDTH, generator=generator, requires_grad=True)
+        x = torch.randn(2, TOKENS // 2, WIDTH, generator=generator).to(device).requires_grad_()
         optimizer.zero_grad()
         loss = (model(x) if run is None else run(model, x)).square().mean()
         loss.backward()
@@ -228,9 +233,12 @@ def compiled_run(name: str, mode: str, route: bool = False) -> list[Tensor]:
     """The run of the blocks checkpointed as ``mode`` says ("none", "non_reentrant": the
     block's call wrapped in torch's checkpoint, "wrapper": ``checkpoint_wrapper``), then
     each compiled with inductor (torchtitan's order: AC, then compile); on the CUDA route
-    (``route``: CPU tensors under `cpu_as_cuda`, the kernels in Triton's interpreter)."""
+    (``route``: a GPU's CUDA tensors where there is one, else CPU tensors under
+    `cpu_as_cuda`, the kernels in Triton's interpreter)."""
     torch._dynamo.reset()
-    model = quantized(name)
+    on_gpu = route and torch.cuda.is_available()
+    device = torch.device("cuda" if on_gpu else "cpu")
+    model = quantized(name).to(device)
     for index, block in enumerate(model.layers):
         wrapped: nn.Module = block
         if mode == "non_reentrant":
@@ -239,8 +247,9 @@ def compiled_run(name: str, mode: str, route: bool = False) -> list[Tensor]:
             wrapped = checkpoint_wrapper(block)
         model.layers[index] = torch.compile(wrapped, backend="inductor", fullgraph=True)
     # traced, no dispatch mode: the compiled steps dispatch no mm with an out_dtype
-    with availability.cpu_as_cuda(cuda_only_ops=False) if route else contextlib.nullcontext():
-        seen = train(model)
+    interpreted = route and not on_gpu
+    with availability.cpu_as_cuda(cuda_only_ops=False) if interpreted else contextlib.nullcontext():
+        seen = train(model, device=device)
     # dynamo's caches of checkpointed code would otherwise meet later tests' compiles
     torch._dynamo.reset()
     return seen
@@ -252,7 +261,8 @@ def compiled_reference(name: str, route: bool = False) -> tuple[Tensor, ...]:
     return tuple(compiled_run(name, "none", route))
 
 
-ROUTES = [pytest.param(False, id="cpu"), pytest.param(True, id="cpu_as_cuda")]
+# the CPU path, and the CUDA route (CUDA on a GPU, else `cpu_as_cuda`)
+ROUTES = [pytest.param(False, id="cpu"), pytest.param(True, id="cuda_route")]
 
 
 @pytest.mark.compiles
@@ -282,6 +292,6 @@ def test_compiled_checkpointing_of_an_sr_recipe_changes_no_bit(
     at each of three steps — with no policy passed: the step read is saved for the
     backward (`stochround.nn.step_ops.save_the_step_read`).  Before, the compiled backward
     recomputed it from the buffer the forward had advanced and drew the next step's words.
-    On the CUDA route as well (`cpu_as_cuda`): a graph break there (a kernel launched in the
-    trace) made the recomputation read another step (int8's dW differed)."""
+    On the CUDA route as well (CUDA, or `cpu_as_cuda`): a graph break there (a kernel
+    launched in the trace) made the recomputation read another step (int8's dW differed)."""
     assert_same(compiled_run(name, mode, route), list(compiled_reference(name, route)))

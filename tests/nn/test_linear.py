@@ -673,7 +673,15 @@ def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) ->
     ],
 )
 @pytest.mark.parametrize(
-    "device", ["cpu", "cpu_as_cuda", pytest.param("cuda", marks=pytest.mark.gpu)]
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cpu_as_cuda",
+            marks=pytest.mark.skipif(not availability.INTERPRETED, reason="GPU: the cuda row"),
+        ),
+        pytest.param("cuda", marks=pytest.mark.gpu),
+    ],
 )
 def test_inductor_gives_eagers_bits_for_every_named_recipe(
     name: str, device: str, monkeypatch: pytest.MonkeyPatch
@@ -758,7 +766,7 @@ def test_the_compiled_graphs_draw_the_rht_signs_by_one_opaque_op(name: str) -> N
 def test_the_cuda_routes_compiled_graphs_run_its_fused_kernels_as_opaque_ops(
     name: str, op: str, count: int
 ) -> None:
-    """Compiled on the CUDA route (`cpu_as_cuda`), the kernels that beat inductor's code of
+    """Compiled on the CUDA route (CUDA, or `cpu_as_cuda`), the kernels that beat inductor's code of
     their PyTorch path run as opaque ops in the graphs: fp8's fused per-tensor rounding
     (values and transpose in one pass) and MXFP8's exact-bf16 rows."""
     from torch._dynamo.backends.common import aot_autograd
@@ -770,12 +778,15 @@ def test_the_cuda_routes_compiled_graphs_run_its_fused_kernels_as_opaque_ops(
         return module.forward
 
     torch._dynamo.reset()
-    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.RECIPES[name]())
+    gpu = torch.cuda.is_available()  # else CPU tensors under cpu_as_cuda
+    device = "cuda" if gpu else "cpu"
+    layer = srnn.QuantizedLinear(SIZE, SIZE, recipe=srnn.RECIPES[name](), device=device)
     compiled = torch.compile(
         layer, fullgraph=True, backend=aot_autograd(fw_compiler=capture, bw_compiler=capture)
     )
-    with availability.cpu_as_cuda(cuda_only_ops=False):
-        compiled(torch.randn(SIZE, SIZE, requires_grad=True)).sum().backward()
+    x = torch.randn(SIZE, SIZE, device=device, requires_grad=True)
+    with contextlib.nullcontext() if gpu else availability.cpu_as_cuda(cuda_only_ops=False):
+        compiled(x).sum().backward()
     targets = [str(node.target) for graph in graphs for node in graph.graph.nodes]
     assert targets.count(op) == count
 
