@@ -32,7 +32,7 @@ def scalars_and_tensors(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def in_place(x: torch.Tensor) -> torch.Tensor:
-    acc = torch.zeros(3)
+    acc = torch.zeros(3, device=x.device)
     for _ in range(3):
         acc += x * 1.1
         acc.mul_(0.7)

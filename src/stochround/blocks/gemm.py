@@ -12,6 +12,8 @@ floor-3/4's factor to the result.
 
 from __future__ import annotations
 
+import typing
+
 import torch
 from torch import Tensor
 
@@ -194,6 +196,50 @@ def kernel_scaled_mm(
     return kernels.fused_epilogue(fp32_product(a.values, b.values), epilogue)
 
 
+def run_kernel_scaled_mm(
+    a_values: Tensor,
+    a_tensor_scale: Tensor | None,
+    a_row_scale: Tensor | None,
+    a_factor: float,
+    b_values: Tensor,
+    b_tensor_scale: Tensor | None,
+    b_row_scale: Tensor | None,
+    b_factor: float,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """`scaled_mm` of CUDA operands given field by field, as eager computes it: the kernels
+    where they serve it, else the PyTorch sequence (`kernel_scaled_mm_op`'s body)."""
+    a = GemmOperand(a_values, a_tensor_scale, a_row_scale, a_factor)
+    b = GemmOperand(b_values, b_tensor_scale, b_row_scale, b_factor)
+    result = kernel_scaled_mm(a, b, bias, out_dtype, "auto")
+    return torch_scaled_mm(a, b, bias, out_dtype) if result is None else result
+
+
+# Traced on CUDA, `scaled_mm` is this one opaque op: eager's kernels and their choice of
+# GEMM, so that a compiled step has eager's bits (inductor's code of the PyTorch sequence
+# sums in cuBLAS's order where the kernels' Triton GEMM sums in its own)
+kernel_scaled_mm_op = torch.library.custom_op(
+    "stochround::kernel_scaled_mm", run_kernel_scaled_mm, mutates_args=()
+)
+
+
+@kernel_scaled_mm_op.register_fake
+def _(
+    a_values: Tensor,
+    a_tensor_scale: Tensor | None,
+    a_row_scale: Tensor | None,
+    a_factor: float,
+    b_values: Tensor,
+    b_tensor_scale: Tensor | None,
+    b_row_scale: Tensor | None,
+    b_factor: float,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    return a_values.new_empty((a_values.shape[0], b_values.shape[0]), dtype=out_dtype)
+
+
 def scaled_mm(
     a: GemmOperand,
     b: GemmOperand,
@@ -214,7 +260,8 @@ def scaled_mm(
     the scaling in its epilogue, or cuBLAS's product and one pass: the same scaling, bit
     for bit, of sums in another order), "torch" by the PyTorch sequence above, "triton" by
     the kernels or a ValueError saying why they cannot.  A traced call (torch.compile)
-    takes the PyTorch sequence, which the compiler fuses."""
+    takes the PyTorch sequence, which the compiler fuses; on CUDA the kernels' own choice
+    as one opaque op (`kernel_scaled_mm_op`), eager's bits."""
     for name, given in (("a", a), ("b", b)):
         if not isinstance(given, GemmOperand):
             raise TypeError(
@@ -228,6 +275,10 @@ def scaled_mm(
         )
     backend = check_backend(backend)
     wanted = backend == "triton" or (backend == "auto" and on_kernel_device(a.values))
+    if wanted and torch.compiler.is_compiling() and a.values.is_cuda:
+        # the kernels' own choice as one opaque op: at small sizes they sum in a Triton
+        # GEMM's order, which the traced cuBLAS product would not give
+        return typing.cast(Tensor, kernel_scaled_mm_op(*a, *b, bias, out_dtype))
     if wanted and not torch.compiler.is_compiling():
         result = kernel_scaled_mm(a, b, bias, out_dtype, backend)
         if result is not None:
