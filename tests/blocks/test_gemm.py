@@ -219,3 +219,27 @@ def test_native_fp8_mm_adds_a_bias_to_an_fp32_output_after_the_product(device: s
     got = native_fp8_mm(qa, qb, bias=bias, out_dtype=torch.float32)
     assert got.dtype == torch.float32
     assert torch.equal(got, plain + bias)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_opaque_scaled_mm_op_compiles_and_gives_the_eager_result(bias: bool) -> None:
+    """`stochround::kernel_scaled_mm` (what `scaled_mm` is when traced on CUDA: eager's
+    kernels and their GEMM choice) compiles with inductor under ``fullgraph=True`` (its
+    fake gives the output's shape and dtype) and returns eager `scaled_mm`'s values; here
+    on CPU tensors, where its body takes the PyTorch sequence (a GPU runs the kernels:
+    tests/nn/test_linear.py compares compiled and eager steps there)."""
+    from stochround.blocks.gemm import kernel_scaled_mm_op
+
+    g = torch.Generator().manual_seed(3)
+    a = gemm_operand(torch.randn(32, 64, generator=g), "nvfp4")
+    b = gemm_operand(torch.randn(48, 64, generator=g), "nvfp4")
+    offset = torch.randn(48, generator=g) if bias else None
+    expected = scaled_mm(a, b, bias=offset, out_dtype=torch.bfloat16)
+
+    def product(*fields: Any) -> torch.Tensor:
+        return kernel_scaled_mm_op(*fields)  # type: ignore[no-any-return]
+
+    compiled = torch.compile(product, backend="inductor", fullgraph=True)
+    got = compiled(*a, *b, offset, torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and got.shape == (32, 48)
+    assert torch.equal(got, expected)
