@@ -42,21 +42,20 @@ not the host's), no GPU figure.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 
 # harness before stochround: without a GPU it selects Triton's interpreter
 import harness  # noqa: F401
 import torch
+from bench_ops import launches_stubbed
 from harness import Benchmark, CheckFailed, Run
 
 from stochround.emulate.mca import MCAResult, mca
 from stochround.kernels.availability import cpu_as_cuda
-from stochround.kernels.runtime import Launch
 
 CASE = "mca_script"
 OPS_A_STEP = 4
@@ -131,17 +130,6 @@ def main() -> int:
     status = bench.run()
     summary(args)
     return status
-
-
-@contextlib.contextmanager
-def launches_stubbed() -> Iterator[None]:
-    """Every `Launch` call returns at once (the kernels are not run: host time alone)."""
-    original = Launch.__call__
-    Launch.__call__ = lambda self, *args: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Launch.__call__ = original  # type: ignore[method-assign]
 
 
 def host_times(args: object) -> None:
