@@ -40,10 +40,6 @@ def check_backend(backend: object) -> str:
 _TRITON_IMPORT: list[str | None] = []
 
 
-# traced (torch.compile), a constant that Dynamo computes by calling it: a first call
-# traced inside an autograd.Function's forward (`QuantizedLinear`'s) made the list's
-# append a side effect there, which broke the trace
-@torch.compiler.assume_constant_result
 def triton_missing() -> str | None:
     """Why Triton cannot be imported (None if it can); tried once per process."""
     if not _TRITON_IMPORT:

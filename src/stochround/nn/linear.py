@@ -54,6 +54,7 @@ from ..blocks.gemm import native_fp8_mm, scaled_mm
 from ..blocks.hadamard import random_signs
 from ..blocks.request import RHT_SEED, check_blocks
 from ..blocks.tensor import GemmOperand
+from ..kernels.availability import triton_missing
 from ..random import StreamDomain, seed_tensor, stream_key
 from ..shards import is_dtensor
 from .operands import TRANSPOSE_TARGETS, Operand, quantize_operand, tensor_transposes
@@ -461,6 +462,9 @@ class QuantizedLinear(nn.Linear):
         self.recipe = recipe
         self.layer_index = layer
         self.plan = make_plan(recipe, layer)
+        # asked now, before any trace: first asked inside the traced autograd function, the
+        # answer's caching would be a side effect there, which breaks the trace
+        triton_missing()
         # 2-D weight tiles and the weight's blocks are known now; the tokens at each call
         check_operand_shapes(self.plan, 0, self.in_features, self.out_features)
 
