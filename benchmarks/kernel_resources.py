@@ -63,6 +63,16 @@ class Resources(NamedTuple):
     stl: int
     ldl: int
 
+    def columns(self) -> str:
+        """The table's resource columns (`RESOURCE_HEADER`): registers, spill bytes,
+        SASS, STL, LDL."""
+        spill = f"{self.spill_stores}/{self.spill_loads}"
+        return f"{self.registers:>5} {spill:>14} {self.instructions:>6} {self.stl:>4} {self.ldl:>4}"
+
+
+# the heading of `Resources.columns`
+RESOURCE_HEADER = f"{'regs':>5} {'spill st/ld B':>14} {'SASS':>6} {'STL':>4} {'LDL':>4}"
+
 
 def configs() -> list[Config]:
     """The recipes' operands that the block quantizer serves: mxfp4_tseng's SR operand with
@@ -201,23 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [c for c in configs() if not parsed.config or c.name in parsed.config]
     if not rows:
         parser.error(f"--config must name rows of {[c.name for c in configs()]}")
-    header = (
-        f"{'config':<20} {'tiling':>7} {'regs':>5} {'spill st/ld B':>14} {'SASS':>6} "
-        f"{'STL':>4} {'LDL':>4}"
-    )
+    header = f"{'config':<20} {'tiling':>7} {RESOURCE_HEADER}"
     print(header)
     for row in rows:
         kernel, constants, args = recorded_launch(row, tiling)
         binary = compiled(kernel, constants, args, parsed.capability)
         result = resources(binary, parsed.capability, parsed.sass if len(rows) == 1 else None)
-        spill = f"{result.spill_stores}/{result.spill_loads}"
         tile = constants["TILING"]
         shape = f"{tile.TILE * tile.GROUPS * 4}/{constants['num_warps']}"
-        print(
-            f"{row.name:<20} {shape:>7} {result.registers:>5} {spill:>14} {result.instructions:>6} "
-            f"{result.stl:>4} {result.ldl:>4}",
-            flush=True,
-        )
+        print(f"{row.name:<20} {shape:>7} {result.columns()}", flush=True)
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Any
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: the compiled route
 
 import torch
-from kernel_resources import compiled, resources
+from kernel_resources import RESOURCE_HEADER, compiled, resources
 
 import stochround.kernels.two_orientation as two_orientation
 import stochround.nn as srnn
@@ -87,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if parsed.warps is not None:
         two_orientation._NUM_WARPS = parsed.warps
     pairs = parsed.pair or sorted(PAIRS)
-    print(
-        f"{'pair':<4} {'kernel':<8} {'tile':>7} {'warps':>5} {'elem/thr':>8} {'regs':>5} "
-        f"{'spill st/ld B':>14} {'SASS':>6} {'STL':>4} {'LDL':>4}"
-    )
+    print(f"{'pair':<4} {'kernel':<8} {'tile':>7} {'warps':>5} {'elem/thr':>8} {RESOURCE_HEADER}")
     for tokens, features in tiles:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tokens, features
         for pair in pairs:
@@ -98,18 +95,14 @@ def main(argv: list[str] | None = None) -> int:
                 binary = compiled(kernel, constants, args, parsed.capability)
                 single = parsed.sass and what == "quantize" and len(pairs) == len(tiles) == 1
                 result = resources(binary, parsed.capability, parsed.sass if single else None)
-                count = result.instructions
                 warps = constants.get("num_warps", 4)
                 tiling = constants.get("TILING")
                 per_thread = (
                     0 if tiling is None else tiling.TOKENS * tiling.FEATURES // (32 * warps)
                 )
                 shape = "-" if tiling is None else f"{tiling.TOKENS}x{tiling.FEATURES}"
-                spill = f"{result.spill_stores}/{result.spill_loads}"
                 print(
-                    f"{pair:<4} {what:<8} {shape:>7} {warps:>5} "
-                    f"{per_thread:>8} {result.registers:>5} {spill:>14} {count:>6} "
-                    f"{result.stl:>4} {result.ldl:>4}",
+                    f"{pair:<4} {what:<8} {shape:>7} {warps:>5} {per_thread:>8} {result.columns()}",
                     flush=True,
                 )
     return 0

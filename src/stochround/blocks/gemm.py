@@ -208,12 +208,11 @@ def run_kernel_scaled_mm(
     bias: Tensor | None,
     out_dtype: torch.dtype,
 ) -> Tensor:
-    """`scaled_mm` of CUDA operands given field by field, as eager computes it: the kernels
-    where they serve it, else the PyTorch sequence (`kernel_scaled_mm_op`'s body)."""
+    """`scaled_mm` of CUDA operands given field by field, as eager computes it
+    (`kernel_scaled_mm_op`'s body: not traced, so `scaled_mm` takes its eager route)."""
     a = GemmOperand(a_values, a_tensor_scale, a_row_scale, a_factor)
     b = GemmOperand(b_values, b_tensor_scale, b_row_scale, b_factor)
-    result = kernel_scaled_mm(a, b, bias, out_dtype, "auto")
-    return torch_scaled_mm(a, b, bias, out_dtype) if result is None else result
+    return scaled_mm(a, b, bias=bias, out_dtype=out_dtype)
 
 
 # Traced on CUDA, `scaled_mm` is this one opaque op: eager's kernels and their choice of
@@ -310,8 +309,6 @@ def scale_product(
     steps += [("mul", factor) for factor in (a.factor, b.factor) if factor != 1.0]
     if bias is not None:
         steps.append(("add", bias.to(torch.float32)))
-    if not steps:
-        return product if product.dtype == out_dtype else product.to(out_dtype)
     # eagerly the last operation writes out_dtype itself (one pass); traced, no out=
     # argument (torch 2.11's Dynamo lost the gradient of an autograd.Function whose output
     # an out= op wrote): the fp32 result cast, the same one rounding
