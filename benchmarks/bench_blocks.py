@@ -179,21 +179,24 @@ def pair_parts(operands: object) -> list[Tensor]:
     return parts
 
 
-def ours_pair(x: Tensor, name: str) -> Run:
-    """Both operands of x as ``name``'s roles by one read (`prepared_pair`, as
-    `both_orientations` routes a CUDA tensor), checked against the separate path
-    (`separate_pair`)."""
-    from stochround.nn.orientations import pair_refusal, prepared_pair
+def served_pair_roles(name: str) -> tuple[object, object, object]:
+    """`pair_roles` of ``name``; CheckFailed where the pair path refuses them."""
+    from stochround.nn.orientations import pair_refusal
 
     row, column, plan = pair_roles(name)
     refusal = pair_refusal(row, column, True)  # type: ignore[arg-type]
     if refusal is not None:
         raise CheckFailed(f"the pair path refuses the call: {refusal}")
+    return row, column, plan
+
+
+def checked_pair(x: Tensor, name: str, prepared: object, seed: int, notes: str) -> Run:
+    """The run of a prepared pair of ``name``'s roles on x under the layer's ``seed``,
+    checked against the separate path (`separate_pair`)."""
     offsets = torch.tensor([3, 5], dtype=torch.int64, device=x.device)
-    prepared = prepared_pair(row, column, x.shape, x.dtype, x.device, x.shape[0])  # type: ignore[arg-type]
 
     def call() -> object:
-        return prepared(x, plan.seed, offsets[0], offsets[1], None)  # type: ignore[attr-defined]
+        return prepared(x, seed, offsets[0], offsets[1], None)  # type: ignore[operator]
 
     def check(output: object) -> str:
         expected = separate_pair(x, name).call()
@@ -202,7 +205,18 @@ def ours_pair(x: Tensor, name: str) -> Run:
                 raise CheckFailed("an operand differs from the separate path")
         return "ok = separate path"
 
-    return Run(call, check, x.numel(), PAIR_BYTES * x.numel(), "one amax + one quantize launch")
+    return Run(call, check, x.numel(), PAIR_BYTES * x.numel(), notes)
+
+
+def ours_pair(x: Tensor, name: str) -> Run:
+    """Both operands of x as ``name``'s roles by one read (`prepared_pair`, as
+    `both_orientations` routes a CUDA tensor), checked against the separate path
+    (`separate_pair`)."""
+    from stochround.nn.orientations import prepared_pair
+
+    row, column, plan = served_pair_roles(name)
+    prepared = prepared_pair(row, column, x.shape, x.dtype, x.device, x.shape[0])  # type: ignore[arg-type]
+    return checked_pair(x, name, prepared, plan.seed, "one amax + one quantize launch")  # type: ignore[attr-defined]
 
 
 def separate_pair(x: Tensor, name: str) -> Run:

@@ -35,8 +35,8 @@ from pathlib import Path
 # harness before triton: without a GPU it selects Triton's interpreter
 import harness  # noqa: F401
 import torch
-from bench_blocks import PAIR_BYTES, pair_floor, pair_parts, pair_roles, separate_pair
-from harness import Benchmark, CheckFailed, Run, same_bytes
+from bench_blocks import checked_pair, pair_floor, separate_pair, served_pair_roles
+from harness import Benchmark, Run
 from torch import Tensor
 
 CASE = "nvfp4_two_orientation"
@@ -47,12 +47,9 @@ def pair_run(x: Tensor, name: str, tile: tuple[int, int, int] | None) -> Run:
     launches (`PreparedPair`), at ``tile`` (tokens, features, warps; None: the default),
     checked against the separate path."""
     from stochround.kernels import two_orientation
-    from stochround.nn.orientations import PreparedPair, pair_refusal
+    from stochround.nn.orientations import PreparedPair
 
-    row, column, plan = pair_roles(name)
-    refusal = pair_refusal(row, column, True)  # type: ignore[arg-type]
-    if refusal is not None:
-        raise CheckFailed(f"the pair path refuses the call: {refusal}")
+    row, column, plan = served_pair_roles(name)
     defaults = two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES
     warps = two_orientation._NUM_WARPS
     if tile is not None:
@@ -63,20 +60,8 @@ def pair_run(x: Tensor, name: str, tile: tuple[int, int, int] | None) -> Run:
     finally:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = defaults
         two_orientation._NUM_WARPS = warps
-    offsets = torch.tensor([3, 5], dtype=torch.int64, device=x.device)
-
-    def call() -> object:
-        return prepared(x, plan.seed, offsets[0], offsets[1], None)  # type: ignore[attr-defined]
-
-    def check(output: object) -> str:
-        expected = separate_pair(x, name).call()
-        for part, reference in zip(pair_parts(output), pair_parts(expected), strict=True):
-            if part.shape != reference.shape or not same_bytes(part, reference):
-                raise CheckFailed("an operand differs from the separate path")
-        return "ok = separate path"
-
     notes = "amax of both orientations, then both operands: 2 launches (+ tensor scales)"
-    return Run(call, check, x.numel(), PAIR_BYTES * x.numel(), notes)
+    return checked_pair(x, name, prepared, plan.seed, notes)  # type: ignore[attr-defined]
 
 
 def parsed_tiles(tiles: list[str], warps: list[int]) -> list[tuple[int, int, int]]:
