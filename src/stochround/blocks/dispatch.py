@@ -384,7 +384,7 @@ def _run_tensor_scale(
 
     rotation = rht or None
     return kernel_tensor_scale(
-        x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16, keep_amax=False
+        x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16
     )[0]
 
 

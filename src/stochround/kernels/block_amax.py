@@ -5,7 +5,7 @@ without host synchronization.
 
 The last program is found by a ticket counter (`kernels.tensor_scales`, which states the
 rule for sharing one: a prepared object owns its own and serves one stream; an unprepared
-call takes the current stream's)."""
+call takes a fresh one)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ from .runtime import Launch, bound_launch, check_prepared, current_device
 from .tensor_scales import (
     PartialsTiling,
     Tickets,
-    amax_sink,
     last_program_scales,
     own_tickets,
     partials_tiling,
@@ -336,8 +335,7 @@ def tile_amax(x: Tensor, tile: tuple[int, int], flavour: str | None = None) -> T
     broadcast over the tile's rows, as [numel / C, C / columns] (C = x.shape[-1]); one read
     of x and no host synchronization.  With ``flavour`` ("te" or "torchao"), also NVFP4's
     tensor scales of x from the same read and launch (the max of the tiles' maxima is x's
-    amax), as `nvfp4_tensor_scale` gives them, with the current stream's
-    `ticket_counter`."""
+    amax), as `nvfp4_tensor_scale` gives them, with a fresh `ticket_counter`."""
     if flavour is not None:
         check_choice("flavour", flavour, NVFP4_FLAVOURS)
     counter = None if flavour is None else ticket_counter(x.device)
@@ -376,7 +374,7 @@ class PreparedTileAmax:
                 if counter is None
                 else Tickets(x.new_empty(self.programs, dtype=torch.int32), counter)
             )
-        self.sink = amax_sink(x.device)  # the tensor's amax, which no caller reads
+        self.sink = x.new_empty((), dtype=torch.float32)  # the tensor's amax: no caller reads it
 
     def __call__(self, x: Tensor) -> TileAmax:
         """The tiles' amax of x (the prepared shape, dtype and device, contiguous) and, with
@@ -389,7 +387,7 @@ class PreparedTileAmax:
         if self.programs == 0:  # no elements: no tiles, and the tensor's amax is 0
             scales = None
             if self.flavour is not None:
-                scales = nvfp4_tensor_scale(x, self.flavour, keep_amax=False)[0]
+                scales = nvfp4_tensor_scale(x, self.flavour)[0]
             return TileAmax(amax, scales)
         tiles = (self.tiles_per_row, self.chunks, self.programs)
         if self.tickets is None:
@@ -430,19 +428,18 @@ def nvfp4_tensor_scale(
     rht_signs: Tensor | None = None,
     rht_bf16: bool = False,
     amax: Tensor | None = None,
-    keep_amax: bool = True,
     tiling: AmaxTiling | None = None,
 ) -> tuple[Tensor, Tensor]:
     """NVFP4's tensor scales of x, S_dec and S_enc (a 2-element fp32 tensor), and x's amax
     (0-d fp32), on x's device, in one launch and one read of x (no host synchronization):
     `tensor_amax`'s partial maxima, which the last program to finish reduces to the
-    flavour's scales (with the current stream's `ticket_counter`), equal to the `decode`
+    flavour's scales (with a fresh `ticket_counter`), equal to the `decode`
     and `encode` of ``stochround.blocks.scales.nvfp4_tensor_scales(x.abs().amax(),
     flavour)``.  ``flavour`` "te" or "torchao"; the rotation and ``tiling`` as
     `tensor_amax` takes them.  Returns (scales, amax): `quantize_blocks` takes the scales
-    as its ``tensor_scale``; with ``keep_amax`` False the amax is written to the device's
-    `amax_sink` (and returned as it: a caller that takes the scales alone spares an
-    allocation a call)."""
+    as its ``tensor_scale``.  Both outputs and the counter are allocated a call: a tensor
+    kept across calls would be made inside torch.compile's CUDA graphs
+    (`tensor_scales.ticket_counter`)."""
     check_choice("flavour", flavour, NVFP4_FLAVOURS)
     x = _checked_x(x)
     tiling = _checked_tiling(tiling)
@@ -455,13 +452,12 @@ def nvfp4_tensor_scale(
                 rht=rht,
                 rht_signs=rht_signs,
                 rht_bf16=rht_bf16,
-                keep_amax=keep_amax,
                 tiling=tiling,
             )
     count = x.numel()
     programs = _amax_programs(count, tiling)
     partial = x.new_empty(programs, dtype=torch.int32)
-    amax = x.new_empty((), dtype=torch.float32) if keep_amax else amax_sink(x.device)
+    amax = x.new_empty((), dtype=torch.float32)
     scale = x.new_empty(2, dtype=torch.float32)
     launch = _amax_launch(x, rotation, tiling, flavour, programs)
     counter = ticket_counter(x.device)
@@ -498,7 +494,7 @@ class PreparedTensorScale:
         self.launch = _amax_launch(x, rotation, tiling, flavour, self.programs)
         self.tickets = own_tickets(x, self.programs)
         self.device, self.device_index = x.device, _device(x)
-        self.amax = amax_sink(x.device)  # the tensor's amax, which no caller reads
+        self.amax = x.new_empty((), dtype=torch.float32)  # the tensor's amax: no caller reads it
 
     def __call__(self, x: Tensor, rht_signs: Tensor | None) -> Tensor:
         """S_dec and S_enc of x (the prepared size, on the prepared device, current), a

@@ -9,8 +9,10 @@ reads every partial maximum, writes the scales and resets the counter to 0 for t
 launch (no memset launch; a CUDA graph's replay finds it 0).  A counter serves one launch
 at a time: launches in flight together (on two streams) need two counters.  The rule: a
 prepared caller owns its counter and partial maxima (`own_tickets`; no launch reads them
-after it ends), so it serves one stream; an unprepared call takes the counter of the
-current (device, stream) (`ticket_counter`), which orders its launches."""
+after it ends), so it serves one stream; an unprepared call takes a fresh zeroed counter
+(`ticket_counter`), so that no tensor it allocates outlives it: under torch.compile's CUDA
+graphs (``mode="reduce-overhead"``) every allocation of a warm-up or recording run must be
+the graph's output or freed when it ends (docs/guide/recipes.md, "CUDA graphs")."""
 
 from __future__ import annotations
 
@@ -137,26 +139,12 @@ def tensor_scale_launch(partials: int, flavour: str) -> tuple[Launch, int]:
     return bound_launch(_tensor_scale_kernel, tuple(constants.items())), partials
 
 
-# `ticket_counter`'s counters by (device, stream): PyTorch's stream triple, or "cpu"
-_COUNTERS: dict[object, Tensor] = {}
-
-
 def ticket_counter(device: torch.device) -> Tensor:
-    """The ticket counter (a one-element int32 tensor, 0 between launches) of the current
-    stream of ``device`` (a CUDA device; on the CPU, the interpreter's one): launches on
-    one stream run one after another, so they share it, and launches on two streams never
-    do.  Made once a stream (an allocation and a fill); under CUDA graph capture a fresh
-    one each call, whose fill the graph replays (a graph's launches may run beside the
-    stream's own)."""
-    key: object = "cpu"
-    if device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return torch.zeros(1, dtype=torch.int32, device=device)
-        key = torch._C._cuda_getCurrentStream(device.index)
-    counter = _COUNTERS.get(key)
-    if counter is None:
-        counter = _COUNTERS[key] = torch.zeros(1, dtype=torch.int32, device=device)
-    return counter
+    """A fresh ticket counter (a one-element int32 tensor, 0) on ``device`` for one
+    unprepared launch: an allocation and a fill a call.  Not cached: a counter kept across
+    calls would be made inside the first call, which under torch.compile's CUDA graphs is
+    a warm-up or recording run whose pool must hold no tensor after it ends."""
+    return torch.zeros(1, dtype=torch.int32, device=device)
 
 
 class Tickets(NamedTuple):
@@ -174,25 +162,9 @@ def own_tickets(x: Tensor, programs: int) -> Tickets:
     return Tickets(work[:programs], work[programs:])
 
 
-# `amax_sink`'s tensors by device (a dict read by a plain function)
-_SINKS: dict[torch.device, Tensor] = {}
-
-
-def amax_sink(device: torch.device) -> Tensor:
-    """A 0-d fp32 tensor on ``device`` for the tensor-scale kernel's amax output where no
-    caller reads it: written by every such launch and never read, so that launches on any
-    stream (or captured in a CUDA graph: it is never freed) share it, where a fresh one
-    would cost an allocation a call."""
-    sink = _SINKS.get(device)
-    if sink is None:
-        sink = _SINKS[device] = torch.empty((), dtype=torch.float32, device=device)
-    return sink
-
-
 __all__ = [
     "PartialsTiling",
     "Tickets",
-    "amax_sink",
     "last_program_scales",
     "own_tickets",
     "partials_max",
