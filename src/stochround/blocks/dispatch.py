@@ -383,9 +383,7 @@ def _run_tensor_scale(
     from ..kernels.blocks import nvfp4_tensor_scale as kernel_tensor_scale
 
     rotation = rht or None
-    return kernel_tensor_scale(
-        x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16
-    )[0]
+    return kernel_tensor_scale(x, flavour, rht=rotation, rht_signs=rht_signs, rht_bf16=rht_bf16)[0]
 
 
 _tensor_scale_op = torch.library.custom_op(
