@@ -63,6 +63,7 @@ from .layer_plan import (
 from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
 from .recipes import Recipe
 from .recompute import read_step
+from .step_plan import StepPlan, StepPlans, StepSignature, make_step_plan, step_signature
 from .streams import (
     MAX_LAYERS,
     ROLE_SLOTS,
@@ -74,6 +75,10 @@ from .streams import (
     stream_offset,
 )
 from .tensor_parallel import local_call, rank_key
+
+# the most input signatures a layer keeps a `StepPlan` for (a model's layers see a few:
+# training and evaluation batches, a last partial batch)
+STEP_PLANS = 8
 
 # the releases whose compiled backward of `QuantizedMatmul` is tested to equal eager's
 COMPILES = TorchVersion(torch.__version__) >= "2.11"
@@ -138,6 +143,9 @@ class QuantizedLinear(nn.Linear):
         self.recipe = recipe
         self.layer_index = layer
         self.plan = make_plan(recipe, layer)
+        # each eager call signature's resolved choices (`prepare_step`), made again for
+        # the new plan
+        self.step_plans = StepPlans()
         # asked now, before any trace: first asked inside the traced autograd function, the
         # answer's caching would be a side effect there, which breaks the trace
         triton_missing()
@@ -183,7 +191,8 @@ class QuantizedLinear(nn.Linear):
             dtype = torch.get_autocast_dtype(device_type)
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
-        if torch.compiler.is_compiling() and not COMPILES:
+        compiling = torch.compiler.is_compiling()
+        if compiling and not COMPILES:
             raise RuntimeError(
                 "QuantizedLinear compiles with torch >= 2.11 (on older releases the "
                 f"compiled backward was seen to give zero weight gradients); torch "
@@ -194,6 +203,39 @@ class QuantizedLinear(nn.Linear):
             call = local_call(x, weight, bias)
             x, weight, bias, wrap = call.x, call.weight, call.bias, call.wrap
             plan = plan._replace(seed=rank_key(plan.seed, call.rank))
+        gemms = running_gemms(x, weight)
+        prepared = None
+        if compiling or wrap is not None:  # traced, or a rank's shard: checked each call
+            self.check_call(x, weight, plan, gemms, wrap is not None)
+        else:  # eagerly, the call's choices resolved once per signature (`StepPlan`)
+            signature = step_signature(x, weight, bias, gemms)
+            prepared = self.step_plans.get(signature)
+            if prepared is None:
+                prepared = self.prepare_step(x, weight, signature)
+        out_features = weight.shape[0]
+        lead = x.shape[:-1]
+        matrix = x.dim() == 2  # a matrix of tokens already: no reshape either way
+        tokens = x if matrix else x.reshape(-1, weight.shape[1])
+        # parallelize_module replicates the buffers: the counter is the local tensor
+        counter = self.step.to_local() if is_dtensor(self.step) else self.step
+        # one step a training forward, which a checkpoint's recomputation reads again
+        read = read_step(counter, self.step_reads, self.training)
+        step = counter.clone() if read is None else read
+        wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
+        out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad, prepared)
+        out = typing.cast(Tensor, out)
+        # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
+        # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
+        y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
+        return y if wrap is None else wrap(y)
+
+    def check_call(
+        self, x: Tensor, weight: Tensor, plan: Plan, gemms: tuple[str, ...], sharded: bool
+    ) -> None:
+        """ValueError unless x's last axis has the weight's in_features and every operand
+        of ``gemms`` fits its blocks (`check_operand_shapes`; ``sharded``: the local shapes
+        of a rank under tensor parallelism), and for ``gemm="native"`` x lies on a GPU
+        with FP8 tensor cores (`check_native`)."""
         in_features, out_features = weight.shape[1], weight.shape[0]
         if x.dim() == 0 or x.shape[-1] != in_features:
             raise ValueError(
@@ -202,31 +244,26 @@ class QuantizedLinear(nn.Linear):
             )
         if plan.native:
             check_native(x)
-        lead = x.shape[:-1]
-        matrix = x.dim() == 2  # a matrix of tokens already: no reshape either way
-        tokens = x if matrix else x.reshape(-1, in_features)
-        gemms = running_gemms(x, weight)
+        tokens = x.shape[:-1].numel()
         try:
-            check_operand_shapes(plan, tokens.shape[0], in_features, out_features, gemms)
+            check_operand_shapes(plan, tokens, in_features, out_features, gemms)
         except ValueError as error:
-            if wrap is None:
+            if not sharded:
                 raise
             raise ValueError(
                 f"{error} (under tensor parallelism each rank quantizes its shard: the "
                 "blocks must divide the local shapes)"
             ) from None
-        # parallelize_module replicates the buffers: the counter is the local tensor
-        counter = self.step.to_local() if is_dtensor(self.step) else self.step
-        # one step a training forward, which a checkpoint's recomputation reads again
-        read = read_step(counter, self.step_reads, self.training)
-        step = counter.clone() if read is None else read
-        wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
-        out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad)
-        out = typing.cast(Tensor, out)
-        # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
-        # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
-        y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
-        return y if wrap is None else wrap(y)
+
+    def prepare_step(self, x: Tensor, weight: Tensor, signature: StepSignature) -> StepPlan:
+        """The `StepPlan` of an eager call of ``signature``, checked (`check_call`) and
+        kept in ``step_plans`` (the oldest dropped beyond `STEP_PLANS`)."""
+        self.check_call(x, weight, self.plan, signature.gemms, False)
+        prepared = make_step_plan(self.plan, signature, weight.shape[1], weight.shape[0])
+        if len(self.step_plans) >= STEP_PLANS:
+            del self.step_plans[next(iter(self.step_plans))]
+        self.step_plans[signature] = prepared
+        return prepared
 
     def _load_from_state_dict(
         self,
@@ -255,6 +292,7 @@ __all__ = [
     "ROLE_SLOTS",
     "SIGN_SLOTS",
     "SLOTS_PER_LAYER",
+    "STEP_PLANS",
     "Plan",
     "QuantizedLinear",
     "QuantizedMatmul",

@@ -7,6 +7,7 @@ one read (`quantized_pair`), the RHT signs (`rotation_signs`) and the GEMM itsel
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import typing
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from .operands import TRANSPOSE_TARGETS, quantize_operand
 from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, QuantSpec
 from .step_ops import autocast_off, bias_gradient, draw_signs, transposed
+from .step_plan import StepPlan
 from .streams import ROLE_SLOTS, SIGN_SLOTS, slot_offsets, step_column
 
 
@@ -143,6 +145,51 @@ def check_native(x: Tensor) -> None:
         )
 
 
+def unautocast(device_type: str) -> contextlib.AbstractContextManager[None]:
+    """`autocast_off` where autocast is on for ``device_type``, else a context that does
+    nothing (entering torch.autocast costs a step host time it need not pay)."""
+    if torch.is_autocast_enabled(device_type):
+        return autocast_off(device_type)
+    return contextlib.nullcontext()
+
+
+def pair_of(
+    prepared: StepPlan | None, plan: Plan, tensor: Tensor, name: str, offsets: Sequence[Tensor]
+) -> tuple[GemmOperand, GemmOperand] | None:
+    """`quantized_pair`'s operands, by the step plan's pair route where it has one (the
+    refusals asked when it was made; None where it has none: each orientation on its own),
+    else asked now."""
+    if prepared is None:
+        return quantized_pair(plan, tensor, name, offsets)
+    route = prepared.input_pair if name == "input" else prepared.grad_pair
+    if route is None:
+        return None
+    if tensor.dtype != prepared.signature.dtype:  # a gradient of another dtype: ask now
+        return quantized_pair(plan, tensor, name, offsets)
+    signs = None
+    if route.signs_per_step:
+        spec = plan.operands["wgrad_" + name].spec
+        signs = rotation_signs(plan, "wgrad", spec, offsets, tensor.device)
+    row_offset, column_offset = offsets[route.row_slot], offsets[route.column_slot]
+    return route.pair(tensor, plan.seed, row_offset, column_offset, signs)
+
+
+def run_gemm(
+    prepared: StepPlan | None,
+    plan: Plan,
+    name: str,
+    a: GemmOperand,
+    b: GemmOperand,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+) -> Tensor:
+    """The GEMM ``name`` of the plan (`gemm_of`): the emulated one by the step plan's
+    prepared GEMM where there is a step plan."""
+    if prepared is None or plan.native:
+        return gemm_of(plan)(a, b, bias=bias, out_dtype=out_dtype)
+    return prepared.gemm(name, a, b, bias, out_dtype)
+
+
 class QuantizedMatmul(torch.autograd.Function):
     """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
 
@@ -156,19 +203,20 @@ class QuantizedMatmul(torch.autograd.Function):
         plan: Plan,
         wgrad: bool = False,
         dgrad: bool = False,
+        prepared: StepPlan | None = None,
     ) -> Tensor:
-        with autocast_off(x.device.type):
+        with unautocast(x.device.type):
             column = step_column(step, plan.layer)
             offsets = slot_offsets(column)
             # where wgrad runs, x read once for both of its operands: wgrad's kept for the
             # backward instead of transposing and quantizing x again there
-            pair = quantized_pair(plan, x, "input", offsets) if wgrad else None
+            pair = pair_of(prepared, plan, x, "input", offsets) if wgrad else None
             left = x if pair is None else pair[0]
             # per-tensor: Q(W)^T and Q(x)^T for the backward, written with Q(W) and Q(x)
             runs = {"dgrad_weight": dgrad, "wgrad_input": wgrad}
             reuse = frozenset(role for role in plan.tensor_transposes if runs.get(role))
             qx, qw, reused = gemm_operands(plan, "fprop", left, weight, offsets, reuse)
-            out = gemm_of(plan)(qx, qw, bias=bias, out_dtype=x.dtype)
+            out = run_gemm(prepared, plan, "fprop", qx, qw, bias, x.dtype)
         # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
         # GEMM reads as it is) instead of quantizing W^T again (per-tensor: contiguous)
         kept = plan.weight_transposes and qw.row_scale is None
@@ -181,6 +229,7 @@ class QuantizedMatmul(torch.autograd.Function):
         ctx.save_for_backward(x, weight, column, values, scale, x_t_values, x_t_scale)
         ctx.factor = qw.factor
         ctx.plan = plan
+        ctx.prepared = prepared
         ctx.bias_dtype = None if bias is None else bias.dtype
         return out
 
@@ -189,13 +238,14 @@ class QuantizedMatmul(torch.autograd.Function):
         x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
         offsets = slot_offsets(column)
         plan: Plan = ctx.plan
+        prepared: StepPlan | None = ctx.prepared
         grad_x = grad_weight = grad_bias = None
         dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        with autocast_off(grad.device.type):
+        with unautocast(grad.device.type):
             # dy read once for both of its operands where both GEMMs run
             pair = None
             if dgrad and wgrad:
-                pair = quantized_pair(plan, grad.contiguous(), "grad_output", offsets)
+                pair = pair_of(prepared, plan, grad.contiguous(), "grad_output", offsets)
             if dgrad:
                 right: Tensor | GemmOperand
                 if weight_values is not None:
@@ -208,7 +258,7 @@ class QuantizedMatmul(torch.autograd.Function):
                 # Q(dy^T) is Q(dy)^T (per-tensor), written with Q(dy)
                 reuse = plan.tensor_transposes & {"wgrad_grad_output"} if wgrad else frozenset()
                 qdy, qw, reused = gemm_operands(plan, "dgrad", left, right, offsets, reuse)
-                grad_x = gemm_of(plan)(qdy, qw, out_dtype=x.dtype)
+                grad_x = run_gemm(prepared, plan, "dgrad", qdy, qw, None, x.dtype)
                 if "wgrad_grad_output" in reused:
                     pair = (qdy, reused["wgrad_grad_output"])
             if wgrad:
@@ -224,10 +274,10 @@ class QuantizedMatmul(torch.autograd.Function):
                 else:
                     x_t = pad_tokens(transposed(x.contiguous()), multiple)
                 qdy, qx, _ = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
-                grad_weight = gemm_of(plan)(qdy, qx, out_dtype=weight.dtype)
+                grad_weight = run_gemm(prepared, plan, "wgrad", qdy, qx, None, weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None
 
 
 __all__ = [
@@ -235,6 +285,9 @@ __all__ = [
     "check_native",
     "gemm_of",
     "gemm_operands",
+    "pair_of",
     "quantized_pair",
     "rotation_signs",
+    "run_gemm",
+    "unautocast",
 ]
