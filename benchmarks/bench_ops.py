@@ -24,15 +24,18 @@ defaults, on ``--tokens`` x ``--features`` x ``--features`` (fp32 input), and
 
     python benchmarks/bench_ops.py                   # CPU (interpreter) or GPU: the table
     python benchmarks/bench_ops.py --ops nvfp4       # also each operation's name, in order
-    python benchmarks/bench_ops.py --host            # also the quantize cases' host time
 
-``--host``: the Python host time of one `stochround.blocks.quantize` call on the CUDA
-route, measured on the CPU (no GPU figure): inside ``cpu_as_cuda(cuda_only_ops=False)``
-(no dispatch mode: a CUDA call has none) with every Triton launch stubbed out
-(`stochround.kernels.runtime.Launch` returns at once: the kernels are not what is
-measured), the ATen operations real on the ``--features`` square (64: their compute is
-negligible); the best of ``--repeats`` runs of ``--calls`` calls back to back, in process
-time, per call; ``--profile`` adds cProfile's top entries.  Only where no GPU is present.
+``--host``: the Python host time of each case (a `QuantizedLinear` step's forward and
+backward, a `stochround.blocks.quantize` call) on the CUDA route, measured on the CPU (no
+GPU figure): inside ``cpu_as_cuda(cuda_only_ops=False)`` (no dispatch mode: a CUDA call
+has none; the CUDA-only ``torch.mm`` with an ``out_dtype`` registered as a CPU kernel)
+with every Triton launch stubbed out (`stochround.kernels.runtime.Launch` returns at once:
+the kernels are not what is measured), the ATen operations real on the small default
+shapes (their compute is negligible); the best of ``--repeats`` runs of ``--calls`` calls
+back to back, in process time, per call; ``--profile`` adds cProfile's top entries by own
+and by cumulative time.  Only where no GPU is present.
+
+    python benchmarks/bench_ops.py --host            # the table and each case's host time
 """
 
 from __future__ import annotations
@@ -179,11 +182,66 @@ def launches_stubbed() -> Iterator[None]:
         Launch.__call__ = original  # type: ignore[method-assign]
 
 
+# the CPU kernel of ``torch.mm(a, b, out_dtype=...)`` registered for host timing (CUDA
+# alone has one; `host_route`), kept alive here once registered
+_CPU_MM_DTYPE: list[torch.library.Library] = []
+
+
+def cpu_mm_dtype() -> None:
+    """Registers a CPU kernel of ``aten::mm.dtype`` (bf16 operands, fp32 output: the
+    widened operands' fp32 product), which only CUDA has, once per process: a kernel of the
+    dispatcher's, not a dispatch mode, which would cost every operation host time that a
+    CUDA call does not pay."""
+    if _CPU_MM_DTYPE:
+        return
+    library = torch.library.Library("aten", "IMPL")
+
+    def mm_dtype(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        return torch.mm(a.to(torch.float32), b.to(torch.float32)).to(out_dtype)
+
+    library.impl("mm.dtype", mm_dtype, "CPU")
+    _CPU_MM_DTYPE.append(library)
+
+
+@contextlib.contextmanager
+def jit_runs_stubbed() -> Iterator[None]:
+    """Every launch outside a `Launch` (``kernel[grid](...)``: the interpreter's
+    ``InterpretedFunction.run``) returns at once, its outputs left unwritten."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        yield
+        return
+    original = InterpretedFunction.run
+    InterpretedFunction.run = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        InterpretedFunction.run = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def host_route() -> Iterator[None]:
+    """The CUDA route on the CPU as a host-time measurement takes it: `cpu_as_cuda`
+    without its dispatch mode (`cpu_mm_dtype` supplies the CUDA-only mm instead), every
+    launch stubbed (`launches_stubbed`, `jit_runs_stubbed`: a launch outside a `Launch`
+    costs a GPU step far more host time than one inside, which the ``--ops`` listing
+    shows by name) and one ATen thread."""
+    cpu_mm_dtype()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with cpu_as_cuda(cuda_only_ops=False), launches_stubbed(), jit_runs_stubbed():
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def host_time(call: Callable[[], object], calls: int, repeats: int) -> float:
     """Seconds of process time one ``call`` takes on the CPU's CUDA route with the launches
-    stubbed (`launches_stubbed`): the best of ``repeats`` runs of ``calls`` calls, after
+    stubbed (`host_route`): the best of ``repeats`` runs of ``calls`` calls, after
     warm-up calls."""
-    with cpu_as_cuda(cuda_only_ops=False), launches_stubbed():
+    with host_route():
         for _ in range(10):
             call()
         best = float("inf")
@@ -196,16 +254,19 @@ def host_time(call: Callable[[], object], calls: int, repeats: int) -> float:
 
 
 def profiled(call: Callable[[], object], calls: int, top: int = 15) -> str:
-    """cProfile's ``top`` entries by own time over ``calls`` calls (as `host_time` runs them)."""
+    """cProfile's ``top`` entries by own time, then by cumulative time, over ``calls``
+    calls (as `host_time` runs them)."""
     profile = cProfile.Profile()
-    with cpu_as_cuda(cuda_only_ops=False), launches_stubbed():
+    with host_route():
         call()
         profile.enable()
         for _ in range(calls):
             call()
         profile.disable()
     text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(profile, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumtime").print_stats(top)
     return text.getvalue()
 
 
@@ -215,17 +276,22 @@ def device() -> torch.device:
 
 
 def linear_step(
-    name: str, tokens: int, features: int, recipe: srnn.Recipe | None = None
+    name: str,
+    tokens: int,
+    features: int,
+    recipe: srnn.Recipe | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Callable[[], object]:
     """One forward and backward of a ``features`` square `QuantizedLinear` (with bias) under
-    the recipe ``name`` with its defaults (or ``recipe``), on ``tokens`` fp32 tokens."""
+    the recipe ``name`` with its defaults (or ``recipe``), on ``tokens`` tokens, the layer
+    and its input in ``dtype``."""
     generator = torch.Generator().manual_seed(0)
     where = device()
     torch.manual_seed(0)  # the layer's initial weights
-    linear = torch.nn.Linear(features, features).to(where)
+    linear = torch.nn.Linear(features, features).to(where, dtype)
     layer = srnn.QuantizedLinear.from_linear(linear, recipe or srnn.RECIPES[name]())
-    x = torch.randn(tokens, features, generator=generator).to(where).requires_grad_()
-    grad = torch.randn(tokens, features, generator=generator).to(where)
+    x = torch.randn(tokens, features, generator=generator).to(where, dtype).requires_grad_()
+    grad = torch.randn(tokens, features, generator=generator).to(where, dtype)
 
     def step() -> None:
         # as a training step after zero_grad(): no gradient to accumulate into
@@ -260,10 +326,13 @@ def block_quantize(fmt: str, mode: str, features: int) -> Callable[[], object]:
     return lambda: sr.blocks.quantize(x, fmt, mode, **options)
 
 
-def cases(tokens: int, features: int) -> dict[str, Callable[[], object]]:
-    """Every case by name: ``linear_<recipe>`` and ``quantize_<format>_<mode>``."""
-    found = {f"linear_{name}": linear_step(name, tokens, features) for name in RECIPES}
-    native = linear_step("fp8", tokens, features, srnn.fp8(native=True))
+def cases(
+    tokens: int, features: int, dtype: torch.dtype = torch.float32
+) -> dict[str, Callable[[], object]]:
+    """Every case by name: ``linear_<recipe>`` (its layer and input in ``dtype``) and
+    ``quantize_<format>_<mode>``."""
+    found = {f"linear_{name}": linear_step(name, tokens, features, dtype=dtype) for name in RECIPES}
+    native = linear_step("fp8", tokens, features, srnn.fp8(native=True), dtype)
     found["linear_fp8_native"] = native if torch.cuda.is_available() else without_check(native)
     for fmt, mode in BLOCK_CASES:
         found[f"quantize_{fmt}_{mode}"] = block_quantize(fmt, mode, features)
@@ -274,24 +343,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=64, help="tokens of a layer step (64)")
     parser.add_argument("--features", type=int, default=64, help="in = out features (64)")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="a layer step's"
+    )
     parser.add_argument("--case", action="append", help="only these cases (repeatable)")
     parser.add_argument("--ops", action="append", default=[], help="list this case's ops")
     parser.add_argument("--where", action="store_true", help="with --ops: in order, by caller")
     parser.add_argument("--json", help="write the counts to this file")
     parser.add_argument(
-        "--host", action="store_true", help="quantize cases: CPU host time, launches stubbed"
+        "--host", action="store_true", help="each case's CPU host time, launches stubbed"
     )
-    parser.add_argument("--calls", type=int, default=2000, help="--host: calls a run (2000)")
+    parser.add_argument(
+        "--calls", type=int, default=None, help="--host: calls a run (2000; 200 a linear step)"
+    )
     parser.add_argument("--repeats", type=int, default=7, help="--host: runs, best kept (7)")
     parser.add_argument("--profile", action="store_true", help="--host: cProfile's top")
     args = parser.parse_args(argv)
     if args.host and torch.cuda.is_available():
         parser.error("--host measures the CUDA route on the CPU: run it without a GPU")
     where = "cuda" if torch.cuda.is_available() else "cpu (interpreter, cpu_as_cuda)"
-    print(f"operations dispatched per call, {args.tokens} x {args.features}; route: {where}")
+    shape = f"{args.tokens} x {args.features} ({args.dtype})"
+    print(f"operations dispatched per call, {shape}; route: {where}")
     print(f"{'case':<28}{'launches':>9}{'aten':>6}{'other':>6}")
     results = {}
-    for case, call in cases(args.tokens, args.features).items():
+    for case, call in cases(args.tokens, args.features, getattr(torch, args.dtype)).items():
         if args.case and case not in args.case:
             continue
         listed = case in args.ops or case.removeprefix("linear_") in args.ops
@@ -304,12 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         elif listed:
             for name, count in Counter(counts.names).most_common():
                 print(f"    {count:>3}  {name}")
-        if args.host and case.startswith("quantize_"):
-            seconds = host_time(call, args.calls, args.repeats)
+        if args.host:
+            calls = args.calls or (200 if case.startswith("linear_") else 2000)
+            seconds = host_time(call, calls, args.repeats)
             results[case]["host_us"] = seconds * 1e6
             print(f"    host time (CPU, launches stubbed): {seconds * 1e6:.1f} us a call")
             if args.profile:
-                print(profiled(call, args.calls))
+                print(profiled(call, calls))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"device": where, "counts": results}, handle, indent=1)

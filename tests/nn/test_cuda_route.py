@@ -17,7 +17,7 @@ from torch import Tensor
 
 import stochround.nn as srnn
 from stochround.kernels import availability
-from stochround.nn import linear, operands, orientations
+from stochround.nn import matmul, operands, orientations
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -132,7 +132,7 @@ def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) 
         calls[entry.role, int(layer.step) - 1] = values
         return result
 
-    monkeypatch.setattr(linear, "quantize_operand", spy)
+    monkeypatch.setattr(matmul, "quantize_operand", spy)
     # each operand quantized on its own (the pair, which quantizes x and dy in both
     # orientations at once, equals this path bit for bit: tests/kernels/test_two_orientation)
     monkeypatch.setattr(orientations, "SERVES_STEPS", False)

@@ -17,7 +17,7 @@ import stochround as sr
 import stochround.nn as srnn
 from stochround.blocks.request import RHT_SEED
 from stochround.kernels import availability
-from stochround.nn import linear, operands
+from stochround.nn import linear, matmul, operands
 from stochround.nn.linear import COMPILES
 from stochround.nn.recipes import ROLES, QuantSpec, Recipe
 from stochround.random import StreamDomain, stream_key
@@ -32,13 +32,13 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, Tensor
     calls: list[tuple[str, Tensor]] = []
     original = operands.quantize_operand
 
-    def spy(operand: Tensor, entry: linear.Operand, *args: Any, **kwargs: Any) -> Any:
+    def spy(operand: Tensor, entry: operands.Operand, *args: Any, **kwargs: Any) -> Any:
         result = original(operand, entry, *args, **kwargs)
         calls.append((entry.role, operands.dequantized_operand(result).clone()))
         return result
 
     with monkeypatch.context() as patch:
-        patch.setattr(linear, "quantize_operand", spy)
+        patch.setattr(matmul, "quantize_operand", spy)
         yield calls
 
 
@@ -528,13 +528,13 @@ def test_per_step_signs_are_fresh_each_step_and_shared_by_a_gemms_operands(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     drawn: list[tuple[int, int]] = []
-    original = linear.random_signs
+    original = matmul.random_signs
 
     def spy(size: int, seed: int, *, offset: Tensor, device: torch.device) -> Tensor:
         drawn.append((seed, int(offset)))
         return original(size, seed, offset=offset, device=device)
 
-    monkeypatch.setattr(linear, "random_signs", spy)
+    monkeypatch.setattr(matmul, "random_signs", spy)
     reference, x, grad = fixed_data()
     layer = srnn.QuantizedLinear.from_linear(reference, srnn.mxfp4_tseng(seed=8), layer_index=3)
     one_step(layer, x, grad)

@@ -233,7 +233,7 @@ def test_a_hardware_preset_rounds_the_operand_as_blocks_quantize_does() -> None:
     which differ from the core's exact SR (8 of the word's 32 bits decide: about one
     element in 256 rounds the other way, dozens of 16384); it prints, round-trips through
     JSON, and refuses what the preset cannot do."""
-    from stochround.nn.linear import Operand, quantize_operand
+    from stochround.nn.operands import Operand, quantize_operand
 
     spec = QuantSpec("nvfp4", "sr", hardware="transformer-engine-sr-e2m1")
     assert "hardware=transformer-engine-sr-e2m1" in str(Recipe(dgrad_grad_output=spec))

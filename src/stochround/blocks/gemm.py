@@ -13,6 +13,7 @@ floor-3/4's factor to the result.
 from __future__ import annotations
 
 import typing
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -285,6 +286,43 @@ def scaled_mm(
     return torch_scaled_mm(a, b, bias, out_dtype)
 
 
+class PreparedScaledMm:
+    """`scaled_mm` (backend "auto", eager) of operands of one signature — the shapes and
+    dtypes of the example ``a``, ``b``, ``bias`` and ``out_dtype``, and which of their
+    scales are present — with its route chosen once: the kernels' prepared GEMM
+    (`stochround.kernels.scaled_gemm.PreparedScaledGemm`) where they serve it, else the
+    PyTorch path.  The same bits as `scaled_mm`; a caller's plan keeps the signature."""
+
+    def __init__(
+        self, a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
+    ) -> None:
+        self.kernel: Any = None
+        self.epilogue: Any = None
+        if not on_kernel_device(a.values) or triton_missing() is not None:
+            return
+        from ..kernels import scaled_gemm as kernels  # needs triton: imported here
+
+        epilogue = kernels.Epilogue(
+            a.row_scale, b.row_scale, a.tensor_scale, b.tensor_scale, a.factor, b.factor, bias,
+            out_dtype,
+        )  # fmt: skip
+        if kernels.scaled_gemm_refusal(a.values, b.values, epilogue) is None:
+            self.kernel = kernels.PreparedScaledGemm(a.values, b.values, epilogue, fp32_product)
+            self.epilogue = kernels.Epilogue
+
+    def __call__(
+        self, a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
+    ) -> Tensor:
+        """``Q(a) Q(b)^T (+ bias)`` as `scaled_mm` computes it."""
+        if self.kernel is None:
+            return torch_scaled_mm(a, b, bias, out_dtype)
+        epilogue = self.epilogue(
+            a.row_scale, b.row_scale, a.tensor_scale, b.tensor_scale, a.factor, b.factor, bias,
+            out_dtype,
+        )  # fmt: skip
+        return typing.cast(Tensor, self.kernel(a.values, b.values, epilogue))
+
+
 def torch_scaled_mm(
     a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
 ) -> Tensor:
@@ -326,6 +364,7 @@ def scale_product(
 
 __all__ = [
     "MM_TO_FP32",
+    "PreparedScaledMm",
     "bf16_row_shifts",
     "exact_bf16_operand",
     "exact_bf16_rows_op",

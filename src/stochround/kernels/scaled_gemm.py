@@ -21,6 +21,7 @@ NaN becomes the canonical NaN, whose payload the spec leaves open).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -456,6 +457,74 @@ def scaled_gemm(
     return out
 
 
+class PreparedScaledGemm:
+    """`scaled_gemm` or `fused_epilogue` (as `gemm_kernel` chooses) of operands of one
+    signature: the shapes, the dtypes and which epilogue steps are present, as the example
+    ``a``, ``b`` and ``epilogue`` have them, checked (`scaled_gemm_refusal`) and the choice,
+    the tile and the bound launch made once, so that a call assembles the pointers alone.
+    ``product``: the fp32 product of the fused-epilogue route (the caller's cuBLAS GEMM)."""
+
+    def __init__(
+        self, a: Tensor, b: Tensor, epilogue: Epilogue, product: Callable[[Tensor, Tensor], Tensor]
+    ) -> None:
+        refusal = scaled_gemm_refusal(a, b, epilogue)
+        if refusal is not None:
+            raise ValueError(f"a prepared scaled GEMM runs on the kernels, which refuse: {refusal}")
+        (m, k), n = a.shape, b.shape[0]
+        self.sizes = (m, n, k)
+        self.out_dtype = epilogue.out_dtype
+        self.product = product
+        self.fused = gemm_kernel(m, n, k) == "triton_gemm"
+        self.presence = tuple(t is None for t in epilogue if not isinstance(t, (float, int)))
+        _, constants = _epilogue_arguments(epilogue, a)
+        if self.fused:
+            config = gemm_config(m, n)
+            constants.update(
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                GROUP_M=config.group_m, EVEN_MN=m % config.block_m == 0 and n % config.block_n == 0,
+                EVEN_K=k % config.block_k == 0, num_warps=config.num_warps,
+                num_stages=config.num_stages, LOOP_K=k if INTERPRETED else 0,
+            )  # fmt: skip
+            self.programs = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+            self.launch = bound_launch(_scaled_gemm_kernel, tuple(constants.items()))
+        else:
+            constants.update(
+                BLOCK_M=EPILOGUE_BLOCK_M, BLOCK_N=EPILOGUE_BLOCK_N, num_warps=EPILOGUE_WARPS
+            )
+            self.programs = triton.cdiv(m, EPILOGUE_BLOCK_M) * triton.cdiv(n, EPILOGUE_BLOCK_N)
+            self.launch = bound_launch(_epilogue_kernel, tuple(constants.items()))
+
+    def __call__(self, a: Tensor, b: Tensor, epilogue: Epilogue) -> Tensor:
+        """The scaled product, bit for bit `scaled_gemm`'s or `fused_epilogue`'s.
+        ValueError where the operands' sizes or the epilogue's steps are not the prepared
+        ones (the dtypes are the caller's plan's)."""
+        (m, k), n = a.shape, b.shape[0]
+        present = tuple(t is None for t in epilogue if not isinstance(t, (float, int)))
+        if (m, n, k) != self.sizes or present != self.presence:
+            raise ValueError(
+                f"a prepared scaled GEMM takes the {self.sizes} (m, n, k) product and the "
+                f"epilogue it was made for; got {(m, n, k)}"
+            )
+        if self.fused:
+            source = a
+            out = a.new_empty((m, n), dtype=self.out_dtype)
+        else:
+            source = self.product(a, b).contiguous()
+            out = torch.empty_like(source, dtype=self.out_dtype)
+        if not out.numel():
+            return out
+        # the stand-in of absent tensors as the unprepared kernels pass it (never read)
+        stand_in = out if self.fused else source
+        pointers, _ = _epilogue_arguments(_contiguous(epilogue), stand_in)
+        device = current_device() if a.is_cuda else 0
+        if self.fused:
+            self.launch(device, self.programs, a, b, out, *pointers, m, n, k, *a.stride(),
+                        *b.stride())  # fmt: skip
+        else:
+            self.launch(device, self.programs, source, out, *pointers, m, n)
+        return out
+
+
 __all__ = [
     "FUSED_GEMM_LIMIT",
     "GEMM_KERNELS",
@@ -465,6 +534,7 @@ __all__ = [
     "WIDE_TILES",
     "Epilogue",
     "GemmConfig",
+    "PreparedScaledGemm",
     "epilogue_refusal",
     "fused_epilogue",
     "gemm_config",

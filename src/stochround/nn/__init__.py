@@ -6,7 +6,8 @@ sampling (`GaussWS`, a parametrization that samples each training forward's weig
 rounded-Gaussian noise at a target format's resolution, `gaussws_`, which registers it on
 a model's `nn.Linear` weights, and the functional `sample_weight`).
 
-`recipes` holds the data, `linear` the layer and its autograd function, `operands` the
+`recipes` holds the data, `linear` the layer, `layer_plan` the recipe resolved for a
+layer, `matmul` the layer's autograd function, `operands` the
 quantization of one GEMM operand, `orientations` both orientations of a tensor from one
 read, `tensor_parallel` the layer under torch's colwise and rowwise tensor parallelism,
 `recompute` the step a checkpoint's recomputation reads, `streams` the stream offsets of a

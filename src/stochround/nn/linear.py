@@ -33,35 +33,37 @@ so an optimizer or a rounding call given the same seed draws other words.  The s
 buffer (in the ``state_dict``): it advances by one at each forward under grad mode, so a
 run is a pure function of the recipe's seed and resumes bit-exactly from a checkpoint;
 torch's global generator is never drawn from.
+
+`stochround.nn.layer_plan` holds the recipe resolved for a layer (`Plan`),
+`stochround.nn.matmul` the autograd function that runs the GEMMs.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import typing
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional
 from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
-from ..blocks.gemm import native_fp8_mm, scaled_mm
-from ..blocks.hadamard import random_signs
-from ..blocks.request import RHT_SEED, check_blocks
-from ..blocks.tensor import GemmOperand
 from ..kernels.availability import triton_missing
-from ..random import StreamDomain, seed_tensor, stream_key
 from ..shards import is_dtensor
-from .operands import TRANSPOSE_TARGETS, Operand, quantize_operand, tensor_transposes
-from .orientations import both_orientations, pair_refusal
-from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
+from .layer_plan import (
+    Plan,
+    check_operand_shapes,
+    make_plan,
+    pad_tokens,
+    running_gemms,
+    shares_rotation,
+    token_multiple,
+)
+from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
+from .recipes import Recipe
 from .recompute import read_step
-from .step_ops import autocast_off, bias_gradient, draw_signs, transposed
+from .step_plan import StepPlan, StepPlans, StepSignature, make_step_plan, step_signature
 from .streams import (
     MAX_LAYERS,
     ROLE_SLOTS,
@@ -73,6 +75,10 @@ from .streams import (
     stream_offset,
 )
 from .tensor_parallel import local_call, rank_key
+
+# the most input signatures a layer keeps a `StepPlan` for (a model's layers see a few:
+# training and evaluation batches, a last partial batch)
+STEP_PLANS = 8
 
 # the releases whose compiled backward of `QuantizedMatmul` is tested to equal eager's
 COMPILES = TorchVersion(torch.__version__) >= "2.11"
@@ -86,331 +92,6 @@ def next_layer_index(model: torch.nn.Module, kind: type) -> int:
         typing.cast(int, each.layer_index) for each in model.modules() if isinstance(each, kind)
     ]
     return 1 + max(indices, default=-1)
-
-
-class Plan(NamedTuple):
-    """What a layer's GEMMs need: the six operands, the Philox key of its streams (the
-    recipe's seed in `StreamDomain.RECIPE`: `stochround.random.stream_key`), the layer's
-    index, the multiple the wgrad GEMM pads its token count to (`token_multiple`) and
-    whether dgrad's weight operand is fprop's transposed (`weight_transposes`), and
-    whether the GEMMs run on the FP8 tensor cores (``native``, `Recipe.gemm`), and the
-    per-tensor roles whose operand is another's transposed (`tensor_transposes`)."""
-
-    operands: dict[str, Operand]
-    seed: int
-    layer: int
-    token_multiple: int
-    weight_transposes: bool
-    native: bool = False
-    tensor_transposes: frozenset[str] = frozenset()
-
-
-def token_multiple(operands: dict[str, Operand]) -> int:
-    """The multiple of tokens the wgrad operands need along their contraction axis (the
-    tokens): the lcm of their blocks' lengths along it, their RHT sizes and 2 for 4-bit
-    codes (which pack two per byte); 1 where nothing blocks the tokens."""
-    multiple = 1
-    for role in GEMMS["wgrad"]:
-        entry = operands[role]
-        if entry.fmt is None or entry.spec.format in TENSOR_FORMATS:
-            continue
-        block = entry.fmt.block
-        length = block[1] if isinstance(block, tuple) else (block or 1)
-        packing = 2 if entry.fmt.element.bits == 4 else 1
-        multiple = math.lcm(multiple, length, entry.spec.rht or 1, packing)
-    return multiple
-
-
-def make_plan(recipe: Recipe, layer: int) -> Plan:
-    """The `Plan` of ``recipe`` for layer number ``layer``."""
-    operands = {}
-    for role in ROLES:
-        spec = recipe.spec(role)
-        fmt = spec.block_format() if spec.quantized else None
-        operands[role] = Operand(role, spec, fmt)
-    stream_offset(0, layer, 0)  # checks the layer index
-    key = int(stream_key(recipe.seed, StreamDomain.RECIPE))
-    native = recipe.gemm == "native"
-    reuse, multiple = weight_transposes(operands), token_multiple(operands)
-    transposes = tensor_transposes(operands, multiple)
-    return Plan(operands, key, layer, multiple, reuse, native, transposes)
-
-
-def weight_transposes(operands: dict[str, Operand]) -> bool:
-    """Whether dgrad's weight operand Q(W^T) is fprop's Q(W) transposed, bit for bit, so
-    that the backward reuses it: both roles quantized alike in square 2-D tiles (a tile of
-    W^T is the transpose of a tile of W, with its amax and scale), without random bits, an
-    RHT or a hardware preset (NVFP4's 16x16 weights, as Transformer Engine reuses them)."""
-    forward, backward = operands["fprop_weight"], operands["dgrad_weight"]
-    spec, fmt = forward.spec, forward.fmt
-    if fmt is None or spec != backward.spec or spec.format in TENSOR_FORMATS:
-        return False
-    square = isinstance(fmt.block, tuple) and fmt.block[0] == fmt.block[1]
-    alike = spec.mode != "sr" and spec.rht is None and spec.hardware is None
-    return square and alike and spec.noise == "element"
-
-
-def pad_tokens(operand: Tensor, multiple: int) -> Tensor:
-    """A wgrad operand ``(features, T)`` with zero columns appended up to a multiple of
-    ``multiple`` tokens: the operand of a batch padded with zero tokens, whose products
-    add nothing to dW's sums (itself where T is a multiple already)."""
-    missing = -operand.shape[1] % multiple
-    return operand if missing == 0 else functional.pad(operand, (0, missing))
-
-
-def shares_rotation(left: QuantSpec, right: QuantSpec) -> bool:
-    """Whether a GEMM's two operands are rotated alike (the same RHT size and sign policy,
-    so the same signs), so that it can multiply them in the rotated basis."""
-    return left.rht is not None and (left.rht, left.rht_signs) == (right.rht, right.rht_signs)
-
-
-def rotation_signs(
-    plan: Plan, gemm: str, spec: QuantSpec, offsets: Sequence[Tensor], device: torch.device
-) -> Tensor | None:
-    """The RHT signs of ``spec``'s operand in ``gemm``: per-step signs from the GEMM's own
-    stream (`SIGN_SLOTS`, so that both operands draw the same rotation), fixed signs
-    ``random_signs(size, RHT_SEED)``.  Eagerly the fixed signs are None (the block
-    quantizer's cached copy); under torch.compile both are drawn by `draw_signs`."""
-    size = typing.cast(int, spec.rht)
-    per_step = spec.rht_signs == "per_step"
-    if not torch.compiler.is_compiling():
-        if not per_step:
-            return None
-        return random_signs(size, plan.seed, offset=offsets[SIGN_SLOTS[gemm]], device=device)
-    if per_step:
-        seed, offset = seed_tensor(plan.seed, "seed", device), offsets[SIGN_SLOTS[gemm]]
-    else:
-        seed = offset = torch.full((), RHT_SEED, dtype=torch.int64, device=device)
-    return typing.cast(Tensor, draw_signs(size, seed, offset))
-
-
-def gemm_operands(
-    plan: Plan,
-    gemm: str,
-    left: Tensor | GemmOperand,
-    right: Tensor | GemmOperand,
-    offsets: Sequence[Tensor],
-    reuse: frozenset[str] = frozenset(),
-) -> tuple[GemmOperand, GemmOperand, dict[str, GemmOperand]]:
-    """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
-    from its role's stream at the step whose slots' offsets (`slot_offsets`) are ``offsets``,
-    rotated by `rotation_signs` where its spec has an RHT; an operand already quantized is
-    taken as it is.  And by role, the operands of the roles in ``reuse`` (of the plan's
-    `tensor_transposes`) that are one of these transposed, written with it."""
-    left_role, right_role = GEMMS[gemm]
-    reused: dict[str, GemmOperand] = {}
-    rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
-    results = []
-    drawn: dict[tuple[int, str], Tensor | None] = {}  # the GEMM's signs, drawn once
-    for role, operand in ((left_role, left), (right_role, right)):
-        if isinstance(operand, GemmOperand):
-            results.append(operand)
-            continue
-        entry = plan.operands[role]
-        signs = None
-        if entry.spec.rht is not None:
-            key = (entry.spec.rht, entry.spec.rht_signs)
-            if key not in drawn:
-                drawn[key] = rotation_signs(plan, gemm, entry.spec, offsets, operand.device)
-            signs = drawn[key]
-        offset = offsets[ROLE_SLOTS[role]]
-        target = TRANSPOSE_TARGETS.get(role)
-        transposes: list[GemmOperand] | None = [] if target in reuse else None
-        quantized = quantize_operand(
-            operand.contiguous(), entry, plan.seed, offset, signs, rotated, native=plan.native,
-            transposes=transposes,
-        )  # fmt: skip
-        if transposes and target is not None:
-            reused[target] = transposes[0]
-        results.append(quantized)
-    return results[0], results[1], reused
-
-
-def quantized_pair(
-    plan: Plan, tensor: Tensor, name: str, offsets: Sequence[Tensor]
-) -> tuple[GemmOperand, GemmOperand] | None:
-    """Both operands of x (``name`` "input": fprop's and wgrad's) or dy ("grad_output":
-    dgrad's and wgrad's) from one read (`stochround.nn.orientations.both_orientations`),
-    each from its role's stream, wgrad's padded to `token_multiple` tokens and rotated
-    with wgrad's signs; None where the pair is not served (the caller quantizes each)."""
-    row_role = ("fprop_" if name == "input" else "dgrad_") + name
-    row, column = plan.operands[row_role], plan.operands["wgrad_" + name]
-    wgrad_specs = (plan.operands[role].spec for role in GEMMS["wgrad"])
-    rotated = shares_rotation(*wgrad_specs)
-    if plan.native or torch.compiler.is_compiling() or pair_refusal(row, column, rotated):
-        return None
-    signs = None
-    if column.spec.rht is not None and column.spec.rht_signs == "per_step":
-        signs = rotation_signs(plan, "wgrad", column.spec, offsets, tensor.device)
-    multiple = plan.token_multiple
-    padded = -(-tensor.shape[0] // multiple) * multiple
-    row_offset, column_offset = offsets[ROLE_SLOTS[row_role]], offsets[ROLE_SLOTS[column.role]]
-    return both_orientations(
-        tensor, row, column, rotated, padded, plan.seed, row_offset, column_offset, signs
-    )
-
-
-def gemm_of(plan: Plan) -> Callable[..., Tensor]:
-    """The plan's GEMM: the exact emulation (`stochround.blocks.scaled_mm`) or the FP8
-    tensor cores (`stochround.blocks.gemm.native_fp8_mm`)."""
-    return native_fp8_mm if plan.native else scaled_mm
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    """A CUDA device's compute capability, asked once (a forward reads it every step)."""
-    return torch.cuda.get_device_capability(device)
-
-
-def check_native(x: Tensor) -> None:
-    """ValueError unless x lies on a GPU with FP8 tensor cores (compute capability 8.9 or
-    higher), which ``gemm="native"`` runs its GEMMs on."""
-    if not x.is_cuda:
-        raise ValueError(
-            f"gemm='native' runs FP8 tensor-core GEMMs, on CUDA; got a tensor on {x.device} "
-            "(the default gemm='emulated' runs anywhere)"
-        )
-    capability = _capability(x.device)
-    if capability < (8, 9):
-        name = torch.cuda.get_device_name(x.device)
-        raise ValueError(
-            f"gemm='native' needs FP8 tensor cores (compute capability 8.9 or higher); {name} "
-            f"has {capability[0]}.{capability[1]} (the default gemm='emulated' runs anywhere)"
-        )
-
-
-class QuantizedMatmul(torch.autograd.Function):
-    """``x W^T + b`` with the three GEMMs on quantized operands (module docstring)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,
-        weight: Tensor,
-        bias: Tensor | None,
-        step: Tensor,
-        plan: Plan,
-        wgrad: bool = False,
-        dgrad: bool = False,
-    ) -> Tensor:
-        with autocast_off(x.device.type):
-            column = step_column(step, plan.layer)
-            offsets = slot_offsets(column)
-            # where wgrad runs, x read once for both of its operands: wgrad's kept for the
-            # backward instead of transposing and quantizing x again there
-            pair = quantized_pair(plan, x, "input", offsets) if wgrad else None
-            left = x if pair is None else pair[0]
-            # per-tensor: Q(W)^T and Q(x)^T for the backward, written with Q(W) and Q(x)
-            runs = {"dgrad_weight": dgrad, "wgrad_input": wgrad}
-            reuse = frozenset(role for role in plan.tensor_transposes if runs.get(role))
-            qx, qw, reused = gemm_operands(plan, "fprop", left, weight, offsets, reuse)
-            out = gemm_of(plan)(qx, qw, bias=bias, out_dtype=x.dtype)
-        # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
-        # GEMM reads as it is) instead of quantizing W^T again (per-tensor: contiguous)
-        kept = plan.weight_transposes and qw.row_scale is None
-        values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
-        if "dgrad_weight" in reused:
-            values, scale = reused["dgrad_weight"][:2]
-        x_t_values, x_t_scale = (None, None) if pair is None else pair[1][:2]
-        if "wgrad_input" in reused:  # Q(x^T) is Q(x)^T
-            x_t_values, x_t_scale = reused["wgrad_input"][:2]
-        ctx.save_for_backward(x, weight, column, values, scale, x_t_values, x_t_scale)
-        ctx.factor = qw.factor
-        ctx.plan = plan
-        ctx.bias_dtype = None if bias is None else bias.dtype
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
-        offsets = slot_offsets(column)
-        plan: Plan = ctx.plan
-        grad_x = grad_weight = grad_bias = None
-        dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        with autocast_off(grad.device.type):
-            # dy read once for both of its operands where both GEMMs run
-            pair = None
-            if dgrad and wgrad:
-                pair = quantized_pair(plan, grad.contiguous(), "grad_output", offsets)
-            if dgrad:
-                right: Tensor | GemmOperand
-                if weight_values is not None:
-                    right = GemmOperand(weight_values, weight_scale, None, ctx.factor)
-                    if "dgrad_weight" not in plan.tensor_transposes:  # per-tensor: W^T's
-                        right = right._replace(values=weight_values.T)
-                else:
-                    right = transposed(weight)
-                left = grad if pair is None else pair[0]
-                # Q(dy^T) is Q(dy)^T (per-tensor), written with Q(dy)
-                reuse = plan.tensor_transposes & {"wgrad_grad_output"} if wgrad else frozenset()
-                qdy, qw, reused = gemm_operands(plan, "dgrad", left, right, offsets, reuse)
-                grad_x = gemm_of(plan)(qdy, qw, out_dtype=x.dtype)
-                if "wgrad_grad_output" in reused:
-                    pair = (qdy, reused["wgrad_grad_output"])
-            if wgrad:
-                multiple = plan.token_multiple
-                grad_t: Tensor | GemmOperand
-                x_t: Tensor | GemmOperand
-                if pair is not None:
-                    grad_t = pair[1]
-                else:
-                    grad_t = pad_tokens(transposed(grad.contiguous()), multiple)
-                if x_t_values is not None:
-                    x_t = GemmOperand(x_t_values, x_t_scale, None, 1.0)
-                else:
-                    x_t = pad_tokens(transposed(x.contiguous()), multiple)
-                qdy, qx, _ = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
-                grad_weight = gemm_of(plan)(qdy, qx, out_dtype=weight.dtype)
-            if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
-                grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias, None, None, None, None
-
-
-def check_operand_shapes(
-    plan: Plan,
-    tokens: int,
-    in_features: int,
-    out_features: int,
-    gemms: tuple[str, ...] = tuple(GEMMS),
-) -> None:
-    """ValueError, naming the role, unless every quantized operand of ``gemms`` has blocks
-    (and RHT) dividing its shape with the contraction axis last: x ``(T, in)`` and W
-    ``(out, in)`` in fprop, dy ``(T, out)`` and W^T ``(in, out)`` in dgrad, dy^T ``(out,
-    T')`` and x^T ``(in, T')`` in wgrad, with ``T'`` the tokens padded to the plan's
-    `token_multiple` (`pad_tokens`)."""
-    padded = -(-tokens // plan.token_multiple) * plan.token_multiple
-    shapes = {
-        "fprop_input": (tokens, in_features),
-        "fprop_weight": (out_features, in_features),
-        "dgrad_grad_output": (tokens, out_features),
-        "dgrad_weight": (in_features, out_features),
-        "wgrad_grad_output": (out_features, padded),
-        "wgrad_input": (in_features, padded),
-    }
-    for role in (role for gemm in gemms for role in GEMMS[gemm]):
-        entry = plan.operands[role]
-        if entry.fmt is None or entry.spec.format in TENSOR_FORMATS:
-            continue
-        shape = torch.Size(shapes[role])
-        try:
-            check_blocks(entry.fmt, shape, 1)
-            rht = entry.spec.rht
-            if rht is not None and shape[1] % rht:
-                raise ValueError(f"rht={rht} must divide the contraction length {shape[1]}")
-        except ValueError as error:
-            raise ValueError(
-                f"{role}: the operand {tuple(shape)} (contraction axis last) does not fit "
-                f"its blocks: {error}"
-            ) from None
-
-
-def running_gemms(x: Tensor, weight: Tensor) -> tuple[str, ...]:
-    """The GEMMs a call will run: fprop always; dgrad if x needs a gradient, wgrad if the
-    weight does (under grad mode)."""
-    grad_mode = torch.is_grad_enabled()
-    dgrad = ("dgrad",) if grad_mode and x.requires_grad else ()
-    wgrad = ("wgrad",) if grad_mode and weight.requires_grad else ()
-    return ("fprop", *dgrad, *wgrad)
 
 
 class QuantizedLinear(nn.Linear):
@@ -462,6 +143,9 @@ class QuantizedLinear(nn.Linear):
         self.recipe = recipe
         self.layer_index = layer
         self.plan = make_plan(recipe, layer)
+        # each eager call signature's resolved choices (`prepare_step`), made again for
+        # the new plan
+        self.step_plans = StepPlans()
         # asked now, before any trace: first asked inside the traced autograd function, the
         # answer's caching would be a side effect there, which breaks the trace
         triton_missing()
@@ -507,7 +191,8 @@ class QuantizedLinear(nn.Linear):
             dtype = torch.get_autocast_dtype(device_type)
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
-        if torch.compiler.is_compiling() and not COMPILES:
+        compiling = torch.compiler.is_compiling()
+        if compiling and not COMPILES:
             raise RuntimeError(
                 "QuantizedLinear compiles with torch >= 2.11 (on older releases the "
                 f"compiled backward was seen to give zero weight gradients); torch "
@@ -518,6 +203,39 @@ class QuantizedLinear(nn.Linear):
             call = local_call(x, weight, bias)
             x, weight, bias, wrap = call.x, call.weight, call.bias, call.wrap
             plan = plan._replace(seed=rank_key(plan.seed, call.rank))
+        gemms = running_gemms(x, weight)
+        prepared = None
+        if compiling or wrap is not None:  # traced, or a rank's shard: checked each call
+            self.check_call(x, weight, plan, gemms, wrap is not None)
+        else:  # eagerly, the call's choices resolved once per signature (`StepPlan`)
+            signature = step_signature(x, weight, bias, gemms)
+            prepared = self.step_plans.get(signature)
+            if prepared is None:
+                prepared = self.prepare_step(x, weight, signature)
+        out_features = weight.shape[0]
+        lead = x.shape[:-1]
+        matrix = x.dim() == 2  # a matrix of tokens already: no reshape either way
+        tokens = x if matrix else x.reshape(-1, weight.shape[1])
+        # parallelize_module replicates the buffers: the counter is the local tensor
+        counter = self.step.to_local() if is_dtensor(self.step) else self.step
+        # one step a training forward, which a checkpoint's recomputation reads again
+        read = read_step(counter, self.step_reads, self.training)
+        step = counter.clone() if read is None else read
+        wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
+        out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad, prepared)
+        out = typing.cast(Tensor, out)
+        # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
+        # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
+        y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
+        return y if wrap is None else wrap(y)
+
+    def check_call(
+        self, x: Tensor, weight: Tensor, plan: Plan, gemms: tuple[str, ...], sharded: bool
+    ) -> None:
+        """ValueError unless x's last axis has the weight's in_features and every operand
+        of ``gemms`` fits its blocks (`check_operand_shapes`; ``sharded``: the local shapes
+        of a rank under tensor parallelism), and for ``gemm="native"`` x lies on a GPU
+        with FP8 tensor cores (`check_native`)."""
         in_features, out_features = weight.shape[1], weight.shape[0]
         if x.dim() == 0 or x.shape[-1] != in_features:
             raise ValueError(
@@ -526,31 +244,26 @@ class QuantizedLinear(nn.Linear):
             )
         if plan.native:
             check_native(x)
-        lead = x.shape[:-1]
-        matrix = x.dim() == 2  # a matrix of tokens already: no reshape either way
-        tokens = x if matrix else x.reshape(-1, in_features)
-        gemms = running_gemms(x, weight)
+        tokens = x.shape[:-1].numel()
         try:
-            check_operand_shapes(plan, tokens.shape[0], in_features, out_features, gemms)
+            check_operand_shapes(plan, tokens, in_features, out_features, gemms)
         except ValueError as error:
-            if wrap is None:
+            if not sharded:
                 raise
             raise ValueError(
                 f"{error} (under tensor parallelism each rank quantizes its shard: the "
                 "blocks must divide the local shapes)"
             ) from None
-        # parallelize_module replicates the buffers: the counter is the local tensor
-        counter = self.step.to_local() if is_dtensor(self.step) else self.step
-        # one step a training forward, which a checkpoint's recomputation reads again
-        read = read_step(counter, self.step_reads, self.training)
-        step = counter.clone() if read is None else read
-        wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
-        out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad)
-        out = typing.cast(Tensor, out)
-        # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
-        # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
-        y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
-        return y if wrap is None else wrap(y)
+
+    def prepare_step(self, x: Tensor, weight: Tensor, signature: StepSignature) -> StepPlan:
+        """The `StepPlan` of an eager call of ``signature``, checked (`check_call`) and
+        kept in ``step_plans`` (the oldest dropped beyond `STEP_PLANS`)."""
+        self.check_call(x, weight, self.plan, signature.gemms, False)
+        prepared = make_step_plan(self.plan, signature, weight.shape[1], weight.shape[0])
+        if len(self.step_plans) >= STEP_PLANS:
+            del self.step_plans[next(iter(self.step_plans))]
+        self.step_plans[signature] = prepared
+        return prepared
 
     def _load_from_state_dict(
         self,
@@ -579,6 +292,7 @@ __all__ = [
     "ROLE_SLOTS",
     "SIGN_SLOTS",
     "SLOTS_PER_LAYER",
+    "STEP_PLANS",
     "Plan",
     "QuantizedLinear",
     "QuantizedMatmul",

@@ -21,7 +21,7 @@ from ..kernels.availability import use_kernel
 from .operands import Operand, one_element, seed_on
 
 # what the pair quantizer reads
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+PAIR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # whether a layer's step takes the pair: on since it is faster than the separate path on
 # the GPUs measured (benchmarks/RESULTS.md, nvfp4_two_orientation); the tests turn it off
@@ -146,7 +146,7 @@ def both_orientations(
     if not SERVES_STEPS or torch.compiler.is_compiling() or x.dim() != 2 or x.numel() == 0:
         return None
     refusal = pair_refusal(row, column, rotated)
-    if refusal is None and (x.dtype not in _DTYPES or not x.is_contiguous()):
+    if refusal is None and (x.dtype not in PAIR_DTYPES or not x.is_contiguous()):
         refusal = "x is not a contiguous float32, bfloat16 or float16 tensor"
     if not use_kernel("auto", "x", x.is_cuda, refusal):
         return None
@@ -154,4 +154,11 @@ def both_orientations(
     return prepared(x, seed, row_offset, column_offset, signs)
 
 
-__all__ = ["SERVES_STEPS", "PreparedPair", "both_orientations", "pair_refusal", "prepared_pair"]
+__all__ = [
+    "PAIR_DTYPES",
+    "SERVES_STEPS",
+    "PreparedPair",
+    "both_orientations",
+    "pair_refusal",
+    "prepared_pair",
+]
