@@ -246,9 +246,8 @@ def compiled_run(name: str, mode: str, route: bool = False) -> list[Tensor]:
         elif mode == "wrapper":
             wrapped = checkpoint_wrapper(block)
         model.layers[index] = torch.compile(wrapped, backend="inductor", fullgraph=True)
-    # traced, no dispatch mode: the compiled steps dispatch no mm with an out_dtype
     interpreted = route and not on_gpu
-    with availability.cpu_as_cuda(cuda_only_ops=False) if interpreted else contextlib.nullcontext():
+    with availability.cpu_as_cuda() if interpreted else contextlib.nullcontext():
         seen = train(model, device=device)
     # dynamo's caches of checkpointed code would otherwise meet later tests' compiles
     torch._dynamo.reset()

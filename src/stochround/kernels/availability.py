@@ -14,10 +14,9 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch import Tensor
 
 from ..formats import Format, format_of_dtype
 from ..reference import check_choice
@@ -64,16 +63,30 @@ def on_kernel_device(x: torch.Tensor) -> bool:
     return x.is_cuda or _CPU_AS_CUDA[0]
 
 
-class _CudaOnlyOps(TorchDispatchMode):
-    """Supplies, for CPU tensors, the one operation a CUDA step dispatches that the CPU
-    lacks: ``torch.mm`` of bf16 operands with an fp32 ``out_dtype``, computed as the fp32
-    product of the widened operands (each bf16 value exact in fp32)."""
+# [routing as CUDA, supplying the CUDA-only mm]: `cpu_as_cuda`'s flags
+_CPU_MM_DTYPE = [False]
+_CPU_MM_LIBRARY: list[torch.library.Library] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func is torch.ops.aten.mm.dtype and not args[0].is_cuda:
-            a, b, out_dtype = args
-            return torch.mm(a.to(torch.float32), b.to(torch.float32)).to(out_dtype)
-        return func(*args, **(kwargs or {}))
+
+def _cpu_mm_dtype(a: Tensor, b: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """``aten::mm.dtype`` for CPU tensors inside ``cpu_as_cuda()``: the product of the
+    widened operands (each bf16 value exact in fp32), what a CUDA step's bf16 mm with an
+    fp32 ``out_dtype`` computes up to its order of accumulation."""
+    if not _CPU_MM_DTYPE[0]:
+        raise NotImplementedError(
+            "aten::mm.dtype has no CPU kernel (stochround supplies one inside cpu_as_cuda)"
+        )
+    return torch.mm(a.to(torch.float32), b.to(torch.float32)).to(out_dtype)
+
+
+def _register_cpu_mm_dtype() -> None:
+    """Registers `_cpu_mm_dtype` as aten's CPU kernel of ``mm.dtype`` (once a process): a
+    kernel, not a dispatch mode, so that torch.compile traces a step that calls it and a
+    call pays no mode's host time."""
+    if not _CPU_MM_LIBRARY:
+        library = torch.library.Library("aten", "IMPL")
+        library.impl("mm.dtype", _cpu_mm_dtype, "CPU")
+        _CPU_MM_LIBRARY.append(library)
 
 
 @contextlib.contextmanager
@@ -82,19 +95,18 @@ def cpu_as_cuda(cuda_only_ops: bool = True) -> Iterator[None]:
     kernels (in the interpreter) and the host code a CUDA step runs, so that the
     operations a CUDA step dispatches can be counted, and its bits checked, on a CPU
     (benchmarks/bench_ops.py).  The one operation only CUDA has (``torch.mm`` with an
-    ``out_dtype``) is supplied for CPU tensors meanwhile, unless ``cuda_only_ops`` is
-    False: without that dispatch mode (which costs every operation host time a CUDA call
-    does not pay) a call's host time can be measured.  ValueError outside the
-    interpreter."""
+    ``out_dtype``) is supplied for CPU tensors meanwhile (by a CPU kernel, which
+    torch.compile traces and which costs no other operation host time), unless
+    ``cuda_only_ops`` is False.  ValueError outside the interpreter."""
     if not INTERPRETED:
         raise ValueError("cpu_as_cuda needs Triton's interpreter (TRITON_INTERPRET=1)")
-    before = _CPU_AS_CUDA[0]
-    _CPU_AS_CUDA[0] = True
+    _register_cpu_mm_dtype()
+    before = _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0]
+    _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0] = True, cuda_only_ops
     try:
-        with _CudaOnlyOps() if cuda_only_ops else contextlib.nullcontext():
-            yield
+        yield
     finally:
-        _CPU_AS_CUDA[0] = before
+        _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0] = before
 
 
 def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:

@@ -61,6 +61,7 @@ from .layer_plan import (
     token_multiple,
 )
 from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
+from .opaque_matmul import quantized_linear, register_plan
 from .recipes import Recipe
 from .recompute import read_step
 from .step_plan import StepPlan, StepPlans, StepSignature, make_step_plan, step_signature
@@ -146,6 +147,7 @@ class QuantizedLinear(nn.Linear):
         # each eager call signature's resolved choices (`prepare_step`), made again for
         # the new plan
         self.step_plans = StepPlans()
+        self.plan_index = register_plan(self.plan)  # the compiled step's ops take it
         # asked now, before any trace: first asked inside the traced autograd function, the
         # answer's caching would be a side effect there, which breaks the trace
         triton_missing()
@@ -198,11 +200,11 @@ class QuantizedLinear(nn.Linear):
                 f"compiled backward was seen to give zero weight gradients); torch "
                 f"{torch.__version__} runs it eagerly: leave the model uncompiled"
             )
-        plan, wrap = self.plan, None
+        plan, wrap, rank = self.plan, None, -1
         if is_dtensor(weight) or is_dtensor(x):  # tensor parallelism: the local GEMMs
             call = local_call(x, weight, bias)
             x, weight, bias, wrap = call.x, call.weight, call.bias, call.wrap
-            plan = plan._replace(seed=rank_key(plan.seed, call.rank))
+            plan, rank = plan._replace(seed=rank_key(plan.seed, call.rank)), call.rank
         gemms = running_gemms(x, weight)
         prepared = None
         if compiling or wrap is not None:  # traced, or a rank's shard: checked each call
@@ -222,7 +224,10 @@ class QuantizedLinear(nn.Linear):
         read = read_step(counter, self.step_reads, self.training)
         step = counter.clone() if read is None else read
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
-        out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad, prepared)
+        if compiling:  # two opaque ops: eager's host cost, eager's bits
+            out = quantized_linear(tokens, weight, bias, step, self.plan_index, rank)
+        else:
+            out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad, prepared)
         out = typing.cast(Tensor, out)
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)

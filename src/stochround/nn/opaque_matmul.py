@@ -1,0 +1,188 @@
+"""`QuantizedMatmul` under torch.compile as two opaque ops, the forward and the backward of
+a quantized layer each one node of the traced graph, run by the eager code
+(docs/guide/recipes.md, "torch.compile").
+
+Traced op by op, a layer's step became some fifteen opaque kernel ops and a dozen of
+inductor's small kernels, each with its host cost, and compiled steps were slower than
+eager ones.  As two ops a compiled step costs what an eager step costs: the forward op
+computes ``y`` (the fprop GEMM's operands and GEMM) and saves ``x``, ``W`` and the step,
+as ``nn.Linear`` saves its inputs; the backward op quantizes ``dy`` and ``x^T`` (and
+``W^T`` where dgrad does not reuse fprop's) and runs dgrad and wgrad.  The eager step
+writes the wgrad operand of ``x`` with fprop's in one read and keeps it; the backward op
+writes it again from ``x``: the same bits (the two-orientation quantizer equals the two
+separate quantizations, tested), one more read of ``x``.
+
+Each op's fake (which torch.compile calls while it traces, with fake tensors) also runs the
+op once on zeros of the same shapes (`warm_up`): the eager route makes its per-shape state
+at its first call (prepared launches with their ticket counters and amax outputs, the
+layer's key tensor), and made inside the compiled step's first run that state would sit
+in the pool of torch.compile's CUDA graphs (``mode="reduce-overhead"``), which refuses any
+tensor that outlives its warm-up run.
+
+An op takes the layer's `Plan` by its index in a registry (`register_plan`: a plan holds
+dicts, which no op argument can), and a tensor-parallel rank (or -1) whose Philox key
+`tensor_parallel.rank_key` derives inside the op (a key is a 64-bit unsigned integer,
+beyond an op's int64 argument).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from .layer_plan import Plan
+from .matmul import QuantizedMatmul
+from .streams import step_column
+from .tensor_parallel import rank_key
+
+# every registered plan, by index; kept alive, so that an index names one plan for good
+_PLANS: list[Plan] = []
+
+
+def register_plan(plan: Plan) -> int:
+    """``plan``'s index for the ops (a new one each call: a layer registers its plan when
+    it is set, outside any trace)."""
+    _PLANS.append(plan)
+    return len(_PLANS) - 1
+
+
+def registered_plan(index: int, rank: int) -> Plan:
+    """The plan of ``index``, with rank ``rank``'s key under tensor parallelism (-1: none)."""
+    plan = _PLANS[index]
+    return plan if rank < 0 else plan._replace(seed=rank_key(plan.seed, rank))
+
+
+def warm_up(run: Callable[..., object], tensors: tuple[Tensor | None, ...], *rest: object) -> None:
+    """``run`` called once on real zeros shaped as the fake ``tensors`` (None stays None),
+    then ``rest``: the eager route's per-shape state made at compile time, outside any CUDA
+    graph pool (module docstring).  Nothing where a shape is symbolic (dynamic shapes)."""
+    shapes = [() if each is None else tuple(each.shape) for each in tensors]
+    if not all(isinstance(size, int) for shape in shapes for size in shape):
+        return
+    with unset_fake_temporarily():
+        real = [
+            None if each is None else torch.zeros(shape, dtype=each.dtype, device=each.device)
+            for each, shape in zip(tensors, shapes, strict=True)
+        ]
+        run(*real, *rest)
+
+
+class _Saved:
+    """What `QuantizedMatmul`'s forward and backward read and write on their ``ctx``, for
+    calling them outside autograd: the forward's saved tensors are dropped (the backward
+    op recomputes what it needs from ``x`` and ``W``)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        saved: tuple[Tensor | None, ...] = (),
+        needs: tuple[bool, ...] = (),
+        bias_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.plan, self.saved_tensors, self.needs_input_grad = plan, saved, needs
+        self.bias_dtype, self.factor, self.prepared = bias_dtype, 1.0, None
+
+    def save_for_backward(self, *tensors: Tensor | None) -> None:
+        pass
+
+
+def _forward(
+    x: Tensor, weight: Tensor, bias: Tensor | None, step: Tensor, plan_index: int, rank: int
+) -> Tensor:
+    """``y = Q(x) Q(W)^T + b`` by `QuantizedMatmul.forward`, without the backward's
+    operands (wgrad and dgrad off: no pair, no kept transposes)."""
+    plan = registered_plan(plan_index, rank)
+    out = QuantizedMatmul.forward(_Saved(plan), x, weight, bias, step, plan, False, False)  # type: ignore[arg-type]
+    return typing.cast(Tensor, out)
+
+
+quantized_linear = torch.library.custom_op(
+    "stochround::quantized_linear", _forward, mutates_args=()
+)
+
+
+@quantized_linear.register_fake
+def _(
+    x: Tensor, weight: Tensor, bias: Tensor | None, step: Tensor, plan_index: int, rank: int
+) -> Tensor:
+    warm_up(_forward, (x, weight, bias, step), plan_index, rank)
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _backward(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    step: Tensor,
+    plan_index: int,
+    rank: int,
+    needs: list[bool],
+    bias_dtype: torch.dtype | None,
+) -> list[Tensor]:
+    """(dx, dW, db) by `QuantizedMatmul.backward`, each an empty tensor where ``needs``
+    (of x, W, b) says it is not wanted."""
+    plan = registered_plan(plan_index, rank)
+    saved = (x, weight, step_column(step, plan.layer), None, None, None, None)
+    ctx = _Saved(plan, saved, tuple(needs), bias_dtype)
+    grads = QuantizedMatmul.backward(ctx, grad)[:3]
+    return [x.new_empty(0) if each is None else each for each in grads]
+
+
+quantized_linear_backward = torch.library.custom_op(
+    "stochround::quantized_linear_backward", _backward, mutates_args=()
+)
+
+
+@quantized_linear_backward.register_fake
+def _(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    step: Tensor,
+    plan_index: int,
+    rank: int,
+    needs: list[bool],
+    bias_dtype: torch.dtype | None,
+) -> list[Tensor]:
+    warm_up(_backward, (grad, x, weight, step), plan_index, rank, needs, bias_dtype)
+    shapes = (x.shape, weight.shape, (weight.shape[0],))
+    dtypes = (x.dtype, weight.dtype, bias_dtype or x.dtype)
+    return [
+        x.new_empty(shape if need else (0,), dtype=dtype)
+        for shape, dtype, need in zip(shapes, dtypes, needs, strict=True)
+    ]
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, weight, bias, step, plan_index, rank = inputs
+    ctx.save_for_backward(x, weight, step)
+    ctx.plan_index, ctx.rank = plan_index, rank
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _autograd_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    x, weight, step = ctx.saved_tensors
+    needs = [bool(each) for each in ctx.needs_input_grad[:3]]
+    needs[2] = needs[2] and ctx.bias_dtype is not None
+    grads = quantized_linear_backward(
+        grad, x, weight, step, ctx.plan_index, ctx.rank, needs, ctx.bias_dtype
+    )
+    kept = [each if need else None for each, need in zip(grads, needs, strict=True)]
+    return (*kept, None, None, None)
+
+
+quantized_linear.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+__all__ = [
+    "quantized_linear",
+    "quantized_linear_backward",
+    "register_plan",
+    "registered_plan",
+    "warm_up",
+]

@@ -1,0 +1,42 @@
+"""`QuantizedLinear` under torch.compile as two opaque ops (`stochround.nn.opaque_matmul`);
+their bits against eager are tested with the layer's compiled step (tests/nn/test_linear.py)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+import stochround.nn as srnn
+from stochround.nn import opaque_matmul
+
+
+def test_warm_up_runs_on_real_zeros_of_the_fake_shapes() -> None:
+    """The fake's warm-up calls the op's eager body on real tensors (not fake ones: made
+    under the fake mode, the eager route's per-shape state would be fake too), zeros shaped
+    and typed as the fake inputs, None kept."""
+    seen: list[tuple[object, ...]] = []
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.ones(3, 4, dtype=torch.bfloat16))
+        step = mode.from_tensor(torch.ones((), dtype=torch.int64))
+        assert isinstance(x, FakeTensor)
+        opaque_matmul.warm_up(lambda *args: seen.append(args), (x, None, step), 7)
+    (real_x, none, real_step, rest) = seen[0]
+    assert isinstance(real_x, Tensor) and not isinstance(real_x, FakeTensor)
+    assert real_x.dtype == torch.bfloat16 and torch.equal(
+        real_x, torch.zeros(3, 4, dtype=torch.bfloat16)
+    )
+    assert none is None and real_step.dtype == torch.int64 and rest == 7
+
+
+def test_a_layer_registers_its_plan_and_each_recipe_change_a_new_index() -> None:
+    layer = srnn.QuantizedLinear(32, 32, recipe=srnn.nvfp4())
+    first = layer.plan_index
+    assert opaque_matmul.registered_plan(first, -1) is layer.plan
+    layer.set_recipe(srnn.int8())
+    assert (
+        layer.plan_index != first
+        and opaque_matmul.registered_plan(layer.plan_index, -1) is layer.plan
+    )
+    keyed = opaque_matmul.registered_plan(layer.plan_index, 1)
+    assert keyed.seed != layer.plan.seed and keyed._replace(seed=layer.plan.seed) == layer.plan
