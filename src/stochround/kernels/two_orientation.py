@@ -39,7 +39,8 @@ from .block_math import (
 )
 from .block_math import element_format as element_record
 from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, rotation_rounded
-from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits
+from .common import block_tile_words, fp32_bits_of
+from .e2m1_operand import e2m1_value, exact_bf16, rounded_to_bf16
 from .grid import cdiv
 from .runtime import Launch, bound_launch, check_prepared, current_device
 from .tensor_scales import (
@@ -65,20 +66,28 @@ _NUM_WARPS = 4
 
 class Orientation(NamedTuple):
     """How one orientation's blocks are quantized (constexpr): the scale (NVFP4's rule,
-    its flavour and tensor scales), the element format and its rounding."""
+    its flavour and tensor scales), the element format and its rounding; FAST_E2M1: the
+    elements are e2m1 rounded to nearest even or by SR variant a or c, which
+    `e2m1_operand.e2m1_value` rounds (else `fast_round` or `general_round`)."""
 
     SCALE: BlockScale
     ELEMENT: ElementFormat
     ROUNDING: ElementRounding
+    FAST_E2M1: bool = False
 
 
 class PairTiling(NamedTuple):
     """A program's tile: TOKENS x FEATURES elements of x (multiples of the block and of the
-    rotation); WIDE: positions beyond int32."""
+    rotation); WIDE: positions beyond int32; X_FEATURES: x's features (its rows' stride,
+    a constant: every element's offset from its thread's first is an immediate, and a
+    program's tile a division by a constant); EVEN: x's tokens fill whole tiles with no
+    padding tokens and its features whole tiles (no masks)."""
 
     TOKENS: int
     FEATURES: int
     WIDE: bool
+    X_FEATURES: int
+    EVEN: bool
 
 
 @triton.jit
@@ -91,12 +100,18 @@ def _tile_operand(
     seed,
     offset_ptr,
     CHOICE: tl.constexpr,
-    OUT_NAN16: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     """Quantize a [blocks, 4, 4] tile of fp32 bits (int32; each row one block of 16) as
     `quantize_blocks_kernel` does for NVFP4's rule and the "gemm" output, and store each
-    element times its block scale at ``position`` (the global row-major index in the
-    operand's own layout, which SR's words are drawn for)."""
+    element times its block scale in bf16 at ``position`` (the global row-major index in
+    the operand's own layout, which SR's words are drawn for; ``mask``: whether it lies in
+    the operand, every element where EVEN).  The product is NaN exactly where the block's
+    E4M3 scale is: an element's scaled value is NaN only where it is NaN (then the block's
+    amax and scale are) or the block's multiplier is (then its scale is: the tensor
+    scales `store_tensor_scales` makes are finite and positive, so a finite E4M3 scale
+    gives a positive finite multiplier), and an element of e2m1 is finite.  One select a
+    block makes those bf16's canonical NaN, and bf16 holds every other product exactly."""
     SCALE: tl.constexpr = CHOICE.SCALE
     ROUNDING: tl.constexpr = CHOICE.ROUNDING
     ELEMENT: tl.constexpr = CHOICE.ELEMENT
@@ -116,24 +131,27 @@ def _tile_operand(
         r = (word >> (32 - ROUNDING.NBITS)).to(tl.int64)
     else:
         r = bits.to(tl.int64) * 0
-    if ROUNDING.FAST_BITS >= 0:
+    if CHOICE.FAST_E2M1:
+        element = e2m1_value(scaled_bits, r, ROUNDING)
+    elif ROUNDING.FAST_BITS >= 0:
         _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
     else:
         _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
     operand = element * block_value[:, None, None]
-    if OUT_NAN16 == 0:
-        tl.store(out_ptr + position, operand, mask=mask)
-    else:  # exact: NVFP4's products are bf16 values
-        narrow = narrow_to_16_bits(operand.to(tl.int32, bitcast=True), tl.bfloat16, OUT_NAN16)
+    narrow = exact_bf16(operand, (block_value != block_value)[:, None, None])
+    if EVEN:
+        tl.store(out_ptr + position, narrow)
+    else:
         tl.store(out_ptr + position, narrow, mask=mask)
 
 
 @triton.jit
-def _tile_start(program, feature_tiles, TILING: tl.constexpr):
+def _tile_start(program, TILING: tl.constexpr):
     """A program's first token and feature (int64 where TILING.WIDE)."""
+    FEATURE_TILES: tl.constexpr = (TILING.X_FEATURES + TILING.FEATURES - 1) // TILING.FEATURES
     if TILING.WIDE:
         program = program.to(tl.int64)
-    return (program // feature_tiles) * TILING.TOKENS, (program % feature_tiles) * TILING.FEATURES
+    return (program // FEATURE_TILES) * TILING.TOKENS, (program % FEATURE_TILES) * TILING.FEATURES
 
 
 @triton.jit
@@ -149,15 +167,18 @@ def _block_places(first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr):
 
 
 @triton.jit
-def _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING: tl.constexpr):
+def _row_blocks(x_ptr, first_token, first_feature, tokens, TILING: tl.constexpr):
     """The tile's row-wise blocks (16 features of a token) as fp32 bits [blocks, 4, 4] (int32,
     zero beyond x), their places in x (and in the row-wise operand: the same layout) and
-    whether they lie in x.  ``features`` is a multiple of 16, which Triton's
-    specialization sees: each group of four is one vector access."""
+    whether they lie in x (not read where TILING.EVEN).  x's features are a multiple of 16:
+    each group of four is one vector access."""
     token, feature = _block_places(first_token, first_feature, TILING.TOKENS, TILING.FEATURES)
-    position = token * features + feature
-    inside = (token < tokens) & (feature < features)
-    x = tl.load(x_ptr + position, mask=inside, other=0.0)
+    position = token * TILING.X_FEATURES + feature
+    inside = (token < tokens) & (feature < TILING.X_FEATURES)
+    if TILING.EVEN:
+        x = tl.load(x_ptr + position)
+    else:
+        x = tl.load(x_ptr + position, mask=inside, other=0.0)
     return fp32_bits_of(x), position, inside
 
 
@@ -169,7 +190,6 @@ def _column_blocks(
     first_feature,
     tokens,
     padded,
-    features,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
@@ -178,30 +198,33 @@ def _column_blocks(
     """The tile's column-wise blocks (16 tokens of a feature, the tokens from ``tokens`` to
     ``padded`` zero) as fp32 bits [blocks, 4, 4], rotated along the tokens as
     `quantize_blocks_kernel` rotates x^T's rows, their places in x^T ``(features,
-    padded)`` and whether they lie in it.  The values are gathered from x in the blocks'
+    padded)`` and whether they lie in it (not read where TILING.EVEN).  The values are gathered from x in the blocks'
     own layout (each thread's elements a block's tokens), as the row-wise blocks of the same
     tile were just read: the second read is served by the cache, and the rotation, the
     amax and the stream's groups of four stay within a thread, as in the block kernel.  The
     tile's first token is a multiple of the rotation's size, so an element's sign is that
     of its token's place in the tile (for RHT-16 its place in the block).  ROUNDED: the
-    rotated values rounded as the quantize kernels hold them (`rotation_rounded`), else in
+    rotated values rounded as the quantize kernels hold them (`rounded_to_bf16`), else in
     fp32 as the butterfly leaves them.  Also returns the values before the rotation."""
     feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
-    x = tl.load(
-        x_ptr + token * features + feature, mask=(token < tokens) & (feature < features), other=0.0
-    )
+    features: tl.constexpr = TILING.X_FEATURES
+    if TILING.EVEN:
+        x = tl.load(x_ptr + token * features + feature)
+    else:
+        inside = (token < tokens) & (feature < features)
+        x = tl.load(x_ptr + token * features + feature, mask=inside, other=0.0)
     raw = fp32_bits_of(x)
     bits = raw
     if ROTATION.SIZE > 0:
         value = rotated(raw.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
                         ROTATION, False)  # fmt: skip
-        if ROUNDED:
-            value = rotation_rounded(value, NAN16, x.dtype, ROTATION)
+        if ROUNDED:  # only whether a value is NaN matters to the quantization
+            value = rounded_to_bf16(value, NAN16, x.dtype, ROTATION.BF16)
         bits = value.to(tl.int32, bitcast=True)
     return raw, bits, feature * padded + token, (feature < features) & (token < padded)
 
 
-@triton.jit(do_not_specialize=["tokens", "feature_tiles"])
+@triton.jit(do_not_specialize=["tokens"])
 def two_orientation_kernel(
     x_ptr,
     row_out_ptr,
@@ -214,49 +237,42 @@ def two_orientation_kernel(
     column_offset_ptr,
     tokens,
     padded,
-    features,
-    feature_tiles,
     TILING: tl.constexpr,
     ROW: tl.constexpr,
     COLUMN: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
-    OUT_NAN16: tl.constexpr,
 ):
-    """Quantize a TOKENS x FEATURES tile of a contiguous x ``(tokens, features)`` both ways:
-    the blocks of 16 features of each token into ``row_out`` ``(tokens, features)``, and
-    (rotated along the tokens by ROTATION) the blocks of 16 tokens of each feature into
-    ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero.
-    ``padded`` and ``features`` are multiples of 16, which Triton's specialization sees
-    (they are not in do_not_specialize): the row-wise loads and both stores are vector
-    accesses."""
-    first_token, first_feature = _tile_start(tl.program_id(0), feature_tiles, TILING)
+    """Quantize a TOKENS x FEATURES tile of a contiguous x ``(tokens, X_FEATURES)`` both
+    ways: the blocks of 16 features of each token into ``row_out`` ``(tokens,
+    X_FEATURES)``, and (rotated along the tokens by ROTATION) the blocks of 16 tokens of
+    each feature into ``column_out`` ``(X_FEATURES, padded)``, the tokens from ``tokens``
+    to ``padded`` zero.  ``padded`` and X_FEATURES are multiples of 16, which Triton's
+    specialization sees (``padded`` is not in do_not_specialize): the row-wise loads and
+    both stores are vector accesses."""
+    first_token, first_feature = _tile_start(tl.program_id(0), TILING)
     seed = tl.load(seed_ptr)
-    bits, position, inside = _row_blocks(
-        x_ptr, first_token, first_feature, tokens, features, TILING
-    )
+    bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
-        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, OUT_NAN16
+        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, TILING.EVEN
     )
     _, bits, position, inside = _column_blocks(
-        x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
-        ROTATION, NAN16, True,
+        x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, ROTATION, NAN16,
+        True,
     )  # fmt: skip
     _tile_operand(
         bits, position, inside, column_out_ptr, column_scale_ptr, seed, column_offset_ptr,
-        COLUMN, OUT_NAN16,
+        COLUMN, TILING.EVEN,
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["tokens", "feature_tiles", "programs"])
+@triton.jit(do_not_specialize=["tokens", "programs"])
 def two_orientation_amax_kernel(
     x_ptr,
     partial_ptr,
     signs_ptr,
     tokens,
     padded,
-    features,
-    feature_tiles,
     programs,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
@@ -270,13 +286,13 @@ def two_orientation_amax_kernel(
     `last_program_scales` does, would size every program's registers for the last one's
     reduction of the partial maxima.)"""
     program = tl.program_id(0)
-    first_token, first_feature = _tile_start(program, feature_tiles, TILING)
+    first_token, first_feature = _tile_start(program, TILING)
     if ROTATION.SIZE > 0:
         # one read, the column-wise blocks' gather: x's maximum does not depend on the
         # blocks' layout
         raw, column, _, _ = _column_blocks(
-            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
-            ROTATION, NAN16, False,
+            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, ROTATION,
+            NAN16, False,
         )  # fmt: skip
         row = tl.max(tl.max(tl.max(raw & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         # the rounding to x's dtype (and bf16) is monotone and odd, so the largest rounded
@@ -288,7 +304,7 @@ def two_orientation_amax_kernel(
         )
         column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
     else:  # x^T's values are x's
-        bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING)
+        bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
         row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         column_max = row
     tl.store(partial_ptr + program, row)
@@ -309,10 +325,16 @@ def pair_scales_kernel(
 
 
 def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int) -> Orientation:
-    """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (the "te" flavour) with
-    ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc)."""
+    """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (e2m1; the "te"
+    flavour) with ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc).
+    ValueError for other elements: the kernel stores each product of an element and its
+    E4M3 scale as the bf16 that holds it exactly, which e2m1's do."""
+    if fmt.name != "e2m1":
+        raise ValueError(f"fmt must be e2m1 (NVFP4's elements); got {fmt.name!r}")
     scale = BlockScale(RULE="nvfp4", FLAVOUR="te", TENSOR_SCALE=tensor_scales, AMAX_GIVEN=False)
-    return Orientation(scale, element_record(fmt, mode), element_rounding(fmt, mode, n, variant))
+    rounding = element_rounding(fmt, mode, n, variant)
+    fast = mode == "rne" or (mode == "sr" and variant in ("a", "c"))
+    return Orientation(scale, element_record(fmt, mode), rounding, fast)
 
 
 class PairOperands(NamedTuple):
@@ -357,12 +379,15 @@ class PreparedTwoOrientations:
         _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
         if rht is None:
             self.rotation = NO_ROTATION
-        self.feature_tiles = cdiv(features, TILE_FEATURES)
-        self.programs = cdiv(padded, side) * self.feature_tiles
+        feature_tiles = cdiv(features, TILE_FEATURES)
+        self.programs = cdiv(padded, side) * feature_tiles
         # the tiles' extents bound every place either orientation computes (masked or not)
-        extent = cdiv(padded, side) * side * self.feature_tiles * TILE_FEATURES
+        extent = cdiv(padded, side) * side * feature_tiles * TILE_FEATURES
         wide = extent + side >= 2**31
-        tiling = PairTiling(TOKENS=side, FEATURES=TILE_FEATURES, WIDE=wide)
+        even = tokens == padded and tokens % side == 0 and features % TILE_FEATURES == 0
+        tiling = PairTiling(
+            TOKENS=side, FEATURES=TILE_FEATURES, WIDE=wide, X_FEATURES=features, EVEN=even
+        )
         nan16 = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}.get(x.dtype, 0)
         self.quantize = _quantize_launch(tiling, row, column, self.rotation, nan16)
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
@@ -399,7 +424,7 @@ class PreparedTwoOrientations:
             partial = x.new_empty((2, self.programs), dtype=torch.int32)
             self.amax(
                 self.device_index, self.programs, x, partial, rht_signs, tokens, self.padded,
-                features, self.feature_tiles, self.programs,
+                self.programs,
             )  # fmt: skip
             scales = x.new_empty((2, 2), dtype=torch.float32)
             self.scale(self.device_index, 2, partial, self.amax_sink, scales, self.programs)
@@ -409,7 +434,7 @@ class PreparedTwoOrientations:
         column_scale = None if scales is None else scales[1]
         self.quantize(
             self.device_index, self.programs, x, row, column, row_scale, column_scale, rht_signs,
-            seed, row_offset, column_offset, tokens, self.padded, features, self.feature_tiles,
+            seed, row_offset, column_offset, tokens, self.padded,
         )  # fmt: skip
         return PairOperands(row, column, scales)
 
@@ -424,7 +449,6 @@ def _quantize_launch(
         "COLUMN": column,
         "ROTATION": rotation,
         "NAN16": nan16,
-        "OUT_NAN16": 0x7FC0,
         "num_warps": _NUM_WARPS,
         # no multiply-add contraction: every product rounded as the PyTorch path rounds it
         "enable_fp_fusion": False,
