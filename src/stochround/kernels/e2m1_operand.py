@@ -3,12 +3,13 @@ instructions an element than the generic `block_math.fast_round` and
 `common.narrow_to_16_bits` for the same bits, where the two-orientation quantizer
 (`stochround.kernels.two_orientation`) spends them once per element and orientation.
 
-- `e2m1_value`: an fp32 value (not NaN) rounded to e2m1 (saturating to +-6) by
-  round-to-nearest-even or SR variant a / c, as `fast_round`'s value for the same choices,
-  with no NaN handling (the caller's output select covers it).
+- `e2m1_value`: an fp32 value (its magnitude and sign apart) rounded to e2m1 (saturating
+  to +-6) by round-to-nearest-even or SR variant a / c, as `fast_round`'s value for the
+  same choices where it is not NaN; no NaN handling (the caller's scale covers it).
 - `exact_bf16`: operand values that bf16 holds exactly (an e2m1 value times an E4M3
-  scale: at most 6 significant bits, magnitudes in [2**-10, 2688]) as their bf16s, their
-  high halves (no rounding addition), bf16's canonical NaN where ``nan`` holds.
+  scale: at most 6 significant bits, magnitudes in [2**-10, 2688]) or NaN with the sign
+  bit clear as their bf16s, their high halves (no rounding addition), bf16's canonical
+  NaN for the NaNs.
 - `rounded_to_bf16`: the rotated values rounded to x's 16-bit dtype and then to bf16 as
   `block_rotation.rotation_rounded` rounds them, by the hardware conversion where the
   kernel is compiled (one conversion, round to nearest even, subnormals kept), the second
@@ -32,15 +33,16 @@ _E2M1_MAX_BITS = tl.constexpr(0x40C00000)
 
 
 @triton.jit
-def e2m1_value(bits, r, ROUNDING: tl.constexpr):
-    """fp32 values (``bits``: int32, not NaN) rounded to e2m1, saturating to +-6, with
-    their sign (-0 kept), as `fast_round`'s value for e2m1 (mbits 1, emin 0): with q =
+def e2m1_value(magnitude, sign, r, ROUNDING: tl.constexpr):
+    """fp32 values of magnitude ``magnitude`` (fp32, not NaN) and the sign of ``sign``
+    (fp32 bits, int32) rounded to e2m1, saturating to +-6 (-0 kept), as `fast_round`'s
+    value for e2m1 (mbits 1, emin 0), never NaN (a NaN magnitude gives 6): with q =
     max(e, 0) - 1 the ulp's exponent of the clamped |x|, round-to-nearest-even adds and
     subtracts C = 2**(q + 23) in fp32 (exact); SR with n random bits ``r`` takes, with v =
     |x| 2**(B - q), floor((floor(v) + r 2**(32 - n)) / 2**32) 2**q (variant a, B = 32) or
     floor((rne(v) + r) / 2**n) 2**q (variant c, B = n), as `fast_round` does, in one 64-bit
     conversion, addition and shift.  ROUNDING: the record, its FAST_BITS the B."""
-    clamped = tl.minimum(bits & 0x7FFFFFFF, _E2M1_MAX_BITS)
+    clamped = tl.minimum(magnitude.to(tl.int32, bitcast=True), _E2M1_MAX_BITS)
     if ROUNDING.MODE == "rne":
         # 2**max(e, 0) (|x|'s exponent, clamped at 1.0's) times 2**22 is C: fused into
         # the addition and the subtraction, both exact products, so each rounds once as
@@ -66,14 +68,16 @@ def e2m1_value(bits, r, ROUNDING: tl.constexpr):
         # total 2**q: a small integer times a normal power of two, exactly
         value = total.to(tl.float32) * ((field - 1) << 23).to(tl.float32, bitcast=True)
     # x's sign as a bit (a float negation is 0 - v in Triton, which loses -0)
-    return (value.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
+    return (value.to(tl.int32, bitcast=True) | (sign & -0x80000000)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def exact_bf16(value, nan):
-    """bf16 of fp32 values that bf16 holds exactly (their high halves), bf16's canonical
-    NaN (0x7FC0) where ``nan`` holds."""
-    bits = tl.where(nan, 0x7FC00000, value.to(tl.int32, bitcast=True))
+def exact_bf16(value):
+    """bf16 of fp32 values that bf16 holds exactly (their high halves), or NaN with the
+    sign bit clear, as bf16's canonical NaN (0x7FC0): the minimum of the bits with
+    0x7FC00000's as signed integers keeps every finite value (a positive one's bits are
+    below 0x7F800000, a negative one's negative) and takes every such NaN to it."""
+    bits = tl.minimum(value.to(tl.int32, bitcast=True), 0x7FC00000)
     return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 

@@ -39,9 +39,10 @@ from .block_math import (
 )
 from .block_math import element_format as element_record
 from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, rotation_rounded
-from .common import block_tile_words, fp32_bits_of
+from .common import fp32_bits_of
 from .e2m1_operand import e2m1_value, exact_bf16, rounded_to_bf16
 from .grid import cdiv
+from .philox import four_words
 from .runtime import Launch, bound_launch, check_prepared, current_device
 from .tensor_scales import (
     PartialsTiling,
@@ -101,6 +102,7 @@ def _tile_operand(
     offset_ptr,
     CHOICE: tl.constexpr,
     EVEN: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """Quantize a [blocks, 4, 4] tile of fp32 bits (int32; each row one block of 16) as
     `quantize_blocks_kernel` does for NVFP4's rule and the "gemm" output, and store each
@@ -110,39 +112,58 @@ def _tile_operand(
     E4M3 scale is: an element's scaled value is NaN only where it is NaN (then the block's
     amax and scale are) or the block's multiplier is (then its scale is: the tensor
     scales `store_tensor_scales` makes are finite and positive, so a finite E4M3 scale
-    gives a positive finite multiplier), and an element of e2m1 is finite.  One select a
-    block makes those bf16's canonical NaN, and bf16 holds every other product exactly."""
+    gives a positive finite multiplier), and an element of e2m1 is finite: a block's
+    scaled values are taken as magnitudes (the multiplier is positive), an element's NaN
+    left to its scale's.  Both factors' NaNs are fp32's canonical NaN (0x7FC00000) and a
+    GPU's product of a NaN is 0x7FFFFFFF: a product's NaN has its sign bit clear, which
+    `exact_bf16` makes bf16's canonical NaN; bf16 holds every other product exactly."""
     SCALE: tl.constexpr = CHOICE.SCALE
     ROUNDING: tl.constexpr = CHOICE.ROUNDING
     ELEMENT: tl.constexpr = CHOICE.ELEMENT
     magnitude = bits & 0x7FFFFFFF
     amax = tl.max(tl.max(magnitude, axis=2), axis=1).to(tl.float32, bitcast=True)
-    value = bits.to(tl.float32, bitcast=True)
     _, block_value, _, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
-    scaled = value * multiplier[:, None, None]
-    scaled_bits = scaled.to(tl.int32, bitcast=True)
     if ROUNDING.MODE == "sr":
         offset = tl.load(offset_ptr)
         lane = tl.arange(0, 4)[None, None, :]
         # the indices made to depend on x's bits (as the block kernel does): the words
         # then take the layout of the tile
         index = position + (magnitude >> 31)
-        word = block_tile_words(seed, offset, index, lane, True)
+        if not WIDE:  # non-negative int32 places: unsigned, Philox's high counter word is 0
+            index = index.to(tl.uint32)
+        word = _tile_words(seed, offset, index, lane)
         r = (word >> (32 - ROUNDING.NBITS)).to(tl.int64)
     else:
         r = bits.to(tl.int64) * 0
-    if CHOICE.FAST_E2M1:
-        element = e2m1_value(scaled_bits, r, ROUNDING)
-    elif ROUNDING.FAST_BITS >= 0:
-        _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
+    if CHOICE.FAST_E2M1:  # |x| times the multiplier: the scaled value's magnitude
+        scaled = magnitude.to(tl.float32, bitcast=True) * multiplier[:, None, None]
+        element = e2m1_value(scaled, bits, r, ROUNDING)
     else:
-        _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
-    operand = element * block_value[:, None, None]
-    narrow = exact_bf16(operand, (block_value != block_value)[:, None, None])
+        scaled = bits.to(tl.float32, bitcast=True) * multiplier[:, None, None]
+        scaled_bits = scaled.to(tl.int32, bitcast=True)
+        if ROUNDING.FAST_BITS >= 0:
+            _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
+        else:
+            _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
+    narrow = exact_bf16(element * block_value[:, None, None])
     if EVEN:
         tl.store(out_ptr + position, narrow)
     else:
         tl.store(out_ptr + position, narrow, mask=mask)
+
+
+@triton.jit
+def _tile_words(seed, offset, index, lane):
+    """The uint32 stream word of each element of a [blocks, 4, 4] tile whose groups of four
+    lanes are Philox blocks (``index``: the global indices, lane 0's a multiple of 4), as
+    `common.block_tile_words` draws them: the block's number taken from lane 0's index (a
+    sum over the lanes of a select on the lane, which the compiler resolves in registers,
+    where a maximum over the lanes costs an addition and a comparison a lane)."""
+    group = tl.sum(tl.where(lane == 0, index, 0), axis=2) >> 2
+    word0, word1, word2, word3 = four_words(seed, offset, group)
+    word = tl.where(lane == 0, word0[:, :, None], word1[:, :, None])
+    word = tl.where(lane == 2, word2[:, :, None], word)
+    return tl.where(lane == 3, word3[:, :, None], word)
 
 
 @triton.jit
@@ -254,15 +275,16 @@ def two_orientation_kernel(
     seed = tl.load(seed_ptr)
     bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
-        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, TILING.EVEN
-    )
+        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, TILING.EVEN,
+        TILING.WIDE,
+    )  # fmt: skip
     _, bits, position, inside = _column_blocks(
         x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, ROTATION, NAN16,
         True,
     )  # fmt: skip
     _tile_operand(
         bits, position, inside, column_out_ptr, column_scale_ptr, seed, column_offset_ptr,
-        COLUMN, TILING.EVEN,
+        COLUMN, TILING.EVEN, TILING.WIDE,
     )  # fmt: skip
 
 
@@ -276,12 +298,16 @@ def two_orientation_amax_kernel(
     programs,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
+    BUTTERFLY: tl.constexpr,
     NAN16: tl.constexpr,
 ):
     """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
     the tile's transpose rotated along the tokens as the quantize kernels rotate it
     (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
-    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  (The tensor scales come from
+    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  BUTTERFLY: ROTATION
+    without its normalization, which a block's maximum takes instead of each element (a
+    product by a positive constant is monotone: the largest product is the largest
+    magnitude's).  (The tensor scales come from
     a launch of their own, `pair_scales_kernel`: taking tickets here, as
     `last_program_scales` does, would size every program's registers for the last one's
     reduction of the partial maxima.)"""
@@ -291,7 +317,7 @@ def two_orientation_amax_kernel(
         # one read, the column-wise blocks' gather: x's maximum does not depend on the
         # blocks' layout
         raw, column, _, _ = _column_blocks(
-            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, ROTATION,
+            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, BUTTERFLY,
             NAN16, False,
         )  # fmt: skip
         row = tl.max(tl.max(tl.max(raw & 0x7FFFFFFF, axis=2), axis=1), axis=0)
@@ -299,9 +325,8 @@ def two_orientation_amax_kernel(
         # magnitude is the largest magnitude rounded (a NaN too: the canonical NaN): a
         # block's maximum is rounded, not each element
         block_max = tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1)
-        rounded = rotation_rounded(
-            block_max.to(tl.float32, bitcast=True), NAN16, x_ptr.dtype.element_ty, ROTATION
-        )
+        normalized = block_max.to(tl.float32, bitcast=True) * ROTATION.NORM
+        rounded = rotation_rounded(normalized, NAN16, x_ptr.dtype.element_ty, ROTATION)
         column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
     else:  # x^T's values are x's
         bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
@@ -467,6 +492,7 @@ def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
     constants = {
         "TILING": tiling,
         "ROTATION": rotation,
+        "BUTTERFLY": rotation._replace(NORM=1.0),
         "NAN16": nan16,
         "num_warps": _NUM_WARPS,
         "enable_fp_fusion": False,
