@@ -82,15 +82,15 @@ def exact_bf16(value):
 
 
 @triton.jit
-def rounded_to_bf16(value, NAN16: tl.constexpr, X_DTYPE: tl.constexpr, BF16: tl.constexpr):
+def rounded_to_bf16(value, NAN16: tl.constexpr, x_dtype: tl.constexpr, BF16: tl.constexpr):
     """fp32 values rounded to x's dtype (16-bit x: NAN16 its NaN; fp32 x: NAN16 0, kept),
     then to bf16 where BF16, back in fp32: `rotation_rounded`'s values (a NaN any NaN)."""
     if NAN16 != 0:
         if _NATIVE_CONVERSIONS:
-            value = value.to(X_DTYPE).to(tl.float32)
+            value = value.to(x_dtype).to(tl.float32)
         else:
-            value = narrowed_value(value, X_DTYPE, NAN16)
-    if BF16 and not (NAN16 != 0 and X_DTYPE == tl.bfloat16):
+            value = narrowed_value(value, x_dtype, NAN16)
+    if BF16 and not (NAN16 != 0 and x_dtype == tl.bfloat16):
         if _NATIVE_CONVERSIONS:
             value = value.to(tl.bfloat16).to(tl.float32)
         else:

@@ -15,6 +15,15 @@ Each thread holding whole blocks keeps the rotation, the block amax and the stre
 of four within a thread: no transpose through shared memory, no shuffles (a transpose in
 registers, `tl.trans` of the tile, made Triton compute the rotation twice, once in each of
 two layouts, with shared-memory conversions between them).
+
+The kernel is specialised for NVFP4's operands (each instruction is spent once an element
+and orientation, which is what bounds it; benchmarks/pair_resources.py counts them): e2m1
+rounded by `e2m1_operand.e2m1_value` (rne, SR variants a and c), each product stored as the
+bf16 that holds it exactly (its high half), a NaN block's by one integer minimum, the
+rotated values rounded to bf16 by the hardware's conversion, x's features a constant (each
+element's offset an immediate) and, where x's tokens and features fill whole tiles, no
+masks.  The stream contract is unchanged: the words of each element as
+`common.block_tile_words` draws them.
 """
 
 from __future__ import annotations
@@ -219,14 +228,16 @@ def _column_blocks(
     """The tile's column-wise blocks (16 tokens of a feature, the tokens from ``tokens`` to
     ``padded`` zero) as fp32 bits [blocks, 4, 4], rotated along the tokens as
     `quantize_blocks_kernel` rotates x^T's rows, their places in x^T ``(features,
-    padded)`` and whether they lie in it (not read where TILING.EVEN).  The values are gathered from x in the blocks'
-    own layout (each thread's elements a block's tokens), as the row-wise blocks of the same
-    tile were just read: the second read is served by the cache, and the rotation, the
-    amax and the stream's groups of four stay within a thread, as in the block kernel.  The
-    tile's first token is a multiple of the rotation's size, so an element's sign is that
-    of its token's place in the tile (for RHT-16 its place in the block).  ROUNDED: the
-    rotated values rounded as the quantize kernels hold them (`rounded_to_bf16`), else in
-    fp32 as the butterfly leaves them.  Also returns the values before the rotation."""
+    padded)`` and whether they lie in it (not read where TILING.EVEN).  The values are
+    gathered from x in the blocks' own layout (each thread's elements a block's tokens),
+    as the row-wise blocks of the same tile were just read: the second read is served by
+    the cache, and the rotation, the amax and the stream's groups of four stay within a
+    thread, as in the block kernel.  The tile's first token is a multiple of the rotation's
+    size, so an element's sign is that of its token's place in the tile (for RHT-16 its
+    place in the block).  ROUNDED: the rotated values rounded as the quantize kernels hold
+    them (`rounded_to_bf16`: any NaN a NaN, which is all the quantization reads of one),
+    else in fp32 as the butterfly leaves them.  Also returns the values before the
+    rotation."""
     feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
     features: tl.constexpr = TILING.X_FEATURES
     if TILING.EVEN:
@@ -239,7 +250,7 @@ def _column_blocks(
     if ROTATION.SIZE > 0:
         value = rotated(raw.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
                         ROTATION, False)  # fmt: skip
-        if ROUNDED:  # only whether a value is NaN matters to the quantization
+        if ROUNDED:
             value = rounded_to_bf16(value, NAN16, x.dtype, ROTATION.BF16)
         bits = value.to(tl.int32, bitcast=True)
     return raw, bits, feature * padded + token, (feature < features) & (token < padded)
