@@ -65,8 +65,12 @@ def e2m1_value(magnitude, sign, r, ROUNDING: tl.constexpr):
             count = nearest_integer(v)
             noise = r.to(tl.uint64)
         total = ((count + noise) >> B).to(tl.int32)
-        # total 2**q: a small integer times a normal power of two, exactly
-        value = total.to(tl.float32) * ((field - 1) << 23).to(tl.float32, bitcast=True)
+        # total 2**q as C + total 2**q (C = 2**(q + 23): C's bits plus total) less C, both
+        # exact: integer and fp32 additions, no int-to-float conversion (a slow pipe)
+        magic_bits = (field + 22) << 23
+        value = (magic_bits + total).to(tl.float32, bitcast=True) - magic_bits.to(
+            tl.float32, bitcast=True
+        )
     # x's sign as a bit (a float negation is 0 - v in Triton, which loses -0)
     return (value.to(tl.int32, bitcast=True) | (sign & -0x80000000)).to(tl.float32, bitcast=True)
 

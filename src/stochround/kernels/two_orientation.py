@@ -72,6 +72,10 @@ PAIR_BLOCK = 16
 TILE_TOKENS = 128 if INTERPRETED else 32
 TILE_FEATURES = 128 if INTERPRETED else 64
 _NUM_WARPS = 4
+# the amax launch's tiles take this many times the quantize launch's tokens: its thread's
+# fixed work (the tile's reduction) is then spread over twice the elements, at 32 elements
+# a thread and few registers (it holds no operands)
+AMAX_TOKENS = 2
 
 
 class Orientation(NamedTuple):
@@ -415,21 +419,17 @@ class PreparedTwoOrientations:
         _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
         if rht is None:
             self.rotation = NO_ROTATION
-        feature_tiles = cdiv(features, TILE_FEATURES)
-        self.programs = cdiv(padded, side) * feature_tiles
-        # the tiles' extents bound every place either orientation computes (masked or not)
-        extent = cdiv(padded, side) * side * feature_tiles * TILE_FEATURES
-        wide = extent + side >= 2**31
-        even = tokens == padded and tokens % side == 0 and features % TILE_FEATURES == 0
-        tiling = PairTiling(
-            TOKENS=side, FEATURES=TILE_FEATURES, WIDE=wide, X_FEATURES=features, EVEN=even
-        )
+        tiling, self.programs = pair_tiling(tokens, features, padded, side)
         nan16 = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}.get(x.dtype, 0)
         self.quantize = _quantize_launch(tiling, row, column, self.rotation, nan16)
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
-            self.amax = _amax_launch(tiling, self.rotation, nan16)
-            self.scale = _scales_launch(partials_tiling(self.programs))
+            # the amax launch's tiles: AMAX_TOKENS times the quantize launch's tokens
+            amax_tiling, self.amax_programs = pair_tiling(
+                tokens, features, padded, side * AMAX_TOKENS
+            )
+            self.amax = _amax_launch(amax_tiling, self.rotation, nan16)
+            self.scale = _scales_launch(partials_tiling(self.amax_programs))
             # both amaxes, which no caller reads: written by every launch
             self.amax_sink = x.new_empty(2, dtype=torch.float32)
         self.shape, self.dtype, self.device, self.padded = x.shape, x.dtype, x.device, padded
@@ -457,13 +457,13 @@ class PreparedTwoOrientations:
         tokens, features = x.shape
         scales = None
         if self.tensor_scales:
-            partial = x.new_empty((2, self.programs), dtype=torch.int32)
+            programs = self.amax_programs
+            partial = x.new_empty((2, programs), dtype=torch.int32)
             self.amax(
-                self.device_index, self.programs, x, partial, rht_signs, tokens, self.padded,
-                self.programs,
-            )  # fmt: skip
+                self.device_index, programs, x, partial, rht_signs, tokens, self.padded, programs
+            )
             scales = x.new_empty((2, 2), dtype=torch.float32)
-            self.scale(self.device_index, 2, partial, self.amax_sink, scales, self.programs)
+            self.scale(self.device_index, 2, partial, self.amax_sink, scales, programs)
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
         row_scale = None if scales is None else scales[0]
@@ -473,6 +473,25 @@ class PreparedTwoOrientations:
             seed, row_offset, column_offset, tokens, self.padded,
         )  # fmt: skip
         return PairOperands(row, column, scales)
+
+
+def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[PairTiling, int]:
+    """The `PairTiling` of tiles of ``side`` tokens (a multiple of the rotation's size) and
+    TILE_FEATURES features over x ``(tokens, features)`` padded to ``padded`` tokens, and
+    its programs."""
+    feature_tiles = cdiv(features, TILE_FEATURES)
+    programs = cdiv(padded, side) * feature_tiles
+    # the tiles' extents bound every place either orientation computes (masked or not)
+    extent = cdiv(padded, side) * side * feature_tiles * TILE_FEATURES
+    even = tokens == padded and tokens % side == 0 and features % TILE_FEATURES == 0
+    tiling = PairTiling(
+        TOKENS=side,
+        FEATURES=TILE_FEATURES,
+        WIDE=extent + side >= 2**31,
+        X_FEATURES=features,
+        EVEN=even,
+    )
+    return tiling, programs
 
 
 def _quantize_launch(
@@ -512,6 +531,7 @@ def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
 
 
 __all__ = [
+    "AMAX_TOKENS",
     "PAIR_BLOCK",
     "TILE_FEATURES",
     "TILE_TOKENS",
@@ -521,6 +541,7 @@ __all__ = [
     "PreparedTwoOrientations",
     "orientation",
     "pair_scales_kernel",
+    "pair_tiling",
     "two_orientation_amax_kernel",
     "two_orientation_kernel",
 ]
