@@ -391,7 +391,9 @@ class PreparedTwoOrientations:
     fp16) for one shape, dtype, device and padded token count, and one pair of
     `Orientation` choices and rotation, checked and bound once: a call issues the amax
     launch and the tensor-scale launch (both orientations' amaxes and scales, where the
-    operands have tensor scales) and the quantize launch."""
+    operands have tensor scales) and the quantize launch.  The kernels are compiled for
+    each feature count (a constant of theirs: `PairTiling`) and each token count's
+    evenness, not for each token count."""
 
     def __init__(
         self,
