@@ -10,8 +10,10 @@ QuantizedLinear step of bench_nn). Rows of case ``nvfp4_two_orientation``:
 - ``stochround_pair_dy``, ``stochround_pair_x``: both `nvfp4()` operands of dy (SR, the
   column-wise one rotated by RHT-16 along the tokens) or of x (round to nearest) by the
   pair's two launches (the amaxes of both orientations in one read, then both operands),
-  at the default tile; ``..._<T>x<F>w<W>``: at ``--tile`` T x F with W warps. Each is
-  checked bit for bit against the separate path before it is timed.
+  at the default tile; ``..._<T>x<F>w<W>``: at ``--tile`` T x F with W warps;
+  ``..._amax<K>``: at the default tile, the amax launch's tiles K times its tokens
+  (``--amax-tokens``; the default `two_orientation.AMAX_TOKENS`). Each is checked bit for
+  bit against the separate path before it is timed.
 - ``stochround_separate_dy``, ``stochround_separate_x``: the separate path a step takes
   while `orientations.SERVES_STEPS` is off (the row-wise operand, then the transpose kernel
   and the column-wise operand, each with its amax and quantize launches).
@@ -21,6 +23,7 @@ time over the separate path's.
 
     python benchmarks/bench_pair.py                                   # GPU, 8192 x 4096
     python benchmarks/bench_pair.py --tile 16x64 --tile 64x64 --warps 4 --warps 8
+    python benchmarks/bench_pair.py --amax-tokens 1 --amax-tokens 4
     python benchmarks/bench_pair.py --device cpu --tokens 48 --features 64  # smoke test
 """
 
@@ -42,24 +45,29 @@ from torch import Tensor
 CASE = "nvfp4_two_orientation"
 
 
-def pair_run(x: Tensor, name: str, tile: tuple[int, int, int] | None) -> Run:
+def pair_run(
+    x: Tensor, name: str, tile: tuple[int, int, int] | None, amax_tokens: int | None = None
+) -> Run:
     """Both operands of x as ``name``'s roles ("input", "grad_output") by the pair's
-    launches (`PreparedPair`), at ``tile`` (tokens, features, warps; None: the default),
+    launches (`PreparedPair`), at ``tile`` (tokens, features, warps; None: the default)
+    and the amax launch's tiles ``amax_tokens`` times its tokens (None: the default),
     checked against the separate path."""
     from stochround.kernels import two_orientation
     from stochround.nn.orientations import PreparedPair
 
     row, column, plan = served_pair_roles(name)
     defaults = two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES
-    warps = two_orientation._NUM_WARPS
+    warps, amax = two_orientation._NUM_WARPS, two_orientation.AMAX_TOKENS
     if tile is not None:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tile[:2]
         two_orientation._NUM_WARPS = tile[2]
+    if amax_tokens is not None:
+        two_orientation.AMAX_TOKENS = amax_tokens
     try:
         prepared = PreparedPair(row, column, x.shape, x.dtype, x.device, x.shape[0])  # type: ignore[arg-type]
     finally:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = defaults
-        two_orientation._NUM_WARPS = warps
+        two_orientation._NUM_WARPS, two_orientation.AMAX_TOKENS = warps, amax
     notes = "amax of both orientations, then both operands: 2 launches (+ tensor scales)"
     return checked_pair(x, name, prepared, plan.seed, notes)  # type: ignore[attr-defined]
 
@@ -107,6 +115,13 @@ def main() -> int:
     add("--features", type=int, default=4096, help="x's features, a multiple of 16 (4096)")
     add("--tile", action="append", default=[], help="a TOKENSxFEATURES tile to time too")
     add("--warps", type=int, action="append", help="warps of each --tile (4)")
+    add(
+        "--amax-tokens",
+        type=int,
+        action="append",
+        default=[],
+        help="the amax launch's tile tokens over the quantize launch's, to time too",
+    )
     args = bench.parse_args()
     if args.tokens % 16 or args.features % 16:
         bench.parser.error(
@@ -116,6 +131,9 @@ def main() -> int:
         tiles = parsed_tiles(args.tile, args.warps or [4])
     except ValueError as error:
         bench.parser.error(str(error))
+    for factor in args.amax_tokens:
+        if factor < 1 or factor & (factor - 1):
+            bench.parser.error(f"--amax-tokens must be powers of two >= 1; got {factor}")
     generator = torch.Generator(device=bench.device).manual_seed(0)
     x = torch.randn(args.tokens, args.features, generator=generator, device=bench.device)
     x = x.to(torch.bfloat16)
@@ -126,6 +144,9 @@ def main() -> int:
         for tile in tiles:
             provider = f"stochround_pair_{tensor}_{tile[0]}x{tile[1]}w{tile[2]}"
             bench.add(CASE, provider, partial(pair_run, x, name, tile), ours=True)
+        for factor in args.amax_tokens:
+            provider = f"stochround_pair_{tensor}_amax{factor}"
+            bench.add(CASE, provider, partial(pair_run, x, name, None, factor), ours=True)
         build = partial(separate_pair, x, name)
         bench.add(CASE, f"stochround_separate_{tensor}", build, ours=True)
     status = bench.run()

@@ -3,7 +3,10 @@ tensor-scale kernels (`stochround.kernels.two_orientation`) compiled for a GPU t
 H100/H200) without a GPU, for `nvfp4()`'s two pairs (x: round to nearest, dy: SR, the
 column-wise operand rotated by RHT-16 along the tokens), at the default tile or at the
 tiles given: registers a thread, spill bytes, SASS instructions and local-memory (STL/LDL)
-instructions, and the elements a thread holds.
+instructions, and the elements a thread holds; ``path``: the instructions before the first
+EXIT, the straight line every thread runs (what follows is the division's rarely taken
+slow path), and ``/elem``: that path over the elements a thread quantizes in both
+orientations (the quantize kernel; the amax kernel's over the elements it reads).
 
 The pairs are prepared as `stochround.nn.orientations.PreparedPair` prepares them (on a CPU
 tensor of the step's dtype and shape); the launches' arguments are recorded instead of
@@ -21,6 +24,8 @@ import argparse
 import os
 import re
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: the compiled route
@@ -70,6 +75,20 @@ def recorded_launches(pair: str) -> dict[str, tuple[Any, dict, tuple]]:
     }
 
 
+def straight_path(sass: str) -> int:
+    """The SASS instructions before the first EXIT (NOPs left out, as `resources` counts)."""
+    count = 0
+    for line in sass.splitlines():
+        match = re.search(r"/\*[0-9a-f]{4,}\*/\s*(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if match is None:
+            continue
+        opcode = match.group(2)
+        if opcode.startswith("EXIT"):
+            return count
+        count += not opcode.startswith("NOP")
+    return count
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", action="append", choices=sorted(PAIRS), help="only these")
@@ -87,22 +106,32 @@ def main(argv: list[str] | None = None) -> int:
     if parsed.warps is not None:
         two_orientation._NUM_WARPS = parsed.warps
     pairs = parsed.pair or sorted(PAIRS)
-    print(f"{'pair':<4} {'kernel':<8} {'tile':>7} {'warps':>5} {'elem/thr':>8} {RESOURCE_HEADER}")
+    header = f"{'pair':<4} {'kernel':<8} {'tile':>7} {'warps':>5} {'elem/thr':>8}"
+    print(f"{header} {RESOURCE_HEADER} {'path':>6} {'/elem':>6}")
     for tokens, features in tiles:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tokens, features
         for pair in pairs:
             for what, (kernel, constants, args) in recorded_launches(pair).items():
                 binary = compiled(kernel, constants, args, parsed.capability)
                 single = parsed.sass and what == "quantize" and len(pairs) == len(tiles) == 1
-                result = resources(binary, parsed.capability, parsed.sass if single else None)
+                with tempfile.TemporaryDirectory() as folder:
+                    path = str(Path(folder) / "k.sass")
+                    result = resources(binary, parsed.capability, path)
+                    sass = Path(path).read_text()
+                if single:
+                    Path(parsed.sass).write_text(sass)
                 warps = constants.get("num_warps", 4)
                 tiling = constants.get("TILING")
                 per_thread = (
                     0 if tiling is None else tiling.TOKENS * tiling.FEATURES // (32 * warps)
                 )
                 shape = "-" if tiling is None else f"{tiling.TOKENS}x{tiling.FEATURES}"
+                line = straight_path(sass)
+                quantized = per_thread * (2 if what == "quantize" else 1)
+                each = f"{line / quantized:.1f}" if quantized else "-"
                 print(
-                    f"{pair:<4} {what:<8} {shape:>7} {warps:>5} {per_thread:>8} {result.columns()}",
+                    f"{pair:<4} {what:<8} {shape:>7} {warps:>5} {per_thread:>8} "
+                    f"{result.columns()} {line:>6} {each:>6}",
                     flush=True,
                 )
     return 0

@@ -29,6 +29,7 @@ NEEDS_TRITON = {
     "stochround.kernels.block_rotation",
     "stochround.kernels.blocks",
     "stochround.kernels.common",
+    "stochround.kernels.e2m1_operand",
     "stochround.kernels.gaussws",
     "stochround.kernels.matmul",
     "stochround.kernels.operand_bf16",

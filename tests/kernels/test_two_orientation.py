@@ -28,9 +28,18 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def separate(
-    x: torch.Tensor, padded: int, mode: str, offset: int, rht: int | None, signs, rotate: bool
+    x: torch.Tensor,
+    padded: int,
+    mode: str,
+    offset: int,
+    rht: int | None,
+    signs,
+    rotate: bool,
+    n: int = 32,
+    variant: str = "c",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """gemm_blocks of ``x`` (if not ``rotate``) or of its padded transpose (rotated)."""
+    """gemm_blocks of ``x`` (if not ``rotate``) or of its padded transpose (rotated), SR
+    with ``n`` bits of ``variant``."""
     operand = x if not rotate else functional.pad(x.T.contiguous(), (0, padded - x.shape[0]))
     rotation = rht if rotate else None
     rotation_signs = signs if rotation else None
@@ -39,6 +48,7 @@ def separate(
     )
     values = gemm_blocks(
         operand, E2M1, 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=scales, mode=mode,
+        n=n, variant=variant,
         seed=torch.tensor([7], device=DEVICE), offset=torch.tensor([offset], device=DEVICE),
         rht=rotation,
         rht_signs=rotation_signs, rht_bf16=rotation is not None,
@@ -132,6 +142,83 @@ def test_special_values_give_the_separate_tensor_scales(special):
     assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
 
 
+def assert_pair_equals_separate(
+    x: torch.Tensor,
+    padded: int,
+    mode: str,
+    rht: int | None,
+    signs,
+    n: int = 32,
+    variant: str = "c",
+    even: bool | None = None,
+) -> None:
+    """The pair of x (rounded by ``mode``, SR with ``n`` bits of ``variant``) equals the
+    separate path bit for bit, tensor scales (NaN patterns too) and operands; ``even``:
+    whether the launch's tiling is the mask-free one (None: not checked)."""
+    row, column = (orientation(E2M1, mode, n, variant, 2) for _ in range(2))
+    prepared = PreparedTwoOrientations(
+        x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
+    )
+    if even is not None:
+        assert prepared.quantize.constants["TILING"].EVEN is even
+    seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
+    result = prepared(x, seed, row_offset, column_offset, signs)
+    expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, False, n, variant)
+    expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, True, n, variant)
+    assert result.scales is not None
+    assert torch.equal(result.scales[0].view(torch.int32), row_scales.view(torch.int32))
+    assert torch.equal(result.scales[1].view(torch.int32), column_scales.view(torch.int32))
+    assert torch.equal(result.row.view(torch.int16), expected_row.view(torch.int16))
+    assert torch.equal(result.column.view(torch.int16), expected_column.view(torch.int16))
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+@pytest.mark.parametrize("special", [None, float("inf"), float("nan")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_whole_tiles_equal_separate_quantizations(mode, special, dtype, monkeypatch):
+    """x's tokens and features filling whole tiles (no padding tokens) take the mask-free
+    launch, which gives the separate path's bits: 32 x 64 in tiles of 16 x 32, a zero
+    block, tiny blocks, and an infinity or a NaN (its blocks' products bf16's canonical
+    NaN, an infinity's blocks saturated)."""
+    monkeypatch.setattr(two_orientation, "TILE_TOKENS", 16)
+    monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
+    generator = torch.Generator().manual_seed(32)
+    x = (torch.randn(32, 64, generator=generator) * 3).to(DEVICE, dtype)
+    x[16:32, 32:48] = 0.0
+    x[0:16, 48:] *= 2.0**-120
+    if special is not None:
+        x[5, 7] = special
+        x[21, 40] = -special
+    signs = random_signs(16, 3, offset=5, device=DEVICE)
+    assert_pair_equals_separate(x, 32, mode, 16, signs, even=True)
+    assert_pair_equals_separate(x, 48, mode, 16, signs, even=False)  # padding tokens
+
+
+@pytest.mark.parametrize(
+    "mode, n, variant", [("sr", 8, "a"), ("sr", 32, "a"), ("sr", 8, "c"), ("sr", 16, "b"),
+                         ("rz", 32, "c"), ("rna", 32, "c")]
+)  # fmt: skip
+def test_other_roundings_equal_separate_quantizations(mode, n, variant, monkeypatch):
+    """SR variants a and c with fewer bits (`e2m1_value`), variant b (`general_round`)
+    and the directed modes (`fast_round`) give the separate path's bits, whole tiles and
+    not."""
+    monkeypatch.setattr(two_orientation, "TILE_TOKENS", 16)
+    monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.randn(32, 64, generator=generator) * 3).to(DEVICE, torch.bfloat16)
+    x[3, 40:48] = -0.0  # -0 kept
+    signs = random_signs(16, 3, offset=5, device=DEVICE)
+    assert_pair_equals_separate(x, 32, mode, 16, signs, n, variant, even=True)
+    assert_pair_equals_separate(x[:30], 32, mode, None, None, n, variant, even=False)
+
+
+def test_orientation_takes_e2m1_elements_only():
+    """The pair stores each element times its E4M3 scale as the bf16 holding it exactly,
+    which e2m1's products are: another element format is refused by name."""
+    with pytest.raises(ValueError, match=r"fmt must be e2m1 .*'e4m3fn'"):
+        orientation(find_format("e4m3fn"), "rne", 32, "c", 2)
+
+
 def per_step_nvfp4() -> srnn.Recipe:
     """nvfp4() with fresh RHT signs at each step (the wgrad GEMM's own stream)."""
     recipe = srnn.nvfp4(seed=5)
@@ -204,15 +291,19 @@ def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, mo
 # (pair, kernel): (registers, SASS instructions) compiled for sm_90 by Triton 3.6 at the
 # default tile (16 elements a thread); before issue 42's rewrite (64 x 64 tiles, 32
 # elements a thread, the tile transposed in registers) the dy pair's quantize kernel took
-# 252 registers and 6804 instructions, x's 197 and 4371, the amax 64 and 1544
+# 252 registers and 6804 instructions, x's 197 and 4371, the amax 64 and 1544; before the
+# specialised e2m1 path (the generic rounding, narrowing and masks) dy's took 56 and
+# 1973, x's 40 and 1394, the amax 38 and 423
 PAIR_BUDGETS = {
-    ("dy", "quantize"): (56, 1973),
-    ("x", "quantize"): (40, 1394),
-    ("dy", "amax"): (38, 423),
-    ("x", "amax"): (38, 423),
-    ("dy", "scales"): (32, 835),
-    ("x", "scales"): (32, 835),
+    ("dy", "quantize"): (64, 1335),
+    ("x", "quantize"): (52, 791),
+    ("dy", "amax"): (53, 460),
+    ("x", "amax"): (53, 460),
+    ("dy", "scales"): (32, 501),
+    ("x", "scales"): (32, 501),
 }
+# each kernel's tile at the default: the amax launch's takes twice the tokens
+PAIR_TILES = {"quantize": "32x64", "amax": "64x64", "scales": "-"}
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
@@ -222,7 +313,7 @@ PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 )
 def test_pair_kernels_compile_within_their_budgets() -> None:
     """benchmarks/pair_resources.py's offline compile for sm_90: the pair's kernels at the
-    default tile (and its one tensor-scale launch) within their registers and SASS
+    default tiles (and its one tensor-scale launch) within their registers and SASS
     instructions, without spills."""
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -232,8 +323,8 @@ def test_pair_kernels_compile_within_their_budgets() -> None:
     rows = {tuple(line.split()[:2]): line.split() for line in table.splitlines()[1:]}
     assert sorted(rows) == sorted(PAIR_BUDGETS)
     for key, (registers, instructions) in PAIR_BUDGETS.items():
-        _, _, tile, warps, _, regs, spills, sass, stl, ldl = rows[key]
-        assert (tile, warps) == ("-" if key[1] == "scales" else "32x64", "4"), key
+        _, _, tile, warps, _, regs, spills, sass, stl, ldl, _, _ = rows[key]
+        assert (tile, warps) == (PAIR_TILES[key[1]], "4"), key
         assert int(regs) <= registers, (key, regs)
         assert int(sass) <= instructions, (key, sass)
         assert (spills, stl, ldl) == ("0/0", "0", "0"), key

@@ -15,6 +15,15 @@ Each thread holding whole blocks keeps the rotation, the block amax and the stre
 of four within a thread: no transpose through shared memory, no shuffles (a transpose in
 registers, `tl.trans` of the tile, made Triton compute the rotation twice, once in each of
 two layouts, with shared-memory conversions between them).
+
+The kernel is specialised for NVFP4's operands (each instruction is spent once an element
+and orientation, which is what bounds it; benchmarks/pair_resources.py counts them): e2m1
+rounded by `e2m1_operand.e2m1_value` (rne, SR variants a and c), each product stored as the
+bf16 that holds it exactly (its high half), a NaN block's by one integer minimum, the
+rotated values rounded to bf16 by the hardware's conversion, x's features a constant (each
+element's offset an immediate) and, where x's tokens and features fill whole tiles, no
+masks.  The stream contract is unchanged: the words of each element as
+`common.block_tile_words` draws them.
 """
 
 from __future__ import annotations
@@ -39,8 +48,10 @@ from .block_math import (
 )
 from .block_math import element_format as element_record
 from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, rotation_rounded
-from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits
+from .common import fp32_bits_of
+from .e2m1_operand import e2m1_value, exact_bf16, rounded_to_bf16
 from .grid import cdiv
+from .philox import four_words
 from .runtime import Launch, bound_launch, check_prepared, current_device
 from .tensor_scales import (
     PartialsTiling,
@@ -61,24 +72,36 @@ PAIR_BLOCK = 16
 TILE_TOKENS = 128 if INTERPRETED else 32
 TILE_FEATURES = 128 if INTERPRETED else 64
 _NUM_WARPS = 4
+# the amax launch's tiles take this many times the quantize launch's tokens: its thread's
+# fixed work (the tile's reduction) is then spread over twice the elements, at 32 elements
+# a thread and few registers (it holds no operands)
+AMAX_TOKENS = 2
 
 
 class Orientation(NamedTuple):
     """How one orientation's blocks are quantized (constexpr): the scale (NVFP4's rule,
-    its flavour and tensor scales), the element format and its rounding."""
+    its flavour and tensor scales), the element format and its rounding; FAST_E2M1: the
+    elements are e2m1 rounded to nearest even or by SR variant a or c, which
+    `e2m1_operand.e2m1_value` rounds (else `fast_round` or `general_round`)."""
 
     SCALE: BlockScale
     ELEMENT: ElementFormat
     ROUNDING: ElementRounding
+    FAST_E2M1: bool = False
 
 
 class PairTiling(NamedTuple):
     """A program's tile: TOKENS x FEATURES elements of x (multiples of the block and of the
-    rotation); WIDE: positions beyond int32."""
+    rotation); WIDE: positions beyond int32; X_FEATURES: x's features (its rows' stride,
+    a constant: every element's offset from its thread's first is an immediate, and a
+    program's tile a division by a constant); EVEN: x's tokens fill whole tiles with no
+    padding tokens and its features whole tiles (no masks)."""
 
     TOKENS: int
     FEATURES: int
     WIDE: bool
+    X_FEATURES: int
+    EVEN: bool
 
 
 @triton.jit
@@ -91,49 +114,78 @@ def _tile_operand(
     seed,
     offset_ptr,
     CHOICE: tl.constexpr,
-    OUT_NAN16: tl.constexpr,
+    EVEN: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """Quantize a [blocks, 4, 4] tile of fp32 bits (int32; each row one block of 16) as
     `quantize_blocks_kernel` does for NVFP4's rule and the "gemm" output, and store each
-    element times its block scale at ``position`` (the global row-major index in the
-    operand's own layout, which SR's words are drawn for)."""
+    element times its block scale in bf16 at ``position`` (the global row-major index in
+    the operand's own layout, which SR's words are drawn for; ``mask``: whether it lies in
+    the operand, every element where EVEN).  The product is NaN exactly where the block's
+    E4M3 scale is: an element's scaled value is NaN only where it is NaN (then the block's
+    amax and scale are) or the block's multiplier is (then its scale is: the tensor
+    scales `store_tensor_scales` makes are finite and positive, so a finite E4M3 scale
+    gives a positive finite multiplier), and an element of e2m1 is finite: a block's
+    scaled values are taken as magnitudes (the multiplier is positive), an element's NaN
+    left to its scale's.  Both factors' NaNs are fp32's canonical NaN (0x7FC00000) and a
+    GPU's product of a NaN is 0x7FFFFFFF: a product's NaN has its sign bit clear, which
+    `exact_bf16` makes bf16's canonical NaN; bf16 holds every other product exactly."""
     SCALE: tl.constexpr = CHOICE.SCALE
     ROUNDING: tl.constexpr = CHOICE.ROUNDING
     ELEMENT: tl.constexpr = CHOICE.ELEMENT
     magnitude = bits & 0x7FFFFFFF
     amax = tl.max(tl.max(magnitude, axis=2), axis=1).to(tl.float32, bitcast=True)
-    value = bits.to(tl.float32, bitcast=True)
     _, block_value, _, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
-    scaled = value * multiplier[:, None, None]
-    scaled_bits = scaled.to(tl.int32, bitcast=True)
     if ROUNDING.MODE == "sr":
         offset = tl.load(offset_ptr)
         lane = tl.arange(0, 4)[None, None, :]
         # the indices made to depend on x's bits (as the block kernel does): the words
         # then take the layout of the tile
         index = position + (magnitude >> 31)
-        word = block_tile_words(seed, offset, index, lane, True)
+        if not WIDE:  # non-negative int32 places: unsigned, Philox's high counter word is 0
+            index = index.to(tl.uint32)
+        word = _tile_words(seed, offset, index, lane)
         r = (word >> (32 - ROUNDING.NBITS)).to(tl.int64)
     else:
         r = bits.to(tl.int64) * 0
-    if ROUNDING.FAST_BITS >= 0:
-        _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
+    if CHOICE.FAST_E2M1:  # |x| times the multiplier: the scaled value's magnitude
+        scaled = magnitude.to(tl.float32, bitcast=True) * multiplier[:, None, None]
+        element = e2m1_value(scaled, bits, r, ROUNDING)
     else:
-        _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
-    operand = element * block_value[:, None, None]
-    if OUT_NAN16 == 0:
-        tl.store(out_ptr + position, operand, mask=mask)
-    else:  # exact: NVFP4's products are bf16 values
-        narrow = narrow_to_16_bits(operand.to(tl.int32, bitcast=True), tl.bfloat16, OUT_NAN16)
+        scaled = bits.to(tl.float32, bitcast=True) * multiplier[:, None, None]
+        scaled_bits = scaled.to(tl.int32, bitcast=True)
+        if ROUNDING.FAST_BITS >= 0:
+            _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
+        else:
+            _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
+    narrow = exact_bf16(element * block_value[:, None, None])
+    if EVEN:
+        tl.store(out_ptr + position, narrow)
+    else:
         tl.store(out_ptr + position, narrow, mask=mask)
 
 
 @triton.jit
-def _tile_start(program, feature_tiles, TILING: tl.constexpr):
+def _tile_words(seed, offset, index, lane):
+    """The uint32 stream word of each element of a [blocks, 4, 4] tile whose groups of four
+    lanes are Philox blocks (``index``: the global indices, lane 0's a multiple of 4), as
+    `common.block_tile_words` draws them: the block's number taken from lane 0's index (a
+    sum over the lanes of a select on the lane, which the compiler resolves in registers,
+    where a maximum over the lanes costs an addition and a comparison a lane)."""
+    group = tl.sum(tl.where(lane == 0, index, 0), axis=2) >> 2
+    word0, word1, word2, word3 = four_words(seed, offset, group)
+    word = tl.where(lane == 0, word0[:, :, None], word1[:, :, None])
+    word = tl.where(lane == 2, word2[:, :, None], word)
+    return tl.where(lane == 3, word3[:, :, None], word)
+
+
+@triton.jit
+def _tile_start(program, TILING: tl.constexpr):
     """A program's first token and feature (int64 where TILING.WIDE)."""
+    FEATURE_TILES: tl.constexpr = (TILING.X_FEATURES + TILING.FEATURES - 1) // TILING.FEATURES
     if TILING.WIDE:
         program = program.to(tl.int64)
-    return (program // feature_tiles) * TILING.TOKENS, (program % feature_tiles) * TILING.FEATURES
+    return (program // FEATURE_TILES) * TILING.TOKENS, (program % FEATURE_TILES) * TILING.FEATURES
 
 
 @triton.jit
@@ -149,15 +201,18 @@ def _block_places(first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr):
 
 
 @triton.jit
-def _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING: tl.constexpr):
+def _row_blocks(x_ptr, first_token, first_feature, tokens, TILING: tl.constexpr):
     """The tile's row-wise blocks (16 features of a token) as fp32 bits [blocks, 4, 4] (int32,
     zero beyond x), their places in x (and in the row-wise operand: the same layout) and
-    whether they lie in x.  ``features`` is a multiple of 16, which Triton's
-    specialization sees: each group of four is one vector access."""
+    whether they lie in x (not read where TILING.EVEN).  x's features are a multiple of 16:
+    each group of four is one vector access."""
     token, feature = _block_places(first_token, first_feature, TILING.TOKENS, TILING.FEATURES)
-    position = token * features + feature
-    inside = (token < tokens) & (feature < features)
-    x = tl.load(x_ptr + position, mask=inside, other=0.0)
+    position = token * TILING.X_FEATURES + feature
+    inside = (token < tokens) & (feature < TILING.X_FEATURES)
+    if TILING.EVEN:
+        x = tl.load(x_ptr + position)
+    else:
+        x = tl.load(x_ptr + position, mask=inside, other=0.0)
     return fp32_bits_of(x), position, inside
 
 
@@ -169,7 +224,6 @@ def _column_blocks(
     first_feature,
     tokens,
     padded,
-    features,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
@@ -178,30 +232,35 @@ def _column_blocks(
     """The tile's column-wise blocks (16 tokens of a feature, the tokens from ``tokens`` to
     ``padded`` zero) as fp32 bits [blocks, 4, 4], rotated along the tokens as
     `quantize_blocks_kernel` rotates x^T's rows, their places in x^T ``(features,
-    padded)`` and whether they lie in it.  The values are gathered from x in the blocks'
-    own layout (each thread's elements a block's tokens), as the row-wise blocks of the same
-    tile were just read: the second read is served by the cache, and the rotation, the
-    amax and the stream's groups of four stay within a thread, as in the block kernel.  The
-    tile's first token is a multiple of the rotation's size, so an element's sign is that
-    of its token's place in the tile (for RHT-16 its place in the block).  ROUNDED: the
-    rotated values rounded as the quantize kernels hold them (`rotation_rounded`), else in
-    fp32 as the butterfly leaves them.  Also returns the values before the rotation."""
+    padded)`` and whether they lie in it (not read where TILING.EVEN).  The values are
+    gathered from x in the blocks' own layout (each thread's elements a block's tokens),
+    as the row-wise blocks of the same tile were just read: the second read is served by
+    the cache, and the rotation, the amax and the stream's groups of four stay within a
+    thread, as in the block kernel.  The tile's first token is a multiple of the rotation's
+    size, so an element's sign is that of its token's place in the tile (for RHT-16 its
+    place in the block).  ROUNDED: the rotated values rounded as the quantize kernels hold
+    them (`rounded_to_bf16`: any NaN a NaN, which is all the quantization reads of one),
+    else in fp32 as the butterfly leaves them.  Also returns the values before the
+    rotation."""
     feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
-    x = tl.load(
-        x_ptr + token * features + feature, mask=(token < tokens) & (feature < features), other=0.0
-    )
+    features: tl.constexpr = TILING.X_FEATURES
+    if TILING.EVEN:
+        x = tl.load(x_ptr + token * features + feature)
+    else:
+        inside = (token < tokens) & (feature < features)
+        x = tl.load(x_ptr + token * features + feature, mask=inside, other=0.0)
     raw = fp32_bits_of(x)
     bits = raw
     if ROTATION.SIZE > 0:
         value = rotated(raw.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
                         ROTATION, False)  # fmt: skip
         if ROUNDED:
-            value = rotation_rounded(value, NAN16, x.dtype, ROTATION)
+            value = rounded_to_bf16(value, NAN16, x.dtype, ROTATION.BF16)
         bits = value.to(tl.int32, bitcast=True)
     return raw, bits, feature * padded + token, (feature < features) & (token < padded)
 
 
-@triton.jit(do_not_specialize=["tokens", "feature_tiles"])
+@triton.jit(do_not_specialize=["tokens"])
 def two_orientation_kernel(
     x_ptr,
     row_out_ptr,
@@ -214,81 +273,78 @@ def two_orientation_kernel(
     column_offset_ptr,
     tokens,
     padded,
-    features,
-    feature_tiles,
     TILING: tl.constexpr,
     ROW: tl.constexpr,
     COLUMN: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
-    OUT_NAN16: tl.constexpr,
 ):
-    """Quantize a TOKENS x FEATURES tile of a contiguous x ``(tokens, features)`` both ways:
-    the blocks of 16 features of each token into ``row_out`` ``(tokens, features)``, and
-    (rotated along the tokens by ROTATION) the blocks of 16 tokens of each feature into
-    ``column_out`` ``(features, padded)``, the tokens from ``tokens`` to ``padded`` zero.
-    ``padded`` and ``features`` are multiples of 16, which Triton's specialization sees
-    (they are not in do_not_specialize): the row-wise loads and both stores are vector
-    accesses."""
-    first_token, first_feature = _tile_start(tl.program_id(0), feature_tiles, TILING)
+    """Quantize a TOKENS x FEATURES tile of a contiguous x ``(tokens, X_FEATURES)`` both
+    ways: the blocks of 16 features of each token into ``row_out`` ``(tokens,
+    X_FEATURES)``, and (rotated along the tokens by ROTATION) the blocks of 16 tokens of
+    each feature into ``column_out`` ``(X_FEATURES, padded)``, the tokens from ``tokens``
+    to ``padded`` zero.  ``padded`` and X_FEATURES are multiples of 16, which Triton's
+    specialization sees (``padded`` is not in do_not_specialize): the row-wise loads and
+    both stores are vector accesses."""
+    first_token, first_feature = _tile_start(tl.program_id(0), TILING)
     seed = tl.load(seed_ptr)
-    bits, position, inside = _row_blocks(
-        x_ptr, first_token, first_feature, tokens, features, TILING
-    )
+    bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
-        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, OUT_NAN16
-    )
+        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, TILING.EVEN,
+        TILING.WIDE,
+    )  # fmt: skip
     _, bits, position, inside = _column_blocks(
-        x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
-        ROTATION, NAN16, True,
+        x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, ROTATION, NAN16,
+        True,
     )  # fmt: skip
     _tile_operand(
         bits, position, inside, column_out_ptr, column_scale_ptr, seed, column_offset_ptr,
-        COLUMN, OUT_NAN16,
+        COLUMN, TILING.EVEN, TILING.WIDE,
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["tokens", "feature_tiles", "programs"])
+@triton.jit(do_not_specialize=["tokens", "programs"])
 def two_orientation_amax_kernel(
     x_ptr,
     partial_ptr,
     signs_ptr,
     tokens,
     padded,
-    features,
-    feature_tiles,
     programs,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
+    BUTTERFLY: tl.constexpr,
     NAN16: tl.constexpr,
 ):
     """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
     the tile's transpose rotated along the tokens as the quantize kernels rotate it
     (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
-    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  (The tensor scales come from
+    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  BUTTERFLY: ROTATION
+    without its normalization, which a block's maximum takes instead of each element (a
+    product by a positive constant is monotone: the largest product is the largest
+    magnitude's).  (The tensor scales come from
     a launch of their own, `pair_scales_kernel`: taking tickets here, as
     `last_program_scales` does, would size every program's registers for the last one's
     reduction of the partial maxima.)"""
     program = tl.program_id(0)
-    first_token, first_feature = _tile_start(program, feature_tiles, TILING)
+    first_token, first_feature = _tile_start(program, TILING)
     if ROTATION.SIZE > 0:
         # one read, the column-wise blocks' gather: x's maximum does not depend on the
         # blocks' layout
         raw, column, _, _ = _column_blocks(
-            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, features, TILING,
-            ROTATION, NAN16, False,
+            x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, BUTTERFLY,
+            NAN16, False,
         )  # fmt: skip
         row = tl.max(tl.max(tl.max(raw & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         # the rounding to x's dtype (and bf16) is monotone and odd, so the largest rounded
         # magnitude is the largest magnitude rounded (a NaN too: the canonical NaN): a
         # block's maximum is rounded, not each element
         block_max = tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1)
-        rounded = rotation_rounded(
-            block_max.to(tl.float32, bitcast=True), NAN16, x_ptr.dtype.element_ty, ROTATION
-        )
+        normalized = block_max.to(tl.float32, bitcast=True) * ROTATION.NORM
+        rounded = rotation_rounded(normalized, NAN16, x_ptr.dtype.element_ty, ROTATION)
         column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
     else:  # x^T's values are x's
-        bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, features, TILING)
+        bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
         row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         column_max = row
     tl.store(partial_ptr + program, row)
@@ -309,10 +365,16 @@ def pair_scales_kernel(
 
 
 def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int) -> Orientation:
-    """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (the "te" flavour) with
-    ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc)."""
+    """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (e2m1; the "te"
+    flavour) with ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc).
+    ValueError for other elements: the kernel stores each product of an element and its
+    E4M3 scale as the bf16 that holds it exactly, which e2m1's do."""
+    if fmt.name != "e2m1":
+        raise ValueError(f"fmt must be e2m1 (NVFP4's elements); got {fmt.name!r}")
     scale = BlockScale(RULE="nvfp4", FLAVOUR="te", TENSOR_SCALE=tensor_scales, AMAX_GIVEN=False)
-    return Orientation(scale, element_record(fmt, mode), element_rounding(fmt, mode, n, variant))
+    rounding = element_rounding(fmt, mode, n, variant)
+    fast = mode == "rne" or (mode == "sr" and variant in ("a", "c"))
+    return Orientation(scale, element_record(fmt, mode), rounding, fast)
 
 
 class PairOperands(NamedTuple):
@@ -329,7 +391,9 @@ class PreparedTwoOrientations:
     fp16) for one shape, dtype, device and padded token count, and one pair of
     `Orientation` choices and rotation, checked and bound once: a call issues the amax
     launch and the tensor-scale launch (both orientations' amaxes and scales, where the
-    operands have tensor scales) and the quantize launch."""
+    operands have tensor scales) and the quantize launch.  The kernels are compiled for
+    each feature count (a constant of theirs: `PairTiling`) and each token count's
+    evenness, not for each token count."""
 
     def __init__(
         self,
@@ -357,18 +421,17 @@ class PreparedTwoOrientations:
         _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
         if rht is None:
             self.rotation = NO_ROTATION
-        self.feature_tiles = cdiv(features, TILE_FEATURES)
-        self.programs = cdiv(padded, side) * self.feature_tiles
-        # the tiles' extents bound every place either orientation computes (masked or not)
-        extent = cdiv(padded, side) * side * self.feature_tiles * TILE_FEATURES
-        wide = extent + side >= 2**31
-        tiling = PairTiling(TOKENS=side, FEATURES=TILE_FEATURES, WIDE=wide)
+        tiling, self.programs = pair_tiling(tokens, features, padded, side)
         nan16 = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}.get(x.dtype, 0)
         self.quantize = _quantize_launch(tiling, row, column, self.rotation, nan16)
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
-            self.amax = _amax_launch(tiling, self.rotation, nan16)
-            self.scale = _scales_launch(partials_tiling(self.programs))
+            # the amax launch's tiles: AMAX_TOKENS times the quantize launch's tokens
+            amax_tiling, self.amax_programs = pair_tiling(
+                tokens, features, padded, side * AMAX_TOKENS
+            )
+            self.amax = _amax_launch(amax_tiling, self.rotation, nan16)
+            self.scale = _scales_launch(partials_tiling(self.amax_programs))
             # both amaxes, which no caller reads: written by every launch
             self.amax_sink = x.new_empty(2, dtype=torch.float32)
         self.shape, self.dtype, self.device, self.padded = x.shape, x.dtype, x.device, padded
@@ -396,22 +459,41 @@ class PreparedTwoOrientations:
         tokens, features = x.shape
         scales = None
         if self.tensor_scales:
-            partial = x.new_empty((2, self.programs), dtype=torch.int32)
+            programs = self.amax_programs
+            partial = x.new_empty((2, programs), dtype=torch.int32)
             self.amax(
-                self.device_index, self.programs, x, partial, rht_signs, tokens, self.padded,
-                features, self.feature_tiles, self.programs,
-            )  # fmt: skip
+                self.device_index, programs, x, partial, rht_signs, tokens, self.padded, programs
+            )
             scales = x.new_empty((2, 2), dtype=torch.float32)
-            self.scale(self.device_index, 2, partial, self.amax_sink, scales, self.programs)
+            self.scale(self.device_index, 2, partial, self.amax_sink, scales, programs)
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
         row_scale = None if scales is None else scales[0]
         column_scale = None if scales is None else scales[1]
         self.quantize(
             self.device_index, self.programs, x, row, column, row_scale, column_scale, rht_signs,
-            seed, row_offset, column_offset, tokens, self.padded, features, self.feature_tiles,
+            seed, row_offset, column_offset, tokens, self.padded,
         )  # fmt: skip
         return PairOperands(row, column, scales)
+
+
+def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[PairTiling, int]:
+    """The `PairTiling` of tiles of ``side`` tokens (a multiple of the rotation's size) and
+    TILE_FEATURES features over x ``(tokens, features)`` padded to ``padded`` tokens, and
+    its programs."""
+    feature_tiles = cdiv(features, TILE_FEATURES)
+    programs = cdiv(padded, side) * feature_tiles
+    # the tiles' extents bound every place either orientation computes (masked or not)
+    extent = cdiv(padded, side) * side * feature_tiles * TILE_FEATURES
+    even = tokens == padded and tokens % side == 0 and features % TILE_FEATURES == 0
+    tiling = PairTiling(
+        TOKENS=side,
+        FEATURES=TILE_FEATURES,
+        WIDE=extent + side >= 2**31,
+        X_FEATURES=features,
+        EVEN=even,
+    )
+    return tiling, programs
 
 
 def _quantize_launch(
@@ -424,7 +506,6 @@ def _quantize_launch(
         "COLUMN": column,
         "ROTATION": rotation,
         "NAN16": nan16,
-        "OUT_NAN16": 0x7FC0,
         "num_warps": _NUM_WARPS,
         # no multiply-add contraction: every product rounded as the PyTorch path rounds it
         "enable_fp_fusion": False,
@@ -443,6 +524,7 @@ def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
     constants = {
         "TILING": tiling,
         "ROTATION": rotation,
+        "BUTTERFLY": rotation._replace(NORM=1.0),
         "NAN16": nan16,
         "num_warps": _NUM_WARPS,
         "enable_fp_fusion": False,
@@ -451,6 +533,7 @@ def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
 
 
 __all__ = [
+    "AMAX_TOKENS",
     "PAIR_BLOCK",
     "TILE_FEATURES",
     "TILE_TOKENS",
@@ -460,6 +543,7 @@ __all__ = [
     "PreparedTwoOrientations",
     "orientation",
     "pair_scales_kernel",
+    "pair_tiling",
     "two_orientation_amax_kernel",
     "two_orientation_kernel",
 ]
