@@ -261,9 +261,9 @@ def training_steps(recipe: srnn.Recipe, tokens: int, dtype: torch.dtype) -> list
 def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, monkeypatch, request):
     """The pair path (routed here on the CPU, under the interpreter) gives the separate
     path's y, dx, dW and db bit for bit, and serves x in the forward and dy in the
-    backward; 40 tokens pad to 48.  Tiles of 16 tokens by 32 features, as the compiled
-    kernel's are smaller than its tensors: several programs, dy's 48 features ending in a
-    partial tile."""
+    backward of each step (made once: the step plan keeps them); 40 tokens pad to 48.
+    Tiles of 16 tokens by 32 features, as the compiled kernel's are smaller than its
+    tensors: several programs, dy's 48 features ending in a partial tile."""
     dtype = torch.bfloat16
     monkeypatch.setattr(two_orientation, "TILE_TOKENS", 16)
     monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
@@ -280,10 +280,20 @@ def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, mo
         calls.append(args[0].role)
         return real(*args)
 
+    served: list[object] = []
+    call = orientations.PreparedPair.__call__
+
+    def serving(self, *args):
+        served.append(self)
+        return call(self, *args)
+
     monkeypatch.setattr(orientations, "use_kernel", lambda b, n, c, refusal: refusal is None)
     monkeypatch.setattr(orientations, "prepared_pair", counted)
+    monkeypatch.setattr(orientations.PreparedPair, "__call__", serving)
     result = training_steps(RECIPES[name](), tokens, dtype)
-    assert calls == ["fprop_input", "dgrad_grad_output"] * 2
+    # prepared once, for the layer's call signature (its step plan); each serves both steps
+    assert calls == ["fprop_input", "dgrad_grad_output"]
+    assert len(served) == 4 and len({id(pair) for pair in served}) == 2
     for got, want in zip(result, expected, strict=True):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 

@@ -4,6 +4,7 @@ per-call route."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -16,14 +17,22 @@ from stochround.nn import linear
 from stochround.nn.step_plan import StepPlan
 
 SIZE = 64
+GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if GPU else "cpu")
+
+
+def route() -> contextlib.AbstractContextManager[None]:
+    """The CUDA route: a GPU's CUDA tensors where there is one (DEVICE), else CPU tensors
+    under `cpu_as_cuda` (the kernels in Triton's interpreter)."""
+    return contextlib.nullcontext() if GPU else availability.cpu_as_cuda()
 
 
 def layer_and_data(dtype: torch.dtype = torch.float32) -> tuple[srnn.QuantizedLinear, Tensor]:
     """An nvfp4() 64 x 64 layer with bias and 64 tokens of input (fixed values)."""
     torch.manual_seed(0)
     layer = srnn.QuantizedLinear.from_linear(torch.nn.Linear(SIZE, SIZE), srnn.nvfp4())
-    x = torch.randn(SIZE, SIZE).to(dtype).requires_grad_()
-    return layer, x
+    x = torch.randn(SIZE, SIZE).to(DEVICE, dtype).requires_grad_()
+    return layer.to(DEVICE), x
 
 
 def step(layer: srnn.QuantizedLinear, x: Tensor) -> tuple[Tensor, ...]:
@@ -47,7 +56,7 @@ def test_a_second_step_builds_nothing_and_a_new_shape_builds_a_plan(
 
     monkeypatch.setattr(linear, "make_step_plan", spy)
     layer, x = layer_and_data()
-    with availability.cpu_as_cuda():
+    with route():
         step(layer, x)
         assert len(built) == 1
         plan = built[0]
@@ -58,7 +67,7 @@ def test_a_second_step_builds_nothing_and_a_new_shape_builds_a_plan(
         assert len(built) == 1  # the second step builds nothing
         assert list(layer.step_plans.values()) == [plan] and plan.gemms == gemms
         assert all(plan.gemms[name] is gemms[name] for name in gemms)
-        longer = torch.randn(2 * SIZE, SIZE).requires_grad_()
+        longer = torch.randn(2 * SIZE, SIZE, device=DEVICE).requires_grad_()
         step(layer, longer)
         assert len(built) == 2 and built[1].tokens == 2 * SIZE  # a new shape: a new plan
         with torch.no_grad():
@@ -76,7 +85,7 @@ def test_a_changed_input_dtype_does_not_reuse_the_plan_of_another() -> None:
     stale, x = layer_and_data()
     fresh, _ = layer_and_data()
     x_bf16 = x.detach().to(torch.bfloat16).requires_grad_()
-    with availability.cpu_as_cuda():
+    with route():
         step(stale, x)
         step(fresh, x_bf16)  # the same step count before the compared steps
         expected = step(fresh, x_bf16)
@@ -96,9 +105,10 @@ def test_the_planned_step_equals_the_per_call_route(
 
     def steps(planned: bool) -> list[tuple[Tensor, ...]]:
         torch.manual_seed(0)
-        layer = srnn.QuantizedLinear.from_linear(torch.nn.Linear(SIZE, SIZE), srnn.RECIPES[name]())
-        x = torch.randn(SIZE, SIZE).requires_grad_()
-        with monkeypatch.context() as patch, availability.cpu_as_cuda():
+        dense = torch.nn.Linear(SIZE, SIZE)
+        layer = srnn.QuantizedLinear.from_linear(dense, srnn.RECIPES[name]()).to(DEVICE)
+        x = torch.randn(SIZE, SIZE).to(DEVICE).requires_grad_()
+        with monkeypatch.context() as patch, route():
             if not planned:  # every call prepares nothing: the per-call route
                 patch.setattr(layer, "prepare_step", lambda *args: None)
             return [step(layer, x) for _ in range(2)]

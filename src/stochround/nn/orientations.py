@@ -127,6 +127,31 @@ def prepared_pair(
     return PreparedPair(row, column, shape, dtype, device, padded)
 
 
+def served_pair(
+    row: Operand,
+    column: Operand,
+    rotated: bool,
+    shape: torch.Size,
+    dtype: torch.dtype,
+    device: torch.device,
+    contiguous: bool,
+    padded: int,
+) -> PreparedPair | None:
+    """The `PreparedPair` that serves a tensor of this shape (tokens, features), dtype and
+    device, or None where the pair is not served: `pair_refusal`, a tensor the kernel does
+    not read (not a contiguous float matrix), an empty one, or `SERVES_STEPS` off.  The
+    one decision of the eager step's pair, per call (`both_orientations`) or once per
+    signature (`stochround.nn.step_plan.pair_route`)."""
+    if not SERVES_STEPS or len(shape) != 2 or shape.numel() == 0:
+        return None
+    refusal = pair_refusal(row, column, rotated)
+    if refusal is None and (dtype not in PAIR_DTYPES or not contiguous):
+        refusal = "x is not a contiguous float32, bfloat16 or float16 tensor"
+    if not use_kernel("auto", "x", device.type == "cuda", refusal):
+        return None
+    return prepared_pair(row, column, shape, dtype, device, padded)
+
+
 def both_orientations(
     x: Tensor,
     row: Operand,
@@ -139,19 +164,14 @@ def both_orientations(
     signs: Tensor | None,
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """The row-wise and column-wise `GemmOperand`s of a 2-D ``x`` (tokens first) from one
-    read (`PreparedPair`), or None where the pair is not served (`pair_refusal`, a tensor
-    the kernel does not read, an empty one, under torch.compile, which takes each
-    orientation on its own, or while `SERVES_STEPS` is off): the caller then quantizes
-    each orientation itself."""
-    if not SERVES_STEPS or torch.compiler.is_compiling() or x.dim() != 2 or x.numel() == 0:
+    read (`PreparedPair`), or None where the pair does not serve x (`served_pair`) or
+    under torch.compile (a traced call takes each orientation on its own): the caller
+    then quantizes each orientation itself."""
+    if torch.compiler.is_compiling():
         return None
-    refusal = pair_refusal(row, column, rotated)
-    if refusal is None and (x.dtype not in PAIR_DTYPES or not x.is_contiguous()):
-        refusal = "x is not a contiguous float32, bfloat16 or float16 tensor"
-    if not use_kernel("auto", "x", x.is_cuda, refusal):
-        return None
-    prepared = prepared_pair(row, column, x.shape, x.dtype, x.device, padded)
-    return prepared(x, seed, row_offset, column_offset, signs)
+    contiguous = x.is_contiguous()
+    prepared = served_pair(row, column, rotated, x.shape, x.dtype, x.device, contiguous, padded)
+    return None if prepared is None else prepared(x, seed, row_offset, column_offset, signs)
 
 
 __all__ = [
@@ -161,4 +181,5 @@ __all__ = [
     "both_orientations",
     "pair_refusal",
     "prepared_pair",
+    "served_pair",
 ]

@@ -21,10 +21,10 @@ from torch import Tensor
 
 from ..blocks.gemm import PreparedScaledMm
 from ..blocks.tensor import GemmOperand
-from ..kernels.availability import on_kernel_device, use_kernel
+from ..kernels.availability import on_kernel_device
 from . import orientations
 from .layer_plan import Plan, check_operand_shapes, shares_rotation
-from .orientations import PreparedPair, pair_refusal, prepared_pair
+from .orientations import PreparedPair
 from .recipes import GEMMS
 from .streams import ROLE_SLOTS
 
@@ -125,16 +125,14 @@ def pair_route(
     row_role = ("fprop_" if name == "input" else "dgrad_") + name
     row, column = plan.operands[row_role], plan.operands["wgrad_" + name]
     rotated = shares_rotation(*(plan.operands[role].spec for role in GEMMS["wgrad"]))
-    if plan.native or not orientations.SERVES_STEPS or shape.numel() == 0:
-        return None
-    refusal = pair_refusal(row, column, rotated)
-    if refusal is None and dtype not in orientations.PAIR_DTYPES:
-        refusal = "x is not a float32, bfloat16 or float16 tensor"
-    if not use_kernel("auto", "x", device.type == "cuda", refusal):
+    if plan.native:
         return None
     multiple = plan.token_multiple
     padded = -(-shape[0] // multiple) * multiple
-    pair = prepared_pair(row, column, shape, dtype, device, padded)
+    # the matrix of tokens: contiguous, or made so (x.reshape, dy.contiguous())
+    pair = orientations.served_pair(row, column, rotated, shape, dtype, device, True, padded)
+    if pair is None:
+        return None
     per_step = column.spec.rht is not None and column.spec.rht_signs == "per_step"
     return PairRoute(pair, ROLE_SLOTS[row_role], ROLE_SLOTS[column.role], per_step)
 
