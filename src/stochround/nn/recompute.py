@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import typing
 from collections import deque
 from types import CodeType, FrameType
 from typing import Literal
@@ -43,7 +42,7 @@ import torch
 from torch import Tensor
 from torch.utils import checkpoint as torch_checkpoint
 
-from .step_ops import advance_step, advance_step_eagerly
+from .step_ops import advance_step_eagerly, advance_step_traced
 
 Region = Literal["none", "non_reentrant", "reentrant"]
 
@@ -88,7 +87,7 @@ def read_step(counter: Tensor, reads: deque[Tensor], training: bool = True) -> T
     a recomputation finds no step: a forward recomputed by another checkpoint than
     torch's."""
     if torch.compiler.is_compiling():
-        return typing.cast(Tensor, advance_step(counter)) if torch.is_grad_enabled() else None
+        return advance_step_traced(counter) if torch.is_grad_enabled() else None
     if recomputing():
         if not reads:
             raise RuntimeError(
