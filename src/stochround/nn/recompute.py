@@ -27,7 +27,8 @@ How the phases are told apart, from what torch's checkpoint does:
 Under torch.compile the step is read by the opaque op `advance_step` once per compiled
 forward, and a checkpointed region's compiled backward takes the value that read returned:
 the op is saved for the backward, never recomputed, whatever the region's policy
-(`stochround.nn.step_ops.save_the_step_read`; docs/guide/recipes.md).
+(`stochround.nn.step_ops.save_the_step_read`, and on torch < 2.13 the read's own selective
+checkpoint, `stochround.nn.step_ops.advance_step_traced`; docs/guide/recipes.md).
 """
 
 from __future__ import annotations

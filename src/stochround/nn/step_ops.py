@@ -87,9 +87,9 @@ def save_the_step_read(
 
 
 # the mode in which torch.utils.checkpoint runs a region's forward under selective (and,
-# compiled, plain) checkpointing: a private class of torch's (torch 2.13); a release that
-# renamed it would leave the rule unregistered, which the compiled checkpointing tests
-# (tests/nn/test_checkpointing.py) catch by the bits
+# compiled on torch 2.13, plain) checkpointing: a private class of torch's (2.11, 2.13); a
+# release that renamed it would leave the rule unregistered, which the compiled
+# checkpointing tests (tests/nn/test_checkpointing.py) catch by the bits
 _REGION_MODE = getattr(torch_checkpoint, "_CachingTorchDispatchMode", None)
 if _REGION_MODE is not None:
     advance_step.register_torch_dispatch(_REGION_MODE, save_the_step_read)
