@@ -292,5 +292,63 @@ def test_compiled_checkpointing_of_an_sr_recipe_changes_no_bit(
     backward (`stochround.nn.step_ops.save_the_step_read`).  Before, the compiled backward
     recomputed it from the buffer the forward had advanced and drew the next step's words.
     On the CUDA route as well (CUDA, or `cpu_as_cuda`): a graph break there (a kernel
-    launched in the trace) made the recomputation read another step (int8's dW differed)."""
+    launched in the trace) made the recomputation read another step (int8's dW differed).
+    On torch 2.11 the plain region's nodes are tagged without the mode that rule hooks: the
+    read's own selective checkpoint saves it there (`step_ops.advance_step_traced`; before,
+    nvfp4, int8 and mxfp4_tseng differed from the first step's x.grad on)."""
     assert_same(compiled_run(name, mode, route), list(compiled_reference(name, route)))
+
+
+def traced_graphs(mode: str) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """The forward and backward graphs into which inductor's partitioner (min-cut) splits
+    the joint graph of one quantized layer checkpointed as ``mode`` says ("non_reentrant",
+    "wrapper") and compiled, at its first training forward."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def partition(
+        joint: torch.fx.GraphModule, inputs: object, **kwargs: object
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+        forward, backward = min_cut_rematerialization_partition(joint, inputs, **kwargs)
+        graphs.extend((forward, backward))
+        return forward, backward
+
+    def run(graph: torch.fx.GraphModule, inputs: object) -> object:
+        return make_boxed_func(graph.forward)
+
+    backend = aot_autograd(fw_compiler=run, bw_compiler=run, partition_fn=partition)
+    torch._dynamo.reset()
+    layer = srnn.QuantizedLinear(WIDTH, WIDTH, recipe=srnn.int8(seed=3))
+    wrapped = Checkpointed(layer) if mode == "non_reentrant" else checkpoint_wrapper(layer)
+    torch.compile(wrapped, backend=backend, fullgraph=True)(
+        torch.randn(TOKENS, WIDTH, requires_grad=True)
+    )
+    torch._dynamo.reset()
+    forward, backward = graphs
+    return forward, backward
+
+
+def step_reads(graph: torch.fx.GraphModule) -> int:
+    """How many nodes of ``graph`` run the step read (`stochround::nn_advance_step`,
+    functionalised: an ``auto_functionalized`` node naming it)."""
+    op = torch.ops.stochround.nn_advance_step.default
+    return sum(
+        node.target is op or (bool(node.args) and node.args[0] is op)
+        for node in graph.graph.nodes
+        if node.op == "call_function"
+    )
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.parametrize("mode", ["non_reentrant", "wrapper"])
+def test_the_compiled_backward_of_a_checkpointed_layer_reads_no_step(mode: str) -> None:
+    """Compiled in a plain checkpointed region, the step read runs once, in the forward
+    graph, and the backward graph takes its saved value: it runs no step read of its own
+    (before, on torch 2.11, whose plain compiled region tags every node "recompute"
+    without entering the selective-checkpoint mode that `save_the_step_read` hooks, the
+    backward ran it again on the buffer the forward had advanced: the next step's words)."""
+    forward, backward = traced_graphs(mode)
+    assert (step_reads(forward), step_reads(backward)) == (1, 0)

@@ -27,14 +27,14 @@ How the phases are told apart, from what torch's checkpoint does:
 Under torch.compile the step is read by the opaque op `advance_step` once per compiled
 forward, and a checkpointed region's compiled backward takes the value that read returned:
 the op is saved for the backward, never recomputed, whatever the region's policy
-(`stochround.nn.step_ops.save_the_step_read`; docs/guide/recipes.md).
+(`stochround.nn.step_ops.save_the_step_read`, and on torch < 2.13 the read's own selective
+checkpoint, `stochround.nn.step_ops.advance_step_traced`; docs/guide/recipes.md).
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-import typing
 from collections import deque
 from types import CodeType, FrameType
 from typing import Literal
@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.utils import checkpoint as torch_checkpoint
 
-from .step_ops import advance_step, advance_step_eagerly
+from .step_ops import advance_step_eagerly, advance_step_traced
 
 Region = Literal["none", "non_reentrant", "reentrant"]
 
@@ -88,7 +88,7 @@ def read_step(counter: Tensor, reads: deque[Tensor], training: bool = True) -> T
     a recomputation finds no step: a forward recomputed by another checkpoint than
     torch's."""
     if torch.compiler.is_compiling():
-        return typing.cast(Tensor, advance_step(counter)) if torch.is_grad_enabled() else None
+        return advance_step_traced(counter) if torch.is_grad_enabled() else None
     if recomputing():
         if not reads:
             raise RuntimeError(

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.torch_version import TorchVersion
 from torch.utils import checkpoint as torch_checkpoint
 
 from ..blocks.hadamard import random_signs
@@ -86,12 +87,45 @@ def save_the_step_read(
 
 
 # the mode in which torch.utils.checkpoint runs a region's forward under selective (and,
-# compiled, plain) checkpointing: a private class of torch's (torch 2.13); a release that
-# renamed it would leave the rule unregistered, which the compiled checkpointing tests
-# (tests/nn/test_checkpointing.py) catch by the bits
+# compiled on torch 2.13, plain) checkpointing: a private class of torch's (2.11, 2.13); a
+# release that renamed it would leave the rule unregistered, which the compiled
+# checkpointing tests (tests/nn/test_checkpointing.py) catch by the bits
 _REGION_MODE = getattr(torch_checkpoint, "_CachingTorchDispatchMode", None)
 if _REGION_MODE is not None:
     advance_step.register_torch_dispatch(_REGION_MODE, save_the_step_read)
+
+
+# torch 2.13 traces a compiled plain checkpoint's region (torch.utils.checkpoint without a
+# context_fn, checkpoint_wrapper) through that same mode, under a policy that recomputes
+# every op, so the rule above saves the step read there too; torch 2.11 tags that region's
+# graph nodes for recomputation without entering the mode, and the rule never runs
+# (2.12 unverified: treated as 2.11)
+PLAIN_REGIONS_RUN_THE_MODE = TorchVersion(torch.__version__) >= "2.13"
+
+
+def saving_everything() -> tuple[Any, Any]:
+    """A selective checkpoint's forward and recomputation contexts whose policy is
+    `must_save` for every op."""
+    return torch_checkpoint.create_selective_checkpoint_contexts(must_save)
+
+
+def advance_step_traced(step: Tensor) -> Tensor:
+    """`advance_step` as a traced (torch.compile) forward calls it, saved for the backward
+    in any checkpointed region (docs/guide/recipes.md, "Activation checkpointing").
+
+    Where a compiled plain checkpoint's region bypasses the selective-checkpoint mode
+    (`PLAIN_REGIONS_RUN_THE_MODE` false), the op runs in a selective checkpoint of its own
+    whose policy saves it: inside the region, the partitioner keeps that tag for the op's
+    nodes instead of the region's "recompute"; outside any region, the backward needed
+    the step read's value all the same."""
+    if PLAIN_REGIONS_RUN_THE_MODE:
+        return typing.cast(Tensor, advance_step(step))
+    return typing.cast(
+        Tensor,
+        torch_checkpoint.checkpoint(
+            advance_step, step, use_reentrant=False, context_fn=saving_everything
+        ),
+    )
 
 
 @contextlib.contextmanager
@@ -142,8 +176,10 @@ def transposed(x: Tensor) -> Tensor:
 
 
 __all__ = [
+    "PLAIN_REGIONS_RUN_THE_MODE",
     "advance_step",
     "advance_step_eagerly",
+    "advance_step_traced",
     "autocast_off",
     "bias_gradient",
     "bias_gradient_eagerly",
@@ -152,5 +188,6 @@ __all__ = [
     "draw_signs_eagerly",
     "must_save",
     "save_the_step_read",
+    "saving_everything",
     "transposed",
 ]
