@@ -182,7 +182,7 @@ def test_the_pair_kernel_is_sr_pair_words_with_each_samples_words(fmt_name):
     bit for bit; n = 3 samples of the same pairs, each its own words."""
     from stochround.emulate.exact import sr_pair_words
     from stochround.emulate.mca import SAMPLE_STRIDE, virtual_precision
-    from stochround.emulate.mca_batched import sample_pair_refusal, sample_words
+    from stochround.emulate.mca_samples import sample_pair_refusal, sample_words
     from stochround.formats import format as find_format
     from stochround.kernels.sample_pair import sample_pair_triton
 
@@ -201,7 +201,7 @@ def test_the_pair_kernel_is_sr_pair_words_with_each_samples_words(fmt_name):
 
 
 def test_the_pair_kernel_refuses_formats_off_its_grid():
-    from stochround.emulate.mca_batched import sample_pair_refusal
+    from stochround.emulate.mca_samples import sample_pair_refusal
     from stochround.formats import format as find_format
 
     assert sample_pair_refusal(find_format("e4m3fn")) == (
@@ -224,7 +224,7 @@ def test_the_binary_kernel_is_the_emulations_exact_pair_rounded(op, dtype, scala
     sample's words, stored in the dtype; special values, zeros, a zero divisor."""
     from stochround.emulate.exact import exact_pair, sr_pair_words
     from stochround.emulate.mca import SAMPLE_STRIDE, virtual_precision
-    from stochround.emulate.mca_batched import sample_words
+    from stochround.emulate.mca_samples import sample_words
     from stochround.kernels.sample_pair import sample_binary_triton
 
     fmt = virtual_precision(12 if dtype == torch.float32 else 30)[dtype]

@@ -24,8 +24,9 @@ from ..formats import Format, format_of_dtype
 from ..reference import check_choice, check_mode
 from ..torch_path import FLOAT_DTYPES
 from .dispatch import Emulation
-from .mca_batched import SAMPLE_STRIDE, BatchedEmulation, BatchingError, sample_values
+from .mca_batched import BatchedEmulation
 from .mca_digits import check_estimator, estimated_digits, significant_digits
+from .mca_samples import SAMPLE_STRIDE, BatchingError, sample_values
 from .mca_trace import NO_PYTHON_FRAME, SiteDigits, SiteStatistics, call_site, precision_of
 from .ops import FormatSpec, target_formats
 

@@ -7,7 +7,7 @@ The PyTorch path makes its random words (a launch), then some thirty passes over
 values, four of them full roundings (toward zero twice, upward, SR for the overflow); here
 each element's word, its neighbours in the format and the decision are computed in
 registers.  The neighbours of a magnitude m >= 0 on the grid of an IEEE-like format
-(``sample_pair_refusal`` of `stochround.emulate.mca_batched` says which): its quantum
+(``sample_pair_refusal`` of `stochround.emulate.mca_samples` says which): its quantum
 ``u = 2**(max(e, emin) - mbits)`` (e m's float64 exponent), toward zero ``floor(m / u)
 u`` (at most the format's max), upward ``ceil(m / u) u`` (infinity above the max);
 ``m / u`` is exact (a power of two scales it).
