@@ -280,10 +280,12 @@ def mca(
             round_inputs=mca_mode != "rr",
             round_outputs=mca_mode != "pb",
             on_samples=statistics.observe_samples if trace else None,
+            before_write=statistics.settle if trace else None,
             site=call_site,
         )
         with batched_emulation:
             result = fn(*args, **kwargs)
+        statistics.settle()  # the outputs it holds are the program's, which may change now
         found = flat_outputs(result, returned_by=name)
         layout = [(label, t.dtype) for label, t in found]
         samples = tuple(sample_values(t, n) for _, t in found)

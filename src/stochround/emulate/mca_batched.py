@@ -20,7 +20,9 @@ samples' values into a tensor made outside the program.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ from ..rounding.prepared import PreparedRounding
 from .dispatch import Emulation
 from .exact import sr_pair_words
 from .mca_direct import (
+    BINARY_KERNEL_OPS,
     CallSpec,
     Direct,
     StackedCall,
@@ -43,6 +46,7 @@ from .mca_direct import (
     direct_kind,
     flat_call,
     same_dtypes,
+    scalar_operand,
     signature,
     stacked_pointwise,
     stacked_reduction,
@@ -73,13 +77,44 @@ def _tensor_returns(func: torch._ops.OpOverload) -> bool:
     )
 
 
+def _written_results(func: torch._ops.OpOverload) -> tuple[tuple[int, int, str], ...]:
+    """Each result of ``func`` that is an argument it writes (``add_``, ``out=``): (the
+    result's position, the argument's position and name), from its schema."""
+    schema = func._schema
+    found = []
+    for position, result in enumerate(schema.returns):
+        if result.alias_info is None or not result.alias_info.is_write:
+            continue
+        for index, argument in enumerate(schema.arguments):
+            if argument.alias_info is not None and (
+                argument.alias_info.before_set == result.alias_info.before_set
+            ):
+                found.append((position, index, argument.name))
+    return tuple(found)
+
+
+@functools.cache
+def _sample_pair() -> ModuleType:
+    """`stochround.kernels.sample_pair`, imported at its first use (it imports triton),
+    then without an import statement an op."""
+    from ..kernels import sample_pair
+
+    return sample_pair
+
+
+# the dtypes whose ops the sample-pair kernel computes
+_PAIR_DTYPES = (torch.float32, torch.float64)
+
+
 class BatchedEmulation(Emulation):
     """An `Emulation` (compute="float64", accumulate="once", 32-bit words, variant c)
     that runs every op on the n samples together: the op's `SampleTensor` arguments give
     their samples, its other tensors are shared by every sample, and its tensor results
     are `SampleTensor`s.  Each rounding of the i-th call draws, for sample j, offset
     ``j SAMPLE_STRIDE + i`` (`sample_words`).  ``on_samples``: None or a callable
-    ``(func, outputs)`` given each rounded op's outputs as ``(n, *shape)`` tensors;
+    ``(func, outputs)`` given each rounded op's outputs as ``(n, *shape)`` tensors, which
+    it may hold until ``before_write`` (None or a callable) is called: before any op
+    writes into a tensor of the run;
     ``site``: where the program is (its errors name it: `stochround.emulate.mca.call_site`)."""
 
     def __init__(
@@ -93,6 +128,7 @@ class BatchedEmulation(Emulation):
         round_inputs: bool,
         round_outputs: bool,
         on_samples: Callable[[torch._ops.OpOverload, Any], None] | None = None,
+        before_write: Callable[[], None] | None = None,
         site: Callable[[], str] = lambda: "?",
     ) -> None:
         super().__init__(
@@ -105,7 +141,7 @@ class BatchedEmulation(Emulation):
             round_outputs=round_outputs,
         )
         self.n = n
-        self.on_samples, self.site = on_samples, site
+        self.on_samples, self.before_write, self.site = on_samples, before_write, site
         self._bases: dict[torch.device, Tensor] = {}
         self._seeds: dict[torch.device, Tensor] = {}
         # per op overload, read once: whether its results are tensors, how it runs on
@@ -113,6 +149,14 @@ class BatchedEmulation(Emulation):
         self._forms: dict[torch._ops.OpOverload, tuple[bool, Direct]] = {}
         # per op and form of its call (`signature`): whether stacking keeps its dtypes
         self._alike: dict[tuple[Any, ...], bool] = {}
+        # per op overload: the kernel's name for a binary op whose emulation the kernel
+        # computes whole ("" for any other op: `_fused_op`), and the results its
+        # arguments write (`_written_results`)
+        self._binary: dict[torch._ops.OpOverload, str] = {}
+        self._written: dict[torch._ops.OpOverload, tuple[tuple[int, int, str], ...]] = {}
+        # per (dtype, on a kernel device): the format the kernel rounds its results to,
+        # None where it does not serve them (`_pair_target`)
+        self._pair_targets: dict[tuple[torch.dtype, bool], Format | None] = {}
         # set while an op runs directly on the stacked samples: its tensors are the
         # samples' ``(n, ...)`` values, not vmap's
         self._direct = False
@@ -155,6 +199,13 @@ class BatchedEmulation(Emulation):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        op = self._binary.get(func)
+        if op is None:
+            op = self._binary[func] = self._fused_op(func)
+        if op and not kwargs and len(args) == 2:
+            fused = self._binary_fused(func, op, args[0], args[1])
+            if fused is not None:
+                return fused
         kwargs = kwargs or {}
         leaves, spec = flat_call(args, kwargs)
         batched = [isinstance(value, SampleTensor) for value in leaves]
@@ -183,6 +234,8 @@ class BatchedEmulation(Emulation):
                 "it writes into a tensor made outside the run (an argument, a global), which "
                 "holds one value, not the n samples'",
             )
+        if entry.kind.mutated_positions and self.before_write is not None:
+            self.before_write()  # the observer may hold the tensor this op writes into
         self._entered = self.calls
         stacked = self._stacked(func, direct, leaves, batched, spec, args, kwargs)
         if stacked is not None:
@@ -198,6 +251,68 @@ class BatchedEmulation(Emulation):
                 self.on_samples(func, wrapped.samples)
             else:
                 self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
+        return wrapped
+
+    def _fused_op(self, func: torch._ops.OpOverload) -> str:
+        """The kernel's name for ``func`` where `_fused` would compute its emulation whole
+        (a binary op of the kernel, selected; outputs rounded from their exact results, no
+        input rounded), else "": read once an overload."""
+        op = BINARY_KERNEL_OPS.get(func)
+        if op is None or not (self.residuals and self.round_outputs and not self.round_inputs):
+            return ""
+        entry = self._entries.get(func)
+        if entry is None:
+            entry = self._entries[func] = self._op_entry(func)
+        return op if entry.handled else ""
+
+    def _pair_target(self, dtype: torch.dtype, on_kernel: bool) -> Format | None:
+        """The format the kernel rounds results of ``dtype`` to, on a kernel device or not;
+        None where it does not serve them (not float32 or float64, no format, a format it
+        refuses, no kernel there): read once per (dtype, device kind)."""
+        key = (dtype, on_kernel)
+        if key not in self._pair_targets:
+            target = self.formats.get(dtype) if dtype in _PAIR_DTYPES else None
+            served = target is not None and use_kernel(
+                "auto", "a", on_kernel, sample_pair_refusal(target)
+            )
+            self._pair_targets[key] = target if served else None
+        return self._pair_targets[key]
+
+    def _binary_fused(
+        self, func: torch._ops.OpOverload, op: str, a: object, b: object
+    ) -> SampleTensor | None:
+        """The common op of a program, resolved without the general path's walk: ``a op
+        b`` of a sample tensor and a sample tensor of its shape, dtype and device or a
+        Python number, computed by the kernel (`_fused`'s launch, the same bits), its
+        result observed; None for any other call (the general path serves it)."""
+        if type(a) is not SampleTensor:
+            return None
+        samples = a.samples
+        target = self._pair_target(samples.dtype, on_kernel_device(samples))
+        if target is None:
+            return None
+        other: Tensor | float | None
+        if type(b) is SampleTensor:
+            other = b.samples
+            if (
+                other.dtype != samples.dtype
+                or other.shape != samples.shape
+                or other.get_device() != samples.get_device()
+            ):
+                return None
+        else:
+            other = scalar_operand(b, samples.dtype)
+            if other is None:
+                return None
+        offset = self.calls
+        self.calls += 1
+        device = samples.device
+        seed, bases = self.seed_on(device), self.bases(device)
+        kernel = _sample_pair().sample_binary_triton
+        out = kernel(op, samples, other, samples.dtype, target, seed, bases, offset)
+        wrapped = self._sample_tensor(out)
+        if self.on_samples is not None:
+            self.on_samples(func, wrapped.samples)
         return wrapped
 
     def _stacked(
@@ -352,17 +467,12 @@ class BatchedEmulation(Emulation):
     ) -> Any:
         """vmap's ``(n, ...)`` results as `SampleTensor`s; a result that is a mutated
         argument (``add_``, ``out=``) is that argument itself."""
-        schema = func._schema
+        written_results = self._written.get(func)
+        if written_results is None:
+            written_results = self._written[func] = _written_results(func)
         written: dict[int, Any] = {}
-        for position, result in enumerate(schema.returns):
-            if result.alias_info is None or not result.alias_info.is_write:
-                continue
-            for index, argument in enumerate(schema.arguments):
-                if argument.alias_info is not None and (
-                    argument.alias_info.before_set == result.alias_info.before_set
-                ):
-                    value = args[index] if index < len(args) else kwargs.get(argument.name)
-                    written[position] = value
+        for position, index, name in written_results:
+            written[position] = args[index] if index < len(args) else kwargs.get(name)
         if isinstance(out, Tensor):
             return written.get(0, self._sample_tensor(out))
         results = [
@@ -410,8 +520,9 @@ class BatchedEmulation(Emulation):
         """Sample j's words of offset ``j SAMPLE_STRIDE + offset`` for x's ``(n, *shape)``."""
         return sample_words(x.shape[1:], self.key, self.bases(x.device), offset)
 
-    def _next_rounding(self, x: Tensor, prepared: PreparedRounding) -> Tensor:
-        """As the emulation's, each sample drawing its own run's words (`_words`)."""
+    def _next_rounding(self, x: Tensor, prepared: PreparedRounding, fresh: bool = False) -> Tensor:
+        """As the emulation's, each sample drawing its own run's words (`_words`); x's
+        samples (``fresh`` or not) are read out of the op's vmap, then rounded whole."""
         offset = self.calls
         self.calls += 1
         values = self._physical(x.detach())
