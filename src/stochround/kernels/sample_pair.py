@@ -272,7 +272,8 @@ def sample_binary_triton(
     else:
         bits = struct.unpack("<q", struct.pack("<d", float(b)))[0]
         other = a
-    out = torch.empty(a.shape, dtype=out_dtype, device=a.device)
+    # like a (contiguous): no shape or device to parse, host time every op saves
+    out = torch.empty_like(a, dtype=out_dtype, memory_format=torch.contiguous_format)
     total = a.numel()
     if total == 0:
         return out
