@@ -297,7 +297,7 @@ class Emulation(TorchDispatchMode):
         for tensor in self._mutated(kind, args, kwargs):
             prepared = self.roundings.get(tensor.dtype)
             if prepared is not None:
-                tensor.copy_(self._next_rounding(tensor, prepared))
+                tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
         return out
 
     def _cast(
@@ -567,12 +567,11 @@ class Emulation(TorchDispatchMode):
         format until stored); the bits of ``stochround.round(x, fmt, mode, rbits=rbits,
         variant=variant, seed=key, offset=k, hardware=hardware)``.
 
-        ``fresh``: x is an output the op just made inside the mode, below autograd (no
-        gradient to detach).  A plain dense tensor with data (not a subclass such as a
-        DTensor, not sparse, not on the meta device, not a transform's wrapper) then skips
-        the call's checks
-        (`PreparedRounding.round_plain`): the checks cost about what the rounding's own
-        host side does, on every op."""
+        ``fresh``: x is an output the op just made inside the mode, below autograd, or a
+        tensor it wrote, detached (no gradient to detach).  A plain dense tensor with data
+        (not a subclass such as a DTensor, not sparse, not on the meta device, not a
+        transform's wrapper) then skips the call's checks (`PreparedRounding.round_plain`):
+        the checks cost about what the rounding's own host side does, on every op."""
         offset = self.calls
         self.calls += 1
         if (
