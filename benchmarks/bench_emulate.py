@@ -36,6 +36,15 @@ roundings`` is the emulation's cost an op.  On the CPU each rounding runs the Py
 (tens of small ops for a bf16 rounding, more for SR), which dominates these rows there;
 on a GPU it is one kernel launch.
 
+``--host`` (no GPU; with ``--device cpu``): instead of the table, the host time of the
+tiny step (width and batch 8, ``--layers`` layers) on the route a CUDA tensor takes: CPU
+tensors inside `stochround.kernels.availability.cpu_as_cuda`, every `stochround.kernels.
+runtime.Launch` returning at once, one torch thread (`bench_ops.host_time`, the best of
+``--repeats`` runs of ``--calls`` steps): fp32, passthrough, emulate rne and sr, and each
+emulated row's time over fp32's and over passthrough's a rounding.  The host's Python and
+dispatch work alone (the launches stubbed, the CPU's arithmetic on 8x8 tensors), no GPU
+figure.
+
 Each emulated row reports its roundings a step (``roundings``: `Emulation.calls`) and the
 overhead a rounding: (step - fp32 step) / roundings. Checks before timing: the loss is
 finite and within 5% of the fp32 loss (bf16 rounding moves it by far less).
@@ -43,6 +52,7 @@ finite and within 5% of the fp32 loss (bf16 rounding moves it by far less).
     python benchmarks/bench_emulate.py                   # GPU
     python benchmarks/bench_emulate.py --device cpu --width 256 --batch 64
     python benchmarks/bench_emulate.py --device cpu --only mlp_step_w8 --calls 50  # host cost
+    python benchmarks/bench_emulate.py --device cpu --host   # host time a rounding, CUDA route
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from functools import partial
 import harness  # noqa: F401
 import torch
 import torch.nn.functional as F
+from bench_ops import host_time
 from harness import Benchmark, CheckFailed, Run
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -222,7 +233,11 @@ def main() -> int:
     add("--width", type=int, default=1024, help="hidden width (1024)")
     add("--layers", type=int, default=4, help="Linear layers (4)")
     add("--batch", type=int, default=256, help="inputs a step (256)")
+    add("--host", action="store_true", help="no GPU: host time a rounding, launches stubbed")
     args = bench.parse_args()
+    if args.host:
+        host_times(args.layers, args.calls, args.repeats)
+        return 0
     shape = (args.width, args.layers, args.batch)
     reference: list[float] = []
     build = partial(row, shape, bench.device)
@@ -240,6 +255,27 @@ def main() -> int:
     for kind in ("emulate_rne", "emulate_sr"):
         bench.add(TINY, kind, partial(build_tiny, kind, tiny_reference), ours=True)
     return bench.run()
+
+
+def host_times(layers: int, calls: int, repeats: int) -> None:
+    """``--host``: the tiny step's host time on the CPU's CUDA route, launches stubbed
+    (module docstring), a row each: fp32, passthrough, emulate_rne, emulate_sr."""
+    if torch.cuda.is_available():
+        raise SystemExit("--host measures the CUDA route on the CPU: run it where no GPU is")
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    times: dict[str, float] = {}
+    for kind in ("fp32", "passthrough", "emulate_rne", "emulate_sr"):
+        run = row((TINY_WIDTH, layers, TINY_BATCH), device, kind, [])
+        times[kind] = host_time(run.call, calls, repeats)
+        roundings = run.extra.get("roundings")
+        line = f"{kind}: {times[kind] * 1e6:.0f} us a step"
+        if isinstance(roundings, int) and roundings:
+            base = ("fp32", "passthrough")
+            fp32, passthrough = ((times[kind] - times[name]) / roundings * 1e6 for name in base)
+            line += f", {roundings} roundings: {fp32:.1f} us a rounding over fp32, "
+            line += f"{passthrough:.1f} over passthrough"
+        print(f"{TINY} {line} (host, CPU, CUDA route, launches stubbed)")
 
 
 if __name__ == "__main__":

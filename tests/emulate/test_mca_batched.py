@@ -12,7 +12,7 @@ import torch
 
 from stochround import random as streams
 from stochround.emulate.mca import SAMPLE_STRIDE, BatchingError, mca
-from stochround.emulate.mca_batched import SampleTensor, sample_words
+from stochround.emulate.mca_samples import SampleTensor, sample_words
 from stochround.kernels.availability import cpu_as_cuda
 
 

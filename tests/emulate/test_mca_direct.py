@@ -65,6 +65,14 @@ def muller(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return b
 
 
+def two_dtypes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same overloads on float32 samples, then on float64 ones: each dtype's results
+    rounded to its own format (by default its own precision, 24 and 53 bits)."""
+    a = x * 1.1 + x
+    wide = x.double()
+    return a, wide * 1.1 + wide
+
+
 X = torch.rand(3, generator=torch.Generator().manual_seed(1)) + 0.5
 W = torch.rand(4, 3, generator=torch.Generator().manual_seed(2)) + 0.5
 
@@ -75,6 +83,8 @@ PROGRAMS = {
     "zero_dim_promotion": (zero_dim_promotion, (X,)),
     "muller": (muller, (torch.tensor(2.0), torch.tensor(-4.0))),
 }
+# the programs of the kernels' route
+KERNEL_PROGRAMS = {**PROGRAMS, "two_dtypes": (two_dtypes, (X,))}
 OPTIONS = {
     "rr": {},
     "pb": {"mca_mode": "pb", "precision": 12},
@@ -182,7 +192,7 @@ def test_the_pair_kernel_is_sr_pair_words_with_each_samples_words(fmt_name):
     bit for bit; n = 3 samples of the same pairs, each its own words."""
     from stochround.emulate.exact import sr_pair_words
     from stochround.emulate.mca import SAMPLE_STRIDE, virtual_precision
-    from stochround.emulate.mca_batched import sample_pair_refusal, sample_words
+    from stochround.emulate.mca_samples import sample_pair_refusal, sample_words
     from stochround.formats import format as find_format
     from stochround.kernels.sample_pair import sample_pair_triton
 
@@ -201,7 +211,7 @@ def test_the_pair_kernel_is_sr_pair_words_with_each_samples_words(fmt_name):
 
 
 def test_the_pair_kernel_refuses_formats_off_its_grid():
-    from stochround.emulate.mca_batched import sample_pair_refusal
+    from stochround.emulate.mca_samples import sample_pair_refusal
     from stochround.formats import format as find_format
 
     assert sample_pair_refusal(find_format("e4m3fn")) == (
@@ -224,7 +234,7 @@ def test_the_binary_kernel_is_the_emulations_exact_pair_rounded(op, dtype, scala
     sample's words, stored in the dtype; special values, zeros, a zero divisor."""
     from stochround.emulate.exact import exact_pair, sr_pair_words
     from stochround.emulate.mca import SAMPLE_STRIDE, virtual_precision
-    from stochround.emulate.mca_batched import sample_words
+    from stochround.emulate.mca_samples import sample_words
     from stochround.kernels.sample_pair import sample_binary_triton
 
     fmt = virtual_precision(12 if dtype == torch.float32 else 30)[dtype]
@@ -246,14 +256,17 @@ def test_the_binary_kernel_is_the_emulations_exact_pair_rounded(op, dtype, scala
     assert torch.equal(bits(found), bits(expected))
 
 
-@pytest.mark.parametrize("program", ["scalars_and_tensors", "in_place", "reductions", "muller"])
+@pytest.mark.parametrize(
+    "program", ["scalars_and_tensors", "in_place", "reductions", "muller", "two_dtypes"]
+)
 def test_binary_ops_on_the_kernels_route_are_one_launch_and_the_serial_runs(program, monkeypatch):
     """On the route a CUDA tensor takes (a GPU's, else `cpu_as_cuda` under the interpreter),
-    the binary ops go to the binary kernel, and the samples are still the serial runs'."""
+    the binary ops go to the binary kernel, and the samples are still the serial runs'
+    (two_dtypes: each dtype's format read for it, not the first dtype's reused)."""
     from stochround.kernels import sample_pair
     from stochround.kernels.availability import cpu_as_cuda
 
-    fn, args = PROGRAMS[program]
+    fn, args = KERNEL_PROGRAMS[program]
     args = tuple(a.to(KERNEL_DEVICE) if isinstance(a, torch.Tensor) else a for a in args)
     route = contextlib.nullcontext() if KERNEL_DEVICE == "cuda" else cpu_as_cuda()
     expected = mca(fn, *args, n=3, seed=5, batched=False)

@@ -5,12 +5,16 @@ whether ``ops`` picks it)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import stochround as sr
 import stochround.rounding.entry as entry
+import stochround.rounding.prepared as prepared_module
 from stochround.emulate import emulate
+from stochround.kernels.availability import cpu_as_cuda
 from stochround.random import StreamDomain, stream_key
 
 
@@ -87,3 +91,54 @@ def test_the_roundings_arguments_raise_when_the_emulation_is_made(kwargs, error,
     """At `emulate(...)`, before any op runs (no ``with`` block is entered here)."""
     with pytest.raises(error, match=match):
         emulate("e4m3fnuz" if "hardware" in kwargs else "bfloat16", **kwargs)
+
+
+def _kernel_route() -> contextlib.AbstractContextManager[None]:
+    """The route a CUDA tensor takes: a GPU's (nothing to do), else CPU tensors routed as
+    CUDA ones under Triton's interpreter (`cpu_as_cuda`)."""
+    return contextlib.nullcontext() if torch.cuda.is_available() else cpu_as_cuda()
+
+
+def test_an_ops_fresh_output_is_rounded_without_the_calls_checks(monkeypatch):
+    """An op's fresh output (a plain tensor the op just made inside the mode) is rounded
+    by `PreparedRounding.round_plain`, without `check_input` (which costs about what the
+    rounding's host side does, on every op), with the bits of `stochround.round`."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    key = int(stream_key(6, StreamDomain.EMULATE))
+    a = torch.linspace(1, 2, 9, device=device)
+    checked: list[torch.Tensor] = []
+    original = prepared_module.check_input
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        checked.append(x)
+        return original(x)
+
+    monkeypatch.setattr(prepared_module, "check_input", counted)
+    with _kernel_route():
+        expected = sr.round(sr.round(a * 1.001, "bfloat16", "sr", seed=key, offset=0).tanh(),
+                            "bfloat16", "sr", seed=key, offset=1)  # fmt: skip
+        checked.clear()
+        with emulate("bfloat16", "sr", seed=6) as emulation:
+            found = (a * 1.001).tanh()
+    assert emulation.calls == 2 and checked == []
+    assert torch.equal(found.view(torch.int32), expected.view(torch.int32))
+
+
+def test_each_dtype_takes_its_own_route_on_the_kernels_route():
+    """One format (one prepared rounding) for float32 and float64 results on the kernels'
+    route: a float32 op's result goes to the kernel, the float64 op's after it (the
+    kernels read fp32, bf16 and fp16) to the PyTorch path; each result keeps its dtype
+    and has `stochround.round`'s bits.  A route cached without the dtype would give the
+    float64 op the float32 kernel's float32 result."""
+    key = int(stream_key(4, StreamDomain.EMULATE))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a32 = torch.linspace(1, 2, 9, device=device)
+    a64 = torch.linspace(1, 2, 9, dtype=torch.float64, device=device)
+    with _kernel_route():
+        with emulate("bfloat16", "sr", seed=4) as emulation:
+            r32, r64 = a32 * 1.001, a64 * 1.001
+        e32 = sr.round(a32 * 1.001, "bfloat16", "sr", seed=key, offset=0)
+        e64 = sr.round(a64 * 1.001, "bfloat16", "sr", seed=key, offset=1)
+    assert emulation.calls == 2 and (r32.dtype, r64.dtype) == (torch.float32, torch.float64)
+    assert torch.equal(r32.view(torch.int32), e32.view(torch.int32))
+    assert torch.equal(r64.view(torch.int64), e64.view(torch.int64))

@@ -20,10 +20,10 @@ from torch import Tensor
 from torch.fx import GraphModule, Interpreter, Node
 
 from ..formats import Format
-from .dispatch import Emulation, each_output
+from .dispatch import Emulation
 from .graph_rounding import Rounding, rounded
 from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op
-from .ops import aten, converts, op_kind
+from .ops import aten, converts, each_output, op_kind
 
 # a graph's ops whose outputs an eager emulation sees in another form: AOTAutograd writes an
 # in-place op on a graph input as its functional op followed by this copy back, and the eager

@@ -34,7 +34,9 @@ from .ops import (
     cannot_compute_per_op,
     cast_formats,
     converts,
+    each_output,
     op_kind,
+    scalar_dtype,
     target_formats,
 )
 from .supported import check_arguments, check_supported, raise_unsupported
@@ -52,6 +54,10 @@ class _Handling(threading.local):
 
 
 _handling = _Handling()
+
+_STRIDED = torch.strided
+# whether a tensor is one of torch.func's wrappers (vmap, grad): those take the checked call
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
@@ -75,18 +81,6 @@ class _Entry:
 
     def __init__(self, kind: OpKind, handled: bool, plain: bool) -> None:
         self.kind, self.handled, self.plain = kind, handled, plain
-
-
-def each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
-    """``function`` applied to each tensor of an op's output: a tensor, or a tuple or list
-    of tensors and other values (the shapes an ATen op returns)."""
-    if isinstance(out, Tensor):
-        return function(out)
-    if isinstance(out, list):
-        return [each_output(function, value) for value in out]
-    if isinstance(out, tuple):
-        return tuple(each_output(function, value) for value in out)
-    return out
 
 
 class Emulation(TorchDispatchMode):
@@ -255,8 +249,9 @@ class Emulation(TorchDispatchMode):
             out = each_output(self._output_rounded, out)
             check_supported((out,))
             return out
-        if out.dtype in self.roundings:
-            return self._output_rounded(out)
+        prepared = self.roundings.get(out.dtype)
+        if prepared is not None:
+            return self._fresh_rounded(out, prepared)
         if out.layout != torch.strided or out.is_complex():
             raise_unsupported(out)
         return out
@@ -302,7 +297,7 @@ class Emulation(TorchDispatchMode):
         for tensor in self._mutated(kind, args, kwargs):
             prepared = self.roundings.get(tensor.dtype)
             if prepared is not None:
-                tensor.copy_(self._next_rounding(tensor, prepared))
+                tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
         return out
 
     def _cast(
@@ -440,7 +435,11 @@ class Emulation(TorchDispatchMode):
         prepared = self.roundings.get(out.dtype)
         if prepared is None:
             return out
-        rounded = self._next_rounding(out, prepared)
+        return self._fresh_rounded(out, prepared)
+
+    def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding) -> Tensor:
+        """`_output_rounded` of an output whose dtype has a format (``prepared``)."""
+        rounded = self._next_rounding(out, prepared, fresh=True)
         if rounded.stride() == out.stride():
             return rounded
         return out.copy_(rounded)
@@ -480,7 +479,7 @@ class Emulation(TorchDispatchMode):
         kwargs: dict[str, Any],
     ) -> Any:
         """compute="float64": the op on float64 copies of the floating inputs (Python
-        floats as the op's arithmetic holds them, `_scalar_dtype`), each result rounded
+        floats as the op's arithmetic holds them, `scalar_dtype`), each result rounded
         once and stored in the output the op gives natively (its dtype, shape, strides).
         An op that gives no output of a dtype with a format runs natively only."""
         mutated = self._mutated(kind, args, kwargs)
@@ -497,14 +496,14 @@ class Emulation(TorchDispatchMode):
                 return native
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
         floating = [t for t in tensors if t.dtype in FLOAT_DTYPES]
-        scalar_dtype = _scalar_dtype(floating)
+        number_dtype = scalar_dtype(floating)
         wide_of = {id(t): t.to(torch.float64, copy=True) for t in floating}
 
         def widened(value: object) -> object:
             if isinstance(value, Tensor):
                 return wide_of.get(id(value), value)
-            if isinstance(value, float) and scalar_dtype is not None:
-                return float(torch.tensor(value, dtype=scalar_dtype))
+            if isinstance(value, float) and number_dtype is not None:
+                return float(torch.tensor(value, dtype=number_dtype))
             return value
 
         wide_args, wide_kwargs = pytree.tree_map(widened, (args, kwargs))
@@ -557,31 +556,34 @@ class Emulation(TorchDispatchMode):
             full = target.precision >= format_of_dtype(dtype).precision
             if self.residuals and dtype == torch.float64 and full and func not in EXACT_OPS:
                 self.no_residual.add(str(func))
-            return self._next_rounding(wide, self.roundings[dtype])
+            return self._next_rounding(wide, self.roundings[dtype], fresh=True)
         offset = self.calls
         self.calls += 1
         return sr_pair(pair[0], pair[1], target, self.key, offset)
 
-    def _next_rounding(self, x: Tensor, prepared: PreparedRounding) -> Tensor:
+    def _next_rounding(self, x: Tensor, prepared: PreparedRounding, fresh: bool = False) -> Tensor:
         """x rounded by a format's prepared rounding with the next offset of the counter: a
         new tensor of x's dtype (float64 for a result computed wide, which holds every
         format until stored); the bits of ``stochround.round(x, fmt, mode, rbits=rbits,
-        variant=variant, seed=key, offset=k, hardware=hardware)``."""
+        variant=variant, seed=key, offset=k, hardware=hardware)``.
+
+        ``fresh``: x is an output the op just made inside the mode, below autograd, or a
+        tensor it wrote, detached (no gradient to detach).  A plain dense tensor with data
+        (not a subclass such as a DTensor, not sparse, not on the meta device, not a
+        transform's wrapper) then skips the call's checks (`PreparedRounding.round_plain`):
+        the checks cost about what the rounding's own host side does, on every op."""
         offset = self.calls
         self.calls += 1
+        if (
+            fresh
+            and type(x) is Tensor
+            and x.layout == _STRIDED
+            and not x.requires_grad
+            and not x.is_meta
+            and not _is_wrapped(x)
+        ):
+            return prepared.round_plain(x, offset)
         return prepared.round(x.detach(), offset)
 
 
-def _scalar_dtype(floating: list[Tensor]) -> torch.dtype | None:
-    """The dtype a Python float takes in a native op on these tensors: their promoted
-    floating dtype's opmath type (float32 for bf16, fp16 and fp32, where PyTorch's CPU and
-    CUDA kernels compute; float64 for float64); None where no floating tensor is given."""
-    if not floating:
-        return None
-    promoted = floating[0].dtype
-    for t in floating[1:]:
-        promoted = torch.promote_types(promoted, t.dtype)
-    return torch.float64 if promoted == torch.float64 else torch.float32
-
-
-__all__ = ["Emulation", "each_output"]
+__all__ = ["Emulation"]

@@ -24,8 +24,9 @@ from ..formats import Format, format_of_dtype
 from ..reference import check_choice, check_mode
 from ..torch_path import FLOAT_DTYPES
 from .dispatch import Emulation
-from .mca_batched import SAMPLE_STRIDE, BatchedEmulation, BatchingError, sample_values
+from .mca_batched import BatchedEmulation
 from .mca_digits import check_estimator, estimated_digits, significant_digits
+from .mca_samples import SAMPLE_STRIDE, BatchingError, sample_values
 from .mca_trace import NO_PYTHON_FRAME, SiteDigits, SiteStatistics, call_site, precision_of
 from .ops import FormatSpec, target_formats
 
@@ -279,10 +280,12 @@ def mca(
             round_inputs=mca_mode != "rr",
             round_outputs=mca_mode != "pb",
             on_samples=statistics.observe_samples if trace else None,
+            before_write=statistics.settle if trace else None,
             site=call_site,
         )
         with batched_emulation:
             result = fn(*args, **kwargs)
+        statistics.settle()  # the outputs it holds are the program's, which may change now
         found = flat_outputs(result, returned_by=name)
         layout = [(label, t.dtype) for label, t in found]
         samples = tuple(sample_values(t, n) for _, t in found)

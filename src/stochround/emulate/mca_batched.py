@@ -8,8 +8,8 @@ op's whole emulation is one launch, `stochround.kernels.sample_pair`); any other
 runs through `torch.func.vmap` over the op and its emulation.
 
 Streams: run j of `mca` starts its counter at ``j * SAMPLE_STRIDE`` (serial and batched
-alike): the i-th rounding of run j draws offset ``j 2**40 + i`` of the seed's stream, and
-run 0 draws offsets 0, 1, ..., as ``with Emulation(..., seed=seed)`` alone does.
+alike; `stochround.emulate.mca_samples`), and run 0 draws offsets 0, 1, ..., as ``with
+Emulation(..., seed=seed)`` alone does.
 
 What cannot be batched (`BatchingError`): an op whose result is not a tensor, read from the
 samples' values (``.item()``, ``bool(x)``, ``if x > 0``, ``x.tolist()``), an op whose
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from ..rounding.prepared import PreparedRounding
 from .dispatch import Emulation
 from .exact import sr_pair_words
 from .mca_direct import (
+    BINARY_KERNEL_OPS,
     CallSpec,
     Direct,
     StackedCall,
@@ -44,139 +46,23 @@ from .mca_direct import (
     direct_kind,
     flat_call,
     same_dtypes,
+    scalar_operand,
     signature,
     stacked_pointwise,
     stacked_reduction,
 )
-from .ops import OpKind
-
-# the offsets between the starts of two runs' counters: a run makes fewer roundings
-SAMPLE_STRIDE = 2**40
-
-# the most samples the words kernel takes: its launch grid's second dimension
-_KERNEL_SAMPLES = 65535
-
-
-class BatchingError(RuntimeError):
-    """An op of the program cannot run on the n samples together; the message names the
-    op, the program's line and what to do (run the samples one after another)."""
-
-
-# what a batched run says where the program reads its values outside ATen
-_READ = (
-    "x.{}() reads the values of a tensor of a batched MCA run, which holds the n samples'. "
-    " Run the samples one after another: mca(..., batched=False), stochround mca --serial"
+from .mca_samples import (
+    SAMPLE_STRIDE,
+    BatchingError,
+    SampleTensor,
+    sample_pair_refusal,
+    sample_words,
 )
+from .ops import OpKind
 
 
 class _Rounds(Exception):
     """A factory run once (`BatchedEmulation._made`) reached a rounding."""
-
-
-class SampleTensor(Tensor):
-    """A tensor of the program holding its value in each of the n samples: ``samples``,
-    shape ``(n, *shape)``; the tensor itself has the shape, dtype and device of one
-    sample's value.  Only `BatchedEmulation` computes with it."""
-
-    samples: Tensor
-
-    @staticmethod
-    def __new__(cls, samples: Tensor) -> SampleTensor:
-        made = Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
-            cls,
-            samples.shape[1:],
-            strides=samples.stride()[1:],
-            dtype=samples.dtype,
-            device=samples.device,
-        )
-        made.samples = samples
-        return made
-
-    # torch's own subclasses' idiom (torch functions go straight to ATen); the stubs type
-    # these hooks more narrowly than torch calls them
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
-
-    @classmethod
-    def __torch_dispatch__(  # type: ignore[override]
-        cls,
-        func: torch._ops.OpOverload,
-        types: tuple[type, ...],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        raise BatchingError(
-            f"{func} on a tensor of a batched MCA run outside the run: read the samples "
-            "from the MCAResult"
-        )
-
-    def tolist(self) -> Any:  # torch reads a subclass's values without an ATen op here
-        raise BatchingError(_READ.format("tolist"))
-
-    def numpy(self, *args: Any, **kwargs: Any) -> Any:
-        raise BatchingError(_READ.format("numpy"))
-
-    def __repr__(self) -> str:  # type: ignore[override]  # the default reads the values
-        return f"SampleTensor(n={self.samples.shape[0]}, shape={tuple(self.shape)})"
-
-
-def sample_words_refusal(bases: Tensor) -> str | None:
-    """Why the words kernel cannot serve these samples (None if it can): one program
-    column a sample, and a launch grid's second dimension holds at most 65535."""
-    if bases.shape[0] > _KERNEL_SAMPLES:
-        return f"{bases.shape[0]} samples: the words kernel takes at most {_KERNEL_SAMPLES}"
-    return None
-
-
-@functools.cache
-def sample_pair_refusal(fmt: Format) -> str | None:
-    """Why the kernel cannot round to ``fmt`` (None if it can): it takes the IEEE-like
-    formats (signed, infinities, IEEE NaNs, subnormals, max ``(2 - 2**-mbits)
-    2**emax``) within float64's (mbits <= 52, emin >= -1022), such as every virtual
-    precision of `stochround.emulate.mca`."""
-    ieee_like = (
-        fmt.signed
-        and fmt.inf
-        and fmt.nan == "ieee"
-        and fmt.subnormals
-        and not fmt.twos_complement
-        and fmt.ebits > 0
-    )
-    if not ieee_like:
-        return f"{fmt.name or fmt}: the kernel takes IEEE-like formats only"
-    if fmt.mbits > 52 or fmt.emin < -1022 or fmt.emax > 1023:
-        return f"{fmt.name or fmt}: beyond float64's precision or exponent range"
-    if fmt.max != (2 - 2.0**-fmt.mbits) * 2.0**fmt.emax or fmt.lowest != -fmt.max:
-        return f"{fmt.name or fmt}: its max is not the top of its grid"
-    return None
-
-
-def sample_words(shape: torch.Size, key: int, bases: Tensor, offset: int = 0) -> Tensor:
-    """The words of n tensors of ``shape``, tensor j in stream ``(key, bases[j] +
-    offset)``: ``out[j]`` is ``random_words_like(x_j, key, bases[j] + offset)`` (row-major
-    flat indices from 0), computed for all j at once: one kernel on CUDA
-    (`stochround.kernels.sample_words`), PyTorch's ops elsewhere.  Returns int64, shape
-    ``(n, *shape)``."""
-    if use_kernel("auto", "bases", on_kernel_device(bases), sample_words_refusal(bases)):
-        # the kernel module imports triton: imported where it runs
-        from ..kernels.sample_words import sample_words_triton
-
-        return sample_words_triton(shape, key, bases, offset)
-    offsets = bases + offset
-    n = offsets.shape[0]
-    count = shape.numel()
-    if count == 0:
-        return torch.empty((n, *shape), dtype=torch.int64, device=offsets.device)
-    groups = torch.arange((count + 3) >> 2, dtype=torch.int64, device=offsets.device)
-    column = offsets.reshape(n, 1)
-    words = streams.philox4x32(
-        groups & streams.MASK32,
-        groups >> 32,
-        column & streams.MASK32,
-        (column >> 32) & streams.MASK32,
-        key & streams.MASK32,
-        key >> 32,
-    )
-    return torch.stack(words, dim=-1).reshape(n, -1)[:, :count].reshape(n, *shape)
 
 
 def _tensor_returns(func: torch._ops.OpOverload) -> bool:
@@ -191,13 +77,44 @@ def _tensor_returns(func: torch._ops.OpOverload) -> bool:
     )
 
 
+def _written_results(func: torch._ops.OpOverload) -> tuple[tuple[int, int, str], ...]:
+    """Each result of ``func`` that is an argument it writes (``add_``, ``out=``): (the
+    result's position, the argument's position and name), from its schema."""
+    schema = func._schema
+    found = []
+    for position, result in enumerate(schema.returns):
+        if result.alias_info is None or not result.alias_info.is_write:
+            continue
+        for index, argument in enumerate(schema.arguments):
+            if argument.alias_info is not None and (
+                argument.alias_info.before_set == result.alias_info.before_set
+            ):
+                found.append((position, index, argument.name))
+    return tuple(found)
+
+
+@functools.cache
+def _sample_pair() -> ModuleType:
+    """`stochround.kernels.sample_pair`, imported at its first use (it imports triton),
+    then without an import statement an op."""
+    from ..kernels import sample_pair
+
+    return sample_pair
+
+
+# the dtypes whose ops the sample-pair kernel computes
+_PAIR_DTYPES = (torch.float32, torch.float64)
+
+
 class BatchedEmulation(Emulation):
     """An `Emulation` (compute="float64", accumulate="once", 32-bit words, variant c)
     that runs every op on the n samples together: the op's `SampleTensor` arguments give
     their samples, its other tensors are shared by every sample, and its tensor results
     are `SampleTensor`s.  Each rounding of the i-th call draws, for sample j, offset
     ``j SAMPLE_STRIDE + i`` (`sample_words`).  ``on_samples``: None or a callable
-    ``(func, outputs)`` given each rounded op's outputs as ``(n, *shape)`` tensors;
+    ``(func, outputs)`` given each rounded op's outputs as ``(n, *shape)`` tensors, which
+    it may hold until ``before_write`` (None or a callable) is called: before any op
+    writes into a tensor of the run;
     ``site``: where the program is (its errors name it: `stochround.emulate.mca.call_site`)."""
 
     def __init__(
@@ -211,6 +128,7 @@ class BatchedEmulation(Emulation):
         round_inputs: bool,
         round_outputs: bool,
         on_samples: Callable[[torch._ops.OpOverload, Any], None] | None = None,
+        before_write: Callable[[], None] | None = None,
         site: Callable[[], str] = lambda: "?",
     ) -> None:
         super().__init__(
@@ -223,7 +141,7 @@ class BatchedEmulation(Emulation):
             round_outputs=round_outputs,
         )
         self.n = n
-        self.on_samples, self.site = on_samples, site
+        self.on_samples, self.before_write, self.site = on_samples, before_write, site
         self._bases: dict[torch.device, Tensor] = {}
         self._seeds: dict[torch.device, Tensor] = {}
         # per op overload, read once: whether its results are tensors, how it runs on
@@ -231,6 +149,14 @@ class BatchedEmulation(Emulation):
         self._forms: dict[torch._ops.OpOverload, tuple[bool, Direct]] = {}
         # per op and form of its call (`signature`): whether stacking keeps its dtypes
         self._alike: dict[tuple[Any, ...], bool] = {}
+        # per op overload: the kernel's name for a binary op whose emulation the kernel
+        # computes whole ("" for any other op: `_fused_op`), and the results its
+        # arguments write (`_written_results`)
+        self._binary: dict[torch._ops.OpOverload, str] = {}
+        self._written: dict[torch._ops.OpOverload, tuple[tuple[int, int, str], ...]] = {}
+        # per (dtype, on a kernel device): the format the kernel rounds its results to,
+        # None where it does not serve them (`_pair_target`)
+        self._pair_targets: dict[tuple[torch.dtype, bool], Format | None] = {}
         # set while an op runs directly on the stacked samples: its tensors are the
         # samples' ``(n, ...)`` values, not vmap's
         self._direct = False
@@ -273,6 +199,13 @@ class BatchedEmulation(Emulation):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        op = self._binary.get(func)
+        if op is None:
+            op = self._binary[func] = self._fused_op(func)
+        if op and not kwargs and len(args) == 2:
+            fused = self._binary_fused(func, op, args[0], args[1])
+            if fused is not None:
+                return fused
         kwargs = kwargs or {}
         leaves, spec = flat_call(args, kwargs)
         batched = [isinstance(value, SampleTensor) for value in leaves]
@@ -301,6 +234,8 @@ class BatchedEmulation(Emulation):
                 "it writes into a tensor made outside the run (an argument, a global), which "
                 "holds one value, not the n samples'",
             )
+        if entry.kind.mutated_positions and self.before_write is not None:
+            self.before_write()  # the observer may hold the tensor this op writes into
         self._entered = self.calls
         stacked = self._stacked(func, direct, leaves, batched, spec, args, kwargs)
         if stacked is not None:
@@ -316,6 +251,68 @@ class BatchedEmulation(Emulation):
                 self.on_samples(func, wrapped.samples)
             else:
                 self.on_samples(func, pytree.tree_map_only(SampleTensor, _samples_of, wrapped))
+        return wrapped
+
+    def _fused_op(self, func: torch._ops.OpOverload) -> str:
+        """The kernel's name for ``func`` where `_fused` would compute its emulation whole
+        (a binary op of the kernel, selected; outputs rounded from their exact results, no
+        input rounded), else "": read once an overload."""
+        op = BINARY_KERNEL_OPS.get(func)
+        if op is None or not (self.residuals and self.round_outputs and not self.round_inputs):
+            return ""
+        entry = self._entries.get(func)
+        if entry is None:
+            entry = self._entries[func] = self._op_entry(func)
+        return op if entry.handled else ""
+
+    def _pair_target(self, dtype: torch.dtype, on_kernel: bool) -> Format | None:
+        """The format the kernel rounds results of ``dtype`` to, on a kernel device or not;
+        None where it does not serve them (not float32 or float64, no format, a format it
+        refuses, no kernel there): read once per (dtype, device kind)."""
+        key = (dtype, on_kernel)
+        if key not in self._pair_targets:
+            target = self.formats.get(dtype) if dtype in _PAIR_DTYPES else None
+            served = target is not None and use_kernel(
+                "auto", "a", on_kernel, sample_pair_refusal(target)
+            )
+            self._pair_targets[key] = target if served else None
+        return self._pair_targets[key]
+
+    def _binary_fused(
+        self, func: torch._ops.OpOverload, op: str, a: object, b: object
+    ) -> SampleTensor | None:
+        """The common op of a program, resolved without the general path's walk: ``a op
+        b`` of a sample tensor and a sample tensor of its shape, dtype and device or a
+        Python number, computed by the kernel (`_fused`'s launch, the same bits), its
+        result observed; None for any other call (the general path serves it)."""
+        if type(a) is not SampleTensor:
+            return None
+        samples = a.samples
+        target = self._pair_target(samples.dtype, on_kernel_device(samples))
+        if target is None:
+            return None
+        other: Tensor | float | None
+        if type(b) is SampleTensor:
+            other = b.samples
+            if (
+                other.dtype != samples.dtype
+                or other.shape != samples.shape
+                or other.get_device() != samples.get_device()
+            ):
+                return None
+        else:
+            other = scalar_operand(b, samples.dtype)
+            if other is None:
+                return None
+        offset = self.calls
+        self.calls += 1
+        device = samples.device
+        seed, bases = self.seed_on(device), self.bases(device)
+        kernel = _sample_pair().sample_binary_triton
+        out = kernel(op, samples, other, samples.dtype, target, seed, bases, offset)
+        wrapped = self._sample_tensor(out)
+        if self.on_samples is not None:
+            self.on_samples(func, wrapped.samples)
         return wrapped
 
     def _stacked(
@@ -470,17 +467,12 @@ class BatchedEmulation(Emulation):
     ) -> Any:
         """vmap's ``(n, ...)`` results as `SampleTensor`s; a result that is a mutated
         argument (``add_``, ``out=``) is that argument itself."""
-        schema = func._schema
+        written_results = self._written.get(func)
+        if written_results is None:
+            written_results = self._written[func] = _written_results(func)
         written: dict[int, Any] = {}
-        for position, result in enumerate(schema.returns):
-            if result.alias_info is None or not result.alias_info.is_write:
-                continue
-            for index, argument in enumerate(schema.arguments):
-                if argument.alias_info is not None and (
-                    argument.alias_info.before_set == result.alias_info.before_set
-                ):
-                    value = args[index] if index < len(args) else kwargs.get(argument.name)
-                    written[position] = value
+        for position, index, name in written_results:
+            written[position] = args[index] if index < len(args) else kwargs.get(name)
         if isinstance(out, Tensor):
             return written.get(0, self._sample_tensor(out))
         results = [
@@ -528,8 +520,9 @@ class BatchedEmulation(Emulation):
         """Sample j's words of offset ``j SAMPLE_STRIDE + offset`` for x's ``(n, *shape)``."""
         return sample_words(x.shape[1:], self.key, self.bases(x.device), offset)
 
-    def _next_rounding(self, x: Tensor, prepared: PreparedRounding) -> Tensor:
-        """As the emulation's, each sample drawing its own run's words (`_words`)."""
+    def _next_rounding(self, x: Tensor, prepared: PreparedRounding, fresh: bool = False) -> Tensor:
+        """As the emulation's, each sample drawing its own run's words (`_words`); x's
+        samples (``fresh`` or not) are read out of the op's vmap, then rounded whole."""
         offset = self.calls
         self.calls += 1
         values = self._physical(x.detach())
@@ -573,20 +566,4 @@ def _samples_of(value: SampleTensor) -> Tensor:
     return value.samples
 
 
-def sample_values(value: Tensor, n: int) -> Tensor:
-    """A result's ``(n, *shape)`` float64 samples, copied: a `SampleTensor`'s own, a plain
-    tensor's (the same in every sample) repeated."""
-    if isinstance(value, SampleTensor):
-        return value.samples.to(torch.float64, copy=True)
-    return value.detach().to(torch.float64, copy=True).expand(n, *value.shape).clone()
-
-
-__all__ = [
-    "SAMPLE_STRIDE",
-    "BatchedEmulation",
-    "BatchingError",
-    "SampleTensor",
-    "sample_pair_refusal",
-    "sample_values",
-    "sample_words",
-]
+__all__ = ["BatchedEmulation"]

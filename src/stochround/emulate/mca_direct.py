@@ -179,7 +179,7 @@ def stacked_reduction(
 
 # the binary ops one kernel computes whole on CUDA (`stochround.kernels.sample_pair`),
 # by the name it takes
-_BINARY = {
+BINARY_KERNEL_OPS = {
     aten.add.Tensor: "add",
     aten.add.Scalar: "add",
     aten.sub.Tensor: "sub",
@@ -209,7 +209,7 @@ def binary_call(stacked: StackedCall) -> BinaryCall | None:
     than 1, operands not float32 or float64 of one dtype and device, a number that is a
     bool or an int beyond 2**53.  A float taken with float32 tensors is first rounded to
     float32, as the emulation's float64 computation takes it (the native op's)."""
-    op = _BINARY.get(stacked.func)
+    op = BINARY_KERNEL_OPS.get(stacked.func)
     args, kwargs = stacked.args, stacked.kwargs
     if op is None or len(args) not in (2, 3) or not set(kwargs) <= {"alpha"}:
         return None
@@ -223,13 +223,20 @@ def binary_call(stacked: StackedCall) -> BinaryCall | None:
         if a.shape != b.shape:
             a, b = torch.broadcast_tensors(a, b)
         return BinaryCall(op, a, b, a.dtype)
+    number = scalar_operand(b, a.dtype)
+    return None if number is None else BinaryCall(op, a, number, a.dtype)
+
+
+def scalar_operand(b: object, dtype: torch.dtype) -> float | None:
+    """A Python number ``b`` taken with tensors of ``dtype`` (float32 or float64) as the
+    kernel takes it: a float rounded to float32 with float32 tensors (as the emulation's
+    float64 computation takes it: the native op's), an int up to 2**53 as a float; None
+    for a bool, a larger int or any other value."""
     if isinstance(b, bool) or not isinstance(b, int | float):
         return None
     if isinstance(b, int):
-        return BinaryCall(op, a, float(b), a.dtype) if abs(b) <= 2**53 else None
-    if a.dtype == torch.float32:
-        b = _as_float32(b)
-    return BinaryCall(op, a, b, a.dtype)
+        return float(b) if abs(b) <= 2**53 else None
+    return _as_float32(b) if dtype == torch.float32 else b
 
 
 def _as_float32(value: float) -> float:
@@ -290,6 +297,7 @@ def signature(leaves: list[Any], batched: list[bool]) -> tuple[Any, ...] | None:
 
 
 __all__ = [
+    "BINARY_KERNEL_OPS",
     "BinaryCall",
     "CallSpec",
     "Direct",
@@ -298,6 +306,7 @@ __all__ = [
     "direct_kind",
     "flat_call",
     "same_dtypes",
+    "scalar_operand",
     "signature",
     "stacked_pointwise",
     "stacked_reduction",

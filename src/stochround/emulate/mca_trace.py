@@ -3,9 +3,11 @@ each floating ATen op (`call_site`), and per call site the fewest significant di
 ops' outputs across the n samples (`SiteStatistics`, reported as `SiteDigits`).
 
 What a traced op costs.  The batched run (`stochround.emulate.mca_batched`) gives each op's
-outputs as ``(n, *shape)`` samples; its observer copies them, as float64, into the next
-columns of an ``(n, columns)`` buffer of its device (one copy: no arithmetic, nothing read
-back to the host) and notes the call's site and precision on the host.  The moments and
+outputs as ``(n, *shape)`` samples; its observer holds them (no copy, no ATen op) as the
+next columns of an ``(n, columns)`` float64 buffer of its device, into which they are
+copied together (one concatenation, one copy: no arithmetic, nothing read back to the
+host) when the buffer is full or before an op writes into a tensor of the run (which
+could be one held), and notes the call's site and precision on the host.  The moments and
 digits of a full buffer's columns are computed together, and each output's fewest digits
 kept as one element of a device tensor (`stochround.emulate.mca_digits.fewest_digits`);
 the report reads them back once (`SiteStatistics.sites`).  The site is the first frame
@@ -101,16 +103,32 @@ def precision_of(formats: Mapping[torch.dtype, Format], dtype: torch.dtype) -> i
 
 class _Columns:
     """A device's buffer of samples not yet reduced: ``values`` ``(n, columns)`` float64,
-    its first ``used`` columns filled, output ``outputs[k]`` in the next ``lengths[k]``."""
+    its first ``used`` columns taken, output ``outputs[k]`` in the next ``lengths[k]``:
+    the first ``settled`` copied, the others' samples held in ``pending`` (``(n, width)``
+    tensors, the ops' own outputs: no copy until one is needed, `SiteStatistics.settle`)."""
 
     def __init__(self, n: int, device: torch.device) -> None:
-        self.columns = max(1, TRACE_BUFFER_BYTES // (8 * n))
+        self.n, self.columns = n, max(1, TRACE_BUFFER_BYTES // (8 * n))
         self.values = torch.empty((n, self.columns), dtype=torch.float64, device=device)
-        self.used = 0
-        # per shape of samples: the strides of their view of the buffer's columns
-        self.strides: dict[torch.Size, list[int]] = {}
+        self.used = self.settled = 0
+        self.pending: list[Tensor] = []
         self.lengths: list[int] = []
         self.outputs: list[int] = []
+
+    def settle(self) -> None:
+        """Copy the pending samples into their columns (one copy of them all)."""
+        if not self.pending:
+            return
+        pending = self.pending
+        values = pending[0] if len(pending) == 1 else torch.cat(pending, dim=1)
+        self.values[:, self.settled : self.used].copy_(values)
+        self.settled = self.used
+        self.pending = []
+
+    def filled(self) -> Tensor:
+        """The ``(n, used)`` float64 samples of the taken columns (the pending settled)."""
+        self.settle()
+        return self.values[:, : self.used]
 
 
 class SiteStatistics:
@@ -120,8 +138,10 @@ class SiteStatistics:
     The serial run (`observe`) keeps, per (site, call index within the run), the running
     mean and sum of squared deviations (Welford) of each floating output over the runs
     (float64, the output's shape).  The batched run (`observe_samples`) sees all n samples
-    of a call at once: it copies them into a buffer whose columns' digits are computed
-    when it is full (module docstring), so it keeps one number an output, not its values.
+    of a call at once: it holds them as columns of a buffer, copied in together, whose
+    columns' digits are computed when it is full (module docstring), so it keeps one
+    number an output, not its values.  The run calls `settle` before an op writes into
+    one of its tensors.
     """
 
     def __init__(self, formats: Mapping[torch.dtype, Format]) -> None:
@@ -155,40 +175,38 @@ class SiteStatistics:
         (``(n, *shape)``); each is copied into its device's buffer (`_Columns`), one copy
         and no read back to the host."""
         site, _ = self._call()
-        for samples in _tensors(outputs):
-            if not samples.is_floating_point() or samples.numel() == 0:
+        for samples in (outputs,) if isinstance(outputs, Tensor) else _tensors(outputs):
+            dtype = samples.dtype
+            count = samples.numel()
+            if not dtype.is_floating_point or count == 0:
                 continue  # an empty output has no digits
-            self._add(samples, len(self.outputs))
-            precision = self._precisions.get(samples.dtype, 0)
+            self._add(samples, count, len(self.outputs))
+            precision = self._precisions.get(dtype, 0)
             if precision == 0:  # none is 0 bits: not yet looked up
-                precision = self._precisions[samples.dtype] = precision_of(
-                    self.formats, samples.dtype
-                )
+                precision = self._precisions[dtype] = precision_of(self.formats, dtype)
             self.outputs.append((site, precision))
 
-    def _add(self, samples: Tensor, output: int) -> None:
-        """Copy ``samples`` into the next columns of its device's buffer (reduced first if
-        they do not fit; samples wider than a buffer reduced on their own)."""
+    def _add(self, samples: Tensor, count: int, output: int) -> None:
+        """Hold ``samples`` (``count`` values) as the next columns of its device's buffer
+        (reduced first if they do not fit; samples wider than a buffer reduced on their
+        own)."""
         n = samples.shape[0]
-        width = samples.numel() // n
-        columns = self._open.get(samples.device)
-        if columns is None or columns.values.shape[0] != n:
+        width = count // n
+        device = samples.device
+        columns = self._open.get(device)
+        if columns is None or columns.n != n:
             if columns is not None:
-                self._reduce(samples.device)
-            columns = self._open[samples.device] = _Columns(n, samples.device)
+                self._reduce(device)
+            columns = self._open[device] = _Columns(n, device)
         if width > columns.columns:
             values = samples.detach().reshape(n, width).to(torch.float64)
             self._reduced.append(([output], _digits_of_columns(values, [width])))
             return
         if columns.used + width > columns.columns:
-            self._reduce(samples.device)
-            columns = self._open[samples.device] = _Columns(n, samples.device)
-        # the samples' values as they are now: a later in-place op may change them
-        shape = samples.shape
-        strides = columns.strides.get(shape)
-        if strides is None:
-            strides = columns.strides[shape] = [columns.columns, *_row_strides(shape[1:])]
-        columns.values.as_strided(shape, strides, columns.used).copy_(samples)
+            self._reduce(device)
+            columns = self._open[device] = _Columns(n, device)
+        # the output itself, held: the run calls `settle` before any op writes into a tensor
+        columns.pending.append(samples if samples.ndim == 2 else samples.reshape(n, width))
         columns.used += width
         columns.lengths.append(width)
         columns.outputs.append(output)
@@ -198,8 +216,15 @@ class SiteStatistics:
         the buffer closed."""
         columns = self._open.pop(device)
         if columns.used:
-            values = columns.values[:, : columns.used]
+            values = columns.filled()
             self._reduced.append((columns.outputs, _digits_of_columns(values, columns.lengths)))
+
+    def settle(self) -> None:
+        """Copy every output held (`observe_samples`) into its buffer: the batched run
+        calls it before an op writes into a tensor (which may be one held), and after the
+        run."""
+        for columns in self._open.values():
+            columns.settle()
 
     def observe(self, func: torch._ops.OpOverload, outputs: object) -> None:
         """The observer: fold the op's floating outputs into its call's moments.  The
@@ -307,16 +332,6 @@ def _digits_of_columns(values: Tensor, lengths: list[int]) -> Tensor:
         squares = ((values - mean) ** 2).sum(dim=0)
         std = (squares / (n - 1)).sqrt() if n > 1 else mean * math.nan
         return fewest_digits(mean, std, lengths)
-
-
-def _row_strides(shape: torch.Size) -> list[int]:
-    """The strides of a contiguous tensor of ``shape``."""
-    strides = []
-    step = 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return strides[::-1]
 
 
 def _tensors(value: object) -> list[Tensor]:

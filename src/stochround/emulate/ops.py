@@ -1,13 +1,16 @@
 """Which ATen ops and dtypes an emulation rounds, and how: the op tables (`MATMUL_OPS`,
 `PER_OP_OPS`), each op's schema read once (`OpKind`), and the format each floating dtype's
-results take (`target_formats`, `cast_formats`).
+results take (`target_formats`, `cast_formats`); an op's outputs walked (`each_output`) and
+the dtype its Python floats take (`scalar_dtype`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..formats import Format, format_of_dtype
 from ..formats import format as find_format
@@ -307,6 +310,30 @@ def cannot_compute_per_op(func: torch._ops.OpOverload) -> bool:
     )
 
 
+def each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
+    """``function`` applied to each tensor of an op's output: a tensor, or a tuple or list
+    of tensors and other values (the shapes an ATen op returns)."""
+    if isinstance(out, Tensor):
+        return function(out)
+    if isinstance(out, list):
+        return [each_output(function, value) for value in out]
+    if isinstance(out, tuple):
+        return tuple(each_output(function, value) for value in out)
+    return out
+
+
+def scalar_dtype(floating: list[Tensor]) -> torch.dtype | None:
+    """The dtype a Python float takes in a native op on these tensors: their promoted
+    floating dtype's opmath type (float32 for bf16, fp16 and fp32, where PyTorch's CPU and
+    CUDA kernels compute; float64 for float64); None where no floating tensor is given."""
+    if not floating:
+        return None
+    promoted = floating[0].dtype
+    for t in floating[1:]:
+        promoted = torch.promote_types(promoted, t.dtype)
+    return torch.float64 if promoted == torch.float64 else torch.float32
+
+
 __all__ = [
     "ACCUMULATES",
     "COMPUTES",
@@ -320,6 +347,8 @@ __all__ = [
     "cannot_compute_per_op",
     "cast_formats",
     "converts",
+    "each_output",
     "op_kind",
+    "scalar_dtype",
     "target_formats",
 ]

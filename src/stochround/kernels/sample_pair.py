@@ -7,7 +7,7 @@ The PyTorch path makes its random words (a launch), then some thirty passes over
 values, four of them full roundings (toward zero twice, upward, SR for the overflow); here
 each element's word, its neighbours in the format and the decision are computed in
 registers.  The neighbours of a magnitude m >= 0 on the grid of an IEEE-like format
-(``sample_pair_refusal`` of `stochround.emulate.mca_batched` says which): its quantum
+(``sample_pair_refusal`` of `stochround.emulate.mca_samples` says which): its quantum
 ``u = 2**(max(e, emin) - mbits)`` (e m's float64 exponent), toward zero ``floor(m / u)
 u`` (at most the format's max), upward ``ceil(m / u) u`` (infinity above the max);
 ``m / u`` is exact (a power of two scales it).
@@ -272,7 +272,8 @@ def sample_binary_triton(
     else:
         bits = struct.unpack("<q", struct.pack("<d", float(b)))[0]
         other = a
-    out = torch.empty(a.shape, dtype=out_dtype, device=a.device)
+    # like a (contiguous): no shape or device to parse, host time every op saves
+    out = torch.empty_like(a, dtype=out_dtype, memory_format=torch.contiguous_format)
     total = a.numel()
     if total == 0:
         return out

@@ -1,5 +1,5 @@
 """The random words of n samples of one tensor, each sample in its own stream offset, in
-one launch: the kernel twin of `stochround.emulate.mca_batched.sample_words` (batched
+one launch: the kernel twin of `stochround.emulate.mca_samples.sample_words` (batched
 Monte Carlo arithmetic draws, for sample j, the words its serial run j draws)."""
 
 from __future__ import annotations

@@ -107,16 +107,27 @@ class PreparedRounding:
         checks it (`check_input`: a new tensor each call); ``offset`` is the caller's
         counter, an int in [0, 2**64), unchecked."""
         check_input(x)
-        request = self.request
-        if request.mode == "sr":
-            request = Request._make((*self.head, offset, *self.tail))
         if through_op(x):  # traced, for autograd or a DTensor: the custom op, as round does
-            return round_through_op(x, request, self.backend, "value", x.dtype)
+            return round_through_op(x, self._request(offset), self.backend, "value", x.dtype)
+        return self.round_plain(x, offset)
+
+    def round_plain(self, x: Tensor, offset: int) -> Tensor:
+        """`round` of an x the caller vouches for, without its checks: a dense floating
+        tensor with data that goes through no custom op (not traced, no gradient, not a
+        DTensor; `through_op` is False), such as an ATen op's fresh output inside a
+        dispatch mode.  The same bits as `round`."""
+        request = self._request(offset)
         where = (x.dtype, on_kernel_device(x))
         route = self.routes.get(where)
         if route is None:
             route = self.routes[where] = call_route(self.choices(), *where, False)
         return routed(x, request, route)
+
+    def _request(self, offset: int) -> Request:
+        """The request of a call at ``offset`` (SR's; the others draw no words)."""
+        if self.request.mode == "sr":
+            return Request._make((*self.head, offset, *self.tail))
+        return self.request
 
     def choices(self) -> tuple:
         """The choices as `call_route` takes them (values of x's dtype, from the stream)."""
