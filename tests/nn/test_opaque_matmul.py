@@ -40,3 +40,20 @@ def test_a_layer_registers_its_plan_and_each_recipe_change_a_new_index() -> None
     )
     keyed = opaque_matmul.registered_plan(layer.plan_index, 1)
     assert keyed.seed != layer.plan.seed and keyed._replace(seed=layer.plan.seed) == layer.plan
+
+
+def test_an_op_runs_by_one_step_plan_a_signature() -> None:
+    """The ops resolve the eager step's choices once per signature, as a layer does: the
+    same plan for a second call, another for another dtype or GEMM set; none under tensor
+    parallelism (a rank's calls take the per-call route)."""
+    layer = srnn.QuantizedLinear(64, 64, recipe=srnn.nvfp4())
+    x, weight = torch.randn(32, 64), layer.weight.detach()
+    index = layer.plan_index
+    first = opaque_matmul.op_step_plan(index, -1, x, weight, None, ("fprop",))
+    assert first is not None and first.plan is layer.plan
+    assert opaque_matmul.op_step_plan(index, -1, x.clone(), weight, None, ("fprop",)) is first
+    other = opaque_matmul.op_step_plan(index, -1, x.double(), weight, None, ("fprop",))
+    assert other is not None and other is not first and other.signature.dtype == torch.float64
+    backward = opaque_matmul.op_step_plan(index, -1, x, weight, None, ("dgrad", "wgrad"))
+    assert backward is not first and backward.signature.gemms == ("dgrad", "wgrad")  # type: ignore[union-attr]
+    assert opaque_matmul.op_step_plan(index, 1, x, weight, None, ("fprop",)) is None

@@ -27,6 +27,7 @@ beyond an op's int64 argument).
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .layer_plan import Plan
 from .matmul import QuantizedMatmul
+from .step_plan import StepPlan, StepSignature, make_step_plan, step_signature
 from .streams import step_column
 from .tensor_parallel import rank_key
 
@@ -72,6 +74,30 @@ def warm_up(run: Callable[..., object], tensors: tuple[Tensor | None, ...], *res
         run(*real, *rest)
 
 
+@functools.lru_cache(maxsize=256)
+def _step_plan(plan_index: int, signature: StepSignature, shape: tuple[int, int]) -> StepPlan:
+    """The `StepPlan` of the registered plan for a call of ``signature`` on a weight of
+    ``shape`` (out, in): made once, as a layer keeps its own eagerly."""
+    return make_step_plan(_PLANS[plan_index], signature, shape[1], shape[0])
+
+
+def op_step_plan(
+    plan_index: int,
+    rank: int,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    gemms: tuple[str, ...],
+) -> StepPlan | None:
+    """The step plan an op runs by (the eager step's choices, resolved once per signature),
+    or None under tensor parallelism (``rank`` >= 0), whose calls take the per-call route
+    as they do eagerly."""
+    if rank >= 0:
+        return None
+    signature = step_signature(x, weight, bias, gemms)
+    return _step_plan(plan_index, signature, (weight.shape[0], weight.shape[1]))
+
+
 class _Saved:
     """What `QuantizedMatmul`'s forward and backward read and write on their ``ctx``, for
     calling them outside autograd: the forward's saved tensors are dropped (the backward
@@ -83,9 +109,10 @@ class _Saved:
         saved: tuple[Tensor | None, ...] = (),
         needs: tuple[bool, ...] = (),
         bias_dtype: torch.dtype | None = None,
+        prepared: StepPlan | None = None,
     ) -> None:
         self.plan, self.saved_tensors, self.needs_input_grad = plan, saved, needs
-        self.bias_dtype, self.factor, self.prepared = bias_dtype, 1.0, None
+        self.bias_dtype, self.factor, self.prepared = bias_dtype, 1.0, prepared
 
     def save_for_backward(self, *tensors: Tensor | None) -> None:
         pass
@@ -97,7 +124,9 @@ def _forward(
     """``y = Q(x) Q(W)^T + b`` by `QuantizedMatmul.forward`, without the backward's
     operands (wgrad and dgrad off: no pair, no kept transposes)."""
     plan = registered_plan(plan_index, rank)
-    out = QuantizedMatmul.forward(_Saved(plan), x, weight, bias, step, plan, False, False)  # type: ignore[arg-type]
+    prepared = op_step_plan(plan_index, rank, x, weight, bias, ("fprop",))
+    ctx = _Saved(plan)
+    out = QuantizedMatmul.forward(ctx, x, weight, bias, step, plan, False, False, prepared)  # type: ignore[arg-type]
     return typing.cast(Tensor, out)
 
 
@@ -128,7 +157,9 @@ def _backward(
     (of x, W, b) says it is not wanted."""
     plan = registered_plan(plan_index, rank)
     saved = (x, weight, step_column(step, plan.layer), None, None, None, None)
-    ctx = _Saved(plan, saved, tuple(needs), bias_dtype)
+    gemms = tuple(name for name, need in zip(("dgrad", "wgrad"), needs, strict=False) if need)
+    prepared = op_step_plan(plan_index, rank, x, weight, None, gemms) if gemms else None
+    ctx = _Saved(plan, saved, tuple(needs), bias_dtype, prepared)
     grads = QuantizedMatmul.backward(ctx, grad)[:3]
     return [x.new_empty(0) if each is None else each for each in grads]
 
@@ -180,6 +211,7 @@ quantized_linear.register_autograd(_autograd_backward, setup_context=_setup_cont
 
 
 __all__ = [
+    "op_step_plan",
     "quantized_linear",
     "quantized_linear_backward",
     "register_plan",
