@@ -695,16 +695,12 @@ def test_inductor_gives_eagers_bits_for_every_named_recipe(
     """torch.compile(backend="inductor", fullgraph=True) on the CPU, on the CUDA route
     (CUDA, and CPU tensors under `cpu_as_cuda`: the kernels in Triton's interpreter),
     forward and backward, two steps of 20 tokens (wgrad pads them): no graph break, and
-    y, dx, dW and db equal eager's bit for bit.  What made them differ or the compile slow,
-    and is kept so: the RHT signs are drawn by one opaque op (`step_ops.draw_signs`;
-    inlined, their Philox rounds doubled at each butterfly stage and the backward compiled
-    for minutes), and db is summed by one opaque op (`step_ops.bias_gradient_op`:
-    inductor's reduction loop adds in another order).  On the CUDA route every kernel the
-    step launches is an opaque op or takes the PyTorch path when traced (a direct launch
-    broke the graph: the transposes, the fp8 amax, MXFP8's exact-bf16 rows).  Each step
-    compiled first, in a process that has not yet asked whether Triton imports: the first
-    ask, traced inside the autograd.Function's forward, broke the trace (Dynamo refused the
-    forward's saved tensor scale) where an eager step had not asked it before.
+    y, dx, dW and db equal eager's bit for bit: the layer compiles as two opaque ops run
+    by the eager code (`stochround.nn.opaque_matmul`; traced op by op, the RHT signs'
+    Philox rounds, db's reduction and cuBLAS's order had each changed bits or compile
+    time).  Each step compiled first, in a process that has not yet asked whether Triton
+    imports (a first ask inside a trace had broken it), and before any eager step (the
+    ops' fakes warm the eager route's per-shape state).
     "cuda_graphs": ``mode="reduce-overhead"`` (inductor's graphs replayed as CUDA graphs;
     three steps: a warm-up, the recording, a replay), which refused the first step while
     an unprepared kernel call kept a tensor (a ticket counter, an amax) in the graphs'

@@ -18,14 +18,12 @@ from torch import Tensor
 
 from ..blocks.gemm import native_fp8_mm, scaled_mm
 from ..blocks.hadamard import random_signs
-from ..blocks.request import RHT_SEED
 from ..blocks.tensor import GemmOperand
-from ..random import seed_tensor
 from .layer_plan import Plan, pad_tokens, shares_rotation
 from .operands import TRANSPOSE_TARGETS, quantize_operand
 from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, QuantSpec
-from .step_ops import autocast_off, bias_gradient, draw_signs, transposed
+from .step_ops import autocast_off, bias_gradient, transposed
 from .step_plan import StepPlan
 from .streams import ROLE_SLOTS, SIGN_SLOTS, slot_offsets, step_column
 
@@ -35,19 +33,13 @@ def rotation_signs(
 ) -> Tensor | None:
     """The RHT signs of ``spec``'s operand in ``gemm``: per-step signs from the GEMM's own
     stream (`SIGN_SLOTS`, so that both operands draw the same rotation), fixed signs
-    ``random_signs(size, RHT_SEED)``.  Eagerly the fixed signs are None (the block
-    quantizer's cached copy); under torch.compile both are drawn by `draw_signs`."""
+    ``random_signs(size, RHT_SEED)``, are None (the block quantizer's cached copy).  Never
+    traced: a compiled layer runs this code inside its opaque ops
+    (`stochround.nn.opaque_matmul`)."""
+    if spec.rht_signs != "per_step":
+        return None
     size = typing.cast(int, spec.rht)
-    per_step = spec.rht_signs == "per_step"
-    if not torch.compiler.is_compiling():
-        if not per_step:
-            return None
-        return random_signs(size, plan.seed, offset=offsets[SIGN_SLOTS[gemm]], device=device)
-    if per_step:
-        seed, offset = seed_tensor(plan.seed, "seed", device), offsets[SIGN_SLOTS[gemm]]
-    else:
-        seed = offset = torch.full((), RHT_SEED, dtype=torch.int64, device=device)
-    return typing.cast(Tensor, draw_signs(size, seed, offset))
+    return random_signs(size, plan.seed, offset=offsets[SIGN_SLOTS[gemm]], device=device)
 
 
 def gemm_operands(
@@ -103,7 +95,7 @@ def quantized_pair(
     row, column = plan.operands[row_role], plan.operands["wgrad_" + name]
     wgrad_specs = (plan.operands[role].spec for role in GEMMS["wgrad"])
     rotated = shares_rotation(*wgrad_specs)
-    if plan.native or torch.compiler.is_compiling() or pair_refusal(row, column, rotated):
+    if plan.native or pair_refusal(row, column, rotated):
         return None
     signs = None
     if column.spec.rht is not None and column.spec.rht_signs == "per_step":

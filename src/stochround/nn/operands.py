@@ -23,7 +23,6 @@ from ..blocks.request import BlockArguments
 from ..blocks.rowwise import PreparedRowGemmOperand, row_kernel_operand, row_operand_refusal
 from ..blocks.scales import absmax_floor, absmax_scales, device_constant
 from ..blocks.tensor import GemmOperand
-from ..formats import format as format_named
 from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
@@ -130,11 +129,10 @@ def tensor_scaled_operand(
     float8 dtype, as an FP8 tensor core reads them.  ``transposes``: where given, the
     operand's transpose (`transposed_operand`'s) is appended to it.
     Equal to `stochround.blocks.gemm_operand` of ``x.reshape(1, -1)`` in fp32 (a test
-    checks it), computed as one amax (one read on CUDA; traced, inductor's reduction) and
-    one elementwise rounding: on CUDA one pass of `stochround.kernels.tensor_round` (x
-    times the multiplier, rounded, stored in the values' dtype, and transposed where
-    asked; traced, the opaque op `tensor_round_op`), else the PyTorch path below, its
-    executable spec."""
+    checks it), computed as one amax (one read on CUDA) and one elementwise rounding: on
+    CUDA one pass of `stochround.kernels.tensor_round` (x times the multiplier, rounded,
+    stored in the values' dtype, and transposed where asked), else the PyTorch path below,
+    its executable spec."""
     if operand.dtype == torch.float64:  # the rule scales fp32 values
         operand = operand.to(torch.float32)
     # a 0-d amax: the rule's one row, which the products broadcast alike
@@ -184,80 +182,19 @@ def kernel_tensor_round(
     transpose: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """`stochround.kernels.tensor_round.tensor_round` of a per-tensor operand (its values,
-    and with ``transpose`` their transpose, else None): launched eagerly, through the
-    opaque op `tensor_round_op` under torch.compile (Dynamo cannot trace the launch)."""
+    and with ``transpose`` their transpose, else None)."""
+    from ..kernels.tensor_round import tensor_round  # needs triton: imported here
+
     words: tuple[Tensor | None, Tensor | None] = (None, None)
-    if not torch.compiler.is_compiling():
-        from ..kernels.tensor_round import tensor_round  # needs triton: imported here
-
-        if spec.mode == "sr":
-            words = (seed_on(seed, operand.device), offset_on(offset, operand.device))
-        rounding = tensor_rounding(spec, fmt, native)
-        return tensor_round(operand, multiplier, rounding, *words, transpose)
-    if spec.mode == "sr":  # seed_on's cache is eager's: traced, a fill of the graph
-        words = (seed_tensor(seed, "seed", operand.device), offset_on(offset, operand.device))
-    nbits = 32 if spec.rbits is None or spec.mode != "sr" else spec.rbits
-    output = "codes" if native else "bfloat16"
-    results = tensor_round_op(
-        operand, multiplier, *words, fmt.element.name, spec.mode, nbits, spec.variant, output,
-        transpose,
-    )  # fmt: skip
-    return results[0], results[1] if transpose else None
-
-
-def run_tensor_round(
-    x: Tensor,
-    multiplier: Tensor,
-    seed: Tensor | None,
-    offset: Tensor | None,
-    element: str,
-    mode: str,
-    nbits: int,
-    variant: str,
-    output: str,
-    transpose: bool,
-) -> list[Tensor]:
-    """`stochround.kernels.tensor_round.tensor_round` with its rounding given by name (the
-    float8 format's, mode, random bits, variant and output): the values, and their
-    transpose where asked."""
-    from ..kernels.tensor_round import TensorRounding, tensor_round  # needs triton
-
-    rounding = TensorRounding(format_named(element), mode, nbits, variant, output)
-    values, values_t = tensor_round(x, multiplier, rounding, seed, offset, transpose)
-    return [values] if values_t is None else [values, values_t]
-
-
-# The fused per-tensor rounding as one opaque op under torch.compile: its one pass writes
-# the values and their transpose from each tile it reads.  The op runs the eager kernel:
-# eager's bits.
-tensor_round_op = torch.library.custom_op(
-    "stochround::nn_tensor_round", run_tensor_round, mutates_args=()
-)
-
-
-@tensor_round_op.register_fake
-def _(
-    x: Tensor,
-    multiplier: Tensor,
-    seed: Tensor | None,
-    offset: Tensor | None,
-    element: str,
-    mode: str,
-    nbits: int,
-    variant: str,
-    output: str,
-    transpose: bool,
-) -> list[Tensor]:
-    dtype = format_named(element).torch_dtype if output == "codes" else torch.bfloat16
-    rows, cols = x.shape
-    values = x.new_empty((rows, cols), dtype=dtype)
-    return [values, x.new_empty((cols, rows), dtype=dtype)] if transpose else [values]
+    if spec.mode == "sr":
+        words = (seed_on(seed, operand.device), offset_on(offset, operand.device))
+    rounding = tensor_rounding(spec, fmt, native)
+    return tensor_round(operand, multiplier, rounding, *words, transpose)
 
 
 def tensor_kernel_serves(operand: Tensor, fmt: BlockFormat, native: bool) -> bool:
-    """Whether `stochround.kernels.tensor_round` computes a per-tensor operand (eagerly, or
-    compiled through `tensor_round_op`): where "auto" routes it to a kernel
-    (`tensor_operand_refusal`)."""
+    """Whether `stochround.kernels.tensor_round` computes a per-tensor operand: where "auto"
+    routes it to a kernel (`tensor_operand_refusal`)."""
     refusal = tensor_operand_refusal(operand, fmt, native)
     return use_kernel("auto", "operand", operand.is_cuda, refusal)
 
@@ -300,9 +237,9 @@ def tensor_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
     operands, which eager PyTorch rounds correctly on the CPU and on CUDA (tensor by tensor:
     neither is a CPU scalar, which CUDA would turn into a product with its reciprocal), so
     the rule's float64 quotients rounded once to fp32 bit for bit (53 >= 2 * 24 + 2 bits),
-    in three operations with cached 0-d constants instead of seven.  Compiled (inductor's
-    fp32 division is not correctly rounded) or another dtype: the rule itself."""
-    if torch.compiler.is_compiling() or amax.dtype != torch.float32:
+    in three operations with cached 0-d constants instead of seven.  Another dtype: the
+    rule itself."""
+    if amax.dtype != torch.float32:
         return absmax_scales(amax, max_value)
     fp32, device = torch.float32, amax.device
     top = device_constant(max_value, fp32, device, fp32)
@@ -314,10 +251,7 @@ def tensor_scales(amax: Tensor, max_value: float) -> tuple[Tensor, Tensor]:
 def _tensor_amax(x: Tensor) -> Tensor:
     """max |x| in fp32 (NaN where x holds one): the kernels' one-read amax for a CUDA
     tensor where Triton runs, else the PyTorch path's (the same value: a maximum is exact,
-    in any order).  Traced (torch.compile), the PyTorch path's reduction, which inductor
-    generates and can fuse with x's producer."""
-    if torch.compiler.is_compiling():
-        return absolute_max(x)
+    in any order)."""
     if on_kernel_device(x) and x.is_contiguous() and triton_missing() is None:
         from ..kernels.blocks import tensor_amax  # needs triton: imported here
 
@@ -383,7 +317,7 @@ def quantize_operand(
         quantized = quantize(operand, fmt, spec.mode, **options)
         return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
     prepared = None
-    if on_kernel_device(operand) and not torch.compiler.is_compiling():
+    if on_kernel_device(operand):
         prepared = prepared_operand(spec, fmt, operand.shape, operand.dtype, operand.device)
     if prepared is not None and isinstance(offset, Tensor):
         # the eager CUDA step: the checks and the launches' set-up made once per shape
@@ -426,7 +360,7 @@ def row_kernel_operand_of(
         return None
     words = noise_words(entry)
     rbits, variant = (spec.rbits, spec.variant) if words == "element" else (None, "c")
-    if isinstance(offset, Tensor) and not torch.compiler.is_compiling():
+    if isinstance(offset, Tensor):
         prepared = prepared_row_operand(
             spec, fmt, words, operand.shape, operand.dtype, operand.device
         )
@@ -525,11 +459,9 @@ __all__ = [
     "row_kernel_operand_of",
     "row_noise_operand",
     "row_words",
-    "run_tensor_round",
     "seed_on",
     "tensor_kernel_serves",
     "tensor_operand_refusal",
-    "tensor_round_op",
     "tensor_rounding",
     "tensor_scaled_operand",
     "tensor_scales",

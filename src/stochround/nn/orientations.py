@@ -164,11 +164,8 @@ def both_orientations(
     signs: Tensor | None,
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """The row-wise and column-wise `GemmOperand`s of a 2-D ``x`` (tokens first) from one
-    read (`PreparedPair`), or None where the pair does not serve x (`served_pair`) or
-    under torch.compile (a traced call takes each orientation on its own): the caller
-    then quantizes each orientation itself."""
-    if torch.compiler.is_compiling():
-        return None
+    read (`PreparedPair`), or None where the pair does not serve x (`served_pair`): the
+    caller then quantizes each orientation itself."""
     contiguous = x.is_contiguous()
     prepared = served_pair(row, column, rotated, x.shape, x.dtype, x.device, contiguous, padded)
     return None if prepared is None else prepared(x, seed, row_offset, column_offset, signs)

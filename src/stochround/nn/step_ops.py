@@ -1,7 +1,6 @@
-"""The small operations of a `QuantizedLinear` step that torch.compile must see as one
-opaque node each — the RHT signs' draw, the step counter's advance (saved, never
-recomputed, in a checkpointed region), db's sum — with their eager twins, and the wgrad
-operands' transposes (docs/guide/recipes.md)."""
+"""The small operations of a `QuantizedLinear` step: the step counter's advance (one opaque
+node under torch.compile, saved, never recomputed, in a checkpointed region), with its
+eager twin; db's sum and the wgrad operands' transposes (docs/guide/recipes.md)."""
 
 from __future__ import annotations
 
@@ -15,28 +14,7 @@ from torch import Tensor
 from torch.torch_version import TorchVersion
 from torch.utils import checkpoint as torch_checkpoint
 
-from ..blocks.hadamard import random_signs
 from ..kernels.availability import on_kernel_device, triton_missing
-
-
-def draw_signs_eagerly(size: int, seed: Tensor, offset: Tensor) -> Tensor:
-    """``random_signs(size, seed, offset=offset)`` on ``offset``'s device (float32 ±1)."""
-    return random_signs(size, seed, offset=offset, device=offset.device)
-
-
-# One opaque op draws the RHT signs under torch.compile: traced, the Philox rounds that
-# draw them are pointwise operations which inductor inlines into every butterfly stage of
-# the rotation that reads them, and each stage reads its input twice, so the inlined
-# expression doubles at each stage and the backward's compile ran for minutes.  The op
-# runs the eager function, so the signs are eager's bit for bit.
-draw_signs = torch.library.custom_op(
-    "stochround::nn_rotation_signs", draw_signs_eagerly, mutates_args=()
-)
-
-
-@draw_signs.register_fake
-def _(size: int, seed: Tensor, offset: Tensor) -> Tensor:
-    return offset.new_empty((size,), dtype=torch.float32)
 
 
 def advance_step_eagerly(step: Tensor) -> Tensor:
@@ -136,38 +114,16 @@ def autocast_off(device_type: str) -> Iterator[None]:
         yield
 
 
-def bias_gradient_eagerly(grad: Tensor) -> Tensor:
+def bias_gradient(grad: Tensor) -> Tensor:
     """``db = sum_t dy[t]`` in fp32: torch's sum over the tokens, as nn.Linear's backward
     computes it."""
     return grad.to(torch.float32).sum(0)
 
 
-# One opaque op sums db under torch.compile: inductor's generated reduction loop adds in
-# another order than torch's sum kernel, and db's bits would differ from eager's
-bias_gradient_op = torch.library.custom_op(
-    "stochround::nn_bias_gradient", bias_gradient_eagerly, mutates_args=()
-)
-
-
-@bias_gradient_op.register_fake
-def _(grad: Tensor) -> Tensor:
-    return grad.new_empty((grad.shape[1],), dtype=torch.float32)
-
-
-def bias_gradient(grad: Tensor) -> Tensor:
-    """`bias_gradient_eagerly`'s db, through `bias_gradient_op` under torch.compile."""
-    if torch.compiler.is_compiling():
-        return typing.cast(Tensor, bias_gradient_op(grad))
-    return bias_gradient_eagerly(grad)
-
-
 def transposed(x: Tensor) -> Tensor:
     """``x.T.contiguous()`` of a 2-D tensor: by the tiled Triton kernel for a CUDA tensor
     where Triton is installed (`stochround.kernels.transpose`), else by PyTorch's copy; the
-    same bits either way.  Traced (torch.compile), PyTorch's copy: inductor writes a tiled
-    transpose of its own, which it can fuse with the copy's producer or consumer."""
-    if torch.compiler.is_compiling():
-        return x.T.contiguous()
+    same bits either way."""
     if on_kernel_device(x) and triton_missing() is None:
         from ..kernels.transpose import transpose  # needs triton: imported only here
 
@@ -182,10 +138,6 @@ __all__ = [
     "advance_step_traced",
     "autocast_off",
     "bias_gradient",
-    "bias_gradient_eagerly",
-    "bias_gradient_op",
-    "draw_signs",
-    "draw_signs_eagerly",
     "must_save",
     "save_the_step_read",
     "saving_everything",
