@@ -164,6 +164,17 @@ def native_fp8_mm(
     return product
 
 
+def epilogue_fields(
+    a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
+) -> tuple[Any, ...]:
+    """The fields of `stochround.kernels.scaled_gemm.Epilogue` (its order) that scale the
+    product of ``a`` and ``b``: row scales, tensor scales, factors, bias, dtype."""
+    return (
+        a.row_scale, b.row_scale, a.tensor_scale, b.tensor_scale, a.factor, b.factor, bias,
+        out_dtype,
+    )  # fmt: skip
+
+
 def kernel_scaled_mm(
     a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype, backend: str
 ) -> Tensor | None:
@@ -178,16 +189,7 @@ def kernel_scaled_mm(
         return None
     from ..kernels import scaled_gemm as kernels  # needs triton: imported here
 
-    epilogue = kernels.Epilogue(
-        a.row_scale,
-        b.row_scale,
-        a.tensor_scale,
-        b.tensor_scale,
-        a.factor,
-        b.factor,
-        bias,
-        out_dtype,
-    )
+    epilogue = kernels.Epilogue(*epilogue_fields(a, b, bias, out_dtype))
     refusal = kernels.scaled_gemm_refusal(a.values, b.values, epilogue)
     if not use_kernel(backend, "a.values", on_cuda, refusal):
         return None
@@ -302,10 +304,7 @@ class PreparedScaledMm:
             return
         from ..kernels import scaled_gemm as kernels  # needs triton: imported here
 
-        epilogue = kernels.Epilogue(
-            a.row_scale, b.row_scale, a.tensor_scale, b.tensor_scale, a.factor, b.factor, bias,
-            out_dtype,
-        )  # fmt: skip
+        epilogue = kernels.Epilogue(*epilogue_fields(a, b, bias, out_dtype))
         if kernels.scaled_gemm_refusal(a.values, b.values, epilogue) is None:
             self.kernel = kernels.PreparedScaledGemm(a.values, b.values, epilogue, fp32_product)
             self.epilogue = kernels.Epilogue
@@ -316,10 +315,7 @@ class PreparedScaledMm:
         """``Q(a) Q(b)^T (+ bias)`` as `scaled_mm` computes it."""
         if self.kernel is None:
             return torch_scaled_mm(a, b, bias, out_dtype)
-        epilogue = self.epilogue(
-            a.row_scale, b.row_scale, a.tensor_scale, b.tensor_scale, a.factor, b.factor, bias,
-            out_dtype,
-        )  # fmt: skip
+        epilogue = self.epilogue(*epilogue_fields(a, b, bias, out_dtype))
         return typing.cast(Tensor, self.kernel(a.values, b.values, epilogue))
 
 
@@ -366,6 +362,7 @@ __all__ = [
     "MM_TO_FP32",
     "PreparedScaledMm",
     "bf16_row_shifts",
+    "epilogue_fields",
     "exact_bf16_operand",
     "exact_bf16_rows_op",
     "fp32_product",
