@@ -66,3 +66,29 @@ def row(output: str, first_cell: str) -> list[str]:
         if cells and cells[0] == first_cell:
             return cells
     raise AssertionError(f"no row starting with {first_cell!r} in:\n{output}")
+
+
+def kahan_sum(x: torch.Tensor) -> torch.Tensor:
+    """Kahan's compensated sum of x's terms in x's dtype: a known-answer program for MCA
+    (it keeps the digits naive summation loses)."""
+    total = torch.zeros((), dtype=x.dtype)
+    carry = torch.zeros((), dtype=x.dtype)
+    for term in x:
+        y = term - carry
+        t = total + y
+        carry = (t - total) - y
+        total = t
+    return total
+
+
+def muller_values(steps: int) -> torch.Tensor:
+    """The ``steps`` terms after u1 of Muller's recurrence u_(n+1) = 111 - 1130 / u_n +
+    3000 / (u_n u_(n-1)) from u0 = 2, u1 = -4, in float64: exactly it tends to 6, rounded
+    to 100 (a known-answer program for MCA: its digits collapse at a known step)."""
+    a = torch.tensor(2.0, dtype=torch.float64)
+    b = torch.tensor(-4.0, dtype=torch.float64)
+    values = []
+    for _ in range(steps):
+        a, b = b, 111 - 1130 / b + 3000 / (a * b)
+        values.append(b)
+    return torch.stack(values)

@@ -9,6 +9,7 @@ import contextlib
 
 import pytest
 import torch
+from helpers import kahan_sum, muller_values
 
 from stochround import random as streams
 from stochround.emulate.mca import SAMPLE_STRIDE, BatchingError, mca
@@ -18,25 +19,6 @@ from stochround.kernels.availability import cpu_as_cuda
 
 def naive_var(v: torch.Tensor) -> torch.Tensor:
     return (v * v).mean() - v.mean() ** 2
-
-
-def kahan(x: torch.Tensor) -> torch.Tensor:
-    total = torch.zeros((), dtype=x.dtype)
-    carry = torch.zeros((), dtype=x.dtype)
-    for term in x[:40]:
-        y = term - carry
-        t = total + y
-        carry = (t - total) - y
-        total = t
-    return total
-
-
-def muller(steps: int) -> torch.Tensor:
-    a = torch.tensor(2.0, dtype=torch.float64)
-    b = torch.tensor(-4.0, dtype=torch.float64)
-    for _ in range(steps):
-        a, b = b, 111 - 1130 / b + 3000 / (a * b)
-    return b
 
 
 def accumulate(x: torch.Tensor) -> dict[str, object]:
@@ -67,8 +49,8 @@ CASES = {
     "naive_rr": (naive_var, (shifted(),), {}),
     "naive_pb": (naive_var, (shifted(),), {"mca_mode": "pb", "precision": 20}),
     "naive_mca_float64": (naive_var, (shifted().double(),), {"mca_mode": "mca"}),
-    "kahan": (kahan, (shifted(),), {}),
-    "muller": (muller, (20,), {}),
+    "kahan": (kahan_sum, (shifted()[:40],), {}),
+    "muller": (muller_values, (20,), {}),
     "accumulate_t10": (accumulate, (shifted(),), {"precision": 10}),
     "lu_solve": (lu_solve, hilbert(), {}),
     "bfloat16_rne": (naive_var, (shifted(),), {"fmt": "bfloat16", "mode": "rne"}),

@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from helpers import kahan_sum, muller_values
 
 from stochround.emulate import Emulation
 from stochround.emulate.exact import sr_pair, two_prod, two_sum
@@ -72,37 +73,16 @@ def _naive_sum(x: torch.Tensor) -> torch.Tensor:
     return s
 
 
-def _kahan_sum(x: torch.Tensor) -> torch.Tensor:
-    s = torch.zeros((), dtype=x.dtype)
-    c = torch.zeros((), dtype=x.dtype)
-    for term in x:
-        y = term - c
-        t = s + y
-        c = (t - s) - y
-        s = t
-    return s
-
-
 def test_kahan_summation_keeps_more_digits_than_naive_summation():
     # 1e4 then 99 terms in [0, 0.1): each naive addition rounds at ulp(1e4) = 2**-10, a
     # random walk of ~1e-2 on ~1e4 (about 6 digits); Kahan's compensation keeps float32's
     g = torch.Generator().manual_seed(0)
     x = torch.cat([torch.tensor([1e4]), torch.rand(99, generator=g) * 0.1])
     naive = float(mca(_naive_sum, x, n=16, seed=2).digits[0])
-    kahan = float(mca(_kahan_sum, x, n=16, seed=2).digits[0])
+    kahan = float(mca(kahan_sum, x, n=16, seed=2).digits[0])
     assert naive < 6.8
     assert kahan > FLOAT32_DIGITS - 0.5
     assert kahan - naive > 0.5
-
-
-def _muller(steps: int) -> torch.Tensor:
-    u0 = torch.tensor(2.0, dtype=torch.float64)
-    u1 = torch.tensor(-4.0, dtype=torch.float64)
-    values = []
-    for _ in range(steps):
-        u0, u1 = u1, 111 - 1130 / u1 + 3000 / (u1 * u0)
-        values.append(u1)
-    return torch.stack(values)
 
 
 def test_muller_recurrence_in_float64_collapses_at_the_predicted_step():
@@ -113,7 +93,7 @@ def test_muller_recurrence_in_float64_collapses_at_the_predicted_step():
     float64's ~16 digits at u2, the digits fall below 1 after about 16 / 1.22 ~ 13 steps:
     at u_14 .. u_17.  (Later the samples all converge to the attractive fixed point 100,
     and agree again: MCA measures spread, not distance to the exact 6.)"""
-    result = mca(_muller, 30, n=16, seed=3)
+    result = mca(muller_values, 30, n=16, seed=3)
     assert result.no_residual == ()
     digits = result.digits[0].tolist()
     assert digits[0] > 15  # u_2 = 18.5 up to the last bits

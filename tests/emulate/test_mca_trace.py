@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from helpers import kahan_sum, muller_values
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from stochround.emulate import mca_trace
@@ -22,27 +23,6 @@ from stochround.emulate.mca_trace import SiteDigits, SiteStatistics, call_site, 
 
 # the module (the package's `mca` is the function)
 mca_module = importlib.import_module("stochround.emulate.mca")
-
-
-def kahan(x: torch.Tensor) -> torch.Tensor:
-    total = torch.zeros((), dtype=x.dtype)
-    carry = torch.zeros((), dtype=x.dtype)
-    for term in x:
-        y = term - carry
-        t = total + y
-        carry = (t - total) - y
-        total = t
-    return total
-
-
-def muller(steps: int) -> torch.Tensor:
-    a = torch.tensor(2.0, dtype=torch.float64)
-    b = torch.tensor(-4.0, dtype=torch.float64)
-    values = []
-    for _ in range(steps):
-        a, b = b, 111 - 1130 / b + 3000 / (a * b)
-        values.append(b)
-    return torch.stack(values)
 
 
 def naive_variance(x: torch.Tensor) -> torch.Tensor:
@@ -118,8 +98,8 @@ class PerOpStatistics(SiteStatistics):
 
 
 PROGRAMS: dict[str, tuple[Callable[..., torch.Tensor], tuple[object, ...], dict[str, object]]] = {
-    "kahan": (kahan, (kahan_data(),), {}),
-    "muller_float64": (muller, (20,), {}),
+    "kahan": (kahan_sum, (kahan_data(),), {}),
+    "muller_float64": (muller_values, (20,), {}),
     "naive_variance": (naive_variance, (shifted(),), {}),
     "naive_variance_t24_float64": (naive_variance, (shifted().double(),), {"precision": 24}),
     "overwritten": (overwritten, (torch.rand(6, generator=torch.Generator().manual_seed(3)),), {}),
