@@ -49,7 +49,6 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
-from ..kernels.availability import triton_missing
 from ..shards import is_dtensor
 from .layer_plan import (
     Plan,
@@ -148,9 +147,6 @@ class QuantizedLinear(nn.Linear):
         # the new plan
         self.step_plans = StepPlans()
         self.plan_index = register_plan(self.plan)  # the compiled step's ops take it
-        # asked now, before any trace: first asked inside the traced autograd function, the
-        # answer's caching would be a side effect there, which breaks the trace
-        triton_missing()
         # 2-D weight tiles and the weight's blocks are known now; the tokens at each call
         check_operand_shapes(self.plan, 0, self.in_features, self.out_features)
 
