@@ -8,6 +8,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import stochround.nn as srnn
+from stochround.kernels import availability
 from stochround.nn import opaque_matmul
 
 
@@ -57,3 +58,18 @@ def test_an_op_runs_by_one_step_plan_a_signature() -> None:
     backward = opaque_matmul.op_step_plan(index, -1, x, weight, None, ("dgrad", "wgrad"))
     assert backward is not first and backward.signature.gemms == ("dgrad", "wgrad")  # type: ignore[union-attr]
     assert opaque_matmul.op_step_plan(index, 1, x, weight, None, ("fprop",)) is None
+
+
+def test_the_backward_ops_plan_pairs_dy_alone() -> None:
+    """On the CUDA route the backward op's plan holds dy's two-orientation pair and no pair
+    of x: x's pair writes fprop's operand with wgrad's, and the backward runs no fprop (a
+    pair of x prepared there would be made and kept for nothing)."""
+    layer = srnn.QuantizedLinear(64, 64, recipe=srnn.nvfp4(), dtype=torch.bfloat16)
+    x, weight = torch.randn(32, 64, dtype=torch.bfloat16), layer.weight.detach()
+    with availability.cpu_as_cuda():
+        plan = opaque_matmul.op_step_plan(layer.plan_index, -1, x, weight, None, ("dgrad", "wgrad"))
+        eager = opaque_matmul.op_step_plan(
+            layer.plan_index, -1, x, weight, None, ("fprop", "dgrad", "wgrad")
+        )
+    assert plan is not None and plan.grad_pair is not None and plan.input_pair is None
+    assert eager is not None and eager.input_pair is not None

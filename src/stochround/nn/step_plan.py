@@ -147,7 +147,9 @@ def make_step_plan(
     check_operand_shapes(plan, tokens, in_features, out_features, signature.gemms)
     wgrad = "wgrad" in signature.gemms
     x_pair = dy_pair = None
-    if wgrad and signature.contiguous:
+    # x's pair writes fprop's operand and wgrad's: none for a call without fprop (the
+    # compiled layer's backward op)
+    if wgrad and "fprop" in signature.gemms and signature.contiguous:
         shape = torch.Size((tokens, in_features))
         x_pair = pair_route(plan, "input", shape, signature.dtype, signature.device)
     if wgrad and "dgrad" in signature.gemms:
