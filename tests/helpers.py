@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import torch
 from typer.testing import CliRunner
 
 import stochround as sr
+from stochround.kernels import availability
 
 # Every registered format, plus P3109 and CFloat8 formats that exercise p = 1, unsigned
 # formats with infinities, all-subnormal grids and configurable biases.
@@ -92,3 +94,13 @@ def muller_values(steps: int) -> torch.Tensor:
         a, b = b, 111 - 1130 / b + 3000 / (a * b)
         values.append(b)
     return torch.stack(values)
+
+
+def cuda_route(route: bool = True) -> tuple[torch.device, contextlib.AbstractContextManager]:
+    """Where the CUDA route runs (``route``) and the context it needs: a GPU's CUDA tensors
+    where there is one, else CPU tensors under `cpu_as_cuda` (the interpreter); the CPU
+    path's CPU tensors without ``route``."""
+    if route and torch.cuda.is_available():
+        return torch.device("cuda"), contextlib.nullcontext()
+    cpu = torch.device("cpu")
+    return cpu, availability.cpu_as_cuda() if route else contextlib.nullcontext()

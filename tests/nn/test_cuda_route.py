@@ -6,7 +6,6 @@ change that adds one fails here."""
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,6 +22,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_ops  # noqa: E402
+from helpers import cuda_route  # noqa: E402
 
 # One nvfp4() step of a 64 x 64 layer with bias on 64 fp32 tokens, forward and backward.
 # x and dy are each quantized in both orientations at once (`stochround.nn.orientations`,
@@ -101,16 +101,6 @@ FP8_ATEN = {
     # db
     "aten::sum.dim_IntList": 1,
 }
-
-
-def cuda_route(route: bool) -> tuple[torch.device, contextlib.AbstractContextManager]:
-    """Where the CUDA route runs (``route``) and the context it needs: a GPU's CUDA tensors
-    where there is one, else CPU tensors under `cpu_as_cuda` (the interpreter); the CPU
-    path's CPU tensors without ``route``."""
-    if route and torch.cuda.is_available():
-        return torch.device("cuda"), contextlib.nullcontext()
-    cpu = torch.device("cpu")
-    return cpu, availability.cpu_as_cuda() if route else contextlib.nullcontext()
 
 
 def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) -> dict:

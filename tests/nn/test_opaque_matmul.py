@@ -4,11 +4,11 @@ their bits against eager are tested with the layer's compiled step (tests/nn/tes
 from __future__ import annotations
 
 import torch
+from helpers import cuda_route
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import stochround.nn as srnn
-from stochround.kernels import availability
 from stochround.nn import opaque_matmul
 
 
@@ -64,9 +64,10 @@ def test_the_backward_ops_plan_pairs_dy_alone() -> None:
     """On the CUDA route the backward op's plan holds dy's two-orientation pair and no pair
     of x: x's pair writes fprop's operand with wgrad's, and the backward runs no fprop (a
     pair of x prepared there would be made and kept for nothing)."""
-    layer = srnn.QuantizedLinear(64, 64, recipe=srnn.nvfp4(), dtype=torch.bfloat16)
-    x, weight = torch.randn(32, 64, dtype=torch.bfloat16), layer.weight.detach()
-    with availability.cpu_as_cuda():
+    device, route = cuda_route()
+    layer = srnn.QuantizedLinear(64, 64, recipe=srnn.nvfp4(), dtype=torch.bfloat16).to(device)
+    x, weight = torch.randn(32, 64, dtype=torch.bfloat16, device=device), layer.weight.detach()
+    with route:
         plan = opaque_matmul.op_step_plan(layer.plan_index, -1, x, weight, None, ("dgrad", "wgrad"))
         eager = opaque_matmul.op_step_plan(
             layer.plan_index, -1, x, weight, None, ("fprop", "dgrad", "wgrad")

@@ -9,10 +9,10 @@ import copy
 
 import pytest
 import torch
+from helpers import cuda_route
 from torch import Tensor
 
 import stochround.nn as srnn
-from stochround.kernels import availability
 from stochround.nn import linear
 from stochround.nn.step_plan import StepPlan
 
@@ -22,9 +22,9 @@ DEVICE = torch.device("cuda" if GPU else "cpu")
 
 
 def route() -> contextlib.AbstractContextManager[None]:
-    """The CUDA route: a GPU's CUDA tensors where there is one (DEVICE), else CPU tensors
-    under `cpu_as_cuda` (the kernels in Triton's interpreter)."""
-    return contextlib.nullcontext() if GPU else availability.cpu_as_cuda()
+    """The CUDA route's context (`helpers.cuda_route`): none on a GPU (DEVICE is CUDA),
+    else `cpu_as_cuda` (the kernels in Triton's interpreter)."""
+    return cuda_route()[1]
 
 
 def layer_and_data(dtype: torch.dtype = torch.float32) -> tuple[srnn.QuantizedLinear, Tensor]:
