@@ -6,6 +6,7 @@ The manual: docs/guide/blocks.md."""
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import torch
@@ -87,8 +88,15 @@ class PreparedQuantize:
             if fmt.scale_rule == "nvfp4"
             else x.dtype
         )
-        self.fields = (fmt, request.axis, x.shape, x.dtype, args.rht, signs)
-        self.scale_shape = self.kernel.scales_shape
+        # the result's fields but its tensors, made once by the constructor (a default of
+        # any field included); a call puts them and its tensors in a new instance's dict,
+        # where the frozen dataclass's __init__ would set each field anew at a call's cost
+        none = typing.cast(Tensor, None)
+        template = BlockTensor(
+            none, none, None, fmt, request.axis, x.shape, x.dtype, args.rht, signs, False,
+            self.kernel.scales_shape,
+        )  # fmt: skip
+        self.fields = dict(vars(template))
 
     def __call__(self, x: Tensor, seed: int | Tensor, offset: int | Tensor) -> BlockTensor:
         """The `BlockTensor` of x (of the planned shape, dtype and device) with this stream."""
@@ -98,11 +106,12 @@ class PreparedQuantize:
         scales = (
             scales.view(self.scales_dtype) if self.scales_view else scales.to(self.scales_dtype)
         )
-        fmt, axis, shape, dtype, rht, signs = self.fields
-        decoding = None if tensor_scales is None else tensor_scales[0]
-        return BlockTensor(
-            codes, scales, decoding, fmt, axis, shape, dtype, rht, signs, False, self.scale_shape
-        )
+        result = object.__new__(BlockTensor)
+        fields = result.__dict__
+        fields.update(self.fields)
+        fields["codes"], fields["scales"] = codes, scales
+        fields["tensor_scale"] = None if tensor_scales is None else tensor_scales[0]  # S_dec
+        return result
 
 
 def prepared_quantize(
