@@ -9,7 +9,13 @@ cast to bf16 (``x.to``) is the yardstick. Outputs are checked first, as in bench
 
 Case ``blocks_1024x1024``: `stochround.blocks.quantize` of a 1024 x 1024 fp32 tensor (the
 issue-42 host target: at most 25 us a call), NVFP4 with SR and MXFP8 round-to-nearest,
-checked against the PyTorch path (``backend="torch"``) code for code.
+checked against the PyTorch path (``backend="torch"``) code for code.  A planned call runs
+its prepared launch (`stochround.blocks.quantize_plan`); the rows ``launches_<format>_<mode>``
+(CUDA only) time that launch alone (`stochround.kernels.blocks.PreparedQuantizeBlocks`: the
+same allocations and launches, without the entry point's look-up and its `BlockTensor`), so
+that the two rows' difference is the Python around them.
+
+    python benchmarks/bench_host.py --only blocks_1024x1024          # GPU: issue 42's rows
 
     python benchmarks/bench_host.py                                  # GPU
     python benchmarks/bench_host.py --device cpu --calls 3 --repeats 2   # smoke test
@@ -56,6 +62,8 @@ def main() -> int:
     for fmt, mode in BLOCK_ROWS:
         build = partial(block_quantize, square, fmt, mode)
         bench.add("blocks_1024x1024", f"stochround_{fmt}_{mode}", build, ours=True)
+        launches = partial(block_launches, square, fmt, mode)
+        bench.add("blocks_1024x1024", f"launches_{fmt}_{mode}", launches, ours=True, cuda_only=True)
     return bench.run()
 
 
@@ -78,6 +86,30 @@ def block_quantize(x: torch.Tensor, fmt: str, mode: str) -> Run:
 
     call = partial(sr.blocks.quantize, x, fmt, mode, **options)
     return Run(call, check, x.numel(), notes=f"sr.blocks.quantize {fmt} {mode}")
+
+
+def block_launches(x: torch.Tensor, fmt: str, mode: str) -> Run:
+    """The prepared launch of ``block_quantize``'s planned call alone (its allocations and
+    launches), checked against that call's codes and scales."""
+    from stochround.blocks import dispatch
+
+    options = {"seed": 0, "offset": 0} if mode == "sr" else {}
+    dispatch._PLANS.clear()  # then this call's plan alone (the others re-plan once)
+    expected = sr.blocks.quantize(x, fmt, mode, **options)
+    (plan,) = dispatch._PLANS.values()
+    if plan.prepared is None:
+        raise CheckFailed("the call has no prepared launch")
+    kernel = plan.prepared.kernel
+
+    def check(output: object) -> str:
+        codes, scales, _ = output  # type: ignore[misc]
+        for name, ours in (("codes", codes), ("scales", scales)):
+            if not torch.equal(ours.view(torch.uint8), getattr(expected, name).view(torch.uint8)):
+                raise CheckFailed(f"{name} differ from sr.blocks.quantize's")
+        return "ok equal to sr.blocks.quantize"
+
+    call = partial(kernel, x, 0, 0)
+    return Run(call, check, x.numel(), notes=f"PreparedQuantizeBlocks {fmt} {mode}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 NEEDS_TRITON = {
     "stochround.kernels.block_amax",
     "stochround.kernels.block_kernel",
+    "stochround.kernels.block_launch",
     "stochround.kernels.block_math",
     "stochround.kernels.block_rotation",
     "stochround.kernels.blocks",

@@ -12,9 +12,10 @@ from torch import Tensor
 
 from .. import random as streams
 from ..block_constants import POWER_OF_TWO_RULES
-from ..kernels.availability import on_kernel_device, use_kernel
+from ..kernels.availability import use_kernel
 from ..rounding import check_input
 from .formats import OCP_INT8
+from .quantize_plan import PreparedQuantize, plan_key, prepared_quantize
 from .reference import quantize_torch
 from .request import (
     BlockArguments,
@@ -86,10 +87,13 @@ def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTenso
     """`quantize` of a local tensor: checked, then computed by the kernel or the PyTorch
     path (``args.backend``).  The sharded path calls it for each rank's shard.  The
     checks and routing of a call's choices, x's shape, dtype and device are made once
-    (`_quantize_plan`, kept under `_plan_key`): a later call with the same ones checks x
+    (`_quantize_plan`, kept under `plan_key`): a later call with the same ones checks x
     itself and the stream alone, which the plan's checks do not cover."""
-    key = _plan_key(x, args, swizzle)
-    plan = None if key is None else _PLANS.get(key)
+    key = plan_key(x, args, swizzle)
+    try:
+        plan = None if key is None else _PLANS.get(key)
+    except TypeError:  # an unhashable argument: the checks name it
+        key = plan = None
     if plan is None:
         plan = _quantize_plan(x, args, swizzle)
         if key is not None:
@@ -101,6 +105,8 @@ def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTenso
     x = typing.cast(Tensor, x)
     request = plan.request
     seed, offset = random_source(request.mode, args)
+    if plan.prepared is not None:
+        return plan.prepared(x, seed, offset)
     if plan.routed:
         call = _kernel_call(x, request, args, seed, offset)
         return _quantize_kernel(x, request, call, plan.launch)
@@ -120,43 +126,19 @@ def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTenso
 
 class _QuantizePlan(NamedTuple):
     """A `quantize_local` call's choices checked and routed: its request, whether the
-    kernel computes it, and then its launch's options (`_launch_options`)."""
+    kernel computes it, and then its launch's options (`_launch_options`) and, for an
+    eager call, its prepared launch (`prepared_quantize`; None where it has none)."""
 
     request: BlockRequest
     routed: bool
     launch: dict[str, Any]
+    prepared: PreparedQuantize | None = None
 
 
-# the plans of the calls made so far, by `_plan_key` (a bound on their number: a program
+# the plans of the calls made so far, by `plan_key` (a bound on their number: a program
 # that quantizes ever new shapes starts again rather than grow)
 _PLANS: dict[tuple, _QuantizePlan] = {}
 _MAX_PLANS = 256
-
-
-def _plan_key(x: object, args: BlockArguments, swizzle: bool) -> tuple | None:
-    """What a call's checks and routing depend on beside the stream: its choices with their
-    types (``axis=True`` is refused where ``axis=1`` is not, yet they are equal), x's
-    shape, dtype, device and contiguity and where it is routed; None where a call's checks
-    read its values (a given tensor scale or signs), under torch.compile, or for an x that
-    is not a plain local tensor: those calls are checked in full each time."""
-    if type(x) is not Tensor or args.rht_signs is not None or torch.compiler.is_compiling():
-        return None
-    if args.tensor_scale is not None and args.tensor_scale is not False:
-        return None
-    block = args.block
-    choices = (
-        args.fmt, args.mode, args.axis, block, args.scale_rule, args.tensor_scale,
-        args.nvfp4_flavour, args.rht, args.rht_bf16, args.rbits, args.variant, args.hardware,
-        args.index_offset, args.backend, swizzle,
-    )  # fmt: skip
-    types = tuple(map(type, choices))
-    inner = tuple(map(type, block)) if type(block) is tuple else None
-    try:
-        hash(choices)
-    except TypeError:  # an unhashable argument: the checks name it
-        return None
-    device = (x.shape, x.dtype, x.device, x.is_contiguous(), on_kernel_device(x))
-    return choices, types, inner, device
 
 
 def _quantize_plan(x: object, args: BlockArguments, swizzle: bool) -> _QuantizePlan:
@@ -166,8 +148,10 @@ def _quantize_plan(x: object, args: BlockArguments, swizzle: bool) -> _QuantizeP
         raise TypeError("rht_bf16 and swizzle must be bools")
     check_extras(x, request, args)
     routed = _routed(x, request, args, swizzle)
-    options = _launch_options(x, request, args.rht, args.rht_bf16, "codes") if routed else {}
-    return _QuantizePlan(request, routed, options)
+    if not routed:
+        return _QuantizePlan(request, False, {})
+    options = _launch_options(x, request, args.rht, args.rht_bf16, "codes")
+    return _QuantizePlan(request, True, options, prepared_quantize(x, request, args, options))
 
 
 class _FakeQuantize(torch.autograd.Function):

@@ -5,16 +5,12 @@ kernels (`kernels.block_amax`) are re-exported here, where the blocks package ca
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
-from ..block_constants import NVFP4_FLAVOURS, POWER_OF_TWO_RULES, SCALE_RULES
+from ..block_constants import POWER_OF_TWO_RULES
 from ..formats import Format
-from ..formats import format as find_format
 from ..random import seed_tensor
-from ..reference import MODES, VARIANTS, check_choice, check_rbits
 from .block_amax import (
     PreparedTensorScale,
     PreparedTileAmax,
@@ -24,20 +20,22 @@ from .block_amax import (
 )
 from .block_kernel import (
     BLOCK_OUTPUTS,
-    BlockOutput,
-    BlockStream,
-    BlockTiling,
     QuantizeTiling,
-    check_tiling,
-    quantize_blocks_kernel,
     quantize_tiling,
 )
-from .block_math import BlockScale, element_format, element_rounding, fast_bits
-from .block_rotation import checked_rotation, rht_normalization
-from .common import INPUT_DTYPES, NAN16_BITS, as_int64, kernel_supports
-from .grid import cdiv, next_power_of_2
+from .block_launch import (
+    BlockCall,
+    block_grid,
+    check_block_call,
+    check_block_tensors,
+    launch_blocks,
+)
+from .block_math import fast_bits
+from .block_rotation import rht_normalization
+from .common import as_int64
 from .operand_bf16 import FlaggedRows, flag_bits
-from .runtime import Launch, bound_launch, check_prepared, current_device
+from .runtime import check_prepared, current_device
+from .tensor_scales import ticket_counter
 
 # `stand_in`'s tensors by dtype and device (a dict read by a plain function)
 _STAND_INS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
@@ -105,7 +103,7 @@ def quantize_blocks(
     """
     if output not in ("codes", "fp4x2"):
         raise ValueError(f"output must be 'codes' or 'fp4x2'; got {output!r}")
-    fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+    fmt = check_block_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
     if fmt.bits > 8:
         raise ValueError(f"element codes are at most 8 bits; {fmt.name} has {fmt.bits}")
     if output == "fp4x2" and (block % 4 or fmt.bits != 4):
@@ -116,7 +114,7 @@ def quantize_blocks(
     codes = x.new_empty(rows, cols // 2 if output == "fp4x2" else cols, dtype=torch.uint8)
     scale_dtype = torch.float32 if scale_rule == "absmax" else torch.uint8
     scales = x.new_empty(rows, cols // block, dtype=scale_dtype)
-    call = _Call(
+    call = BlockCall(
         fmt=fmt,
         block=block,
         scale_rule=scale_rule,
@@ -134,7 +132,7 @@ def quantize_blocks(
         rht_bf16=rht_bf16,
         amax=amax,
     )
-    _launch(x, codes, scales, stand_in(x.dtype, x.device), call)
+    launch_blocks(x, codes, scales, stand_in(x.dtype, x.device), call)
     return codes, scales
 
 
@@ -163,10 +161,10 @@ def fake_quantize_blocks(
     PyTorch path's codes and scales; with ``rht``, rotated back (the inverse transform in
     fp32) before the rounding to x's dtype, as ``dequantize(unrotate=True)``.  Arguments
     as `quantize_blocks`'s; returns a tensor shaped like x, in x's dtype."""
-    fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+    fmt = check_block_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
     out = torch.empty_like(x)
     empty = stand_in(torch.uint8, x.device)
-    call = _Call(
+    call = BlockCall(
         fmt=fmt,
         block=block,
         scale_rule=scale_rule,
@@ -184,7 +182,7 @@ def fake_quantize_blocks(
         rht_bf16=rht_bf16,
         amax=amax,
     )
-    _launch(x, empty, empty, out, call)
+    launch_blocks(x, empty, empty, out, call)
     return out
 
 
@@ -218,10 +216,10 @@ def gemm_blocks(
     configuration's default, `quantize_tiling`); returns a tensor shaped like x."""
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
-    fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+    fmt = check_block_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
     out = torch.empty_like(x, dtype=out_dtype)
     empty = stand_in(torch.uint8, x.device)
-    call = _Call(
+    call = BlockCall(
         fmt=fmt,
         block=block,
         scale_rule=scale_rule,
@@ -240,197 +238,8 @@ def gemm_blocks(
         amax=amax,
         tiling=tiling,
     )
-    _launch(x, empty, empty, out, call)
+    launch_blocks(x, empty, empty, out, call)
     return out
-
-
-def _check_call(
-    x: Tensor,
-    element: Format | str,
-    block: int,
-    scale_rule: str,
-    mode: str,
-    n: int,
-    variant: str,
-    flavour: str,
-) -> Format:
-    """The element format; ValueError/TypeError naming any argument the kernel cannot
-    take (the callers check the rest: `stochround.blocks.request`)."""
-    if not isinstance(x, Tensor) or x.dim() != 2 or not x.is_contiguous():
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"x must be a contiguous 2-D tensor; got {shape}")
-    if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"x must be float32, bfloat16 or float16; got {x.dtype}")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1 or x.shape[1] % block:
-        raise ValueError(
-            f"block must be a positive int dividing x's last dimension {x.shape[1]}; got {block!r}"
-        )
-    if scale_rule not in SCALE_RULES:
-        raise ValueError(f"scale_rule must be one of {', '.join(SCALE_RULES)}; got {scale_rule!r}")
-    check_choice("mode", mode, MODES)
-    check_choice("variant", variant, VARIANTS)
-    check_choice("nvfp4_flavour", flavour, NVFP4_FLAVOURS)
-    if check_rbits(n) != n:
-        raise ValueError(f"n must be an int in 1..32; got {n!r}")
-    fmt = find_format(element)
-    if not kernel_supports(fmt):
-        raise ValueError(
-            f"the kernel rounds formats exact in fp32 with emin >= -126, not {fmt.name}"
-        )
-    return fmt
-
-
-class _Call(NamedTuple):
-    """A call's checked element format and its arguments as `quantize_blocks` takes them
-    (``flavour``: ``nvfp4_flavour``), with what the kernel stores (``output``)."""
-
-    fmt: Format
-    block: int
-    scale_rule: str
-    output: str
-    tensor_scale: Tensor | None
-    mode: str
-    n: int
-    variant: str
-    flavour: str
-    seed: int | Tensor
-    offset: int | Tensor
-    index_offset: int
-    rht: int | None
-    rht_signs: Tensor | None
-    rht_bf16: bool
-    amax: Tensor | None
-    tiling: QuantizeTiling | None = None
-    flag_below: int = 0  # `BlockOutput.FLAG_BELOW`
-
-
-def _check_tensors(x: Tensor, call: _Call) -> None:
-    """ValueError unless the call's given amax and tensor scale suit x."""
-    amax, tensor_scale = call.amax, call.tensor_scale
-    if amax is not None and (
-        amax.dtype != torch.float32
-        or amax.numel() != x.numel() // call.block
-        or amax.device != x.device
-        or not amax.is_contiguous()
-        or call.rht is not None
-    ):
-        raise ValueError(
-            "amax must be a contiguous float32 tensor of one value a block on x's device, "
-            "without rht"
-        )
-    if tensor_scale is not None and (
-        tensor_scale.dtype != torch.float32
-        or tensor_scale.numel() not in (1, 2)
-        or tensor_scale.device != x.device
-        or not tensor_scale.is_contiguous()
-    ):
-        raise ValueError(
-            "tensor_scale must be a contiguous float32 tensor of one (S_dec) or two (S_dec, "
-            "S_enc) elements on x's device"
-        )
-
-
-class _Grid(NamedTuple):
-    """A call's launch, fixed by its shape and choices: the bound kernel, its programs and
-    blocks, and the checked signs of its rotation."""
-
-    launch: Launch
-    programs: int
-    blocks: int
-    signs: Tensor | None
-
-
-def _grid(x: Tensor, out_dtype: torch.dtype, call: _Call, from_tensors: bool) -> _Grid:
-    """The launch of a checked call on x (its constexprs as typed records)."""
-    count = x.numel()
-    block, index_offset = call.block, call.index_offset
-    groups = next_power_of_2(cdiv(block, 4))
-    rotation_size = call.rht or 0
-    tiling = call.tiling or quantize_tiling(rotation_size, call.mode == "sr")
-    check_tiling(tiling, groups * 4, rotation_size)
-    tile = tiling.ELEMENTS // (groups * 4)
-    if call.rht is not None and (groups * 4 != block or call.scale_rule == "absmax"):
-        raise ValueError(
-            f"rht= needs a block that is a power of two of at least 4 and a scale rule other "
-            f"than 'absmax'; got block {block}, rule {call.scale_rule!r}"
-        )
-    signs, rotation = checked_rotation(
-        x, call.rht, call.rht_signs, call.rht_bf16, tile * groups * 4
-    )
-    tensor_scales = 0 if call.tensor_scale is None else call.tensor_scale.numel()
-    constants = {
-        "TILING": BlockTiling(
-            BLOCK=block,
-            GROUPS=groups,
-            TILE=tile,
-            WIDE=count + index_offset + tile * groups * 4 >= 2**31,
-        ),
-        "STREAM": BlockStream(
-            FROM_TENSORS=from_tensors, ALIGNED=index_offset % 4 == 0 and block % 4 == 0
-        ),
-        "SCALE": BlockScale(
-            RULE=call.scale_rule,
-            FLAVOUR=call.flavour,
-            TENSOR_SCALE=tensor_scales,
-            AMAX_GIVEN=call.amax is not None,
-        ),
-        "ELEMENT": element_format(call.fmt, call.mode),
-        "ROUNDING": element_rounding(call.fmt, call.mode, call.n, call.variant),
-        "ROTATION": rotation,
-        "OUTPUT": BlockOutput(
-            KIND=call.output,
-            NAN16=NAN16_BITS.get(x.dtype, 0),
-            OUT_NAN16=NAN16_BITS.get(out_dtype, 0) if call.output == "gemm" else 0,
-            FLAG_BELOW=call.flag_below,
-        ),
-        "num_warps": tiling.WARPS,
-        # no multiply-add contraction: every product is rounded, as the PyTorch path
-        # rounds it (the inverse rotation adds products that can be inexact)
-        "enable_fp_fusion": False,
-    }
-    blocks = count // block
-    launch = bound_launch(quantize_blocks_kernel, tuple(constants.items()))
-    return _Grid(launch, cdiv(blocks, tile), blocks, signs)
-
-
-def _launch(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: _Call) -> None:
-    """Launch the kernel on x's device (made current for the launch: Triton launches on
-    the current device) for a checked call."""
-    count = x.numel()
-    if count == 0:
-        return
-    _check_tensors(x, call)
-    if x.is_cuda and x.device.index != current_device():
-        with torch.cuda.device(x.device):
-            _launch(x, codes, scales, out, call)
-        return
-    seed_pointer: Tensor | None = None
-    offset_pointer: Tensor | None = None
-    seed_value = offset_value = 0
-    from_tensors = isinstance(call.seed, Tensor) or isinstance(call.offset, Tensor)
-    if from_tensors:
-        seed_pointer = seed_tensor(call.seed, "seed", x.device)
-        offset_pointer = seed_tensor(call.offset, "offset", x.device)
-    else:  # two's complement above 2**63: the kernel reads seeds as unsigned 64-bit
-        seed_value, offset_value = as_int64(int(call.seed)), as_int64(int(call.offset))
-    grid = _grid(x, out.dtype, call, from_tensors)
-    grid.launch(
-        x.device.index if x.is_cuda else -1,
-        grid.programs,
-        x,
-        codes,
-        scales,
-        out,
-        call.tensor_scale,
-        grid.signs,
-        call.amax,
-        seed_pointer,
-        offset_pointer,
-        seed_value,
-        offset_value,
-        grid.blocks,
-        call.index_offset,
-    )
 
 
 class PreparedGemmBlocks:
@@ -469,7 +278,7 @@ class PreparedGemmBlocks:
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
         if x.numel() == 0:
             raise ValueError("x must hold elements")
-        fmt = _check_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+        fmt = check_block_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
         if exact_bf16 and (out_dtype != torch.bfloat16 or scale_rule not in POWER_OF_TWO_RULES):
             raise ValueError(
                 "exact_bf16 takes out_dtype torch.bfloat16 and a power-of-two scale rule; got "
@@ -478,7 +287,7 @@ class PreparedGemmBlocks:
         self.rows = FlaggedRows(x.shape[0], x.shape[1], block, fmt.mbits) if exact_bf16 else None
         scale = None if tensor_scales == 0 else x.new_empty(tensor_scales, dtype=torch.float32)
         amax = x.new_empty(x.numel() // block, dtype=torch.float32) if amax_given else None
-        call = _Call(
+        call = BlockCall(
             fmt=fmt,
             block=block,
             scale_rule=scale_rule,
@@ -498,8 +307,8 @@ class PreparedGemmBlocks:
             tiling=tiling,
             flag_below=flag_bits(fmt.mbits) if exact_bf16 else 0,
         )
-        _check_tensors(x, call)
-        self.grid = _grid(x, out_dtype, call, from_tensors=True)
+        check_block_tensors(x, call)
+        self.grid = block_grid(x, out_dtype, call, from_tensors=True)
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.out_dtype, self.index_offset = out_dtype, index_offset
         self.device_index = x.device.index if x.is_cuda else -1
@@ -580,9 +389,133 @@ class PreparedGemmBlocks:
         return self.rows(values, flags)
 
 
+class PreparedQuantizeBlocks:
+    """`quantize_blocks` for one shape, dtype and device and one set of choices, checked and
+    resolved once (the kernel's constexprs, its bound launches for a stream of ints and one
+    of tensors, its grid, the outputs' shapes and dtypes), NVFP4's tensor scales computed
+    first where ``tensor_scales`` is True (`nvfp4_tensor_scale`'s launch, bound once): a
+    call then costs its allocations and launches alone, with the bits of
+    `nvfp4_tensor_scale` and `quantize_blocks`.  x is any contiguous tensor of blocks along
+    its last axis (the kernel reads it as its [rows, last axis] matrix); the codes and
+    scales come in x's leading shape.  It keeps no tensor of its own on x's device: each
+    call allocates its outputs and, for the tensor scales, a fresh `ticket_counter`,
+    partial maxima and amax, as the unprepared functions do, so that its calls may run on
+    any stream and inside CUDA graphs."""
+
+    def __init__(
+        self,
+        x: Tensor,
+        element: Format | str,
+        block: int,
+        scale_rule: str,
+        *,
+        tensor_scales: bool,
+        mode: str = "rne",
+        n: int = 32,
+        variant: str = "c",
+        index_offset: int = 0,
+        nvfp4_flavour: str = "te",
+        output: str = "codes",
+        rht: int | None = None,
+        rht_signs: Tensor | None = None,
+        rht_bf16: bool = False,
+    ) -> None:
+        if output not in ("codes", "fp4x2"):
+            raise ValueError(f"output must be 'codes' or 'fp4x2'; got {output!r}")
+        if x.dim() == 0 or x.numel() == 0:
+            raise ValueError("x must hold elements")
+        matrix = x.reshape(-1, x.shape[-1])  # once: the launches take x itself
+        fmt = check_block_call(matrix, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
+        if fmt.bits > 8 or (output == "fp4x2" and (block % 4 or fmt.bits != 4)):
+            raise ValueError(f"output {output!r} cannot hold {fmt.name} codes of blocks of {block}")
+        # the tensor scales' launch, bound on a meta tensor of x's size: nothing allocated
+        meta = torch.empty(x.shape, dtype=x.dtype, device="meta")
+        signs = None if rht_signs is None else torch.empty(rht_signs.shape, device="meta")
+        self.amax = None
+        if tensor_scales:
+            scale = PreparedTensorScale(
+                meta, nvfp4_flavour, rht=rht, rht_signs=signs, rht_bf16=rht_bf16
+            )
+            self.amax = (scale.launch, scale.programs, scale.count)
+        call = BlockCall(
+            fmt=fmt,
+            block=block,
+            scale_rule=scale_rule,
+            output=output,
+            tensor_scale=torch.empty(2, device="meta") if tensor_scales else None,
+            mode=mode,
+            n=n,
+            variant=variant,
+            flavour=nvfp4_flavour,
+            seed=0,
+            offset=0,
+            index_offset=index_offset,
+            rht=rht,
+            rht_signs=rht_signs,
+            rht_bf16=rht_bf16,
+            amax=None,
+        )
+        # by whether the stream comes as ints (False) or tensors (True)
+        self.grids = (
+            block_grid(matrix, torch.uint8, call, False),
+            block_grid(matrix, torch.uint8, call, True),
+        )
+        self.signs = self.grids[0].signs
+        cols = x.shape[-1]
+        lead = tuple(x.shape[:-1])
+        self.codes_shape = (*lead, cols // 2 if output == "fp4x2" else cols)
+        self.scales_shape = (*lead, cols // block)
+        self.scale_dtype = torch.float32 if scale_rule == "absmax" else torch.uint8
+        self.device, self.index_offset = x.device, index_offset
+        self.device_index = x.device.index if x.is_cuda else -1
+        self.values = stand_in(
+            x.dtype, x.device
+        )  # the values, which a quantizing call does not write
+
+    def __call__(
+        self, x: Tensor, seed: int | Tensor, offset: int | Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(codes, scales, the tensor scales S_dec and S_enc or None) of x, as
+        `quantize_blocks` (after `nvfp4_tensor_scale`) gives them for this stream (ints in
+        [0, 2**64), checked, or one-element int64 tensors).  x must be of the prepared
+        shape, dtype and device, contiguous: the caller has checked it (an O(1) look-up
+        of its plan), which this call does not repeat."""
+        device = self.device_index
+        if device >= 0 and current_device() != device:
+            with torch.cuda.device(device):  # Triton launches on the current device
+                return self(x, seed, offset)
+        new_empty = x.new_empty
+        scales2 = None  # S_dec and S_enc
+        if self.amax is not None:
+            launch, programs, count = self.amax
+            partial = new_empty(programs, dtype=torch.int32)
+            amax = new_empty((), dtype=torch.float32)
+            scales2 = new_empty(2, dtype=torch.float32)
+            counter = ticket_counter(self.device)
+            launch(
+                device, programs, x, partial, self.signs, count, programs, counter, amax, scales2
+            )
+        codes = new_empty(self.codes_shape, dtype=torch.uint8)
+        scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
+        if isinstance(seed, Tensor) or isinstance(offset, Tensor):
+            grid = self.grids[1]
+            seed_pointer = seed_tensor(seed, "seed", self.device)
+            offset_pointer = seed_tensor(offset, "offset", self.device)
+            seed_value = offset_value = 0
+        else:  # two's complement above 2**63: the kernel reads seeds as unsigned 64-bit
+            grid, seed_pointer, offset_pointer = self.grids[0], None, None
+            seed_value, offset_value = as_int64(seed), as_int64(offset)
+        grid.launch(
+            device, grid.programs, x, codes, scales, self.values, scales2, grid.signs, None,
+            seed_pointer, offset_pointer, seed_value, offset_value, grid.blocks, self.index_offset,
+        )  # fmt: skip
+        return codes, scales, scales2
+
+
 __all__ = [
     "BLOCK_OUTPUTS",
     "PreparedGemmBlocks",
+    "PreparedQuantizeBlocks",
     "PreparedTensorScale",
     "PreparedTileAmax",
     "QuantizeTiling",
