@@ -3,13 +3,15 @@ their bits against eager are tested with the layer's compiled step (tests/nn/tes
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from helpers import cuda_route
 from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import stochround.nn as srnn
-from stochround.nn import opaque_matmul
+from stochround.nn import opaque_matmul, streams
 
 
 def test_warm_up_runs_on_real_zeros_of_the_fake_shapes() -> None:
@@ -31,13 +33,18 @@ def test_warm_up_runs_on_real_zeros_of_the_fake_shapes() -> None:
 
 
 def test_a_layer_registers_its_plan_and_each_recipe_change_a_new_index() -> None:
+    """A layer's plan is registered without its layer number (the ops read it from the
+    layer's streams column): layers of one recipe share an index, another recipe gets
+    another."""
     layer = srnn.QuantizedLinear(32, 32, recipe=srnn.nvfp4())
     first = layer.plan_index
-    assert opaque_matmul.registered_plan(first, -1) is layer.plan
+    assert opaque_matmul.registered_plan(first, -1) == layer.plan
+    other = srnn.QuantizedLinear(32, 32, recipe=srnn.nvfp4(), layer_index=7)
+    assert other.plan_index == first and other.plan.layer == 7
     layer.set_recipe(srnn.int8())
     assert (
         layer.plan_index != first
-        and opaque_matmul.registered_plan(layer.plan_index, -1) is layer.plan
+        and opaque_matmul.registered_plan(layer.plan_index, -1) == layer.plan
     )
     keyed = opaque_matmul.registered_plan(layer.plan_index, 1)
     assert keyed.seed != layer.plan.seed and keyed._replace(seed=layer.plan.seed) == layer.plan
@@ -51,7 +58,7 @@ def test_an_op_runs_by_one_step_plan_a_signature() -> None:
     x, weight = torch.randn(32, 64), layer.weight.detach()
     index = layer.plan_index
     first = opaque_matmul.op_step_plan(index, -1, x, weight, None, ("fprop",))
-    assert first is not None and first.plan is layer.plan
+    assert first is not None and first.plan == layer.plan
     assert opaque_matmul.op_step_plan(index, -1, x.clone(), weight, None, ("fprop",)) is first
     other = opaque_matmul.op_step_plan(index, -1, x.double(), weight, None, ("fprop",))
     assert other is not None and other is not first and other.signature.dtype == torch.float64
@@ -74,3 +81,50 @@ def test_the_backward_ops_plan_pairs_dy_alone() -> None:
         )
     assert plan is not None and plan.grad_pair is not None and plan.input_pair is None
     assert eager is not None and eager.input_pair is not None
+
+
+class Block(torch.nn.Module):
+    """Two quantized linears around a ReLU: a model's block, compiled one at a time."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(width, width), torch.nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_blocks_compiled_one_at_a_time_share_one_graph_and_train_as_eager() -> None:
+    """Ten blocks compiled each on its own (torchtitan's order), ``fullgraph=True``: one
+    graph for all (the layers' numbers reach the ops as their `stream_bases` buffers, not
+    as graph constants: before, each block recompiled and the ninth hit dynamo's limit),
+    and the outputs and gradients are eager's bit for bit (each layer its own streams)."""
+    torch.manual_seed(0)
+    eager = torch.nn.ModuleList([Block(64) for _ in range(10)])
+    srnn.quantize_(eager, srnn.nvfp4(seed=3))
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    for index, block in enumerate(compiled):
+        compiled[index] = torch.compile(block, fullgraph=True)
+    x = torch.randn(32, 64)
+    outputs = []
+    for model in (eager, compiled):
+        y = x.clone().requires_grad_()
+        h = y
+        for block in model:
+            h = block(h)
+        h.square().sum().backward()
+        outputs.append([h, y.grad, *(p.grad for p in model.parameters())])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    for got, want in zip(outputs[1], outputs[0], strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_layer_built_on_meta_has_its_stream_bases_after_to_empty() -> None:
+    """`stream_bases` (not a buffer: derived from the layer's number) follows the weight
+    when the layer moves, here from ``meta`` by ``to_empty``."""
+    layer = srnn.QuantizedLinear(64, 64, device="meta", recipe=srnn.nvfp4(), layer_index=5)
+    layer.to_empty(device="cpu")
+    assert torch.equal(layer.stream_bases, streams.layer_bases(5))
+    assert "stream_bases" not in layer.state_dict() and layer.stream_bases.device.type == "cpu"

@@ -69,6 +69,8 @@ from .streams import (
     ROLE_SLOTS,
     SIGN_SLOTS,
     SLOTS_PER_LAYER,
+    bases_column,
+    layer_bases,
     slot_bases,
     slot_offsets,
     step_column,
@@ -147,6 +149,11 @@ class QuantizedLinear(nn.Linear):
         # the new plan
         self.step_plans = StepPlans()
         self.plan_index = register_plan(self.plan)  # the compiled step's ops take it
+        # the layer's number as the compiled step reads it (`streams.bases_column`): a
+        # tensor, which a compiled graph takes as an input, where an int attribute would be
+        # a constant of the graph and each layer a graph of its own; a plain attribute, not
+        # a buffer (derived: nothing to save, shard or distribute), moved by `_apply`
+        self.stream_bases = layer_bases(layer, self.weight.device)
         # 2-D weight tiles and the weight's blocks are known now; the tokens at each call
         check_operand_shapes(self.plan, 0, self.in_features, self.out_features)
 
@@ -178,6 +185,7 @@ class QuantizedLinear(nn.Linear):
         layer.weight = linear.weight
         layer.bias = linear.bias
         layer.step = torch.zeros((), dtype=torch.int64, device=linear.weight.device)
+        layer.stream_bases = layer_bases(layer_index, linear.weight.device)
         layer.train(linear.training)
         return layer
 
@@ -221,9 +229,11 @@ class QuantizedLinear(nn.Linear):
         step = counter.clone() if read is None else read
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
-            out = quantized_linear(tokens, weight, bias, step, self.plan_index, rank)
+            column = bases_column(step, self.stream_bases)
+            out = quantized_linear(tokens, weight, bias, column, self.plan_index, rank)
         else:
-            out = QuantizedMatmul.apply(tokens, weight, bias, step, plan, wgrad, dgrad, prepared)
+            column = step_column(step, plan.layer)
+            out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
         out = typing.cast(Tensor, out)
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
@@ -283,6 +293,14 @@ class QuantizedLinear(nn.Linear):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+    def _apply(self, fn: Any, recurse: bool = True) -> QuantizedLinear:
+        # `stream_bases` follows the weight wherever the layer moves (``to``, ``to_empty``
+        # after a model built on ``meta``)
+        super()._apply(fn, recurse)
+        if self.stream_bases.device != self.weight.device:
+            self.stream_bases = layer_bases(self.layer_index, self.weight.device)
+        return self
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}, layer_index={self.layer_index}"

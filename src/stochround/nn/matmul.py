@@ -25,7 +25,7 @@ from .orientations import both_orientations, pair_refusal
 from .recipes import GEMMS, QuantSpec
 from .step_ops import autocast_off, bias_gradient, transposed
 from .step_plan import StepPlan
-from .streams import ROLE_SLOTS, SIGN_SLOTS, slot_offsets, step_column
+from .streams import ROLE_SLOTS, SIGN_SLOTS, slot_offsets
 
 
 def rotation_signs(
@@ -191,14 +191,13 @@ class QuantizedMatmul(torch.autograd.Function):
         x: Tensor,
         weight: Tensor,
         bias: Tensor | None,
-        step: Tensor,
+        column: Tensor,
         plan: Plan,
         wgrad: bool = False,
         dgrad: bool = False,
         prepared: StepPlan | None = None,
     ) -> Tensor:
         with unautocast(x.device.type):
-            column = step_column(step, plan.layer)
             offsets = slot_offsets(column)
             # where wgrad runs, x read once for both of its operands: wgrad's kept for the
             # backward instead of transposing and quantizing x again there

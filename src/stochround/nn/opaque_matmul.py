@@ -5,7 +5,8 @@ a quantized layer each one node of the traced graph, run by the eager code
 Traced op by op, a layer's step became some fifteen opaque kernel ops and a dozen of
 inductor's small kernels, each with its host cost, and compiled steps were slower than
 eager ones.  As two ops a compiled step costs what an eager step costs: the forward op
-computes ``y`` (the fprop GEMM's operands and GEMM) and saves ``x``, ``W`` and the step,
+computes ``y`` (the fprop GEMM's operands and GEMM) and saves ``x``, ``W`` and the step's
+stream offsets,
 as ``nn.Linear`` saves its inputs; the backward op quantizes ``dy`` and ``x^T`` (and
 ``W^T`` where dgrad does not reuse fprop's) and runs dgrad and wgrad.  The eager step
 writes the wgrad operand of ``x`` with fprop's in one read and keeps it; the backward op
@@ -20,7 +21,9 @@ in the pool of torch.compile's CUDA graphs (``mode="reduce-overhead"``), which r
 tensor that outlives its warm-up run.
 
 An op takes the layer's `Plan` by its index in a registry (`register_plan`: a plan holds
-dicts, which no op argument can), and a tensor-parallel rank (or -1) whose Philox key
+dicts, which no op argument can; one index for the layers of one recipe), its step's
+stream offsets column (`streams.bases_column`: the layer's number is in it), and a
+tensor-parallel rank (or -1) whose Philox key
 `tensor_parallel.rank_key` derives inside the op (a key is a 64-bit unsigned integer,
 beyond an op's int64 argument).
 """
@@ -39,7 +42,6 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .layer_plan import Plan
 from .matmul import QuantizedMatmul
 from .step_plan import StepPlan, StepSignature, make_step_plan, step_signature
-from .streams import step_column
 from .tensor_parallel import rank_key
 
 # every registered plan, by index; kept alive, so that an index names one plan for good
@@ -47,9 +49,17 @@ _PLANS: list[Plan] = []
 
 
 def register_plan(plan: Plan) -> int:
-    """``plan``'s index for the ops (a new one each call: a layer registers its plan when
-    it is set, outside any trace)."""
-    _PLANS.append(plan)
+    """``plan``'s index for the ops, the same for plans equal but for their layer number
+    (a layer registers its plan when it is set, outside any trace).  The ops never read
+    the layer's number: a layer's streams reach them as its step's offsets column (the
+    layer's `stream_bases`), so that the layers of a model's blocks, compiled one block at
+    a time as torchtitan does, share one compiled graph instead of a graph each (an op's
+    int argument is a constant of the graph)."""
+    shared = plan._replace(layer=0)
+    for index, each in enumerate(_PLANS):
+        if each == shared:
+            return index
+    _PLANS.append(shared)
     return len(_PLANS) - 1
 
 
@@ -119,14 +129,14 @@ class _Saved:
 
 
 def _forward(
-    x: Tensor, weight: Tensor, bias: Tensor | None, step: Tensor, plan_index: int, rank: int
+    x: Tensor, weight: Tensor, bias: Tensor | None, column: Tensor, plan_index: int, rank: int
 ) -> Tensor:
     """``y = Q(x) Q(W)^T + b`` by `QuantizedMatmul.forward`, without the backward's
     operands (wgrad and dgrad off: no pair, no kept transposes)."""
     plan = registered_plan(plan_index, rank)
     prepared = op_step_plan(plan_index, rank, x, weight, bias, ("fprop",))
     ctx = _Saved(plan)
-    out = QuantizedMatmul.forward(ctx, x, weight, bias, step, plan, False, False, prepared)  # type: ignore[arg-type]
+    out = QuantizedMatmul.forward(ctx, x, weight, bias, column, plan, False, False, prepared)  # type: ignore[arg-type]
     return typing.cast(Tensor, out)
 
 
@@ -137,9 +147,9 @@ quantized_linear = torch.library.custom_op(
 
 @quantized_linear.register_fake
 def _(
-    x: Tensor, weight: Tensor, bias: Tensor | None, step: Tensor, plan_index: int, rank: int
+    x: Tensor, weight: Tensor, bias: Tensor | None, column: Tensor, plan_index: int, rank: int
 ) -> Tensor:
-    warm_up(_forward, (x, weight, bias, step), plan_index, rank)
+    warm_up(_forward, (x, weight, bias, column), plan_index, rank)
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
@@ -147,7 +157,7 @@ def _backward(
     grad: Tensor,
     x: Tensor,
     weight: Tensor,
-    step: Tensor,
+    column: Tensor,
     plan_index: int,
     rank: int,
     needs: list[bool],
@@ -156,7 +166,7 @@ def _backward(
     """(dx, dW, db) by `QuantizedMatmul.backward`, each an empty tensor where ``needs``
     (of x, W, b) says it is not wanted."""
     plan = registered_plan(plan_index, rank)
-    saved = (x, weight, step_column(step, plan.layer), None, None, None, None)
+    saved = (x, weight, column, None, None, None, None)
     gemms = tuple(name for name, need in zip(("dgrad", "wgrad"), needs, strict=False) if need)
     prepared = op_step_plan(plan_index, rank, x, weight, None, gemms) if gemms else None
     ctx = _Saved(plan, saved, tuple(needs), bias_dtype, prepared)
@@ -174,13 +184,13 @@ def _(
     grad: Tensor,
     x: Tensor,
     weight: Tensor,
-    step: Tensor,
+    column: Tensor,
     plan_index: int,
     rank: int,
     needs: list[bool],
     bias_dtype: torch.dtype | None,
 ) -> list[Tensor]:
-    warm_up(_backward, (grad, x, weight, step), plan_index, rank, needs, bias_dtype)
+    warm_up(_backward, (grad, x, weight, column), plan_index, rank, needs, bias_dtype)
     shapes = (x.shape, weight.shape, (weight.shape[0],))
     dtypes = (x.dtype, weight.dtype, bias_dtype or x.dtype)
     return [
@@ -190,18 +200,18 @@ def _(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    x, weight, bias, step, plan_index, rank = inputs
-    ctx.save_for_backward(x, weight, step)
+    x, weight, bias, column, plan_index, rank = inputs
+    ctx.save_for_backward(x, weight, column)
     ctx.plan_index, ctx.rank = plan_index, rank
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
 def _autograd_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-    x, weight, step = ctx.saved_tensors
+    x, weight, column = ctx.saved_tensors
     needs = [bool(each) for each in ctx.needs_input_grad[:3]]
     needs[2] = needs[2] and ctx.bias_dtype is not None
     grads = quantized_linear_backward(
-        grad, x, weight, step, ctx.plan_index, ctx.rank, needs, ctx.bias_dtype
+        grad, x, weight, column, ctx.plan_index, ctx.rank, needs, ctx.bias_dtype
     )
     kept = [each if need else None for each, need in zip(grads, needs, strict=True)]
     return (*kept, None, None, None)

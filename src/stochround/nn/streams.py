@@ -40,18 +40,23 @@ def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
 _SLOT_BASES: dict[tuple[int, torch.device], Tensor] = {}
 
 
+def layer_bases(layer: int, device: torch.device | str | None = None) -> Tensor:
+    """``layer * 16 + slot`` for each slot, a new int64 ``(SLOTS_PER_LAYER, 1)`` tensor on
+    ``device`` (a layer's own copy: `QuantizedLinear.stream_bases`)."""
+    stream_offset(0, layer, 0)  # checks the layer index
+    slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=device)
+    return (slots + layer * SLOTS_PER_LAYER).view(-1, 1)
+
+
 def slot_bases(layer: int, device: torch.device) -> Tensor:
     """``layer * 16 + slot`` for each slot, an int64 ``(SLOTS_PER_LAYER, 1)`` tensor on
     ``device``: the low half of the layer's offsets at every step, made once per layer and
     device (an arange and an add a step otherwise)."""
-    stream_offset(0, layer, 0)  # checks the layer index
     if torch.compiler.is_compiling():
-        slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=device)
-        return (slots + layer * SLOTS_PER_LAYER).view(-1, 1)
+        return layer_bases(layer, device)
     bases = _SLOT_BASES.get((layer, device))
     if bases is None:
-        slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=device)
-        bases = _SLOT_BASES[layer, device] = (slots + layer * SLOTS_PER_LAYER).view(-1, 1)
+        bases = _SLOT_BASES[layer, device] = layer_bases(layer, device)
     return bases
 
 
@@ -68,7 +73,14 @@ def step_column(step: Tensor, layer: int) -> Tensor:
     ``stream_offset(step, layer, slot)``, made by two operations (`slot_bases` made once)
     however many operands a step quantizes; `slot_offsets` splits it into the slots'
     one-element offsets."""
-    return (step << STEP_SHIFT) | slot_bases(layer, step.device)
+    return bases_column(step, slot_bases(layer, step.device))
+
+
+def bases_column(step: Tensor, bases: Tensor) -> Tensor:
+    """`step_column` from a layer's `layer_bases` tensor instead of its number (a compiled
+    layer reads its bases as a buffer: a number would be a constant of its graph, and each
+    layer a graph of its own)."""
+    return (step << STEP_SHIFT) | bases
 
 
 __all__ = [
@@ -77,6 +89,8 @@ __all__ = [
     "SIGN_SLOTS",
     "SLOTS_PER_LAYER",
     "STEP_SHIFT",
+    "bases_column",
+    "layer_bases",
     "slot_bases",
     "slot_offsets",
     "step_column",

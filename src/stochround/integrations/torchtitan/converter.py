@@ -43,7 +43,9 @@ from torchtitan.protocols.sharding import ShardingConfig
 from torchtitan.tools.logging import logger
 
 from ...nn.linear import QuantizedLinear
+from ...nn.opaque_matmul import register_plan
 from ...nn.recipes import Recipe
+from ...nn.streams import layer_bases
 from ...nn.tensor_parallel import rank_key
 from .recipe_rules import RecipeChoice, check_fits, make_recipe
 
@@ -96,10 +98,12 @@ class StochroundLinear(QuantizedLinear, Module):
         (`rank_key`: the layer's own key on rank 0)."""
         QuantizedLinear.set_recipe(self, recipe, layer_index)
         self.plan = self.plan._replace(seed=rank_key(self.plan.seed, self.tp_rank))
+        self.plan_index = register_plan(self.plan)  # the compiled step's ops: this key
 
     def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
         device = buffer_device if buffer_device is not None else self.weight.device
         self.step = torch.zeros((), dtype=torch.int64, device=device)
+        self.stream_bases = layer_bases(self.layer_index, device)  # the compiled ops' column
 
     def check_tp_shard(self, tp: int) -> None:
         """ValueError, naming the layer, the degree and the local weight, unless ``tp``
