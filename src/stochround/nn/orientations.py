@@ -104,9 +104,7 @@ class PreparedPair:
         rotation = self.signs if signs is None else signs
         key = seed_on(seed, self.device)
         pair = self.kernel(x, key, one_element(row_offset), one_element(column_offset), rotation)
-        row_scale = column_scale = None
-        if pair.scales is not None:  # each orientation's S_dec, as two views in two ops
-            row_scale, column_scale = pair.scales.select(1, 0).unbind(0)
+        row_scale, column_scale = (None, None) if pair.decodes is None else pair.decodes
         return (
             GemmOperand(pair.row, row_scale, None, 1.0),
             GemmOperand(pair.column, column_scale, None, 1.0),
