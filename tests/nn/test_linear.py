@@ -240,6 +240,12 @@ def test_the_streams_of_a_run_never_share_an_offset() -> None:
     assert int(srnn.stream_offset(torch.tensor(2), 1, 3)) == srnn.stream_offset(2, 1, 3)
     every_slot = linear.step_column(torch.tensor(5), 7).view(-1)
     assert every_slot.tolist() == [srnn.stream_offset(5, 7, slot) for slot in range(16)]
+    # the column (one add) has the shift's and or's bits at the largest steps too, where
+    # step << 32 wraps to a negative int64, and at the largest layer
+    for step, layer in ((2**31 - 1, 3), (2**31, 5), (2**32 - 1, 2**28 - 1)):
+        column = linear.step_column(torch.tensor(step), layer).view(-1)
+        shifted = (torch.tensor(step) << 32) | (torch.arange(16) + layer * 16)
+        assert torch.equal(column, shifted), step
     for kwargs in ({"step": -1}, {"layer": 2**28}, {"slot": 16}):
         arguments = {"step": 0, "layer": 0, "slot": 0, **kwargs}
         with pytest.raises(ValueError, match="must be in"):

@@ -1,6 +1,6 @@
 """The random streams of a `QuantizedLinear` step: the stream offset of each draw
 (``step * 2**32 + layer * 16 + slot``) and a step's offsets of all slots (`step_column`),
-made in two operations and split into the kernels' one-element offsets by one more."""
+made in one operation and split into the kernels' one-element offsets by one more."""
 
 from __future__ import annotations
 
@@ -65,10 +65,11 @@ def slot_offsets(offsets: Tensor) -> tuple[Tensor, ...]:
 def step_column(step: Tensor, layer: int) -> Tensor:
     """The stream offsets of all `SLOTS_PER_LAYER` slots of ``layer`` at ``step`` (a 0-d
     int64 tensor) as an int64 ``(SLOTS_PER_LAYER, 1)`` column: row ``slot`` is
-    ``stream_offset(step, layer, slot)``, made by two operations (`slot_bases` made once)
+    ``stream_offset(step, layer, slot)``, made by one operation (`slot_bases` made once)
     however many operands a step quantizes; `slot_offsets` splits it into the slots'
-    one-element offsets."""
-    return (step << STEP_SHIFT) | slot_bases(layer, step.device)
+    one-element offsets.  ``bases + step * 2**32`` is ``(step << 32) | bases``: the bases
+    fill the low 32 bits, which the product leaves zero (int64 wraps alike in both)."""
+    return torch.add(slot_bases(layer, step.device), step, alpha=1 << STEP_SHIFT)
 
 
 __all__ = [
