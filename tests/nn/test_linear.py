@@ -246,6 +246,9 @@ def test_the_streams_of_a_run_never_share_an_offset() -> None:
         column = linear.step_column(torch.tensor(step), layer).view(-1)
         shifted = (torch.tensor(step) << 32) | (torch.arange(16) + layer * 16)
         assert torch.equal(column, shifted), step
+    for _ in range(2):  # the layer index checked where its bases are made: none are kept
+        with pytest.raises(ValueError, match=r"layer must be in \[0, 2\*\*28\)"):
+            linear.step_column(torch.tensor(0), 2**28)
     for kwargs in ({"step": -1}, {"layer": 2**28}, {"slot": 16}):
         arguments = {"step": 0, "layer": 0, "slot": 0, **kwargs}
         with pytest.raises(ValueError, match="must be in"):

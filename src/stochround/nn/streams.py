@@ -44,12 +44,13 @@ def slot_bases(layer: int, device: torch.device) -> Tensor:
     """``layer * 16 + slot`` for each slot, an int64 ``(SLOTS_PER_LAYER, 1)`` tensor on
     ``device``: the low half of the layer's offsets at every step, made once per layer and
     device (an arange and an add a step otherwise)."""
-    stream_offset(0, layer, 0)  # checks the layer index
     if torch.compiler.is_compiling():
+        stream_offset(0, layer, 0)  # checks the layer index
         slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=device)
         return (slots + layer * SLOTS_PER_LAYER).view(-1, 1)
     bases = _SLOT_BASES.get((layer, device))
-    if bases is None:
+    if bases is None:  # the layer index checked once, as its bases are made
+        stream_offset(0, layer, 0)
         slots = torch.arange(SLOTS_PER_LAYER, dtype=torch.int64, device=device)
         bases = _SLOT_BASES[layer, device] = (slots + layer * SLOTS_PER_LAYER).view(-1, 1)
     return bases
