@@ -221,6 +221,31 @@ def test_other_roundings_equal_separate_quantizations(mode, n, variant, monkeypa
     assert_pair_equals_separate(x[:30], 32, mode, None, None, n, variant, even=False)
 
 
+@pytest.mark.parametrize("transient", [False, True])
+def test_transient_pairs_rewrite_their_own_scales(transient):
+    """A transient pair (dy's) writes each call's tensor scales into one buffer of its
+    own, with the S_dec views made once; another (x's) makes them new at each call: the
+    same bits either way, each call its own x's scales."""
+    generator = torch.Generator().manual_seed(9)
+    xs = [(torch.randn(32, 32, generator=generator) * scale).to(DEVICE) for scale in (1, 5)]
+    row, column = (orientation(E2M1, "sr", 32, "c", 2) for _ in range(2))
+    prepared = PreparedTwoOrientations(xs[0], 32, row, column, transient=transient)
+    seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
+    results = []
+    for x in xs:
+        result = prepared(x, seed, row_offset, column_offset, None)
+        _, row_scales = separate(x, 32, "sr", 11, None, None, rotate=False)
+        _, column_scales = separate(x, 32, "sr", 13, None, None, rotate=True)
+        assert result.scales is not None and result.decodes is not None
+        assert torch.equal(result.scales[:2], row_scales)
+        assert torch.equal(result.scales[2:], column_scales)
+        assert torch.equal(torch.stack(result.decodes), result.scales[0::2])
+        results.append(result)
+    first, second = results
+    assert (first.scales.data_ptr() == second.scales.data_ptr()) is transient
+    assert (first.decodes[0] is second.decodes[0]) is transient  # type: ignore[index]
+
+
 def test_orientation_takes_e2m1_elements_only():
     """The pair stores each element times its E4M3 scale as the bf16 holding it exactly,
     which e2m1's products are: another element format is refused by name."""
@@ -303,6 +328,9 @@ def test_a_step_with_both_orientations_equals_the_separate_path(name, tokens, mo
     # prepared once, for the layer's call signature (its step plan); each serves both steps
     assert calls == ["fprop_input", "dgrad_grad_output"]
     assert len(served) == 4 and len({id(pair) for pair in served}) == 2
+    # dy's pair (read within its backward) keeps its tensor scales; x's makes new ones
+    kernels = [pair.kernel for pair in served[:2]]  # type: ignore[attr-defined]
+    assert [kernel.own_scales is not None for kernel in kernels] == [False, True]
     for got, want in zip(result, expected, strict=True):
         assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 

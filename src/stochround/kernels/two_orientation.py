@@ -391,7 +391,10 @@ class PreparedTwoOrientations:
     constant of theirs: `PairTiling`) and each token count's evenness, not for each token
     count.  The amax launches take tickets from a counter of the object's own
     (`stochround.kernels.tensor_scales.own_tickets`), with partial maxima of its own: its
-    calls must not run on two streams at once."""
+    calls must not run on two streams at once.  ``transient``: each call's operands are
+    read before the next call's launches run (dy's, used within one backward): the tensor
+    scales and their S_dec views are then the object's own, made once and rewritten by
+    each call, else new a call (x's, which the backward reads after later forwards)."""
 
     def __init__(
         self,
@@ -403,6 +406,7 @@ class PreparedTwoOrientations:
         rht: int | None = None,
         rht_signs: Tensor | None = None,
         rht_bf16: bool = False,
+        transient: bool = False,
     ) -> None:
         if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0:
             raise ValueError(f"x must be a contiguous 2-D tensor with elements; got {x.shape}")
@@ -435,6 +439,9 @@ class PreparedTwoOrientations:
             self.tickets = own_tickets(x, 2 * self.amax_programs)
             # both amaxes, which no caller reads: written by every launch
             self.amax_sink = x.new_empty(2, dtype=torch.float32)
+        self.own_scales: PairScales | None = None
+        if self.tensor_scales and transient:
+            self.own_scales = pair_scales(x)
         self.shape, self.dtype, self.device, self.padded = x.shape, x.dtype, x.device, padded
         self.device_index = x.device.index if x.is_cuda else -1
 
@@ -461,15 +468,12 @@ class PreparedTwoOrientations:
         scales = decodes = None
         if self.tensor_scales:
             programs = self.amax_programs
-            scales = x.new_empty(4, dtype=torch.float32)
+            scales, decodes = self.own_scales or pair_scales(x)
             partial, counter = self.tickets
             self.amax(
                 self.device_index, programs, x, partial, rht_signs, tokens, self.padded, programs,
                 counter, self.amax_sink, scales,
             )  # fmt: skip
-            # each operand's S_dec: four views in one op
-            row_decode, _, column_decode, _ = scales.unbind(0)
-            decodes = (row_decode, column_decode)
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
         self.quantize(
@@ -477,6 +481,21 @@ class PreparedTwoOrientations:
             column_offset, tokens, self.padded,
         )  # fmt: skip
         return PairOperands(row, column, scales, decodes)
+
+
+class PairScales(NamedTuple):
+    """Both operands' tensor scales (4 fp32: S_dec, S_enc of the row-wise operand, then of
+    the column-wise one) and each operand's S_dec (0-d views: row-wise, column-wise)."""
+
+    scales: Tensor
+    decodes: tuple[Tensor, Tensor]
+
+
+def pair_scales(x: Tensor) -> PairScales:
+    """New `PairScales` on x's device: an allocation, and the S_dec views by one op."""
+    scales = x.new_empty(4, dtype=torch.float32)
+    row_decode, _, column_decode, _ = scales.unbind(0)
+    return PairScales(scales, (row_decode, column_decode))
 
 
 def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[PairTiling, int]:
@@ -539,9 +558,11 @@ __all__ = [
     "TILE_TOKENS",
     "Orientation",
     "PairOperands",
+    "PairScales",
     "PairTiling",
     "PreparedTwoOrientations",
     "orientation",
+    "pair_scales",
     "pair_tiling",
     "two_orientation_amax_kernel",
     "two_orientation_kernel",

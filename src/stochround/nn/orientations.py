@@ -23,6 +23,11 @@ from .operands import Operand, one_element, seed_on
 # what the pair quantizer reads
 PAIR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# the column-wise roles whose pair's operands are read before the pair's next call (dy's:
+# both GEMMs that read them run in the backward that makes them), so that the pair's
+# tensor scales can be its own buffer (`PreparedTwoOrientations`'s ``transient``)
+TRANSIENT_ROLES = frozenset({"wgrad_grad_output"})
+
 # whether a layer's step takes the pair: on since it is faster than the separate path on
 # the GPUs measured (benchmarks/RESULTS.md, nvfp4_two_orientation); the tests turn it off
 # to check that the separate path gives the pair's bits
@@ -87,6 +92,9 @@ class PreparedPair:
             rht=rht,
             rht_signs=self.signs,
             rht_bf16=column.spec.rht_bf16 if rht is not None else False,
+            # dy's operands are read within the backward that makes them; x's column-wise
+            # operand and scales are kept for the backward, after later forwards
+            transient=column.role in TRANSIENT_ROLES,
         )
         self.device = device
 
@@ -172,6 +180,7 @@ def both_orientations(
 __all__ = [
     "PAIR_DTYPES",
     "SERVES_STEPS",
+    "TRANSIENT_ROLES",
     "PreparedPair",
     "both_orientations",
     "pair_refusal",
