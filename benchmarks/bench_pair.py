@@ -9,7 +9,8 @@ QuantizedLinear step of bench_nn). Rows of case ``nvfp4_two_orientation``:
   transposed (bench_blocks' `pair_floor`): 6 bytes an element for every row.
 - ``stochround_pair_dy``, ``stochround_pair_x``: both `nvfp4()` operands of dy (SR, the
   column-wise one rotated by RHT-16 along the tokens) or of x (round to nearest) by the
-  pair's two launches (the amaxes of both orientations in one read, then both operands),
+  pair's two launches (the amaxes of both orientations in one read, whose last program
+  writes both tensor scales, then both operands),
   at the default tile; ``..._<T>x<F>w<W>``: at ``--tile`` T x F with W warps;
   ``..._amax<K>``: at the default tile, the amax launch's tiles K times its tokens
   (``--amax-tokens``; the default `two_orientation.AMAX_TOKENS`). Each is checked bit for
@@ -68,7 +69,7 @@ def pair_run(
     finally:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = defaults
         two_orientation._NUM_WARPS, two_orientation.AMAX_TOKENS = warps, amax
-    notes = "amax of both orientations, then both operands: 2 launches (+ tensor scales)"
+    notes = "amax and tensor scales of both orientations, then both operands: 2 launches"
     return checked_pair(x, name, prepared, plan.seed, notes)  # type: ignore[attr-defined]
 
 

@@ -1,6 +1,6 @@
-"""The two-orientation quantizer's compiled resources, offline: its quantize, amax and
-tensor-scale kernels (`stochround.kernels.two_orientation`) compiled for a GPU target (sm_90:
-H100/H200) without a GPU, for `nvfp4()`'s two pairs (x: round to nearest, dy: SR, the
+"""The two-orientation quantizer's compiled resources, offline: its quantize and amax
+(with the tensor scales) kernels (`stochround.kernels.two_orientation`) compiled for a GPU
+target (sm_90: H100/H200) without a GPU, for `nvfp4()`'s two pairs (x: round to nearest, dy: SR, the
 column-wise operand rotated by RHT-16 along the tokens), at the default tile or at the
 tiles given: registers a thread, spill bytes, SASS instructions and local-memory (STL/LDL)
 instructions, and the elements a thread holds; ``path``: the instructions before the first
@@ -54,8 +54,9 @@ class _Recorder:
 
 
 def recorded_launches(pair: str) -> dict[str, tuple[Any, dict, tuple]]:
-    """The quantize, amax and tensor-scale launches of ``pair``'s `PreparedPair`: each kernel, its
-    constexprs and options, and the runtime arguments a call gives it."""
+    """The quantize and amax launches of ``pair``'s `PreparedPair` (the amax launch's last
+    program writes the tensor scales): each kernel, its constexprs and options, and the
+    runtime arguments a call gives it."""
     name = PAIRS[pair]
     plan = make_plan(srnn.nvfp4(seed=1), 0)
     row = plan.operands[("fprop_" if name == "input" else "dgrad_") + name]
@@ -63,10 +64,9 @@ def recorded_launches(pair: str) -> dict[str, tuple[Any, dict, tuple]]:
     x = torch.empty(SHAPE, dtype=torch.bfloat16)
     prepared = PreparedPair(row, column, x.shape, x.dtype, x.device, SHAPE[0])
     kernel = prepared.kernel
-    launches = {"quantize": kernel.quantize, "amax": kernel.amax, "scales": kernel.scale}
+    launches = {"quantize": kernel.quantize, "amax": kernel.amax}
     recorders = {what: _Recorder() for what in launches}
     kernel.quantize, kernel.amax = recorders["quantize"], recorders["amax"]
-    kernel.scale = recorders["scales"]
     offset = torch.zeros((), dtype=torch.int64)
     prepared(x, 1, offset, offset.clone(), None)
     return {

@@ -126,7 +126,8 @@ def test_repeated_calls_find_the_counter_reset_and_give_each_tensors_scales(
     flavour: str,
 ) -> None:
     """Three calls of each entry on three tensors: each call's last program fires (the
-    counter is 0 again after each launch), so each result is its own tensor's scales."""
+    counter is 0 again after each launch), so each result is its own tensor's scales (and
+    the prepared tile amax's buffer its own tensor's tile amaxes)."""
     tensors = special_cases(4096)[:4]
     prepared = kernel_blocks.PreparedTensorScale(tensors[0], flavour, tiling=FEW_PROGRAMS)
     tiles = kernel_blocks.PreparedTileAmax(tensors[0].view(64, 64), (16, 16), flavour)
@@ -134,7 +135,11 @@ def test_repeated_calls_find_the_counter_reset_and_give_each_tensors_scales(
         amax = x.abs().amax()
         expected = torch.stack(tuple(nvfp4_tensor_scales(amax, flavour)))
         assert same_bits(prepared(x, None), expected)
-        assert same_bits(tiles(x.view(64, 64)).scales, expected)  # type: ignore[arg-type]
+        result = tiles(x.view(64, 64))
+        assert same_bits(result.scales, expected)  # type: ignore[arg-type]
+        # the tiles' amaxes in the object's own buffer, overwritten by each call
+        assert result.amax.data_ptr() == tiles.amax.data_ptr()
+        assert same_bits(result.amax, kernel_blocks.tile_amax(x.view(64, 64), (16, 16)).amax)
         got, _ = kernel_blocks.nvfp4_tensor_scale(x, flavour, tiling=FEW_PROGRAMS)
         assert same_bits(got, expected)
         got = kernel_blocks.tile_amax(x.view(64, 64), (16, 16), flavour).scales

@@ -347,7 +347,10 @@ class PreparedTileAmax:
     bound once (a training layer's operand): a call issues the launch alone, with the same
     bits.  With a flavour, its launches take tickets from ``counter`` (a zeroed
     one-element int32 tensor on x's device, as `ticket_counter` gives) or, for None, from
-    a counter of its own: then its calls must not run on two streams at once."""
+    a counter of its own: then its calls must not run on two streams at once.  The tiles'
+    amaxes are written to a buffer of the object's own (made once: the quantize launch
+    that follows reads them, and nothing after it), which the next call overwrites; the
+    tensor scales are a new tensor a call (a GEMM operand keeps them)."""
 
     def __init__(
         self,
@@ -375,15 +378,17 @@ class PreparedTileAmax:
                 else Tickets(x.new_empty(self.programs, dtype=torch.int32), counter)
             )
         self.sink = x.new_empty((), dtype=torch.float32)  # the tensor's amax: no caller reads it
+        self.amax = x.new_empty(self.amax_shape, dtype=torch.float32)
 
     def __call__(self, x: Tensor) -> TileAmax:
-        """The tiles' amax of x (the prepared shape, dtype and device, contiguous) and, with
-        a flavour, its tensor scales."""
+        """The tiles' amax of x (the prepared shape, dtype and device, contiguous; the
+        object's buffer, valid until its next call) and, with a flavour, its tensor
+        scales."""
         check_prepared(x, "x", self.shape, self.dtype, self.device)
         if x.is_cuda and x.device.index != current_device():
             with torch.cuda.device(x.device):
                 return self(x)
-        amax = x.new_empty(self.amax_shape, dtype=torch.float32)
+        amax = self.amax
         if self.programs == 0:  # no elements: no tiles, and the tensor's amax is 0
             scales = None
             if self.flavour is not None:

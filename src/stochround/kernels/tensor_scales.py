@@ -48,11 +48,13 @@ def partials_tiling(partials: int) -> PartialsTiling:
 @triton.jit
 def partials_max(partial_ptr, count, PARTIALS: tl.constexpr):
     """The max of ``count`` partial maxima (fp32 bits, int32), read PARTIALS.BLOCK at a time
-    (from L2: ``.cg``, as other programs wrote them)."""
+    (from L2: ``.cg``, as other programs wrote them) in a loop that is not unrolled: a
+    kernel calling it from its last program sizes every program's registers for it, and
+    unrolled, its loads held at once took more registers than the amax's own work."""
     BLOCK: tl.constexpr = PARTIALS.BLOCK
     best = tl.zeros((BLOCK,), dtype=tl.int32)
     STEPS: tl.constexpr = PARTIALS.STEPS  # a field of a constexpr record is no constexpr itself
-    for step in tl.static_range(STEPS):
+    for step in range(STEPS):
         position = step * BLOCK + tl.arange(0, BLOCK)
         partial = tl.load(
             partial_ptr + position, mask=position < count, other=0, cache_modifier=".cg"
@@ -93,13 +95,15 @@ def last_program_scales(
     scale_ptr,
     FLAVOUR: tl.constexpr,
     PARTIALS: tl.constexpr,
+    TENSORS: tl.constexpr = 1,
 ):
     """Called by every one of the launch's ``programs`` programs (its 1-D grid; given, as
     the interpreter's ``tl.num_programs`` is no scalar) after it stored its partial
-    maximum: the program that takes the last ticket from the counter reduces all
-    programs' partial maxima
-    (`partials_max`), stores the amax and the tensor scales (`store_tensor_scales`) and
-    resets the counter to 0.  The max of bits is order-free, so the result is the same
+    maxima: the program that takes the last ticket from the counter reduces all
+    programs' partial maxima (`partials_max`) of each of TENSORS tensors (tensor ``t``'s
+    at ``partial + t * programs``), stores each one's amax (``amax[t]``) and tensor
+    scales (`store_tensor_scales`, ``scale[2 t]``, ``scale[2 t + 1]``) and resets the
+    counter to 0.  The max of bits is order-free, so the result is the same
     whichever program is last.  On a GPU: the barrier orders the program's partial store
     (whichever thread made it) before the atomic, whose release publishes it at GPU scope;
     the last program's acquire (then the barrier Triton places to broadcast the ticket)
@@ -108,8 +112,9 @@ def last_program_scales(
     tl.debug_barrier()
     ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     if ticket == programs - 1:
-        amax_bits = partials_max(partial_ptr, programs, PARTIALS)
-        store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR)
+        for tensor in tl.static_range(TENSORS):
+            amax_bits = partials_max(partial_ptr + tensor * programs, programs, PARTIALS)
+            store_tensor_scales(amax_bits, amax_ptr + tensor, scale_ptr + 2 * tensor, FLAVOUR)
         tl.store(counter_ptr, 0)  # all tickets taken: the next launch starts from 0
 
 
@@ -124,7 +129,7 @@ def _tensor_scale_kernel(
 ):
     """One program: the max of ``count`` partial maxima (fp32 bits, int32), stored as the
     tensor's amax, and NVFP4's tensor scales from it (`store_tensor_scales`): the second
-    launch for an amax kernel that does not take tickets (the two-orientation kernel's)."""
+    launch for an amax kernel that does not take tickets."""
     store_tensor_scales(partials_max(partial_ptr, count, PARTIALS), amax_ptr, scale_ptr, FLAVOUR)
 
 

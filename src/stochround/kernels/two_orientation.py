@@ -2,7 +2,8 @@
 along its rows (``F``, the row-wise operand) and of x^T ``(F, T')`` blocked along the tokens
 (the column-wise operand, after an optional RHT along the tokens, ``T'`` the tokens padded
 with zero tokens), written by one launch, with the tensor amax of both (the column copy's
-after its rotation) from one more read and both tensor scales from a small launch.
+after its rotation) and both tensor scales from one more read (its last program computes
+the scales).
 Bit-identical to `gemm_blocks` of x and of the padded contiguous x^T, each with its own
 stream, rounding and tensor scales.
 
@@ -55,9 +56,9 @@ from .philox import four_words
 from .runtime import Launch, bound_launch, check_prepared, current_device
 from .tensor_scales import (
     PartialsTiling,
-    partials_max,
+    last_program_scales,
+    own_tickets,
     partials_tiling,
-    store_tensor_scales,
 )
 
 # NVFP4's block: 16 elements along the contraction axis of each orientation
@@ -265,8 +266,7 @@ def two_orientation_kernel(
     x_ptr,
     row_out_ptr,
     column_out_ptr,
-    row_scale_ptr,
-    column_scale_ptr,
+    scale_ptr,
     signs_ptr,
     seed_ptr,
     row_offset_ptr,
@@ -283,14 +283,15 @@ def two_orientation_kernel(
     ways: the blocks of 16 features of each token into ``row_out`` ``(tokens,
     X_FEATURES)``, and (rotated along the tokens by ROTATION) the blocks of 16 tokens of
     each feature into ``column_out`` ``(X_FEATURES, padded)``, the tokens from ``tokens``
-    to ``padded`` zero.  ``padded`` and X_FEATURES are multiples of 16, which Triton's
-    specialization sees (``padded`` is not in do_not_specialize): the row-wise loads and
-    both stores are vector accesses."""
+    to ``padded`` zero.  ``scale``: the row-wise operand's tensor scales S_dec, S_enc then
+    the column-wise one's (4 fp32; None without tensor scales).  ``padded`` and
+    X_FEATURES are multiples of 16, which Triton's specialization sees (``padded`` is not
+    in do_not_specialize): the row-wise loads and both stores are vector accesses."""
     first_token, first_feature = _tile_start(tl.program_id(0), TILING)
     seed = tl.load(seed_ptr)
     bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
-        bits, position, inside, row_out_ptr, row_scale_ptr, seed, row_offset_ptr, ROW, TILING.EVEN,
+        bits, position, inside, row_out_ptr, scale_ptr, seed, row_offset_ptr, ROW, TILING.EVEN,
         TILING.WIDE,
     )  # fmt: skip
     _, bits, position, inside = _column_blocks(
@@ -298,7 +299,7 @@ def two_orientation_kernel(
         True,
     )  # fmt: skip
     _tile_operand(
-        bits, position, inside, column_out_ptr, column_scale_ptr, seed, column_offset_ptr,
+        bits, position, inside, column_out_ptr, scale_ptr + 2, seed, column_offset_ptr,
         COLUMN, TILING.EVEN, TILING.WIDE,
     )  # fmt: skip
 
@@ -311,10 +312,14 @@ def two_orientation_amax_kernel(
     tokens,
     padded,
     programs,
+    counter_ptr,
+    amax_ptr,
+    scale_ptr,
     TILING: tl.constexpr,
     ROTATION: tl.constexpr,
     BUTTERFLY: tl.constexpr,
     NAN16: tl.constexpr,
+    PARTIALS: tl.constexpr,
 ):
     """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
     the tile's transpose rotated along the tokens as the quantize kernels rotate it
@@ -322,10 +327,10 @@ def two_orientation_amax_kernel(
     magnitudes' bits, so a NaN anywhere gives a NaN pattern.  BUTTERFLY: ROTATION
     without its normalization, which a block's maximum takes instead of each element (a
     product by a positive constant is monotone: the largest product is the largest
-    magnitude's).  (The tensor scales come from
-    a launch of their own, `pair_scales_kernel`: taking tickets here, as
-    `last_program_scales` does, would size every program's registers for the last one's
-    reduction of the partial maxima.)"""
+    magnitude's).  The program that finishes last (`last_program_scales`: a ticket from
+    ``counter``) reduces both orientations' partial maxima to their amaxes (``amax[0]``,
+    ``amax[1]``) and NVFP4's "te" tensor scales (``scale``: S_dec, S_enc of x's, then of
+    the rotated x^T's)."""
     program = tl.program_id(0)
     first_token, first_feature = _tile_start(program, TILING)
     if ROTATION.SIZE > 0:
@@ -349,19 +354,7 @@ def two_orientation_amax_kernel(
         column_max = row
     tl.store(partial_ptr + program, row)
     tl.store(partial_ptr + programs + program, column_max)
-
-
-@triton.jit(do_not_specialize=["programs"])
-def pair_scales_kernel(
-    partial_ptr, amax_ptr, scale_ptr, programs, PARTIALS: tl.constexpr, FLAVOUR: tl.constexpr
-):
-    """Program ``which`` (0: x's, 1: the rotated x^T's) of two: the max of its orientation's
-    ``programs`` partial maxima (``partial[which]``, fp32 bits), stored as ``amax[which]``,
-    and NVFP4's tensor scales from it (`store_tensor_scales`) in ``scale[which]``: both
-    orientations' scales in one launch."""
-    which = tl.program_id(0)
-    amax_bits = partials_max(partial_ptr + which * programs, programs, PARTIALS)
-    store_tensor_scales(amax_bits, amax_ptr + which, scale_ptr + 2 * which, FLAVOUR)
+    last_program_scales(partial_ptr, programs, counter_ptr, amax_ptr, scale_ptr, "te", PARTIALS, 2)
 
 
 def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int) -> Orientation:
@@ -378,22 +371,30 @@ def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int
 
 
 class PairOperands(NamedTuple):
-    """The two operands' values (bf16) and tensor scales (S_dec, S_enc of each, a [2, 2]
-    fp32 tensor: row-wise then column-wise; None where the operands have none)."""
+    """The two operands' values (bf16) and tensor scales (S_dec, S_enc of the row-wise
+    operand then of the column-wise one, a 4-element fp32 tensor; None where the operands
+    have none), and each operand's S_dec (``decodes``: row-wise, column-wise; 0-d views of
+    ``scales``, which the GEMMs take)."""
 
     row: Tensor
     column: Tensor
     scales: Tensor | None
+    decodes: tuple[Tensor, Tensor] | None = None
 
 
 class PreparedTwoOrientations:
     """Both NVFP4 orientations of x ``(tokens, features)`` (contiguous, fp32, bf16 or
     fp16) for one shape, dtype, device and padded token count, and one pair of
     `Orientation` choices and rotation, checked and bound once: a call issues the amax
-    launch and the tensor-scale launch (both orientations' amaxes and scales, where the
-    operands have tensor scales) and the quantize launch.  The kernels are compiled for
-    each feature count (a constant of theirs: `PairTiling`) and each token count's
-    evenness, not for each token count."""
+    launch (both orientations' amaxes and tensor scales, where the operands have tensor
+    scales) and the quantize launch.  The kernels are compiled for each feature count (a
+    constant of theirs: `PairTiling`) and each token count's evenness, not for each token
+    count.  The amax launches take tickets from a counter of the object's own
+    (`stochround.kernels.tensor_scales.own_tickets`), with partial maxima of its own: its
+    calls must not run on two streams at once.  ``transient``: each call's operands are
+    read before the next call's launches run (dy's, used within one backward): the tensor
+    scales and their S_dec views are then the object's own, made once and rewritten by
+    each call, else new a call (x's, which the backward reads after later forwards)."""
 
     def __init__(
         self,
@@ -405,6 +406,7 @@ class PreparedTwoOrientations:
         rht: int | None = None,
         rht_signs: Tensor | None = None,
         rht_bf16: bool = False,
+        transient: bool = False,
     ) -> None:
         if x.dim() != 2 or not x.is_contiguous() or x.numel() == 0:
             raise ValueError(f"x must be a contiguous 2-D tensor with elements; got {x.shape}")
@@ -430,10 +432,16 @@ class PreparedTwoOrientations:
             amax_tiling, self.amax_programs = pair_tiling(
                 tokens, features, padded, side * AMAX_TOKENS
             )
-            self.amax = _amax_launch(amax_tiling, self.rotation, nan16)
-            self.scale = _scales_launch(partials_tiling(self.amax_programs))
+            self.amax = _amax_launch(
+                amax_tiling, self.rotation, nan16, partials_tiling(self.amax_programs)
+            )
+            # both orientations' partial maxima and the counter, made once
+            self.tickets = own_tickets(x, 2 * self.amax_programs)
             # both amaxes, which no caller reads: written by every launch
             self.amax_sink = x.new_empty(2, dtype=torch.float32)
+        self.own_scales: PairScales | None = None
+        if self.tensor_scales and transient:
+            self.own_scales = pair_scales(x)
         self.shape, self.dtype, self.device, self.padded = x.shape, x.dtype, x.device, padded
         self.device_index = x.device.index if x.is_cuda else -1
 
@@ -457,24 +465,37 @@ class PreparedTwoOrientations:
             with torch.cuda.device(self.device):
                 return self(x, seed, row_offset, column_offset, rht_signs)
         tokens, features = x.shape
-        scales = None
+        scales = decodes = None
         if self.tensor_scales:
             programs = self.amax_programs
-            partial = x.new_empty((2, programs), dtype=torch.int32)
+            scales, decodes = self.own_scales or pair_scales(x)
+            partial, counter = self.tickets
             self.amax(
-                self.device_index, programs, x, partial, rht_signs, tokens, self.padded, programs
-            )
-            scales = x.new_empty((2, 2), dtype=torch.float32)
-            self.scale(self.device_index, 2, partial, self.amax_sink, scales, programs)
+                self.device_index, programs, x, partial, rht_signs, tokens, self.padded, programs,
+                counter, self.amax_sink, scales,
+            )  # fmt: skip
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
-        row_scale = None if scales is None else scales[0]
-        column_scale = None if scales is None else scales[1]
         self.quantize(
-            self.device_index, self.programs, x, row, column, row_scale, column_scale, rht_signs,
-            seed, row_offset, column_offset, tokens, self.padded,
+            self.device_index, self.programs, x, row, column, scales, rht_signs, seed, row_offset,
+            column_offset, tokens, self.padded,
         )  # fmt: skip
-        return PairOperands(row, column, scales)
+        return PairOperands(row, column, scales, decodes)
+
+
+class PairScales(NamedTuple):
+    """Both operands' tensor scales (4 fp32: S_dec, S_enc of the row-wise operand, then of
+    the column-wise one) and each operand's S_dec (0-d views: row-wise, column-wise)."""
+
+    scales: Tensor
+    decodes: tuple[Tensor, Tensor]
+
+
+def pair_scales(x: Tensor) -> PairScales:
+    """New `PairScales` on x's device: an allocation, and the S_dec views by one op."""
+    scales = x.new_empty(4, dtype=torch.float32)
+    row_decode, _, column_decode, _ = scales.unbind(0)
+    return PairScales(scales, (row_decode, column_decode))
 
 
 def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[PairTiling, int]:
@@ -513,19 +534,17 @@ def _quantize_launch(
     return bound_launch(two_orientation_kernel, tuple(constants.items()))
 
 
-def _scales_launch(partials: PartialsTiling) -> Launch:
-    """`pair_scales_kernel` bound for this many partial maxima and the "te" flavour."""
-    constants = {"PARTIALS": partials, "FLAVOUR": "te", "enable_fp_fusion": False}
-    return bound_launch(pair_scales_kernel, tuple(constants.items()))
-
-
-def _amax_launch(tiling: PairTiling, rotation: Rotation, nan16: int) -> Launch:
-    """`two_orientation_amax_kernel` bound for these choices."""
+def _amax_launch(
+    tiling: PairTiling, rotation: Rotation, nan16: int, partials: PartialsTiling
+) -> Launch:
+    """`two_orientation_amax_kernel` bound for these choices and its last program's
+    reading of the partial maxima."""
     constants = {
         "TILING": tiling,
         "ROTATION": rotation,
         "BUTTERFLY": rotation._replace(NORM=1.0),
         "NAN16": nan16,
+        "PARTIALS": partials,
         "num_warps": _NUM_WARPS,
         "enable_fp_fusion": False,
     }
@@ -539,10 +558,11 @@ __all__ = [
     "TILE_TOKENS",
     "Orientation",
     "PairOperands",
+    "PairScales",
     "PairTiling",
     "PreparedTwoOrientations",
     "orientation",
-    "pair_scales_kernel",
+    "pair_scales",
     "pair_tiling",
     "two_orientation_amax_kernel",
     "two_orientation_kernel",

@@ -218,6 +218,9 @@ class QuantizedMatmul(torch.autograd.Function):
         if "wgrad_input" in reused:  # Q(x^T) is Q(x)^T
             x_t_values, x_t_scale = reused["wgrad_input"][:2]
         ctx.save_for_backward(x, weight, column, values, scale, x_t_values, x_t_scale)
+        # the slots' offsets (views of the saved column, int64, outside autograd) kept for
+        # the backward instead of splitting the column again there
+        ctx.offsets = offsets
         ctx.factor = qw.factor
         ctx.plan = plan
         ctx.prepared = prepared
@@ -227,7 +230,9 @@ class QuantizedMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale = ctx.saved_tensors
-        offsets = slot_offsets(column)
+        # the forward's offsets, or (the compiled layer's backward op: no forward of this
+        # ctx) the saved column's
+        offsets = getattr(ctx, "offsets", None) or slot_offsets(column)
         plan: Plan = ctx.plan
         prepared: StepPlan | None = ctx.prepared
         grad_x = grad_weight = grad_bias = None

@@ -23,6 +23,11 @@ from .operands import Operand, one_element, seed_on
 # what the pair quantizer reads
 PAIR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# the column-wise roles whose pair's operands are read before the pair's next call (dy's:
+# both GEMMs that read them run in the backward that makes them), so that the pair's
+# tensor scales can be its own buffer (`PreparedTwoOrientations`'s ``transient``)
+TRANSIENT_ROLES = frozenset({"wgrad_grad_output"})
+
 # whether a layer's step takes the pair: on since it is faster than the separate path on
 # the GPUs measured (benchmarks/RESULTS.md, nvfp4_two_orientation); the tests turn it off
 # to check that the separate path gives the pair's bits
@@ -87,6 +92,9 @@ class PreparedPair:
             rht=rht,
             rht_signs=self.signs,
             rht_bf16=column.spec.rht_bf16 if rht is not None else False,
+            # dy's operands are read within the backward that makes them; x's column-wise
+            # operand and scales are kept for the backward, after later forwards
+            transient=column.role in TRANSIENT_ROLES,
         )
         self.device = device
 
@@ -104,9 +112,7 @@ class PreparedPair:
         rotation = self.signs if signs is None else signs
         key = seed_on(seed, self.device)
         pair = self.kernel(x, key, one_element(row_offset), one_element(column_offset), rotation)
-        row_scale = column_scale = None
-        if pair.scales is not None:  # each orientation's S_dec, as two views in two ops
-            row_scale, column_scale = pair.scales.select(1, 0).unbind(0)
+        row_scale, column_scale = (None, None) if pair.decodes is None else pair.decodes
         return (
             GemmOperand(pair.row, row_scale, None, 1.0),
             GemmOperand(pair.column, column_scale, None, 1.0),
@@ -174,6 +180,7 @@ def both_orientations(
 __all__ = [
     "PAIR_DTYPES",
     "SERVES_STEPS",
+    "TRANSIENT_ROLES",
     "PreparedPair",
     "both_orientations",
     "pair_refusal",

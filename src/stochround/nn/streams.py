@@ -1,6 +1,6 @@
 """The random streams of a `QuantizedLinear` step: the stream offset of each draw
 (``step * 2**32 + layer * 16 + slot``) and a step's offsets of all slots (`step_column`),
-made in two operations and split into the kernels' one-element offsets by one more."""
+made in one operation and split into the kernels' one-element offsets by one more."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def slot_bases(layer: int, device: torch.device) -> Tensor:
     if torch.compiler.is_compiling():
         return layer_bases(layer, device)
     bases = _SLOT_BASES.get((layer, device))
-    if bases is None:
+    if bases is None:  # the layer index checked once, as its bases are made
         bases = _SLOT_BASES[layer, device] = layer_bases(layer, device)
     return bases
 
@@ -70,7 +70,7 @@ def slot_offsets(offsets: Tensor) -> tuple[Tensor, ...]:
 def step_column(step: Tensor, layer: int) -> Tensor:
     """The stream offsets of all `SLOTS_PER_LAYER` slots of ``layer`` at ``step`` (a 0-d
     int64 tensor) as an int64 ``(SLOTS_PER_LAYER, 1)`` column: row ``slot`` is
-    ``stream_offset(step, layer, slot)``, made by two operations (`slot_bases` made once)
+    ``stream_offset(step, layer, slot)``, made by one operation (`slot_bases` made once)
     however many operands a step quantizes; `slot_offsets` splits it into the slots'
     one-element offsets."""
     return bases_column(step, slot_bases(layer, step.device))
@@ -78,9 +78,11 @@ def step_column(step: Tensor, layer: int) -> Tensor:
 
 def bases_column(step: Tensor, bases: Tensor) -> Tensor:
     """`step_column` from a layer's `layer_bases` tensor instead of its number (a compiled
-    layer reads its bases as a buffer: a number would be a constant of its graph, and each
-    layer a graph of its own)."""
-    return (step << STEP_SHIFT) | bases
+    layer reads its bases as a tensor: a number would be a constant of its graph, and each
+    layer a graph of its own).  One operation: ``bases + step * 2**32`` is
+    ``(step << 32) | bases``, the bases filling the low 32 bits, which the product leaves
+    zero (int64 wraps alike in both)."""
+    return torch.add(bases, step, alpha=1 << STEP_SHIFT)
 
 
 __all__ = [
