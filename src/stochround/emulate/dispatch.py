@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -39,7 +40,7 @@ from .ops import (
     scalar_dtype,
     target_formats,
 )
-from .supported import check_arguments, check_supported, raise_unsupported
+from .supported import check_arguments, check_supported, plain, raise_unsupported
 
 _Observer = Callable[[torch._ops.OpOverload, Any], None]
 
@@ -54,10 +55,6 @@ class _Handling(threading.local):
 
 
 _handling = _Handling()
-
-_STRIDED = torch.strided
-# whether a tensor is one of torch.func's wrappers (vmap, grad): those take the checked call
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
@@ -246,12 +243,12 @@ class Emulation(TorchDispatchMode):
             return out
         out = func(*args, **kwargs)
         if not isinstance(out, Tensor):
-            out = each_output(self._output_rounded, out)
+            out = each_output(partial(self._output_rounded, owned=kind.owns_outputs), out)
             check_supported((out,))
             return out
         prepared = self.roundings.get(out.dtype)
         if prepared is not None:
-            return self._fresh_rounded(out, prepared)
+            return self._fresh_rounded(out, prepared, kind.owns_outputs)
         if out.layout != torch.strided or out.is_complex():
             raise_unsupported(out)
         return out
@@ -287,16 +284,21 @@ class Emulation(TorchDispatchMode):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """The op run natively, its outputs rounded: the tensors it mutates in place, else
-        its fresh outputs (`_output_rounded`)."""
+        """The op run natively, its outputs rounded: the tensors it mutates in place (where
+        they lie, `PreparedRounding.round_in_place`, or their rounding copied in), else its
+        fresh outputs (`_output_rounded`)."""
         out = func(*args, **kwargs)
         if not self.round_outputs:
             return out
         if not kind.mutated_positions:
-            return each_output(self._output_rounded, out)
+            return each_output(partial(self._output_rounded, owned=kind.owns_outputs), out)
         for tensor in self._mutated(kind, args, kwargs):
             prepared = self.roundings.get(tensor.dtype)
-            if prepared is not None:
+            if prepared is None:
+                continue
+            if plain(tensor) and prepared.round_in_place(tensor, self.calls):
+                self.calls += 1
+            else:
                 tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
         return out
 
@@ -428,17 +430,27 @@ class Emulation(TorchDispatchMode):
         prepared = self.roundings.get(dtype)
         return self.cast_roundings.get(dtype) if prepared is None else prepared
 
-    def _output_rounded(self, out: Tensor) -> Tensor:
-        """A fresh output rounded, if its dtype has a format: the rounding's own result where
-        its strides are the output's (one pass: a dense output, the common case), else
-        copied into the output (its strides kept: a transposed ``mm`` result, ...)."""
+    def _output_rounded(self, out: Tensor, owned: bool) -> Tensor:
+        """A fresh output rounded, if its dtype has a format: in place where it is the op's
+        own (``owned``, `OpKind.owns_outputs`) and the rounding can write it
+        (`PreparedRounding.round_in_place`: a contiguous output on the kernels' route, the
+        common case on a GPU), else the rounding's own result where its strides are the
+        output's, else copied into the output (its strides kept: a transposed result)."""
         prepared = self.roundings.get(out.dtype)
         if prepared is None:
             return out
-        return self._fresh_rounded(out, prepared)
+        return self._fresh_rounded(out, prepared, owned)
 
-    def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding) -> Tensor:
+    def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding, owned: bool) -> Tensor:
         """`_output_rounded` of an output whose dtype has a format (``prepared``)."""
+        if (
+            owned
+            and not out.requires_grad
+            and plain(out)
+            and prepared.round_in_place(out, self.calls)
+        ):
+            self.calls += 1
+            return out
         rounded = self._next_rounding(out, prepared, fresh=True)
         if rounded.stride() == out.stride():
             return rounded
@@ -574,14 +586,7 @@ class Emulation(TorchDispatchMode):
         the checks cost about what the rounding's own host side does, on every op."""
         offset = self.calls
         self.calls += 1
-        if (
-            fresh
-            and type(x) is Tensor
-            and x.layout == _STRIDED
-            and not x.requires_grad
-            and not x.is_meta
-            and not _is_wrapped(x)
-        ):
+        if fresh and not x.requires_grad and plain(x):
             return prepared.round_plain(x, offset)
         return prepared.round(x.detach(), offset)
 

@@ -166,6 +166,12 @@ LAYOUT_OPS = frozenset(
     }
 )
 
+# ops that return an input, or views of one, though their schema says their outputs are
+# their own (PyTorch's schema check exempts them): their outputs are never written in place
+_UNANNOTATED_ALIASES = frozenset(
+    {aten.lift, aten._unsafe_view, aten.unsafe_split, aten.unsafe_split_with_sizes}
+)
+
 # the layout ops that convert when their source's dtype is not their output's
 _CONVERTING = frozenset({aten._to_copy, aten.copy, aten.copy_})
 
@@ -194,15 +200,19 @@ FormatSpec = Format | str | torch.dtype
 class OpKind:
     """What an op's schema says about it, read once per op: whether it only aliases its
     inputs (views, in-place metadata ops) or holds no values, whether it only lays values
-    out (`LAYOUT_OPS`), which arguments it mutates (their positions and names), and which
+    out (`LAYOUT_OPS`), which arguments it mutates (their positions and names), which
     positional arguments may hold a list of tensors (``tensor_lists``: every other argument
-    is one tensor, a scalar or None, so a check of its tensors needs no walk)."""
+    is one tensor, a scalar or None, so a check of its tensors needs no walk), and whether
+    the new tensors it returns are its own (``owns_outputs``: no input's alias, which the
+    schema of a few ops does not declare, `_UNANNOTATED_ALIASES`; an emulation may round
+    them in place)."""
 
     __slots__ = (
         "aliases_only",
         "lays_out",
         "mutated_names",
         "mutated_positions",
+        "owns_outputs",
         "seeded",
         "tensor_lists",
     )
@@ -218,6 +228,7 @@ class OpKind:
             or func.overloadpacket in _NO_VALUES
         )
         self.lays_out = func.overloadpacket in LAYOUT_OPS
+        self.owns_outputs = func.overloadpacket not in _UNANNOTATED_ALIASES
         mutated = [
             (index, argument.name)
             for index, argument in enumerate(schema.arguments)

@@ -1,5 +1,6 @@
 """The check every op an emulation sees passes: no complex or sparse tensor among its
-arguments or outputs (`raise_unsupported` says why and what to do instead)."""
+arguments or outputs (`raise_unsupported` says why and what to do instead); which tensors
+a prepared rounding takes unchecked (`plain`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import torch
 from torch import Tensor
 
 _STRIDED = torch.strided
+# whether a tensor is one of torch.func's wrappers (vmap, grad)
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
 def check_supported(values: Iterable[object]) -> None:
@@ -37,6 +41,14 @@ def check_arguments(args: tuple[Any, ...], tensor_lists: tuple[int, ...]) -> Non
             check_supported((args[position],))
 
 
+def plain(x: Tensor) -> bool:
+    """Whether x is a plain dense tensor with data, which a prepared rounding's unchecked
+    calls take (`stochround.rounding.prepared`): a tensor or a parameter (an optimizer's
+    update mutates one), not another subclass such as a DTensor, not sparse, not on the
+    meta device, not a transform's wrapper (those take the checked call)."""
+    return type(x) in _PLAIN_TYPES and x.layout == _STRIDED and not x.is_meta and not _is_wrapped(x)
+
+
 def raise_unsupported(value: object) -> None:
     """TypeError for a complex or sparse (any non-strided) tensor: SR of their values is
     not defined here (complex) or would lose their structure (sparse)."""
@@ -53,4 +65,4 @@ def raise_unsupported(value: object) -> None:
             )
 
 
-__all__ = ["check_arguments", "check_supported", "raise_unsupported"]
+__all__ = ["check_arguments", "check_supported", "plain", "raise_unsupported"]
