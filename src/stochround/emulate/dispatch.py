@@ -165,6 +165,9 @@ class Emulation(TorchDispatchMode):
         }
         # what each op overload gets, read once per op (`_op_entry`)
         self._entries: dict[torch._ops.OpOverload, _Entry] = {}
+        # the same, by the op's id (an op overload hashes in Python; ``_entries`` keeps
+        # each op alive, so that its id is not reused)
+        self._entry_ids: dict[int, _Entry] = {}
 
     def _op_entry(self, func: torch._ops.OpOverload) -> _Entry:
         """``func``'s `_Entry`, resolved at its first call (``ops`` asked once an op)."""
@@ -199,9 +202,9 @@ class Emulation(TorchDispatchMode):
     ) -> Any:
         if _handling.active:  # an inner emulation's op or rounding
             return func(*args, **kwargs) if kwargs else func(*args)
-        entry = self._entries.get(func)
+        entry = self._entry_ids.get(id(func))
         if entry is None:
-            entry = self._entries[func] = self._op_entry(func)
+            entry = self._entries[func] = self._entry_ids[id(func)] = self._op_entry(func)
         kind = entry.kind
         check_arguments(args, kind.tensor_lists)
         if kwargs:
@@ -249,7 +252,7 @@ class Emulation(TorchDispatchMode):
         prepared = self.roundings.get(out.dtype)
         if prepared is not None:
             return self._fresh_rounded(out, prepared, kind.owns_outputs)
-        if out.layout != torch.strided or out.is_complex():
+        if out.layout is not torch.strided or out.dtype.is_complex:
             raise_unsupported(out)
         return out
 

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# (each layout is one object, read by identity; ``dtype.is_complex`` is read rather than
+# ``is_complex()``, a method call: these checks run on every op's tensors)
 _STRIDED = torch.strided
 # whether a tensor is one of torch.func's wrappers (vmap, grad)
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -23,7 +25,7 @@ def check_supported(values: Iterable[object]) -> None:
     general pytree walk costs every op's dispatch more than the op itself)."""
     for value in values:
         if isinstance(value, Tensor):
-            if value.layout != torch.strided or value.is_complex():
+            if value.layout is not _STRIDED or value.dtype.is_complex:
                 raise_unsupported(value)
         elif isinstance(value, list | tuple):
             check_supported(value)
@@ -34,7 +36,7 @@ def check_arguments(args: tuple[Any, ...], tensor_lists: tuple[int, ...]) -> Non
     of them may hold a list of tensors (`OpKind.tensor_lists`): the others are checked
     without a walk (the check runs on every op, views and factories included)."""
     for value in args:
-        if isinstance(value, Tensor) and (value.layout != _STRIDED or value.is_complex()):
+        if isinstance(value, Tensor) and (value.layout is not _STRIDED or value.dtype.is_complex):
             raise_unsupported(value)
     for position in tensor_lists:
         if position < len(args):
@@ -46,7 +48,7 @@ def plain(x: Tensor) -> bool:
     calls take (`stochround.rounding.prepared`): a tensor or a parameter (an optimizer's
     update mutates one), not another subclass such as a DTensor, not sparse, not on the
     meta device, not a transform's wrapper (those take the checked call)."""
-    return type(x) in _PLAIN_TYPES and x.layout == _STRIDED and not x.is_meta and not _is_wrapped(x)
+    return type(x) in _PLAIN_TYPES and x.layout is _STRIDED and not x.is_meta and not _is_wrapped(x)
 
 
 def raise_unsupported(value: object) -> None:
