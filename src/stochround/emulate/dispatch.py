@@ -27,13 +27,13 @@ from .ops import (
     ACCUMULATES,
     COMPUTES,
     MATMUL_OPS,
-    OPS,
     PER_OP_OPS,
     FormatSpec,
     OpKind,
     aten,
     cannot_compute_per_op,
     cast_formats,
+    check_ops,
     converts,
     each_output,
     op_kind,
@@ -55,15 +55,6 @@ class _Handling(threading.local):
 
 
 _handling = _Handling()
-
-
-def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
-    """``ops``, checked: one of `OPS` or a callable (ValueError/TypeError naming it)."""
-    if callable(ops):
-        return ops
-    if not isinstance(ops, str):
-        raise TypeError(f"ops must be one of {OPS} or a callable(func) -> bool; got {ops!r}")
-    return check_choice("ops", ops, OPS)
 
 
 class _Entry:
@@ -121,7 +112,7 @@ class Emulation(TorchDispatchMode):
         self.formats = target_formats(fmt)
         self.cast_formats = cast_formats(fmt)
         self.mode = check_mode(mode)
-        self.ops = _check_ops(ops)
+        self.ops = check_ops(ops)
         self.compute = check_choice("compute", compute, COMPUTES)
         self.accumulate = check_choice("accumulate", accumulate, ACCUMULATES)
         if self.accumulate == "per_op" and hardware is not None:
@@ -239,19 +230,23 @@ class Emulation(TorchDispatchMode):
     ) -> Any:
         """An op of a plain entry (`_Entry`): what `_emulated` does for it (`_native`, its
         outputs rounded, then checked), with one fresh output tensor, the common case,
-        rounded without a walk."""
+        rounded without a walk (in place where it can: `_fresh_rounded`, inlined)."""
         if kind.mutated_positions:
             out = self._native(func, kind, args, kwargs)
             check_supported((out,))
             return out
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs) if kwargs else func(*args)
         if not isinstance(out, Tensor):
             out = each_output(partial(self._output_rounded, owned=kind.owns_outputs), out)
             check_supported((out,))
             return out
         prepared = self.roundings.get(out.dtype)
         if prepared is not None:
-            return self._fresh_rounded(out, prepared, kind.owns_outputs)
+            owned = kind.owns_outputs and not out.requires_grad and plain(out)
+            if owned and prepared.round_in_place(out, self.calls):
+                self.calls += 1
+                return out
+            return self._fresh_rounded(out, prepared, False)
         if out.layout is not torch.strided or out.dtype.is_complex:
             raise_unsupported(out)
         return out
@@ -461,6 +456,8 @@ class Emulation(TorchDispatchMode):
 
     def _mutated(self, kind: OpKind, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
         """The floating tensors an op mutates (its ``Tensor(a!)`` arguments)."""
+        if kind.mutates_self and args:  # (its first argument, a tensor: no walk)
+            return [args[0]] if args[0].dtype.is_floating_point else []
         found = []
         for position, name in zip(kind.mutated_positions, kind.mutated_names, strict=True):
             value = args[position] if position < len(args) else kwargs.get(name)
