@@ -131,3 +131,28 @@ def test_a_strided_or_empty_output_is_rounded_as_before():
     assert torch.equal(_bits(y), _bits((x.t() * 1.0001).to(torch.bfloat16).float()))
     assert empty.shape == (0, 5)
     assert emulation.calls == 2
+
+
+def test_several_outputs_take_new_tensors(monkeypatch):
+    """An op's outputs may share memory without its schema saying so: rounding one in place
+    would change another before its own rounding, so each takes a new tensor (a launch
+    into its own output), as before."""
+    from stochround.kernels.runtime import Launch
+
+    launched: list[tuple[object, ...]] = []
+    monkeypatch.setattr(Launch, "__call__", lambda self, device, programs, *a: launched.append(a))
+    x = _values(4, 8)
+    with _kernel_route(), emulate("bfloat16", "rne") as emulation:
+        torch.var_mean(x, dim=0)
+    assert emulation.calls == len(launched) == 2
+    assert all(args[0] is not args[1] for args in launched)
+
+
+def test_several_outputs_give_the_pytorch_paths_bits():
+    x = _values(4, 8)
+    with _kernel_route(), emulate("bfloat16", "sr", seed=4):
+        found = torch.var_mean(x, dim=0)
+    with emulate("bfloat16", "sr", seed=4):
+        expected = torch.var_mean(x.cpu(), dim=0)
+    for ours, theirs in zip(found, expected, strict=True):
+        assert torch.equal(_bits(ours.cpu()), _bits(theirs))

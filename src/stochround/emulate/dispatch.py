@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 import torch
@@ -230,14 +229,17 @@ class Emulation(TorchDispatchMode):
     ) -> Any:
         """An op of a plain entry (`_Entry`): what `_emulated` does for it (`_native`, its
         outputs rounded, then checked), with one fresh output tensor, the common case,
-        rounded without a walk (in place where it can: `_fresh_rounded`, inlined)."""
+        rounded without a walk, and in place where the op owns it (`OpKind.owns_outputs`)
+        and the rounding can write it (`PreparedRounding.round_in_place`: a contiguous
+        output on the kernels' route).  Several outputs take new tensors, as before: a
+        schema does not say whether they share memory, which in place would round twice."""
         if kind.mutated_positions:
             out = self._native(func, kind, args, kwargs)
             check_supported((out,))
             return out
         out = func(*args, **kwargs) if kwargs else func(*args)
         if not isinstance(out, Tensor):
-            out = each_output(partial(self._output_rounded, owned=kind.owns_outputs), out)
+            out = each_output(self._output_rounded, out)
             check_supported((out,))
             return out
         prepared = self.roundings.get(out.dtype)
@@ -246,7 +248,7 @@ class Emulation(TorchDispatchMode):
             if owned and prepared.round_in_place(out, self.calls):
                 self.calls += 1
                 return out
-            return self._fresh_rounded(out, prepared, False)
+            return self._fresh_rounded(out, prepared)
         if out.layout is not torch.strided or out.dtype.is_complex:
             raise_unsupported(out)
         return out
@@ -289,7 +291,7 @@ class Emulation(TorchDispatchMode):
         if not self.round_outputs:
             return out
         if not kind.mutated_positions:
-            return each_output(partial(self._output_rounded, owned=kind.owns_outputs), out)
+            return each_output(self._output_rounded, out)
         for tensor in self._mutated(kind, args, kwargs):
             prepared = self.roundings.get(tensor.dtype)
             if prepared is None:
@@ -428,27 +430,18 @@ class Emulation(TorchDispatchMode):
         prepared = self.roundings.get(dtype)
         return self.cast_roundings.get(dtype) if prepared is None else prepared
 
-    def _output_rounded(self, out: Tensor, owned: bool) -> Tensor:
-        """A fresh output rounded, if its dtype has a format: in place where it is the op's
-        own (``owned``, `OpKind.owns_outputs`) and the rounding can write it
-        (`PreparedRounding.round_in_place`: a contiguous output on the kernels' route, the
-        common case on a GPU), else the rounding's own result where its strides are the
-        output's, else copied into the output (its strides kept: a transposed result)."""
+    def _output_rounded(self, out: Tensor) -> Tensor:
+        """A fresh output rounded, if its dtype has a format: the rounding's own result where
+        its strides are the output's (one pass: a dense output, the common case), else
+        copied into the output (its strides kept: a transposed ``mm`` result, ...).  (A
+        plain op's single output is rounded in place where it can be: `_plain`.)"""
         prepared = self.roundings.get(out.dtype)
         if prepared is None:
             return out
-        return self._fresh_rounded(out, prepared, owned)
+        return self._fresh_rounded(out, prepared)
 
-    def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding, owned: bool) -> Tensor:
+    def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding) -> Tensor:
         """`_output_rounded` of an output whose dtype has a format (``prepared``)."""
-        if (
-            owned
-            and not out.requires_grad
-            and plain(out)
-            and prepared.round_in_place(out, self.calls)
-        ):
-            self.calls += 1
-            return out
         rounded = self._next_rounding(out, prepared, fresh=True)
         if rounded.stride() == out.stride():
             return rounded
