@@ -117,3 +117,53 @@ def test_prepare_checks_each_choice_naming_it(kwargs, error, match):
 def test_each_calls_tensor_is_checked_as_round_checks_it(x, match):
     with pytest.raises(TypeError, match=match):
         prepare("bfloat16", "rne", seed=SEED).round(x, 0)
+
+
+def _kernel_route():  # type: ignore[no-untyped-def]
+    """The kernels' route: CUDA tensors on a GPU, else `cpu_as_cuda` (the interpreter)."""
+    import contextlib
+
+    from stochround.kernels.availability import cpu_as_cuda
+
+    return contextlib.nullcontext() if torch.cuda.is_available() else cpu_as_cuda()
+
+
+_KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("mode", sr.MODES)
+@pytest.mark.parametrize(
+    ("dtype", "fmt"), [(torch.float32, "bfloat16"), (torch.bfloat16, "e4m3fn")]
+)
+def test_round_in_place_writes_round_plains_bits_into_x(mode, dtype, fmt):
+    x = _values(dtype, _KERNEL_DEVICE)
+    prepared = prepare(fmt, mode, seed=SEED)
+    with _kernel_route():
+        expected = prepared.round_plain(x, 2**40 + 3)
+        written = x.clone()
+        assert prepared.round_in_place(written, 2**40 + 3)
+    assert _same_bits(written, expected)
+    assert _same_bits(expected, sr.round(x, fmt, mode, seed=SEED, offset=2**40 + 3))
+
+
+@pytest.mark.parametrize(
+    ("x", "fmt", "mode", "seed"),
+    [
+        (_values(torch.float32).reshape(3, 13).t(), "bfloat16", "rne", SEED),  # not contiguous
+        (_values(torch.float64), "bfloat16", "sr", SEED),  # the kernels read no float64
+        (_values(torch.bfloat16), "bfloat16", "sr", SEED),  # bf16 values: the bf16 path
+        (_values(torch.float32), "bfloat16", "sr", torch.tensor(SEED - 2**63)),  # a tensor seed
+    ],
+)
+def test_round_in_place_declines_what_its_kernel_cannot_write_and_leaves_x(x, fmt, mode, seed):
+    x = x.to(_KERNEL_DEVICE)
+    before = x.clone()
+    with _kernel_route():
+        assert not prepare(fmt, mode, seed=seed).round_in_place(x, 1)
+    assert _same_bits(x, before)
+
+
+def test_round_in_place_declines_the_pytorch_paths_tensors():
+    x = _values(torch.float32)
+    assert not prepare("bfloat16", "rne", seed=SEED).round_in_place(x, 0)
+    assert _same_bits(x, _values(torch.float32))

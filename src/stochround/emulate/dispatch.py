@@ -26,20 +26,20 @@ from .ops import (
     ACCUMULATES,
     COMPUTES,
     MATMUL_OPS,
-    OPS,
     PER_OP_OPS,
     FormatSpec,
     OpKind,
     aten,
     cannot_compute_per_op,
     cast_formats,
+    check_ops,
     converts,
     each_output,
     op_kind,
     scalar_dtype,
     target_formats,
 )
-from .supported import check_arguments, check_supported, raise_unsupported
+from .supported import check_arguments, check_supported, plain, raise_unsupported
 
 _Observer = Callable[[torch._ops.OpOverload, Any], None]
 
@@ -54,19 +54,6 @@ class _Handling(threading.local):
 
 
 _handling = _Handling()
-
-_STRIDED = torch.strided
-# whether a tensor is one of torch.func's wrappers (vmap, grad): those take the checked call
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-
-
-def _check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
-    """``ops``, checked: one of `OPS` or a callable (ValueError/TypeError naming it)."""
-    if callable(ops):
-        return ops
-    if not isinstance(ops, str):
-        raise TypeError(f"ops must be one of {OPS} or a callable(func) -> bool; got {ops!r}")
-    return check_choice("ops", ops, OPS)
 
 
 class _Entry:
@@ -124,7 +111,7 @@ class Emulation(TorchDispatchMode):
         self.formats = target_formats(fmt)
         self.cast_formats = cast_formats(fmt)
         self.mode = check_mode(mode)
-        self.ops = _check_ops(ops)
+        self.ops = check_ops(ops)
         self.compute = check_choice("compute", compute, COMPUTES)
         self.accumulate = check_choice("accumulate", accumulate, ACCUMULATES)
         if self.accumulate == "per_op" and hardware is not None:
@@ -168,6 +155,9 @@ class Emulation(TorchDispatchMode):
         }
         # what each op overload gets, read once per op (`_op_entry`)
         self._entries: dict[torch._ops.OpOverload, _Entry] = {}
+        # the same, by the op's id (an op overload hashes in Python; ``_entries`` keeps
+        # each op alive, so that its id is not reused)
+        self._entry_ids: dict[int, _Entry] = {}
 
     def _op_entry(self, func: torch._ops.OpOverload) -> _Entry:
         """``func``'s `_Entry`, resolved at its first call (``ops`` asked once an op)."""
@@ -202,9 +192,9 @@ class Emulation(TorchDispatchMode):
     ) -> Any:
         if _handling.active:  # an inner emulation's op or rounding
             return func(*args, **kwargs) if kwargs else func(*args)
-        entry = self._entries.get(func)
+        entry = self._entry_ids.get(id(func))
         if entry is None:
-            entry = self._entries[func] = self._op_entry(func)
+            entry = self._entries[func] = self._entry_ids[id(func)] = self._op_entry(func)
         kind = entry.kind
         check_arguments(args, kind.tensor_lists)
         if kwargs:
@@ -239,20 +229,27 @@ class Emulation(TorchDispatchMode):
     ) -> Any:
         """An op of a plain entry (`_Entry`): what `_emulated` does for it (`_native`, its
         outputs rounded, then checked), with one fresh output tensor, the common case,
-        rounded without a walk."""
+        rounded without a walk, and in place where the op owns it (`OpKind.owns_outputs`)
+        and the rounding can write it (`PreparedRounding.round_in_place`: a contiguous
+        output on the kernels' route).  Several outputs take new tensors, as before: a
+        schema does not say whether they share memory, which in place would round twice."""
         if kind.mutated_positions:
             out = self._native(func, kind, args, kwargs)
             check_supported((out,))
             return out
-        out = func(*args, **kwargs)
+        out = func(*args, **kwargs) if kwargs else func(*args)
         if not isinstance(out, Tensor):
             out = each_output(self._output_rounded, out)
             check_supported((out,))
             return out
         prepared = self.roundings.get(out.dtype)
         if prepared is not None:
+            owned = kind.owns_outputs and not out.requires_grad and plain(out)
+            if owned and prepared.round_in_place(out, self.calls):
+                self.calls += 1
+                return out
             return self._fresh_rounded(out, prepared)
-        if out.layout != torch.strided or out.is_complex():
+        if out.layout is not torch.strided or out.dtype.is_complex:
             raise_unsupported(out)
         return out
 
@@ -287,8 +284,9 @@ class Emulation(TorchDispatchMode):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """The op run natively, its outputs rounded: the tensors it mutates in place, else
-        its fresh outputs (`_output_rounded`)."""
+        """The op run natively, its outputs rounded: the tensors it mutates in place (where
+        they lie, `PreparedRounding.round_in_place`, or their rounding copied in), else its
+        fresh outputs (`_output_rounded`)."""
         out = func(*args, **kwargs)
         if not self.round_outputs:
             return out
@@ -296,7 +294,11 @@ class Emulation(TorchDispatchMode):
             return each_output(self._output_rounded, out)
         for tensor in self._mutated(kind, args, kwargs):
             prepared = self.roundings.get(tensor.dtype)
-            if prepared is not None:
+            if prepared is None:
+                continue
+            if plain(tensor) and prepared.round_in_place(tensor, self.calls):
+                self.calls += 1
+            else:
                 tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
         return out
 
@@ -431,7 +433,8 @@ class Emulation(TorchDispatchMode):
     def _output_rounded(self, out: Tensor) -> Tensor:
         """A fresh output rounded, if its dtype has a format: the rounding's own result where
         its strides are the output's (one pass: a dense output, the common case), else
-        copied into the output (its strides kept: a transposed ``mm`` result, ...)."""
+        copied into the output (its strides kept: a transposed ``mm`` result, ...).  (A
+        plain op's single output is rounded in place where it can be: `_plain`.)"""
         prepared = self.roundings.get(out.dtype)
         if prepared is None:
             return out
@@ -446,6 +449,8 @@ class Emulation(TorchDispatchMode):
 
     def _mutated(self, kind: OpKind, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
         """The floating tensors an op mutates (its ``Tensor(a!)`` arguments)."""
+        if kind.mutates_self and args:  # (its first argument, a tensor: no walk)
+            return [args[0]] if args[0].dtype.is_floating_point else []
         found = []
         for position, name in zip(kind.mutated_positions, kind.mutated_names, strict=True):
             value = args[position] if position < len(args) else kwargs.get(name)
@@ -574,14 +579,7 @@ class Emulation(TorchDispatchMode):
         the checks cost about what the rounding's own host side does, on every op."""
         offset = self.calls
         self.calls += 1
-        if (
-            fresh
-            and type(x) is Tensor
-            and x.layout == _STRIDED
-            and not x.requires_grad
-            and not x.is_meta
-            and not _is_wrapped(x)
-        ):
+        if fresh and not x.requires_grad and plain(x):
             return prepared.round_plain(x, offset)
         return prepared.round(x.detach(), offset)
 

@@ -1,7 +1,8 @@
 """Which ATen ops and dtypes an emulation rounds, and how: the op tables (`MATMUL_OPS`,
 `PER_OP_OPS`), each op's schema read once (`OpKind`), and the format each floating dtype's
 results take (`target_formats`, `cast_formats`); an op's outputs walked (`each_output`) and
-the dtype its Python floats take (`scalar_dtype`).
+the dtype its Python floats take (`scalar_dtype`); the ``ops`` argument checked
+(`check_ops`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from ..formats import Format, format_of_dtype
 from ..formats import format as find_format
+from ..reference import check_choice
 from ..torch_path import FLOAT_DTYPES
 
 OPS = ("all", "matmul")
@@ -166,6 +168,12 @@ LAYOUT_OPS = frozenset(
     }
 )
 
+# ops that return an input, or views of one, though their schema says their outputs are
+# their own (PyTorch's schema check exempts them): their outputs are never written in place
+_UNANNOTATED_ALIASES = frozenset(
+    {aten.lift, aten._unsafe_view, aten.unsafe_split, aten.unsafe_split_with_sizes}
+)
+
 # the layout ops that convert when their source's dtype is not their output's
 _CONVERTING = frozenset({aten._to_copy, aten.copy, aten.copy_})
 
@@ -188,21 +196,36 @@ def converts(
     return isinstance(destination, torch.Tensor) and destination.dtype != source.dtype
 
 
+def check_ops(ops: object) -> str | Callable[[torch._ops.OpOverload], bool]:
+    """``ops``, checked: one of `OPS` or a callable (ValueError/TypeError naming it)."""
+    if callable(ops):
+        return ops
+    if not isinstance(ops, str):
+        raise TypeError(f"ops must be one of {OPS} or a callable(func) -> bool; got {ops!r}")
+    return check_choice("ops", ops, OPS)
+
+
 FormatSpec = Format | str | torch.dtype
 
 
 class OpKind:
     """What an op's schema says about it, read once per op: whether it only aliases its
     inputs (views, in-place metadata ops) or holds no values, whether it only lays values
-    out (`LAYOUT_OPS`), which arguments it mutates (their positions and names), and which
+    out (`LAYOUT_OPS`), which arguments it mutates (their positions and names; whether
+    that is its first argument alone, one tensor: ``mutates_self``), which
     positional arguments may hold a list of tensors (``tensor_lists``: every other argument
-    is one tensor, a scalar or None, so a check of its tensors needs no walk)."""
+    is one tensor, a scalar or None, so a check of its tensors needs no walk), and whether
+    the new tensors it returns are its own (``owns_outputs``: no input's alias, which the
+    schema of a few ops does not declare, `_UNANNOTATED_ALIASES`; an emulation may round
+    them in place)."""
 
     __slots__ = (
         "aliases_only",
         "lays_out",
         "mutated_names",
         "mutated_positions",
+        "mutates_self",
+        "owns_outputs",
         "seeded",
         "tensor_lists",
     )
@@ -218,6 +241,7 @@ class OpKind:
             or func.overloadpacket in _NO_VALUES
         )
         self.lays_out = func.overloadpacket in LAYOUT_OPS
+        self.owns_outputs = func.overloadpacket not in _UNANNOTATED_ALIASES
         mutated = [
             (index, argument.name)
             for index, argument in enumerate(schema.arguments)
@@ -225,6 +249,10 @@ class OpKind:
         ]
         self.mutated_positions = tuple(index for index, _ in mutated)
         self.mutated_names = tuple(name for _, name in mutated)
+        # the common in-place op (``x.add_(y)``): it mutates its first argument, one tensor
+        self.mutates_self = self.mutated_positions == (0,) and isinstance(
+            schema.arguments[0].type, torch.TensorType
+        )
         # random ops draw from torch's generator: computed once, natively (compute="float64")
         self.seeded = torch.Tag.nondeterministic_seeded in func.tags
         self.tensor_lists = tuple(
@@ -346,6 +374,7 @@ __all__ = [
     "aten",
     "cannot_compute_per_op",
     "cast_formats",
+    "check_ops",
     "converts",
     "each_output",
     "op_kind",

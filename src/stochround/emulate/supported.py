@@ -1,5 +1,6 @@
 """The check every op an emulation sees passes: no complex or sparse tensor among its
-arguments or outputs (`raise_unsupported` says why and what to do instead)."""
+arguments or outputs (`raise_unsupported` says why and what to do instead); which tensors
+a prepared rounding takes unchecked (`plain`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+# (each layout is one object, read by identity; ``dtype.is_complex`` is read rather than
+# ``is_complex()``, a method call: these checks run on every op's tensors)
 _STRIDED = torch.strided
+# whether a tensor is one of torch.func's wrappers (vmap, grad)
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
 
 
 def check_supported(values: Iterable[object]) -> None:
@@ -19,7 +25,7 @@ def check_supported(values: Iterable[object]) -> None:
     general pytree walk costs every op's dispatch more than the op itself)."""
     for value in values:
         if isinstance(value, Tensor):
-            if value.layout != torch.strided or value.is_complex():
+            if value.layout is not _STRIDED or value.dtype.is_complex:
                 raise_unsupported(value)
         elif isinstance(value, list | tuple):
             check_supported(value)
@@ -30,11 +36,19 @@ def check_arguments(args: tuple[Any, ...], tensor_lists: tuple[int, ...]) -> Non
     of them may hold a list of tensors (`OpKind.tensor_lists`): the others are checked
     without a walk (the check runs on every op, views and factories included)."""
     for value in args:
-        if isinstance(value, Tensor) and (value.layout != _STRIDED or value.is_complex()):
+        if isinstance(value, Tensor) and (value.layout is not _STRIDED or value.dtype.is_complex):
             raise_unsupported(value)
     for position in tensor_lists:
         if position < len(args):
             check_supported((args[position],))
+
+
+def plain(x: Tensor) -> bool:
+    """Whether x is a plain dense tensor with data, which a prepared rounding's unchecked
+    calls take (`stochround.rounding.prepared`): a tensor or a parameter (an optimizer's
+    update mutates one), not another subclass such as a DTensor, not sparse, not on the
+    meta device, not a transform's wrapper (those take the checked call)."""
+    return type(x) in _PLAIN_TYPES and x.layout is _STRIDED and not x.is_meta and not _is_wrapped(x)
 
 
 def raise_unsupported(value: object) -> None:
@@ -53,4 +67,4 @@ def raise_unsupported(value: object) -> None:
             )
 
 
-__all__ = ["check_arguments", "check_supported", "raise_unsupported"]
+__all__ = ["check_arguments", "check_supported", "plain", "raise_unsupported"]

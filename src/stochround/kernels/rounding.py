@@ -104,6 +104,10 @@ class KernelPlan:
         # the kernels write codes as bytes; `cast` views them as its dtype
         self.view_dtype = None if output == "value" or out_dtype == torch.uint8 else out_dtype
         self.launches: dict[tuple, Launch] = {}
+        # whether `round_in_place` may round x into itself: values by the general kernel,
+        # unchecked (each program loads its tile before it stores the tile's results, and
+        # no other program reads them; the codes path's exact kernel reads x again)
+        self.in_place = output == "value" and self.path == "round" and not self.check_nan
 
     def round(
         self,
@@ -193,6 +197,24 @@ class KernelPlan:
         # unchecked, the kernels clear what they wrote before the stream's next call
         SCRATCH.give_back(flag, note, note_view, key)
         return result
+
+    def round_in_place(self, x: Tensor, seed: int, offset: int) -> None:
+        """x overwritten with its rounding: the bits `round` gives x for a plain int seed
+        and offset, index_offset 0 and no explicit integers, for a plan whose ``in_place``
+        is True and a contiguous x of ``out_dtype`` that the caller owns (an op's fresh
+        output in a dispatch mode, or the tensor the op just wrote), unchecked.  The same
+        kernel as `round`'s, given x as its output: no result tensor is made and no scratch
+        taken (the unchecked kernel never writes its NaN flag, so it gets none)."""
+        device = x.get_device()  # -1 on the CPU (the interpreter)
+        if device >= 0 and device != current_device():
+            with torch.cuda.device(device):  # as `round`: x's device, in its stream order
+                self.round_in_place(x, seed, offset)
+                return
+        count = x.numel()
+        if count:
+            stream = (None, None, as_int64(seed), as_int64(offset), count, 0)
+            launch = self.launch((False, True, _wide(count, 0, self.rows)))
+            launch(device, cdiv(count, self.rows * 4), x, x, None, None, *stream)
 
     def _viewed(self, out: Tensor) -> Tensor:
         """The kernels' output as the result's dtype."""
