@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="samples a step per GPU")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--compile", action="store_true", help="torch.compile (QuantizedLinear: torch >= 2.13)"
+        "--compile", action="store_true", help="torch.compile (torchtitan compiles each block)"
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
