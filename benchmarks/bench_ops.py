@@ -27,8 +27,8 @@ defaults, on ``--tokens`` x ``--features`` x ``--features`` (fp32 input), and
 
 ``--host``: the Python host time of each case (a `QuantizedLinear` step's forward and
 backward, a `stochround.blocks.quantize` call) on the CUDA route, measured on the CPU (no
-GPU figure): inside ``cpu_as_cuda(cuda_only_ops=False)`` (no dispatch mode: a CUDA call
-has none; the CUDA-only ``torch.mm`` with an ``out_dtype`` registered as a CPU kernel)
+GPU figure): inside ``cpu_as_cuda()`` (no dispatch mode: a CUDA call has none; the
+CUDA-only ``torch.mm`` with an ``out_dtype`` supplied by a registered CPU kernel)
 with every Triton launch stubbed out (`stochround.kernels.runtime.Launch` returns at once:
 the kernels are not what is measured), the ATen operations real on the small default
 shapes (their compute is negligible); the best of ``--repeats`` runs of ``--calls`` calls
@@ -182,27 +182,6 @@ def launches_stubbed() -> Iterator[None]:
         Launch.__call__ = original  # type: ignore[method-assign]
 
 
-# the CPU kernel of ``torch.mm(a, b, out_dtype=...)`` registered for host timing (CUDA
-# alone has one; `host_route`), kept alive here once registered
-_CPU_MM_DTYPE: list[torch.library.Library] = []
-
-
-def cpu_mm_dtype() -> None:
-    """Registers a CPU kernel of ``aten::mm.dtype`` (bf16 operands, fp32 output: the
-    widened operands' fp32 product), which only CUDA has, once per process: a kernel of the
-    dispatcher's, not a dispatch mode, which would cost every operation host time that a
-    CUDA call does not pay."""
-    if _CPU_MM_DTYPE:
-        return
-    library = torch.library.Library("aten", "IMPL")
-
-    def mm_dtype(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        return torch.mm(a.to(torch.float32), b.to(torch.float32)).to(out_dtype)
-
-    library.impl("mm.dtype", mm_dtype, "CPU")
-    _CPU_MM_DTYPE.append(library)
-
-
 @contextlib.contextmanager
 def jit_runs_stubbed() -> Iterator[None]:
     """Every launch outside a `Launch` (``kernel[grid](...)``: the interpreter's
@@ -223,15 +202,14 @@ def jit_runs_stubbed() -> Iterator[None]:
 @contextlib.contextmanager
 def host_route() -> Iterator[None]:
     """The CUDA route on the CPU as a host-time measurement takes it: `cpu_as_cuda`
-    without its dispatch mode (`cpu_mm_dtype` supplies the CUDA-only mm instead), every
+    without its dispatch mode (its registered CPU kernel supplies the CUDA-only mm), every
     launch stubbed (`launches_stubbed`, `jit_runs_stubbed`: a launch outside a `Launch`
     costs a GPU step far more host time than one inside, which the ``--ops`` listing
     shows by name) and one ATen thread."""
-    cpu_mm_dtype()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with cpu_as_cuda(cuda_only_ops=False), launches_stubbed(), jit_runs_stubbed():
+        with cpu_as_cuda(), launches_stubbed(), jit_runs_stubbed():
             yield
     finally:
         torch.set_num_threads(threads)
