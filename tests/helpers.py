@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import re
+from collections import Counter
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 import stochround as sr
@@ -104,3 +106,16 @@ def cuda_route(route: bool = True) -> tuple[torch.device, contextlib.AbstractCon
         return torch.device("cuda"), contextlib.nullcontext()
     cpu = torch.device("cpu")
     return cpu, availability.cpu_as_cuda() if route else contextlib.nullcontext()
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ATen ops dispatched under it by name (a mode entered inside it, such as
+    an emulation, shows the ops its handlers run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))

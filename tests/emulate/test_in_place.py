@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import OpCounter
 
 from stochround.emulate import emulate
 
@@ -43,18 +43,6 @@ def _values(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=generator).to(DEVICE)
 
 
-class _Seen(TorchDispatchMode):
-    """Counts the ops that reach it: under an emulation, the op and the rounding's own."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("mode", sorted(BEFORE))
 def test_a_training_step_on_the_kernels_route_gives_the_bits_it_gave_before(mode):
     """Fresh outputs of every kind (products, several outputs, a softmax, a concatenation,
@@ -79,7 +67,7 @@ def test_a_rounded_op_allocates_nothing_on_the_kernels_route(mode, monkeypatch):
     )
     a, b = _values(4, 8), _values(4, 8) + 1
     parameter = torch.nn.Parameter(_values(4, 8))
-    with _kernel_route(), _Seen() as seen, emulate("bfloat16", mode, seed=2) as emulation:
+    with _kernel_route(), OpCounter() as seen, emulate("bfloat16", mode, seed=2) as emulation:
         c = a * b
         with torch.no_grad():
             parameter.add_(c, alpha=-0.5)

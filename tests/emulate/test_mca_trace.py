@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from helpers import kahan_sum, muller_values
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import OpCounter, kahan_sum, muller_values
 
 from stochround.emulate import mca_trace
 from stochround.emulate.mca import mca, significant_digits
@@ -136,22 +135,9 @@ def test_the_report_is_the_per_op_formulas(program, batched, buffer_bytes, monke
     assert theirs.sites and same_report(ours.sites, theirs.sites)
 
 
-class Counting(TorchDispatchMode):
-    """Counts the ATen ops dispatched under it (an emulation entered inside it: the ops its
-    handlers run)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def ops_of(steps: int, trace: bool) -> Counter[str]:
     x = torch.rand(8, generator=torch.Generator().manual_seed(2))
-    with Counting() as counting:
+    with OpCounter() as counting:
         mca(damped, x, steps, n=4, seed=0, trace=trace)
     return counting.ops
 
