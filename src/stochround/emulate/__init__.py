@@ -8,10 +8,11 @@
   its result, `MCAResult`; `stochround.emulate.mca_trace`: its trace (``trace=True``),
   the digits per line of the program;
 - `stochround.emulate.compiled`: `backend`, the `torch.compile` backend that emulates at
-  compiled speed (`EmulationBackend`), with `graph_rounding` (the rounding as graph ops)
-  and `opaque` (the ops Inductor may compute itself); `stochround.emulate.exact`: a
-  float64 op's exact result as hi + lo and its SR; `stochround.emulate.mca_digits`:
-  significant digits with a confidence (Sohier et al.).
+  compiled speed (`EmulationBackend`), with `graph_rounding` (the rounding as graph ops),
+  `graph_words` (SR's random words as one op Inductor lowers compactly) and `opaque`
+  (the ops Inductor may compute itself); `stochround.emulate.exact`: a float64 op's
+  exact result as hi + lo and its SR; `stochround.emulate.mca_digits`: significant digits
+  with a confidence (Sohier et al.).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from torch.fx import GraphModule, Interpreter, Node
 from ..formats import Format
 from .dispatch import Emulation
 from .graph_rounding import Rounding, rounded
+from .graph_words import register_lowering
 from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op
 from .ops import aten, converts, each_output, op_kind
 
@@ -74,6 +75,7 @@ class EmulationBackend:
         from torch._inductor.compile_fx import compile_fx_inner
 
         traced, count, inputs = self._with_roundings(gm, example_inputs)
+        register_lowering()  # SR's words: one compact elementwise node (graph_words)
         compiled = compile_fx_inner(traced, inputs)
         device = _graph_device(example_inputs)
 

@@ -1,7 +1,8 @@
 """The rounding an emulation applies to one op's output, written as tensor operations a
 graph tracer records and Inductor lowers into the producing kernel: no data-dependent
-branch, no host read, the random words computed from the element's row-major index by
-the project's Philox (`stochround.random.random_words`), the stream's offset a tensor.
+branch, no host read, the random words of the element's row-major index by the project's
+Philox (`stochround.random.random_words`) as one op that Inductor lowers compactly
+(`graph_words.stream_words`), the stream's offset a tensor.
 
 It computes the bits `stochround.rounding.round` computes for the same arguments (the
 PyTorch path, `stochround.torch_path.round_values`, with its special inputs selected
@@ -17,9 +18,9 @@ import torch
 from torch import Tensor
 
 from ..formats import Format
-from ..random import random_words
 from ..reference import WORD_BITS
 from ..torch_path import canonical_nan, round_values, saturation_bounds
+from .graph_words import stream_words
 
 
 class Rounding(NamedTuple):
@@ -32,21 +33,6 @@ class Rounding(NamedTuple):
     key: int
 
 
-def flat_index(x: Tensor) -> Tensor:
-    """The row-major flat index of each element of x (int64), as a broadcast sum of one
-    ``arange`` per dimension: ``i = sum_d i_d * prod(shape[d+1:])``.  Broadcast, it costs a
-    compiled kernel no memory read, and its result follows x's strides, whatever they are."""
-    index = torch.zeros((), dtype=torch.int64, device=x.device)
-    stride = 1
-    for dim in reversed(range(x.ndim)):
-        shape = [1] * x.ndim
-        shape[dim] = x.shape[dim]
-        steps = torch.arange(x.shape[dim], dtype=torch.int64, device=x.device)
-        index = index + steps.view(shape) * stride
-        stride = stride * x.shape[dim]
-    return index
-
-
 def rounded(x: Tensor, fmt: Format, rounding: Rounding, offset: Tensor) -> Tensor:
     """``round(x, fmt, mode, rbits, variant, seed=key, offset=offset)`` in x's dtype, for
     an int64 ``offset`` tensor: SR draws element i's word at ``(key, offset, i)``, i its
@@ -54,7 +40,7 @@ def rounded(x: Tensor, fmt: Format, rounding: Rounding, offset: Tensor) -> Tenso
     (clamped to the format's bounds where x's dtype cannot hold them, NaN canonical)."""
     r = None
     if rounding.mode == "sr":
-        words = random_words(flat_index(x), rounding.key, offset)
+        words = stream_words(x, rounding.key, offset)
         r = words >> (WORD_BITS - rounding.n)
     values = round_values(
         x, fmt, rounding.mode, "none", rounding.n, rounding.variant, r, branch_free=True
@@ -68,4 +54,4 @@ def rounded(x: Tensor, fmt: Format, rounding: Rounding, offset: Tensor) -> Tenso
     return torch.where(torch.isnan(values), canonical_nan(x.dtype, x.device), narrowed)
 
 
-__all__ = ["Rounding", "flat_index", "rounded"]
+__all__ = ["Rounding", "rounded"]
