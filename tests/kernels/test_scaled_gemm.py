@@ -269,3 +269,23 @@ def test_scaled_mm_takes_the_triton_gemm_where_its_tile_divides_the_shape() -> N
     options = {"bias": c.bias, "out_dtype": torch.bfloat16}
     got = scaled_mm(c.a, c.b, backend="triton", **options)
     assert_same_bits(got, scaled_mm(c.a, c.b, backend="torch", **options))
+
+
+@pytest.mark.parametrize("shape", [(256, 256, 128), (64, 96, 32)])
+def test_a_prepared_gemm_reads_b_given_transposed_as_it_is(shape: tuple[int, int, int]) -> None:
+    """b given as b^T (K, N) (``transposed``: dgrad's Q(W), kept from fprop, no view made)
+    gives the bits of b's transposed view, on the fused GEMM's route (its strides swapped)
+    and the epilogue pass's (cuBLAS given the (K, N) operand)."""
+    from stochround.blocks.gemm import fp32_matmul
+    from stochround.kernels.scaled_gemm import PreparedScaledGemm, gemm_kernel
+
+    m, n, k = shape
+    values_a, values_b = exact_operands(m, n, k, seed=7)
+    c = to_device(case(values_a, values_b, (True,) * 7, seed=7))
+    b_t = c.b.values.T.contiguous()  # (K, N), as fprop's Q(W) is to dgrad
+    epilogue = epilogue_of(c, torch.bfloat16)
+    prepared = PreparedScaledGemm(c.a.values, b_t.T, epilogue, fp32_matmul)
+    assert prepared.fused == (gemm_kernel(m, n, k) == "triton_gemm") == (m == 256)
+    got = prepared(c.a.values, b_t, epilogue, transposed=True)
+    assert_same_bits(got, prepared(c.a.values, b_t.T, epilogue))
+    assert_same_bits(got, torch_scaled_mm(c.a, c.b, c.bias, torch.bfloat16))

@@ -120,10 +120,18 @@ def fp32_product(a: Tensor, b: Tensor) -> Tensor:
     Traced (torch.compile), ``out_dtype`` is taken for CUDA tensors alone: inductor lowers
     it for no other device (`stochround.kernels.availability.cpu_as_cuda`'s CPU tensors
     take the widened product, the one `cpu_as_cuda` supplies for their eager call)."""
+    return fp32_matmul(a, b.T)
+
+
+def fp32_matmul(a: Tensor, b_t: Tensor) -> Tensor:
+    """``a @ b_t`` in fp32, accumulated in fp32: `fp32_product` of ``a`` (M, K) and ``b``
+    given as its transpose ``b_t`` (K, N) — a GEMM that holds b^T (dgrad's Q(W), kept from
+    fprop) makes no view of it.  ``b_t.to(fp32)`` keeps b_t's strides (a dense tensor's),
+    so the product is `fp32_product`'s bit for bit."""
     kernel_device = a.is_cuda if torch.compiler.is_compiling() else on_kernel_device(a)
-    if MM_TO_FP32 and kernel_device and a.dtype == b.dtype == torch.bfloat16:
-        return torch.mm(a, b.T, out_dtype=torch.float32)
-    return a.to(torch.float32) @ b.to(torch.float32).T
+    if MM_TO_FP32 and kernel_device and a.dtype == b_t.dtype == torch.bfloat16:
+        return torch.mm(a, b_t, out_dtype=torch.float32)
+    return a.to(torch.float32) @ b_t.to(torch.float32)
 
 
 def native_fp8_mm(
@@ -306,17 +314,26 @@ class PreparedScaledMm:
 
         epilogue = kernels.Epilogue(*epilogue_fields(a, b, bias, out_dtype))
         if kernels.scaled_gemm_refusal(a.values, b.values, epilogue) is None:
-            self.kernel = kernels.PreparedScaledGemm(a.values, b.values, epilogue, fp32_product)
+            self.kernel = kernels.PreparedScaledGemm(a.values, b.values, epilogue, fp32_matmul)
             self.epilogue = kernels.Epilogue
 
     def __call__(
-        self, a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
+        self,
+        a: GemmOperand,
+        b: GemmOperand,
+        bias: Tensor | None,
+        out_dtype: torch.dtype,
+        transposed: bool = False,
     ) -> Tensor:
-        """``Q(a) Q(b)^T (+ bias)`` as `scaled_mm` computes it."""
+        """``Q(a) Q(b)^T (+ bias)`` as `scaled_mm` computes it.  ``transposed``: b's values
+        given as their transpose (K, N), which the kernels read as they are (no view; the
+        PyTorch path takes the transposed view)."""
         if self.kernel is None:
+            if transposed:
+                b = b._replace(values=b.values.T)
             return torch_scaled_mm(a, b, bias, out_dtype)
         epilogue = self.epilogue(*epilogue_fields(a, b, bias, out_dtype))
-        return typing.cast(Tensor, self.kernel(a.values, b.values, epilogue))
+        return typing.cast(Tensor, self.kernel(a.values, b.values, epilogue, transposed))
 
 
 def torch_scaled_mm(
@@ -365,6 +382,7 @@ __all__ = [
     "epilogue_fields",
     "exact_bf16_operand",
     "exact_bf16_rows_op",
+    "fp32_matmul",
     "fp32_product",
     "kernel_scaled_mm",
     "native_fp8_mm",

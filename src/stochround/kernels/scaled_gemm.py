@@ -462,7 +462,8 @@ class PreparedScaledGemm:
     signature: the shapes, the dtypes and which epilogue steps are present, as the example
     ``a``, ``b`` and ``epilogue`` have them, checked (`scaled_gemm_refusal`) and the choice,
     the tile and the bound launch made once, so that a call assembles the pointers alone.
-    ``product``: the fp32 product of the fused-epilogue route (the caller's cuBLAS GEMM)."""
+    ``product``: the fp32 product ``a @ b_t`` of the fused-epilogue route (the caller's
+    cuBLAS GEMM), given b transposed (K, N)."""
 
     def __init__(
         self, a: Tensor, b: Tensor, epilogue: Epilogue, product: Callable[[Tensor, Tensor], Tensor]
@@ -494,11 +495,15 @@ class PreparedScaledGemm:
             self.programs = triton.cdiv(m, EPILOGUE_BLOCK_M) * triton.cdiv(n, EPILOGUE_BLOCK_N)
             self.launch = bound_launch(_epilogue_kernel, tuple(constants.items()))
 
-    def __call__(self, a: Tensor, b: Tensor, epilogue: Epilogue) -> Tensor:
+    def __call__(
+        self, a: Tensor, b: Tensor, epilogue: Epilogue, transposed: bool = False
+    ) -> Tensor:
         """The scaled product, bit for bit `scaled_gemm`'s or `fused_epilogue`'s.
+        ``transposed``: ``b`` given as b^T (K, N), which both routes read as they are (the
+        GEMM its strides swapped, cuBLAS the (K, N) operand it takes): no view made.
         ValueError where the operands' sizes or the epilogue's steps are not the prepared
         ones (the dtypes are the caller's plan's)."""
-        (m, k), n = a.shape, b.shape[0]
+        (m, k), n = a.shape, b.shape[1 if transposed else 0]
         present = tuple(t is None for t in epilogue if not isinstance(t, (float, int)))
         if (m, n, k) != self.sizes or present != self.presence:
             raise ValueError(
@@ -509,7 +514,7 @@ class PreparedScaledGemm:
             source = a
             out = a.new_empty((m, n), dtype=self.out_dtype)
         else:
-            source = self.product(a, b).contiguous()
+            source = self.product(a, b if transposed else b.T).contiguous()
             out = torch.empty_like(source, dtype=self.out_dtype)
         if not out.numel():
             return out
@@ -518,8 +523,9 @@ class PreparedScaledGemm:
         pointers, _ = _epilogue_arguments(_contiguous(epilogue), stand_in)
         device = current_device() if a.is_cuda else 0
         if self.fused:
+            b_strides = b.stride()[::-1] if transposed else b.stride()
             self.launch(device, self.programs, a, b, out, *pointers, m, n, k, *a.stride(),
-                        *b.stride())  # fmt: skip
+                        *b_strides)  # fmt: skip
         else:
             self.launch(device, self.programs, source, out, *pointers, m, n)
         return out

@@ -224,21 +224,32 @@ class QuantizedLinear(nn.Linear):
         tokens = x if matrix else x.reshape(-1, weight.shape[1])
         # parallelize_module replicates the buffers: the counter is the local tensor
         counter = self.step.to_local() if is_dtensor(self.step) else self.step
-        # one step a training forward, which a checkpoint's recomputation reads again
-        read = read_step(counter, self.step_reads, self.training)
-        step = counter.clone() if read is None else read
+        # one step a training forward, which a checkpoint's recomputation reads again:
+        # the step's offsets column, made from the counter before it advances (one add;
+        # the column, not the step, kept for a recomputation)
+        column = read_step(counter, self.step_reads, self.training, self.offsets_column)
+        if column is None:  # no training forward: the counter read, not advanced
+            column = self.offsets_column(counter)
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
-            column = bases_column(step, self.stream_bases)
             out = quantized_linear(tokens, weight, bias, column, self.plan_index, rank)
         else:
-            column = step_column(step, plan.layer)
             out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
         out = typing.cast(Tensor, out)
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
         y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
         return y if wrap is None else wrap(y)
+
+    def offsets_column(self, step: Tensor) -> Tensor:
+        """The stream offsets of the layer's slots at ``step`` (a 0-d int64 tensor), a new
+        ``(SLOTS_PER_LAYER, 1)`` column (`streams.step_column`): by one add from the
+        layer's `stream_bases` under torch.compile (a tensor input of its graph, which
+        each layer's own number would not be), else from the bases cached per layer and
+        device (`streams.slot_bases`), the step's device's."""
+        if torch.compiler.is_compiling():
+            return bases_column(step, self.stream_bases)
+        return step_column(step, self.layer_index)
 
     def check_call(
         self, x: Tensor, weight: Tensor, plan: Plan, gemms: tuple[str, ...], sharded: bool

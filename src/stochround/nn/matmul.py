@@ -174,12 +174,17 @@ def run_gemm(
     b: GemmOperand,
     bias: Tensor | None,
     out_dtype: torch.dtype,
+    transposed: bool = False,
 ) -> Tensor:
     """The GEMM ``name`` of the plan (`gemm_of`): the emulated one by the step plan's
-    prepared GEMM where there is a step plan."""
+    prepared GEMM where there is a step plan.  ``transposed``: b's values given as their
+    transpose (K, N), which the prepared GEMM reads as they are (other routes take the
+    transposed view)."""
     if prepared is None or plan.native:
+        if transposed:
+            b = b._replace(values=b.values.T)
         return gemm_of(plan)(a, b, bias=bias, out_dtype=out_dtype)
-    return prepared.gemm(name, a, b, bias, out_dtype)
+    return prepared.gemm(name, a, b, bias, out_dtype, transposed)
 
 
 class QuantizedMatmul(torch.autograd.Function):
@@ -208,8 +213,9 @@ class QuantizedMatmul(torch.autograd.Function):
             reuse = frozenset(role for role in plan.tensor_transposes if runs.get(role))
             qx, qw, reused = gemm_operands(plan, "fprop", left, weight, offsets, reuse)
             out = run_gemm(prepared, plan, "fprop", qx, qw, bias, x.dtype)
-        # dgrad's Q(W^T) is Q(W)^T: kept for the backward (a transposed view, which the
-        # GEMM reads as it is) instead of quantizing W^T again (per-tensor: contiguous)
+        # dgrad's Q(W^T) is Q(W)^T: Q(W) kept for the backward (which dgrad's GEMM reads
+        # transposed, `run_gemm`'s ``transposed``) instead of quantizing W^T again
+        # (per-tensor: W^T's own contiguous values)
         kept = plan.weight_transposes and qw.row_scale is None
         values, scale = (qw.values, qw.tensor_scale) if kept else (None, None)
         if "dgrad_weight" in reused:
@@ -244,17 +250,18 @@ class QuantizedMatmul(torch.autograd.Function):
                 pair = pair_of(prepared, plan, grad.contiguous(), "grad_output", offsets)
             if dgrad:
                 right: Tensor | GemmOperand
+                # Q(W) kept (not per-tensor, whose kept values are W^T's own): dgrad's b
+                # given as its transpose, which the GEMM reads as it is (no view)
+                kept_w = weight_values is not None and "dgrad_weight" not in plan.tensor_transposes
                 if weight_values is not None:
                     right = GemmOperand(weight_values, weight_scale, None, ctx.factor)
-                    if "dgrad_weight" not in plan.tensor_transposes:  # per-tensor: W^T's
-                        right = right._replace(values=weight_values.T)
                 else:
                     right = transposed(weight)
                 left = grad if pair is None else pair[0]
                 # Q(dy^T) is Q(dy)^T (per-tensor), written with Q(dy)
                 reuse = plan.tensor_transposes & {"wgrad_grad_output"} if wgrad else frozenset()
                 qdy, qw, reused = gemm_operands(plan, "dgrad", left, right, offsets, reuse)
-                grad_x = run_gemm(prepared, plan, "dgrad", qdy, qw, None, x.dtype)
+                grad_x = run_gemm(prepared, plan, "dgrad", qdy, qw, None, x.dtype, kept_w)
                 if "wgrad_grad_output" in reused:
                     pair = (qdy, reused["wgrad_grad_output"])
             if wgrad:

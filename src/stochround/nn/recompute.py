@@ -36,6 +36,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections import deque
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Literal
 
@@ -75,20 +76,31 @@ def checkpoint_region() -> Region:
     return "none"
 
 
-def read_step(counter: Tensor, reads: deque[Tensor], training: bool = True) -> Tensor | None:
-    """The step a forward draws at from the 0-d int64 ``counter``, or None where the
-    forward is no training forward (grad mode off, outside a reentrant checkpoint's
-    training forward): the caller reads the counter without advancing it.
+def read_step(
+    counter: Tensor,
+    reads: deque[Tensor],
+    training: bool = True,
+    derive: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor | None:
+    """The step a forward draws at from the 0-d int64 ``counter`` (or ``derive`` of it),
+    or None where the forward is no training forward (grad mode off, outside a reentrant
+    checkpoint's training forward): the caller reads the counter without advancing it.
 
     A training forward reads the counter's value and advances it by one, and inside a
     checkpointed region appends the value to ``reads``; a recomputation takes the oldest
     value of ``reads`` and leaves the counter (module docstring).  ``training``: whether
     the module can be in a reentrant checkpoint's training forward, which runs under
-    ``no_grad`` (False spares a no-grad call the search of the stack).  RuntimeError where
-    a recomputation finds no step: a forward recomputed by another checkpoint than
-    torch's."""
+    ``no_grad`` (False spares a no-grad call the search of the stack).  ``derive``: what
+    the forward reads of the step, a new tensor made from the counter's value (a layer's
+    stream offsets: `streams.bases_column`), which is then returned and kept instead of
+    the step; made eagerly from the counter before it advances, it spares the copy of the
+    step.  RuntimeError where a recomputation finds no step: a forward recomputed by
+    another checkpoint than torch's."""
     if torch.compiler.is_compiling():
-        return advance_step_traced(counter) if torch.is_grad_enabled() else None
+        if not torch.is_grad_enabled():
+            return None
+        step = advance_step_traced(counter)
+        return step if derive is None else derive(step)
     if recomputing():
         if not reads:
             raise RuntimeError(
@@ -107,7 +119,11 @@ def read_step(counter: Tensor, reads: deque[Tensor], training: bool = True) -> T
     region = checkpoint_region() if grad or training else "none"
     if not grad and region != "reentrant":  # under no_grad only a reentrant region trains
         return None
-    value = advance_step_eagerly(counter)
+    if derive is None:
+        value = advance_step_eagerly(counter)
+    else:  # a new tensor read from the counter before it advances: no copy of the step
+        value = derive(counter)
+        counter.add_(1)
     if region != "none":
         reads.append(value)
     return value

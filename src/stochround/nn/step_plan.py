@@ -95,13 +95,16 @@ class StepPlan:
         b: GemmOperand,
         bias: Tensor | None,
         out_dtype: torch.dtype,
+        transposed: bool = False,
     ) -> Tensor:
         """``gemm``'s scaled product (`stochround.blocks.scaled_mm`'s bits) by its prepared
-        GEMM, made at the first call."""
+        GEMM, made at the first call.  ``transposed``: b's values given as their transpose
+        (`PreparedScaledMm`)."""
         prepared = self.gemms.get(name)
         if prepared is None:
-            prepared = self.gemms[name] = PreparedScaledMm(a, b, bias, out_dtype)
-        return prepared(a, b, bias, out_dtype)
+            example = b._replace(values=b.values.T) if transposed else b
+            prepared = self.gemms[name] = PreparedScaledMm(a, example, bias, out_dtype)
+        return prepared(a, b, bias, out_dtype, transposed)
 
 
 class StepPlans(dict[StepSignature, StepPlan]):
