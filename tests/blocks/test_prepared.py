@@ -95,6 +95,9 @@ def test_a_prepared_operand_takes_only_its_shape_and_refuses_what_it_cannot_serv
 
 
 def test_the_layers_cache_prepares_each_shape_once() -> None:
+    # the cache is keyed without the route: a CPU entry made under `cpu_as_cuda` by an
+    # earlier test (its caller asks only on the kernels' route) would be found here
+    operands.prepared_operand.cache_clear()
     entry = linear.make_plan(srnn.nvfp4(), 0).operands["fprop_input"]
     shape = torch.Size((32, 64))
     first = operands.prepared_operand(
