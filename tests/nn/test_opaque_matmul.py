@@ -128,3 +128,15 @@ def test_a_layer_built_on_meta_has_its_stream_bases_after_to_empty() -> None:
     layer.to_empty(device="cpu")
     assert torch.equal(layer.stream_bases, streams.layer_bases(5))
     assert "stream_bases" not in layer.state_dict() and layer.stream_bases.device.type == "cpu"
+
+
+def test_moving_a_gaussws_layer_draws_no_sample() -> None:
+    """`stream_bases` follows the stored weight when the layer moves: a parametrized weight
+    (GaussWS) is not computed for its device, which would draw a sample and advance the
+    sampler's step."""
+    layer = srnn.QuantizedLinear(64, 64, recipe=srnn.nvfp4(), layer_index=2)
+    srnn.gaussws_(layer, "e2m1", block=16, seed=5)
+    steps = [buffer.clone() for buffer in layer.buffers()]
+    layer.to(torch.float64).to(torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(steps, layer.buffers(), strict=True))
+    assert torch.equal(layer.stream_bases, streams.layer_bases(2))

@@ -153,7 +153,7 @@ class QuantizedLinear(nn.Linear):
         # tensor, which a compiled graph takes as an input, where an int attribute would be
         # a constant of the graph and each layer a graph of its own; a plain attribute, not
         # a buffer (derived: nothing to save, shard or distribute), moved by `_apply`
-        self.stream_bases = layer_bases(layer, self.weight.device)
+        self.stream_bases = layer_bases(layer, self.weight_device())
         # 2-D weight tiles and the weight's blocks are known now; the tokens at each call
         check_operand_shapes(self.plan, 0, self.in_features, self.out_features)
 
@@ -309,9 +309,18 @@ class QuantizedLinear(nn.Linear):
         # `stream_bases` follows the weight wherever the layer moves (``to``, ``to_empty``
         # after a model built on ``meta``)
         super()._apply(fn, recurse)
-        if self.stream_bases.device != self.weight.device:
-            self.stream_bases = layer_bases(self.layer_index, self.weight.device)
+        device = self.weight_device()
+        if self.stream_bases.device != device:
+            self.stream_bases = layer_bases(self.layer_index, device)
         return self
+
+    def weight_device(self) -> torch.device:
+        """The weight's device, read from the stored parameter (a parametrized weight, such
+        as GaussWS's, is not computed for it: that would draw a sample)."""
+        if parametrize.is_parametrized(self, "weight"):
+            parametrizations = typing.cast(nn.ModuleDict, self.parametrizations)
+            return typing.cast(Tensor, parametrizations["weight"].original).device
+        return typing.cast(Tensor, self.weight).device
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}, layer_index={self.layer_index}"
