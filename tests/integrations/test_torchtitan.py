@@ -39,6 +39,7 @@ from stochround.integrations.torchtitan.config_registry import (
     adamw,
     stochround_debugmodel_nvfp4,
 )
+from stochround.nn.opaque_matmul import registered_plan
 from stochround.nn.tensor_parallel import rank_key
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -291,6 +292,8 @@ def tp_body(rank: int, world_size: int, device: str, recipe: str) -> dict[str, o
     plain = [m for m in whole.modules() if isinstance(m, StochroundLinear)]
     out["tp_ranks"] = {m.tp_rank for m in layers}
     out["keys"] = [(p.plan.seed, m.plan.seed) for p, m in zip(plain, layers, strict=True)]
+    # the compiled layer's ops take the registered plan: the rank's key too
+    out["registered"] = [registered_plan(m.plan_index, -1).seed == m.plan.seed for m in layers]
     out["step"] = int(sharded.layers["1"].feed_forward.w2.step)
     return out
 
@@ -313,6 +316,7 @@ def test_tensor_parallelism_with_torchtitans_llama3_sharding_on_two_gloo_ranks()
         assert result["step"] == 1
         assert result["tp_ranks"] == {rank}
         assert all(key == rank_key(whole, rank) for whole, key in result["keys"])
+        assert all(result["registered"])
         names = [k[6:] for k in result if k.startswith("whole.")]
         linears = [n for n in names if "norm" not in n]  # the norms' gradients: partial sums
         assert len(linears) == 1 + 1 + 2 * 5 + 1  # logits, embeddings, 10 linears, head
