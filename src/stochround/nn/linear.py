@@ -144,7 +144,7 @@ class QuantizedLinear(nn.Linear):
             raise ValueError(f"layer_index must be in [0, 2**28), got {layer}")
         self.recipe = recipe
         self.layer_index = layer
-        self.plan = make_plan(recipe, layer)
+        self.plan = self.layer_plan(recipe, layer)
         # each eager call signature's resolved choices (`prepare_step`), made again for
         # the new plan
         self.step_plans = StepPlans()
@@ -156,6 +156,12 @@ class QuantizedLinear(nn.Linear):
         self.stream_bases = layer_bases(layer, self.weight_device())
         # 2-D weight tiles and the weight's blocks are known now; the tokens at each call
         check_operand_shapes(self.plan, 0, self.in_features, self.out_features)
+
+    def layer_plan(self, recipe: Recipe, layer: int) -> Plan:
+        """The layer's `Plan` of ``recipe`` as layer number ``layer`` (`make_plan`; a
+        subclass that keys its streams otherwise does it here, before the plan is
+        registered for the compiled step's ops)."""
+        return make_plan(recipe, layer)
 
     @classmethod
     def from_linear(
@@ -185,7 +191,7 @@ class QuantizedLinear(nn.Linear):
         layer.weight = linear.weight
         layer.bias = linear.bias
         layer.step = torch.zeros((), dtype=torch.int64, device=linear.weight.device)
-        layer.stream_bases = layer_bases(layer_index, linear.weight.device)
+        layer.place_stream_bases(linear.weight.device)
         layer.train(linear.training)
         return layer
 
@@ -309,10 +315,13 @@ class QuantizedLinear(nn.Linear):
         # `stream_bases` follows the weight wherever the layer moves (``to``, ``to_empty``
         # after a model built on ``meta``)
         super()._apply(fn, recurse)
-        device = self.weight_device()
+        self.place_stream_bases(self.weight_device())
+        return self
+
+    def place_stream_bases(self, device: torch.device) -> None:
+        """`stream_bases` on ``device`` (made again only where it lies elsewhere)."""
         if self.stream_bases.device != device:
             self.stream_bases = layer_bases(self.layer_index, device)
-        return self
 
     def weight_device(self) -> torch.device:
         """The weight's device, read from the stored parameter (a parametrized weight, such

@@ -42,10 +42,8 @@ from torchtitan.protocols.module import Module
 from torchtitan.protocols.sharding import ShardingConfig
 from torchtitan.tools.logging import logger
 
-from ...nn.linear import QuantizedLinear
-from ...nn.opaque_matmul import register_plan
+from ...nn.linear import Plan, QuantizedLinear
 from ...nn.recipes import Recipe
-from ...nn.streams import layer_bases
 from ...nn.tensor_parallel import rank_key
 from .recipe_rules import RecipeChoice, check_fits, make_recipe
 
@@ -93,17 +91,16 @@ class StochroundLinear(QuantizedLinear, Module):
         # stays a plain tensor, the same on every rank
         self.register_buffer("step", None, persistent=True)
 
-    def set_recipe(self, recipe: Recipe, layer_index: int | None = None) -> None:
-        """`QuantizedLinear.set_recipe`, the plan's Philox key then keyed by ``tp_rank``
+    def layer_plan(self, recipe: Recipe, layer: int) -> Plan:
+        """`QuantizedLinear.layer_plan` with its Philox key keyed by ``tp_rank``
         (`rank_key`: the layer's own key on rank 0)."""
-        QuantizedLinear.set_recipe(self, recipe, layer_index)
-        self.plan = self.plan._replace(seed=rank_key(self.plan.seed, self.tp_rank))
-        self.plan_index = register_plan(self.plan)  # the compiled step's ops: this key
+        plan = QuantizedLinear.layer_plan(self, recipe, layer)
+        return plan._replace(seed=rank_key(plan.seed, self.tp_rank))
 
     def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
         device = buffer_device if buffer_device is not None else self.weight.device
         self.step = torch.zeros((), dtype=torch.int64, device=device)
-        self.stream_bases = layer_bases(self.layer_index, device)  # the compiled ops' column
+        self.place_stream_bases(device)  # the compiled ops' column
 
     def check_tp_shard(self, tp: int) -> None:
         """ValueError, naming the layer, the degree and the local weight, unless ``tp``
