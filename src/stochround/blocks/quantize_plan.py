@@ -20,6 +20,11 @@ from .tensor import BlockTensor
 
 __all__ = ["PreparedQuantize", "plan_key", "prepared_quantize"]
 
+# where a call's stream lies among `BlockArguments`' fields (seed, offset, stream: one run)
+_STREAM_FIELDS = slice(
+    BlockArguments._fields.index("seed"), BlockArguments._fields.index("stream") + 1
+)
+
 
 def plan_key(x: object, args: BlockArguments, swizzle: bool) -> tuple | None:
     """What a call's checks and routing depend on beside the stream: its choices with their
@@ -33,8 +38,8 @@ def plan_key(x: object, args: BlockArguments, swizzle: bool) -> tuple | None:
     tensor_scale = args.tensor_scale
     if tensor_scale is not None and tensor_scale is not False:
         return None
-    # every field but the stream's (seed, offset, stream: BlockArguments' 12th to 14th)
-    choices = args[:12] + args[15:] + (swizzle,)
+    # every field but the stream's (seed, offset, stream: `_STREAM_FIELDS`)
+    choices = args[: _STREAM_FIELDS.start] + args[_STREAM_FIELDS.stop :] + (swizzle,)
     block = args.block
     inner = tuple(map(type, block)) if type(block) is tuple else None
     where = (x.shape, x.dtype, x.device, x.is_contiguous(), on_kernel_device(x))
