@@ -330,7 +330,7 @@ class PreparedScaledMm:
         PyTorch path takes the transposed view)."""
         if self.kernel is None:
             if transposed:
-                b = b._replace(values=b.values.T)
+                b = b.transposed_values()
             return torch_scaled_mm(a, b, bias, out_dtype)
         epilogue = self.epilogue(*epilogue_fields(a, b, bias, out_dtype))
         return typing.cast(Tensor, self.kernel(a.values, b.values, epilogue, transposed))

@@ -329,6 +329,12 @@ class GemmOperand(NamedTuple):
     row_scale: Tensor | None
     factor: float
 
+    def transposed_values(self) -> GemmOperand:
+        """The operand with its values' transposed view (an operand held as its transpose,
+        (K, N), given back as (N, K)); its scales are one per tensor, which transposing
+        leaves as they are."""
+        return self._replace(values=self.values.T)
+
 
 def gemm_factor(fmt: BlockFormat) -> float:
     """The factor a GEMM's result takes for ``fmt``'s operand: floor-3/4's fp32 4/3, else

@@ -182,7 +182,7 @@ def run_gemm(
     transposed view)."""
     if prepared is None or plan.native:
         if transposed:
-            b = b._replace(values=b.values.T)
+            b = b.transposed_values()
         return gemm_of(plan)(a, b, bias=bias, out_dtype=out_dtype)
     return prepared.gemm(name, a, b, bias, out_dtype, transposed)
 

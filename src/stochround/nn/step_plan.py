@@ -102,7 +102,7 @@ class StepPlan:
         (`PreparedScaledMm`)."""
         prepared = self.gemms.get(name)
         if prepared is None:
-            example = b._replace(values=b.values.T) if transposed else b
+            example = b.transposed_values() if transposed else b
             prepared = self.gemms[name] = PreparedScaledMm(a, example, bias, out_dtype)
         return prepared(a, b, bias, out_dtype, transposed)
 
