@@ -149,10 +149,10 @@ class QuantizedLinear(nn.Linear):
         # the new plan
         self.step_plans = StepPlans()
         self.plan_index = register_plan(self.plan)  # the compiled step's ops take it
-        # the layer's number as the compiled step reads it (`streams.bases_column`): a
-        # tensor, which a compiled graph takes as an input, where an int attribute would be
-        # a constant of the graph and each layer a graph of its own; a plain attribute, not
-        # a buffer (derived: nothing to save, shard or distribute), moved by `_apply`
+        # the layer's number as its steps read it (`offsets_column`): a tensor, which a
+        # compiled graph takes as an input, where an int attribute would be a constant of
+        # the graph and each layer a graph of its own; a plain attribute, not a buffer
+        # (derived: nothing to save, shard or distribute), moved by `_apply`
         self.stream_bases = layer_bases(layer, self.weight_device())
         # 2-D weight tiles and the weight's blocks are known now; the tokens at each call
         check_operand_shapes(self.plan, 0, self.in_features, self.out_features)
@@ -249,13 +249,10 @@ class QuantizedLinear(nn.Linear):
 
     def offsets_column(self, step: Tensor) -> Tensor:
         """The stream offsets of the layer's slots at ``step`` (a 0-d int64 tensor), a new
-        ``(SLOTS_PER_LAYER, 1)`` column (`streams.step_column`): by one add from the
-        layer's `stream_bases` under torch.compile (a tensor input of its graph, which
-        each layer's own number would not be), else from the bases cached per layer and
-        device (`streams.slot_bases`), the step's device's."""
-        if torch.compiler.is_compiling():
-            return bases_column(step, self.stream_bases)
-        return step_column(step, self.layer_index)
+        ``(SLOTS_PER_LAYER, 1)`` column (`streams.step_column`'s), by one add from the
+        layer's `stream_bases` (eager and compiled alike: compiled, a tensor input of the
+        graph, which the layer's own number would not be)."""
+        return bases_column(step, self.stream_bases)
 
     def check_call(
         self, x: Tensor, weight: Tensor, plan: Plan, gemms: tuple[str, ...], sharded: bool
