@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import enum
 import numbers
-from typing import cast
+from typing import Protocol, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -69,6 +69,7 @@ __all__ = [
     "data_words",
     "default_seed",
     "default_seed_tensor",
+    "group_counters",
     "philox4x32",
     "philox_rounds",
     "random_words",
@@ -311,6 +312,25 @@ def check_index(index: Tensor) -> Tensor:
     return index if index.dtype == torch.int64 else index.to(torch.int64)
 
 
+_Bits = TypeVar("_Bits", bound="_Shiftable")
+
+
+class _Shiftable(Protocol):
+    """An int64 value with the two operators `group_counters` applies."""
+
+    def __rshift__(self: _Bits, other: int) -> _Bits: ...
+
+    def __and__(self: _Bits, other: int) -> _Bits: ...
+
+
+def group_counters(index: _Bits) -> tuple[_Bits, _Bits]:
+    """Philox's first two counter words of element ``index`` (an int64 value: a tensor, or
+    any value with ``>>`` and ``&``, such as Inductor's): its group ``g = index >> 2`` as
+    ``(g mod 2**32, g >> 32)``, the high word masked: a logical shift of the index read
+    mod 2**64."""
+    return (index >> 2) & MASK32, (index >> 34) & (MASK32 >> 2)
+
+
 def random_words(index: Tensor, seed: int | Tensor, offset: int | Tensor = 0) -> Tensor:
     """The 32-bit words of global element indices ``index`` in stream ``(seed, offset)``.
 
@@ -324,8 +344,7 @@ def random_words(index: Tensor, seed: int | Tensor, offset: int | Tensor = 0) ->
     index = check_index(index)
     key0, key1 = _split_u64(seed, "seed", index.device)
     counter2, counter3 = _split_u64(offset, "offset", index.device)
-    group_low = (index >> 2) & MASK32
-    group_high = (index >> 34) & (MASK32 >> 2)  # logical shift: index read mod 2**64
+    group_low, group_high = group_counters(index)
     outputs = philox4x32(group_low, group_high, counter2, counter3, key0, key1)
     stacked = torch.stack(outputs, dim=-1)
     lane = (index & 3).unsqueeze(-1)

@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from ..random import MASK32, philox_rounds, random_words
+from ..random import MASK32, group_counters, philox_rounds, random_words
 
 _LIBRARY_NAME = "stochround_emulate"
 _library = torch.library.Library(_LIBRARY_NAME, "FRAGMENT")
@@ -132,12 +132,7 @@ def _lowering(like: Any, key_low: int, key_high: int, offset: Any) -> Any:
             stride = stride * size
         index = _Word(ops.index_expr(flat, torch.int64))
         stream = _Word(load_offset([]))
-        counters = (
-            (index >> 2) & MASK32,
-            (index >> 34) & (MASK32 >> 2),  # logical shift: the index is below 2**63
-            stream & MASK32,
-            (stream >> 32) & MASK32,
-        )
+        counters = (*group_counters(index), stream & MASK32, (stream >> 32) & MASK32)
         # the key's schedule stays in Python ints: constants of the kernel
         rounds = cast(Callable[..., Sequence[_Word]], philox_rounds)
         words = rounds(*counters, key_low, key_high)
