@@ -308,8 +308,38 @@ def test_compiled_checkpointing_of_an_sr_recipe_changes_no_bit(
     launched in the trace) made the recomputation read another step (int8's dW differed).
     On torch 2.11 the plain region's nodes are tagged without the mode that rule hooks: the
     read's own selective checkpoint saves it there (`step_ops.advance_step_traced`; before,
-    nvfp4, int8 and mxfp4_tseng differed from the first step's x.grad on)."""
-    assert_same(compiled_run(name, mode, route), list(compiled_reference(name, route)))
+    nvfp4, int8 and mxfp4_tseng differed from the first step's x.grad on).
+
+    GaussWS on a GPU: its layers' GEMMs are inductor's fp32 ``addmm`` of the sampled weight
+    (not an exact quantized product), and the two compiled graphs may lower them differently
+    (cuBLAS's bias epilogue or a separate add; found on an H200: step 0's loss differed in
+    its last bit, in some runs only).  There the step buffers must be equal and the floats
+    within `GEMM_LOWERING_BOUND`, far below what a recomputation reading another step's
+    samples gives (a sample's noise is some 2^-3 of its block's scale)."""
+    got, expected = compiled_run(name, mode, route), list(compiled_reference(name, route))
+    if name == "gaussws" and route and torch.cuda.is_available():
+        assert_close_to_lowering(got, expected)
+    else:
+        assert_same(got, expected)
+
+
+# relative bound between two inductor lowerings of the same fp32 addmm chain (three steps of
+# two blocks): a few fp32 ulps, grown through three SGD steps
+GEMM_LOWERING_BOUND = 2.0**-16
+
+
+def assert_close_to_lowering(got: list[Tensor], expected: list[Tensor]) -> None:
+    """Integer tensors (step buffers) equal, floats within `GEMM_LOWERING_BOUND` of their
+    reference's largest magnitude."""
+    assert len(got) == len(expected)
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        assert mine.dtype == theirs.dtype, f"tensor {index}"
+        if not theirs.is_floating_point():
+            assert torch.equal(mine, theirs), f"tensor {index}"
+            continue
+        scale = float(theirs.abs().max())
+        difference = float((mine - theirs).abs().max())
+        assert difference <= GEMM_LOWERING_BOUND * scale, f"tensor {index}: {difference}"
 
 
 def traced_graphs(mode: str) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
