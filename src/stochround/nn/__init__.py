@@ -11,7 +11,8 @@ layer, `matmul` the layer's autograd function, `operands` the
 quantization of one GEMM operand, `orientations` both orientations of a tensor from one
 read, `tensor_parallel` the layer under torch's colwise and rowwise tensor parallelism,
 `recompute` the step a checkpoint's recomputation reads, `streams` the stream offsets of a
-step's draws, `step_ops` the step's opaque ops under torch.compile, `apply` the module
+step's draws, `step_ops` the step's opaque ops under torch.compile, `step_graphs` the
+CUDA graphs of a layer's step (`use_step_graphs` turns them off), `apply` the module
 swaps (both ways), `gaussws_noise` the sampling's noise (the PyTorch path the kernel
 matches) and `gaussws` the sampling applied to a model.
 """
@@ -34,6 +35,7 @@ from .recipes import (
     mxfp8,
     nvfp4,
 )
+from .step_graphs import use_step_graphs
 
 __all__ = [
     "RECIPES",
@@ -54,4 +56,5 @@ __all__ = [
     "sample_weight",
     "stream_offset",
     "unquantize_",
+    "use_step_graphs",
 ]

@@ -60,7 +60,7 @@ from .layer_plan import (
     token_multiple,
 )
 from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
-from .opaque_matmul import quantized_linear, register_plan
+from .opaque_matmul import GraphedMatmul, graphed_step, quantized_linear, register_plan
 from .recipes import Recipe
 from .recompute import read_step
 from .step_plan import StepPlan, StepPlans, StepSignature, make_step_plan, step_signature
@@ -239,6 +239,8 @@ class QuantizedLinear(nn.Linear):
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
             out = quantized_linear(tokens, weight, bias, column, self.plan_index, rank)
+        elif wrap is None and graphed_step(tokens, weight):  # the ops' steps as CUDA graphs
+            out = GraphedMatmul.apply(tokens, weight, bias, column, self.plan_index, rank)
         else:
             out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
         out = typing.cast(Tensor, out)

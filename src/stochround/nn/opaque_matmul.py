@@ -41,6 +41,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .layer_plan import Plan
 from .matmul import QuantizedMatmul
+from .step_graphs import GRAPHED_MAX_WORK, STEP_GRAPHS
 from .step_plan import StepPlan, StepSignature, make_step_plan, step_signature
 from .tensor_parallel import rank_key
 
@@ -128,7 +129,22 @@ class _Saved:
         pass
 
 
+def step_work(x: Tensor, weight: Tensor) -> int:
+    """tokens * in * out of a step (`step_graphs.GRAPHED_MAX_WORK` reads it)."""
+    return x.shape[0] * weight.shape[0] * weight.shape[1]
+
+
 def _forward(
+    x: Tensor, weight: Tensor, bias: Tensor | None, column: Tensor, plan_index: int, rank: int
+) -> Tensor:
+    """`forward_step` replayed from its CUDA graph where one is captured
+    (`stochround.nn.step_graphs`), else run."""
+    tensors = (x, weight, bias, column)
+    work = step_work(x, weight)
+    return typing.cast(Tensor, STEP_GRAPHS.run(forward_step, tensors, (plan_index, rank), work))
+
+
+def forward_step(
     x: Tensor, weight: Tensor, bias: Tensor | None, column: Tensor, plan_index: int, rank: int
 ) -> Tensor:
     """``y = Q(x) Q(W)^T + b`` by `QuantizedMatmul.forward`, without the backward's
@@ -149,11 +165,30 @@ quantized_linear = torch.library.custom_op(
 def _(
     x: Tensor, weight: Tensor, bias: Tensor | None, column: Tensor, plan_index: int, rank: int
 ) -> Tensor:
-    warm_up(_forward, (x, weight, bias, column), plan_index, rank)
+    warm_up(forward_step, (x, weight, bias, column), plan_index, rank)
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 def _backward(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    column: Tensor,
+    plan_index: int,
+    rank: int,
+    needs: list[bool],
+    bias_dtype: torch.dtype | None,
+) -> list[Tensor]:
+    """`backward_step` replayed from its CUDA graph where one is captured
+    (`stochround.nn.step_graphs`), else run."""
+    tensors = (grad, x, weight, column)
+    rest = (plan_index, rank, needs, bias_dtype)
+    return typing.cast(
+        list[Tensor], STEP_GRAPHS.run(backward_step, tensors, rest, step_work(x, weight))
+    )
+
+
+def backward_step(
     grad: Tensor,
     x: Tensor,
     weight: Tensor,
@@ -190,7 +225,7 @@ def _(
     needs: list[bool],
     bias_dtype: torch.dtype | None,
 ) -> list[Tensor]:
-    warm_up(_backward, (grad, x, weight, column), plan_index, rank, needs, bias_dtype)
+    warm_up(backward_step, (grad, x, weight, column), plan_index, rank, needs, bias_dtype)
     shapes = (x.shape, weight.shape, (weight.shape[0],))
     dtypes = (x.dtype, weight.dtype, bias_dtype or x.dtype)
     return [
@@ -206,13 +241,13 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
-def _autograd_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+def _autograd_backward(
+    ctx: Any, grad: Tensor, run: Callable[..., list[Tensor]] = quantized_linear_backward
+) -> tuple[Tensor | None, ...]:
     x, weight, column = ctx.saved_tensors
     needs = [bool(each) for each in ctx.needs_input_grad[:3]]
     needs[2] = needs[2] and ctx.bias_dtype is not None
-    grads = quantized_linear_backward(
-        grad, x, weight, column, ctx.plan_index, ctx.rank, needs, ctx.bias_dtype
-    )
+    grads = run(grad, x, weight, column, ctx.plan_index, ctx.rank, needs, ctx.bias_dtype)
     kept = [each if need else None for each, need in zip(grads, needs, strict=True)]
     return (*kept, None, None, None)
 
@@ -220,7 +255,46 @@ def _autograd_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
 quantized_linear.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+class GraphedMatmul(torch.autograd.Function):
+    """The eager step by the ops' two functions, each replayed from its CUDA graph
+    (`stochround.nn.step_graphs`), without the ops' dispatch: what `QuantizedLinear` runs
+    eagerly on CUDA where `graphed_step` says so."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        column: Tensor,
+        plan_index: int,
+        rank: int,
+    ) -> Tensor:
+        _setup_context(ctx, (x, weight, bias, column, plan_index, rank), None)  # type: ignore[arg-type]
+        return _forward(x, weight, bias, column, plan_index, rank)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        return _autograd_backward(ctx, grad.contiguous(), _backward)
+
+
+def graphed_step(x: Tensor, weight: Tensor) -> bool:
+    """Whether an eager CUDA step of ``x`` and ``weight`` runs as `GraphedMatmul`: the step
+    graphs on (`step_graphs.use_step_graphs`), the step small enough that host time bounds
+    it (`step_graphs.GRAPHED_MAX_WORK`), no capture in progress."""
+    return (
+        STEP_GRAPHS.enabled
+        and x.is_cuda
+        and step_work(x, weight) <= GRAPHED_MAX_WORK
+        and not torch.cuda.is_current_stream_capturing()
+    )
+
+
 __all__ = [
+    "GraphedMatmul",
+    "backward_step",
+    "forward_step",
+    "graphed_step",
     "op_step_plan",
     "quantized_linear",
     "quantized_linear_backward",

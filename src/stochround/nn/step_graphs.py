@@ -1,0 +1,192 @@
+"""CUDA graphs of a quantized layer's two step functions (`stochround.nn.opaque_matmul`'s
+forward and backward), captured per call's tensors and replayed: a step's dozen launches,
+and the host time around each, become one graph launch (docs/guide/recipes.md, "CUDA
+graphs of a layer's step").
+
+Both functions are pure functions of their tensors and ints: no host state changes and no
+host read of a device value.  So a graph captured for a set of input addresses, shapes,
+strides and dtypes computes, replayed, what the function computes for the tensors found
+at those addresses then.  A call's key is those with the ints; the first call of a key
+runs eagerly, the second captures (on a side stream, after one eager run there so that
+per-stream state is made outside the capture) and the later ones replay.  In a training
+loop the caching allocator hands a layer the same addresses step after step, so a layer
+replays from its third step on; a key seen once runs eagerly, with the eager bits (the
+same kernels on the same tensors: tested equal).  The outputs live in the graphs' shared
+pool, which the next replay overwrites: a call returns copies of them.
+
+Not graphed (run as they are): CPU tensors; calls made while the stream is capturing (a
+user's CUDA graph, torch.compile's ``mode="reduce-overhead"``: the launches join that
+graph); steps of more than `GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there
+and the output copies cost); keys whose capture failed; anything while `use_step_graphs`
+is off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+# tokens * in_features * out_features of a step above which its layer runs eagerly: the
+# step's device time then exceeds its host time, and a graph would only add the copies
+GRAPHED_MAX_WORK = 2**35
+# graphs kept (the least recently replayed dropped first) and keys remembered as seen once
+MAX_GRAPHS = 1024
+MAX_SEEN = 4096
+
+
+class Captured(NamedTuple):
+    """A captured call: its graph, the output tensors it writes (in the graphs' pool) and
+    whether the function returned one tensor (else a list)."""
+
+    graph: torch.cuda.CUDAGraph
+    outputs: tuple[Tensor, ...]
+    single: bool
+
+
+def call_key(tensors: Sequence[Tensor | None], rest: tuple[object, ...]) -> tuple:
+    """What a graph of the call is valid for: each tensor's address, shape, strides and
+    dtype (None where absent), and the other arguments (lists as tuples)."""
+    layouts = tuple(
+        None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors
+    )
+    return (layouts, tuple(tuple(r) if isinstance(r, list) else r for r in rest))
+
+
+def graph_outputs(result: Tensor | list[Tensor]) -> tuple[tuple[Tensor, ...], bool]:
+    """A function's result as a tuple of tensors and whether it was one tensor."""
+    if isinstance(result, Tensor):
+        return (result,), True
+    return tuple(result), False
+
+
+class StepGraphs:
+    """The captured graphs of the step functions, by call key (module docstring)."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self.graphs: OrderedDict[tuple, Captured] = OrderedDict()
+        self.seen: OrderedDict[tuple, None] = OrderedDict()
+        self.failed: set[tuple] = set()
+        self.replays = 0
+        self.lock = threading.Lock()  # forwards and the autograd engine's backward thread
+        self.pools: dict[int, Any] = {}  # each device's pool handle (torch's own type)
+        self.streams: dict[int, torch.cuda.Stream] = {}
+
+    def clear(self) -> None:
+        """Drop every graph and every key seen (their pool memory is released)."""
+        with self.lock:
+            self.graphs.clear()
+            self.seen.clear()
+            self.failed.clear()
+
+    def run(
+        self,
+        function: Callable[..., Any],
+        tensors: Sequence[Tensor | None],
+        rest: tuple[object, ...],
+        work: int,
+    ) -> Any:
+        """``function(*tensors, *rest)``, replayed from its graph where one is captured for
+        the call's key, captured at a key's second call, run eagerly otherwise."""
+        first = tensors[0]
+        if (
+            not self.enabled
+            or first is None
+            or not first.is_cuda
+            or work > GRAPHED_MAX_WORK
+            or torch.cuda.is_current_stream_capturing()
+        ):
+            return function(*tensors, *rest)
+        key = call_key(tensors, rest)
+        with self.lock:
+            captured = self.graphs.get(key)
+            if captured is None and key not in self.failed and key in self.seen:
+                captured = self.capture(function, tensors, rest, key)
+            elif captured is None:
+                self.remember(key)
+            else:
+                self.graphs.move_to_end(key)
+            if captured is None:
+                return function(*tensors, *rest)
+            captured.graph.replay()
+            self.replays += 1
+            copies = [output.clone() for output in captured.outputs]
+        return copies[0] if captured.single else copies
+
+    def remember(self, key: tuple) -> None:
+        """Note ``key`` as seen once (the oldest forgotten beyond `MAX_SEEN`)."""
+        self.seen[key] = None
+        if len(self.seen) > MAX_SEEN:
+            self.seen.popitem(last=False)
+
+    def capture(
+        self,
+        function: Callable[..., Any],
+        tensors: Sequence[Tensor | None],
+        rest: tuple[object, ...],
+        key: tuple,
+    ) -> Captured | None:
+        """The call captured as a graph on the device's capture stream into the shared
+        pool, kept under ``key``; None (and the key marked failed) where capturing fails
+        (an operation CUDA graphs do not take)."""
+        device = device_index(tensors)
+        stream = self.streams.get(device)
+        if stream is None:
+            stream = self.streams[device] = torch.cuda.Stream(device)
+            self.pools[device] = torch.cuda.graph_pool_handle()
+        current = torch.cuda.current_stream(device)
+        stream.wait_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            function(*tensors, *rest)  # per-stream state made outside the capture
+            graph.capture_begin(self.pools[device], capture_error_mode="thread_local")
+            try:
+                result = function(*tensors, *rest)
+            except Exception:  # the capture is invalid: end it, run eagerly from now on
+                result = None
+            try:
+                graph.capture_end()
+            except RuntimeError:
+                result = None
+        current.wait_stream(stream)
+        if result is None:
+            self.failed.add(key)
+            return None
+        outputs, single = graph_outputs(result)
+        captured = Captured(graph, outputs, single)
+        self.graphs[key] = captured
+        self.seen.pop(key, None)
+        if len(self.graphs) > MAX_GRAPHS:
+            self.graphs.popitem(last=False)
+        return captured
+
+
+def device_index(tensors: Sequence[Tensor | None]) -> int:
+    """The CUDA device index of the call's first tensor."""
+    first = tensors[0]
+    assert first is not None
+    return first.get_device()
+
+
+# the process's graphs: one set for every layer (keys hold the layers' tensors' addresses)
+STEP_GRAPHS = StepGraphs()
+
+
+def use_step_graphs(enabled: bool) -> bool:
+    """Turn the CUDA graphs of quantized layers' steps on or off (on by default); returns
+    the previous setting.  Turning them off drops the captured graphs."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    previous = STEP_GRAPHS.enabled
+    STEP_GRAPHS.enabled = enabled
+    if not enabled:
+        STEP_GRAPHS.clear()
+    return previous
+
+
+__all__ = ["GRAPHED_MAX_WORK", "STEP_GRAPHS", "StepGraphs", "call_key", "use_step_graphs"]

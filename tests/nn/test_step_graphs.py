@@ -1,0 +1,166 @@
+"""The CUDA graphs of quantized layers' steps (`stochround.nn.step_graphs`): a graphed step
+gives the eager step's bits, replays from a layer's third step, falls back where a graph
+does not hold (new addresses, a user's capture in progress), and leaves the CPU alone."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import Tensor
+
+import stochround.nn as srnn
+from stochround.nn.step_graphs import STEP_GRAPHS, StepGraphs, call_key, use_step_graphs
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+RECIPES = ["nvfp4", "mxfp8", "int8", "fp8", "mxfp4_tseng"]
+STEPS = 5
+
+
+@contextlib.contextmanager
+def step_graphs(enabled: bool) -> Iterator[None]:
+    """The step graphs on or off inside the block, the previous setting restored (graphs
+    dropped on either side, so that each run starts from no key seen)."""
+    previous = use_step_graphs(False)
+    use_step_graphs(enabled)
+    try:
+        yield
+    finally:
+        use_step_graphs(False)
+        use_step_graphs(previous)
+
+
+def train(
+    name: str, device: torch.device, bias: bool = True, compiled: bool = False
+) -> list[Tensor]:
+    """`STEPS` steps of one quantized layer (64 tokens, 128 -> 96, bf16; compiled by
+    inductor where ``compiled``) with SGD, fixed inputs a step; every step's output, x's
+    gradient and the parameters' gradients."""
+    torch.manual_seed(0)
+    layer = srnn.QuantizedLinear(
+        128, 96, bias=bias, device=device, dtype=torch.bfloat16, recipe=srnn.RECIPES[name](seed=7)
+    )
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    run = torch.compile(layer, backend="inductor", fullgraph=True) if compiled else layer
+    generator = torch.Generator().manual_seed(1)
+    seen: list[Tensor] = []
+    for _ in range(STEPS):
+        x = torch.randn(64, 128, generator=generator).to(device, torch.bfloat16)
+        x.requires_grad_()
+        optimizer.zero_grad()
+        y = run(x)
+        y.float().square().mean().backward()
+        seen += [y.detach().clone(), x.grad.clone()]  # type: ignore[union-attr]
+        seen += [parameter.grad.clone() for parameter in layer.parameters()]  # type: ignore[union-attr]
+        optimizer.step()
+    return seen
+
+
+def assert_same(got: list[Tensor], expected: list[Tensor]) -> None:
+    assert len(got) == len(expected)
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        assert torch.equal(mine, theirs), f"tensor {index}"
+
+
+def test_a_cpu_step_runs_as_it_is() -> None:
+    """CPU tensors never reach a graph: the function runs at every call, nothing kept."""
+    graphs = StepGraphs()
+    calls: list[int] = []
+
+    def function(x: Tensor, n: int) -> Tensor:
+        calls.append(n)
+        return x + n
+
+    x = torch.zeros(4)
+    for _ in range(3):
+        assert torch.equal(graphs.run(function, (x,), (1,), 0), torch.ones(4))
+    assert calls == [1, 1, 1] and not graphs.graphs and not graphs.seen
+
+
+def test_the_key_tells_addresses_layouts_dtypes_and_arguments_apart() -> None:
+    x = torch.zeros(4, 6)
+    key = call_key((x, None), (3, [True, False]))
+    assert key == call_key((x, None), (3, [True, False]))
+    assert key != call_key((x.clone(), None), (3, [True, False]))  # another address
+    assert key != call_key((x.T, None), (3, [True, False]))  # another layout
+    assert key != call_key((x.view(torch.int32), None), (3, [True, False]))
+    assert key != call_key((x, None), (3, [True, True]))
+    assert key != call_key((x[1:], None), (3, [True, False]))  # another offset
+
+
+def test_use_step_graphs_switches_and_checks_its_argument() -> None:
+    previous = use_step_graphs(False)
+    try:
+        assert use_step_graphs(True) is False
+        assert STEP_GRAPHS.enabled
+        with pytest.raises(TypeError, match="enabled must be a bool, got int"):
+            use_step_graphs(1)  # type: ignore[arg-type]
+    finally:
+        use_step_graphs(previous)
+
+
+@GPU
+@pytest.mark.parametrize("name", RECIPES)
+def test_a_graphed_training_run_gives_the_eager_runs_bits(name: str) -> None:
+    """Five SGD steps of a layer with the step graphs on (replayed from the third step)
+    give the steps' outputs and gradients of the run with them off, bit for bit."""
+    device = torch.device("cuda")
+    with step_graphs(False):
+        expected = train(name, device)
+    with step_graphs(True):
+        before = STEP_GRAPHS.replays
+        got = train(name, device)
+        assert STEP_GRAPHS.replays - before >= 2 * (STEPS - 2)
+    assert_same(got, expected)
+
+
+@GPU
+def test_a_compiled_layer_replays_its_ops_graphs_with_the_eager_bits() -> None:
+    """A layer compiled by inductor runs its two ops through the step graphs: the bits of
+    the uncompiled run without graphs."""
+    device = torch.device("cuda")
+    with step_graphs(False):
+        expected = train("nvfp4", device, bias=False)
+    torch._dynamo.reset()
+    with step_graphs(True):
+        before = STEP_GRAPHS.replays
+        got = train("nvfp4", device, bias=False, compiled=True)
+        assert STEP_GRAPHS.replays > before
+    torch._dynamo.reset()
+    assert_same(got, expected)
+
+
+@GPU
+def test_new_addresses_run_eagerly_and_a_users_capture_takes_the_launches() -> None:
+    """After a layer's graphs are captured, a call with x at another address runs eagerly
+    (no replay) with the bits of the graphs off; and a user's CUDA graph of the whole step
+    captures the layer's launches (no step graph replayed inside it) and replays them."""
+    device = torch.device("cuda")
+    layer = srnn.QuantizedLinear(
+        128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=2)
+    )
+    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    with step_graphs(True), torch.no_grad():
+        for _ in range(3):
+            layer(x)
+        before = STEP_GRAPHS.replays
+        y = layer(x)
+        assert STEP_GRAPHS.replays == before + 1
+        moved = x.clone()
+        before = STEP_GRAPHS.replays
+        assert torch.equal(layer(moved), y)
+        assert STEP_GRAPHS.replays == before
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(x)  # warm-up on the capture stream
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        before = STEP_GRAPHS.replays
+        graph.replay()
+        assert STEP_GRAPHS.replays == before
+        assert torch.equal(captured, y)
