@@ -36,3 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
+
+
+@pytest.fixture
+def no_step_graphs() -> object:
+    """Quantized layers' eager steps without their CUDA graphs (`stochround.nn.step_graphs`):
+    for the tests of that route's own launches, operations and operands on a GPU (on the
+    CPU no step is graphed)."""
+    from stochround.nn import use_step_graphs
+
+    previous = use_step_graphs(False)
+    yield
+    use_step_graphs(previous)

@@ -24,6 +24,9 @@ sys.path.insert(0, str(BENCHMARKS))
 import bench_ops  # noqa: E402
 from helpers import cuda_route  # noqa: E402
 
+# the eager route's own launches and operands: its steps without their CUDA graphs
+pytestmark = pytest.mark.usefixtures("no_step_graphs")
+
 # One nvfp4() step of a 64 x 64 layer with bias on 64 fp32 tokens, forward and backward.
 # x and dy are each quantized in both orientations at once (`stochround.nn.orientations`,
 # the row-wise operand and the wgrad one, transposed and rotated): per tensor one amax launch

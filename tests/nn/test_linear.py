@@ -564,6 +564,7 @@ def test_training_steps_leave_torchs_global_generator_alone() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.usefixtures("no_step_graphs")  # the eager route's operands, one by one
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng", "mxfp8", "fp8", "int8"])
 def test_cuda_quantizes_every_operand_as_the_cpu_does(
     name: str, monkeypatch: pytest.MonkeyPatch

@@ -35,12 +35,12 @@ def step_graphs(enabled: bool) -> Iterator[None]:
 def train(
     name: str, device: torch.device, bias: bool = True, compiled: bool = False
 ) -> list[Tensor]:
-    """`STEPS` steps of one quantized layer (64 tokens, 128 -> 96, bf16; compiled by
+    """`STEPS` steps of one quantized layer (64 tokens, 128 -> 256, bf16; compiled by
     inductor where ``compiled``) with SGD, fixed inputs a step; every step's output, x's
     gradient and the parameters' gradients."""
     torch.manual_seed(0)
     layer = srnn.QuantizedLinear(
-        128, 96, bias=bias, device=device, dtype=torch.bfloat16, recipe=srnn.RECIPES[name](seed=7)
+        128, 256, bias=bias, device=device, dtype=torch.bfloat16, recipe=srnn.RECIPES[name](seed=7)
     )
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     run = torch.compile(layer, backend="inductor", fullgraph=True) if compiled else layer
@@ -52,8 +52,10 @@ def train(
         optimizer.zero_grad()
         y = run(x)
         y.float().square().mean().backward()
-        seen += [y.detach().clone(), x.grad.clone()]  # type: ignore[union-attr]
-        seen += [parameter.grad.clone() for parameter in layer.parameters()]  # type: ignore[union-attr]
+        # kept on the CPU: the device's allocations then repeat step after step, as in a
+        # training loop, and the layer's calls find their graphs
+        seen += [y.detach().cpu(), x.grad.cpu()]  # type: ignore[union-attr]
+        seen += [parameter.grad.cpu() for parameter in layer.parameters()]  # type: ignore[union-attr]
         optimizer.step()
     return seen
 

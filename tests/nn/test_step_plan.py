@@ -16,6 +16,9 @@ import stochround.nn as srnn
 from stochround.nn import linear
 from stochround.nn.step_plan import StepPlan
 
+# the eager route's own launches and operands: its steps without their CUDA graphs
+pytestmark = pytest.mark.usefixtures("no_step_graphs")
+
 SIZE = 64
 GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if GPU else "cpu")

@@ -78,11 +78,13 @@ class StepGraphs:
         self.streams: dict[int, torch.cuda.Stream] = {}
 
     def clear(self) -> None:
-        """Drop every graph and every key seen (their pool memory is released)."""
+        """Drop every graph and every key seen.  Their pools go with them: a pool whose
+        graphs are all gone is released, and capturing into its handle again fails."""
         with self.lock:
             self.graphs.clear()
             self.seen.clear()
             self.failed.clear()
+            self.pools.clear()
 
     def run(
         self,
@@ -138,6 +140,7 @@ class StepGraphs:
         stream = self.streams.get(device)
         if stream is None:
             stream = self.streams[device] = torch.cuda.Stream(device)
+        if device not in self.pools:
             self.pools[device] = torch.cuda.graph_pool_handle()
         current = torch.cuda.current_stream(device)
         stream.wait_stream(current)
