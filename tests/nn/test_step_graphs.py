@@ -81,15 +81,15 @@ def test_a_cpu_step_runs_as_it_is() -> None:
     assert calls == [1, 1, 1] and not graphs.graphs and not graphs.seen
 
 
-def test_the_key_tells_addresses_layouts_dtypes_and_arguments_apart() -> None:
+def test_the_key_tells_layouts_dtypes_and_arguments_apart_not_addresses() -> None:
     x = torch.zeros(4, 6)
     key = call_key((x, None), (3, [True, False]))
-    assert key == call_key((x, None), (3, [True, False]))
-    assert key != call_key((x.clone(), None), (3, [True, False]))  # another address
+    assert key == call_key((x.clone(), None), (3, [True, False]))  # any address
     assert key != call_key((x.T, None), (3, [True, False]))  # another layout
     assert key != call_key((x.view(torch.int32), None), (3, [True, False]))
     assert key != call_key((x, None), (3, [True, True]))
-    assert key != call_key((x[1:], None), (3, [True, False]))  # another offset
+    assert key != call_key((x[1:], None), (3, [True, False]))
+    assert key != call_key((x, x), (3, [True, False]))
 
 
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:
@@ -135,25 +135,26 @@ def test_a_compiled_layer_replays_its_ops_graphs_with_the_eager_bits() -> None:
 
 
 @GPU
-def test_new_addresses_run_eagerly_and_a_users_capture_takes_the_launches() -> None:
-    """After a layer's graphs are captured, a call with x at another address runs eagerly
-    (no replay) with the bits of the graphs off; and a user's CUDA graph of the whole step
-    captures the layer's launches (no step graph replayed inside it) and replays them."""
+def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
+    """Once a layer's graphs are captured, a call with x at another address replays too
+    (x copied into the graph's input) with the bits of the graphs off; and a user's CUDA
+    graph of the whole step captures the layer's launches (no step graph replayed inside
+    it) and replays them."""
     device = torch.device("cuda")
     layer = srnn.QuantizedLinear(
         128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=2)
     )
     x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    with step_graphs(False), torch.no_grad():
+        expected = [layer(x), layer(moved)]
     with step_graphs(True), torch.no_grad():
-        for _ in range(3):
+        for _ in range(2):
             layer(x)
         before = STEP_GRAPHS.replays
-        y = layer(x)
-        assert STEP_GRAPHS.replays == before + 1
-        moved = x.clone()
-        before = STEP_GRAPHS.replays
-        assert torch.equal(layer(moved), y)
-        assert STEP_GRAPHS.replays == before
+        assert torch.equal(layer(x), expected[0])
+        assert torch.equal(layer(moved), expected[1])
+        assert STEP_GRAPHS.replays == before + 2
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -165,4 +166,20 @@ def test_new_addresses_run_eagerly_and_a_users_capture_takes_the_launches() -> N
         before = STEP_GRAPHS.replays
         graph.replay()
         assert STEP_GRAPHS.replays == before
-        assert torch.equal(captured, y)
+        assert torch.equal(captured, expected[0])
+
+
+@GPU
+def test_a_capture_that_fails_runs_eagerly_from_then_on() -> None:
+    """A step function that CUDA graphs do not take (here: a host read of a device value)
+    runs eagerly at every call, its key marked failed, with its own result."""
+    graphs = StepGraphs()
+
+    def function(x: Tensor, n: int) -> Tensor:
+        return x + float(x.sum()) + n  # a synchronizing read: capture fails
+
+    x = torch.ones(4, device="cuda")
+    results = [graphs.run(function, (x,), (1,), 0) for _ in range(3)]
+    assert all(torch.equal(result, torch.full((4,), 6.0, device="cuda")) for result in results)
+    assert not graphs.graphs and len(graphs.failed) == 1 and graphs.replays == 0
+    torch.randn(4, device="cuda")  # torch's generator left usable

@@ -1,24 +1,22 @@
 """CUDA graphs of a quantized layer's two step functions (`stochround.nn.opaque_matmul`'s
-forward and backward), captured per call's tensors and replayed: a step's dozen launches,
-and the host time around each, become one graph launch (docs/guide/recipes.md, "CUDA
-graphs of a layer's step").
+forward and backward), captured per call signature and replayed: a step's dozen launches,
+and the host time around each, become one graph launch and a few copies
+(docs/guide/recipes.md, "CUDA graphs of a layer's step").
 
 Both functions are pure functions of their tensors and ints: no host state changes and no
-host read of a device value.  So a graph captured for a set of input addresses, shapes,
-strides and dtypes computes, replayed, what the function computes for the tensors found
-at those addresses then.  A call's key is those with the ints; the first call of a key
-runs eagerly, the second captures (on a side stream, after one eager run there so that
-per-stream state is made outside the capture) and the later ones replay.  In a training
-loop the caching allocator hands a layer the same addresses step after step, so a layer
-replays from its third step on; a key seen once runs eagerly, with the eager bits (the
-same kernels on the same tensors: tested equal).  The outputs live in the graphs' shared
-pool, which the next replay overwrites: a call returns copies of them.
+host read of a device value.  So a graph captured on static input tensors computes,
+replayed, what the function computes for whatever those tensors hold then.  A call's key
+is its tensors' shapes, strides and dtypes and its ints; the first call of a key runs
+eagerly, the second captures (on a side stream, after one eager run there so that
+per-stream state is made outside the capture) and every later one copies its tensors into
+the graph's inputs and replays: the eager bits (the same kernels on the same values;
+tested equal).  The layers of a model that share a shape share a graph.  The outputs live
+in the graphs' shared pool, which the next replay overwrites: a call returns copies.
 
 Not graphed (run as they are): CPU tensors; calls made while the stream is capturing (a
 user's CUDA graph, torch.compile's ``mode="reduce-overhead"``: the launches join that
 graph); steps of more than `GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there
-and the output copies cost); keys whose capture failed; anything while `use_step_graphs`
-is off.
+and the copies cost); keys whose capture failed; anything while `use_step_graphs` is off.
 """
 
 from __future__ import annotations
@@ -32,27 +30,29 @@ import torch
 from torch import Tensor
 
 # tokens * in_features * out_features of a step above which its layer runs eagerly: the
-# step's device time then exceeds its host time, and a graph would only add the copies
+# step's device time then exceeds its host time, and a graph would only add its copies
 GRAPHED_MAX_WORK = 2**35
 # graphs kept (the least recently replayed dropped first) and keys remembered as seen once
-MAX_GRAPHS = 1024
-MAX_SEEN = 4096
+MAX_GRAPHS = 64
+MAX_SEEN = 256
 
 
 class Captured(NamedTuple):
-    """A captured call: its graph, the output tensors it writes (in the graphs' pool) and
-    whether the function returned one tensor (else a list)."""
+    """A captured call: its graph, the static tensors it reads (None where the call had
+    none), the output tensors it writes (in the graphs' pool) and whether the function
+    returned one tensor (else a list)."""
 
     graph: torch.cuda.CUDAGraph
+    inputs: tuple[Tensor | None, ...]
     outputs: tuple[Tensor, ...]
     single: bool
 
 
 def call_key(tensors: Sequence[Tensor | None], rest: tuple[object, ...]) -> tuple:
-    """What a graph of the call is valid for: each tensor's address, shape, strides and
-    dtype (None where absent), and the other arguments (lists as tuples)."""
+    """What a graph of the call is valid for: each tensor's shape, strides, dtype and
+    device (None where absent), and the other arguments (lists as tuples)."""
     layouts = tuple(
-        None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors
+        None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors
     )
     return (layouts, tuple(tuple(r) if isinstance(r, list) else r for r in rest))
 
@@ -113,6 +113,9 @@ class StepGraphs:
                 self.remember(key)
             else:
                 self.graphs.move_to_end(key)
+                for static, tensor in zip(captured.inputs, tensors, strict=True):
+                    if static is not None and tensor is not None:
+                        static.copy_(tensor)
             if captured is None:
                 return function(*tensors, *rest)
             captured.graph.replay()
@@ -142,26 +145,29 @@ class StepGraphs:
             stream = self.streams[device] = torch.cuda.Stream(device)
         if device not in self.pools:
             self.pools[device] = torch.cuda.graph_pool_handle()
+        # the graph's inputs: the call's tensors copied, in the regular allocator's memory
+        # (a dense tensor's strides kept, any other's made contiguous: the same values)
+        inputs = tuple(None if t is None else torch.empty_like(t).copy_(t) for t in tensors)
         current = torch.cuda.current_stream(device)
         stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
+        result = None
         with torch.cuda.stream(stream):
-            function(*tensors, *rest)  # per-stream state made outside the capture
-            graph.capture_begin(self.pools[device], capture_error_mode="thread_local")
+            function(*inputs, *rest)  # per-stream state made outside the capture
             try:
-                result = function(*tensors, *rest)
-            except Exception:  # the capture is invalid: end it, run eagerly from now on
-                result = None
-            try:
-                graph.capture_end()
-            except RuntimeError:
+                graph.capture_begin(self.pools[device], capture_error_mode="thread_local")
+                try:
+                    result = function(*inputs, *rest)
+                finally:
+                    graph.capture_end()
+            except Exception:  # an operation graphs do not take: eager from now on
                 result = None
         current.wait_stream(stream)
         if result is None:
             self.failed.add(key)
             return None
         outputs, single = graph_outputs(result)
-        captured = Captured(graph, outputs, single)
+        captured = Captured(graph, inputs, outputs, single)
         self.graphs[key] = captured
         self.seen.pop(key, None)
         if len(self.graphs) > MAX_GRAPHS:
