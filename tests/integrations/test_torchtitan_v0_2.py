@@ -283,3 +283,107 @@ def test_tensor_parallelism_with_fsdp2_on_four_gloo_ranks(tmp_path) -> None:
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert [(row["step"], row["world_size"]) for row in rows] == [(1, 4), (2, 4)]
     assert all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
+
+
+# split-batch runs: two ranks of one sample each against one process; gradient clipping
+# off (max_norm 1e30): FSDP2's norm adds its shards' squares in another order than one
+# process does, so a clipped step's factor differs in its last bits
+SPLIT_BATCH = [1, 2]
+NO_CLIPPING = "1e30"
+NEAREST_NVFP4 = {"stochastic_rounding": False, "rht": False}
+
+
+@pytest.fixture(scope="module")
+def split_batch_inputs(tmp_path_factory) -> tuple[Path, Path]:
+    """A data folder of files of 31 bytes (with BOS and EOS: one sample of 32 tokens each,
+    so one process's batch of two is rank 0's sample then rank 1's), and a seed checkpoint
+    of the tiny model (nvfp4's: a bf16 model loads its parameters from it)."""
+    root = tmp_path_factory.mktemp("split-batch")
+    data = root / "data"
+    data.mkdir()
+    for i in range(8):
+        (data / f"f{i}.py").write_bytes(bytes((i * 37 + j * 11) % 94 + 33 for j in range(31)))
+    split_batch_run(root / "seed", "nvfp4", {}, 0, 1, 1, data, root)
+    return data, root / "seed" / "checkpoint" / "step-0"
+
+
+def split_batch_run(
+    folder: Path,
+    recipe: str,
+    switches: dict[str, bool],
+    steps: int,
+    ranks: int,
+    local: int,
+    data: Path,
+    seed: Path,
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``titan_split_batch_run.py`` on ``ranks`` gloo processes with a global batch of 2,
+    ``local`` samples a micro-batch: its losses and its last model checkpoint."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    script = Path(__file__).with_name("titan_split_batch_run.py")
+    launch = [sys.executable]
+    if ranks > 1:
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
+    args = [str(script), str(folder), recipe, json.dumps(switches), str(steps), str(local)]
+    args += ["2", NO_CLIPPING, str(data), str(seed)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    done = subprocess.run(
+        [*launch, *args], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    if steps == 0:
+        return [], {}
+    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    assert [row["world_size"] for row in rows] == [ranks] * steps
+    whole = folder / "whole.pt"
+    dcp_to_torch_save(folder / "checkpoint" / f"step-{steps}", whole)
+    return [row["loss"] for row in rows], torch.load(whole, weights_only=False)
+
+
+@pytest.mark.parametrize(
+    ("recipe", "switches", "streams"),
+    [("bf16", {}, False), ("nvfp4", NEAREST_NVFP4, False), ("nvfp4", {}, True)],
+    ids=["bf16", "nvfp4-nearest", "nvfp4-sr-rht"],
+)
+def test_fsdp2_on_a_split_batch_against_one_process(
+    tmp_path, split_batch_inputs, recipe, switches, streams
+) -> None:
+    """torchtitan's trainer, a global batch of 2, two steps, clipping off.  FSDP2 on two
+    gloo ranks of one sample each gives the losses and weights of one process that
+    accumulates the gradients of the two samples, bit for bit, for the float32 model and
+    for nvfp4 rounding to nearest without the RHT: torchtitan divides each rank's loss sum
+    by the global token count and FSDP2 sums the two ranks' gradients (torchtitan turns its
+    division off), as the accumulation adds the second micro-batch's to the first's.  With
+    SR and the RHT (nvfp4's default) the first loss agrees and the weights do not: the
+    random words differ (the accumulating process draws its second micro-batch's at the
+    next step of the layers' counters; the two ranks draw theirs at one step under one
+    key, at their local tensors' element indices).
+
+    Against one process taking both samples in one micro-batch: the float32 model's first
+    loss is equal, then the runs differ by the order of the gradients' sums (a GEMM over 64
+    tokens against two over 32, added), below 1e-6 relative in the loss; nvfp4 differs
+    from the first loss on: its second-level scale comes from the amax of each rank's
+    activations, not of the whole batch's."""
+    data, seed = split_batch_inputs
+    args = (recipe, switches, 2)
+    losses, model = split_batch_run(tmp_path / "fsdp2", *args, 2, 1, data, seed)
+    one_losses, one_model = split_batch_run(tmp_path / "accumulated", *args, 1, 1, data, seed)
+    counters = [key for key in model if key.endswith(".step")]
+    assert len(counters) == (0 if recipe == "bf16" else 14)
+    assert all(int(model[k]) == 2 and int(one_model[k]) == 4 for k in counters)
+    weights = [key for key in model if key not in counters]
+    different = [key for key in weights if not torch.equal(model[key], one_model[key])]
+    assert losses[0] == one_losses[0]
+    if streams:
+        assert len(different) > len(weights) // 2
+        return
+    assert losses == one_losses
+    assert different == []
+    whole_losses, _ = split_batch_run(tmp_path / "whole", *args, 1, 2, data, seed)
+    if recipe == "bf16":
+        assert losses[0] == whole_losses[0]
+        torch.testing.assert_close(losses, whole_losses, rtol=1e-6, atol=0)
+    else:
+        assert losses[0] != whole_losses[0]
