@@ -101,5 +101,10 @@ def test_an_overload_whose_call_does_more_is_called_itself():
 def test_op_kind_says_which_ops_write_and_return_their_first_argument():
     returning = [aten.add_.Tensor, aten.mul_.Scalar, aten.addcmul_.default, aten.zero_.default]
     assert all(OpKind(op).returns_self for op in returning)
-    others = [aten.add.Tensor, aten.add.out, aten._foreach_add_.List, aten.native_batch_norm.default]
+    others = [
+        aten.add.Tensor,
+        aten.add.out,
+        aten._foreach_add_.List,
+        aten.native_batch_norm.default,
+    ]
     assert not any(OpKind(op).returns_self for op in others)
