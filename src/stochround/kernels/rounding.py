@@ -284,16 +284,19 @@ class InPlaceRounding:
     tensor the op just wrote), unchecked.  The same kernel as ``round``'s, given x as its
     output: no result tensor is made and no scratch taken (the unchecked kernel never
     writes its NaN flag, so it gets none).  What a call's host path can know before the
-    call is bound here: the seed's 64-bit word, the tile, the kernel of each WIDE."""
+    call is bound here: the seed's 64-bit word, the tile, the first count that is WIDE,
+    the kernel of each WIDE."""
 
-    __slots__ = ("draws", "launches", "plan", "seed", "tile")
+    __slots__ = ("draws", "launches", "plan", "seed", "tile", "wide_from")
 
     def __init__(self, plan: KernelPlan, seed: int, draws: bool) -> None:
         self.plan, self.draws = plan, draws
         self.seed = as_int64(seed)
         self.tile = plan.rows * 4
+        # `_wide(count, 0, rows)` is count >= wide_from
+        self.wide_from = 2**31 - self.tile
         # the kernel of each WIDE (FROM_TENSORS off, ALIGNED on), bound at its first call
-        self.launches: dict[bool, Launch] = {}
+        self.launches: list[Launch | None] = [None, None]
 
     def __call__(self, x: Tensor, offset: int) -> None:
         device = x.get_device()  # -1 on the CPU (the interpreter)
@@ -304,12 +307,16 @@ class InPlaceRounding:
         count = x.numel()
         if not count:
             return
-        wide = _wide(count, 0, self.plan.rows)
-        launch = self.launches.get(wide)
+        wide = count >= self.wide_from
+        launch = self.launches[wide]
         if launch is None:
             launch = self.launches[wide] = self.plan.launch((False, True, wide))
-        stream = (None, None, self.seed, as_int64(offset) if self.draws else 0, count, 0)
-        launch(device, -(-count // self.tile), x, x, None, None, *stream)  # (cdiv)
+        if not self.draws:
+            offset = 0
+        elif offset >= 2**63:  # (`as_int64`, called only where it changes the offset)
+            offset = as_int64(offset)
+        grid = -(-count // self.tile)  # (`cdiv`)
+        launch(device, grid, x, x, None, None, None, None, self.seed, offset, count, 0)
 
 
 # one plan per choices (`KernelPlan`'s arguments): a call looks its plan up once
