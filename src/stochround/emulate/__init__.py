@@ -4,6 +4,8 @@
   op's outputs to a format; `stochround.emulate.dispatch`: `Emulation`, its class;
   `stochround.emulate.ops`: which ops and dtypes it rounds, and how;
   `stochround.emulate.supported`: the check of every op's tensors (no complex, no sparse);
+  `stochround.emulate.torch_hooks`: its per-op path's hooks into PyTorch (Dynamo kept out
+  of the mode, each op called through its native function);
 - `stochround.emulate.mca`: Monte Carlo arithmetic on an unmodified function, `mca`, and
   its result, `MCAResult`; `stochround.emulate.mca_trace`: its trace (``trace=True``),
   the digits per line of the program;

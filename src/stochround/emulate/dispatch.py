@@ -40,6 +40,7 @@ from .ops import (
     target_formats,
 )
 from .supported import check_arguments, check_supported, plain, raise_unsupported
+from .torch_hooks import op_caller, skip_dynamo
 
 _Observer = Callable[[torch._ops.OpOverload, Any], None]
 
@@ -58,18 +59,22 @@ _handling = _Handling()
 
 class _Entry:
     """What an emulation does with one op overload, resolved at its first call: its
-    `OpKind`, whether it handles it (``handled``: it computes values and ``ops`` picks
-    it), and whether it runs it plainly (``plain``: natively, its outputs or mutated
-    arguments rounded (`Emulation._native`); no conversion, no rounded inputs, no
-    per-operation accumulation, no float64 computation, no observer), the path most ops
-    take."""
+    `OpKind`, what calls it (``call``: `op_caller`), whether it handles it (``handled``: it
+    computes values and ``ops`` picks it), and whether it runs it plainly (``plain``:
+    natively, its outputs or mutated arguments rounded (`Emulation._native`); no
+    conversion, no rounded inputs, no per-operation accumulation, no float64 computation,
+    no observer), the path most ops take; ``fresh``: a plain op that mutates nothing (its
+    outputs are new tensors, `Emulation._fresh`; else `Emulation._mutating`).  Each call
+    then reads only what depends on its tensors."""
 
-    __slots__ = ("handled", "kind", "plain")
+    __slots__ = ("call", "fresh", "handled", "kind", "plain", "tensor_lists")
 
-    def __init__(self, kind: OpKind, handled: bool, plain: bool) -> None:
-        self.kind, self.handled, self.plain = kind, handled, plain
+    def __init__(self, func: torch._ops.OpOverload, kind: OpKind, handled: bool, plain: bool):
+        self.kind, self.handled, self.plain, self.call = kind, handled, plain, op_caller(func)
+        self.fresh, self.tensor_lists = plain and not kind.mutated_positions, kind.tensor_lists
 
 
+@skip_dynamo
 class Emulation(TorchDispatchMode):
     """The dispatch mode `emulate` returns; ``with`` it, every floating ATen op's floating
     outputs are rounded (`emulate`).  Arguments as `emulate` takes them, and
@@ -172,7 +177,7 @@ class Emulation(TorchDispatchMode):
             and (self.compute == "native" or kind.seeded)
             and self.observer is None
         )
-        return _Entry(kind, handled, plain)
+        return _Entry(func, kind, handled, plain)
 
     def selected(self, func: torch._ops.OpOverload) -> bool:
         """Whether ``ops`` picks ``func`` for rounding."""
@@ -195,20 +200,21 @@ class Emulation(TorchDispatchMode):
         entry = self._entry_ids.get(id(func))
         if entry is None:
             entry = self._entries[func] = self._entry_ids[id(func)] = self._op_entry(func)
-        kind = entry.kind
-        check_arguments(args, kind.tensor_lists)
+        check_arguments(args, entry.tensor_lists)
         if kwargs:
             check_supported(kwargs.values())
         else:
             kwargs = {}
         if entry.plain:
+            run = self._fresh if entry.fresh else self._mutating
             _handling.active = True
             try:
-                return self._plain(func, kind, args, kwargs)
+                return run(entry, args, kwargs)
             finally:
                 _handling.active = False
-        if not entry.handled:
-            return func(*args, **kwargs)
+        if not entry.handled:  # (views; ops the filter leaves out)
+            return entry.call(*args, **kwargs) if kwargs else entry.call(*args)
+        kind = entry.kind
         if kind.lays_out and not converts(func, args, kwargs):
             out = func(*args, **kwargs)  # a factory makes complex tensors from nothing
             check_supported((out,))
@@ -220,37 +226,39 @@ class Emulation(TorchDispatchMode):
         finally:
             _handling.active = False
 
-    def _plain(
-        self,
-        func: torch._ops.OpOverload,
-        kind: OpKind,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        """An op of a plain entry (`_Entry`): what `_emulated` does for it (`_native`, its
-        outputs rounded, then checked), with one fresh output tensor, the common case,
-        rounded without a walk, and in place where the op owns it (`OpKind.owns_outputs`)
-        and the rounding can write it (`PreparedRounding.round_in_place`: a contiguous
-        output on the kernels' route).  Several outputs take new tensors, as before: a
-        schema does not say whether they share memory, which in place would round twice."""
-        if kind.mutated_positions:
-            out = self._native(func, kind, args, kwargs)
-            check_supported((out,))
-            return out
-        out = func(*args, **kwargs) if kwargs else func(*args)
+    def _fresh(self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An op of a fresh entry (`_Entry`): what `_emulated` does for it (`_native`, its
+        outputs rounded, then checked), with one output tensor, the common case, rounded
+        without a walk, and in place where the op owns it (`OpKind.owns_outputs`) and the
+        rounding can write it (`PreparedRounding.round_in_place`: a contiguous output on
+        the kernels' route).  Several outputs take new tensors, as before: a schema does not
+        say whether they share memory, which in place would round twice."""
+        out = entry.call(*args, **kwargs) if kwargs else entry.call(*args)
         if not isinstance(out, Tensor):
             out = each_output(self._output_rounded, out)
             check_supported((out,))
             return out
         prepared = self.roundings.get(out.dtype)
         if prepared is not None:
-            owned = kind.owns_outputs and not out.requires_grad and plain(out)
+            owned = entry.kind.owns_outputs and not out.requires_grad and plain(out)
             if owned and prepared.round_in_place(out, self.calls):
                 self.calls += 1
                 return out
             return self._fresh_rounded(out, prepared)
         if out.layout is not torch.strided or out.dtype.is_complex:
             raise_unsupported(out)
+        return out
+
+    def _mutating(self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An op of a plain entry that mutates its arguments: `_native`, its output checked;
+        an op that writes its first argument and returns it (`OpKind.returns_self`: ``x.add_
+        (y)``, an optimizer's update) without a walk, its output checked with the arguments."""
+        if entry.kind.returns_self and args:
+            out = entry.call(*args, **kwargs) if kwargs else entry.call(*args)
+            self._round_written(args[0])
+            return out
+        out = self._native(entry.call, entry.kind, args, kwargs)
+        check_supported((out,))
         return out
 
     def _emulated(
@@ -279,28 +287,33 @@ class Emulation(TorchDispatchMode):
 
     def _native(
         self,
-        func: torch._ops.OpOverload,
+        func: Callable[..., Any],
         kind: OpKind,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        """The op run natively, its outputs rounded: the tensors it mutates in place (where
-        they lie, `PreparedRounding.round_in_place`, or their rounding copied in), else its
-        fresh outputs (`_output_rounded`)."""
+        """The op (``func``, or its `op_caller`) run natively, its outputs rounded: the
+        tensors it mutates in place (`_round_written`), else its fresh outputs
+        (`_output_rounded`)."""
         out = func(*args, **kwargs)
         if not self.round_outputs:
             return out
         if not kind.mutated_positions:
             return each_output(self._output_rounded, out)
         for tensor in self._mutated(kind, args, kwargs):
-            prepared = self.roundings.get(tensor.dtype)
-            if prepared is None:
-                continue
-            if plain(tensor) and prepared.round_in_place(tensor, self.calls):
-                self.calls += 1
-            else:
-                tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
+            self._round_written(tensor)
         return out
+
+    def _round_written(self, tensor: Tensor) -> None:
+        """A tensor an op wrote rounded where it lies, if its dtype has a format
+        (`PreparedRounding.round_in_place`), else its rounding copied in."""
+        prepared = self.roundings.get(tensor.dtype)
+        if prepared is None:
+            return
+        if plain(tensor) and prepared.round_in_place(tensor, self.calls):
+            self.calls += 1
+        else:
+            tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
 
     def _cast(
         self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]

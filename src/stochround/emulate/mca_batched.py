@@ -59,6 +59,7 @@ from .mca_samples import (
     sample_words,
 )
 from .ops import OpKind
+from .torch_hooks import skip_dynamo
 
 
 class _Rounds(Exception):
@@ -106,6 +107,7 @@ def _sample_pair() -> ModuleType:
 _PAIR_DTYPES = (torch.float32, torch.float64)
 
 
+@skip_dynamo
 class BatchedEmulation(Emulation):
     """An `Emulation` (compute="float64", accumulate="once", 32-bit words, variant c)
     that runs every op on the n samples together: the op's `SampleTensor` arguments give

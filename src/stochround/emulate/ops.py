@@ -212,7 +212,8 @@ class OpKind:
     """What an op's schema says about it, read once per op: whether it only aliases its
     inputs (views, in-place metadata ops) or holds no values, whether it only lays values
     out (`LAYOUT_OPS`), which arguments it mutates (their positions and names; whether
-    that is its first argument alone, one tensor: ``mutates_self``), which
+    that is its first argument alone, one tensor: ``mutates_self``; which it also returns,
+    alone: ``returns_self``), which
     positional arguments may hold a list of tensors (``tensor_lists``: every other argument
     is one tensor, a scalar or None, so a check of its tensors needs no walk), and whether
     the new tensors it returns are its own (``owns_outputs``: no input's alias, which the
@@ -226,6 +227,7 @@ class OpKind:
         "mutated_positions",
         "mutates_self",
         "owns_outputs",
+        "returns_self",
         "seeded",
         "tensor_lists",
     )
@@ -252,6 +254,15 @@ class OpKind:
         # the common in-place op (``x.add_(y)``): it mutates its first argument, one tensor
         self.mutates_self = self.mutated_positions == (0,) and isinstance(
             schema.arguments[0].type, torch.TensorType
+        )
+        # ... and returns it, alone (``Tensor(a!)``): its output is an argument
+        returned = schema.returns[0].alias_info if len(schema.returns) == 1 else None
+        first = schema.arguments[0].alias_info if self.mutates_self else None
+        self.returns_self = (
+            returned is not None
+            and first is not None
+            and returned.is_write
+            and returned.before_set == first.before_set
         )
         # random ops draw from torch's generator: computed once, natively (compute="float64")
         self.seeded = torch.Tag.nondeterministic_seeded in func.tags

@@ -104,7 +104,7 @@ class KernelPlan:
         # the kernels write codes as bytes; `cast` views them as its dtype
         self.view_dtype = None if output == "value" or out_dtype == torch.uint8 else out_dtype
         self.launches: dict[tuple, Launch] = {}
-        # whether `round_in_place` may round x into itself: values by the general kernel,
+        # whether `in_place_rounding` may round x into itself: values by the general kernel,
         # unchecked (each program loads its tile before it stores the tile's results, and
         # no other program reads them; the codes path's exact kernel reads x again)
         self.in_place = output == "value" and self.path == "round" and not self.check_nan
@@ -198,23 +198,11 @@ class KernelPlan:
         SCRATCH.give_back(flag, note, note_view, key)
         return result
 
-    def round_in_place(self, x: Tensor, seed: int, offset: int) -> None:
-        """x overwritten with its rounding: the bits `round` gives x for a plain int seed
-        and offset, index_offset 0 and no explicit integers, for a plan whose ``in_place``
-        is True and a contiguous x of ``out_dtype`` that the caller owns (an op's fresh
-        output in a dispatch mode, or the tensor the op just wrote), unchecked.  The same
-        kernel as `round`'s, given x as its output: no result tensor is made and no scratch
-        taken (the unchecked kernel never writes its NaN flag, so it gets none)."""
-        device = x.get_device()  # -1 on the CPU (the interpreter)
-        if device >= 0 and device != current_device():
-            with torch.cuda.device(device):  # as `round`: x's device, in its stream order
-                self.round_in_place(x, seed, offset)
-                return
-        count = x.numel()
-        if count:
-            stream = (None, None, as_int64(seed), as_int64(offset), count, 0)
-            launch = self.launch((False, True, _wide(count, 0, self.rows)))
-            launch(device, cdiv(count, self.rows * 4), x, x, None, None, *stream)
+    def in_place_rounding(self, seed: int, draws: bool) -> InPlaceRounding:
+        """This plan's rounding of x into itself with ``seed`` (`InPlaceRounding`), for a
+        plan whose ``in_place`` is True; ``draws``: whether its calls read their offset
+        (SR's; the other modes draw no words, and their calls pass offset 0)."""
+        return InPlaceRounding(self, seed, draws)
 
     def _viewed(self, out: Tensor) -> Tensor:
         """The kernels' output as the result's dtype."""
@@ -287,6 +275,50 @@ class KernelPlan:
         )
 
 
+class InPlaceRounding:
+    """A `KernelPlan`'s rounding of x into itself with one int seed (made by
+    `KernelPlan.in_place_rounding`): ``rounding(x, offset)`` overwrites x with the bits
+    the plan's `KernelPlan.round` gives x for that seed and offset (an int in [0, 2**64)),
+    index_offset 0 and no explicit integers, for a contiguous x of the plan's
+    ``out_dtype`` that the caller owns (an op's fresh output in a dispatch mode, or the
+    tensor the op just wrote), unchecked.  The same kernel as ``round``'s, given x as its
+    output: no result tensor is made and no scratch taken (the unchecked kernel never
+    writes its NaN flag, so it gets none).  What a call's host path can know before the
+    call is bound here: the seed's 64-bit word, the tile, the first count that is WIDE,
+    the kernel of each WIDE."""
+
+    __slots__ = ("draws", "launches", "plan", "seed", "tile", "wide_from")
+
+    def __init__(self, plan: KernelPlan, seed: int, draws: bool) -> None:
+        self.plan, self.draws = plan, draws
+        self.seed = as_int64(seed)
+        self.tile = plan.rows * 4
+        # `_wide(count, 0, rows)` is count >= wide_from
+        self.wide_from = 2**31 - self.tile
+        # the kernel of each WIDE (FROM_TENSORS off, ALIGNED on), bound at its first call
+        self.launches: list[Launch | None] = [None, None]
+
+    def __call__(self, x: Tensor, offset: int) -> None:
+        device = x.get_device()  # -1 on the CPU (the interpreter)
+        if device >= 0 and device != current_device():
+            with torch.cuda.device(device):  # as `KernelPlan.round`: x's device, its stream
+                self(x, offset)
+                return
+        count = x.numel()
+        if not count:
+            return
+        wide = count >= self.wide_from
+        launch = self.launches[wide]
+        if launch is None:
+            launch = self.launches[wide] = self.plan.launch((False, True, wide))
+        if not self.draws:
+            offset = 0
+        elif offset >= 2**63:  # (`as_int64`, called only where it changes the offset)
+            offset = as_int64(offset)
+        grid = -(-count // self.tile)  # (`cdiv`)
+        launch(device, grid, x, x, None, None, None, None, self.seed, offset, count, 0)
+
+
 # one plan per choices (`KernelPlan`'s arguments): a call looks its plan up once
 kernel_plan = functools.cache(KernelPlan)
 
@@ -307,6 +339,7 @@ __all__ = [
     "CODES_LAYOUT",
     "LIST_START",
     "SOURCES",
+    "InPlaceRounding",
     "KernelPlan",
     "codes_supported",
     "format_refusal",

@@ -28,7 +28,7 @@ from .op import round_through_op
 from .route import Route, call_route, routed, through_op
 
 if TYPE_CHECKING:  # for annotations only: the kernels import Triton
-    from ..kernels.rounding import KernelPlan
+    from ..kernels.rounding import InPlaceRounding
 
 
 class CallTarget(NamedTuple):
@@ -97,11 +97,9 @@ class PreparedRounding:
     # them (a third of `_replace`'s host time, which maps its keywords by name)
     head: tuple = field(init=False, compare=False, repr=False)
     tail: tuple = field(init=False, compare=False, repr=False)
-    # `round_in_place`'s stream: the seed as an int (a tensor seed has no in-place plan)
-    # and the offset every call takes (None: the call's own, SR's; the others draw none)
-    in_place_stream: tuple[int, int | None] = field(init=False, compare=False, repr=False)
-    # `round_in_place`'s plan for each (input dtype, on CUDA) seen (None: it cannot)
-    in_place_plans: dict[tuple[torch.dtype, bool], KernelPlan | None] = field(
+    # `round_in_place`'s kernels' rounding for each (input dtype, on CUDA) seen (None: it
+    # cannot), bound to the seed
+    in_place_roundings: dict[tuple[torch.dtype, bool], InPlaceRounding | None] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -109,10 +107,6 @@ class PreparedRounding:
         offset = Request._fields.index("offset")
         object.__setattr__(self, "head", tuple(self.request[:offset]))
         object.__setattr__(self, "tail", tuple(self.request[offset + 1 :]))
-        # (the modes that draw no words read no offset: `prepare`'s placeholder, 0)
-        seed, sr_mode = self.request.seed, self.request.mode == "sr"
-        stream = (seed if isinstance(seed, int) else 0, None if sr_mode else 0)
-        object.__setattr__(self, "in_place_stream", stream)
 
     def round(self, x: Tensor, offset: int) -> Tensor:
         """x rounded with the prepared choices, SR drawing the words of ``offset`` in the
@@ -140,32 +134,34 @@ class PreparedRounding:
     def round_in_place(self, x: Tensor, offset: int) -> bool:
         """`round_plain` of an x the caller also owns (an op's fresh output in a dispatch
         mode, or the tensor it just wrote), written into x itself where the kernels can
-        (`KernelPlan.round_in_place`: the general kernel's values, a contiguous x, an int
+        (`KernelPlan.in_place_rounding`: the general kernel's values, a contiguous x, an int
         seed): True, x holds `round_plain`'s bits; else False and x is untouched (the
         caller rounds it with `round_plain`).  No result tensor is made and no scratch
         taken, host work that a hot path such as an emulation's pays on every op."""
         where = (x.dtype, on_kernel_device(x))
-        plans = self.in_place_plans
-        if where not in plans:
-            plans[where] = self._in_place_plan(where)
-        plan = plans[where]
-        if plan is None or not x.is_contiguous():
+        try:
+            rounding = self.in_place_roundings[where]
+        except KeyError:  # (the first call for this dtype and device)
+            rounding = self.in_place_roundings[where] = self._in_place_rounding(where)
+        if rounding is None or not x.is_contiguous():
             return False
-        seed, fixed = self.in_place_stream
-        plan.round_in_place(x, seed, offset if fixed is None else fixed)
+        rounding(x, offset)
         return True
 
-    def _in_place_plan(self, where: tuple[torch.dtype, bool]) -> KernelPlan | None:
-        """The kernels' plan that rounds x of this dtype and device in place, or None: no
-        plan (the PyTorch path), one that cannot (`KernelPlan.in_place`), or a tensor
-        seed."""
+    def _in_place_rounding(self, where: tuple[torch.dtype, bool]) -> InPlaceRounding | None:
+        """The kernels' rounding of x of this dtype and device in place, or None: no plan
+        (the PyTorch path), one that cannot (`KernelPlan.in_place`), or a tensor seed.  Its
+        calls read their offset in SR alone (the modes that draw no words read none: they
+        pass `prepare`'s placeholder, 0)."""
         route = self.routes.get(where)
         if route is None:
             route = self.routes[where] = call_route(self.choices(), *where, False)
-        plan = route.plan
-        if plan is None or not plan.in_place or not isinstance(self.request.seed, int):
+        plan, seed = route.plan, self.request.seed
+        if plan is None or not plan.in_place or not isinstance(seed, int):
             return None  # (a tensor seed: the in-place call takes ints)
-        return plan if route.out_dtype == where[0] else None
+        if route.out_dtype != where[0]:
+            return None
+        return plan.in_place_rounding(seed, self.request.mode == "sr")
 
     def _request(self, offset: int) -> Request:
         """The request of a call at ``offset`` (SR's; the others draw no words)."""
