@@ -138,8 +138,8 @@ def test_a_compiled_layer_replays_its_ops_graphs_with_the_eager_bits() -> None:
 def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
     """Once a layer's graphs are captured, a call with x at another address replays too
     (x copied into the graph's input) with the bits of the graphs off; and a user's CUDA
-    graph of the whole step captures the layer's launches (no step graph replayed inside
-    it) and replays them."""
+    graph of the whole step (warmed up and captured on side streams) captures the layer's
+    launches, no step graph captured or replayed on those streams, and replays them."""
     device = torch.device("cuda")
     layer = srnn.QuantizedLinear(
         128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=2)
@@ -165,21 +165,5 @@ def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
             captured = layer(x)
         before = STEP_GRAPHS.replays
         graph.replay()
-        assert STEP_GRAPHS.replays == before
+        assert STEP_GRAPHS.replays == before and len(STEP_GRAPHS.graphs) == 1
         assert torch.equal(captured, expected[0])
-
-
-@GPU
-def test_a_capture_that_fails_runs_eagerly_from_then_on() -> None:
-    """A step function that CUDA graphs do not take (here: a host read of a device value)
-    runs eagerly at every call, its key marked failed, with its own result."""
-    graphs = StepGraphs()
-
-    def function(x: Tensor, n: int) -> Tensor:
-        return x + float(x.sum()) + n  # a synchronizing read: capture fails
-
-    x = torch.ones(4, device="cuda")
-    results = [graphs.run(function, (x,), (1,), 0) for _ in range(3)]
-    assert all(torch.equal(result, torch.full((4,), 6.0, device="cuda")) for result in results)
-    assert not graphs.graphs and len(graphs.failed) == 1 and graphs.replays == 0
-    torch.randn(4, device="cuda")  # torch's generator left usable

@@ -13,10 +13,15 @@ the graph's inputs and replays: the eager bits (the same kernels on the same val
 tested equal).  The layers of a model that share a shape share a graph.  The outputs live
 in the graphs' shared pool, which the next replay overwrites: a call returns copies.
 
-Not graphed (run as they are): CPU tensors; calls made while the stream is capturing (a
-user's CUDA graph, torch.compile's ``mode="reduce-overhead"``: the launches join that
-graph); steps of more than `GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there
-and the copies cost); keys whose capture failed; anything while `use_step_graphs` is off.
+Not graphed (run as they are): CPU tensors; calls on any stream but the device's default
+stream (a user's CUDA graph and its warm-up, torch.compile's ``mode="reduce-overhead"``,
+whose warm-up allocates from its own pool on its own stream and whose recording captures
+the launches into its graph; found on an H200: graphs captured during that warm-up left
+their inputs in that pool, and later replays read freed memory); steps of more than
+`GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there and the copies cost); keys
+whose capture failed; anything while `use_step_graphs` is off.  A capture that fails
+leaves PyTorch's CUDA generator in its capture state (PyTorch ends it only on success):
+the step functions are written so that none fails (no host read, no synchronization).
 """
 
 from __future__ import annotations
@@ -96,12 +101,12 @@ class StepGraphs:
         """``function(*tensors, *rest)``, replayed from its graph where one is captured for
         the call's key, captured at a key's second call, run eagerly otherwise."""
         first = tensors[0]
-        if (
-            not self.enabled
-            or first is None
-            or not first.is_cuda
-            or work > GRAPHED_MAX_WORK
-            or torch.cuda.is_current_stream_capturing()
+        if not (
+            self.enabled
+            and first is not None
+            and first.is_cuda
+            and work <= GRAPHED_MAX_WORK
+            and on_default_stream(first.get_device())
         ):
             return function(*tensors, *rest)
         key = call_key(tensors, rest)
@@ -173,6 +178,12 @@ class StepGraphs:
         if len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)
         return captured
+
+
+def on_default_stream(device: int) -> bool:
+    """Whether the current stream of ``device`` is its default stream (module docstring:
+    only there are steps graphed)."""
+    return torch.cuda.current_stream(device).stream_id == 0
 
 
 def device_index(tensors: Sequence[Tensor | None]) -> int:
