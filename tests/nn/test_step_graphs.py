@@ -12,7 +12,13 @@ import torch
 from torch import Tensor
 
 import stochround.nn as srnn
-from stochround.nn.step_graphs import STEP_GRAPHS, StepGraphs, call_key, use_step_graphs
+from stochround.nn.step_graphs import (
+    STEP_GRAPHS,
+    StepGraphs,
+    call_key,
+    enabled_by_environment,
+    use_step_graphs,
+)
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 RECIPES = ["nvfp4", "mxfp8", "int8", "fp8", "mxfp4_tseng"]
@@ -90,6 +96,13 @@ def test_the_key_tells_layouts_dtypes_and_arguments_apart_not_addresses() -> Non
     assert key != call_key((x, None), (3, [True, True]))
     assert key != call_key((x[1:], None), (3, [True, False]))
     assert key != call_key((x, x), (3, [True, False]))
+
+
+def test_the_environment_turns_them_on_and_names_its_values() -> None:
+    assert not enabled_by_environment(None) and not enabled_by_environment("0")
+    assert enabled_by_environment("1")
+    with pytest.raises(ValueError, match='STOCHROUND_STEP_GRAPHS must be "0" or "1"'):
+        enabled_by_environment("yes")
 
 
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:

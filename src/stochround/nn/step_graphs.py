@@ -1,7 +1,9 @@
 """CUDA graphs of a quantized layer's two step functions (`stochround.nn.opaque_matmul`'s
 forward and backward), captured per call signature and replayed: a step's dozen launches,
 and the host time around each, become one graph launch and a few copies
-(docs/guide/recipes.md, "CUDA graphs of a layer's step").
+(docs/guide/recipes.md, "CUDA graphs of a layer's step").  Off unless turned on
+(`use_step_graphs`, ``STOCHROUND_STEP_GRAPHS=1``): the full GPU test suite has not yet
+run with them on since their last change.
 
 Both functions are pure functions of their tensors and ints: no host state changes and no
 host read of a device value.  So a graph captured on static input tensors computes,
@@ -26,6 +28,7 @@ the step functions are written so that none fails (no host read, no synchronizat
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -73,7 +76,7 @@ class StepGraphs:
     """The captured graphs of the step functions, by call key (module docstring)."""
 
     def __init__(self) -> None:
-        self.enabled = True
+        self.enabled = False
         self.graphs: OrderedDict[tuple, Captured] = OrderedDict()
         self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.failed: set[tuple] = set()
@@ -193,13 +196,27 @@ def device_index(tensors: Sequence[Tensor | None]) -> int:
     return first.get_device()
 
 
-# the process's graphs: one set for every layer (keys hold the layers' tensors' addresses)
+# the environment variable that turns the step graphs on for a process (`use_step_graphs`)
+ENVIRONMENT = "STOCHROUND_STEP_GRAPHS"
+
+
+def enabled_by_environment(value: str | None) -> bool:
+    """The step graphs' setting a process starts with: on where ``$STOCHROUND_STEP_GRAPHS``
+    is "1", off where it is unset or "0" (ValueError for anything else)."""
+    if value not in (None, "", "0", "1"):
+        raise ValueError(f'{ENVIRONMENT} must be "0" or "1" (or unset); got {value!r}')
+    return value == "1"
+
+
+# the process's graphs: one set for every layer (keys are call signatures)
 STEP_GRAPHS = StepGraphs()
+STEP_GRAPHS.enabled = enabled_by_environment(os.environ.get(ENVIRONMENT))
 
 
 def use_step_graphs(enabled: bool) -> bool:
-    """Turn the CUDA graphs of quantized layers' steps on or off (on by default); returns
-    the previous setting.  Turning them off drops the captured graphs."""
+    """Turn the CUDA graphs of quantized layers' steps on or off (off by default, or as
+    ``$STOCHROUND_STEP_GRAPHS`` says); returns the previous setting.  Turning them off
+    drops the captured graphs."""
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
     previous = STEP_GRAPHS.enabled
@@ -209,4 +226,13 @@ def use_step_graphs(enabled: bool) -> bool:
     return previous
 
 
-__all__ = ["GRAPHED_MAX_WORK", "STEP_GRAPHS", "StepGraphs", "call_key", "use_step_graphs"]
+__all__ = [
+    "ENVIRONMENT",
+    "GRAPHED_MAX_WORK",
+    "STEP_GRAPHS",
+    "StepGraphs",
+    "call_key",
+    "enabled_by_environment",
+    "on_default_stream",
+    "use_step_graphs",
+]
