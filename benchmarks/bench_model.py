@@ -21,6 +21,9 @@ captured as one CUDA graph: what is left without host time):
   bf16). Compiled only where `stochround.nn.linear.COMPILES` (torch >= 2.11); the row says
   so otherwise.
 - ``gaussws``: `stochround.nn.gaussws_(model, "e3m2")` on every Linear but the head.
+- ``nvfp4_step_graphs`` (eager and compiled only): ``nvfp4`` with the layers' CUDA step
+  graphs on (`stochround.nn.use_step_graphs`, opt-in; they leave a whole-step capture
+  and reduce-overhead's graphs alone).
 
 Checks before timing: the loss is finite and lies within 5% of the bf16 model's.
 
@@ -49,7 +52,7 @@ PRESETS = {  # d_model, blocks, heads, context, windows a step
     "gpt2-small": (768, 12, 12, 1024, 8),
     "lm": (384, 6, 6, 256, 64),
 }
-VARIANTS = ("bf16", "nvfp4", "gaussws")
+VARIANTS = ("bf16", "nvfp4", "gaussws", "nvfp4_step_graphs")
 HOWS = ("eager", "compiled", "compiled_cudagraphs", "graphed")
 # torch.compile's mode for each compiled ``how``
 COMPILE_MODES = {"compiled": None, "compiled_cudagraphs": "reduce-overhead"}
@@ -61,7 +64,7 @@ def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.de
     import stochround.nn as srnn
 
     model = bf16_model(*shape, device)
-    if variant == "nvfp4":
+    if variant.startswith("nvfp4"):
         srnn.quantize_(model, srnn.nvfp4(keep=("lm_head",)))
     elif variant == "gaussws":
         srnn.gaussws_(model, "e3m2", filter_fn=lambda _module, path: path != "lm_head")
@@ -80,7 +83,7 @@ def row(
     its loss in ``reference`` for the others' checks."""
     from stochround.nn.linear import COMPILES
 
-    if how in COMPILE_MODES and variant == "nvfp4" and not COMPILES:
+    if how in COMPILE_MODES and variant.startswith("nvfp4") and not COMPILES:
         raise ImportError(f"QuantizedLinear compiles with torch >= 2.11 (here {torch.__version__})")
     model = build_model(shape, variant, device)
     runner: torch.nn.Module = model
@@ -89,6 +92,8 @@ def row(
     call = step(runner, inputs)  # type: ignore[arg-type]
     if how == "graphed":
         call = harness.graph_of(call)
+    if variant.endswith("step_graphs"):
+        call = harness.with_step_graphs(call)
 
     def check(loss: object) -> str:
         value = float(loss)  # type: ignore[arg-type]
@@ -125,6 +130,8 @@ def main() -> int:
     build = partial(row, shape, inputs, bench.device)
     for variant in VARIANTS:
         for how in HOWS:
+            if variant.endswith("step_graphs") and how not in ("eager", "compiled"):
+                continue
             cuda_only = how in ("graphed", "compiled_cudagraphs")
             options = {"cuda_only": cuda_only, "ours": variant != "bf16"}
             if (variant, how) == ("bf16", "eager"):

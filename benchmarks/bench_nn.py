@@ -26,6 +26,9 @@ Rows (case ``linear_step``):
   quantize-dequantize (with the transpose and the amax) one ``torch.compile`` call. It does
   less than the recipe: no SR, no RHT, 1x16 blocks for W.
 
+``stochround_<recipe>_step_graphs`` (CUDA): the eager step with the layer's CUDA step
+graphs on (`stochround.nn.use_step_graphs`, opt-in).
+
 The same rows in case ``linear_step_graphed`` (CUDA: the step captured as one CUDA graph
 and replayed, what is left without host time) and ``linear_step_compiled`` (the layer
 compiled by ``torch.compile``, inductor's default mode; the bf16 row compiled alike).
@@ -208,9 +211,12 @@ HOWS = ("eager", "graphed", "compiled")
 HOW_NOTES = {"eager": "eager", "graphed": "one CUDA graph", "compiled": "torch.compile"}
 
 
-def stochround_recipe(inputs: Inputs, name: str, how: str = "eager") -> Run:
+def stochround_recipe(
+    inputs: Inputs, name: str, how: str = "eager", step_graphs: bool = False
+) -> Run:
     """``QuantizedLinear`` under ``stochround.nn.RECIPES[name]()`` in bf16 with the inputs'
-    weight, run ``how`` (`HOWS`)."""
+    weight, run ``how`` (`HOWS`), with the layer's CUDA step graphs on where
+    ``step_graphs``."""
     import stochround.nn as srnn
 
     features = inputs.weight.shape[0]
@@ -230,7 +236,10 @@ def stochround_recipe(inputs: Inputs, name: str, how: str = "eager") -> Run:
     exact = {"y": recipe_fprop(inputs, recipe)} if deterministic_fprop else {}
     check = step_check(inputs.exact, bounds, exact)
     step = run_as(layer, inputs, how)
-    notes = f"{HOW_NOTES[how]}, default backend; {name}(): {RECIPE_NOTES[name]}"
+    if step_graphs:
+        step = harness.with_step_graphs(step)
+    graphs = ", step graphs on" if step_graphs else ""
+    notes = f"{HOW_NOTES[how]}{graphs}, default backend; {name}(): {RECIPE_NOTES[name]}"
     return Run(step, check, inputs.elements, notes=notes)
 
 
@@ -491,6 +500,9 @@ def main() -> int:
         cuda_only = name == "fp8_native"  # FP8 tensor cores
         build = builds[f"stochround_{name}"]
         bench.add(CASE, f"stochround_{name}", build, ours=True, cuda_only=cuda_only)
+        # the same step with the layer's CUDA step graphs on (opt-in)
+        graphed = partial(stochround_recipe, inputs, name, "eager", True)
+        bench.add(CASE, f"stochround_{name}_step_graphs", graphed, ours=True, cuda_only=True)
     bench.add(
         CASE, "torchao_nvfp4_emulated", builds["torchao_nvfp4_emulated"], requires=("torchao",)
     )

@@ -276,6 +276,21 @@ def graph_of(step: Callable[[], T]) -> Callable[[], T]:
     return replay
 
 
+def with_step_graphs(step: Callable[[], T]) -> Callable[[], T]:
+    """``step`` run with quantized layers' CUDA step graphs on (`stochround.nn.step_graphs`,
+    opt-in), the process's setting restored after each call (no graph dropped)."""
+    from stochround.nn.step_graphs import STEP_GRAPHS
+
+    def graphed() -> T:
+        previous, STEP_GRAPHS.enabled = STEP_GRAPHS.enabled, True
+        try:
+            return step()
+        finally:
+            STEP_GRAPHS.enabled = previous
+
+    return graphed
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
