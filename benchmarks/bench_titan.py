@@ -7,7 +7,9 @@ steps for every case:
 
 - ``bf16``: no layer quantized, torch's AdamW (the baseline);
 - ``nvfp4``, ``mxfp8``, ``fp8``: the recipe on every linear but the LM head, torch's AdamW;
-- ``nvfp4_sr_adamw``: ``nvfp4`` with stochround's SR AdamW (bf16 states).
+- ``nvfp4_sr_adamw``: ``nvfp4`` with stochround's SR AdamW (bf16 states);
+- ``nvfp4_step_graphs``: ``nvfp4`` with the layers' CUDA step graphs on (``--step-graphs``,
+  opt-in: `stochround.nn.use_step_graphs`; CUDA only).
 
 With ``--gpus N`` above 1 each run is ``torchrun --nproc_per_node N -m stochround titan``:
 FSDP2 over the N GPUs, each GPU taking ``--batch`` samples a step (the global batch is N
@@ -32,19 +34,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-# case -> (recipe, optimizer)
-CASES: dict[str, tuple[str, str]] = {
-    "bf16": ("bf16", "AdamW"),
-    "nvfp4": ("nvfp4", "AdamW"),
-    "mxfp8": ("mxfp8", "AdamW"),
-    "fp8": ("fp8", "AdamW"),
-    "nvfp4_sr_adamw": ("nvfp4", "SRAdamW"),
+# case -> (recipe, optimizer, the layers' CUDA step graphs on)
+CASES: dict[str, tuple[str, str, bool]] = {
+    "bf16": ("bf16", "AdamW", False),
+    "nvfp4": ("nvfp4", "AdamW", False),
+    "mxfp8": ("mxfp8", "AdamW", False),
+    "fp8": ("fp8", "AdamW", False),
+    "nvfp4_sr_adamw": ("nvfp4", "SRAdamW", False),
+    "nvfp4_step_graphs": ("nvfp4", "AdamW", True),
 }
 
 
 def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
     """The ``stochround titan`` command line of one case."""
-    recipe, optimizer = CASES[case]
+    recipe, optimizer, step_graphs = CASES[case]
     launcher = [sys.executable, "-m"]
     if args.gpus > 1:
         launcher += ["torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
@@ -72,6 +75,7 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         "--out",
         str(folder),
         *(["--compile"] if args.compile else []),
+        *(["--step-graphs"] if step_graphs else []),
     ]
 
 

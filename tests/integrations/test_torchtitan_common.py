@@ -116,6 +116,13 @@ def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:
     assert "recipe must be one of" in result.output
 
 
+def test_titan_command_step_graphs_on_the_cpu_is_a_bad_input_exit(tmp_path) -> None:
+    args = ["titan", "--device", "cpu", "--step-graphs", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--step-graphs replays CUDA launches: it needs --device cuda, got cpu" in (result.output)
+
+
 def test_titan_command_bad_activation_checkpoint_is_a_bad_input_exit(tmp_path) -> None:
     args = ["titan", "--activation-checkpoint", "offload", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)

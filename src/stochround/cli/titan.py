@@ -19,12 +19,14 @@ from typing import Annotated, Any
 import torch
 import typer
 
+from ..nn.step_graphs import use_step_graphs
 from . import output
 
 TITAN_EPILOG = (
     "Examples: stochround titan --recipe nvfp4 --steps 200 ; "
     "stochround titan --recipe int8 --flavor tiny --device cpu --steps 20 --seq-len 64 ; "
-    "torchrun --nproc_per_node 2 -m stochround titan --recipe nvfp4 --optimizer SRAdamW"
+    "torchrun --nproc_per_node 2 -m stochround titan --recipe nvfp4 --optimizer SRAdamW ; "
+    "stochround titan --recipe nvfp4 --compile --step-graphs"
 )
 
 
@@ -59,6 +61,13 @@ def titan_command(
         str,
         typer.Option(help="torchtitan's activation checkpointing: none, full or selective."),
     ] = "none",
+    step_graphs: Annotated[
+        bool,
+        typer.Option(
+            "--step-graphs",
+            help="Replay each quantized layer's step as a CUDA graph (CUDA; opt-in).",
+        ),
+    ] = False,
     out: Annotated[Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints).")] = Path(
         "titan-run"
     ),
@@ -71,6 +80,8 @@ def titan_command(
     if steps < 1:
         output.fail(f"--steps must be >= 1, got {steps}")
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if step_graphs and chosen != "cuda":
+        output.fail(f"--step-graphs replays CUDA launches: it needs --device cuda, got {chosen}")
     switches = output.checked(lambda: parse_switches(switch or []))
     # the head's path differs between torchtitan releases: its default comes from the config
     kept: dict[str, Any] = {} if keep is None else {"keep": tuple(keep)}
@@ -92,7 +103,11 @@ def titan_command(
         )
     )
     fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
-    rows = output.checked(lambda: run_training(config, chosen, fields))
+    previous = use_step_graphs(step_graphs)
+    try:
+        rows = output.checked(lambda: run_training(config, chosen, fields))
+    finally:
+        use_step_graphs(previous)
     if rows.exists() and rows.read_text().strip():
         last = json.loads(rows.read_text().splitlines()[-1])
         print(f"step {last['step']}: loss {last['loss']:.4f} ({rows})")
