@@ -128,7 +128,8 @@ class StepGraphs:
                 return function(*tensors, *rest)
             captured.graph.replay()
             self.replays += 1
-            copies = [output.clone() for output in captured.outputs]
+            # an empty output (a gradient not wanted) holds no values to overwrite
+            copies = [out if out.numel() == 0 else out.clone() for out in captured.outputs]
         return copies[0] if captured.single else copies
 
     def remember(self, key: tuple) -> None:
