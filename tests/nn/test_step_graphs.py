@@ -12,11 +12,14 @@ import torch
 from torch import Tensor
 
 import stochround.nn as srnn
+from stochround.nn import operands, orientations
 from stochround.nn.step_graphs import (
+    KEEPING,
     STEP_GRAPHS,
     StepGraphs,
     call_key,
     enabled_by_environment,
+    kept_by_graphs,
     use_step_graphs,
 )
 
@@ -105,6 +108,29 @@ def test_the_environment_turns_them_on_and_names_its_values() -> None:
         enabled_by_environment("yes")
 
 
+def test_a_cache_keeps_its_results_for_the_graph_being_captured() -> None:
+    """`kept_by_graphs`: what a cached function returns while a graph is captured in this
+    thread is kept for that graph, and nothing otherwise; the cache's methods stay."""
+    import functools
+
+    @kept_by_graphs
+    @functools.lru_cache(maxsize=1)
+    def cached(n: int) -> list[int]:
+        return [n]
+
+    first = cached(1)
+    kept: list[object] = []
+    KEEPING.objects = kept
+    try:
+        again, other = cached(1), cached(2)
+    finally:
+        KEEPING.objects = None
+    cached(3)
+    assert kept == [first, other] and kept[0] is first and again is first
+    assert cached.cache_info().maxsize == 1  # type: ignore[attr-defined]
+    cached.cache_clear()  # type: ignore[attr-defined]
+
+
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:
     previous = use_step_graphs(False)
     try:
@@ -180,3 +206,34 @@ def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
         graph.replay()
         assert STEP_GRAPHS.replays == before and len(STEP_GRAPHS.graphs) == 1
         assert torch.equal(captured, expected[0])
+
+
+@GPU
+def test_a_graph_keeps_the_cached_state_its_kernels_read() -> None:
+    """The prepared operands, pairs, keys and step plans a graph's kernels read stay alive
+    with the graph after their caches drop them (and the freed memory is written over):
+    the replays still give the bits of no graphs."""
+    device = torch.device("cuda")
+    layer = srnn.QuantizedLinear(
+        128, 256, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=4)
+    )
+    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    with step_graphs(False), torch.no_grad():
+        expected = layer(x)
+    with step_graphs(True), torch.no_grad():
+        for _ in range(2):
+            layer(x)
+        for cache in (
+            operands.prepared_operand, operands.prepared_row_operand, operands.seed_on,
+            operands.tensor_rounding, orientations.prepared_pair,
+        ):  # fmt: skip
+            cache.cache_clear()  # type: ignore[attr-defined]
+        from stochround.nn import opaque_matmul
+
+        opaque_matmul._step_plan.cache_clear()  # type: ignore[attr-defined]
+        torch.cuda.empty_cache()
+        litter = [torch.full((1 << 20,), -1, device=device) for _ in range(8)]
+        before = STEP_GRAPHS.replays
+        assert torch.equal(layer(x), expected)
+        assert STEP_GRAPHS.replays == before + 1
+        del litter

@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .layer_plan import Plan
 from .matmul import QuantizedMatmul
-from .step_graphs import GRAPHED_MAX_WORK, STEP_GRAPHS, on_default_stream
+from .step_graphs import GRAPHED_MAX_WORK, STEP_GRAPHS, kept_by_graphs, on_default_stream
 from .step_plan import StepPlan, StepSignature, make_step_plan, step_signature
 from .tensor_parallel import rank_key
 
@@ -85,6 +85,7 @@ def warm_up(run: Callable[..., object], tensors: tuple[Tensor | None, ...], *res
         run(*real, *rest)
 
 
+@kept_by_graphs
 @functools.lru_cache(maxsize=256)
 def _step_plan(plan_index: int, signature: StepSignature, shape: tuple[int, int]) -> StepPlan:
     """The `StepPlan` of the registered plan for a call of ``signature`` on a weight of

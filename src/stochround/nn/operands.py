@@ -28,6 +28,7 @@ from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
 from .recipes import TENSOR_FORMATS, QuantSpec
+from .step_graphs import kept_by_graphs
 from .step_ops import transposed
 
 if TYPE_CHECKING:  # the kernel module imports triton: only its type here
@@ -212,6 +213,7 @@ def tensor_operand_refusal(operand: Tensor, fmt: BlockFormat, native: bool) -> s
     return None
 
 
+@kept_by_graphs
 @functools.lru_cache(maxsize=64)
 def tensor_rounding(spec: QuantSpec, fmt: BlockFormat, native: bool) -> TensorRounding:
     """The `stochround.kernels.tensor_round.TensorRounding` of a per-tensor spec (made once
@@ -369,6 +371,7 @@ def row_kernel_operand_of(
     return row_kernel_operand(operand, fmt, spec.mode, n, variant, words, seed, offset)
 
 
+@kept_by_graphs
 @functools.lru_cache(maxsize=256)
 def prepared_row_operand(
     spec: QuantSpec,
@@ -403,6 +406,7 @@ def block_options(spec: QuantSpec) -> dict[str, Any]:
     }
 
 
+@kept_by_graphs
 @functools.lru_cache(maxsize=256)
 def prepared_operand(
     spec: QuantSpec, fmt: BlockFormat, shape: torch.Size, dtype: torch.dtype, device: torch.device
@@ -428,6 +432,7 @@ def prepared_operand(
         return None
 
 
+@kept_by_graphs
 @functools.lru_cache(maxsize=64)
 def seed_on(seed: int, device: torch.device) -> Tensor:
     """The layer's Philox key as the one-element int64 tensor the kernel reads, on device

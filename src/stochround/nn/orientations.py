@@ -19,6 +19,7 @@ from ..blocks.request import default_signs
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import use_kernel
 from .operands import Operand, one_element, seed_on
+from .step_graphs import kept_by_graphs
 
 # what the pair quantizer reads
 PAIR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -119,6 +120,7 @@ class PreparedPair:
         )
 
 
+@kept_by_graphs
 @functools.lru_cache(maxsize=256)
 def prepared_pair(
     row: Operand,

@@ -28,14 +28,18 @@ the step functions are written so that none fails (no host read, no synchronizat
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import torch
 from torch import Tensor
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # tokens * in_features * out_features of a step above which its layer runs eagerly: the
 # step's device time then exceeds its host time, and a graph would only add its copies
@@ -47,13 +51,47 @@ MAX_SEEN = 256
 
 class Captured(NamedTuple):
     """A captured call: its graph, the static tensors it reads (None where the call had
-    none), the output tensors it writes (in the graphs' pool) and whether the function
-    returned one tensor (else a list)."""
+    none), the output tensors it writes (in the graphs' pool), whether the function
+    returned one tensor (else a list), and the cached objects whose device memory its
+    kernels read (`kept_by_graphs`)."""
 
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor | None, ...]
     outputs: tuple[Tensor, ...]
     single: bool
+    kept: tuple[object, ...]
+
+
+class _Keeping(threading.local):
+    """The objects the cached functions return while a graph is captured in this thread
+    (None while none is)."""
+
+    objects: list[object] | None = None
+
+
+KEEPING = _Keeping()
+
+
+def kept_by_graphs(function: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``function`` (a bounded cache of objects that hold device memory the kernels read:
+    prepared launches' scratch, Philox keys, step plans) with each result it returns while
+    a step graph is captured kept by that graph.  The graph reads that memory at every
+    replay; a cache that dropped the object would free it under the graph (a wrong key
+    read, or a fault).  The cache's own methods (``cache_clear``) stay reachable."""
+
+    @functools.wraps(function)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        result = function(*args, **kwargs)
+        objects = KEEPING.objects
+        if objects is not None:
+            objects.append(result)
+        return result
+
+    for name in ("cache_clear", "cache_info"):  # an lru_cache's methods, kept reachable
+        method = getattr(function, name, None)
+        if method is not None:
+            call.__dict__[name] = method
+    return call
 
 
 def call_key(tensors: Sequence[Tensor | None], rest: tuple[object, ...]) -> tuple:
@@ -163,11 +201,14 @@ class StepGraphs:
         result = None
         with torch.cuda.stream(stream):
             function(*inputs, *rest)  # per-stream state made outside the capture
+            kept: list[object] = []
             try:
                 graph.capture_begin(self.pools[device], capture_error_mode="thread_local")
+                KEEPING.objects = kept
                 try:
                     result = function(*inputs, *rest)
                 finally:
+                    KEEPING.objects = None
                     graph.capture_end()
             except Exception:  # an operation graphs do not take: eager from now on
                 result = None
@@ -176,7 +217,7 @@ class StepGraphs:
             self.failed.add(key)
             return None
         outputs, single = graph_outputs(result)
-        captured = Captured(graph, inputs, outputs, single)
+        captured = Captured(graph, inputs, outputs, single, tuple(kept))
         self.graphs[key] = captured
         self.seen.pop(key, None)
         if len(self.graphs) > MAX_GRAPHS:
@@ -234,6 +275,7 @@ __all__ = [
     "StepGraphs",
     "call_key",
     "enabled_by_environment",
+    "kept_by_graphs",
     "on_default_stream",
     "use_step_graphs",
 ]
