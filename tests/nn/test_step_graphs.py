@@ -237,3 +237,67 @@ def test_a_graph_keeps_the_cached_state_its_kernels_read() -> None:
         assert torch.equal(layer(x), expected)
         assert STEP_GRAPHS.replays == before + 1
         del litter
+
+
+@GPU
+def test_a_host_read_is_found_before_any_capture_and_runs_eagerly() -> None:
+    """A step function that reads a device value on the host (CUDA graphs do not take it)
+    raises in its warm-up under the sync debug mode, before any capture begins: its key is
+    marked failed, every call runs eagerly with its own result, and PyTorch's CUDA state
+    (the generator) is left usable."""
+    graphs = StepGraphs()
+    graphs.enabled = True
+
+    def function(x: Tensor, n: int) -> Tensor:
+        return x + float(x.sum()) + n
+
+    x = torch.ones(4, device="cuda")
+    results = [graphs.run(function, (x,), (1,), 0) for _ in range(3)]
+    assert all(torch.equal(result, torch.full((4,), 6.0, device="cuda")) for result in results)
+    assert not graphs.graphs and len(graphs.failed) == 1 and graphs.replays == 0
+    assert graphs.enabled and torch.cuda.get_sync_debug_mode() == 0
+    torch.randn(4, device="cuda")  # torch's generator usable
+
+
+@GPU
+def test_a_cublas_gemm_in_a_graph_owns_its_workspace() -> None:
+    """A step large enough for cuBLAS's GEMM (4096 x 1024 x 1024, above the fused GEMM's
+    limit): its graph's cuBLAS workspace is its own, so PyTorch dropping its workspaces
+    (as inductor's graphs do around theirs) and the freed memory written over leave the
+    replays' bits the eager ones."""
+    device = torch.device("cuda")
+    layer = srnn.QuantizedLinear(
+        1024, 1024, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.mxfp8(seed=1)
+    )
+    x = torch.randn(4096, 1024, device=device, dtype=torch.bfloat16)
+    with step_graphs(False), torch.no_grad():
+        expected = layer(x)
+    with step_graphs(True), torch.no_grad():
+        for _ in range(2):
+            layer(x)
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+        torch.cuda.empty_cache()
+        litter = [torch.full((1 << 22,), -1.0, device=device) for _ in range(16)]
+        before = STEP_GRAPHS.replays
+        assert torch.equal(layer(x), expected)
+        assert STEP_GRAPHS.replays == before + 1
+        del litter
+
+
+@GPU
+def test_a_non_contiguous_input_runs_eagerly() -> None:
+    """x as a transposed view: no graph (its static copy would be laid out otherwise), the
+    bits of no graphs."""
+    device = torch.device("cuda")
+    layer = srnn.QuantizedLinear(
+        128, 256, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.int8(seed=1)
+    )
+    x = torch.randn(128, 64, device=device, dtype=torch.bfloat16).T
+    with step_graphs(False), torch.no_grad():
+        expected = layer(x)
+    with step_graphs(True), torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(layer(x), expected)
+        assert not STEP_GRAPHS.graphs and not STEP_GRAPHS.seen

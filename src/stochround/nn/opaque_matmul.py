@@ -207,7 +207,12 @@ def backward_step(
     prepared = op_step_plan(plan_index, rank, x, weight, None, gemms) if gemms else None
     ctx = _Saved(plan, saved, tuple(needs), bias_dtype, prepared)
     grads = QuantizedMatmul.backward(ctx, grad)[:3]
-    return [x.new_empty(0) if each is None else each for each in grads]
+    # the placeholders in the dtypes the op's fake declares
+    dtypes = (x.dtype, weight.dtype, bias_dtype or x.dtype)
+    return [
+        x.new_empty(0, dtype=dtype) if each is None else each
+        for each, dtype in zip(grads, dtypes, strict=True)
+    ]
 
 
 quantized_linear_backward = torch.library.custom_op(
@@ -276,7 +281,7 @@ class GraphedMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        return _autograd_backward(ctx, grad.contiguous(), _backward)
+        return _autograd_backward(ctx, grad, _backward)
 
 
 def graphed_step(x: Tensor, weight: Tensor) -> bool:

@@ -15,24 +15,34 @@ the graph's inputs and replays: the eager bits (the same kernels on the same val
 tested equal).  The layers of a model that share a shape share a graph.  The outputs live
 in the graphs' shared pool, which the next replay overwrites: a call returns copies.
 
-Not graphed (run as they are): CPU tensors; calls on any stream but the device's default
-stream (a user's CUDA graph and its warm-up, torch.compile's ``mode="reduce-overhead"``,
-whose warm-up allocates from its own pool on its own stream and whose recording captures
-the launches into its graph; found on an H200: graphs captured during that warm-up left
-their inputs in that pool, and later replays read freed memory); steps of more than
+A graph keeps what its replays read: its static inputs, its pool, the cached objects its
+kernels read (`kept_by_graphs`), its own cuBLAS workspace (PyTorch's workspaces are
+dropped around a capture, as inductor's graphs do).  That costs device memory: each graph
+holds a copy of its inputs (x, W, dy) and its outputs, up to `MAX_GRAPHS` graphs, one per
+signature (a new token count is a new signature).
+
+Not graphed (run as they are): CPU tensors; non-contiguous tensors; calls on any stream
+but the device's default one (a user's CUDA graph and its warm-up, torch.compile's
+``mode="reduce-overhead"``, whose warm-up allocates from its own pool on its own stream
+and whose recording captures the launches into its graph; found on an H200: graphs
+captured during that warm-up left their inputs in that pool, and later replays read freed
+memory); steps of more than
 `GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there and the copies cost); keys
-whose capture failed; anything while `use_step_graphs` is off.  A capture that fails
-leaves PyTorch's CUDA generator in its capture state (PyTorch ends it only on success):
-the step functions are written so that none fails (no host read, no synchronization).
+whose warm-up synchronized (run under PyTorch's sync debug mode "error": a host read
+would break the capture) or failed; anything while `use_step_graphs` is off.  A capture
+that fails inside CUDA leaves PyTorch's allocator and generator in their capture state
+(PyTorch ends it only on success): the graphs turn themselves off, with a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
+import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import torch
@@ -52,14 +62,15 @@ MAX_SEEN = 256
 class Captured(NamedTuple):
     """A captured call: its graph, the static tensors it reads (None where the call had
     none), the output tensors it writes (in the graphs' pool), whether the function
-    returned one tensor (else a list), and the cached objects whose device memory its
-    kernels read (`kept_by_graphs`)."""
+    returned one tensor (else a list), the cached objects whose device memory its kernels
+    read (`kept_by_graphs`), and its device's index."""
 
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor | None, ...]
     outputs: tuple[Tensor, ...]
     single: bool
     kept: tuple[object, ...]
+    device: int
 
 
 class _Keeping(threading.local):
@@ -140,17 +151,12 @@ class StepGraphs:
         work: int,
     ) -> Any:
         """``function(*tensors, *rest)``, replayed from its graph where one is captured for
-        the call's key, captured at a key's second call, run eagerly otherwise."""
-        first = tensors[0]
-        if not (
-            self.enabled
-            and first is not None
-            and first.is_cuda
-            and work <= GRAPHED_MAX_WORK
-            and on_default_stream(first.get_device())
-        ):
+        the call's key, captured at a key's second call, run eagerly otherwise (outside
+        the lock: the forward's and the backward engine's threads do not wait on it)."""
+        if not self.serves(tensors, work):
             return function(*tensors, *rest)
-        key = call_key(tensors, rest)
+        # the host setting the captured fp32 products were made under (TF32 or not)
+        key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
         with self.lock:
             captured = self.graphs.get(key)
             if captured is None and key not in self.failed and key in self.seen:
@@ -162,13 +168,28 @@ class StepGraphs:
                 for static, tensor in zip(captured.inputs, tensors, strict=True):
                     if static is not None and tensor is not None:
                         static.copy_(tensor)
-            if captured is None:
-                return function(*tensors, *rest)
-            captured.graph.replay()
-            self.replays += 1
-            # an empty output (a gradient not wanted) holds no values to overwrite
-            copies = [out if out.numel() == 0 else out.clone() for out in captured.outputs]
-        return copies[0] if captured.single else copies
+            if captured is not None:
+                captured.graph.replay()
+                self.replays += 1
+                # an empty output (a gradient not wanted) holds no values to overwrite
+                outputs = [out if out.numel() == 0 else out.clone() for out in captured.outputs]
+                return outputs[0] if captured.single else outputs
+        return function(*tensors, *rest)
+
+    def serves(self, tensors: Sequence[Tensor | None], work: int) -> bool:
+        """Whether a call may be graphed (module docstring): on, CUDA, not above
+        `GRAPHED_MAX_WORK`, on the device's default stream, and every tensor contiguous (a
+        graph's static copy of a strided or expanded tensor would be laid out otherwise,
+        and a sum over it could run in another order)."""
+        first = tensors[0]
+        return (
+            self.enabled
+            and first is not None
+            and first.is_cuda
+            and work <= GRAPHED_MAX_WORK
+            and on_default_stream(first.get_device())
+            and all(t is None or t.is_contiguous() for t in tensors)
+        )
 
     def remember(self, key: tuple) -> None:
         """Note ``key`` as seen once (the oldest forgotten beyond `MAX_SEEN`)."""
@@ -184,45 +205,92 @@ class StepGraphs:
         key: tuple,
     ) -> Captured | None:
         """The call captured as a graph on the device's capture stream into the shared
-        pool, kept under ``key``; None (and the key marked failed) where capturing fails
-        (an operation CUDA graphs do not take)."""
+        pool, kept under ``key``; None, and the key marked failed, where anything before
+        the capture fails (a synchronizing operation in the warm-up, which runs under
+        PyTorch's sync debug mode "error", or memory).  A capture that fails inside CUDA
+        leaves PyTorch's allocator and generator in their capture state (PyTorch ends it
+        only on success): the graphs are turned off, with a warning."""
         device = device_index(tensors)
         stream = self.streams.get(device)
         if stream is None:
             stream = self.streams[device] = torch.cuda.Stream(device)
         if device not in self.pools:
             self.pools[device] = torch.cuda.graph_pool_handle()
-        # the graph's inputs: the call's tensors copied, in the regular allocator's memory
-        # (a dense tensor's strides kept, any other's made contiguous: the same values)
-        inputs = tuple(None if t is None else torch.empty_like(t).copy_(t) for t in tensors)
         current = torch.cuda.current_stream(device)
-        stream.wait_stream(current)
         graph = torch.cuda.CUDAGraph()
-        result = None
+        kept: list[object] = []
+        try:
+            # the graph's inputs: the call's tensors copied, in the regular allocator's
+            # memory (contiguous: `serves`), then one eager run on the capture stream so
+            # that per-stream state is made outside the capture
+            inputs = tuple(None if t is None else torch.empty_like(t).copy_(t) for t in tensors)
+            stream.wait_stream(current)
+            with torch.cuda.stream(stream), synchronizing_raises():
+                function(*inputs, *rest)
+        except Exception:  # not capturable (a host read), or out of memory: eager
+            current.wait_stream(stream)
+            self.failed.add(key)
+            return None
         with torch.cuda.stream(stream):
-            function(*inputs, *rest)  # per-stream state made outside the capture
-            kept: list[object] = []
+            # cuBLAS's workspace for this stream made inside the capture, in the graph's
+            # pool, and not kept in PyTorch's map after it (as inductor's graphs do): a
+            # workspace the map owns could be freed under the graph's replays
+            clear_cublas_workspaces()
+            graph.capture_begin(self.pools[device], capture_error_mode="thread_local")
+            KEEPING.objects = kept
             try:
-                graph.capture_begin(self.pools[device], capture_error_mode="thread_local")
-                KEEPING.objects = kept
-                try:
-                    result = function(*inputs, *rest)
-                finally:
-                    KEEPING.objects = None
-                    graph.capture_end()
-            except Exception:  # an operation graphs do not take: eager from now on
+                result = function(*inputs, *rest)
+            except Exception:
                 result = None
+            finally:
+                KEEPING.objects = None
+            try:
+                graph.capture_end()
+            except RuntimeError as error:
+                result = None
+                self.enabled = False
+                warnings.warn(
+                    f"a quantized layer's step graph failed to capture ({error}); step "
+                    "graphs are off from now on, and PyTorch's CUDA state may be left "
+                    "mid-capture",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            clear_cublas_workspaces()
         current.wait_stream(stream)
         if result is None:
             self.failed.add(key)
             return None
         outputs, single = graph_outputs(result)
-        captured = Captured(graph, inputs, outputs, single, tuple(kept))
+        captured = Captured(graph, inputs, outputs, single, tuple(kept), device)
         self.graphs[key] = captured
         self.seen.pop(key, None)
         if len(self.graphs) > MAX_GRAPHS:
-            self.graphs.popitem(last=False)
+            _, evicted = self.graphs.popitem(last=False)
+            if all(each.device != evicted.device for each in self.graphs.values()):
+                # its pool goes with its last graph: a new handle for the next capture
+                self.pools.pop(evicted.device, None)
         return captured
+
+
+@contextlib.contextmanager
+def synchronizing_raises() -> Iterator[None]:
+    """PyTorch's CUDA sync debug mode "error" inside the block: an operation that waits
+    for the device (a host read of a device value) raises, as it would break a capture."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
+def clear_cublas_workspaces() -> None:
+    """PyTorch's cuBLAS and cuBLASLt workspaces dropped (the call inductor's CUDA graphs
+    make around a capture); nothing where this PyTorch has no such call."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def on_default_stream(device: int) -> bool:
