@@ -13,9 +13,11 @@ from torch import Tensor
 
 import stochround.nn as srnn
 from stochround.nn import operands, orientations
+from stochround.nn import step_graphs as graphs_module
 from stochround.nn.step_graphs import (
     KEEPING,
     STEP_GRAPHS,
+    Captured,
     StepGraphs,
     call_key,
     enabled_by_environment,
@@ -129,6 +131,48 @@ def test_a_cache_keeps_its_results_for_the_graph_being_captured() -> None:
     assert kept == [first, other] and kept[0] is first and again is first
     assert cached.cache_info().maxsize == 1  # type: ignore[attr-defined]
     cached.cache_clear()  # type: ignore[attr-defined]
+
+
+def captured(nbytes: int, device: int) -> Captured:
+    """A stand-in graph record whose copies hold ``nbytes`` (no CUDA graph: the keeping
+    logic alone)."""
+    return Captured(None, (torch.zeros(nbytes, dtype=torch.uint8), None), (), True, (), device)  # type: ignore[arg-type]
+
+
+def test_graphs_beyond_the_count_go_least_recent_first_with_their_pools(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beyond `MAX_GRAPHS` the least recently kept (or replayed) graph goes; a device's
+    pool handle goes with its last graph, and stays while the device has one."""
+    monkeypatch.setattr(graphs_module, "MAX_GRAPHS", 2)
+    graphs = StepGraphs()
+    graphs.pools = {0: "pool0", 1: "pool1"}
+    graphs.keep(("a",), captured(8, 1))
+    graphs.keep(("b",), captured(8, 0))
+    graphs.keep(("c",), captured(8, 0))
+    assert list(graphs.graphs) == [("b",), ("c",)] and graphs.pools == {0: "pool0"}
+    graphs.graphs.move_to_end(("b",))  # replayed
+    graphs.keep(("d",), captured(8, 0))
+    assert list(graphs.graphs) == [("b",), ("d",)] and graphs.pools == {0: "pool0"}
+    assert graphs.bytes == 16
+
+
+def test_graphs_beyond_the_bytes_go_but_the_new_one_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beyond `MAX_GRAPH_BYTES` of copies the least recent graphs go; a graph larger than
+    the bound alone is kept."""
+    monkeypatch.setattr(graphs_module, "MAX_GRAPH_BYTES", 100)
+    graphs = StepGraphs()
+    graphs.keep(("a",), captured(64, 0))
+    graphs.keep(("b",), captured(30, 0))
+    assert list(graphs.graphs) == [("a",), ("b",)] and graphs.bytes == 94
+    graphs.keep(("c",), captured(64, 0))
+    assert list(graphs.graphs) == [("b",), ("c",)] and graphs.bytes == 94
+    graphs.keep(("d",), captured(500, 0))
+    assert list(graphs.graphs) == [("d",)] and graphs.bytes == 500
+    graphs.clear()
+    assert graphs.bytes == 0 and not graphs.graphs
 
 
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:

@@ -18,7 +18,8 @@ in the graphs' shared pool, which the next replay overwrites: a call returns cop
 A graph keeps what its replays read: its static inputs, its pool, the cached objects its
 kernels read (`kept_by_graphs`), its own cuBLAS workspace (PyTorch's workspaces are
 dropped around a capture, as inductor's graphs do).  That costs device memory: each graph
-holds a copy of its inputs (x, W, dy) and its outputs, up to `MAX_GRAPHS` graphs, one per
+holds a copy of its inputs (x, W, dy) and its outputs, up to `MAX_GRAPHS` graphs and
+`MAX_GRAPH_BYTES` of copies (the least recently replayed dropped first), one per
 signature (a new token count is a new signature).
 
 Not graphed (run as they are): CPU tensors; non-contiguous tensors; calls on any stream
@@ -54,8 +55,10 @@ _R = TypeVar("_R")
 # tokens * in_features * out_features of a step above which its layer runs eagerly: the
 # step's device time then exceeds its host time, and a graph would only add its copies
 GRAPHED_MAX_WORK = 2**35
-# graphs kept (the least recently replayed dropped first) and keys remembered as seen once
+# graphs kept (the least recently replayed dropped first), the device memory their copies
+# of inputs and outputs may hold together, and keys remembered as seen once
 MAX_GRAPHS = 64
+MAX_GRAPH_BYTES = 2**32
 MAX_SEEN = 256
 
 
@@ -130,6 +133,7 @@ class StepGraphs:
         self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.failed: set[tuple] = set()
         self.replays = 0
+        self.bytes = 0  # held by the kept graphs' copies (`captured_bytes`)
         self.lock = threading.Lock()  # forwards and the autograd engine's backward thread
         self.pools: dict[int, Any] = {}  # each device's pool handle (torch's own type)
         self.streams: dict[int, torch.cuda.Stream] = {}
@@ -139,6 +143,7 @@ class StepGraphs:
         graphs are all gone is released, and capturing into its handle again fails."""
         with self.lock:
             self.graphs.clear()
+            self.bytes = 0
             self.seen.clear()
             self.failed.clear()
             self.pools.clear()
@@ -263,14 +268,30 @@ class StepGraphs:
             return None
         outputs, single = graph_outputs(result)
         captured = Captured(graph, inputs, outputs, single, tuple(kept), device)
+        self.keep(key, captured)
+        return captured
+
+    def keep(self, key: tuple, captured: Captured) -> None:
+        """``captured`` kept under ``key``, the least recently replayed graphs dropped while
+        more than `MAX_GRAPHS` are kept or their copies exceed `MAX_GRAPH_BYTES` (the new
+        one stays); a device's pool handle goes with its last graph (a pool whose graphs
+        are all gone is released: the next capture takes a new handle)."""
         self.graphs[key] = captured
         self.seen.pop(key, None)
-        if len(self.graphs) > MAX_GRAPHS:
+        self.bytes += captured_bytes(captured)
+        while len(self.graphs) > 1 and (
+            len(self.graphs) > MAX_GRAPHS or self.bytes > MAX_GRAPH_BYTES
+        ):
             _, evicted = self.graphs.popitem(last=False)
+            self.bytes -= captured_bytes(evicted)
             if all(each.device != evicted.device for each in self.graphs.values()):
-                # its pool goes with its last graph: a new handle for the next capture
                 self.pools.pop(evicted.device, None)
-        return captured
+
+
+def captured_bytes(captured: Captured) -> int:
+    """The device memory a graph's copies hold: its static inputs and its outputs."""
+    tensors = [t for t in captured.inputs if t is not None] + list(captured.outputs)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @contextlib.contextmanager
