@@ -5,14 +5,14 @@ does not hold (new addresses, a user's capture in progress), and leaves the CPU 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from torch import Tensor
 
 import stochround.nn as srnn
-from stochround.nn import operands, orientations
+from stochround.nn import opaque_matmul, operands, orientations
 from stochround.nn import step_graphs as graphs_module
 from stochround.nn.step_graphs import (
     KEEPING,
@@ -262,25 +262,15 @@ def test_a_graph_keeps_the_cached_state_its_kernels_read() -> None:
         128, 256, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=4)
     )
     x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
-    with step_graphs(False), torch.no_grad():
-        expected = layer(x)
-    with step_graphs(True), torch.no_grad():
-        for _ in range(2):
-            layer(x)
+
+    def drop_the_caches() -> None:
         for cache in (
             operands.prepared_operand, operands.prepared_row_operand, operands.seed_on,
-            operands.tensor_rounding, orientations.prepared_pair,
+            operands.tensor_rounding, orientations.prepared_pair, opaque_matmul._step_plan,
         ):  # fmt: skip
             cache.cache_clear()  # type: ignore[attr-defined]
-        from stochround.nn import opaque_matmul
 
-        opaque_matmul._step_plan.cache_clear()  # type: ignore[attr-defined]
-        torch.cuda.empty_cache()
-        litter = [torch.full((1 << 20,), -1, device=device) for _ in range(8)]
-        before = STEP_GRAPHS.replays
-        assert torch.equal(layer(x), expected)
-        assert STEP_GRAPHS.replays == before + 1
-        del litter
+    assert_replays_over_freed_memory(layer, x, drop_the_caches, 1 << 20, 8)
 
 
 @GPU
@@ -314,34 +304,24 @@ def test_a_cublas_gemm_in_a_graph_owns_its_workspace() -> None:
         1024, 1024, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.mxfp8(seed=1)
     )
     x = torch.randn(4096, 1024, device=device, dtype=torch.bfloat16)
+    assert_replays_over_freed_memory(layer, x, graphs_module.clear_cublas_workspaces, 1 << 22, 16)
+
+
+def assert_replays_over_freed_memory(
+    layer: srnn.QuantizedLinear, x: Tensor, drop: Callable[[], None], elements: int, count: int
+) -> None:
+    """``layer``'s forward of ``x`` captured, then ``drop()`` (something PyTorch or a cache
+    may free), the freed memory handed back and written over (``count`` tensors of
+    ``elements`` -1s), and a replay: the bits of the forward without graphs."""
     with step_graphs(False), torch.no_grad():
         expected = layer(x)
     with step_graphs(True), torch.no_grad():
         for _ in range(2):
             layer(x)
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None:
-            clear()
+        drop()
         torch.cuda.empty_cache()
-        litter = [torch.full((1 << 22,), -1.0, device=device) for _ in range(16)]
+        litter = [torch.full((elements,), -1.0, device=x.device) for _ in range(count)]
         before = STEP_GRAPHS.replays
         assert torch.equal(layer(x), expected)
         assert STEP_GRAPHS.replays == before + 1
         del litter
-
-
-@GPU
-def test_a_non_contiguous_input_runs_eagerly() -> None:
-    """x as a transposed view: no graph (its static copy would be laid out otherwise), the
-    bits of no graphs."""
-    device = torch.device("cuda")
-    layer = srnn.QuantizedLinear(
-        128, 256, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.int8(seed=1)
-    )
-    x = torch.randn(128, 64, device=device, dtype=torch.bfloat16).T
-    with step_graphs(False), torch.no_grad():
-        expected = layer(x)
-    with step_graphs(True), torch.no_grad():
-        for _ in range(3):
-            assert torch.equal(layer(x), expected)
-        assert not STEP_GRAPHS.graphs and not STEP_GRAPHS.seen

@@ -41,7 +41,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .layer_plan import Plan
 from .matmul import QuantizedMatmul
-from .step_graphs import GRAPHED_MAX_WORK, STEP_GRAPHS, kept_by_graphs, on_default_stream
+from .step_graphs import STEP_GRAPHS, kept_by_graphs
 from .step_plan import StepPlan, StepSignature, make_step_plan, step_signature
 from .tensor_parallel import rank_key
 
@@ -285,15 +285,9 @@ class GraphedMatmul(torch.autograd.Function):
 
 
 def graphed_step(x: Tensor, weight: Tensor) -> bool:
-    """Whether an eager CUDA step of ``x`` and ``weight`` runs as `GraphedMatmul`: the step
-    graphs on (`step_graphs.use_step_graphs`), the step small enough that host time bounds
-    it (`step_graphs.GRAPHED_MAX_WORK`), on the device's default stream."""
-    return (
-        STEP_GRAPHS.enabled
-        and x.is_cuda
-        and step_work(x, weight) <= GRAPHED_MAX_WORK
-        and on_default_stream(x.get_device())
-    )
+    """Whether an eager step of ``x`` and ``weight`` runs as `GraphedMatmul`: where the step
+    graphs serve its forward (`step_graphs.StepGraphs.serves`)."""
+    return STEP_GRAPHS.serves((x, weight), step_work(x, weight))
 
 
 __all__ = [

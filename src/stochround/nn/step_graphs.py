@@ -24,10 +24,9 @@ signature (a new token count is a new signature).
 
 Not graphed (run as they are): CPU tensors; non-contiguous tensors; calls on any stream
 but the device's default one (a user's CUDA graph and its warm-up, torch.compile's
-``mode="reduce-overhead"``, whose warm-up allocates from its own pool on its own stream
-and whose recording captures the launches into its graph; found on an H200: graphs
-captured during that warm-up left their inputs in that pool, and later replays read freed
-memory); steps of more than
+``mode="reduce-overhead"``, whose warm-up allocates from its own pool on its own stream,
+where a graph captured then would leave its inputs for later replays to read once freed,
+and whose recording captures the launches into its graph); steps of more than
 `GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there and the copies cost); keys
 whose warm-up synchronized (run under PyTorch's sync debug mode "error": a host read
 would break the capture) or failed; anything while `use_step_graphs` is off.  A capture
@@ -164,11 +163,12 @@ class StepGraphs:
         key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
         with self.lock:
             captured = self.graphs.get(key)
-            if captured is None and key not in self.failed and key in self.seen:
-                captured = self.capture(function, tensors, rest, key)
-            elif captured is None:
-                self.remember(key)
-            else:
+            if captured is None and key not in self.failed:
+                if key in self.seen:
+                    captured = self.capture(function, tensors, rest, key)
+                else:
+                    self.remember(key)
+            elif captured is not None:
                 self.graphs.move_to_end(key)
                 for static, tensor in zip(captured.inputs, tensors, strict=True):
                     if static is not None and tensor is not None:
