@@ -293,8 +293,7 @@ class InPlaceRounding:
         self.plan, self.draws = plan, draws
         self.seed = as_int64(seed)
         self.tile = plan.rows * 4
-        # `_wide(count, 0, rows)` is count >= wide_from
-        self.wide_from = 2**31 - self.tile
+        self.wide_from = _first_wide_count(0, plan.rows)  # `_wide(count, 0, rows)`
         # the kernel of each WIDE (FROM_TENSORS off, ALIGNED on), bound at its first call
         self.launches: list[Launch | None] = [None, None]
 
@@ -332,7 +331,13 @@ def _stream_constants(common: tuple[bool, bool, bool]) -> dict[str, bool]:
 def _wide(count: int, index_offset: int, rows: int) -> bool:
     """Whether a grid of ``rows x 4`` tiles over ``count`` values from ``index_offset``
     reaches positions beyond int32 (the last tile's masked lanes included)."""
-    return count + index_offset + rows * 4 >= 2**31
+    return count >= _first_wide_count(index_offset, rows)
+
+
+def _first_wide_count(index_offset: int, rows: int) -> int:
+    """The least count of values from ``index_offset`` whose grid of ``rows x 4`` tiles is
+    `_wide`."""
+    return 2**31 - index_offset - rows * 4
 
 
 __all__ = [
