@@ -329,6 +329,9 @@ def split_batch_run(
     args += ["2", NO_CLIPPING, str(data), str(seed)]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    # one CPU thread a process in both runs (torch.distributed.run sets it for its ranks):
+    # a CPU GEMM's summation order can follow its thread count, and the runs compare bits
+    env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run(
         [*launch, *args], env=env, capture_output=True, text=True, timeout=300, check=False
     )
