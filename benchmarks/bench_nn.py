@@ -26,8 +26,9 @@ Rows (case ``linear_step``):
   quantize-dequantize (with the transpose and the amax) one ``torch.compile`` call. It does
   less than the recipe: no SR, no RHT, 1x16 blocks for W.
 
-``stochround_<recipe>_step_graphs`` (CUDA): the eager step with the layer's CUDA step
-graphs on (`stochround.nn.use_step_graphs`, opt-in).
+The recipes' rows run with the library's defaults, the layer's CUDA step graphs on
+(`stochround.nn.step_graphs`); ``stochround_<recipe>_no_step_graphs`` (CUDA): the eager
+step with them off (``use_step_graphs(False)``).
 
 The same rows in case ``linear_step_graphed`` (CUDA: the step captured as one CUDA graph
 and replayed, what is left without host time) and ``linear_step_compiled`` (the layer
@@ -212,11 +213,11 @@ HOW_NOTES = {"eager": "eager", "graphed": "one CUDA graph", "compiled": "torch.c
 
 
 def stochround_recipe(
-    inputs: Inputs, name: str, how: str = "eager", step_graphs: bool = False
+    inputs: Inputs, name: str, how: str = "eager", step_graphs: bool = True
 ) -> Run:
     """``QuantizedLinear`` under ``stochround.nn.RECIPES[name]()`` in bf16 with the inputs'
     weight, run ``how`` (`HOWS`), with the layer's CUDA step graphs on where
-    ``step_graphs``."""
+    ``step_graphs`` (the default), else off."""
     import stochround.nn as srnn
 
     features = inputs.weight.shape[0]
@@ -236,9 +237,8 @@ def stochround_recipe(
     exact = {"y": recipe_fprop(inputs, recipe)} if deterministic_fprop else {}
     check = step_check(inputs.exact, bounds, exact)
     step = run_as(layer, inputs, how)
-    if step_graphs:
-        step = harness.with_step_graphs(step)
-    graphs = ", step graphs on" if step_graphs else ""
+    step = harness.with_step_graphs(step, step_graphs)
+    graphs = "" if step_graphs else ", step graphs off"
     notes = f"{HOW_NOTES[how]}{graphs}, default backend; {name}(): {RECIPE_NOTES[name]}"
     return Run(step, check, inputs.elements, notes=notes)
 
@@ -500,9 +500,9 @@ def main() -> int:
         cuda_only = name == "fp8_native"  # FP8 tensor cores
         build = builds[f"stochround_{name}"]
         bench.add(CASE, f"stochround_{name}", build, ours=True, cuda_only=cuda_only)
-        # the same step with the layer's CUDA step graphs on (opt-in)
-        graphed = partial(stochround_recipe, inputs, name, "eager", True)
-        bench.add(CASE, f"stochround_{name}_step_graphs", graphed, ours=True, cuda_only=True)
+        # the same step with the layer's CUDA step graphs off
+        eager = partial(stochround_recipe, inputs, name, "eager", False)
+        bench.add(CASE, f"stochround_{name}_no_step_graphs", eager, ours=True, cuda_only=True)
     bench.add(
         CASE, "torchao_nvfp4_emulated", builds["torchao_nvfp4_emulated"], requires=("torchao",)
     )

@@ -8,8 +8,9 @@ steps for every case:
 - ``bf16``: no layer quantized, torch's AdamW (the baseline);
 - ``nvfp4``, ``mxfp8``, ``fp8``: the recipe on every linear but the LM head, torch's AdamW;
 - ``nvfp4_sr_adamw``: ``nvfp4`` with stochround's SR AdamW (bf16 states);
-- ``nvfp4_step_graphs``: ``nvfp4`` with the layers' CUDA step graphs on (``--step-graphs``,
-  opt-in: `stochround.nn.use_step_graphs`; CUDA only).
+- ``nvfp4_no_step_graphs``: ``nvfp4`` with the layers' CUDA step graphs off
+  (``--no-step-graphs``; the other cases run with the default, on where CUDA:
+  `stochround.nn.step_graphs`).
 
 With ``--gpus N`` above 1 each run is ``torchrun --nproc_per_node N -m stochround titan``:
 FSDP2 over the N GPUs, each GPU taking ``--batch`` samples a step (the global batch is N
@@ -36,12 +37,12 @@ from pathlib import Path
 
 # case -> (recipe, optimizer, the layers' CUDA step graphs on)
 CASES: dict[str, tuple[str, str, bool]] = {
-    "bf16": ("bf16", "AdamW", False),
-    "nvfp4": ("nvfp4", "AdamW", False),
-    "mxfp8": ("mxfp8", "AdamW", False),
-    "fp8": ("fp8", "AdamW", False),
-    "nvfp4_sr_adamw": ("nvfp4", "SRAdamW", False),
-    "nvfp4_step_graphs": ("nvfp4", "AdamW", True),
+    "bf16": ("bf16", "AdamW", True),
+    "nvfp4": ("nvfp4", "AdamW", True),
+    "mxfp8": ("mxfp8", "AdamW", True),
+    "fp8": ("fp8", "AdamW", True),
+    "nvfp4_sr_adamw": ("nvfp4", "SRAdamW", True),
+    "nvfp4_no_step_graphs": ("nvfp4", "AdamW", False),
 }
 
 
@@ -75,7 +76,7 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         "--out",
         str(folder),
         *(["--compile"] if args.compile else []),
-        *(["--step-graphs"] if step_graphs else []),
+        *([] if step_graphs else ["--no-step-graphs"]),
     ]
 
 

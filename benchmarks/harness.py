@@ -276,13 +276,14 @@ def graph_of(step: Callable[[], T]) -> Callable[[], T]:
     return replay
 
 
-def with_step_graphs(step: Callable[[], T]) -> Callable[[], T]:
-    """``step`` run with quantized layers' CUDA step graphs on (`stochround.nn.step_graphs`,
-    opt-in), the process's setting restored after each call (no graph dropped)."""
+def with_step_graphs(step: Callable[[], T], enabled: bool) -> Callable[[], T]:
+    """``step`` run with quantized layers' CUDA step graphs (`stochround.nn.step_graphs`) on
+    or off as ``enabled`` says, the process's setting restored after each call (no graph
+    dropped)."""
     from stochround.nn.step_graphs import STEP_GRAPHS
 
     def graphed() -> T:
-        previous, STEP_GRAPHS.enabled = STEP_GRAPHS.enabled, True
+        previous, STEP_GRAPHS.enabled = STEP_GRAPHS.enabled, enabled
         try:
             return step()
         finally:

@@ -20,7 +20,9 @@ from stochround.nn.step_graphs import (
     Captured,
     StepGraphs,
     call_key,
+    copy_grouped,
     enabled_by_environment,
+    fresh_copies,
     kept_by_graphs,
     use_step_graphs,
 )
@@ -104,8 +106,8 @@ def test_the_key_tells_layouts_dtypes_and_arguments_apart_not_addresses() -> Non
 
 
 def test_the_environment_turns_them_on_and_names_its_values() -> None:
-    assert not enabled_by_environment(None) and not enabled_by_environment("0")
-    assert enabled_by_environment("1")
+    assert enabled_by_environment(None) and enabled_by_environment("")
+    assert enabled_by_environment("1") and not enabled_by_environment("0")
     with pytest.raises(ValueError, match='STOCHROUND_STEP_GRAPHS must be "0" or "1"'):
         enabled_by_environment("yes")
 
@@ -325,3 +327,25 @@ def assert_replays_over_freed_memory(
         assert torch.equal(layer(x), expected)
         assert STEP_GRAPHS.replays == before + 1
         del litter
+
+
+def test_grouped_copies_move_each_dtypes_bits_and_skip_absent_or_empty_pairs() -> None:
+    """`copy_grouped` copies every pair whose tensors exist (NaN payloads and -0.0 as they
+    are), leaves a pair with a None alone; `fresh_copies` returns new tensors with the
+    outputs' bits and an empty output as it is."""
+    bits = torch.tensor([0x7FC1, -0x8000, 0x3F80, -0x007F], dtype=torch.int16)  # NaN, -0.0, 1, NaN
+    sources = [bits.view(torch.bfloat16), torch.arange(3, dtype=torch.int64), None, None]
+    targets = [torch.zeros(4, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int64)]
+    untouched = torch.full((2,), 7.0)
+    copy_grouped([*targets, untouched, None], [*sources[:2], None, torch.ones(2)])
+    assert torch.equal(targets[0].view(torch.int16), bits)
+    assert torch.equal(targets[1], sources[1])
+    assert torch.equal(untouched, torch.full((2,), 7.0))
+    empty = torch.empty(0)
+    outputs = [targets[0], empty, targets[1]]
+    copies = fresh_copies(outputs)
+    assert copies[1] is empty
+    assert torch.equal(copies[0].view(torch.int16), bits)
+    assert torch.equal(copies[2], sources[1])
+    pairs = zip(copies, outputs, strict=True)
+    assert all(c.data_ptr() != o.data_ptr() for c, o in pairs if o.numel())

@@ -26,7 +26,7 @@ TITAN_EPILOG = (
     "Examples: stochround titan --recipe nvfp4 --steps 200 ; "
     "stochround titan --recipe int8 --flavor tiny --device cpu --steps 20 --seq-len 64 ; "
     "torchrun --nproc_per_node 2 -m stochround titan --recipe nvfp4 --optimizer SRAdamW ; "
-    "stochround titan --recipe nvfp4 --compile --step-graphs"
+    "stochround titan --recipe nvfp4 --compile --no-step-graphs"
 )
 
 
@@ -62,12 +62,13 @@ def titan_command(
         typer.Option(help="torchtitan's activation checkpointing: none, full or selective."),
     ] = "none",
     step_graphs: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--step-graphs",
-            help="Replay each quantized layer's step as a CUDA graph (CUDA; opt-in).",
+            "--step-graphs/--no-step-graphs",
+            help="Replay each quantized layer's step as a CUDA graph (CUDA; default: on "
+            "there, unless STOCHROUND_STEP_GRAPHS=0).",
         ),
-    ] = False,
+    ] = None,
     out: Annotated[Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints).")] = Path(
         "titan-run"
     ),
@@ -80,7 +81,7 @@ def titan_command(
     if steps < 1:
         output.fail(f"--steps must be >= 1, got {steps}")
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if step_graphs and chosen != "cuda":
+    if step_graphs is True and chosen != "cuda":
         output.fail(f"--step-graphs replays CUDA launches: it needs --device cuda, got {chosen}")
     switches = output.checked(lambda: parse_switches(switch or []))
     # the head's path differs between torchtitan releases: its default comes from the config
@@ -103,11 +104,12 @@ def titan_command(
         )
     )
     fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
-    previous = use_step_graphs(step_graphs)
+    previous = None if step_graphs is None else use_step_graphs(step_graphs)
     try:
         rows = output.checked(lambda: run_training(config, chosen, fields))
     finally:
-        use_step_graphs(previous)
+        if previous is not None:
+            use_step_graphs(previous)
     if rows.exists() and rows.read_text().strip():
         last = json.loads(rows.read_text().splitlines()[-1])
         print(f"step {last['step']}: loss {last['loss']:.4f} ({rows})")

@@ -1,9 +1,8 @@
 """CUDA graphs of a quantized layer's two step functions (`stochround.nn.opaque_matmul`'s
 forward and backward), captured per call signature and replayed: a step's dozen launches,
 and the host time around each, become one graph launch and a few copies
-(docs/guide/recipes.md, "CUDA graphs of a layer's step").  Off unless turned on
-(`use_step_graphs`, ``STOCHROUND_STEP_GRAPHS=1``): the full GPU test suite has not yet
-run with them on since their last change.
+(docs/guide/recipes.md, "CUDA graphs of a layer's step").  On by default; off with
+``use_step_graphs(False)`` or ``STOCHROUND_STEP_GRAPHS=0`` (they cost device memory: below).
 
 Both functions are pure functions of their tensors and ints: no host state changes and no
 host read of a device value.  So a graph captured on static input tensors computes,
@@ -170,14 +169,11 @@ class StepGraphs:
                     self.remember(key)
             elif captured is not None:
                 self.graphs.move_to_end(key)
-                for static, tensor in zip(captured.inputs, tensors, strict=True):
-                    if static is not None and tensor is not None:
-                        static.copy_(tensor)
+                copy_grouped(captured.inputs, tensors)
             if captured is not None:
                 captured.graph.replay()
                 self.replays += 1
-                # an empty output (a gradient not wanted) holds no values to overwrite
-                outputs = [out if out.numel() == 0 else out.clone() for out in captured.outputs]
+                outputs = fresh_copies(captured.outputs)
                 return outputs[0] if captured.single else outputs
         return function(*tensors, *rest)
 
@@ -288,6 +284,31 @@ class StepGraphs:
                 self.pools.pop(evicted.device, None)
 
 
+def copy_grouped(targets: Sequence[Tensor | None], sources: Sequence[Tensor | None]) -> None:
+    """Each source copied into its target (pairs with a None skipped), by one
+    ``torch._foreach_copy_`` a dtype: on CUDA one launch for all tensors of a dtype, where
+    a copy each would be a launch each (the host time a replay is there to save).  The
+    pairs' dtypes agree (a graph's static inputs are made like the call's tensors), so each
+    copy moves the bits unchanged."""
+    groups: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
+    for target, source in zip(targets, sources, strict=True):
+        if target is not None and source is not None and target.numel():
+            into, of = groups.setdefault(target.dtype, ([], []))
+            into.append(target)
+            of.append(source)
+    for into, of in groups.values():
+        torch._foreach_copy_(into, of)
+
+
+def fresh_copies(outputs: Sequence[Tensor]) -> list[Tensor]:
+    """New tensors holding ``outputs``' values (a graph's outputs live in its pool, which
+    the next replay overwrites), made by `copy_grouped`; an empty output (a gradient not
+    wanted) holds no values to overwrite and is returned as it is."""
+    copies = [out if out.numel() == 0 else torch.empty_like(out) for out in outputs]
+    copy_grouped(copies, outputs)
+    return copies
+
+
 def captured_bytes(captured: Captured) -> int:
     """The device memory a graph's copies hold: its static inputs and its outputs."""
     tensors = [t for t in captured.inputs if t is not None] + list(captured.outputs)
@@ -327,16 +348,16 @@ def device_index(tensors: Sequence[Tensor | None]) -> int:
     return first.get_device()
 
 
-# the environment variable that turns the step graphs on for a process (`use_step_graphs`)
+# the environment variable that turns the step graphs off for a process (`use_step_graphs`)
 ENVIRONMENT = "STOCHROUND_STEP_GRAPHS"
 
 
 def enabled_by_environment(value: str | None) -> bool:
-    """The step graphs' setting a process starts with: on where ``$STOCHROUND_STEP_GRAPHS``
-    is "1", off where it is unset or "0" (ValueError for anything else)."""
+    """The step graphs' setting a process starts with: off where ``$STOCHROUND_STEP_GRAPHS``
+    is "0", on where it is unset or "1" (ValueError for anything else)."""
     if value not in (None, "", "0", "1"):
         raise ValueError(f'{ENVIRONMENT} must be "0" or "1" (or unset); got {value!r}')
-    return value == "1"
+    return value != "0"
 
 
 # the process's graphs: one set for every layer (keys are call signatures)
@@ -345,7 +366,7 @@ STEP_GRAPHS.enabled = enabled_by_environment(os.environ.get(ENVIRONMENT))
 
 
 def use_step_graphs(enabled: bool) -> bool:
-    """Turn the CUDA graphs of quantized layers' steps on or off (off by default, or as
+    """Turn the CUDA graphs of quantized layers' steps on or off (on by default, or as
     ``$STOCHROUND_STEP_GRAPHS`` says); returns the previous setting.  Turning them off
     drops the captured graphs."""
     if not isinstance(enabled, bool):
@@ -363,7 +384,9 @@ __all__ = [
     "STEP_GRAPHS",
     "StepGraphs",
     "call_key",
+    "copy_grouped",
     "enabled_by_environment",
+    "fresh_copies",
     "kept_by_graphs",
     "on_default_stream",
     "use_step_graphs",
