@@ -203,6 +203,7 @@ def int8_step(recipe: srnn.Recipe, dtype: torch.dtype) -> tuple[Tensor, Tensor, 
     return y.detach(), x.grad, model.weight.grad  # type: ignore[return-value]
 
 
+@pytest.mark.usefixtures("no_step_graphs")  # counts the eager route's kernel operands
 @pytest.mark.parametrize("noise", ["element", "row"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_an_int8_step_on_the_kernel_gives_the_pytorch_paths_y_dx_and_dw(

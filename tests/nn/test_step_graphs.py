@@ -331,21 +331,31 @@ def assert_replays_over_freed_memory(
 
 def test_grouped_copies_move_each_dtypes_bits_and_skip_absent_or_empty_pairs() -> None:
     """`copy_grouped` copies every pair whose tensors exist (NaN payloads and -0.0 as they
-    are), leaves a pair with a None alone; `fresh_copies` returns new tensors with the
-    outputs' bits and an empty output as it is."""
+    are; even element sizes as int16 words, others by their dtype, a 0-d tensor too),
+    leaves a pair with a None alone; `fresh_copies` returns new tensors with the outputs'
+    bits and an empty output as it is."""
     bits = torch.tensor([0x7FC1, -0x8000, 0x3F80, -0x007F], dtype=torch.int16)  # NaN, -0.0, 1, NaN
-    sources = [bits.view(torch.bfloat16), torch.arange(3, dtype=torch.int64), None, None]
-    targets = [torch.zeros(4, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int64)]
+    words = torch.tensor([0x7FC00001, -0x80000000, 5], dtype=torch.int32)
+    sources = [
+        bits.view(torch.bfloat16),
+        words.view(torch.float32),
+        torch.arange(3, dtype=torch.int64).reshape(3, 1) - 2**40,
+        torch.tensor([1, 255, 7], dtype=torch.uint8),
+        torch.tensor(3, dtype=torch.int64),
+    ]
+    targets = [torch.zeros_like(each) for each in sources]
     untouched = torch.full((2,), 7.0)
-    copy_grouped([*targets, untouched, None], [*sources[:2], None, torch.ones(2)])
-    assert torch.equal(targets[0].view(torch.int16), bits)
-    assert torch.equal(targets[1], sources[1])
+    copy_grouped([*targets, untouched, None], [*sources, None, torch.ones(2)])
+    for target, source in zip(targets, sources, strict=True):
+        assert target.dtype == source.dtype and target.shape == source.shape
+        raw = target.reshape(-1).view(torch.uint8), source.reshape(-1).view(torch.uint8)
+        assert torch.equal(*raw)
     assert torch.equal(untouched, torch.full((2,), 7.0))
     empty = torch.empty(0)
-    outputs = [targets[0], empty, targets[1]]
+    outputs = [targets[0], empty, targets[2]]
     copies = fresh_copies(outputs)
     assert copies[1] is empty
     assert torch.equal(copies[0].view(torch.int16), bits)
-    assert torch.equal(copies[2], sources[1])
+    assert torch.equal(copies[2], sources[2])
     pairs = zip(copies, outputs, strict=True)
     assert all(c.data_ptr() != o.data_ptr() for c, o in pairs if o.numel())

@@ -286,16 +286,22 @@ class StepGraphs:
 
 def copy_grouped(targets: Sequence[Tensor | None], sources: Sequence[Tensor | None]) -> None:
     """Each source copied into its target (pairs with a None skipped), by one
-    ``torch._foreach_copy_`` a dtype: on CUDA one launch for all tensors of a dtype, where
-    a copy each would be a launch each (the host time a replay is there to save).  The
-    pairs' dtypes agree (a graph's static inputs are made like the call's tensors), so each
-    copy moves the bits unchanged."""
+    ``torch._foreach_copy_`` a group: on CUDA one launch for a group's tensors, where a
+    copy each would be a launch each (the host time a replay is there to save).  Tensors
+    of an even element size (bf16, fp32, the int64 offsets column) are copied as their
+    int16 words, all in one group; any other (a 1-byte dtype, a 0-d tensor) in a group of
+    its dtype.  The pairs' dtypes and layouts agree (a graph's static inputs are made like
+    the call's tensors, contiguous: `StepGraphs.serves`), so each copy moves the bits
+    unchanged."""
     groups: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
     for target, source in zip(targets, sources, strict=True):
-        if target is not None and source is not None and target.numel():
-            into, of = groups.setdefault(target.dtype, ([], []))
-            into.append(target)
-            of.append(source)
+        if target is None or source is None or not target.numel():
+            continue
+        if target.element_size() % 2 == 0 and target.dim() > 0:
+            target, source = target.view(torch.int16), source.view(torch.int16)
+        into, of = groups.setdefault(target.dtype, ([], []))
+        into.append(target)
+        of.append(source)
     for into, of in groups.values():
         torch._foreach_copy_(into, of)
 
