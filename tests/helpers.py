@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -119,3 +120,35 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         self.ops[str(func)] += 1
         return func(*args, **(kwargs or {}))
+
+
+def seeded_sr_steps(
+    build: Callable[[torch.nn.Module, int], torch.optim.Optimizer],
+) -> list[tuple[int, list[torch.Tensor]]]:
+    """A bf16 linear's first step under the SR optimizer ``build(model, seed)`` makes, for
+    (seed, draws from torch's generator before the build) (5, 1), (5, 7) and (6, 1): each
+    step's group seed and the bits of the weight and its AdamW states (a run's seed must
+    give the same words whatever the generator did, another seed other words)."""
+    steps = []
+    for seed, draws in ((5, 1), (5, 7), (6, 1)):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(32, 16).to(torch.bfloat16)
+        torch.manual_seed(draws)
+        torch.rand(draws)
+        optimizer = build(model, seed)
+        model(torch.ones(4, 32, dtype=torch.bfloat16)).float().sum().backward()
+        optimizer.step()
+        state = optimizer.state[model.weight]
+        tensors = [model.weight, state["exp_avg"], state["exp_avg_sq"]]
+        group_seed = optimizer.param_groups[0]["seed"]
+        steps.append((group_seed, [t.detach().view(torch.int16) for t in tensors]))
+    return steps
+
+
+def assert_seeded_sr_steps(steps: list[tuple[int, list[torch.Tensor]]]) -> None:
+    """`seeded_sr_steps`' steps: seeds 5, 5, 6; the two of seed 5 equal bit for bit, the
+    one of seed 6 not."""
+    (seed, first), (again_seed, again), (other_seed, other) = steps
+    assert (seed, again_seed, other_seed) == (5, 5, 6)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))

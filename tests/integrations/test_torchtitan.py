@@ -20,6 +20,7 @@ from titan_versions import torchtitan_mismatch
 if reason := torchtitan_mismatch("0.3.0", "torchtitan"):
     pytest.skip(reason, allow_module_level=True)
 
+from helpers import assert_seeded_sr_steps, seeded_sr_steps
 from ranks import run_ranks
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.decoder_sharding import colwise_config, rowwise_config
@@ -347,6 +348,79 @@ def test_torchtitans_trainer_runs_tensor_parallel_on_two_gloo_ranks(tmp_path) ->
     assert [(row["step"], row["world_size"]) for row in rows] == [(1, 2), (2, 2), (3, 2)]
     losses = [row["loss"] for row in rows]
     assert all(math.isfinite(loss) for loss in losses) and losses[2] < losses[0]
+
+
+def dp_body(rank: int, world_size: int, device: str) -> dict[str, object]:
+    """The tiny model under nvfp4 (SR gradients) parallelized as torchtitan's trainer does
+    with ``data_parallel_shard_degree`` over the ranks (``model.parallelize``; FSDP2 itself
+    does not run on gloo under 0.3.0), the same weights and tokens on every rank: the
+    layers' data-parallel ranks and keys, the logits and the linears' gradients."""
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+
+    from stochround.nn.streams import DATA_ROLES, data_rank_key
+
+    config = titan_config("nvfp4", flavor="tiny")
+    config.parallelism.data_parallel_shard_degree = world_size
+    dims = ParallelDims.from_config(config.parallelism, world_size)  # type: ignore[attr-defined]
+    dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+    model_config = dense_attention(config.model_spec.model)
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    out: dict[str, object] = {}
+    with dist_utils.get_spmd_context(parallel_dims=dims)():
+        model.parallelize(dims)
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        tokens = torch.randint(0, 258, (2, 32), generator=torch.Generator().manual_seed(3))
+        positions = torch.arange(32).repeat(2, 1)
+        logits = model(
+            tokens, attention_masks=model.get_attention_masks(positions), positions=positions
+        )
+        logits.float().square().mean().backward()
+    layers = [m for m in model.modules() if isinstance(m, StochroundLinear)]
+    out["ranks"] = {m.data_parallel_rank for m in layers}
+    out["keys"] = all(
+        m.plan.key_of(role)
+        == (data_rank_key(m.plan.seed, rank) if role in DATA_ROLES else m.plan.seed)
+        for m in layers
+        for role in sr.nn.recipes.ROLES
+    )
+    out["registered"] = all(
+        registered_plan(m.plan_index, -1).data_parallel_rank == rank for m in layers
+    )
+    out["logits"] = logits.detach()
+    out["grads"] = [m.weight.grad.detach().clone() for m in layers]
+    return out
+
+
+def test_data_parallel_ranks_key_the_words_of_x_and_dy_on_two_gloo_ranks() -> None:
+    """Each converted layer takes its rank on torchtitan's ``loss`` mesh (here FSDP's
+    ``dp_shard`` axis): on the same weights and tokens the ranks' logits are equal (nvfp4's
+    forward rounds to nearest, and the weight's words are one key's) and the linears'
+    weight gradients differ (each rank's dy draws its own SR words)."""
+    first, second = run_ranks(dp_body, device="cpu")
+    assert (first["ranks"], second["ranks"]) == ({0}, {1})
+    assert all(result["keys"] and result["registered"] for result in (first, second))
+    assert torch.equal(first["logits"], second["logits"])
+    pairs = zip(first["grads"], second["grads"], strict=True)
+    assert all(not torch.equal(a, b) for a, b in pairs)
+
+
+def build_sr_adamw(model: torch.nn.Module, seed: int) -> torch.optim.Optimizer:
+    """``titan_config``'s SRAdamW of ``seed`` on ``model``."""
+    config = titan_config("bf16", optimizer="SRAdamW", seed=seed)
+    (optimizer,) = config.optimizer.build(model_parts=[model]).optimizers
+    return optimizer
+
+
+def test_a_configs_sr_optimizer_draws_by_its_seed_whatever_torchs_generator_did() -> None:
+    """The config's seed is the SR optimizer's: two builds after other draws take the same
+    words, another seed other words."""
+    assert_seeded_sr_steps(seeded_sr_steps(build_sr_adamw))
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_seeded_sr_steps, seeded_sr_steps
 from ranks import run_ranks
 from titan_versions import torchtitan_mismatch
 
@@ -49,7 +50,16 @@ DEBUG_LINEARS = [
         "feed_forward.w3",
     )
 ]
-ONE_RANK = types.SimpleNamespace()  # the converter and optimizers read nothing of it here
+
+
+def no_mesh(dims: object) -> None:
+    """torchtitan's ``ParallelDims.get_optional_mesh`` of one rank: no mesh."""
+    return None
+
+
+# the converter reads the ``loss`` mesh of it (none: one data-parallel rank); the optimizers
+# nothing
+ONE_RANK = types.SimpleNamespace(get_optional_mesh=no_mesh)
 
 
 def converted(
@@ -175,6 +185,40 @@ def test_the_job_configs_optimizer_name_builds_it(name, cls, states) -> None:
         build_sr_optimizers([model], config.optimizer, ONE_RANK)
 
 
+def build_sr_adamw(model: nn.Module, seed: int) -> torch.optim.Optimizer:
+    """``titan_config``'s SRAdamW of ``seed`` on ``model``, as the train spec builds it."""
+    config = titan_config("int8", optimizer="SRAdamW", seed=seed)
+    (optimizer,) = build_sr_optimizers([model], config.optimizer, ONE_RANK).optimizers
+    return optimizer
+
+
+def test_a_configs_sr_optimizer_draws_by_its_seed_whatever_torchs_generator_did() -> None:
+    """``titan_config`` sets ``optimizer.seed`` (the field stochround's job config module
+    adds) to the run's seed: two builds after other draws take the same words, another
+    seed other words; the TOML pins it as it pins ``stochround.seed``."""
+    assert_seeded_sr_steps(seeded_sr_steps(build_sr_adamw))
+    from_toml = ConfigManager().parse_args(["--job.config_file", str(TOML)])
+    assert from_toml.optimizer.seed == from_toml.stochround.seed == 0
+
+
+def test_the_converter_keys_x_and_dy_by_the_data_parallel_rank() -> None:
+    """The swapped layers take the process's rank on torchtitan's ``loss`` mesh (data
+    parallel and context parallel): the words of x and dy are that rank's, the weight's
+    the layer's own (`stochround.nn.streams`)."""
+    from stochround.nn.streams import DATA_ROLES, data_rank_key
+
+    mesh = types.SimpleNamespace(get_local_rank=lambda: 3)
+    dims = types.SimpleNamespace(get_optional_mesh=lambda name: mesh if name == "loss" else None)
+    model = converted(titan_config("nvfp4", flavor="tiny"), "tiny", "meta", dims)
+    layers = [m for m in model.modules() if isinstance(m, sr.nn.QuantizedLinear)]
+    assert layers and {m.data_parallel_rank for m in layers} == {3}
+    for layer in layers:
+        plan = layer.plan
+        for role in sr.nn.recipes.ROLES:
+            key = data_rank_key(plan.seed, 3) if role in DATA_ROLES else plan.seed
+            assert plan.key_of(role) == key
+
+
 def test_the_toml_is_titan_configs_default() -> None:
     from_toml = ConfigManager().parse_args(["--job.config_file", str(TOML)])
     assert from_toml.model.name == "stochround_llama3"
@@ -233,7 +277,7 @@ def tp_body(rank: int, world_size: int, device: str) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
     from torchtitan.models.llama3.infra.parallelize import apply_tp
 
-    tp_dims = types.SimpleNamespace(tp_enabled=True, tp=world_size)
+    tp_dims = types.SimpleNamespace(tp_enabled=True, tp=world_size, get_optional_mesh=no_mesh)
     whole = converted(titan_config("mxfp8", flavor="tiny"), "tiny", "cpu", tp_dims)
     with torch.no_grad():
         whole.init_weights(buffer_device=None)
@@ -359,10 +403,10 @@ def test_fsdp2_on_a_split_batch_against_one_process(
     for nvfp4 rounding to nearest without the RHT: torchtitan divides each rank's loss sum
     by the global token count and FSDP2 sums the two ranks' gradients (torchtitan turns its
     division off), as the accumulation adds the second micro-batch's to the first's.  With
-    SR and the RHT (nvfp4's default) the first loss agrees and the weights do not: the
-    random words differ (the accumulating process draws its second micro-batch's at the
-    next step of the layers' counters; the two ranks draw theirs at one step under one
-    key, at their local tensors' element indices).
+    SR and the RHT (nvfp4's default) the first loss agrees (nvfp4's forward rounds to
+    nearest) and the weights do not: the random words differ (the accumulating process
+    draws its second micro-batch's at the next step of the layers' counters; the two ranks
+    draw theirs at one step, rank 1's dy under its data-parallel rank's key).
 
     Against one process taking both samples in one micro-batch: the float32 model's first
     loss is equal, then the runs differ by the order of the gradients' sums (a GEMM over 64

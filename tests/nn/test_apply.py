@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import stochround.nn as srnn
+from stochround.nn.recipes import ROLES
 
 
 class Block(nn.Module):
@@ -203,3 +204,41 @@ def test_unquantize_gives_back_plain_layers_holding_the_same_parameters() -> Non
     assert type(back) is nn.Linear and back.weight is layer.weight
     with pytest.raises(TypeError, match=r"model must be an nn\.Module"):
         srnn.unquantize_("model")  # type: ignore[arg-type]
+
+
+def test_a_data_parallel_rank_keys_the_words_of_x_and_dy_not_the_weights() -> None:
+    """``data_parallel_rank`` (`stochround.nn.streams`): the plan's key of each x and dy
+    role is the rank's, of each weight role the layer's; the compiled ops' registered plan
+    carries the rank; `set_data_parallel_rank` makes the plan again and keeps the step."""
+    from stochround.nn.opaque_matmul import registered_plan
+    from stochround.nn.streams import DATA_ROLES, data_rank_key
+
+    model = srnn.quantize_(Tiny(), srnn.nvfp4(seed=5), data_parallel_rank=3)
+    layer = model.blocks[0].attn
+    assert layer.data_parallel_rank == 3 and "data_parallel_rank=3" in repr(layer)
+    plan = layer.plan
+    for role in ROLES:
+        ranked = data_rank_key(plan.seed, 3) if role in DATA_ROLES else plan.seed
+        assert plan.key_of(role) == ranked, role
+    assert registered_plan(layer.plan_index, -1) == plan._replace(layer=0)
+    model(torch.randn(32, 32)).sum().backward()
+    layer.set_data_parallel_rank(0)
+    assert all(layer.plan.key_of(role) == plan.seed for role in ROLES)
+    assert int(layer.step) == 1
+
+
+@pytest.mark.parametrize(
+    ("rank", "error", "message"),
+    [
+        (-1, ValueError, r"data_parallel_rank must be in \[0, 2\*\*32\), got -1"),
+        (0.0, TypeError, "data_parallel_rank must be an int, got float"),
+    ],
+)
+def test_a_bad_data_parallel_rank_is_refused_before_any_swap(rank, error, message) -> None:
+    model = Tiny()
+    with pytest.raises(error, match=message):
+        srnn.quantize_(model, srnn.nvfp4(), data_parallel_rank=rank)
+    assert quantized_paths(model) == {}
+    layer = srnn.quantize_(nn.Linear(32, 32), srnn.nvfp4())
+    with pytest.raises(error, match=message):
+        layer.set_data_parallel_rank(rank)

@@ -142,3 +142,48 @@ def test_fsdp2_training_equals_one_process(device: str) -> None:
             assert losses == whole_losses, (rank, name, losses, whole_losses)
             assert case["params"], (rank, name)
             assert case["sharded"] and case["quantized"] and case["moved"], (rank, name, case)
+
+
+def data_rank_body(rank: int, world_size: int, device: str) -> dict[str, torch.Tensor]:
+    """mxfp4_tseng (SR on dy, x and W in the backward GEMMs) keyed by each rank's
+    data-parallel rank, every rank on the same batch and the same dy, so that what differs
+    between the ranks is their random words: under FSDP2, the gradient dx of the input
+    (``Q(dy) Q(W)``); and the first layer's dgrad and wgrad operands, quantized by its
+    plan from the all-gathered weight."""
+    from stochround.nn.linear import gemm_operands, slot_offsets, step_column
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH))
+    plain = plain.to(device=device, dtype=torch.bfloat16)
+    recipe = sr.nn.mxfp4_tseng(seed=RECIPE_SEED)
+    model = sharded(sr.nn.quantize_(plain, recipe, data_parallel_rank=rank), device)
+    x, dy = batch(0, device)
+    x.requires_grad_(True)
+    model(x).backward(dy)
+    layer = model[0]
+    weight = layer.weight.full_tensor().detach()
+    offsets = slot_offsets(step_column(torch.zeros((), dtype=torch.int64, device=device), 0))
+    grad, weight_t, _ = gemm_operands(layer.plan, "dgrad", dy, weight.T, offsets)
+    grad_t, x_t, _ = gemm_operands(layer.plan, "wgrad", dy.T, x.detach().T, offsets)
+    return {
+        "dx": bits(x.grad),
+        "dgrad_grad_output": bits(grad.values),
+        "dgrad_weight": bits(weight_t.values),
+        "wgrad_grad_output": bits(grad_t.values),
+        "wgrad_input": bits(x_t.values),
+        "rank": torch.tensor(layer.data_parallel_rank),
+    }
+
+
+@pytest.mark.parametrize("device", devices())
+def test_data_parallel_ranks_draw_their_own_words_for_x_and_dy_and_one_for_the_weight(
+    device: str,
+) -> None:
+    """``quantize_(..., data_parallel_rank=rank)`` under FSDP2: on the same data the two
+    ranks' dy and x operands differ (their own words), the all-gathered weight's operand
+    is equal bit for bit (one key on every rank), and so the input gradients differ."""
+    first, second = run_ranks(data_rank_body, device=device)
+    assert (int(first["rank"]), int(second["rank"])) == (0, 1)
+    assert torch.equal(first["dgrad_weight"], second["dgrad_weight"])
+    for role in ("dgrad_grad_output", "wgrad_grad_output", "wgrad_input", "dx"):
+        assert not torch.equal(first[role], second[role]), role

@@ -35,6 +35,7 @@ from torch.nn.utils import parametrize
 from .gaussws import GaussWS, sampling_of
 from .linear import QuantizedLinear, next_layer_index
 from .recipes import Recipe
+from .streams import check_data_parallel_rank
 
 Rule = tuple[str, Recipe | None]
 
@@ -90,6 +91,7 @@ def quantize_(
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
     *,
     rules: Sequence[Rule] | None = None,
+    data_parallel_rank: int = 0,
 ) -> nn.Module:
     """Replace, in place, each `nn.Linear` of ``model`` by a `QuantizedLinear` sharing its
     parameters (`QuantizedLinear.from_linear`), under the recipe that ``rules`` or
@@ -102,6 +104,12 @@ def quantize_(
             layer as it is.
         rules: Qwix's rules, ``[(regex, recipe or None), ...]``: the first regex matching
             the layer's whole path (``re.fullmatch``) gives its recipe, None leaving it.
+        data_parallel_rank: this process's rank among those that hold other tokens (DDP,
+            FSDP2 and context-parallel ranks; e.g. ``torch.distributed.get_rank()`` under
+            plain DDP or FSDP2), in [0, 2**32): the words of the layers' x and dy are keyed
+            by it, so that the ranks' rounding errors on their own data are independent,
+            while every rank quantizes the (all-gathered) weight with the same words.  0
+            by default: every rank draws rank 0's words (`stochround.nn.streams`).
 
     The replaced layers are numbered 0, 1, ... in ``model.named_modules()`` order (their
     ``layer_index``, which gives each its own random streams), after those an earlier
@@ -120,6 +128,7 @@ def quantize_(
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"filter_fn must be callable or None, got {type(filter_fn).__name__}")
     compiled = check_rules(rules)
+    check_data_parallel_rank(data_parallel_rank)
     chosen: list[tuple[str, nn.Linear, Recipe]] = []
     weight_only = []
     for path, module in model.named_modules():
@@ -146,7 +155,9 @@ def quantize_(
     replacements: list[tuple[str, nn.Module]] = []
     for index, (path, module, layer_recipe) in enumerate(chosen, start=first):
         try:
-            replacement = QuantizedLinear.from_linear(module, layer_recipe, layer_index=index)
+            replacement = QuantizedLinear.from_linear(
+                module, layer_recipe, layer_index=index, data_parallel_rank=data_parallel_rank
+            )
         except ValueError as error:
             raise ValueError(f"{path or 'model'}: {error}") from None
         replacements.append((path, replacement))

@@ -16,7 +16,7 @@ from ..blocks.request import check_blocks
 from ..random import StreamDomain, stream_key
 from .operands import Operand, tensor_transposes
 from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
-from .streams import stream_offset
+from .streams import DATA_ROLES, check_data_parallel_rank, data_rank_key, stream_offset
 
 
 class Plan(NamedTuple):
@@ -24,8 +24,9 @@ class Plan(NamedTuple):
     recipe's seed in `StreamDomain.RECIPE`: `stochround.random.stream_key`), the layer's
     index, the multiple the wgrad GEMM pads its token count to (`token_multiple`) and
     whether dgrad's weight operand is fprop's transposed (`weight_transposes`), and
-    whether the GEMMs run on the FP8 tensor cores (``native``, `Recipe.gemm`), and the
-    per-tensor roles whose operand is another's transposed (`tensor_transposes`)."""
+    whether the GEMMs run on the FP8 tensor cores (``native``, `Recipe.gemm`), the
+    per-tensor roles whose operand is another's transposed (`tensor_transposes`), and the
+    layer's data-parallel rank, which keys the words of x and dy (`key_of`)."""
 
     operands: dict[str, Operand]
     seed: int
@@ -34,6 +35,15 @@ class Plan(NamedTuple):
     weight_transposes: bool
     native: bool = False
     tensor_transposes: frozenset[str] = frozenset()
+    data_parallel_rank: int = 0
+
+    def key_of(self, role: str) -> int:
+        """The Philox key of ``role``'s words: the plan's ``seed``, folded with its
+        data-parallel rank (`stochround.nn.streams.data_rank_key`) for the operands of x
+        and dy (`DATA_ROLES`), which differ by rank; the weight's on every rank."""
+        if role in DATA_ROLES and self.data_parallel_rank:
+            return data_rank_key(self.seed, self.data_parallel_rank)
+        return self.seed
 
 
 def token_multiple(operands: dict[str, Operand]) -> int:
@@ -52,19 +62,21 @@ def token_multiple(operands: dict[str, Operand]) -> int:
     return multiple
 
 
-def make_plan(recipe: Recipe, layer: int) -> Plan:
-    """The `Plan` of ``recipe`` for layer number ``layer``."""
+def make_plan(recipe: Recipe, layer: int, data_parallel_rank: int = 0) -> Plan:
+    """The `Plan` of ``recipe`` for layer number ``layer`` on data-parallel rank
+    ``data_parallel_rank`` (`Plan.key_of`)."""
     operands = {}
     for role in ROLES:
         spec = recipe.spec(role)
         fmt = spec.block_format() if spec.quantized else None
         operands[role] = Operand(role, spec, fmt)
     stream_offset(0, layer, 0)  # checks the layer index
+    check_data_parallel_rank(data_parallel_rank)
     key = int(stream_key(recipe.seed, StreamDomain.RECIPE))
     native = recipe.gemm == "native"
     reuse, multiple = weight_transposes(operands), token_multiple(operands)
     transposes = tensor_transposes(operands, multiple)
-    return Plan(operands, key, layer, multiple, reuse, native, transposes)
+    return Plan(operands, key, layer, multiple, reuse, native, transposes, data_parallel_rank)
 
 
 def weight_transposes(operands: dict[str, Operand]) -> bool:

@@ -29,7 +29,11 @@ Random bits: the operand of ``role`` at step ``s`` of layer ``l`` draws
 ``random_words(index, key, stream_offset(s, l, slot))`` (`stream_offset`), ``index`` its
 row-major element index with the contraction axis last and ``key = stream_key(seed,
 StreamDomain.RECIPE)`` the recipe's seed in the recipes' own domain (`stochround.random`),
-so an optimizer or a rounding call given the same seed draws other words.  The step is a
+so an optimizer or a rounding call given the same seed draws other words.  Under data
+parallelism a layer given its data-parallel rank (``data_parallel_rank``, `quantize_`'s
+keyword; torchtitan's converter sets it) draws the words of x and dy under that rank's
+key (`stochround.nn.streams.data_rank_key`), the weight's under the layer's key on every
+rank (`stochround.nn.streams` says why).  The step is a
 buffer (in the ``state_dict``): it advances by one at each forward under grad mode, so a
 run is a pure function of the recipe's seed and resumes bit-exactly from a checkpoint;
 torch's global generator is never drawn from.
@@ -70,6 +74,7 @@ from .streams import (
     SIGN_SLOTS,
     SLOTS_PER_LAYER,
     bases_column,
+    check_data_parallel_rank,
     layer_bases,
     slot_bases,
     slot_offsets,
@@ -105,6 +110,10 @@ class QuantizedLinear(nn.Linear):
         recipe: the `Recipe` (keyword).
         layer_index: the layer's number in its model, in [0, 2**28): its random streams
             (`stream_offset`); `stochround.nn.quantize_` numbers the layers it replaces.
+        data_parallel_rank: the layer's rank among the processes that hold other tokens
+            (data parallel, and context parallel), in [0, 2**32) (keyword): the words of x
+            and dy are keyed by it, the weight's are not (`Plan.key_of`); 0 by default, the
+            layer's own key.
 
     The buffer ``step`` (a 0-d int64 tensor, saved in ``state_dict``) counts the forward
     calls made under grad mode; a state dict without it (an `nn.Linear`'s) loads and keeps
@@ -116,6 +125,7 @@ class QuantizedLinear(nn.Linear):
     layer_index: int
     recipe: Recipe
     plan: Plan
+    data_parallel_rank: int = 0
 
     def __init__(
         self,
@@ -127,11 +137,20 @@ class QuantizedLinear(nn.Linear):
         *,
         recipe: Recipe,
         layer_index: int = 0,
+        data_parallel_rank: int = 0,
     ) -> None:
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.register_buffer("step", torch.zeros((), dtype=torch.int64, device=device))
         self.step_reads: deque[Tensor] = deque()  # for recomputations (`read_step`)
+        self.data_parallel_rank = check_data_parallel_rank(data_parallel_rank)
         self.set_recipe(recipe, layer_index)
+
+    def set_data_parallel_rank(self, rank: int) -> None:
+        """Key the words of x and dy by data-parallel rank ``rank`` (the class docstring;
+        TypeError/ValueError for a rank that is not an int in [0, 2**32)); the recipe,
+        the layer's number and its step stay."""
+        self.data_parallel_rank = check_data_parallel_rank(rank)
+        self.set_recipe(self.recipe)
 
     def set_recipe(self, recipe: Recipe, layer_index: int | None = None) -> None:
         """Switch the layer to ``recipe`` (and ``layer_index``, if given); the step stays."""
@@ -161,14 +180,20 @@ class QuantizedLinear(nn.Linear):
         """The layer's `Plan` of ``recipe`` as layer number ``layer`` (`make_plan`; a
         subclass that keys its streams otherwise does it here, before the plan is
         registered for the compiled step's ops)."""
-        return make_plan(recipe, layer)
+        return make_plan(recipe, layer, self.data_parallel_rank)
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, recipe: Recipe, layer_index: int = 0
+        cls,
+        linear: nn.Linear,
+        recipe: Recipe,
+        layer_index: int = 0,
+        *,
+        data_parallel_rank: int = 0,
     ) -> QuantizedLinear:
         """A `QuantizedLinear` sharing ``linear``'s weight and bias (the same Parameter
-        objects: an optimizer built on ``linear`` keeps working), with its hooks dropped."""
+        objects: an optimizer built on ``linear`` keeps working), with its hooks dropped;
+        ``data_parallel_rank`` as the class takes it."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be an nn.Linear, got {type(linear).__name__}")
         if parametrize.is_parametrized(linear, "weight"):
@@ -187,6 +212,7 @@ class QuantizedLinear(nn.Linear):
             device="meta",
             recipe=recipe,
             layer_index=layer_index,
+            data_parallel_rank=data_parallel_rank,
         )
         layer.weight = linear.weight
         layer.bias = linear.bias
@@ -331,7 +357,12 @@ class QuantizedLinear(nn.Linear):
         return typing.cast(Tensor, self.weight).device
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, recipe={self.recipe.name}, layer_index={self.layer_index}"
+        rank = self.data_parallel_rank
+        ranked = f", data_parallel_rank={rank}" if rank else ""
+        return (
+            f"{super().extra_repr()}, recipe={self.recipe.name}, "
+            f"layer_index={self.layer_index}{ranked}"
+        )
 
 
 __all__ = [

@@ -75,8 +75,8 @@ def gemm_operands(
         target = TRANSPOSE_TARGETS.get(role)
         transposes: list[GemmOperand] | None = [] if target in reuse else None
         quantized = quantize_operand(
-            operand.contiguous(), entry, plan.seed, offset, signs, rotated, native=plan.native,
-            transposes=transposes,
+            operand.contiguous(), entry, plan.key_of(role), offset, signs, rotated,
+            native=plan.native, transposes=transposes,
         )  # fmt: skip
         if transposes and target is not None:
             reused[target] = transposes[0]
@@ -103,8 +103,9 @@ def quantized_pair(
     multiple = plan.token_multiple
     padded = -(-tensor.shape[0] // multiple) * multiple
     row_offset, column_offset = offsets[ROLE_SLOTS[row_role]], offsets[ROLE_SLOTS[column.role]]
+    key = plan.key_of(row_role)  # x or dy: both roles a data role (`DATA_ROLES`)
     return both_orientations(
-        tensor, row, column, rotated, padded, plan.seed, row_offset, column_offset, signs
+        tensor, row, column, rotated, padded, key, row_offset, column_offset, signs
     )
 
 
@@ -163,7 +164,8 @@ def pair_of(
         spec = plan.operands["wgrad_" + name].spec
         signs = rotation_signs(plan, "wgrad", spec, offsets, tensor.device)
     row_offset, column_offset = offsets[route.row_slot], offsets[route.column_slot]
-    return route.pair(tensor, plan.seed, row_offset, column_offset, signs)
+    key = plan.key_of("wgrad_" + name)  # x or dy: both roles a data role
+    return route.pair(tensor, key, row_offset, column_offset, signs)
 
 
 def run_gemm(

@@ -1,6 +1,18 @@
 """The random streams of a `QuantizedLinear` step: the stream offset of each draw
 (``step * 2**32 + layer * 16 + slot``) and a step's offsets of all slots (`step_column`),
-made in one operation and split into the kernels' one-element offsets by one more."""
+made in one operation and split into the kernels' one-element offsets by one more; and the
+key of a data-parallel rank's own operands (`data_rank_key`).
+
+Data parallelism.  The ranks of a data-parallel run (DDP, FSDP2, and the context-parallel
+ranks, which hold other tokens) quantize their own x and dy: data that differs by rank.
+Drawn with the same words, two ranks' rounding errors would be correlated (a word decides
+whether an element rounds up, whatever the value), and summing the ranks' gradients would
+average the SR noise less than independent words do.  So the roles of x and dy
+(`DATA_ROLES`) draw under the key `data_rank_key` of the layer's key and the layer's
+data-parallel rank, while the weight roles keep the layer's key on every rank: each rank
+quantizes the same all-gathered weight, and must do so identically.  The RHT signs keep the
+layer's key too (a GEMM's two operands share them).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +29,32 @@ ROLE_SLOTS = {role: slot for slot, role in enumerate(ROLES)}
 SIGN_SLOTS = {gemm: 8 + index for index, gemm in enumerate(GEMMS)}
 MAX_LAYERS = 1 << 28
 STEP_SHIFT = 32
+# the operands of a rank's own data (x and dy); the other roles quantize the weight
+DATA_ROLES = frozenset(("fprop_input", "dgrad_grad_output", "wgrad_grad_output", "wgrad_input"))
+# a data-parallel rank fills the key's upper 32-bit word (`data_rank_key`)
+DATA_RANK_SHIFT = 32
+MAX_DATA_RANK = 1 << 32
+
+
+def check_data_parallel_rank(rank: object) -> int:
+    """``rank`` if it is an int in [0, 2**32): TypeError for another type, ValueError for
+    another int."""
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"data_parallel_rank must be an int, got {type(rank).__name__}")
+    if not 0 <= rank < MAX_DATA_RANK:
+        raise ValueError(f"data_parallel_rank must be in [0, 2**32), got {rank}")
+    return rank
+
+
+def data_rank_key(key: int, rank: int) -> int:
+    """The Philox key of data-parallel rank ``rank``'s data operands (`DATA_ROLES`) from a
+    layer's key: ``key ^ (rank << 32)``, the key itself on rank 0.  Folded with a
+    tensor-parallel rank t (`stochround.nn.tensor_parallel.rank_key`: ``key ^ (t *
+    RANK_KEY_STEP mod 2**64)``), distinct ``(t, rank)`` below 2**32 give distinct keys:
+    the low 32 bits, ``t`` times the constant's odd low word mod 2**32, name t, and then
+    the high ones name the rank."""
+    check_data_parallel_rank(rank)
+    return key ^ (rank << DATA_RANK_SHIFT)
 
 
 def stream_offset(step: int | Tensor, layer: int, slot: int) -> int | Tensor:
@@ -86,12 +124,17 @@ def bases_column(step: Tensor, bases: Tensor) -> Tensor:
 
 
 __all__ = [
+    "DATA_RANK_SHIFT",
+    "DATA_ROLES",
+    "MAX_DATA_RANK",
     "MAX_LAYERS",
     "ROLE_SLOTS",
     "SIGN_SLOTS",
     "SLOTS_PER_LAYER",
     "STEP_SHIFT",
     "bases_column",
+    "check_data_parallel_rank",
+    "data_rank_key",
     "layer_bases",
     "slot_bases",
     "slot_offsets",

@@ -131,7 +131,9 @@ def titan_config(
     `stochround.nn.RECIPES` ("bf16": no layer converted), with ``switches``, ``rules``,
     ``keep`` and ``seed`` as `StochroundConverter` takes them; ``optimizer`` torchtitan's
     "AdamW" or one of `SR_OPTIMIZERS` (states in bf16); the seed also seeds torchtitan
-    (``debug.seed``), so two runs of a config give the same model and data;
+    (``debug.seed``), so two runs of a config give the same model and data, and the SR
+    optimizer (its groups' ``seed``: `stochround.integrations.torchtitan.sr_optimizers`
+    says why the layers' seed is safe there), so they draw the same optimizer words;
     ``activation_checkpoint`` one of `ACTIVATION_CHECKPOINTS`; the rows and checkpoints go
     to ``dump_folder``."""
     check_optimizer(optimizer)
@@ -155,7 +157,7 @@ def titan_config(
         loss=ChunkedLossWrapper.Config(
             loss_fn=CrossEntropyLoss.Config(global_vocab_size=decoder_vocab_size(spec)),
         ),
-        optimizer=sr_optimizer(optimizer, lr=lr) if optimizer != "AdamW" else adamw(lr),
+        optimizer=sr_optimizer(optimizer, lr=lr, seed=seed) if optimizer != "AdamW" else adamw(lr),
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=max(1, steps // 20), decay_ratio=0.8, decay_type="linear"
         ),

@@ -27,6 +27,11 @@ DTensor and `QuantizedLinear` runs its own tensor-parallel path
 stay DTensors on a 2-D mesh, is refused.  The tensor scales come from each rank's shard,
 so a recipe with tensor scales (nvfp4) does not give a one-device run's bits (the
 distributed guide's decision).
+
+Data parallelism: `StochroundLinear.parallelize` also gives the layer its rank on
+torchtitan's ``loss`` mesh (data-parallel replicate and shard, and context parallel:
+`stochround.integrations.torchtitan.ranks`), which keys the words of x and dy, while
+every rank quantizes the all-gathered weight with the same words (`stochround.nn.streams`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from torchtitan.tools.logging import logger
 from ...nn.linear import Plan, QuantizedLinear
 from ...nn.recipes import Recipe
 from ...nn.tensor_parallel import rank_key
+from .ranks import data_parallel_rank
 from .recipe_rules import RecipeChoice, check_fits, make_recipe
 
 # backends under which FSDP2 hands the layer plain tensors (the gathered weight)
@@ -59,7 +65,8 @@ class StochroundLinear(QuantizedLinear, Module):
     buffer (persistent: a DCP checkpoint saves it, so a resumed run draws the same random
     bits) is made on the real device by ``init_states`` (torchtitan builds models on
     ``meta``).  ``tp_rank`` is the layer's rank on the tensor-parallel axis when it holds
-    a plain local shard (module docstring): its random words are keyed by it.
+    a plain local shard (module docstring): its random words are keyed by it; its
+    ``data_parallel_rank`` keys the words of x and dy (`QuantizedLinear`).
     """
 
     tp_rank: int = 0
@@ -127,7 +134,8 @@ class StochroundLinear(QuantizedLinear, Module):
     def parallelize(self, parallel_dims: Any) -> None:
         """torchtitan's ``Module.parallelize``, after checking the layer's tensor-parallel
         shards (`check_tp_shard`), refusing the ``full_dtensor`` backend (ValueError naming
-        the setting) and, under ``spmd_types``, keying the random words by the TP rank."""
+        the setting), keying the words of x and dy by the data-parallel rank
+        (`data_parallel_rank`) and, under ``spmd_types``, all the words by the TP rank."""
         backend = parallel_dims.spmd_backend
         if backend not in SUPPORTED_SPMD_BACKENDS:
             raise ValueError(
@@ -140,7 +148,7 @@ class StochroundLinear(QuantizedLinear, Module):
             # plain local shards: the layer cannot see its rank (a DTensor weight tells
             # QuantizedLinear's own path, under partial_dtensor)
             self.tp_rank = parallel_dims.get_mesh("tp").get_local_rank()
-            self.set_recipe(self.recipe)
+        self.set_data_parallel_rank(data_parallel_rank(parallel_dims))  # the plan, made again
         Module.parallelize(self, parallel_dims)
 
 

@@ -5,6 +5,16 @@ and Lion, their states in bf16 unless ``state_dtype`` says otherwise.  torchtita
 ``implementation`` (``fused`` / ``foreach``) to the optimizer's keywords; `sr_factory`
 leaves it out, the SR optimizers' implementation being their ``backend`` (``"auto"``: the
 fused Triton kernel on CUDA, the PyTorch path elsewhere, bit-identical).
+
+The seed.  A stochround config (`titan_config`, both APIs) gives the SR optimizer the run's
+seed, the one its recipes and torchtitan's ``debug.seed`` take, so that two runs of a
+config draw the same optimizer words whatever torch's generator did before the optimizer
+was built (without a seed it takes one from that generator's state:
+`stochround.optim.streams.generator_seed`), and another seed other words.  The layers and
+the optimizer given one seed draw no common word: each consumer mixes the seed into a key
+of its own stream domain (`stochround.random.stream_key`: ``seed ^ domain *
+0x9E3779B97F4A7C15``, the recipes' domain and the optimizers' distinct), so one seed gives
+two keys, and a key names a stream whatever the offsets.
 """
 
 from __future__ import annotations

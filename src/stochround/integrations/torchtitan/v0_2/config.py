@@ -44,7 +44,9 @@ def titan_config(
 ) -> JobConfig:
     """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
     the converter is off), ``rules`` ``(regex, recipe name or None)`` pairs (None: bf16),
-    the seed also torchtitan's (``debug.seed``), ``activation_checkpoint`` one of
+    the seed also torchtitan's (``debug.seed``) and the SR optimizers' (``optimizer.seed``:
+    `stochround.integrations.torchtitan.sr_optimizers` says why the layers' seed is safe
+    there), ``activation_checkpoint`` one of
     `ACTIVATION_CHECKPOINTS` (torchtitan's ``activation_checkpoint.mode``); ValueError
     naming a bad flavour, optimizer, checkpointing or recipe."""
     check_flavor(flavor)
@@ -57,6 +59,7 @@ def titan_config(
     args += ["--training.local_batch_size", str(local_batch_size)]
     args += ["--lr_scheduler.warmup_steps", str(max(1, steps // 20))]
     args += ["--debug.seed", str(seed), "--stochround.seed", str(seed)]
+    args += ["--optimizer.seed", str(seed)]  # the SR optimizers' (job_config.Optimizer)
     args += ["--stochround.recipe", recipe, "--stochround.switches", json.dumps(switches or {})]
     args += ["--compile.enable" if compile_model else "--compile.no-enable"]
     args += ["--activation_checkpoint.mode", activation_checkpoint]

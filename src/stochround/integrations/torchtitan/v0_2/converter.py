@@ -22,6 +22,12 @@ to ``Shard(1)``, placements the layer supports.  A shard its recipe's blocks do 
 raises ValueError when the layer runs; the tensor scales come from each rank's shard, so a
 recipe with tensor scales (nvfp4) does not give a one-device run's bits (the distributed
 guide's decision).
+
+Data parallelism: the swapped layers take this process's rank on torchtitan's ``loss``
+mesh (data-parallel replicate and shard, and context parallel:
+`stochround.integrations.torchtitan.ranks`) as their ``data_parallel_rank``, which keys
+the words of x and dy, while every rank quantizes the all-gathered weight with the same
+words (`stochround.nn.streams`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from torchtitan.tools.logging import logger
 
 from ....nn.apply import quantize_
 from ....nn.linear import QuantizedLinear
+from ..ranks import data_parallel_rank
 from ..recipe_rules import RecipeChoice
 
 CONVERTER_NAME = "stochround"
@@ -84,12 +91,14 @@ class StochroundConverter:
             keep=list(args.keep),
             seed=args.seed,
         )
+        self.data_parallel_rank = data_parallel_rank(parallel_dims)
         logger.info(f"stochround: recipe {args.recipe} {args.switches} seed {args.seed}")
 
     def convert(self, model: nn.Module) -> None:
         """Swap the selected linears in place (ValueError naming a layer whose shape does
         not fit its recipe's blocks, before any is swapped)."""
-        quantize_(model, self.choice.recipe, rules=self.choice.pairs)
+        rank = self.data_parallel_rank
+        quantize_(model, self.choice.recipe, rules=self.choice.pairs, data_parallel_rank=rank)
         swapped = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
         init_weights = getattr(model, "init_weights", None)
         if swapped and callable(init_weights):

@@ -12,6 +12,9 @@ import does), so a TOML run needs no other code::
     converters = ["stochround"]
     [stochround]
     recipe = "nvfp4"
+
+It also adds ``seed`` to torchtitan's ``[optimizer]`` section: the SR optimizers' seed
+(torchtitan hands its optimizer builder that section alone).
 """
 
 # no `from __future__ import annotations`: torchtitan's tyro resolves these hints in its own
@@ -41,8 +44,17 @@ class Stochround:
 
 
 @dataclass
+class Optimizer:
+    seed: int | None = None
+    """The SR optimizers' seed (optimizer.name SRAdamW, SRAdam, SRSGD, SRLion): the run's
+    seed, as titan_config and the TOML set it; unset, one from torch's generator state."""
+
+
+@dataclass
 class JobConfig:
     stochround: Stochround = field(default_factory=Stochround)
+    # merged into torchtitan's [optimizer] section, field by field
+    optimizer: Optimizer = field(default_factory=Optimizer)
 
 
-__all__ = ["JobConfig", "Stochround"]
+__all__ = ["JobConfig", "Optimizer", "Stochround"]

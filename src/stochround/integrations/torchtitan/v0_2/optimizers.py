@@ -5,7 +5,8 @@ stochround train spec builds with `build_sr_optimizers`, which also knows `SR_OP
 (`stochround.integrations.torchtitan.sr_optimizers`): one optimizer per model part in
 torchtitan's ``OptimizersContainer`` (so its checkpointing and LR schedulers work), with
 the job config's ``lr``, ``beta1``/``beta2``, ``eps`` and ``weight_decay`` where the
-optimizer takes them, states in bf16.
+optimizer takes them, and ``seed`` (the ``[optimizer]`` field that
+`stochround.integrations.torchtitan.v0_2.job_config` adds: the run's seed), states in bf16.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from ..sr_optimizers import OPTIMIZERS, SR_OPTIMIZERS, sr_factory
 
 
 def sr_keywords(name: str, optimizer_config: Any) -> dict[str, Any]:
-    """The job config's hyperparameters that SR optimizer ``name`` takes."""
+    """The job config's hyperparameters that SR optimizer ``name`` takes, and its seed
+    (None, the optimizers' default, where the section has no ``seed``: a job config
+    without stochround's custom config module)."""
     offered = {
         "lr": optimizer_config.lr,
         "betas": (optimizer_config.beta1, optimizer_config.beta2),
         "eps": optimizer_config.eps,
         "weight_decay": optimizer_config.weight_decay,
+        "seed": getattr(optimizer_config, "seed", None),
     }
     accepted = inspect.signature(SR_OPTIMIZERS[name]).parameters
     return {key: value for key, value in offered.items() if key in accepted}

@@ -1,0 +1,24 @@
+"""The data-parallel rank of a torchtitan process, which keys the words of its layers' x
+and dy (`stochround.nn.streams` says why): both torchtitan APIs.
+
+torchtitan lays its ranks out as ``(pp, dp_replicate, dp_shard, cp, tp)`` and flattens the
+data-parallel and context-parallel axes into its ``loss`` mesh: the ranks that hold other
+tokens (other samples, or other chunks of a sequence), over which it averages the loss.
+A layer's rank on that mesh is its data-parallel rank; its tensor-parallel rank keys all
+its words apart (`stochround.nn.tensor_parallel.rank_key`), and pipeline stages hold other
+layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def data_parallel_rank(parallel_dims: Any) -> int:
+    """This process's rank on torchtitan's ``loss`` mesh (module docstring), 0 where the
+    mesh is one rank (``get_optional_mesh`` gives None for it: 0.2.2 and 0.3.0 alike)."""
+    mesh = parallel_dims.get_optional_mesh("loss")
+    return 0 if mesh is None else int(mesh.get_local_rank())
+
+
+__all__ = ["data_parallel_rank"]
