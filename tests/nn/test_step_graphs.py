@@ -331,7 +331,8 @@ def assert_replays_over_freed_memory(
 
 def test_grouped_copies_move_each_dtypes_bits_and_skip_absent_or_empty_pairs() -> None:
     """`copy_grouped` copies every pair whose tensors exist (NaN payloads and -0.0 as they
-    are; even element sizes as int16 words, others by their dtype, a 0-d tensor too),
+    are; even element sizes as int16 words, others by their dtype, a 0-d tensor and a
+    transposed one too),
     leaves a pair with a None alone; `fresh_copies` returns new tensors with the outputs'
     bits and an empty output as it is."""
     bits = torch.tensor([0x7FC1, -0x8000, 0x3F80, -0x007F], dtype=torch.int16)  # NaN, -0.0, 1, NaN
@@ -342,12 +343,14 @@ def test_grouped_copies_move_each_dtypes_bits_and_skip_absent_or_empty_pairs() -
         torch.arange(3, dtype=torch.int64).reshape(3, 1) - 2**40,
         torch.tensor([1, 255, 7], dtype=torch.uint8),
         torch.tensor(3, dtype=torch.int64),
+        torch.arange(6, dtype=torch.float32).reshape(2, 3).T,  # last axis not dense
     ]
-    targets = [torch.zeros_like(each) for each in sources]
+    targets = [torch.zeros_like(each) for each in sources]  # (strides kept)
     untouched = torch.full((2,), 7.0)
     copy_grouped([*targets, untouched, None], [*sources, None, torch.ones(2)])
     for target, source in zip(targets, sources, strict=True):
         assert target.dtype == source.dtype and target.shape == source.shape
+        assert target.stride() == source.stride()
         raw = target.reshape(-1).view(torch.uint8), source.reshape(-1).view(torch.uint8)
         assert torch.equal(*raw)
     assert torch.equal(untouched, torch.full((2,), 7.0))

@@ -290,20 +290,26 @@ def copy_grouped(targets: Sequence[Tensor | None], sources: Sequence[Tensor | No
     copy each would be a launch each (the host time a replay is there to save).  Tensors
     of an even element size (bf16, fp32, the int64 offsets column) are copied as their
     int16 words, all in one group; any other (a 1-byte dtype, a 0-d tensor) in a group of
-    its dtype.  The pairs' dtypes and layouts agree (a graph's static inputs are made like
-    the call's tensors, contiguous: `StepGraphs.serves`), so each copy moves the bits
-    unchanged."""
+    its dtype, as is a tensor whose last axis is not dense (a transposed output).  The
+    pairs' dtypes and shapes agree (a graph's static inputs are made like the call's
+    tensors, its outputs' copies like its outputs), so each copy moves the bits unchanged."""
     groups: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
     for target, source in zip(targets, sources, strict=True):
         if target is None or source is None or not target.numel():
             continue
-        if target.element_size() % 2 == 0 and target.dim() > 0:
+        if words_viewable(target) and words_viewable(source):
             target, source = target.view(torch.int16), source.view(torch.int16)
         into, of = groups.setdefault(target.dtype, ([], []))
         into.append(target)
         of.append(source)
     for into, of in groups.values():
         torch._foreach_copy_(into, of)
+
+
+def words_viewable(tensor: Tensor) -> bool:
+    """Whether ``tensor`` can be viewed as int16 words along its last axis: an even element
+    size, at least one axis, and that axis dense (stride 1)."""
+    return tensor.element_size() % 2 == 0 and tensor.dim() > 0 and tensor.stride(-1) == 1
 
 
 def fresh_copies(outputs: Sequence[Tensor]) -> list[Tensor]:
