@@ -5,6 +5,7 @@ the harness writes a run's rows, replacing the figures it measured again."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import sys
 from dataclasses import replace
@@ -176,3 +177,20 @@ def test_harness_writes_a_runs_rows(tmp_path: Path) -> None:
     assert found[1].check == "failed during build: RuntimeError: boom"
     assert check.verdicts(found, [])[0][2:] == ("FAIL", "tiny/broken")
     assert (tmp_path / "json" / "bench_host.json").exists()
+
+
+def test_the_step_host_profile_times_and_profiles_both_settings(tmp_path: Path) -> None:
+    """`profile_step_host.py` (CPU smoke run): a wall time and profile lines for the step
+    graphs on and off, written to its JSON; its argument checks name the argument."""
+    import profile_step_host
+
+    out = tmp_path / "profile.json"
+    args = ["--device", "cpu", "--steps", "1", "--warmup", "0", "--tokens", "32"]
+    assert profile_step_host.main([*args, "--features", "32", "--top", "3", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for setting in ("step graphs on", "step graphs off"):
+        assert data[setting]["wall_us_a_step"] > 0
+        top = data[setting]["top"]
+        assert len(top) == 3 and top[0]["own_us_a_step"] >= top[-1]["own_us_a_step"]
+    with pytest.raises(SystemExit):
+        profile_step_host.main(["--device", "cpu", "--steps", "0"])
