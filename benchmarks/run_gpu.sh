@@ -43,10 +43,13 @@ set -f  # patterns in BENCH_ARGS (--only bf16*) reach the scripts as written
 if [ "${1:-all}" != bench ]; then
     workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
     # shellcheck disable=SC2086  # word splitting wanted: options and paths
-    PYTHONPATH=/tmp/site:src python3 -m pytest -q -p no:cacheprovider $workers \
-        ${GPU_TESTS:-tests} >"$OUT/gpu_tests.log" 2>&1
+    # -v: each test's outcome on a line of its own as it ends, so that the names of the
+    # failures survive a run cut short (a cut xdist run prints no summary)
+    PYTHONPATH=/tmp/site:src python3 -m pytest -v -rf --tb=short -p no:cacheprovider \
+        $workers ${GPU_TESTS:-tests} >"$OUT/gpu_tests.log" 2>&1
     status=$?
-    tail -n 25 "$OUT/gpu_tests.log"
+    grep -a -E "^(\[gw[0-9]+\] \[ *[0-9]+%\] )?(FAILED|ERROR) " "$OUT/gpu_tests.log" | sort -u | head -n 40
+    tail -n 3 "$OUT/gpu_tests.log"
 fi
 
 if [ "${1:-all}" != tests ]; then
