@@ -123,6 +123,36 @@ def test_titan_command_step_graphs_on_the_cpu_is_a_bad_input_exit(tmp_path) -> N
     assert "--step-graphs replays CUDA launches: it needs --device cuda, got cpu" in (result.output)
 
 
+@pytest.mark.parametrize(
+    ("flags", "before", "during"),
+    [([], True, True), ([], False, False), (["--no-step-graphs"], True, False)],
+)
+def test_titan_command_leaves_the_step_graphs_to_the_library_unless_told(
+    tmp_path, monkeypatch, flags, before, during
+) -> None:
+    """Without a flag the run keeps the process's setting (on by default, or as
+    ``STOCHROUND_STEP_GRAPHS`` says), also on the CPU; ``--no-step-graphs`` turns them off
+    for the run; the setting is restored after it."""
+    from stochround.integrations import torchtitan
+    from stochround.nn.step_graphs import STEP_GRAPHS, use_step_graphs
+
+    seen = []
+
+    def run_training(config, device, fields) -> Path:
+        seen.append((device, STEP_GRAPHS.enabled))
+        return tmp_path / "rows.jsonl"
+
+    monkeypatch.setattr(torchtitan, "run_training", run_training)
+    previous = use_step_graphs(before)
+    try:
+        args = ["titan", "--device", "cpu", *flags, "--out", str(tmp_path)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert seen == [("cpu", during)] and STEP_GRAPHS.enabled == before
+    finally:
+        use_step_graphs(previous)
+
+
 def test_titan_command_bad_activation_checkpoint_is_a_bad_input_exit(tmp_path) -> None:
     args = ["titan", "--activation-checkpoint", "offload", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)

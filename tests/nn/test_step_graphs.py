@@ -348,11 +348,7 @@ def test_grouped_copies_move_each_dtypes_bits_and_skip_absent_or_empty_pairs() -
     targets = [torch.zeros_like(each) for each in sources]  # (strides kept)
     untouched = torch.full((2,), 7.0)
     copy_grouped([*targets, untouched, None], [*sources, None, torch.ones(2)])
-    for target, source in zip(targets, sources, strict=True):
-        assert target.dtype == source.dtype and target.shape == source.shape
-        assert target.stride() == source.stride()
-        raw = target.reshape(-1).view(torch.uint8), source.reshape(-1).view(torch.uint8)
-        assert torch.equal(*raw)
+    assert_copied_bits(targets, sources)
     assert torch.equal(untouched, torch.full((2,), 7.0))
     empty = torch.empty(0)
     outputs = [targets[0], empty, targets[2]]
@@ -362,3 +358,59 @@ def test_grouped_copies_move_each_dtypes_bits_and_skip_absent_or_empty_pairs() -
     assert torch.equal(copies[2], sources[2])
     pairs = zip(copies, outputs, strict=True)
     assert all(c.data_ptr() != o.data_ptr() for c, o in pairs if o.numel())
+
+
+def copy_sources() -> list[Tensor]:
+    """Tensors of each kind `copy_grouped` copies: NaN payloads of both signs and -0.0 in
+    bf16, fp16 and fp32, a transposed bf16 tensor holding a NaN, 0-d tensors, float8 and
+    bool."""
+    bits = torch.tensor([0x7FC1, -0x8000, 0x3F80, -0x007F], dtype=torch.int16)
+    return [
+        bits.view(torch.bfloat16),
+        bits.view(torch.float16),
+        torch.tensor([0x7FC00001, -0x80000000, 5], dtype=torch.int32).view(torch.float32),
+        bits.repeat(3).view(torch.bfloat16).reshape(2, 6).T,  # last axis not dense
+        torch.tensor(0x7F81, dtype=torch.int16).view(torch.bfloat16),  # a 0-d NaN
+        torch.tensor(3, dtype=torch.int64),
+        torch.tensor([0x7F, 0x80, 1], dtype=torch.uint8).view(torch.float8_e4m3fn),
+        torch.tensor([True, False]),
+    ]
+
+
+def assert_copied_bits(targets: list[Tensor], sources: list[Tensor]) -> None:
+    """Each target holds its source's bytes, in its dtype, shape and strides."""
+    for target, source in zip(targets, sources, strict=True):
+        assert target.dtype == source.dtype and target.shape == source.shape
+        assert target.stride() == source.stride()
+        raw = target.reshape(-1).view(torch.uint8), source.reshape(-1).view(torch.uint8)
+        assert torch.equal(*raw)
+
+
+def test_grouped_copies_copy_integers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every group `copy_grouped` hands ``torch._foreach_copy_`` is of an integer dtype: on
+    CUDA its kernel copies a floating dtype through the dtype's math type (a bf16 NaN's
+    payload lost: not the eager step's bits) and refuses the float8 dtypes."""
+    groups: list[torch.dtype] = []
+    copy = torch._foreach_copy_
+
+    def recorded(into: list[Tensor], of: list[Tensor]) -> None:
+        groups.extend({each.dtype for each in into} | {each.dtype for each in of})
+        copy(into, of)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", recorded)
+    sources = copy_sources()
+    targets = [torch.zeros_like(each) for each in sources]
+    copy_grouped(targets, sources)
+    assert_copied_bits(targets, sources)
+    assert groups and all(not dtype.is_floating_point and dtype != torch.bool for dtype in groups)
+
+
+@GPU
+def test_grouped_copies_move_every_dtypes_bits_on_the_gpu() -> None:
+    """On CUDA (``torch._foreach_copy_``'s own kernel): NaN payloads of a transposed and a
+    0-d bf16 tensor, float8 and bool copied bit for bit, in and out (`fresh_copies`)."""
+    sources = [each.cuda() for each in copy_sources()]
+    targets = [torch.zeros_like(each) for each in sources]
+    copy_grouped(targets, sources)
+    assert_copied_bits(targets, sources)
+    assert_copied_bits(fresh_copies(sources), sources)

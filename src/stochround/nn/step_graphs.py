@@ -287,23 +287,39 @@ class StepGraphs:
 def copy_grouped(targets: Sequence[Tensor | None], sources: Sequence[Tensor | None]) -> None:
     """Each source copied into its target (pairs with a None skipped), by one
     ``torch._foreach_copy_`` a group: on CUDA one launch for a group's tensors, where a
-    copy each would be a launch each (the host time a replay is there to save).  Tensors
-    of an even element size (bf16, fp32, the int64 offsets column) are copied as their
-    int16 words, all in one group; any other (a 1-byte dtype, a 0-d tensor) in a group of
-    its dtype, as is a tensor whose last axis is not dense (a transposed output).  The
-    pairs' dtypes and shapes agree (a graph's static inputs are made like the call's
-    tensors, its outputs' copies like its outputs), so each copy moves the bits unchanged."""
+    copy each would be a launch each (the host time a replay is there to save).  Every
+    tensor is copied as integers (`as_bits`), so each copy moves the bits unchanged: the
+    CUDA kernel copies a floating dtype through its math type (a bf16 or fp16 NaN comes
+    back as the canonical NaN) and has no case for the float8 dtypes.  Tensors of an even
+    element size with a dense last axis (bf16, fp32, the int64 offsets column) are copied
+    as int16 words, all in one group; any other (a 1-byte dtype, a 0-d tensor, a
+    transposed output) as the integer dtype of its element size, in that dtype's group.
+    The pairs' dtypes and shapes agree (a graph's static inputs are made like the call's
+    tensors, its outputs' copies like its outputs)."""
     groups: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
     for target, source in zip(targets, sources, strict=True):
         if target is None or source is None or not target.numel():
             continue
-        if words_viewable(target) and words_viewable(source):
-            target, source = target.view(torch.int16), source.view(torch.int16)
+        words = words_viewable(target) and words_viewable(source)
+        target, source = as_bits(target, words), as_bits(source, words)
         into, of = groups.setdefault(target.dtype, ([], []))
         into.append(target)
         of.append(source)
     for into, of in groups.values():
         torch._foreach_copy_(into, of)
+
+
+# the integer dtype of each element size, whose copies move bits (`as_bits`)
+BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_bits(tensor: Tensor, words: bool) -> Tensor:
+    """``tensor`` viewed as integers: int16 words where ``words`` (`words_viewable`), else
+    the integer dtype of its element size (a view any layout allows; a 16-byte complex
+    stays as it is, its kernel copy exact)."""
+    if words:
+        return tensor.view(torch.int16)
+    return tensor.view(BITS_DTYPES.get(tensor.element_size(), tensor.dtype))
 
 
 def words_viewable(tensor: Tensor) -> bool:
