@@ -25,6 +25,7 @@ from ranks import run_ranks
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 from torchtitan.models.common.decoder_sharding import colwise_config, rowwise_config
 from torchtitan.models.common.linear import Linear
+from torchtitan.protocols.module import Module
 
 import stochround as sr
 from stochround.integrations.torchtitan import (
@@ -480,3 +481,27 @@ def test_torchtitans_parallelize_places_the_step_counters(monkeypatch) -> None:
         assert int(model.layers["1"].attention.wo.step) == 1
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_a_layer_built_in_a_process_group_takes_its_global_rank_until_parallelize(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``partial_dtensor`` without tensor parallelism torchtitan 0.3.0 calls no
+    module's ``parallelize``: a layer built on rank 3 keys its x and dy words by 3 (the
+    global rank, which is the loss mesh's there) instead of sharing rank 0's; a
+    ``parallelize`` then sets the loss mesh's rank."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 3)
+    config = StochroundLinear.Config(in_features=32, out_features=32, recipe=sr.nn.int8())
+    with torch.device("meta"):
+        layer = config.build()
+    assert layer.data_parallel_rank == 3
+    loss_mesh = types.SimpleNamespace(get_local_rank=lambda: 1)
+    dims = types.SimpleNamespace(
+        tp=1, spmd_backend="partial_dtensor", get_optional_mesh=lambda name: loss_mesh
+    )
+    monkeypatch.setattr(Module, "parallelize", lambda self, dims: None)
+    layer.parallelize(dims)
+    assert layer.data_parallel_rank == 1

@@ -50,7 +50,7 @@ from torchtitan.tools.logging import logger
 from ...nn.linear import Plan, QuantizedLinear
 from ...nn.recipes import Recipe
 from ...nn.tensor_parallel import rank_key
-from .ranks import data_parallel_rank
+from .ranks import data_parallel_rank, process_rank
 from .recipe_rules import RecipeChoice, check_fits, make_recipe
 
 # backends under which FSDP2 hands the layer plain tensors (the gathered weight)
@@ -66,7 +66,9 @@ class StochroundLinear(QuantizedLinear, Module):
     bits) is made on the real device by ``init_states`` (torchtitan builds models on
     ``meta``).  ``tp_rank`` is the layer's rank on the tensor-parallel axis when it holds
     a plain local shard (module docstring): its random words are keyed by it; its
-    ``data_parallel_rank`` keys the words of x and dy (`QuantizedLinear`).
+    ``data_parallel_rank`` keys the words of x and dy (`QuantizedLinear`): the process's
+    global rank when built, its rank on torchtitan's ``loss`` mesh once ``parallelize``
+    runs (`ranks`).
     """
 
     tp_rank: int = 0
@@ -90,6 +92,8 @@ class StochroundLinear(QuantizedLinear, Module):
             bias=config.bias,
             recipe=config.recipe,
             layer_index=config.layer_index,
+            # until parallelize gives the loss mesh's rank (`ranks.process_rank`)
+            data_parallel_rank=process_rank(),
         )
         self.path = config.path
         self.tp_axis = tp_weight_axis(config.sharding_config)

@@ -13,6 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch.distributed as dist
+
+
+def process_rank() -> int:
+    """This process's global rank, 0 where torch.distributed is not initialized: the data-
+    parallel rank a layer takes when it is built, until torchtitan's ``parallelize`` gives
+    it its rank on the ``loss`` mesh (`data_parallel_rank`).  torchtitan 0.3.0 calls a
+    module's ``parallelize`` only under the ``spmd_types`` and ``full_dtensor`` backends
+    or with tensor parallelism on: under ``partial_dtensor`` with data or context
+    parallelism alone its ranks would otherwise all keep 0 and share their words.  There
+    the ``loss`` mesh is every rank of a stage, so the global rank tells the data-parallel
+    ranks apart as that mesh's rank does (and pipeline stages hold other layers)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0
+
 
 def data_parallel_rank(parallel_dims: Any) -> int:
     """This process's rank on torchtitan's ``loss`` mesh (module docstring), 0 where the
@@ -21,4 +37,4 @@ def data_parallel_rank(parallel_dims: Any) -> int:
     return 0 if mesh is None else int(mesh.get_local_rank())
 
 
-__all__ = ["data_parallel_rank"]
+__all__ = ["data_parallel_rank", "process_rank"]
