@@ -241,3 +241,28 @@ def test_a_relu_of_a_rounded_value_viewed_as_another_dtype_is_rounded():
     compiled = torch.compile(program, backend=emulating, fullgraph=True)(x)
     assert emulation.calls == emulating.calls
     assert torch.equal(bits(compiled), bits(eager))
+
+
+def test_an_opaque_op_runs_as_a_direct_call_of_its_aten_kernel():
+    """An op Inductor would compute its own way (here ``_log_softmax``) runs the ATen
+    kernel, called directly from the compiled program (no custom op's Python body on the
+    way), with the eager emulation's bits."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(x * 3, dim=-1)
+
+    x = torch.linspace(-2, 2, 24).reshape(4, 6)
+    with emulate("bfloat16", "sr", seed=6) as emulation:
+        eager = program(x)
+    emulating = backend("bfloat16", "sr", seed=6)
+    torch._dynamo.reset()
+    compiled_program = torch.compile(program, backend=emulating, fullgraph=True)
+    with inductor_config.patch(force_disable_caches=True):
+        compiled, codes = run_and_get_code(compiled_program, x)
+    assert emulation.calls == emulating.calls == 2
+    assert torch.equal(bits(compiled), bits(eager))
+    code = "\n".join(codes)
+    assert "torch.ops.aten._log_softmax.default(" in code
+    assert "stochround_emulate._log_softmax_default.default(" not in code

@@ -23,7 +23,7 @@ from ..formats import Format
 from .dispatch import Emulation
 from .graph_rounding import Rounding, rounded
 from .graph_words import register_lowering
-from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op
+from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op, register_lowerings
 from .ops import aten, converts, each_output, op_kind
 
 # a graph's ops whose outputs an eager emulation sees in another form: AOTAutograd writes an
@@ -84,6 +84,7 @@ class EmulationBackend:
 
         traced, count, inputs = self._with_roundings(gm, example_inputs)
         register_lowering()  # SR's words: one compact elementwise node (graph_words)
+        register_lowerings()  # the opaque ops: calls of their ATen ops
         compiled = compile_fx_inner(traced, inputs)
         device = _graph_device(example_inputs)
 
