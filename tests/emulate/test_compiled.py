@@ -178,3 +178,91 @@ def test_backend_refuses_what_it_does_not_compile():
 
 def test_the_backend_is_public_as_sr_emulate_backend():
     assert sr.emulate_backend is backend
+
+
+def test_a_relu_of_a_rounded_value_draws_its_offset_without_computing_words(monkeypatch):
+    """``relu`` and its backward (``threshold_backward``) select values of a rounded input
+    or zero: their rounding would return them unchanged, so the graphs Inductor compiles
+    compute SR's words only for the other roundings, while the offsets drawn and the bits
+    stay the eager emulation's; a relu of a graph input (not rounded) is rounded."""
+    from torch._inductor import compile_fx
+
+    from stochround.emulate.graph_words import STREAM_WORDS
+
+    words: list[int] = []
+    inner = compile_fx.compile_fx_inner
+
+    def counting(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        words.append(sum(node.target is STREAM_WORDS for node in gm.graph.nodes))
+        return inner(gm, *args, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", counting)
+
+    def program(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(x * 3) * torch.relu(y)).sum()
+
+    x, y = torch.linspace(-2, 2, 24).reshape(4, 6), torch.linspace(3, -1, 24).reshape(4, 6)
+    results = []
+    for run in ("eager", "compiled"):
+        a, b = x.clone().requires_grad_(), y.clone().requires_grad_()
+        if run == "eager":
+            with emulate("bfloat16", "sr", seed=3) as emulating:
+                loss = program(a, b)
+                loss.backward()
+        else:
+            emulating = backend("bfloat16", "sr", seed=3)
+            torch._dynamo.reset()
+            loss = torch.compile(program, backend=emulating, fullgraph=True)(a, b)
+            loss.backward()
+        assert a.grad is not None and b.grad is not None
+        results.append((emulating.calls, [bits(t) for t in (loss, a.grad, b.grad)]))
+    (eager_calls, eager), (compiled_calls, compiled) = results
+    assert compiled_calls == eager_calls
+    for e, c in zip(eager, compiled, strict=True):
+        assert torch.equal(e, c)
+    # forward: x * 3, relu(y) (of an input), the product and the sum rounded, relu(x * 3)
+    # not; backward: the product's two gradients and the one times 3 rounded, the two
+    # threshold_backward (each of a rounded gradient) not
+    assert words == [4, 3]
+
+
+def test_a_relu_of_a_rounded_value_viewed_as_another_dtype_is_rounded():
+    """A view as another dtype reads other values from the rounded bits: its relu is
+    rounded as eagerly (e4m3's values are bf16 and fp16 values both)."""
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu((x * 3).view(torch.float16)).float()
+
+    x = torch.linspace(-2, 2, 24, dtype=torch.bfloat16).reshape(4, 6)
+    with emulate("float8_e4m3fn", "sr", seed=4) as emulation:
+        eager = program(x)
+    emulating = backend("float8_e4m3fn", "sr", seed=4)
+    torch._dynamo.reset()
+    compiled = torch.compile(program, backend=emulating, fullgraph=True)(x)
+    assert emulation.calls == emulating.calls
+    assert torch.equal(bits(compiled), bits(eager))
+
+
+def test_an_opaque_op_runs_as_a_direct_call_of_its_aten_kernel():
+    """An op Inductor would compute its own way (here ``_log_softmax``) runs the ATen
+    kernel, called directly from the compiled program (no custom op's Python body on the
+    way), with the eager emulation's bits."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import run_and_get_code
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(x * 3, dim=-1)
+
+    x = torch.linspace(-2, 2, 24).reshape(4, 6)
+    with emulate("bfloat16", "sr", seed=6) as emulation:
+        eager = program(x)
+    emulating = backend("bfloat16", "sr", seed=6)
+    torch._dynamo.reset()
+    compiled_program = torch.compile(program, backend=emulating, fullgraph=True)
+    with inductor_config.patch(force_disable_caches=True):
+        compiled, codes = run_and_get_code(compiled_program, x)
+    assert emulation.calls == emulating.calls == 2
+    assert torch.equal(bits(compiled), bits(eager))
+    code = "\n".join(codes)
+    assert "torch.ops.aten._log_softmax.default(" in code
+    assert "stochround_emulate._log_softmax_default.default(" not in code

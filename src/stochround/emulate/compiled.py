@@ -23,13 +23,21 @@ from ..formats import Format
 from .dispatch import Emulation
 from .graph_rounding import Rounding, rounded
 from .graph_words import register_lowering
-from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op
+from .opaque import KEPT_DECOMPOSITIONS, needs_opaque, opaque_op, register_lowerings
 from .ops import aten, converts, each_output, op_kind
 
 # a graph's ops whose outputs an eager emulation sees in another form: AOTAutograd writes an
 # in-place op on a graph input as its functional op followed by this copy back, and the eager
 # emulation rounds the in-place op once (the functional op's rounding here)
 _COPY_BACK = aten.copy_.default
+
+# ops whose floating output holds, element by element, either a value of the argument at
+# the position given or zero: on an argument whose values its format holds (a rounding's
+# output, or a view of one) and a format with a zero, their output is in the format too and
+# its rounding returns it unchanged in every mode (no fraction to round; the format is
+# one its dtype holds, `ops.target_formats`, so nothing is clamped), so the graph numbers
+# that rounding (draws its offset) without computing it
+_SELECTING = {aten.relu.default: 0, aten.threshold_backward.default: 0}
 
 
 class EmulationBackend:
@@ -76,6 +84,7 @@ class EmulationBackend:
 
         traced, count, inputs = self._with_roundings(gm, example_inputs)
         register_lowering()  # SR's words: one compact elementwise node (graph_words)
+        register_lowerings()  # the opaque ops: calls of their ATen ops
         compiled = compile_fx_inner(traced, inputs)
         device = _graph_device(example_inputs)
 
@@ -105,6 +114,7 @@ class EmulationBackend:
 
         def body(*args: Any) -> Any:
             interpreter.count = 0
+            interpreter.held = {}
             interpreter.base = args[-1]
             return interpreter.run(*args[:-1])
 
@@ -127,7 +137,9 @@ class EmulationBackend:
 class _RoundingInterpreter(Interpreter):
     """Runs an ATen graph op by op, rounding each op's floating outputs as
     `Emulation._emulated` does (mode "native", accumulate "once"), numbering the roundings
-    from ``base`` in the order the graph runs them."""
+    from ``base`` in the order the graph runs them.  ``held``: the nodes whose output its
+    format already holds (a rounding's output, a view of one, `_SELECTING` of one), the
+    format each: an op of `_SELECTING` on one is not rounded again (same bits, less work)."""
 
     def __init__(self, gm: GraphModule, backend: EmulationBackend) -> None:
         super().__init__(gm)
@@ -136,6 +148,7 @@ class _RoundingInterpreter(Interpreter):
         self.count = 0
         self.base: Tensor | None = None
         self.node: Node | None = None
+        self.held: dict[Node, Format] = {}
 
     def run_node(self, n: Node) -> Any:
         self.node = n
@@ -165,9 +178,13 @@ class _RoundingInterpreter(Interpreter):
             return super().call_function(target, args, kwargs)
         kind = op_kind(target)
         if kind.aliases_only:
-            return super().call_function(target, args, kwargs)
+            view = super().call_function(target, args, kwargs)
+            self._hold_as(0, view)
+            return view
         if not self.emulation.selected(target):
             return self._native(target, args, kwargs)
+        if target in _SELECTING:
+            return self._selected(target, args, kwargs)
         if kind.lays_out:
             if converts(target, args, kwargs):
                 return self._converted(target, args, kwargs)
@@ -177,7 +194,48 @@ class _RoundingInterpreter(Interpreter):
                 f"the compiled emulation met {target}, an op that mutates its arguments, in "
                 "a functional graph; run this program under the eager emulate"
             )
-        return each_output(self._output, self._native(target, args, kwargs))
+        out = each_output(self._output, self._native(target, args, kwargs))
+        if isinstance(out, Tensor):
+            self._hold(out)
+        return out
+
+    def _hold(self, out: Tensor) -> None:
+        """Records that the current node's output, just rounded, is in its format."""
+        target = self.emulation.formats.get(out.dtype)
+        if target is not None and self.node is not None:
+            self.held[self.node] = target
+
+    def _hold_as(self, position: int, out: Any) -> None:
+        """The current node's output ``out`` holds the values of its argument at
+        ``position`` (a view, a selection): in that argument's format, if it is in one and
+        ``out`` has its dtype (a view as another dtype reads other values from its bits)."""
+        assert self.node is not None
+        source = self.node.args[position] if len(self.node.args) > position else None
+        if not (isinstance(source, Node) and source in self.held and isinstance(out, Tensor)):
+            return
+        value = self.env.get(source)
+        if isinstance(value, Tensor) and value.dtype == out.dtype:
+            self.held[self.node] = self.held[source]
+
+    def _selected(
+        self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """An op of `_SELECTING`: rounded as any other unless its argument is in the output's
+        format (one with a zero); then its offset drawn and the rounding, which would return
+        the output unchanged, left out."""
+        out = self._native(target, args, kwargs)
+        target_format = self.emulation.formats.get(out.dtype)
+        if target_format is None:
+            return out
+        self._hold_as(_SELECTING[target], out)
+        assert self.node is not None
+        if self.held.get(self.node) == target_format and target_format.subnormals:
+            self.count += 1
+            return out
+        self.held.pop(self.node, None)
+        rounded_out = self._next(out, target_format)
+        self.held[self.node] = target_format
+        return rounded_out
 
     def _converted(
         self, target: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
