@@ -232,9 +232,8 @@ class _RoundingInterpreter(Interpreter):
         if self.held.get(self.node) == target_format and target_format.subnormals:
             self.count += 1
             return out
-        self.held.pop(self.node, None)
         rounded_out = self._next(out, target_format)
-        self.held[self.node] = target_format
+        self._hold(rounded_out)
         return rounded_out
 
     def _converted(
