@@ -36,14 +36,23 @@ import torch
 import stochround.nn as srnn
 from stochround.nn.step_graphs import STEP_GRAPHS
 
+# what --recipe takes besides the recipes' names: fp8() with its GEMMs on the FP8 tensor
+# cores, and the plain bf16 nn.Linear the quantized steps are compared with
+FP8_NATIVE, PLAIN = "fp8_native", "linear"
+
 
 def layer_step(recipe: str, tokens: int, features: int, device: str) -> Callable[[], None]:
     """A forward + backward of a bf16 ``QuantizedLinear(features, features)`` under
-    ``RECIPES[recipe]()`` on fixed x and dy, the gradients set to None first."""
-    layer = srnn.QuantizedLinear(
-        features, features, bias=False, device=device, dtype=torch.bfloat16,
-        recipe=srnn.RECIPES[recipe](),
-    )  # fmt: skip
+    ``RECIPES[recipe]()`` (`FP8_NATIVE`: ``fp8(native=True)``; `PLAIN`: an ``nn.Linear``)
+    on fixed x and dy, the gradients set to None first."""
+    layer: torch.nn.Linear
+    if recipe == PLAIN:
+        layer = torch.nn.Linear(features, features, bias=False, device=device, dtype=torch.bfloat16)
+    else:
+        made = srnn.fp8(native=True) if recipe == FP8_NATIVE else srnn.RECIPES[recipe]()
+        layer = srnn.QuantizedLinear(
+            features, features, bias=False, device=device, dtype=torch.bfloat16, recipe=made
+        )
     generator = torch.Generator(device=device).manual_seed(0)
     shape = (tokens, features)
     x = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=generator)
@@ -101,7 +110,9 @@ def profile_lines(step: Callable[[], None], steps: int, device: str, top: int) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", default="nvfp4", choices=sorted(srnn.RECIPES))
+    parser.add_argument(
+        "--recipe", default="nvfp4", choices=[*sorted(srnn.RECIPES), FP8_NATIVE, PLAIN]
+    )
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--features", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=200, help="timed and profiled steps")
@@ -120,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     previous = STEP_GRAPHS.enabled
     try:
-        for graphs in (True, False):
+        # the plain layer has no step graphs: one setting
+        for graphs in (True,) if args.recipe == PLAIN else (True, False):
             STEP_GRAPHS.enabled = graphs
             step = layer_step(args.recipe, args.tokens, args.features, args.device)
             for _ in range(args.warmup):
@@ -128,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             wall = wall_us(step, args.steps, args.device)
             lines = profile_lines(step, args.steps, args.device, args.top)
             setting = "step graphs on" if graphs else "step graphs off"
+            setting = "nn.Linear" if args.recipe == PLAIN else setting
             results[setting] = {"wall_us_a_step": wall, "top": lines}
             print(f"{args.recipe}() {args.tokens} x {args.features} x {args.features}, "
                   f"{setting}: {wall:.1f} us a step (wall, {args.steps} steps)")  # fmt: skip

@@ -222,9 +222,10 @@ def test_a_compiled_layer_replays_its_ops_graphs_with_the_eager_bits() -> None:
 @GPU
 def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
     """Once a layer's graphs are captured, a call with x at another address replays too
-    (x copied into the graph's input) with the bits of the graphs off; and a user's CUDA
-    graph of the whole step (warmed up and captured on side streams) captures the layer's
-    launches, no step graph captured or replayed on those streams, and replays them."""
+    (captured again, x copied into the graph's input) with the bits of the graphs off; and
+    a user's CUDA graph of the whole step (warmed up and captured on side streams)
+    captures the layer's launches, no step graph captured or replayed on those streams,
+    and replays them."""
     device = torch.device("cuda")
     layer = srnn.QuantizedLinear(
         128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=2)
@@ -252,6 +253,42 @@ def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
         graph.replay()
         assert STEP_GRAPHS.replays == before and len(STEP_GRAPHS.graphs) == 1
         assert torch.equal(captured, expected[0])
+
+
+@GPU
+def test_a_graph_reads_in_place_while_the_addresses_repeat_then_copies() -> None:
+    """A key whose second call finds its tensors where the first call had them is captured
+    reading them in place (no copies of its inputs held): a replay reads what lies there
+    then (x overwritten in place gives the new values' bits); a call with x elsewhere
+    captures the key again, copying, and every later call replays that graph, wherever x
+    lies, with the bits of the graphs off."""
+    device = torch.device("cuda")
+    layer = srnn.QuantizedLinear(
+        128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=3)
+    )
+    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    kept = x.clone()
+    with step_graphs(False), torch.no_grad():
+        expected = [layer(x), layer(moved)]
+    with step_graphs(True), torch.no_grad():
+        for _ in range(2):
+            layer(x)
+        (captured,) = STEP_GRAPHS.graphs.values()
+        assert captured.addresses is not None and captured.copy_in is None
+        assert all(each is None for each in captured.inputs)
+        before = STEP_GRAPHS.replays
+        assert torch.equal(layer(x), expected[0])
+        x.copy_(moved)
+        assert torch.equal(layer(x), expected[1])
+        x.copy_(kept)
+        assert STEP_GRAPHS.replays == before + 2
+        assert torch.equal(layer(moved), expected[1])
+        (captured,) = STEP_GRAPHS.graphs.values()
+        assert captured.addresses is None and captured.copy_in is not None
+        assert torch.equal(layer(x), expected[0])
+        assert torch.equal(layer(moved), expected[1])
+        assert STEP_GRAPHS.replays == before + 5
 
 
 @GPU

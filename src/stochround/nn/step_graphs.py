@@ -1,6 +1,6 @@
 """CUDA graphs of a quantized layer's two step functions (`stochround.nn.opaque_matmul`'s
 forward and backward), captured per call signature and replayed: a step's dozen launches,
-and the host time around each, become one graph launch and a few copies
+and the host time around each, become one graph launch and a copy or two
 (docs/guide/recipes.md, "CUDA graphs of a layer's step").  On by default; off with
 ``use_step_graphs(False)`` or ``STOCHROUND_STEP_GRAPHS=0`` (they cost device memory: below).
 
@@ -9,17 +9,23 @@ host read of a device value.  So a graph captured on static input tensors comput
 replayed, what the function computes for whatever those tensors hold then.  A call's key
 is its tensors' shapes, strides and dtypes and its ints; the first call of a key runs
 eagerly, the second captures (on a side stream, after one eager run there so that
-per-stream state is made outside the capture) and every later one copies its tensors into
-the graph's inputs and replays: the eager bits (the same kernels on the same values;
-tested equal).  The layers of a model that share a shape share a graph.  The outputs live
-in the graphs' shared pool, which the next replay overwrites: a call returns copies.
+per-stream state is made outside the capture) and every later one replays: the eager bits
+(the same kernels on the same values; tested equal).  Where the second call finds its
+tensors at the first call's addresses (a training loop's allocations repeat step after
+step), the graph reads the call's tensors where they lie, and a later call replays it
+when its tensors lie there too, with no copy in; any other graph holds copies of its
+inputs, which each replay copies the call's tensors into (one grouped launch), and so
+does a key from its first call with a tensor elsewhere on (captured again, copying: the
+addresses did not repeat).  The layers of a model that share a shape share a graph.  The
+outputs live in the graphs' shared pool, which the next replay overwrites: a call returns
+copies (one grouped launch).
 
 A graph keeps what its replays read: its static inputs, its pool, the cached objects its
 kernels read (`kept_by_graphs`), its own cuBLAS workspace (PyTorch's workspaces are
 dropped around a capture, as inductor's graphs do).  That costs device memory: each graph
-holds a copy of its inputs (x, W, dy) and its outputs, up to `MAX_GRAPHS` graphs and
-`MAX_GRAPH_BYTES` of copies (the least recently replayed dropped first), one per
-signature (a new token count is a new signature).
+holds its outputs and, unless it reads in place, a copy of its inputs (x, W, dy), up to
+`MAX_GRAPHS` graphs and `MAX_GRAPH_BYTES` of copies (the least recently replayed dropped
+first), one per signature (a new token count is a new signature).
 
 Not graphed (run as they are): CPU tensors; non-contiguous tensors; calls on any stream
 but the device's default one (a user's CUDA graph and its warm-up, torch.compile's
@@ -60,11 +66,22 @@ MAX_GRAPH_BYTES = 2**32
 MAX_SEEN = 256
 
 
+class CopyPlan(NamedTuple):
+    """The grouped copies between a graph's tensors and a call's tensors of the same
+    layouts, worked out once when the graph is captured: per group, the positions of the
+    pairs it copies, the integer dtype both sides are viewed as (`bits_dtype`) and the
+    graph side's views (`copy_plan`)."""
+
+    groups: tuple[tuple[tuple[int, ...], torch.dtype, tuple[Tensor, ...]], ...]
+
+
 class Captured(NamedTuple):
-    """A captured call: its graph, the static tensors it reads (None where the call had
-    none), the output tensors it writes (in the graphs' pool), whether the function
-    returned one tensor (else a list), the cached objects whose device memory its kernels
-    read (`kept_by_graphs`), and its device's index."""
+    """A captured call: its graph, the static copies it reads (None where the call had no
+    tensor, and every entry None where the graph reads the call's own tensors in place),
+    the output tensors it writes (in the graphs' pool), whether the function returned one
+    tensor (else a list), the cached objects whose device memory its kernels read
+    (`kept_by_graphs`), its device's index, the addresses an in-place graph reads (None
+    for a graph of copies), and the plans of its copies in (None in place) and out."""
 
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor | None, ...]
@@ -72,6 +89,9 @@ class Captured(NamedTuple):
     single: bool
     kept: tuple[object, ...]
     device: int
+    addresses: tuple[int, ...] | None = None
+    copy_in: CopyPlan | None = None
+    copy_out: CopyPlan = CopyPlan(())
 
 
 class _Keeping(threading.local):
@@ -128,7 +148,7 @@ class StepGraphs:
     def __init__(self) -> None:
         self.enabled = False
         self.graphs: OrderedDict[tuple, Captured] = OrderedDict()
-        self.seen: OrderedDict[tuple, None] = OrderedDict()
+        self.seen: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
         self.failed: set[tuple] = set()
         self.replays = 0
         self.bytes = 0  # held by the kept graphs' copies (`captured_bytes`)
@@ -155,25 +175,38 @@ class StepGraphs:
     ) -> Any:
         """``function(*tensors, *rest)``, replayed from its graph where one is captured for
         the call's key, captured at a key's second call, run eagerly otherwise (outside
-        the lock: the forward's and the backward engine's threads do not wait on it)."""
+        the lock: the forward's and the backward engine's threads do not wait on it).
+
+        A key whose second call finds its tensors where the first call had them (a
+        training loop's allocations repeat step after step) is captured reading them in
+        place, which spares each replay its copy in; the first call of that key with a
+        tensor elsewhere captures it again, copying, for good (module docstring)."""
         if not self.serves(tensors, work):
             return function(*tensors, *rest)
         # the host setting the captured fp32 products were made under (TF32 or not)
         key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
+        addresses = tensor_addresses(tensors)
         with self.lock:
             captured = self.graphs.get(key)
-            if captured is None and key not in self.failed:
-                if key in self.seen:
-                    captured = self.capture(function, tensors, rest, key)
+            if captured is None:
+                if key in self.failed:
+                    pass
+                elif key in self.seen:
+                    in_place = self.seen[key] == addresses
+                    captured = self.capture(function, tensors, rest, key, in_place)
                 else:
-                    self.remember(key)
-            elif captured is not None:
+                    self.remember(key, addresses)
+            elif captured.addresses is None or captured.addresses == addresses:
                 self.graphs.move_to_end(key)
-                copy_grouped(captured.inputs, tensors)
+                if captured.copy_in is not None:
+                    copy_into(captured.copy_in, tensors)
+            else:  # read in place, and this call's tensors lie elsewhere
+                self.drop(key)
+                captured = self.capture(function, tensors, rest, key, in_place=False)
             if captured is not None:
                 captured.graph.replay()
                 self.replays += 1
-                outputs = fresh_copies(captured.outputs)
+                outputs = fresh_copies(captured.outputs, captured.copy_out)
                 return outputs[0] if captured.single else outputs
         return function(*tensors, *rest)
 
@@ -192,9 +225,10 @@ class StepGraphs:
             and all(t is None or t.is_contiguous() for t in tensors)
         )
 
-    def remember(self, key: tuple) -> None:
-        """Note ``key`` as seen once (the oldest forgotten beyond `MAX_SEEN`)."""
-        self.seen[key] = None
+    def remember(self, key: tuple, addresses: tuple[int, ...]) -> None:
+        """Note ``key`` as seen once, with its tensors' addresses (the oldest forgotten
+        beyond `MAX_SEEN`)."""
+        self.seen[key] = addresses
         if len(self.seen) > MAX_SEEN:
             self.seen.popitem(last=False)
 
@@ -204,13 +238,16 @@ class StepGraphs:
         tensors: Sequence[Tensor | None],
         rest: tuple[object, ...],
         key: tuple,
+        in_place: bool,
     ) -> Captured | None:
         """The call captured as a graph on the device's capture stream into the shared
-        pool, kept under ``key``; None, and the key marked failed, where anything before
-        the capture fails (a synchronizing operation in the warm-up, which runs under
-        PyTorch's sync debug mode "error", or memory).  A capture that fails inside CUDA
-        leaves PyTorch's allocator and generator in their capture state (PyTorch ends it
-        only on success): the graphs are turned off, with a warning."""
+        pool, kept under ``key``, reading the call's tensors where they lie (``in_place``)
+        or copies of them that each replay copies the call's tensors into; None, and the
+        key marked failed, where anything before the capture fails (a synchronizing
+        operation in the warm-up, which runs under PyTorch's sync debug mode "error", or
+        memory).  A capture that fails inside CUDA leaves PyTorch's allocator and
+        generator in their capture state (PyTorch ends it only on success): the graphs are
+        turned off, with a warning."""
         device = device_index(tensors)
         stream = self.streams.get(device)
         if stream is None:
@@ -221,10 +258,12 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         kept: list[object] = []
         try:
-            # the graph's inputs: the call's tensors copied, in the regular allocator's
-            # memory (contiguous: `serves`), then one eager run on the capture stream so
-            # that per-stream state is made outside the capture
-            inputs = tuple(None if t is None else torch.empty_like(t).copy_(t) for t in tensors)
+            # the graph's inputs: the call's tensors, or copies of them in the regular
+            # allocator's memory (contiguous: `serves`), then one eager run on the capture
+            # stream so that per-stream state is made outside the capture
+            inputs = tuple(
+                t if in_place or t is None else torch.empty_like(t).copy_(t) for t in tensors
+            )
             stream.wait_stream(current)
             with torch.cuda.stream(stream), synchronizing_raises():
                 function(*inputs, *rest)
@@ -263,78 +302,117 @@ class StepGraphs:
             self.failed.add(key)
             return None
         outputs, single = graph_outputs(result)
-        captured = Captured(graph, inputs, outputs, single, tuple(kept), device)
+        captured = Captured(
+            graph,
+            (None,) * len(inputs) if in_place else inputs,  # no hold on the call's tensors
+            outputs,
+            single,
+            tuple(kept),
+            device,
+            tensor_addresses(inputs) if in_place else None,
+            None if in_place else copy_plan(inputs),
+            copy_plan(outputs),
+        )
         self.keep(key, captured)
         return captured
 
     def keep(self, key: tuple, captured: Captured) -> None:
         """``captured`` kept under ``key``, the least recently replayed graphs dropped while
         more than `MAX_GRAPHS` are kept or their copies exceed `MAX_GRAPH_BYTES` (the new
-        one stays); a device's pool handle goes with its last graph (a pool whose graphs
-        are all gone is released: the next capture takes a new handle)."""
+        one stays)."""
         self.graphs[key] = captured
         self.seen.pop(key, None)
         self.bytes += captured_bytes(captured)
         while len(self.graphs) > 1 and (
             len(self.graphs) > MAX_GRAPHS or self.bytes > MAX_GRAPH_BYTES
         ):
-            _, evicted = self.graphs.popitem(last=False)
-            self.bytes -= captured_bytes(evicted)
-            if all(each.device != evicted.device for each in self.graphs.values()):
-                self.pools.pop(evicted.device, None)
+            self.drop(next(iter(self.graphs)))
+
+    def drop(self, key: tuple) -> None:
+        """The graph kept under ``key`` dropped; its device's pool handle goes with the
+        device's last graph (a pool whose graphs are all gone is released: the next
+        capture takes a new handle)."""
+        dropped = self.graphs.pop(key)
+        self.bytes -= captured_bytes(dropped)
+        if all(each.device != dropped.device for each in self.graphs.values()):
+            self.pools.pop(dropped.device, None)
 
 
 def copy_grouped(targets: Sequence[Tensor | None], sources: Sequence[Tensor | None]) -> None:
-    """Each source copied into its target (pairs with a None skipped), by one
-    ``torch._foreach_copy_`` a group: on CUDA one launch for a group's tensors, where a
-    copy each would be a launch each (the host time a replay is there to save).  Every
-    tensor is copied as integers (`as_bits`), so each copy moves the bits unchanged: the
-    CUDA kernel copies a floating dtype through its math type (a bf16 or fp16 NaN comes
-    back as the canonical NaN) and has no case for the float8 dtypes.  Tensors of an even
-    element size with a dense last axis (bf16, fp32, the int64 offsets column) are copied
-    as int16 words, all in one group; any other (a 1-byte dtype, a 0-d tensor, a
-    transposed output) as the integer dtype of its element size, in that dtype's group.
-    The pairs' dtypes and shapes agree (a graph's static inputs are made like the call's
-    tensors, its outputs' copies like its outputs)."""
-    groups: dict[torch.dtype, tuple[list[Tensor], list[Tensor]]] = {}
-    for target, source in zip(targets, sources, strict=True):
-        if target is None or source is None or not target.numel():
+    """Each source copied into its target of the same layout (pairs with a None skipped),
+    by one ``torch._foreach_copy_`` a group (`copy_plan`'s groups): on CUDA one launch for
+    a group's tensors, where a copy each would be a launch each (the host time a replay is
+    there to save)."""
+    pairs = [
+        (target, source)
+        for target, source in zip(targets, sources, strict=True)
+        if target is not None and source is not None
+    ]
+    copy_into(copy_plan([target for target, _ in pairs]), [source for _, source in pairs])
+
+
+def copy_plan(tensors: Sequence[Tensor | None]) -> CopyPlan:
+    """The grouped copies between ``tensors`` (a graph's) and tensors of the same layouts.
+    Every tensor is copied as integers (`bits_dtype`), so each copy moves the bits
+    unchanged: the CUDA kernel copies a floating dtype through its math type (a bf16 or
+    fp16 NaN comes back as the canonical NaN) and has no case for the float8 dtypes.
+    Tensors of an even element size with a dense last axis (bf16, fp32, the int64 offsets
+    column) are copied as int16 words, all in one group; any other (a 1-byte dtype, a 0-d
+    tensor, a transposed output) as the integer dtype of its element size, in that
+    dtype's group.  None and empty tensors are left out."""
+    groups: dict[torch.dtype, tuple[list[int], list[Tensor]]] = {}
+    for position, tensor in enumerate(tensors):
+        if tensor is None or not tensor.numel():
             continue
-        words = words_viewable(target) and words_viewable(source)
-        target, source = as_bits(target, words), as_bits(source, words)
-        into, of = groups.setdefault(target.dtype, ([], []))
-        into.append(target)
-        of.append(source)
-    for into, of in groups.values():
-        torch._foreach_copy_(into, of)
+        dtype = bits_dtype(tensor)
+        positions, views = groups.setdefault(dtype, ([], []))
+        positions.append(position)
+        views.append(tensor.view(dtype))
+    return CopyPlan(
+        tuple((tuple(at), dtype, tuple(views)) for dtype, (at, views) in groups.items())
+    )
 
 
-# the integer dtype of each element size, whose copies move bits (`as_bits`)
+def copy_into(plan: CopyPlan, sources: Sequence[Tensor | None]) -> None:
+    """The plan's graph tensors set to ``sources`` (laid out as they are), a launch a group."""
+    for positions, dtype, views in plan.groups:
+        torch._foreach_copy_(views, [sources[at].view(dtype) for at in positions])  # type: ignore[union-attr]
+
+
+def copy_from(plan: CopyPlan, targets: Sequence[Tensor]) -> None:
+    """``targets`` (laid out as the plan's graph tensors) set to them, a launch a group."""
+    for positions, dtype, views in plan.groups:
+        torch._foreach_copy_([targets[at].view(dtype) for at in positions], views)
+
+
+# the integer dtype of each element size, whose copies move bits (`bits_dtype`)
 BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def as_bits(tensor: Tensor, words: bool) -> Tensor:
-    """``tensor`` viewed as integers: int16 words where ``words`` (`words_viewable`), else
-    the integer dtype of its element size (a view any layout allows; a 16-byte complex
-    stays as it is, its kernel copy exact)."""
-    if words:
-        return tensor.view(torch.int16)
-    return tensor.view(BITS_DTYPES.get(tensor.element_size(), tensor.dtype))
+def bits_dtype(tensor: Tensor) -> torch.dtype:
+    """The integer dtype ``tensor`` is copied as: int16 words where its element size is even
+    and its last axis dense (``view`` then takes any such layout), else the integer dtype of
+    its element size (a view any layout allows; a 16-byte complex stays as it is, its
+    kernel copy exact)."""
+    size = tensor.element_size()
+    if size % 2 == 0 and tensor.dim() > 0 and tensor.stride(-1) == 1:
+        return torch.int16
+    return BITS_DTYPES.get(size, tensor.dtype)
 
 
-def words_viewable(tensor: Tensor) -> bool:
-    """Whether ``tensor`` can be viewed as int16 words along its last axis: an even element
-    size, at least one axis, and that axis dense (stride 1)."""
-    return tensor.element_size() % 2 == 0 and tensor.dim() > 0 and tensor.stride(-1) == 1
-
-
-def fresh_copies(outputs: Sequence[Tensor]) -> list[Tensor]:
+def fresh_copies(outputs: Sequence[Tensor], plan: CopyPlan | None = None) -> list[Tensor]:
     """New tensors holding ``outputs``' values (a graph's outputs live in its pool, which
-    the next replay overwrites), made by `copy_grouped`; an empty output (a gradient not
-    wanted) holds no values to overwrite and is returned as it is."""
+    the next replay overwrites), copied by ``plan`` (`copy_plan` of ``outputs``, made here
+    where not given); an empty output (a gradient not wanted) holds no values to overwrite
+    and is returned as it is."""
     copies = [out if out.numel() == 0 else torch.empty_like(out) for out in outputs]
-    copy_grouped(copies, outputs)
+    copy_from(copy_plan(outputs) if plan is None else plan, copies)
     return copies
+
+
+def tensor_addresses(tensors: Sequence[Tensor | None]) -> tuple[int, ...]:
+    """Each tensor's address (0 for None): where an in-place graph reads them."""
+    return tuple(0 if t is None else t.data_ptr() for t in tensors)
 
 
 def captured_bytes(captured: Captured) -> int:
@@ -366,7 +444,9 @@ def clear_cublas_workspaces() -> None:
 def on_default_stream(device: int) -> bool:
     """Whether the current stream of ``device`` is its default stream (module docstring:
     only there are steps graphed)."""
-    return torch.cuda.current_stream(device).stream_id == 0
+    # PyTorch's (stream id, device, type) triple, without the Stream object
+    # `torch.cuda.current_stream` builds at each call (three calls a step)
+    return torch._C._cuda_getCurrentStream(device)[0] == 0
 
 
 def device_index(tensors: Sequence[Tensor | None]) -> int:
@@ -410,12 +490,18 @@ __all__ = [
     "ENVIRONMENT",
     "GRAPHED_MAX_WORK",
     "STEP_GRAPHS",
+    "CopyPlan",
     "StepGraphs",
+    "bits_dtype",
     "call_key",
+    "copy_from",
     "copy_grouped",
+    "copy_into",
+    "copy_plan",
     "enabled_by_environment",
     "fresh_copies",
     "kept_by_graphs",
     "on_default_stream",
+    "tensor_addresses",
     "use_step_graphs",
 ]
