@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import record_first_arguments
 from torch import nn
 
 import stochround as sr
@@ -285,22 +286,8 @@ def test_a_graph_run_reads_its_offset_from_a_block_made_once(monkeypatch, device
 
     from stochround.emulate import compiled as compiled_module
 
-    blocks: list[int] = []
-    make_block = compiled_module.offset_block
-
-    def counting(start: int, device: torch.device) -> torch.Tensor:
-        blocks.append(start)
-        return make_block(start, device)
-
-    clones: list[torch.Tensor] = []
-    clone = inductor_utils.clone_preserve_strides
-
-    def cloning(x: torch.Tensor) -> torch.Tensor:
-        clones.append(x)
-        return clone(x)
-
-    monkeypatch.setattr(compiled_module, "offset_block", counting)
-    monkeypatch.setattr(inductor_utils, "clone_preserve_strides", cloning)
+    blocks = record_first_arguments(monkeypatch, compiled_module, "offset_block")
+    clones = record_first_arguments(monkeypatch, inductor_utils, "clone_preserve_strides")
     torch._dynamo.reset()
     generator = torch.Generator().manual_seed(0)
     x, w = (torch.randn(6, 8, generator=generator).to(device) for _ in range(2))
