@@ -152,3 +152,17 @@ def assert_seeded_sr_steps(steps: list[tuple[int, list[torch.Tensor]]]) -> None:
     assert (seed, again_seed, other_seed) == (5, 5, 6)
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def record_first_arguments(monkeypatch, owner: object, name: str) -> list[object]:
+    """``owner.name`` (a function) replaced, for the test, by one that calls it and appends
+    its first argument to the list returned."""
+    original = getattr(owner, name)
+    seen: list[object] = []
+
+    def recording(first: object, *args: object, **kwargs: object) -> object:
+        seen.append(first)
+        return original(first, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recording)
+    return seen

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import record_first_arguments
 from torch import nn
 
 import stochround as sr
@@ -266,3 +267,91 @@ def test_an_opaque_op_runs_as_a_direct_call_of_its_aten_kernel():
     code = "\n".join(codes)
     assert "torch.ops.aten._log_softmax.default(" in code
     assert "stochround_emulate._log_softmax_default.default(" not in code
+
+
+def scaled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """An elementwise program of products and sums alone (IEEE-exact ops: the same bits from
+    any kernel that computes them in this order, on any device)."""
+    return (x * w + w) * 3
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_graph_run_reads_its_offset_from_a_block_made_once(monkeypatch, device):
+    """The offset input of each run is a view into one block of offsets (no tensor made a
+    run): two steps of a forward and a backward graph make one block; a counter set past
+    the block's end makes a new one within the step, and every bit and offset stays the
+    eager emulation's.  On a GPU no offset is copied for its alignment (odd offsets
+    included: the first backward's is 3)."""
+    from torch._inductor import utils as inductor_utils
+
+    from stochround.emulate import compiled as compiled_module
+
+    blocks = record_first_arguments(monkeypatch, compiled_module, "offset_block")
+    clones = record_first_arguments(monkeypatch, inductor_utils, "clone_preserve_strides")
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(6, 8, generator=generator).to(device) for _ in range(2))
+    gradient = torch.randn(6, 8, generator=generator).to(device)
+    # the third step starts one offset before the first block's end: its forward reads the
+    # first block, its backward a new one
+    late = compiled_module.OFFSETS_PER_BLOCK - 1
+    results = []
+    for run in ("eager", "compiled"):
+        if run == "eager":
+            counter = emulate("bfloat16", "sr", seed=5)
+        else:
+            emulating = backend("bfloat16", "sr", seed=5)
+            counter = emulating.emulation
+            program = torch.compile(scaled, backend=emulating, fullgraph=True)
+        outputs, calls = [], []
+        for step in range(3):
+            if step == 2:
+                counter.calls = late
+            a, b = x.clone().requires_grad_(), w.clone().requires_grad_()
+            if run == "eager":
+                with counter:
+                    out = scaled(a, b)
+                    out.backward(gradient)
+            else:
+                out = program(a, b)
+                out.backward(gradient)
+            assert a.grad is not None and b.grad is not None
+            outputs.append([bits(t) for t in (out, a.grad, b.grad)])
+            calls.append(counter.calls)
+        results.append((outputs, calls))
+    (eager, eager_calls), (compiled, compiled_calls) = results
+    forward = 3  # roundings: x * w, + w, * 3
+    assert blocks == [0, late + forward]
+    assert clones == []
+    assert compiled_calls == eager_calls
+    for e, c in zip(eager, compiled, strict=True):
+        for one, other in zip(e, c, strict=True):
+            assert torch.equal(one, other)
+
+
+def test_offset_inputs_are_aligned_views_of_one_block():
+    """`OffsetInputs.at(k)` holds k, as a 0-d int64 view 16-byte aligned (Inductor's GPU
+    code copies a misaligned input before each run), of one block while k stays in it;
+    a k before or past the block makes a new block from k; a block stops at 2**63 - 1,
+    and an offset past it is refused (the graphs read offsets as int64)."""
+    from stochround.emulate.compiled import OFFSETS_PER_BLOCK, OffsetInputs
+
+    offsets = OffsetInputs(torch.device("cpu"))
+    first = offsets.at(7)
+    block = first.untyped_storage().data_ptr()
+    for k in (7, 8, 40, 7 + OFFSETS_PER_BLOCK - 1):
+        view = offsets.at(k)
+        assert view.shape == () and view.dtype == torch.int64 and int(view) == k
+        assert view.untyped_storage().data_ptr() == block
+        assert view.data_ptr() % 16 == 0
+    for k in (7 + OFFSETS_PER_BLOCK, 6):
+        view = offsets.at(k)
+        assert int(view) == k and view.untyped_storage().data_ptr() != block
+        assert (offsets.start, offsets.count) == (k, OFFSETS_PER_BLOCK)
+        block = view.untyped_storage().data_ptr()
+    last = 2**63 - 1
+    assert int(offsets.at(last - 2)) == last - 2
+    assert (offsets.start, offsets.count) == (last - 2, 3)
+    assert int(offsets.at(last)) == last
+    with pytest.raises(ValueError, match="counter reached 9223372036854775808"):
+        offsets.at(2**63)

@@ -54,6 +54,15 @@ class EmulationBackend:
             emulation.variant,
             emulation.key,
         )
+        self._offsets: dict[torch.device, OffsetInputs] = {}
+
+    def _offsets_on(self, device: torch.device) -> OffsetInputs:
+        """The `OffsetInputs` of the graphs on ``device`` (one for all of them: a step's
+        forward and backward graphs read one block)."""
+        offsets = self._offsets.get(device)
+        if offsets is None:
+            offsets = self._offsets[device] = OffsetInputs(device)
+        return offsets
 
     @property
     def calls(self) -> int:
@@ -86,10 +95,10 @@ class EmulationBackend:
         register_lowering()  # SR's words: one compact elementwise node (graph_words)
         register_lowerings()  # the opaque ops: calls of their ATen ops
         compiled = compile_fx_inner(traced, inputs)
-        device = _graph_device(example_inputs)
+        offsets = self._offsets_on(_graph_device(example_inputs))
 
         def run(args: list[Any]) -> Any:
-            base = torch.full((), self.emulation.calls, dtype=torch.int64, device=device)
+            base = offsets.at(self.emulation.calls)
             self.emulation.calls += count
             arguments = list(args)
             args.clear()  # a boxed call: the callee owns the inputs
@@ -255,6 +264,46 @@ class _RoundingInterpreter(Interpreter):
         return target(args[0], wide, *args[2:], **kwargs)
 
 
+# the offsets one block of `OffsetInputs` holds: a new block (three launches on a GPU) once in
+# this many roundings; 16 bytes an offset, so a block costs 1 MiB of device memory
+OFFSETS_PER_BLOCK = 2**16
+# the bytes between two offsets of a block: Inductor's GPU code assumes an input aligned to
+# 16 bytes where its example was, and copies one that is not before each run (a launch)
+OFFSET_SPACING = 16 // torch.int64.itemsize
+
+
+class OffsetInputs:
+    """The offset input of a compiled graph's runs on one device, without a launch a run:
+    ``at(k)`` is a 0-d int64 tensor holding k, a view into a block of consecutive offsets
+    made once (``start .. start + OFFSETS_PER_BLOCK - 1``, one every `OFFSET_SPACING`
+    elements so that each view is 16-byte aligned), made again where k is outside it (the
+    counter moved past the block, or was set back).  A ``torch.full`` a run instead costs
+    a GPU step a launch and an allocation per graph: two a training step."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.start = self.count = 0  # the block's first offset, and how many it holds
+        self.block = torch.empty(0, dtype=torch.int64, device=device)
+
+    def at(self, offset: int) -> Tensor:
+        """A 0-d int64 tensor on the device holding ``offset`` (an int in [0, 2**63))."""
+        index = offset - self.start
+        if not 0 <= index < self.count:
+            self.block = offset_block(offset, self.device)
+            self.start, self.count, index = offset, self.block.numel() // OFFSET_SPACING, 0
+        return self.block[index * OFFSET_SPACING]
+
+
+def offset_block(start: int, device: torch.device) -> Tensor:
+    """Offsets ``start, start + 1, ...`` (`OFFSETS_PER_BLOCK` of them, fewer where they
+    would pass 2**63 - 1), each repeated `OFFSET_SPACING` times: a 1-D int64 tensor."""
+    count = min(OFFSETS_PER_BLOCK, 2**63 - start)
+    if count <= 0:
+        raise ValueError(f"the compiled emulation's offsets are int64: its counter reached {start}")
+    steps = torch.arange(count * OFFSET_SPACING, dtype=torch.int64, device=device)
+    return (steps // OFFSET_SPACING).add_(start)
+
+
 def _graph_device(example_inputs: Sequence[Any]) -> torch.device:
     """The device of a graph's tensor inputs (the CPU for a graph without one)."""
     for value in example_inputs:
@@ -314,4 +363,4 @@ def backend(
     return EmulationBackend(emulation)
 
 
-__all__ = ["EmulationBackend", "backend"]
+__all__ = ["EmulationBackend", "OffsetInputs", "backend", "offset_block"]
