@@ -222,7 +222,7 @@ def test_a_compiled_layer_replays_its_ops_graphs_with_the_eager_bits() -> None:
 @GPU
 def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
     """Once a layer's graphs are captured, a call with x at another address replays too
-    (captured again, x copied into the graph's input) with the bits of the graphs off; and
+    (the key's graph of copies, x copied into its input) with the bits of the graphs off; and
     a user's CUDA graph of the whole step (warmed up and captured on side streams)
     captures the layer's launches, no step graph captured or replayed on those streams,
     and replays them."""
@@ -251,17 +251,17 @@ def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
             captured = layer(x)
         before = STEP_GRAPHS.replays
         graph.replay()
-        assert STEP_GRAPHS.replays == before and len(STEP_GRAPHS.graphs) == 1
+        assert STEP_GRAPHS.replays == before and len(STEP_GRAPHS.graphs) == 2
         assert torch.equal(captured, expected[0])
 
 
 @GPU
-def test_a_graph_reads_in_place_while_the_addresses_repeat_then_copies() -> None:
-    """A key whose second call finds its tensors where the first call had them is captured
-    reading them in place (no copies of its inputs held): a replay reads what lies there
-    then (x overwritten in place gives the new values' bits); a call with x elsewhere
-    captures the key again, copying, and every later call replays that graph, wherever x
-    lies, with the bits of the graphs off."""
+def test_each_repeated_set_of_addresses_replays_in_place_others_copy() -> None:
+    """A call whose tensors lie where a call of its key had them gets a graph reading them
+    in place (no copies of its inputs held): a replay reads what lies there then (x
+    overwritten in place gives the new values' bits); a call with x elsewhere replays the
+    key's graph of copies, until its addresses repeat and it gets a graph of its own; every
+    result has the bits of the graphs off."""
     device = torch.device("cuda")
     layer = srnn.QuantizedLinear(
         128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=3)
@@ -271,6 +271,13 @@ def test_a_graph_reads_in_place_while_the_addresses_repeat_then_copies() -> None
     kept = x.clone()
     with step_graphs(False), torch.no_grad():
         expected = [layer(x), layer(moved)]
+
+    def kinds() -> list[str]:
+        return sorted(
+            "copies" if each.addresses is None else "in place"
+            for each in STEP_GRAPHS.graphs.values()
+        )
+
     with step_graphs(True), torch.no_grad():
         for _ in range(2):
             layer(x)
@@ -282,12 +289,11 @@ def test_a_graph_reads_in_place_while_the_addresses_repeat_then_copies() -> None
         x.copy_(moved)
         assert torch.equal(layer(x), expected[1])
         x.copy_(kept)
-        assert STEP_GRAPHS.replays == before + 2
         assert torch.equal(layer(moved), expected[1])
-        (captured,) = STEP_GRAPHS.graphs.values()
-        assert captured.addresses is None and captured.copy_in is not None
+        assert kinds() == ["copies", "in place"]
         assert torch.equal(layer(x), expected[0])
         assert torch.equal(layer(moved), expected[1])
+        assert kinds() == ["copies", "in place", "in place"]
         assert STEP_GRAPHS.replays == before + 5
 
 

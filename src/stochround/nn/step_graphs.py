@@ -10,15 +10,13 @@ replayed, what the function computes for whatever those tensors hold then.  A ca
 is its tensors' shapes, strides and dtypes and its ints; the first call of a key runs
 eagerly, the second captures (on a side stream, after one eager run there so that
 per-stream state is made outside the capture) and every later one replays: the eager bits
-(the same kernels on the same values; tested equal).  Where the second call finds its
-tensors at the first call's addresses (a training loop's allocations repeat step after
-step), the graph reads the call's tensors where they lie, and a later call replays it
-when its tensors lie there too, with no copy in; any other graph holds copies of its
-inputs, which each replay copies the call's tensors into (one grouped launch), and so
-does a key from its first call with a tensor elsewhere on (captured again, copying: the
-addresses did not repeat).  The layers of a model that share a shape share a graph.  The
-outputs live in the graphs' shared pool, which the next replay overwrites: a call returns
-copies (one grouped launch).
+(the same kernels on the same values; tested equal).  That graph holds copies of its
+inputs, which each replay copies the call's tensors into (one grouped launch).  Besides,
+a call whose tensors lie where a call of its key had them before (a training loop's
+allocations repeat step after step) gets a graph of its own that reads them in place, with
+no copy in: each layer of a shape then replays its own graph, and the key's graph of copies
+serves the calls whose addresses do not repeat.  The outputs live in the graphs' shared
+pool, which the next replay overwrites: a call returns copies (one grouped launch).
 
 A graph keeps what its replays read: its static inputs, its pool, the cached objects its
 kernels read (`kept_by_graphs`), its own cuBLAS workspace (PyTorch's workspaces are
@@ -61,9 +59,9 @@ _R = TypeVar("_R")
 GRAPHED_MAX_WORK = 2**35
 # graphs kept (the least recently replayed dropped first), the device memory their copies
 # of inputs and outputs may hold together, and keys remembered as seen once
-MAX_GRAPHS = 64
+MAX_GRAPHS = 256
 MAX_GRAPH_BYTES = 2**32
-MAX_SEEN = 256
+MAX_SEEN = 1024
 
 
 class CopyPlan(NamedTuple):
@@ -148,7 +146,7 @@ class StepGraphs:
     def __init__(self) -> None:
         self.enabled = False
         self.graphs: OrderedDict[tuple, Captured] = OrderedDict()
-        self.seen: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+        self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.failed: set[tuple] = set()
         self.replays = 0
         self.bytes = 0  # held by the kept graphs' copies (`captured_bytes`)
@@ -173,37 +171,37 @@ class StepGraphs:
         rest: tuple[object, ...],
         work: int,
     ) -> Any:
-        """``function(*tensors, *rest)``, replayed from its graph where one is captured for
-        the call's key, captured at a key's second call, run eagerly otherwise (outside
-        the lock: the forward's and the backward engine's threads do not wait on it).
+        """``function(*tensors, *rest)``, replayed from a graph captured for the call's key
+        where one is kept, run eagerly otherwise (outside the lock: the forward's and the
+        backward engine's threads do not wait on it).
 
-        A key whose second call finds its tensors where the first call had them (a
-        training loop's allocations repeat step after step) is captured reading them in
-        place, which spares each replay its copy in; the first call of that key with a
-        tensor elsewhere captures it again, copying, for good (module docstring)."""
+        A key has a graph of copies, captured at its second call, which serves any call;
+        and a graph reading the call's tensors in place for each set of addresses seen
+        twice (a training loop's allocations repeat step after step, so each layer of a
+        shape finds its own), captured while fewer than `MAX_GRAPHS` graphs are kept and
+        their copies hold less than `MAX_GRAPH_BYTES` (beyond, the graph of copies serves:
+        in-place graphs evicting each other would capture every step)."""
         if not self.serves(tensors, work):
             return function(*tensors, *rest)
         # the host setting the captured fp32 products were made under (TF32 or not)
         key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
-        addresses = tensor_addresses(tensors)
+        here, anywhere = (key, tensor_addresses(tensors)), (key, None)
         with self.lock:
-            captured = self.graphs.get(key)
-            if captured is None:
-                if key in self.failed:
-                    pass
-                elif key in self.seen:
-                    in_place = self.seen[key] == addresses
-                    captured = self.capture(function, tensors, rest, key, in_place)
+            captured = None if key in self.failed else self.graphs.get(here)
+            if captured is None and key not in self.failed:
+                if here in self.seen and self.room_in_place():
+                    captured = self.capture(function, tensors, rest, here)
                 else:
-                    self.remember(key, addresses)
-            elif captured.addresses is None or captured.addresses == addresses:
-                self.graphs.move_to_end(key)
-                if captured.copy_in is not None:
-                    copy_into(captured.copy_in, tensors)
-            else:  # read in place, and this call's tensors lie elsewhere
-                self.drop(key)
-                captured = self.capture(function, tensors, rest, key, in_place=False)
+                    self.remember(here)
+                    captured = self.graphs.get(anywhere)
+                    if captured is not None:
+                        copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
+                    elif anywhere in self.seen:
+                        captured = self.capture(function, tensors, rest, anywhere)
+                    else:
+                        self.remember(anywhere)
             if captured is not None:
+                self.graphs.move_to_end(here if captured.addresses else anywhere)
                 captured.graph.replay()
                 self.replays += 1
                 outputs = fresh_copies(captured.outputs, captured.copy_out)
@@ -225,10 +223,15 @@ class StepGraphs:
             and all(t is None or t.is_contiguous() for t in tensors)
         )
 
-    def remember(self, key: tuple, addresses: tuple[int, ...]) -> None:
-        """Note ``key`` as seen once, with its tensors' addresses (the oldest forgotten
-        beyond `MAX_SEEN`)."""
-        self.seen[key] = addresses
+    def room_in_place(self) -> bool:
+        """Whether an in-place graph may be captured: fewer than `MAX_GRAPHS` kept, their
+        copies under `MAX_GRAPH_BYTES` (`run`)."""
+        return len(self.graphs) < MAX_GRAPHS and self.bytes < MAX_GRAPH_BYTES
+
+    def remember(self, graph_key: tuple) -> None:
+        """Note ``graph_key`` (a key and its tensors' addresses, or None for any) as seen
+        once (the oldest forgotten beyond `MAX_SEEN`)."""
+        self.seen[graph_key] = None
         if len(self.seen) > MAX_SEEN:
             self.seen.popitem(last=False)
 
@@ -237,17 +240,18 @@ class StepGraphs:
         function: Callable[..., Any],
         tensors: Sequence[Tensor | None],
         rest: tuple[object, ...],
-        key: tuple,
-        in_place: bool,
+        graph_key: tuple,
     ) -> Captured | None:
         """The call captured as a graph on the device's capture stream into the shared
-        pool, kept under ``key``, reading the call's tensors where they lie (``in_place``)
-        or copies of them that each replay copies the call's tensors into; None, and the
-        key marked failed, where anything before the capture fails (a synchronizing
+        pool, kept under ``graph_key`` (the call's key and its tensors' addresses, or
+        None), reading the call's tensors where they lie (addresses given) or copies of
+        them that each replay copies the call's tensors into; None, and the key marked
+        failed, where anything before the capture fails (a synchronizing
         operation in the warm-up, which runs under PyTorch's sync debug mode "error", or
         memory).  A capture that fails inside CUDA leaves PyTorch's allocator and
         generator in their capture state (PyTorch ends it only on success): the graphs are
         turned off, with a warning."""
+        key, in_place = graph_key[0], graph_key[1] is not None
         device = device_index(tensors)
         stream = self.streams.get(device)
         if stream is None:
@@ -313,26 +317,26 @@ class StepGraphs:
             None if in_place else copy_plan(inputs),
             copy_plan(outputs),
         )
-        self.keep(key, captured)
+        self.keep(graph_key, captured)
         return captured
 
-    def keep(self, key: tuple, captured: Captured) -> None:
-        """``captured`` kept under ``key``, the least recently replayed graphs dropped while
-        more than `MAX_GRAPHS` are kept or their copies exceed `MAX_GRAPH_BYTES` (the new
-        one stays)."""
-        self.graphs[key] = captured
-        self.seen.pop(key, None)
+    def keep(self, graph_key: tuple, captured: Captured) -> None:
+        """``captured`` kept under ``graph_key``, the least recently replayed graphs dropped
+        while more than `MAX_GRAPHS` are kept or their copies exceed `MAX_GRAPH_BYTES` (the
+        new one stays)."""
+        self.graphs[graph_key] = captured
+        self.seen.pop(graph_key, None)
         self.bytes += captured_bytes(captured)
         while len(self.graphs) > 1 and (
             len(self.graphs) > MAX_GRAPHS or self.bytes > MAX_GRAPH_BYTES
         ):
             self.drop(next(iter(self.graphs)))
 
-    def drop(self, key: tuple) -> None:
-        """The graph kept under ``key`` dropped; its device's pool handle goes with the
+    def drop(self, graph_key: tuple) -> None:
+        """The graph kept under ``graph_key`` dropped; its device's pool handle goes with the
         device's last graph (a pool whose graphs are all gone is released: the next
         capture takes a new handle)."""
-        dropped = self.graphs.pop(key)
+        dropped = self.graphs.pop(graph_key)
         self.bytes -= captured_bytes(dropped)
         if all(each.device != dropped.device for each in self.graphs.values()):
             self.pools.pop(dropped.device, None)
