@@ -298,6 +298,48 @@ def test_each_repeated_set_of_addresses_replays_in_place_others_copy() -> None:
 
 
 @GPU
+def test_a_models_layers_settle_on_graphs_of_their_own() -> None:
+    """Four layers of one shape trained together: their calls' addresses settle within a
+    few steps, each layer's forward and backward then replay a graph of its own reading in
+    place, no graph is captured after that (an earlier, address-keyed design kept
+    capturing as the layers went from eager to replayed), and every step has the bits of
+    the run with the graphs off."""
+    device = torch.device("cuda")
+
+    def run(steps: int) -> tuple[list[Tensor], list[int]]:
+        torch.manual_seed(0)
+        layers = [
+            srnn.QuantizedLinear(
+                128, 128, bias=False, device=device, dtype=torch.bfloat16,
+                recipe=srnn.nvfp4(seed=5), layer_index=index,
+            )
+            for index in range(4)
+        ]  # fmt: skip
+        model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        generator = torch.Generator().manual_seed(1)
+        seen, captures = [], []
+        for _ in range(steps):
+            x = torch.randn(64, 128, generator=generator).to(device, torch.bfloat16)
+            optimizer.zero_grad()
+            y = model(x)
+            y.float().square().mean().backward()
+            seen += [y.detach().cpu(), *(layer.weight.grad.cpu() for layer in layers)]  # type: ignore[union-attr]
+            captures.append(STEP_GRAPHS.captures)
+            optimizer.step()
+        return seen, captures
+
+    with step_graphs(False):
+        expected, _ = run(12)
+    with step_graphs(True):
+        got, captures = run(12)
+        in_place = [each for each in STEP_GRAPHS.graphs.values() if each.addresses is not None]
+        assert len(in_place) >= 8  # each layer's forward and backward
+    assert captures[-1] == captures[5], captures
+    assert_same(got, expected)
+
+
+@GPU
 def test_a_graph_keeps_the_cached_state_its_kernels_read() -> None:
     """The prepared operands, pairs, keys and step plans a graph's kernels read stay alive
     with the graph after their caches drop them (and the freed memory is written over):

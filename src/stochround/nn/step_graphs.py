@@ -149,6 +149,7 @@ class StepGraphs:
         self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.failed: set[tuple] = set()
         self.replays = 0
+        self.captures = 0  # graphs captured and kept, ever (a model's churn shows here)
         self.bytes = 0  # held by the kept graphs' copies (`captured_bytes`)
         self.lock = threading.Lock()  # forwards and the autograd engine's backward thread
         self.pools: dict[int, Any] = {}  # each device's pool handle (torch's own type)
@@ -325,6 +326,7 @@ class StepGraphs:
         while more than `MAX_GRAPHS` are kept or their copies exceed `MAX_GRAPH_BYTES` (the
         new one stays)."""
         self.graphs[graph_key] = captured
+        self.captures += 1
         self.seen.pop(graph_key, None)
         self.bytes += captured_bytes(captured)
         while len(self.graphs) > 1 and (
