@@ -177,6 +177,37 @@ def test_graphs_beyond_the_bytes_go_but_the_new_one_stays(
     assert graphs.bytes == 0 and not graphs.graphs
 
 
+def test_an_in_place_graph_that_does_not_fit_is_not_kept_and_stops_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An in-place graph (its outputs only) that would take the graphs beyond
+    `MAX_GRAPH_BYTES` or `MAX_GRAPHS` is not kept and evicts nothing, and no in-place graph
+    is captured after it (each would evict another layer's, captured again next step);
+    graphs of copies are kept as before, the least recent evicted; `clear` starts over."""
+    monkeypatch.setattr(graphs_module, "MAX_GRAPH_BYTES", 100)
+    monkeypatch.setattr(graphs_module, "MAX_GRAPHS", 3)
+
+    def in_place(nbytes: int) -> Captured:
+        outputs = (torch.zeros(nbytes, dtype=torch.uint8),)
+        return Captured(None, (None,), outputs, True, (), 0, (1234,))  # type: ignore[arg-type]
+
+    graphs = StepGraphs()
+    graphs.keep(("a", (1,)), in_place(60))
+    assert graphs.room_in_place() and graphs.captures == 1
+    graphs.keep(("b", (2,)), in_place(60))
+    assert list(graphs.graphs) == [("a", (1,))] and graphs.bytes == 60
+    assert not graphs.room_in_place() and graphs.captures == 1
+    graphs.keep(("c", None), captured(60, 0))
+    assert list(graphs.graphs) == [("c", None)] and graphs.bytes == 60
+    graphs.clear()
+    graphs.keep(("a", (1,)), in_place(10))
+    graphs.keep(("b", (2,)), in_place(10))
+    graphs.keep(("c", (3,)), in_place(10))
+    assert len(graphs.graphs) == 3 and graphs.room_in_place() is False
+    graphs.keep(("d", (4,)), in_place(10))
+    assert len(graphs.graphs) == 3 and graphs.crowded
+
+
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:
     previous = use_step_graphs(False)
     try:

@@ -150,6 +150,7 @@ class StepGraphs:
         self.failed: set[tuple] = set()
         self.replays = 0
         self.captures = 0  # graphs captured and kept, ever (a model's churn shows here)
+        self.crowded = False  # an in-place graph did not fit: no more are captured
         self.bytes = 0  # held by the kept graphs' copies (`captured_bytes`)
         self.lock = threading.Lock()  # forwards and the autograd engine's backward thread
         self.pools: dict[int, Any] = {}  # each device's pool handle (torch's own type)
@@ -163,6 +164,7 @@ class StepGraphs:
             self.bytes = 0
             self.seen.clear()
             self.failed.clear()
+            self.crowded = False
             self.pools.clear()
 
     def run(
@@ -179,9 +181,9 @@ class StepGraphs:
         A key has a graph of copies, captured at its second call, which serves any call;
         and a graph reading the call's tensors in place for each set of addresses seen
         twice (a training loop's allocations repeat step after step, so each layer of a
-        shape finds its own), captured while fewer than `MAX_GRAPHS` graphs are kept and
-        their copies hold less than `MAX_GRAPH_BYTES` (beyond, the graph of copies serves:
-        in-place graphs evicting each other would capture every step)."""
+        shape finds its own), until one would not fit under `MAX_GRAPHS` and
+        `MAX_GRAPH_BYTES` (`keep`; from then on the graphs of copies serve: in-place
+        graphs evicting each other would capture at every step)."""
         if not self.serves(tensors, work):
             return function(*tensors, *rest)
         # the host setting the captured fp32 products were made under (TF32 or not)
@@ -189,20 +191,22 @@ class StepGraphs:
         here, anywhere = (key, tensor_addresses(tensors)), (key, None)
         with self.lock:
             captured = None if key in self.failed else self.graphs.get(here)
-            if captured is None and key not in self.failed:
+            if captured is not None:
+                self.graphs.move_to_end(here)
+            elif key not in self.failed:
                 if here in self.seen and self.room_in_place():
                     captured = self.capture(function, tensors, rest, here)
                 else:
                     self.remember(here)
                     captured = self.graphs.get(anywhere)
                     if captured is not None:
+                        self.graphs.move_to_end(anywhere)
                         copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
                     elif anywhere in self.seen:
                         captured = self.capture(function, tensors, rest, anywhere)
                     else:
                         self.remember(anywhere)
             if captured is not None:
-                self.graphs.move_to_end(here if captured.addresses else anywhere)
                 captured.graph.replay()
                 self.replays += 1
                 outputs = fresh_copies(captured.outputs, captured.copy_out)
@@ -225,9 +229,10 @@ class StepGraphs:
         )
 
     def room_in_place(self) -> bool:
-        """Whether an in-place graph may be captured: fewer than `MAX_GRAPHS` kept, their
-        copies under `MAX_GRAPH_BYTES` (`run`)."""
-        return len(self.graphs) < MAX_GRAPHS and self.bytes < MAX_GRAPH_BYTES
+        """Whether an in-place graph may be captured: none has failed to fit yet (`keep`),
+        fewer than `MAX_GRAPHS` are kept and their copies hold less than
+        `MAX_GRAPH_BYTES`."""
+        return not self.crowded and len(self.graphs) < MAX_GRAPHS and self.bytes < MAX_GRAPH_BYTES
 
     def remember(self, graph_key: tuple) -> None:
         """Note ``graph_key`` (a key and its tensors' addresses, or None for any) as seen
@@ -314,7 +319,7 @@ class StepGraphs:
             single,
             tuple(kept),
             device,
-            tensor_addresses(inputs) if in_place else None,
+            graph_key[1],  # the call's addresses, or None
             None if in_place else copy_plan(inputs),
             copy_plan(outputs),
         )
@@ -324,11 +329,19 @@ class StepGraphs:
     def keep(self, graph_key: tuple, captured: Captured) -> None:
         """``captured`` kept under ``graph_key``, the least recently replayed graphs dropped
         while more than `MAX_GRAPHS` are kept or their copies exceed `MAX_GRAPH_BYTES` (the
-        new one stays)."""
+        new one stays).  An in-place graph that does not fit is not kept (the call replays
+        it once), and no in-place graph is captured after it (`room_in_place`): each would
+        evict another layer's, which would be captured again at the next step."""
+        self.seen.pop(graph_key, None)
+        size = captured_bytes(captured)
+        if captured.addresses is not None and (
+            len(self.graphs) >= MAX_GRAPHS or self.bytes + size > MAX_GRAPH_BYTES
+        ):
+            self.crowded = True
+            return
         self.graphs[graph_key] = captured
         self.captures += 1
-        self.seen.pop(graph_key, None)
-        self.bytes += captured_bytes(captured)
+        self.bytes += size
         while len(self.graphs) > 1 and (
             len(self.graphs) > MAX_GRAPHS or self.bytes > MAX_GRAPH_BYTES
         ):
