@@ -213,6 +213,34 @@ def test_stream_offsets_are_disjoint():
         state_stream_offset(1, 2**30, 0)
 
 
+def test_set_param_indices_draws_the_words_of_those_positions():
+    """A parameter given stream index k draws the words the parameter at position k of a
+    larger optimizer draws (the pipeline stages' numbering rests on it), survives a deep
+    copy, and bad numberings raise."""
+    torch.manual_seed(0)
+    values = [torch.randn(8, 4).bfloat16() for _ in range(3)]
+    grads = [torch.randn(8, 4).bfloat16() for _ in range(3)]
+    whole = [torch.nn.Parameter(v.clone()) for v in values]
+    part = [torch.nn.Parameter(v.clone()) for v in values[1:]]
+    full, stage = AdamW(whole, lr=1e-2, seed=3), AdamW(part, lr=1e-2, seed=3)
+    stage.set_param_indices([1, 2])
+    stage = copy.deepcopy(stage)
+    part = stage.param_groups[0]["params"]
+    for _ in range(2):
+        for params, offset in ((whole, 0), (part, 1)):
+            for i, param in enumerate(params, offset):
+                param.grad = grads[i].clone()
+        full.step()
+        stage.step()
+    assert all(torch.equal(p, q) for p, q in zip(whole[1:], part, strict=True))
+    for indices, error in (([1], ValueError), ([1, 1], ValueError), ([0, 2**30], ValueError),
+                           ([0, 1.0], TypeError), (5, TypeError)):  # fmt: skip
+        with pytest.raises(error, match="indices"):
+            stage.set_param_indices(indices)
+    with pytest.raises(ValueError, match="set_param_indices"):
+        stage.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+
+
 def test_bytes_per_param():
     assert AdamW(make_params(torch.float32)).bytes_per_param() == 12
     assert AdamW(make_params(torch.bfloat16), state_dtype=torch.bfloat16).bytes_per_param() == 6

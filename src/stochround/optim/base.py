@@ -12,7 +12,7 @@ the precision the master keeps).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, overload
 
 import torch
@@ -26,6 +26,7 @@ from .checks import (
     ROUNDINGS,
     STATE_DTYPES,
     check_float,
+    check_param_indices,
     check_rounding,
     check_seed_argument,
     check_state_dtype,
@@ -63,6 +64,10 @@ class SROptimizer(FusedSteps, StateDictLoading):
     ``algorithm`` (the kernel's), their ``state_names``, `scalars`, `constants` and
     `update`."""
 
+    # `set_param_indices`'s numbering (None: positions); a class default for pickles
+    # made before it existed
+    param_indices: tuple[int, ...] | None = None
+
     def __init__(
         self,
         params: Iterable[Any],
@@ -77,12 +82,13 @@ class SROptimizer(FusedSteps, StateDictLoading):
         self.backend = resolve_backend(backend, foreach, fused, capturable, differentiable)
         self.fused_required = fused is True
         self.shared_seed: int | None = None  # `default_seed`, once asked for
+        self.param_indices = None
         super().__init__(params, defaults)
 
     def __getstate__(self) -> dict[str, Any]:
         """torch's state (defaults, state, groups) and the options of the whole optimizer,
         which torch's omits: a pickled or deep-copied optimizer keeps its backend."""
-        options = ("backend", "fused_required", "shared_seed")
+        options = ("backend", "fused_required", "shared_seed", "param_indices")
         return {**super().__getstate__(), **{name: getattr(self, name) for name in options}}
 
     @overload
@@ -105,13 +111,32 @@ class SROptimizer(FusedSteps, StateDictLoading):
         if compiling:  # eagerly the loop below creates the states, at no extra cost
             for group in self.param_groups:
                 self._init_group(group)
-        start = 0  # the global index of the group's first parameter
+        start = 0  # the position of the group's first parameter among all groups'
         for group in self.param_groups:
             params = group["params"]
-            if compiling or not self.fused_group_step(group, params, start):
-                self.group_step(group, self.group_entries(group, start), compiling)
+            indices = self.group_param_indices(start, len(params))
+            if compiling or not self.fused_group_step(group, params, indices):
+                self.group_step(group, self.group_entries(group, indices), compiling)
             start += len(params)
         return loss
+
+    def group_param_indices(self, start: int, count: int) -> Sequence[int]:
+        """The stream indices (``param_index`` of `state_stream_offset`) of the ``count``
+        parameters at positions ``start ..`` of all groups: the positions themselves,
+        unless `set_param_indices` gave others."""
+        if self.param_indices is None:
+            return range(start, start + count)
+        return self.param_indices[start : start + count]
+
+    def set_param_indices(self, indices: Sequence[int]) -> None:
+        """Draw each parameter's words as the parameter of stream index ``indices[i]``
+        (``i``: its position among all groups' parameters, in order) instead of ``i``:
+        distinct integers in [0, 2**30), one per parameter.  A part of a model (a pipeline
+        stage) numbered as the whole model numbers it draws the whole model's words
+        (`stochround.integrations.torchtitan.sr_optimizers`).  The numbering is no part of
+        ``state_dict``: whoever builds the optimizer sets it again."""
+        count = sum(len(group["params"]) for group in self.param_groups)
+        self.param_indices = check_param_indices(indices, count)
 
     def eager_step(self, closure: Callable[[], float] | None) -> float | None:
         """`step` run eagerly inside a compiled region: a step over DTensor parameters
@@ -176,6 +201,11 @@ class SROptimizer(FusedSteps, StateDictLoading):
                         f"{key} is an option of the whole optimizer, not of a parameter group: "
                         "pass it to the constructor"
                     )
+        if self.param_indices is not None:
+            raise ValueError(
+                "add_param_group after set_param_indices: set the indices again, with the "
+                "new group's"
+            )
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         self.check_group(group)
@@ -234,12 +264,14 @@ class SROptimizer(FusedSteps, StateDictLoading):
         stream = (group["rounding"], group_key(group), step, index)
         store_param_value(self.state[param], param_state_name(group, param), param, value, stream)
 
-    def group_entries(self, group: dict[str, Any], start: int) -> list[tuple[int, Tensor]]:
-        """The (global parameter index, parameter) pairs of ``group`` that have a gradient,
-        its first parameter's index being ``start`` (indices count every parameter of every
-        group, in order); RuntimeError for a sparse gradient."""
+    def group_entries(
+        self, group: dict[str, Any], indices: Sequence[int]
+    ) -> list[tuple[int, Tensor]]:
+        """The (stream index, parameter) pairs of ``group`` that have a gradient, ``indices``
+        being its parameters' (`group_param_indices`); RuntimeError for a sparse
+        gradient."""
         entries = []
-        for index, param in enumerate(group["params"], start):
+        for index, param in zip(indices, group["params"], strict=True):
             if param.grad is not None:
                 if param.grad.is_sparse:
                     raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")

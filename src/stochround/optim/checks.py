@@ -4,6 +4,7 @@ takes, and torch.optim's implementation keywords resolved to a ``backend``."""
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -73,6 +74,23 @@ def check_seed_argument(seed: object) -> int:
     return int(check_seed(seed, "seed"))
 
 
+def check_param_indices(indices: object, count: int) -> tuple[int, ...]:
+    """``indices`` as a tuple of ``count`` distinct ints in [0, 2**30) (the stream index of
+    each parameter: two equal indices would draw one stream), else ValueError/TypeError."""
+    if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence):
+        raise TypeError(f"indices must be a sequence of ints, got {type(indices).__name__}")
+    if any(isinstance(value, bool) or not isinstance(value, numbers.Integral) for value in indices):
+        raise TypeError("indices must be ints")
+    values = tuple(int(value) for value in indices)
+    if len(values) != count:
+        raise ValueError(f"indices must give each of the {count} parameters one, got {len(values)}")
+    if any(not 0 <= value < MAX_PARAMS for value in values):
+        raise ValueError("indices must be in [0, 2**30)")
+    if len(set(values)) != len(values):
+        raise ValueError("indices must be distinct: two parameters would draw the same words")
+    return values
+
+
 def check_flag(value: object, name: str, *, optional: bool = False) -> bool | None:
     """``value`` if it is a bool (or None when ``optional``), else TypeError naming ``name``."""
     if isinstance(value, bool) or (optional and value is None):
@@ -122,6 +140,7 @@ __all__ = [
     "check_betas",
     "check_flag",
     "check_float",
+    "check_param_indices",
     "check_rounding",
     "check_seed_argument",
     "check_state_dtype",

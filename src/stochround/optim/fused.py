@@ -122,8 +122,10 @@ class FusedSteps(OptimizerHooks):
     """The fused path of `SROptimizer`'s step: which parameters the kernel updates
     (`fused`), and the launches that update them (`fused_group_step`, `fused_steps`)."""
 
-    def fused_group_step(self, group: dict[str, Any], params: list[Tensor], start: int) -> bool:
-        """An eager step of ``group`` (its ``params``, the first of global index ``start``)
+    def fused_group_step(
+        self, group: dict[str, Any], params: list[Tensor], indices: Sequence[int]
+    ) -> bool:
+        """An eager step of ``group`` (its ``params``, of stream indices ``indices``)
         in one launch, when every parameter that has a gradient is one the fused kernel
         updates and they share one launch: one device, one parameter dtype and one
         gradient dtype, contiguous and 16-byte aligned, their states created and their
@@ -136,7 +138,6 @@ class FusedSteps(OptimizerHooks):
         if self.backend == "torch" or not params:
             return False
         grads = list(map(GRAD, params))
-        indices: Sequence[int] = range(start, start + len(params))
         present = list(map(is_not, grads, repeat(None)))
         if not all(present):  # parameters without a gradient are not stepped
             params = list(compress(params, present))

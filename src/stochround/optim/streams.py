@@ -9,12 +9,13 @@ recipe or a rounding call given the same seed draws other words) and::
 
 ``step`` is the parameter's step count after this update (1, 2, ..., below 2**32),
 ``param_index`` its position in the optimizer's parameters (all groups, in order, fewer
-than 2**30) and ``tensor_slot`` 0 for the parameter, 1 and 2 for the states
-(``TENSOR_SLOTS``). Distinct offsets fill distinct upper counter halves, so no two stores
-of a run share a random word, and the mapping does not move when a parameter group is
-added. The step lives in the optimizer state (``state[p]["step"]``, a 0-d int64 tensor on
-the parameter's device) and the seed in the parameter group, so a run restored from
-``state_dict`` continues bit for bit.
+than 2**30; or the index `SROptimizer.set_param_indices` gave it: a pipeline stage's
+optimizer numbers its parameters as the whole model's does) and ``tensor_slot`` 0 for
+the parameter, 1 and 2 for the states (``TENSOR_SLOTS``). Distinct offsets fill distinct
+upper counter halves, so no two stores of a run share a random word, and the mapping does
+not move when a parameter group is added. The step lives in the optimizer state
+(``state[p]["step"]``, a 0-d int64 tensor on the parameter's device) and the seed in the
+parameter group, so a run restored from ``state_dict`` continues bit for bit.
 
 Default seed. ``seed=None`` takes `generator_seed`: a hash of the state of torch's default
 CPU generator, read without drawing from it. Constructing an optimizer therefore moves no

@@ -48,6 +48,7 @@ from .data import ByteTokenizer, StdlibDataLoader
 from .flavors import FLAVORS, SIZES, check_flavor
 from .optimizers import SROptimizersContainer, sr_optimizer
 from .sr_optimizers import OPTIMIZERS, check_optimizer
+from .stages import recording_pipeline
 
 
 def activation_checkpoint_config(mode: str) -> ActivationCheckpointingConfig | None:
@@ -97,10 +98,14 @@ def llama3_model(dim: int, n_layers: int, n_heads: int) -> Llama3Model.Config:
 
 
 def model_spec(flavor: str, converter: StochroundConverter.Config | None) -> ModelSpec:
-    """torchtitan's Llama 3 model spec of ``flavor`` (one of `FLAVORS`), converted."""
+    """torchtitan's Llama 3 model spec of ``flavor`` (one of `FLAVORS`), converted; its
+    pipelining marks the whole model for the SR optimizers' numbering
+    (`stochround.integrations.torchtitan.stages.recording_pipeline`)."""
     check_flavor(flavor)
     converters = None if converter is None else [converter]
     spec = model_registry("debugmodel", converters=converters)
+    if spec.pipelining_fn is not None:  # the SR optimizers' numbering of its stages
+        spec.pipelining_fn = recording_pipeline(spec.pipelining_fn)
     if flavor in SIZES:
         model = llama3_model(*SIZES[flavor])
         if converter is not None:

@@ -10,6 +10,8 @@ group, as torchtitan's ``default_adamw`` does.
 
 torchtitan adds its ``implementation`` (``fused`` / ``foreach``) to every group; the
 container leaves it out of the SR groups (`stochround.integrations.torchtitan.sr_optimizers`).
+Under pipeline parallelism each part's SR optimizer draws the words the whole model's
+optimizer draws for the same parameters (`stochround.integrations.torchtitan.stages`).
 """
 
 from __future__ import annotations
@@ -18,18 +20,27 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
 from torch.optim import Optimizer
 from torchtitan.components.optimizer import OptimizersContainer, ParamGroupConfig
 
 from .sr_optimizers import DTYPES, SR_OPTIMIZERS, sr_factory
+from .stages import number_pipeline_parts
 
 
 class SROptimizersContainer(OptimizersContainer):
-    """torchtitan's ``OptimizersContainer`` that also builds `SR_OPTIMIZERS` by name."""
+    """torchtitan's ``OptimizersContainer`` that also builds `SR_OPTIMIZERS` by name; the
+    SR optimizers of pipeline stages number their parameters as the whole model's
+    optimizer does (`stochround.integrations.torchtitan.stages`)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(OptimizersContainer.Config):
         pass
+
+    def __init__(self, config: Config, *, model_parts: list[nn.Module]) -> None:
+        super().__init__(config, model_parts=model_parts)
+        rules = [(group.pattern, group.optimizer_name) for group in config.param_groups]
+        number_pipeline_parts(model_parts, self.optimizers, rules)
 
     @staticmethod
     def _resolve_optimizer_factory(name: str) -> Callable[..., Optimizer]:

@@ -7,6 +7,9 @@ torchtitan's ``OptimizersContainer`` (so its checkpointing and LR schedulers wor
 the job config's ``lr``, ``beta1``/``beta2``, ``eps`` and ``weight_decay`` where the
 optimizer takes them, and ``seed`` (the ``[optimizer]`` field that
 `stochround.integrations.torchtitan.v0_2.job_config` adds: the run's seed), states in bf16.
+Under pipeline parallelism each part's optimizer numbers its parameters as the whole
+model's does (`stochround.integrations.torchtitan.stages`), so the stages draw the one-part
+run's words.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from torch.optim import Optimizer
 from torchtitan.components.optimizer import OptimizersContainer, build_optimizers
 
 from ..sr_optimizers import OPTIMIZERS, SR_OPTIMIZERS, sr_factory
+from ..stages import number_pipeline_parts
 
 
 def sr_keywords(name: str, optimizer_config: Any) -> dict[str, Any]:
@@ -63,7 +67,9 @@ def build_sr_optimizers(
         # the keywords ride in the group, where sr_factory reads them
         return factory([{"params": params, **kwargs}])
 
-    return OptimizersContainer(model_parts, build, sr_keywords(name, optimizer_config))  # type: ignore[arg-type]
+    container = OptimizersContainer(model_parts, build, sr_keywords(name, optimizer_config))  # type: ignore[arg-type]
+    number_pipeline_parts(model_parts, container.optimizers, [(r".*", name)])
+    return container
 
 
 __all__ = ["build_sr_optimizers", "sr_keywords"]

@@ -8,7 +8,10 @@ stochround flavours, the offline data and the SR optimizers.
 Validation is off (no validation data).  Its ``parallelize_fn`` is torchtitan's, then, on
 gloo process groups (the CPU), FSDP2's reductions are plain sums: torchtitan turns FSDP2's
 gradient division off (factor 1), which FSDP2 runs as ``ReduceOp.PREMUL_SUM(1.0)``, an op
-gloo lacks; a sum is the same reduction.  Everything else is torchtitan's Llama 3 spec.
+gloo lacks; a sum is the same reduction.  Its ``pipelining_fn`` is torchtitan's after
+marking the whole model, so that the SR optimizers of its stages draw the one-part run's
+words (`stochround.integrations.torchtitan.stages`).  Everything else is torchtitan's
+Llama 3 spec.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torchtitan.models.llama3 import TransformerModelArgs
 from torchtitan.protocols.train_spec import TrainSpec, register_train_spec
 
 from ..flavors import SIZES
+from ..stages import recording_pipeline
 from .data import build_byte_tokenizer, build_stdlib_dataloader
 from .optimizers import build_sr_optimizers
 
@@ -52,9 +56,11 @@ def parallelize(model: nn.Module, parallel_dims: Any, job_config: Any) -> nn.Mod
 
 def train_spec() -> TrainSpec:
     """torchtitan's Llama 3 train spec with the pieces above."""
+    spec = llama3.get_train_spec()
     return dataclasses.replace(
-        llama3.get_train_spec(),
+        spec,
         model_args=model_args(),
+        pipelining_fn=recording_pipeline(spec.pipelining_fn),
         parallelize_fn=parallelize,
         build_optimizers_fn=build_sr_optimizers,
         build_dataloader_fn=build_stdlib_dataloader,
