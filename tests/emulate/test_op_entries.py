@@ -168,3 +168,30 @@ def test_an_emulation_in_another_thread_rounds():
         expected = a * 1.001
     assert torch.equal(results[0], expected)
     assert torch.equal(expected, (a * 1.001).to(torch.bfloat16).float())
+
+
+def test_an_op_that_returns_no_tensor_is_called_as_it_is():
+    """A plain op whose schema returns no tensor (``x.item()``: ``_local_scalar_dense``; a
+    profiler's record) passes straight through: nothing rounded, nothing counted; under
+    ``round_inputs`` it is handled and its input is rounded, as before."""
+    x = torch.tensor([1.0 + 2.0**-20])
+    with emulate("bfloat16", "rne") as emulation, torch.profiler.record_function("step"):
+        value = x.item()
+    entry = emulation._entries[aten._local_scalar_dense.default]
+    assert entry.handled and entry.plain and entry.passes
+    assert value == 1.0 + 2.0**-20
+    assert emulation.calls == 0
+    with emulate("bfloat16", "rne", round_inputs=True) as emulation:
+        value = x.item()
+    assert not emulation._entries[aten._local_scalar_dense.default].passes
+    assert value == 1.0
+    assert emulation.calls == 1
+
+
+def test_a_view_passes_and_a_rounded_op_does_not():
+    a = torch.linspace(1, 2, 6)
+    with emulate("bfloat16", "rne") as emulation:
+        b = a.view(2, 3) * 1.001
+    assert emulation._entries[aten.view.default].passes
+    assert not emulation._entries[aten.mul.Tensor].passes
+    assert torch.equal(b, (a.view(2, 3) * 1.001).to(torch.bfloat16).float())

@@ -14,7 +14,6 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import arith
 from .. import random as streams
 from ..formats import Format, format_of_dtype
 from ..presets import HardwarePreset
@@ -26,11 +25,9 @@ from .ops import (
     ACCUMULATES,
     COMPUTES,
     MATMUL_OPS,
-    PER_OP_OPS,
     FormatSpec,
     OpKind,
     aten,
-    cannot_compute_per_op,
     cast_formats,
     check_ops,
     converts,
@@ -39,9 +36,12 @@ from .ops import (
     scalar_dtype,
     target_formats,
 )
-from .supported import check_arguments, check_supported, plain, raise_unsupported
+from .per_op import per_op_result
+from .supported import check_supported, plain, raise_unsupported
 from .torch_hooks import op_caller, skip_dynamo
 
+# (a layout is one object, read by identity, as `check_arguments` reads it)
+_STRIDED = torch.strided
 _Observer = Callable[[torch._ops.OpOverload, Any], None]
 
 
@@ -64,14 +64,19 @@ class _Entry:
     natively, its outputs or mutated arguments rounded (`Emulation._native`); no
     conversion, no rounded inputs, no per-operation accumulation, no float64 computation,
     no observer), the path most ops take; ``fresh``: a plain op that mutates nothing (its
-    outputs are new tensors, `Emulation._fresh`; else `Emulation._mutating`).  Each call
-    then reads only what depends on its tensors."""
+    outputs are new tensors, `Emulation._fresh`; else `Emulation._mutating`: ``run`` names
+    the one); ``passes``: an op called as it is, its arguments checked and nothing else (one
+    not handled: views, ops the filter leaves out; or a fresh op whose schema returns no
+    tensor, such as a profiler's record or ``x.item()``: nothing to round).  Each call then
+    reads only what depends on its tensors."""
 
-    __slots__ = ("call", "fresh", "handled", "kind", "plain", "tensor_lists")
+    __slots__ = ("call", "fresh", "handled", "kind", "passes", "plain", "run", "tensor_lists")
 
     def __init__(self, func: torch._ops.OpOverload, kind: OpKind, handled: bool, plain: bool):
         self.kind, self.handled, self.plain, self.call = kind, handled, plain, op_caller(func)
         self.fresh, self.tensor_lists = plain and not kind.mutated_positions, kind.tensor_lists
+        self.passes = not handled or (self.fresh and not kind.returns_tensors)
+        self.run = Emulation._fresh if self.fresh else Emulation._mutating
 
 
 @skip_dynamo
@@ -200,20 +205,28 @@ class Emulation(TorchDispatchMode):
         entry = self._entry_ids.get(id(func))
         if entry is None:
             entry = self._entries[func] = self._entry_ids[id(func)] = self._op_entry(func)
-        check_arguments(args, entry.tensor_lists)
+        for value in args:  # (`check_arguments`, written out: one call less on every op)
+            if isinstance(value, Tensor) and (
+                value.layout is not _STRIDED or value.dtype.is_complex
+            ):
+                raise_unsupported(value)
+        for position in entry.tensor_lists:  # (those that may hold a list of tensors)
+            if position < len(args):
+                check_supported((args[position],))
         if kwargs:
             check_supported(kwargs.values())
+            if entry.passes:  # (views; ops the filter leaves out; no tensor returned)
+                return entry.call(*args, **kwargs)
+        elif entry.passes:
+            return entry.call(*args)
         else:
             kwargs = {}
         if entry.plain:
-            run = self._fresh if entry.fresh else self._mutating
             _handling.active = True
             try:
-                return run(entry, args, kwargs)
+                return entry.run(self, entry, args, kwargs)
             finally:
                 _handling.active = False
-        if not entry.handled:  # (views; ops the filter leaves out)
-            return entry.call(*args, **kwargs) if kwargs else entry.call(*args)
         kind = entry.kind
         if kind.lays_out and not converts(func, args, kwargs):
             out = func(*args, **kwargs)  # a factory makes complex tensors from nothing
@@ -245,7 +258,7 @@ class Emulation(TorchDispatchMode):
                 self.calls += 1
                 return out
             return self._fresh_rounded(out, prepared)
-        if out.layout is not torch.strided or out.dtype.is_complex:
+        if out.layout is not _STRIDED or out.dtype.is_complex:
             raise_unsupported(out)
         return out
 
@@ -274,7 +287,7 @@ class Emulation(TorchDispatchMode):
         before = self.calls
         out = self._cast(func, args, kwargs) if kind.lays_out else None  # (conversions)
         if out is None and self.accumulate == "per_op":
-            out = self._per_op(func, args, kwargs)
+            out = per_op_result(func, args, kwargs, self.formats, self.mode, self._arith_options)
         if out is None:
             if self.compute == "float64" and not kind.seeded:
                 out = self._wide(func, kind, args, kwargs)
@@ -338,100 +351,12 @@ class Emulation(TorchDispatchMode):
             return func(destination, rounded, *args[2:], **kwargs)
         return None
 
-    def _per_op(
-        self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Tensor | None:
-        """accumulate="per_op": an op of `PER_OP_OPS` computed by `stochround.arith`, every
-        product and every addition rounded to the format with the mode; None for an op that
-        does not accumulate (rounded once, as under "once") or whose result has no format.
-        ValueError naming the op for an accumulating op it cannot compute
-        (`cannot_compute_per_op`)."""
-        if func not in PER_OP_OPS:
-            if cannot_compute_per_op(func):
-                raise ValueError(
-                    f"accumulate='per_op' cannot compute {func} per operation (it computes "
-                    f"{', '.join(sorted(str(op) for op in PER_OP_OPS))}); run it under "
-                    "accumulate='once' or leave it out with an ops filter"
-                )
-            return None
-        first = args[0]
-        dtype = kwargs.get("dtype") or first.dtype
-        target = self.formats.get(dtype)
-        if target is None:
-            return None
-        if func.overloadpacket in (aten.sum, aten.mean):
-            return self._per_op_sum(func, first.to(dtype), args[1:], kwargs, target)
-        return self._per_op_product(func, args, kwargs, target)
-
     def _arith_options(self, steps: int) -> dict[str, Any]:
         """The rounding options of an arith call that consumes ``steps`` offsets, starting
         at the counter, which it advances past them."""
         options = dict(rbits=self.rbits, variant=self.variant, seed=self.key, offset=self.calls)
         self.calls += steps
         return options
-
-    def _per_op_sum(
-        self,
-        func: torch._ops.OpOverload,
-        x: Tensor,
-        rest: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        target: Format,
-    ) -> Tensor:
-        """sum/mean over ``dim`` (None or []: every dim): the reduced dims moved last and
-        flattened row-major, `arith.sum` in recursive order (offsets k .. k + n - 1 for n
-        terms); mean divides that sum by n with `arith.div`, the next offset, k + n."""
-        dim = rest[0] if rest else kwargs.get("dim")
-        keepdim = bool(rest[1]) if len(rest) > 1 else bool(kwargs.get("keepdim", False))
-        dims = sorted(d % max(x.ndim, 1) for d in dim) if dim else list(range(x.ndim))
-        kept = [d for d in range(x.ndim) if d not in dims]
-        terms = x.detach().permute([*kept, *dims]).reshape(*(x.shape[d] for d in kept), -1)
-        count = terms.shape[-1]
-        if count == 0:
-            raise ValueError(f"accumulate='per_op' cannot compute {func} of no elements")
-        total = arith.sum(terms, target, self.mode, dim=-1, **self._arith_options(count))
-        if func.overloadpacket is aten.mean:
-            divisor = torch.full_like(total, float(count))
-            total = arith.div(total, divisor, target, self.mode, **self._arith_options(1))
-        if keepdim:
-            shape = [1 if d in dims else size for d, size in enumerate(x.shape)]
-            total = total.reshape(shape)
-        return total
-
-    def _per_op_product(
-        self,
-        func: torch._ops.OpOverload,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        target: Format,
-    ) -> Tensor:
-        """mm, bmm, mv, dot, addmm: `arith.matmul` (`arith.dot` for dot), products rounded
-        to the format and summed in recursive order, offsets k (the products) and
-        k + 1 .. k + K (the K steps of the sum); addmm adds its ``input`` with `arith.add`
-        at offset k + K + 1 (beta = alpha = 1 only)."""
-        if func is aten.addmm.default:
-            bias, a, b = args[0], args[1], args[2]
-            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-            if beta != 1 or alpha != 1:
-                raise ValueError(
-                    f"accumulate='per_op' computes {func} with beta = alpha = 1 only; got "
-                    f"beta={beta!r}, alpha={alpha!r}"
-                )
-        else:
-            bias, a, b = None, args[0], args[1]
-        a, b = a.detach(), b.detach()
-        count = a.shape[-1]
-        if func is aten.dot.default:
-            return arith.dot(a, b, target, self.mode, **self._arith_options(count + 1))
-        if func is aten.mv.default:
-            column = arith.matmul(
-                a, b.unsqueeze(-1), target, self.mode, **self._arith_options(count + 1)
-            )
-            return column.squeeze(-1)
-        out = arith.matmul(a, b, target, self.mode, **self._arith_options(count + 1))
-        if bias is not None:
-            out = arith.add(bias.detach(), out, target, self.mode, **self._arith_options(1))
-        return out
 
     def cast_format(self, dtype: torch.dtype) -> Format | None:
         """The format a conversion into ``dtype`` rounds to (None: none)."""

@@ -45,7 +45,7 @@ MATMUL_OPS = frozenset(
 )
 
 # the overloads `accumulate="per_op"` computes with `stochround.arith`, every addition of the
-# accumulation rounded (`Emulation._per_op`)
+# accumulation rounded (`stochround.emulate.per_op`)
 PER_OP_OPS = frozenset(
     {
         aten.mm.default,
@@ -215,7 +215,8 @@ class OpKind:
     that is its first argument alone, one tensor: ``mutates_self``; which it also returns,
     alone: ``returns_self``), which
     positional arguments may hold a list of tensors (``tensor_lists``: every other argument
-    is one tensor, a scalar or None, so a check of its tensors needs no walk), and whether
+    is one tensor, a scalar or None, so a check of its tensors needs no walk), whether any
+    of its outputs may be a tensor (``returns_tensors``), and whether
     the new tensors it returns are its own (``owns_outputs``: no input's alias, which the
     schema of a few ops does not declare, `_UNANNOTATED_ALIASES`; an emulation may round
     them in place)."""
@@ -228,6 +229,7 @@ class OpKind:
         "mutates_self",
         "owns_outputs",
         "returns_self",
+        "returns_tensors",
         "seeded",
         "tensor_lists",
     )
@@ -264,6 +266,9 @@ class OpKind:
             and returned.is_write
             and returned.before_set == first.before_set
         )
+        # whether any output may be a tensor (``Tensor``, ``Tensor[]``, ``Tensor?``, ...): an
+        # op returning none (a profiler's record, a Python number) has nothing to round
+        self.returns_tensors = any("Tensor" in str(r.type) for r in schema.returns)
         # random ops draw from torch's generator: computed once, natively (compute="float64")
         self.seeded = torch.Tag.nondeterministic_seeded in func.tags
         self.tensor_lists = tuple(
