@@ -40,7 +40,7 @@ from .per_op import per_op_result
 from .supported import check_supported, plain, raise_unsupported
 from .torch_hooks import op_caller, skip_dynamo
 
-# (a layout is one object, read by identity, as `check_arguments` reads it)
+# (a layout is one object, read by identity in `__torch_dispatch__`'s argument check)
 _STRIDED = torch.strided
 _Observer = Callable[[torch._ops.OpOverload, Any], None]
 
@@ -205,7 +205,10 @@ class Emulation(TorchDispatchMode):
         entry = self._entry_ids.get(id(func))
         if entry is None:
             entry = self._entries[func] = self._entry_ids[id(func)] = self._op_entry(func)
-        for value in args:  # (`check_arguments`, written out: one call less on every op)
+        # the arguments checked (`check_supported`), written out here: the check runs on
+        # every op, views and factories included, so a tensor argument is checked without
+        # a walk, and only the schema's list positions are walked
+        for value in args:
             if isinstance(value, Tensor) and (
                 value.layout is not _STRIDED or value.dtype.is_complex
             ):

@@ -5,7 +5,6 @@ a prepared rounding takes unchecked (`plain`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,18 +28,6 @@ def check_supported(values: Iterable[object]) -> None:
                 raise_unsupported(value)
         elif isinstance(value, list | tuple):
             check_supported(value)
-
-
-def check_arguments(args: tuple[Any, ...], tensor_lists: tuple[int, ...]) -> None:
-    """`check_supported` of an op's positional arguments, with its schema's word on which
-    of them may hold a list of tensors (`OpKind.tensor_lists`): the others are checked
-    without a walk (the check runs on every op, views and factories included)."""
-    for value in args:
-        if isinstance(value, Tensor) and (value.layout is not _STRIDED or value.dtype.is_complex):
-            raise_unsupported(value)
-    for position in tensor_lists:
-        if position < len(args):
-            check_supported((args[position],))
 
 
 def plain(x: Tensor) -> bool:
@@ -67,4 +54,4 @@ def raise_unsupported(value: object) -> None:
             )
 
 
-__all__ = ["check_arguments", "check_supported", "plain", "raise_unsupported"]
+__all__ = ["check_supported", "plain", "raise_unsupported"]
