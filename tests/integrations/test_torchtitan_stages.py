@@ -122,18 +122,39 @@ def test_an_unmarked_model_keeps_its_positions() -> None:
     assert optimizer.param_indices is None
 
 
-def test_the_numbering_follows_the_containers_rules() -> None:
-    """First match wins; one optimizer per name numbers its groups in rule order."""
+def test_the_numbering_follows_the_containers_rules_across_optimizers() -> None:
+    """First match wins; the indices count the rules' parameters in rule order across the
+    optimizers (each optimizer's own parameters in its order), and one optimizer's are its
+    positions."""
     names = ["embed.weight", "layers.0.bias", "layers.0.weight", "layers.1.bias", "out.weight"]
     rules = [(r"bias$", "SRAdamW"), (r"^embed", "SRSGD"), (r".*", "SRAdamW")]
     assert whole_model_numbering(names, rules) == [
-        ("SRSGD", 0),
+        ("SRSGD", 2),
         ("SRAdamW", 0),
-        ("SRAdamW", 2),
-        ("SRAdamW", 1),
         ("SRAdamW", 3),
+        ("SRAdamW", 1),
+        ("SRAdamW", 4),
     ]
     assert whole_model_numbering(names, [(r"bias$", "SRAdamW")])[0] is None
+    assert [entry[1] for entry in whole_model_numbering(names, [(r".*", "SRAdamW")])] == [
+        0, 1, 2, 3, 4,
+    ]  # fmt: skip
+
+
+def test_two_optimizers_of_an_unsplit_model_draw_apart() -> None:
+    """An unmarked model whose rules name two SR optimizers (biases by SGD, the rest by
+    AdamW) numbers their parameters across both: no index given twice, so the two never
+    draw one parameter's words; each keeps its own parameters' order."""
+    model = stack(2)
+    biases = [param for name, param in model.named_parameters() if name.endswith("bias")]
+    weights = [param for name, param in model.named_parameters() if not name.endswith("bias")]
+    optimizers = [
+        sr.optim.SGD(biases, lr=1e-2, seed=0),
+        sr.optim.AdamW(weights, lr=1e-2, seed=0),
+    ]
+    number_pipeline_parts([model], optimizers, [(r"bias$", "SRSGD"), (r".*", "SRAdamW")])
+    first, second = (optimizer.param_indices for optimizer in optimizers)
+    assert first == (0, 1, 2, 3) and second == (4, 5, 6, 7)
 
 
 def test_a_stage_parameter_of_another_optimizer_is_refused() -> None:

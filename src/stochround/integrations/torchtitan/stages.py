@@ -15,12 +15,15 @@ the whole-model positions of its trainable parameters, the root their names.  Th
 keep the marks; `number_pipeline_parts` then gives each part's SR optimizer
 (`stochround.optim.SROptimizer.set_param_indices`) the index each parameter has in the
 one-part build, found by the container's own rule (the configs' patterns in order, first
-match wins, one optimizer per name: `whole_model_numbering`).  So a pipelined run draws
-the words of the run without pipelining, parameter for parameter, whatever the stages,
+match wins: `whole_model_numbering`), counted across the run's optimizers, so that two SR
+optimizers of one run (one seed, one stream domain) never share an index either.  So a
+pipelined run draws the words of the run without pipelining, parameter for parameter,
+whatever the stages,
 their count or their placement on ranks: distinct parameters draw distinct words, and a
 run compares (or resumes) bit for bit across pipeline layouts.  A model the pipelining
-function did not mark (no pipeline parallelism) keeps its positions: its words are as
-before.
+function did not mark (no pipeline parallelism) keeps its positions where one optimizer
+takes it all (its words as before), and is marked here and numbered across its
+optimizers where the rules name two or more.
 """
 
 from __future__ import annotations
@@ -75,24 +78,22 @@ def recording_pipeline(pipelining_fn: Callable[..., Any]) -> Callable[..., Any]:
 def whole_model_numbering(
     names: Sequence[str], rules: Sequence[tuple[str, str]]
 ) -> list[tuple[str, int] | None]:
-    """For each whole-model parameter ``names[i]``: the name of its optimizer and its index
-    there in a one-part build (None: no rule takes it).  ``rules`` are the config's
-    ``(pattern, optimizer name)`` in order: a name goes to the first pattern it matches
-    (``re.search``); an optimizer numbers its groups' parameters in rule order, each
-    group's in model order, as torchtitan's container builds them."""
-    taken: list[list[int]] = []
-    claimed: set[int] = set()
-    for pattern, _ in rules:
-        regex = re.compile(pattern)
-        matches = [i for i, name in enumerate(names) if i not in claimed and regex.search(name)]
-        claimed.update(matches)
-        taken.append(matches)
+    """For each whole-model parameter ``names[i]``: the name of its optimizer and its
+    stream index (None: no rule takes it).  ``rules`` are the config's ``(pattern,
+    optimizer name)`` in order: a name goes to the first pattern it matches
+    (``re.search``), as torchtitan's container builds its groups; the indices count the
+    rules' parameters in rule order, each rule's in model order, across every optimizer
+    name, so that two optimizers of one run (their words keyed alike: one seed, the
+    optimizers' one stream domain) never give two parameters one index, and one
+    optimizer's indices are its own parameters' positions (unchanged words)."""
     numbering: list[tuple[str, int] | None] = [None] * len(names)
-    counts: dict[str, int] = {}
-    for (_, optimizer_name), positions in zip(rules, taken, strict=True):
-        for position in positions:
-            numbering[position] = (optimizer_name, counts.get(optimizer_name, 0))
-            counts[optimizer_name] = counts.get(optimizer_name, 0) + 1
+    count = 0
+    for pattern, optimizer_name in rules:
+        regex = re.compile(pattern)
+        for position, name in enumerate(names):
+            if numbering[position] is None and regex.search(name):
+                numbering[position] = (optimizer_name, count)
+                count += 1
     return numbering
 
 
@@ -126,7 +127,8 @@ def number_pipeline_parts(
 ) -> None:
     """Give each SR optimizer among ``optimizers`` (built by torchtitan's container over
     ``model_parts`` by ``rules``: `whole_model_numbering`) the one-part build's numbering
-    of its parameters, where its part is marked (module docstring).  ValueError when a
+    of its parameters, where its part is marked, or where the rules name two optimizers
+    (an unmarked part then marked as a whole model: module docstring).  ValueError when a
     parameter has no mark or the whole model's rules give it to another optimizer (a
     pattern that matches the part's wrapped names otherwise): its words would not be the
     one-part run's, and might be another parameter's."""
@@ -138,7 +140,11 @@ def number_pipeline_parts(
         part = next(p for p in model_parts if any(id(q) in held for q in p.parameters()))
         names = whole_model_names(part)
         if names is None:
-            continue
+            if len({name for _, name in rules}) < 2:
+                continue  # one optimizer, unsplit: its positions are its indices
+            record_parameter_order(part)  # one part, two optimizers: numbered across both
+            names = whole_model_names(part)
+            assert names is not None
         positions = part_positions(part)
         numbering = whole_model_numbering(names, rules)
         name = next(key for key, cls in SR_OPTIMIZERS.items() if type(optimizer) is cls)
