@@ -1,7 +1,9 @@
 """The block quantizer's SR configurations compiled offline for sm_90 (H100/H200) by
 benchmarks/kernel_resources.py: no more registers and SASS instructions than before the
 fast_round rewrite (2d6f3be), no spills (issue 42: variant c's 32-bit integer path took
-tseng's kernel from 128 to 197 registers).  The budgets are Triton 3.6's."""
+tseng's kernel from 128 to 197 registers); and the per-tensor operand kernel's `fp8()`
+round-to-nearest configurations (benchmarks/tensor_round_resources.py) within their float8
+arithmetic's resources.  The budgets are Triton 3.6's."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 # config: (registers, SASS instructions) at 2d6f3be, 4096 elements and 4 warps a program
 BUDGETS = {"tseng_sr_rht64": (128, 2735), "nvfp4_dy_sr": (104, 1519)}
+# config: (registers, SASS instructions) of the float8 round-to-nearest arithmetic
+TENSOR_BUDGETS = {"fp8_x_e4m3_rne_t": (58, 1178), "fp8n_dy_e5m2_rne_t": (35, 1155)}
 
 pytestmark = pytest.mark.skipif(
     not triton.__version__.startswith("3.6") or not (BIN / "ptxas").exists(),
@@ -25,17 +29,31 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_sr_configurations_within_their_2d6f3be_resources() -> None:
+def compiled_rows(script: str, names: list[str], *options: str) -> dict[str, list[str]]:
+    """The table rows of benchmarks/``script`` for the configurations ``names``, compiled
+    without TRITON_INTERPRET (the compiled tiling)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT / "src")
-    command = [sys.executable, str(ROOT / "benchmarks" / "kernel_resources.py")]
-    command += ["--elements", "4096", "--warps", "4"]
-    for name in BUDGETS:
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *options]
+    for name in names:
         command += ["--config", name]
     table = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+    return {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+
+
+def test_sr_configurations_within_their_2d6f3be_resources() -> None:
+    rows = compiled_rows("kernel_resources.py", list(BUDGETS), "--elements", "4096", "--warps", "4")
     for name, (registers, instructions) in BUDGETS.items():
         _, _, regs, spills, sass, stl, ldl = rows[name]
+        assert int(regs) <= registers, (name, regs)
+        assert int(sass) <= instructions, (name, sass)
+        assert (spills, stl, ldl) == ("0/0", "0", "0"), name
+
+
+def test_fp8_round_to_nearest_configurations_within_their_float8_arithmetics_resources() -> None:
+    rows = compiled_rows("tensor_round_resources.py", list(TENSOR_BUDGETS))
+    for name, (registers, instructions) in TENSOR_BUDGETS.items():
+        _, _, regs, spills, sass, stl, ldl, _, _ = rows[name]
         assert int(regs) <= registers, (name, regs)
         assert int(sass) <= instructions, (name, sass)
         assert (spills, stl, ldl) == ("0/0", "0", "0"), name

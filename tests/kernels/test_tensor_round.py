@@ -18,7 +18,7 @@ import stochround as sr
 from stochround.formats import format_of_dtype
 from stochround.kernels import tensor_round as tensor_round_module
 from stochround.kernels.availability import INTERPRETED, cpu_as_cuda
-from stochround.kernels.tensor_round import TensorRounding, tensor_round
+from stochround.kernels.tensor_round import TensorRounding, nearest_float8_serves, tensor_round
 from stochround.kernels.transpose import TILE
 from stochround.nn import operands
 from stochround.nn.recipes import TENSOR_FORMATS, QuantSpec
@@ -127,6 +127,35 @@ def test_ragged_tiles_and_rows_of_any_length_draw_each_elements_word(
         got, got_t = kernel_call(x, multiplier, dtype, rounding, 9, 3, "codes", transpose=False)
         assert got_t is None
         assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("output", ["codes", "bfloat16"])
+@pytest.mark.parametrize("dtype", FLOAT8)
+def test_round_to_nearest_equals_the_pytorch_path_on_every_bf16_pattern(
+    dtype: torch.dtype, output: str
+) -> None:
+    """The round-to-nearest arithmetic for float8 (`nearest_float8_serves`): every bf16 bit
+    pattern (zeros, subnormals, both formats' subnormal and overflow ranges, infinities,
+    NaNs), as it is and times a multiplier that rounds the products."""
+    x = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = x.reshape(256, 256).to(DEVICE)
+    for multiplier_value in (1.0, 0.7373046875 * 2**9):
+        multiplier = torch.tensor(multiplier_value, device=DEVICE)
+        want = reference(x, multiplier, dtype, ROUNDINGS[0], 0, 0, output)
+        got, got_t = kernel_call(x, multiplier, dtype, ROUNDINGS[0], 0, 0, output)
+        assert_same_bits(got, want)
+        assert got_t is not None
+        assert_same_bits(got_t, want.T.contiguous())
+
+
+def test_the_float8_round_to_nearest_arithmetic_serves_e4m3fn_and_e5m2_rne_only() -> None:
+    for name in ("e4m3fn", "e5m2"):
+        fmt = sr.format(name)
+        assert nearest_float8_serves(TensorRounding(fmt, "rne", 32, "c", "codes"))
+        assert not nearest_float8_serves(TensorRounding(fmt, "sr", 32, "c", "codes"))
+    for name in ("e4m3fnuz", "e5m2fnuz"):  # no -0: the general arithmetic
+        fmt = sr.format(name)
+        assert not nearest_float8_serves(TensorRounding(fmt, "rne", 32, "c", "bfloat16"))
 
 
 def test_products_below_fp32s_normals_are_kept_not_flushed() -> None:

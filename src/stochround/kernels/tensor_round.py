@@ -65,6 +65,42 @@ def _tile_words(seed_ptr, offset_ptr, position, ALIGNED: tl.constexpr, TILE: tl.
 
 
 @triton.jit
+def _nearest_float8(
+    bits, MBITS: tl.constexpr, EMIN: tl.constexpr, BIAS: tl.constexpr, MAX_BITS: tl.constexpr,
+    MIN_NORMAL_BITS: tl.constexpr, NAN_CODE: tl.constexpr, OUTPUT: tl.constexpr,
+):  # fmt: skip
+    """Round to nearest even with finite saturation into an 8-bit sign-magnitude float
+    format with signed zeros and +-max as its extremes (`nearest_float8_serves`), from x's
+    fp32 bits (int32): the codes (OUTPUT "codes") or the values' fp32 bits, equal to
+    `stochround.kernels.common.rounded_fp32_bits` (and `encode_bits`) for these formats.
+    From 2**EMIN up the fp32 significand is rounded to MBITS bits in place (a carry steps
+    the exponent); below, fp32's sum with 2**(EMIN - MBITS + 23), whose ulp is the
+    format's subnormal ulp, rounds to nearest even there (an input below fp32's normals,
+    flushed or not, sums to the anchor itself: both give zero), its low bits counting ulps."""
+    DISCARDED: tl.constexpr = 23 - MBITS
+    ANCHOR_BITS: tl.constexpr = (EMIN - MBITS + 150) << 23
+    anchor = tl.cast(ANCHOR_BITS, tl.int32).to(tl.float32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    tiny = magnitude.to(tl.float32, bitcast=True) + anchor
+    half_ulp_or_less = (1 << (DISCARDED - 1)) - 1 + ((magnitude >> DISCARDED) & 1)
+    normal = (magnitude + half_ulp_or_less) >> DISCARDED  # fp32's exponent field, MBITS bits
+    subnormal = magnitude < MIN_NORMAL_BITS
+    if OUTPUT == "codes":
+        # the code's magnitude: the exponent field rebiased, or the subnormal's ulps
+        LIMIT: tl.constexpr = (MAX_BITS >> DISCARDED) - ((127 - BIAS) << MBITS)
+        code = normal - ((127 - BIAS) << MBITS)
+        code = tl.where(subnormal, tiny.to(tl.int32, bitcast=True) - ANCHOR_BITS, code)
+        code = tl.minimum(code, LIMIT) | ((bits >> 24) & 0x80)  # overflow, infinities: max
+        return tl.where(magnitude > 0x7F800000, NAN_CODE, code)
+    else:
+        tl.static_assert(OUTPUT == "bfloat16", "OUTPUT must be codes or bfloat16")
+        below = (tiny - anchor).to(tl.int32, bitcast=True)
+        value = tl.where(subnormal, below, normal << DISCARDED)
+        value = tl.minimum(value, MAX_BITS) | (bits & -0x80000000)
+        return tl.where(magnitude > 0x7F800000, 0x7FC00000, value)
+
+
+@triton.jit
 def _tensor_round_kernel(
     x_ptr,
     multiplier_ptr,
@@ -97,6 +133,7 @@ def _tensor_round_kernel(
     VARIANT: tl.constexpr,
     NBITS: tl.constexpr,
     OUTPUT: tl.constexpr,
+    ARITHMETIC: tl.constexpr,
     TRANSPOSE: tl.constexpr,
     ALIGNED: tl.constexpr,
     WIDE: tl.constexpr,
@@ -114,21 +151,27 @@ def _tensor_round_kernel(
     # one fp32 multiply, rounded to nearest: x's fp32 value (bf16 widened by its bits)
     product = fp32_bits_of(x).to(tl.float32, bitcast=True) * tl.load(multiplier_ptr)
     bits = product.to(tl.int32, bitcast=True)
-    if MODE == "sr":
-        word = _tile_words(seed_ptr, offset_ptr, position, ALIGNED, TILE)
-        r = word.to(tl.int64) >> (32 - NBITS)
+    if ARITHMETIC == "nearest_float8":  # the codes, or the values' fp32 bits
+        result = _nearest_float8(bits, MBITS, EMIN, BIAS, MAX_BITS, MIN_NORMAL_BITS, NAN_CODE,
+                                 OUTPUT)  # fmt: skip
     else:
-        r = bits.to(tl.int64) * 0
-    result = rounded_fp32_bits(
-        bits, r, MBITS, EMIN, BIAS, HAS_ZERO, HAS_NEGATIVE_ZERO, MAX_BITS, NEGATIVE_LIMIT_BITS,
-        MIN_NORMAL_BITS, OVERFLOW_POSITIVE, OVERFLOW_NEGATIVE, INFINITY_POSITIVE,
-        INFINITY_NEGATIVE, MODE, VARIANT, NBITS,
-    )  # fmt: skip
+        tl.static_assert(ARITHMETIC == "general", "ARITHMETIC must be nearest_float8 or general")
+        if MODE == "sr":
+            word = _tile_words(seed_ptr, offset_ptr, position, ALIGNED, TILE)
+            r = word.to(tl.int64) >> (32 - NBITS)
+        else:
+            r = bits.to(tl.int64) * 0
+        result = rounded_fp32_bits(
+            bits, r, MBITS, EMIN, BIAS, HAS_ZERO, HAS_NEGATIVE_ZERO, MAX_BITS,
+            NEGATIVE_LIMIT_BITS, MIN_NORMAL_BITS, OVERFLOW_POSITIVE, OVERFLOW_NEGATIVE,
+            INFINITY_POSITIVE, INFINITY_NEGATIVE, MODE, VARIANT, NBITS,
+        )  # fmt: skip
+        if OUTPUT == "codes":
+            result = encode_bits(result, EBITS, MBITS, EMIN, BIAS, SIGNED, TWOS_COMPLEMENT,
+                                 INFINITY_CODE, NAN_CODE, CODE_MASK)  # fmt: skip
     if OUTPUT == "codes":
-        code = encode_bits(result, EBITS, MBITS, EMIN, BIAS, SIGNED, TWOS_COMPLEMENT,
-                           INFINITY_CODE, NAN_CODE, CODE_MASK)  # fmt: skip
         # float8 codes stored as their bytes (the output is the float8 dtype's tensor)
-        value = code.to(tl.uint8)
+        value = result.to(tl.uint8)
     else:
         tl.static_assert(OUTPUT == "bfloat16", "OUTPUT must be codes or bfloat16")
         # a float8 value's fp32 bits end in 16 zeros: its bf16 bits are the top 16 (NaN's
@@ -138,6 +181,25 @@ def _tensor_round_kernel(
     if TRANSPOSE:
         out_t = out_t_ptr.to(tl.pointer_type(value.dtype))
         tl.store(out_t + row_t * rows + col_t, tl.trans(value), mask=mask_t)
+
+
+def nearest_float8_serves(rounding: TensorRounding) -> bool:
+    """Whether `_nearest_float8` rounds a call: round to nearest even (saturation is always
+    finite here) into an 8-bit sign-magnitude format with signed zeros, +-max its extremes,
+    at least one mantissa bit and its subnormal ulp an fp32 normal (e4m3fn, e5m2): the
+    general arithmetic (`rounded_fp32_bits`, `encode_bits`) otherwise."""
+    fmt = rounding.fmt
+    return (
+        rounding.mode == "rne"
+        and fmt.signed
+        and fmt.ebits + fmt.mbits == 7
+        and not fmt.twos_complement
+        and fmt.has_zero
+        and fmt.has_negative_zero
+        and fmt.lowest == -fmt.max
+        and 1 <= fmt.mbits <= 22
+        and fmt.emin - fmt.mbits >= -126
+    )
 
 
 @functools.cache
@@ -151,6 +213,7 @@ def _launch(rounding: TensorRounding, transpose: bool, aligned: bool, wide: bool
         VARIANT=rounding.variant,
         NBITS=rounding.nbits,
         OUTPUT=rounding.output,
+        ARITHMETIC="nearest_float8" if nearest_float8_serves(rounding) else "general",
         TRANSPOSE=transpose,
         ALIGNED=aligned,
         WIDE=wide,
@@ -193,4 +256,4 @@ def tensor_round(
     return out, out_t
 
 
-__all__ = ["TENSOR_OUTPUTS", "TensorRounding", "tensor_round"]
+__all__ = ["TENSOR_OUTPUTS", "TensorRounding", "nearest_float8_serves", "tensor_round"]
