@@ -161,8 +161,16 @@ def compiled(kernel: Any, constants: dict, args: tuple, capability: int) -> Any:
 
 
 def resources(kernel: Any, capability: int, sass_path: str | None = None) -> Resources:
+    """`resources_and_sass`'s figures, the SASS also written to ``sass_path`` where given."""
+    result, sass = resources_and_sass(kernel, capability)
+    if sass_path:
+        Path(sass_path).write_text(sass)
+    return result
+
+
+def resources_and_sass(kernel: Any, capability: int) -> tuple[Resources, str]:
     """ptxas -v's registers and spill bytes of the kernel's PTX (as Triton assembles it:
-    no multiply-add contraction) and its cubin's SASS counts."""
+    no multiply-add contraction) and its cubin's SASS counts, with the SASS text."""
     arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
     ptxas = [str(_BIN / "ptxas"), "--fmad=false", "-v", f"--gpu-name={arch}"]
     with tempfile.TemporaryDirectory() as folder:
@@ -181,15 +189,13 @@ def resources(kernel: Any, capability: int, sass_path: str | None = None) -> Res
             text=True,
             check=True,
         ).stdout
-    if sass_path:
-        Path(sass_path).write_text(sass)
     registers = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
     opcodes = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*(@!?U?P\w+\s+)?", "", line) for line in lines]
     # NOPs pad the code to its alignment: not executed, left out of the count
     opcodes = [op for op in opcodes if not op.startswith("NOP")]
-    return Resources(
+    figures = Resources(
         registers=int(registers.group(1)) if registers else -1,
         spill_stores=int(spills.group(1)) if spills else 0,
         spill_loads=int(spills.group(2)) if spills else 0,
@@ -197,6 +203,7 @@ def resources(kernel: Any, capability: int, sass_path: str | None = None) -> Res
         stl=sum(op.startswith("STL") for op in opcodes),
         ldl=sum(op.startswith("LDL") for op in opcodes),
     )
+    return figures, sass
 
 
 def main(argv: list[str] | None = None) -> int:

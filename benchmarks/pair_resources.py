@@ -24,14 +24,13 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: the compiled route
 
 import torch
-from kernel_resources import RESOURCE_HEADER, compiled, resources
+from kernel_resources import RESOURCE_HEADER, Resources, compiled, resources_and_sass
 
 import stochround.kernels.two_orientation as two_orientation
 import stochround.nn as srnn
@@ -89,6 +88,18 @@ def straight_path(sass: str) -> int:
     return count
 
 
+def offline_figures(
+    kernel: Any, constants: dict, args: tuple, capability: int, sass_path: str | None = None
+) -> tuple[Resources, int]:
+    """``kernel`` compiled for ``capability`` offline (`compiled`): its resources and the
+    SASS count of its straight path (`straight_path`); the SASS written to ``sass_path``
+    where given."""
+    result, sass = resources_and_sass(compiled(kernel, constants, args, capability), capability)
+    if sass_path:
+        Path(sass_path).write_text(sass)
+    return result, straight_path(sass)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pair", action="append", choices=sorted(PAIRS), help="only these")
@@ -112,21 +123,16 @@ def main(argv: list[str] | None = None) -> int:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tokens, features
         for pair in pairs:
             for what, (kernel, constants, args) in recorded_launches(pair).items():
-                binary = compiled(kernel, constants, args, parsed.capability)
                 single = parsed.sass and what == "quantize" and len(pairs) == len(tiles) == 1
-                with tempfile.TemporaryDirectory() as folder:
-                    path = str(Path(folder) / "k.sass")
-                    result = resources(binary, parsed.capability, path)
-                    sass = Path(path).read_text()
-                if single:
-                    Path(parsed.sass).write_text(sass)
+                result, line = offline_figures(
+                    kernel, constants, args, parsed.capability, parsed.sass if single else None
+                )
                 warps = constants.get("num_warps", 4)
                 tiling = constants.get("TILING")
                 per_thread = (
                     0 if tiling is None else tiling.TOKENS * tiling.FEATURES // (32 * warps)
                 )
                 shape = "-" if tiling is None else f"{tiling.TOKENS}x{tiling.FEATURES}"
-                line = straight_path(sass)
                 quantized = per_thread * (2 if what == "quantize" else 1)
                 each = f"{line / quantized:.1f}" if quantized else "-"
                 print(

@@ -23,16 +23,14 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any, NamedTuple
 from unittest import mock
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: the compiled route
 
 import torch
-from kernel_resources import RESOURCE_HEADER, compiled, resources
-from pair_resources import straight_path
+from kernel_resources import RESOURCE_HEADER
+from pair_resources import offline_figures
 
 from stochround.kernels.runtime import Launch
 from stochround.kernels.tensor_round import tensor_round
@@ -105,14 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'config':<20} {'elem/thr':>8} {RESOURCE_HEADER} {'path':>6} {'/elem':>6}")
     for row in rows:
         kernel, constants, args, per_thread = recorded_launch(row)
-        binary = compiled(kernel, constants, args, parsed.capability)
-        with tempfile.TemporaryDirectory() as folder:
-            path = str(Path(folder) / "k.sass")
-            result = resources(binary, parsed.capability, path)
-            sass = Path(path).read_text()
-        if parsed.sass and len(rows) == 1:
-            Path(parsed.sass).write_text(sass)
-        line = straight_path(sass)
+        keep = parsed.sass if len(rows) == 1 else None
+        result, line = offline_figures(kernel, constants, args, parsed.capability, keep)
         print(
             f"{row.name:<20} {per_thread:>8} {result.columns()} {line:>6} "
             f"{line / per_thread:>6.1f}",
