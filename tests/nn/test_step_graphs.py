@@ -371,6 +371,43 @@ def test_a_models_layers_settle_on_graphs_of_their_own() -> None:
 
 
 @GPU
+def test_a_host_bound_step_above_the_work_bound_replays_in_place_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``fp8(native=True)`` (its GEMMs on the FP8 tensor cores: host-bound at any size)
+    above `GRAPHED_MAX_WORK` replays graphs that read its tensors in place, with the bits
+    of the graphs off; a call with x elsewhere runs eagerly (no graph of copies: copying
+    the inputs would cost more than it saves there); other recipes run eagerly there."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 tensor cores: sm89+")
+    monkeypatch.setattr(graphs_module, "GRAPHED_MAX_WORK", 0)
+    device = torch.device("cuda")
+    layers = {
+        native: srnn.QuantizedLinear(
+            128, 128, bias=False, device=device, dtype=torch.bfloat16,
+            recipe=srnn.fp8(native=native, seed=1),
+        )
+        for native in (True, False)
+    }  # fmt: skip
+    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    with step_graphs(False), torch.no_grad():
+        expected = [layers[True](x), layers[True](moved)]
+    with step_graphs(True), torch.no_grad():
+        layers[False](x)
+        layers[False](x)
+        assert not STEP_GRAPHS.graphs and STEP_GRAPHS.replays == 0
+        for _ in range(2):
+            layers[True](x)
+        (captured,) = STEP_GRAPHS.graphs.values()
+        assert captured.addresses is not None
+        before = STEP_GRAPHS.replays
+        assert torch.equal(layers[True](x), expected[0])
+        assert torch.equal(layers[True](moved), expected[1])
+        assert STEP_GRAPHS.replays == before + 1 and len(STEP_GRAPHS.graphs) == 1
+
+
+@GPU
 def test_a_graph_keeps_the_cached_state_its_kernels_read() -> None:
     """The prepared operands, pairs, keys and step plans a graph's kernels read stay alive
     with the graph after their caches drop them (and the freed memory is written over):

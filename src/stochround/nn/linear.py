@@ -265,7 +265,7 @@ class QuantizedLinear(nn.Linear):
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
             out = quantized_linear(tokens, weight, bias, column, self.plan_index, rank)
-        elif wrap is None and graphed_step(tokens, weight):  # the ops' steps as CUDA graphs
+        elif wrap is None and graphed_step(tokens, weight, plan):  # the steps as CUDA graphs
             out = GraphedMatmul.apply(tokens, weight, bias, column, self.plan_index, rank)
         else:
             out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)

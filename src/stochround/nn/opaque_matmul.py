@@ -141,8 +141,10 @@ def _forward(
     """`forward_step` replayed from its CUDA graph where one is captured
     (`stochround.nn.step_graphs`), else run."""
     tensors = (x, weight, bias, column)
-    work = step_work(x, weight)
-    return typing.cast(Tensor, STEP_GRAPHS.run(forward_step, tensors, (plan_index, rank), work))
+    work, host_bound = step_work(x, weight), registered_plan(plan_index, rank).native
+    return typing.cast(
+        Tensor, STEP_GRAPHS.run(forward_step, tensors, (plan_index, rank), work, host_bound)
+    )
 
 
 def forward_step(
@@ -184,8 +186,9 @@ def _backward(
     (`stochround.nn.step_graphs`), else run."""
     tensors = (grad, x, weight, column)
     rest = (plan_index, rank, needs, bias_dtype)
+    work, host_bound = step_work(x, weight), registered_plan(plan_index, rank).native
     return typing.cast(
-        list[Tensor], STEP_GRAPHS.run(backward_step, tensors, rest, step_work(x, weight))
+        list[Tensor], STEP_GRAPHS.run(backward_step, tensors, rest, work, host_bound)
     )
 
 
@@ -284,10 +287,11 @@ class GraphedMatmul(torch.autograd.Function):
         return _autograd_backward(ctx, grad, _backward)
 
 
-def graphed_step(x: Tensor, weight: Tensor) -> bool:
-    """Whether an eager step of ``x`` and ``weight`` runs as `GraphedMatmul`: where the step
-    graphs serve its forward (`step_graphs.StepGraphs.serves`)."""
-    return STEP_GRAPHS.serves((x, weight), step_work(x, weight))
+def graphed_step(x: Tensor, weight: Tensor, plan: Plan) -> bool:
+    """Whether an eager step of ``x`` and ``weight`` under ``plan`` runs as `GraphedMatmul`:
+    where the step graphs serve its forward (`step_graphs.StepGraphs.serves`; a plan of
+    FP8 tensor-core GEMMs is host-bound at any size)."""
+    return STEP_GRAPHS.serves((x, weight), step_work(x, weight), plan.native)
 
 
 __all__ = [

@@ -30,7 +30,9 @@ but the device's default one (a user's CUDA graph and its warm-up, torch.compile
 ``mode="reduce-overhead"``, whose warm-up allocates from its own pool on its own stream,
 where a graph captured then would leave its inputs for later replays to read once freed,
 and whose recording captures the launches into its graph); steps of more than
-`GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there and the copies cost); keys
+`GRAPHED_MAX_WORK` (device-bound: a graph saves nothing there and the copies cost), except
+host-bound ones (`fp8(native=True)`: its GEMMs on the FP8 tensor cores leave the device
+idle behind the host), which replay graphs reading in place, never copies; keys
 whose warm-up synchronized (run under PyTorch's sync debug mode "error": a host read
 would break the capture) or failed; anything while `use_step_graphs` is off.  A capture
 that fails inside CUDA leaves PyTorch's allocator and generator in their capture state
@@ -173,10 +175,12 @@ class StepGraphs:
         tensors: Sequence[Tensor | None],
         rest: tuple[object, ...],
         work: int,
+        host_bound: bool = False,
     ) -> Any:
         """``function(*tensors, *rest)``, replayed from a graph captured for the call's key
         where one is kept, run eagerly otherwise (outside the lock: the forward's and the
-        backward engine's threads do not wait on it).
+        backward engine's threads do not wait on it).  ``host_bound``: whether the step's
+        device time stays below its host time above `GRAPHED_MAX_WORK` too (`serves`).
 
         A key has a graph of copies, captured at its second call, which serves any call;
         and a graph reading the call's tensors in place for each set of addresses seen
@@ -184,8 +188,9 @@ class StepGraphs:
         shape finds its own), until one would not fit under `MAX_GRAPHS` and
         `MAX_GRAPH_BYTES` (`keep`; from then on the graphs of copies serve: in-place
         graphs evicting each other would capture at every step)."""
-        if not self.serves(tensors, work):
+        if not self.serves(tensors, work, host_bound):
             return function(*tensors, *rest)
+        copies = work <= GRAPHED_MAX_WORK  # above, in place only: no copy of the inputs
         # the host setting the captured fp32 products were made under (TF32 or not)
         key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
         here, anywhere = (key, tensor_addresses(tensors)), (key, None)
@@ -198,13 +203,13 @@ class StepGraphs:
                     captured = self.capture(function, tensors, rest, here)
                 else:
                     self.remember(here)
-                    captured = self.graphs.get(anywhere)
+                    captured = self.graphs.get(anywhere) if copies else None
                     if captured is not None:
                         self.graphs.move_to_end(anywhere)
                         copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
-                    elif anywhere in self.seen:
+                    elif copies and anywhere in self.seen:
                         captured = self.capture(function, tensors, rest, anywhere)
-                    else:
+                    elif copies:
                         self.remember(anywhere)
             if captured is not None:
                 captured.graph.replay()
@@ -213,17 +218,19 @@ class StepGraphs:
                 return outputs[0] if captured.single else outputs
         return function(*tensors, *rest)
 
-    def serves(self, tensors: Sequence[Tensor | None], work: int) -> bool:
+    def serves(self, tensors: Sequence[Tensor | None], work: int, host_bound: bool = False) -> bool:
         """Whether a call may be graphed (module docstring): on, CUDA, not above
-        `GRAPHED_MAX_WORK`, on the device's default stream, and every tensor contiguous (a
-        graph's static copy of a strided or expanded tensor would be laid out otherwise,
-        and a sum over it could run in another order)."""
+        `GRAPHED_MAX_WORK` unless ``host_bound`` (a step whose device time stays below its
+        host time there: FP8 tensor-core GEMMs; graphed in place only, since copies of its
+        inputs would cost more than they save), on the device's default stream, and every
+        tensor contiguous (a graph's static copy of a strided or expanded tensor would be
+        laid out otherwise, and a sum over it could run in another order)."""
         first = tensors[0]
         return (
             self.enabled
             and first is not None
             and first.is_cuda
-            and work <= GRAPHED_MAX_WORK
+            and (work <= GRAPHED_MAX_WORK or host_bound)
             and on_default_stream(first.get_device())
             and all(t is None or t.is_contiguous() for t in tensors)
         )
