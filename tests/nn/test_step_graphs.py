@@ -208,6 +208,30 @@ def test_an_in_place_graph_that_does_not_fit_is_not_kept_and_stops_them(
     assert len(graphs.graphs) == 3 and graphs.crowded
 
 
+def test_an_in_place_graph_not_kept_takes_its_devices_last_pool_handle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An in-place graph that does not fit is not kept: once the call's replay is done it
+    goes, and with it the last graph of its pool where no kept graph is on its device;
+    PyTorch then releases that pool, and a capture into its handle again fails, so the
+    handle goes (and stays while a kept graph on the device holds the pool)."""
+    monkeypatch.setattr(graphs_module, "MAX_GRAPH_BYTES", 100)
+
+    def in_place(nbytes: int, device: int) -> Captured:
+        outputs = (torch.zeros(nbytes, dtype=torch.uint8),)
+        return Captured(None, (None,), outputs, True, (), device, (1234,))  # type: ignore[arg-type]
+
+    graphs = StepGraphs()
+    graphs.pools = {0: "pool0", 1: "pool1"}
+    graphs.keep(("a", (1,)), in_place(60, 1))
+    graphs.keep(("b", (2,)), in_place(60, 0))
+    assert graphs.crowded and list(graphs.graphs) == [("a", (1,))]
+    assert graphs.pools == {1: "pool1"}
+    graphs.pools[0] = "pool0 again"
+    graphs.keep(("c", (3,)), in_place(200, 1))
+    assert graphs.pools == {0: "pool0 again", 1: "pool1"}
+
+
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:
     previous = use_step_graphs(False)
     try:
@@ -405,6 +429,33 @@ def test_a_host_bound_step_above_the_work_bound_replays_in_place_only(
         assert torch.equal(layers[True](x), expected[0])
         assert torch.equal(layers[True](moved), expected[1])
         assert STEP_GRAPHS.replays == before + 1 and len(STEP_GRAPHS.graphs) == 1
+
+
+@GPU
+def test_a_capture_after_an_in_place_graph_not_kept_takes_a_new_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first graph on a device is an in-place one that does not fit (replayed once, not
+    kept): its pool is released with it, and the key's graph of copies captured next takes
+    a new pool (a capture into the released pool's handle fails inside PyTorch's
+    allocator); every result has the bits of the graphs off."""
+    monkeypatch.setattr(graphs_module, "MAX_GRAPH_BYTES", 1)
+    device = torch.device("cuda")
+    layer = srnn.QuantizedLinear(
+        128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=4)
+    )
+    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    with step_graphs(False), torch.no_grad():
+        expected = [layer(x), layer(moved)]
+    with step_graphs(True), torch.no_grad():
+        assert torch.equal(layer(x), expected[0])
+        assert torch.equal(layer(x), expected[0])  # in place, replayed once, not kept
+        assert STEP_GRAPHS.crowded and not STEP_GRAPHS.graphs
+        assert torch.equal(layer(moved), expected[1])  # the key's graph of copies
+        (captured,) = STEP_GRAPHS.graphs.values()
+        assert captured.addresses is None
+        assert torch.equal(layer(moved), expected[1])
 
 
 @GPU

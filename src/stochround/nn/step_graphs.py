@@ -317,6 +317,7 @@ class StepGraphs:
         current.wait_stream(stream)
         if result is None:
             self.failed.add(key)
+            self.release_pool(device)  # the graph goes, and with it maybe the pool's last
             return None
         outputs, single = graph_outputs(result)
         captured = Captured(
@@ -338,13 +339,15 @@ class StepGraphs:
         while more than `MAX_GRAPHS` are kept or their copies exceed `MAX_GRAPH_BYTES` (the
         new one stays).  An in-place graph that does not fit is not kept (the call replays
         it once), and no in-place graph is captured after it (`room_in_place`): each would
-        evict another layer's, which would be captured again at the next step."""
+        evict another layer's, which would be captured again at the next step; its device's
+        pool handle goes where no kept graph is on that device (`release_pool`)."""
         self.seen.pop(graph_key, None)
         size = captured_bytes(captured)
         if captured.addresses is not None and (
             len(self.graphs) >= MAX_GRAPHS or self.bytes + size > MAX_GRAPH_BYTES
         ):
             self.crowded = True
+            self.release_pool(captured.device)
             return
         self.graphs[graph_key] = captured
         self.captures += 1
@@ -356,12 +359,19 @@ class StepGraphs:
 
     def drop(self, graph_key: tuple) -> None:
         """The graph kept under ``graph_key`` dropped; its device's pool handle goes with the
-        device's last graph (a pool whose graphs are all gone is released: the next
-        capture takes a new handle)."""
+        device's last graph (`release_pool`)."""
         dropped = self.graphs.pop(graph_key)
         self.bytes -= captured_bytes(dropped)
-        if all(each.device != dropped.device for each in self.graphs.values()):
-            self.pools.pop(dropped.device, None)
+        self.release_pool(dropped.device)
+
+    def release_pool(self, device: int) -> None:
+        """``device``'s pool handle forgotten where no kept graph is on it: once every graph
+        captured into a pool is gone, PyTorch releases the pool, and a capture into its
+        handle again fails (an internal assertion of the allocator); the next capture
+        takes a new handle.  Called as a graph goes: dropped, not kept, or its capture
+        failed."""
+        if all(each.device != device for each in self.graphs.values()):
+            self.pools.pop(device, None)
 
 
 def copy_grouped(targets: Sequence[Tensor | None], sources: Sequence[Tensor | None]) -> None:
