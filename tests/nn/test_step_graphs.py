@@ -232,6 +232,16 @@ def test_an_in_place_graph_not_kept_takes_its_devices_last_pool_handle(
     assert graphs.pools == {0: "pool0 again", 1: "pool1"}
 
 
+def test_a_key_seen_again_is_the_newest_and_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`remember` of a key already seen makes it the newest: beyond `MAX_SEEN` the least
+    recently seen goes, so keys that recur (a model's layers, step after step) stay."""
+    monkeypatch.setattr(graphs_module, "MAX_SEEN", 3)
+    graphs = StepGraphs()
+    for key in ("a", "b", "c", "a", "d"):
+        graphs.remember((key, None))
+    assert list(graphs.seen) == [("c", None), ("a", None), ("d", None)]
+
+
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:
     previous = use_step_graphs(False)
     try:

@@ -243,8 +243,10 @@ class StepGraphs:
 
     def remember(self, graph_key: tuple) -> None:
         """Note ``graph_key`` (a key and its tensors' addresses, or None for any) as seen
-        once (the oldest forgotten beyond `MAX_SEEN`)."""
+        once, as the newest (the least recently seen forgotten beyond `MAX_SEEN`: a key seen
+        at every step stays while fewer than `MAX_SEEN` others come between)."""
         self.seen[graph_key] = None
+        self.seen.move_to_end(graph_key)
         if len(self.seen) > MAX_SEEN:
             self.seen.popitem(last=False)
 
