@@ -253,6 +253,18 @@ def test_use_step_graphs_switches_and_checks_its_argument() -> None:
         use_step_graphs(previous)
 
 
+def layer_and_two_inputs(seed: int) -> tuple[srnn.QuantizedLinear, Tensor, Tensor]:
+    """An ``nvfp4(seed=seed)`` layer (128 -> 96, bf16, CUDA) and two inputs at distinct
+    addresses."""
+    device = torch.device("cuda")
+    layer = srnn.QuantizedLinear(
+        128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=seed)
+    )
+    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    return layer, x, moved
+
+
 @GPU
 @pytest.mark.parametrize("name", RECIPES)
 def test_a_graphed_training_run_gives_the_eager_runs_bits(name: str) -> None:
@@ -291,12 +303,7 @@ def test_any_address_replays_and_a_users_capture_takes_the_launches() -> None:
     a user's CUDA graph of the whole step (warmed up and captured on side streams)
     captures the layer's launches, no step graph captured or replayed on those streams,
     and replays them."""
-    device = torch.device("cuda")
-    layer = srnn.QuantizedLinear(
-        128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=2)
-    )
-    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
-    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    layer, x, moved = layer_and_two_inputs(2)
     with step_graphs(False), torch.no_grad():
         expected = [layer(x), layer(moved)]
     with step_graphs(True), torch.no_grad():
@@ -327,12 +334,7 @@ def test_each_repeated_set_of_addresses_replays_in_place_others_copy() -> None:
     overwritten in place gives the new values' bits); a call with x elsewhere replays the
     key's graph of copies, until its addresses repeat and it gets a graph of its own; every
     result has the bits of the graphs off."""
-    device = torch.device("cuda")
-    layer = srnn.QuantizedLinear(
-        128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=3)
-    )
-    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
-    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    layer, x, moved = layer_and_two_inputs(3)
     kept = x.clone()
     with step_graphs(False), torch.no_grad():
         expected = [layer(x), layer(moved)]
@@ -450,12 +452,7 @@ def test_a_capture_after_an_in_place_graph_not_kept_takes_a_new_pool(
     a new pool (a capture into the released pool's handle fails inside PyTorch's
     allocator); every result has the bits of the graphs off."""
     monkeypatch.setattr(graphs_module, "MAX_GRAPH_BYTES", 1)
-    device = torch.device("cuda")
-    layer = srnn.QuantizedLinear(
-        128, 96, bias=False, device=device, dtype=torch.bfloat16, recipe=srnn.nvfp4(seed=4)
-    )
-    x = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
-    moved = torch.randn(64, 128, device=device, dtype=torch.bfloat16)
+    layer, x, moved = layer_and_two_inputs(4)
     with step_graphs(False), torch.no_grad():
         expected = [layer(x), layer(moved)]
     with step_graphs(True), torch.no_grad():
