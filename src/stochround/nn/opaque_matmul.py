@@ -135,16 +135,21 @@ def step_work(x: Tensor, weight: Tensor) -> int:
     return x.shape[0] * weight.shape[0] * weight.shape[1]
 
 
+def graph_terms(x: Tensor, weight: Tensor, plan: Plan) -> tuple[int, bool]:
+    """What the step graphs weigh a step by (`step_graphs.StepGraphs.serves`): its work
+    (`step_work`) and whether it is host-bound at any size (FP8 tensor-core GEMMs,
+    ``plan.native``)."""
+    return step_work(x, weight), plan.native
+
+
 def _forward(
     x: Tensor, weight: Tensor, bias: Tensor | None, column: Tensor, plan_index: int, rank: int
 ) -> Tensor:
     """`forward_step` replayed from its CUDA graph where one is captured
     (`stochround.nn.step_graphs`), else run."""
     tensors = (x, weight, bias, column)
-    work, host_bound = step_work(x, weight), registered_plan(plan_index, rank).native
-    return typing.cast(
-        Tensor, STEP_GRAPHS.run(forward_step, tensors, (plan_index, rank), work, host_bound)
-    )
+    terms = graph_terms(x, weight, _PLANS[plan_index])  # (the rank keys words only)
+    return typing.cast(Tensor, STEP_GRAPHS.run(forward_step, tensors, (plan_index, rank), *terms))
 
 
 def forward_step(
@@ -186,10 +191,8 @@ def _backward(
     (`stochround.nn.step_graphs`), else run."""
     tensors = (grad, x, weight, column)
     rest = (plan_index, rank, needs, bias_dtype)
-    work, host_bound = step_work(x, weight), registered_plan(plan_index, rank).native
-    return typing.cast(
-        list[Tensor], STEP_GRAPHS.run(backward_step, tensors, rest, work, host_bound)
-    )
+    terms = graph_terms(x, weight, _PLANS[plan_index])
+    return typing.cast(list[Tensor], STEP_GRAPHS.run(backward_step, tensors, rest, *terms))
 
 
 def backward_step(
@@ -291,7 +294,7 @@ def graphed_step(x: Tensor, weight: Tensor, plan: Plan) -> bool:
     """Whether an eager step of ``x`` and ``weight`` under ``plan`` runs as `GraphedMatmul`:
     where the step graphs serve its forward (`step_graphs.StepGraphs.serves`; a plan of
     FP8 tensor-core GEMMs is host-bound at any size)."""
-    return STEP_GRAPHS.serves((x, weight), step_work(x, weight), plan.native)
+    return STEP_GRAPHS.serves((x, weight), *graph_terms(x, weight, plan))
 
 
 __all__ = [

@@ -203,14 +203,15 @@ class StepGraphs:
                     captured = self.capture(function, tensors, rest, here)
                 else:
                     self.remember(here)
-                    captured = self.graphs.get(anywhere) if copies else None
-                    if captured is not None:
-                        self.graphs.move_to_end(anywhere)
-                        copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
-                    elif copies and anywhere in self.seen:
-                        captured = self.capture(function, tensors, rest, anywhere)
-                    elif copies:
-                        self.remember(anywhere)
+                    if copies:
+                        captured = self.graphs.get(anywhere)
+                        if captured is not None:
+                            self.graphs.move_to_end(anywhere)
+                            copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
+                        elif anywhere in self.seen:
+                            captured = self.capture(function, tensors, rest, anywhere)
+                        else:
+                            self.remember(anywhere)
             if captured is not None:
                 captured.graph.replay()
                 self.replays += 1
