@@ -367,10 +367,10 @@ def test_each_repeated_set_of_addresses_replays_in_place_others_copy() -> None:
 @GPU
 def test_a_models_layers_settle_on_graphs_of_their_own() -> None:
     """Four layers of one shape trained together: their calls' addresses settle within a
-    few steps, each layer's forward and backward then replay a graph of its own reading in
-    place, no graph is captured after that (an earlier, address-keyed design kept
-    capturing as the layers went from eager to replayed), and every step has the bits of
-    the run with the graphs off."""
+    dozen steps (each capture moves the allocations of the steps after it for a while: on
+    an H200 the captures stopped after the seventh step), each layer's forward and
+    backward then replay a graph of its own reading in place, no graph is captured after
+    that, and every step has the bits of the run with the graphs off."""
     device = torch.device("cuda")
 
     def run(steps: int) -> tuple[list[Tensor], list[int]]:
@@ -397,12 +397,12 @@ def test_a_models_layers_settle_on_graphs_of_their_own() -> None:
         return seen, captures
 
     with step_graphs(False):
-        expected, _ = run(12)
+        expected, _ = run(20)
     with step_graphs(True):
-        got, captures = run(12)
+        got, captures = run(20)
         in_place = [each for each in STEP_GRAPHS.graphs.values() if each.addresses is not None]
         assert len(in_place) >= 8  # each layer's forward and backward
-    assert captures[-1] == captures[5], captures
+    assert captures[-1] == captures[11], f"captures after each step: {captures}"
     assert_same(got, expected)
 
 
@@ -430,9 +430,10 @@ def test_a_host_bound_step_above_the_work_bound_replays_in_place_only(
     with step_graphs(False), torch.no_grad():
         expected = [layers[True](x), layers[True](moved)]
     with step_graphs(True), torch.no_grad():
+        before = STEP_GRAPHS.replays  # (other tests' replays on this worker)
         layers[False](x)
         layers[False](x)
-        assert not STEP_GRAPHS.graphs and STEP_GRAPHS.replays == 0
+        assert not STEP_GRAPHS.graphs and STEP_GRAPHS.replays == before
         for _ in range(2):
             layers[True](x)
         (captured,) = STEP_GRAPHS.graphs.values()
