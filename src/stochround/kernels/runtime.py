@@ -194,7 +194,7 @@ def check_prepared(
         )
 
 
-def stream_key(device: int) -> object | None:
+def current_stream_key(device: int) -> object | None:
     """What identifies the current stream of CUDA device ``device`` (PyTorch's triple for
     it, read without building a `torch.cuda.Stream`), "cpu" for -1, or None while that
     stream captures a CUDA graph: a graph keeps the pointers it captured, so a capture

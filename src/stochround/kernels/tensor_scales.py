@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..block_constants import FLT_MAX
 from .grid import next_power_of_2
-from .runtime import Launch, bound_launch, stream_key
+from .runtime import Launch, bound_launch, current_stream_key
 
 _FLT_MAX = tl.constexpr(FLT_MAX)
 
@@ -203,7 +203,7 @@ def stream_scratch(device: torch.device, device_index: int, programs: int) -> La
     stream runs its launches in order, so each finds the counter at 0; launches on two
     streams take two sets.  Under CUDA-graph capture a call gets a fresh set
     (`fresh_scratch`), which the graph's pool keeps for its replays."""
-    stream = stream_key(device_index)
+    stream = current_stream_key(device_index)
     if stream is None:
         return fresh_scratch(device, programs)
     key = (stream, programs)
