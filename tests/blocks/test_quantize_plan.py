@@ -1,7 +1,8 @@
 """A planned eager `quantize` call that the kernel computes runs its prepared launch
 (`stochround.blocks.quantize_plan.PreparedQuantize`): the bits, dtypes and fields of the
-unprepared kernel route and of the PyTorch path, fresh outputs and a fresh ticket counter
-a call (no tensor kept across calls), and the general route where no launch is prepared."""
+unprepared kernel route and of the PyTorch path, fresh outputs a call and the stream's
+clean ticket counter (the plan keeps no tensor), and the general route where no launch is
+prepared."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 import stochround as sr
 from stochround.blocks import dispatch
 from stochround.kernels import blocks as kernel_blocks
+from stochround.kernels import tensor_scales
 from stochround.kernels.availability import INTERPRETED
 from stochround.random import seed_tensor
 
@@ -111,25 +113,27 @@ def test_a_stream_of_tensors_takes_the_launch_that_reads_them() -> None:
     assert stream.offset == 6
 
 
-def test_each_call_allocates_its_outputs_and_a_fresh_ticket_counter(
+def test_each_call_allocates_its_outputs_and_takes_its_streams_clean_ticket_counter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    counters: list[torch.Tensor] = []
+    taken: list[tensor_scales.LaunchScratch] = []
 
-    def counter(device: torch.device) -> torch.Tensor:
-        made = torch.zeros(1, dtype=torch.int32, device=device)
-        counters.append(made)
-        return made
+    def scratch(*args: object) -> tensor_scales.LaunchScratch:
+        got = tensor_scales.stream_scratch(*args)  # type: ignore[arg-type]
+        taken.append(got)
+        return got
 
-    monkeypatch.setattr(kernel_blocks, "ticket_counter", counter)
+    monkeypatch.setattr(kernel_blocks, "stream_scratch", scratch)
     x = x_of(32, 64)
     results = [sr.blocks.quantize(x, "nvfp4", "sr", seed=1, backend="triton") for _ in range(3)]
-    assert len(counters) == 3 and len({c.data_ptr() for c in counters}) == 3
+    # one set for the stream, reused: no allocation and no fill a call, the counter left 0
+    assert len(taken) == 3 and len({s.counter.data_ptr() for s in taken}) == 1
+    assert taken[-1].counter.tolist() == [0]
     for name in ("codes", "scales", "tensor_scale"):
         pointers = {getattr(result, name).data_ptr() for result in results}
         assert len(pointers) == 3, name
-    # the plan keeps no tensor of x's device that holds memory: its launches' scratch is
-    # allocated a call (CUDA graphs refuse a tensor left in their pool)
+    # the plan keeps no tensor of x's device that holds memory (CUDA graphs refuse a tensor
+    # left in their pool): the stream's scratch is kept by `tensor_scales`, not the plan
     kernel = the_plan().prepared.kernel
     kept = [value for value in vars(kernel).values() if isinstance(value, torch.Tensor)]
     assert all(value.numel() == 0 for value in kept)

@@ -178,6 +178,37 @@ def test_a_prepared_object_owns_its_counter_and_an_unprepared_call_takes_a_fresh
     assert amax.data_ptr() != again.data_ptr()  # both alive: two allocations
 
 
+def test_a_streams_scratch_is_made_once_a_size_and_left_clean_by_its_launches() -> None:
+    x = torch.ones(4096, device=DEVICE) * 3
+    device_index = x.device.index if x.is_cuda else -1
+    first = tensor_scales.stream_scratch(x.device, device_index, 4)
+    assert tensor_scales.stream_scratch(x.device, device_index, 4) is first
+    assert tensor_scales.stream_scratch(x.device, device_index, 5) is not first
+    assert first.counter.tolist() == [0] and first.amax.dtype == torch.float32
+    # a ticket-taking launch on it leaves its counter at 0 (the last program resets it)
+    prepared = kernel_blocks.PreparedTensorScale(x, "te")
+    scratch = tensor_scales.stream_scratch(x.device, device_index, prepared.programs)
+    prepared.tickets = tensor_scales.Tickets(scratch.partial, scratch.counter)
+    scales = prepared(x, None)
+    assert scratch.counter.tolist() == [0]
+    assert same_bits(scales, kernel_blocks.nvfp4_tensor_scale(x, "te")[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams and graphs")
+def test_two_streams_and_a_capture_take_their_own_scratch() -> None:
+    device = torch.device("cuda", torch.cuda.current_device())
+    index = device.index
+    first = tensor_scales.stream_scratch(device, index, 8)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        second = tensor_scales.stream_scratch(device, index, 8)
+    assert second is not first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = tensor_scales.stream_scratch(device, index, 8)
+    assert captured is not first and captured is not second
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams")
 def test_two_streams_take_two_counters() -> None:
     device = torch.device("cuda", torch.cuda.current_device())

@@ -35,7 +35,7 @@ from .block_rotation import rht_normalization
 from .common import as_int64
 from .operand_bf16 import FlaggedRows, flag_bits
 from .runtime import check_prepared, current_device
-from .tensor_scales import ticket_counter
+from .tensor_scales import stream_scratch
 
 # `stand_in`'s tensors by dtype and device (a dict read by a plain function)
 _STAND_INS: dict[tuple[torch.dtype, torch.device], Tensor] = {}
@@ -398,8 +398,9 @@ class PreparedQuantizeBlocks:
     `nvfp4_tensor_scale` and `quantize_blocks`.  x is any contiguous tensor of blocks along
     its last axis (the kernel reads it as its [rows, last axis] matrix); the codes and
     scales come in x's leading shape.  It keeps no tensor of its own on x's device: each
-    call allocates its outputs and, for the tensor scales, a fresh `ticket_counter`,
-    partial maxima and amax, as the unprepared functions do, so that its calls may run on
+    call allocates its outputs (the tensor scales among them), and the tensor scales'
+    launch takes its stream's counter, partial maxima and amax (`stream_scratch`: kept
+    clean by the launches, fresh under CUDA-graph capture), so that its calls may run on
     any stream and inside CUDA graphs."""
 
     def __init__(
@@ -488,10 +489,8 @@ class PreparedQuantizeBlocks:
         scales2 = None  # S_dec and S_enc
         if self.amax is not None:
             launch, programs, count = self.amax
-            partial = new_empty(programs, dtype=torch.int32)
-            amax = new_empty((), dtype=torch.float32)
+            partial, counter, amax = stream_scratch(self.device, device, programs)
             scales2 = new_empty(2, dtype=torch.float32)
-            counter = ticket_counter(self.device)
             launch(
                 device, programs, x, partial, self.signs, count, programs, counter, amax, scales2
             )

@@ -194,6 +194,18 @@ def check_prepared(
         )
 
 
+def current_stream_key(device: int) -> object | None:
+    """What identifies the current stream of CUDA device ``device`` (PyTorch's triple for
+    it, read without building a `torch.cuda.Stream`), "cpu" for -1, or None while that
+    stream captures a CUDA graph: a graph keeps the pointers it captured, so a capture
+    takes buffers of its own rather than a stream's cached ones."""
+    if device < 0:
+        return "cpu"
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return torch._C._cuda_getCurrentStream(device)
+
+
 @functools.lru_cache(maxsize=64)
 def current_stream(stream_data: tuple[int, int, int]) -> torch.cuda.Stream:
     """The `torch.cuda.Stream` of a device's current stream, given as PyTorch's

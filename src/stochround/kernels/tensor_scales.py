@@ -12,7 +12,10 @@ prepared caller owns its counter and partial maxima (`own_tickets`; no launch re
 after it ends), so it serves one stream; an unprepared call takes a fresh zeroed counter
 (`ticket_counter`), so that no tensor it allocates outlives it: under torch.compile's CUDA
 graphs (``mode="reduce-overhead"``) every allocation of a warm-up or recording run must be
-the graph's output or freed when it ends (docs/guide/recipes.md, "CUDA graphs")."""
+the graph's output or freed when it ends (docs/guide/recipes.md, "CUDA graphs").  An eager
+prepared call that keeps no tensor of its own (`sr.blocks.quantize`'s plans, never made
+under torch.compile) takes its stream's counter, partial maxima and amax, kept here
+(`stream_scratch`): no allocation and no fill a call."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from torch import Tensor
 
 from ..block_constants import FLT_MAX
 from .grid import next_power_of_2
-from .runtime import Launch, bound_launch
+from .runtime import Launch, bound_launch, current_stream_key
 
 _FLT_MAX = tl.constexpr(FLT_MAX)
 
@@ -167,14 +170,62 @@ def own_tickets(x: Tensor, programs: int) -> Tickets:
     return Tickets(work[:programs], work[programs:])
 
 
+class LaunchScratch(NamedTuple):
+    """What a ticket-taking amax launch writes besides its results: its partial maxima
+    (int32, one a program), its ticket counter (int32, 0 before and after the launch) and
+    the tensor's amax (fp32, 0-d), which a caller that wants the tensor scales alone does
+    not read."""
+
+    partial: Tensor
+    counter: Tensor
+    amax: Tensor
+
+
+def fresh_scratch(device: torch.device, programs: int) -> LaunchScratch:
+    """A `LaunchScratch` for ``programs`` programs on ``device``: one allocation and one
+    fill, the counter zeroed."""
+    work = torch.zeros(programs + 2, dtype=torch.int32, device=device)
+    amax = work[-1].view(torch.float32)
+    return LaunchScratch(work[:programs], work[programs : programs + 1], amax)
+
+
+# `stream_scratch`'s sets by (stream key, programs), and the most it keeps
+_STREAM_SCRATCH: dict[tuple[object, int], LaunchScratch] = {}
+_MAX_STREAM_SCRATCH = 64
+
+
+def stream_scratch(device: torch.device, device_index: int, programs: int) -> LaunchScratch:
+    """The `LaunchScratch` of ``programs`` programs for the current stream of ``device``
+    (``device_index``: its CUDA index, -1 for the CPU), made once per stream and size and
+    kept by this module, not by the caller: a call then costs no allocation and no fill.
+    Its launches leave it clean (the last program resets the counter; each program writes
+    its partial maximum before it takes a ticket, and nothing reads the amax), and a
+    stream runs its launches in order, so each finds the counter at 0; launches on two
+    streams take two sets.  Under CUDA-graph capture a call gets a fresh set
+    (`fresh_scratch`), which the graph's pool keeps for its replays."""
+    stream = current_stream_key(device_index)
+    if stream is None:
+        return fresh_scratch(device, programs)
+    key = (stream, programs)
+    scratch = _STREAM_SCRATCH.get(key)
+    if scratch is None:
+        if len(_STREAM_SCRATCH) >= _MAX_STREAM_SCRATCH:  # many sizes: start again
+            _STREAM_SCRATCH.clear()
+        scratch = _STREAM_SCRATCH[key] = fresh_scratch(device, programs)
+    return scratch
+
+
 __all__ = [
+    "LaunchScratch",
     "PartialsTiling",
     "Tickets",
+    "fresh_scratch",
     "last_program_scales",
     "own_tickets",
     "partials_max",
     "partials_tiling",
     "store_tensor_scales",
+    "stream_scratch",
     "tensor_scale_launch",
     "ticket_counter",
 ]
