@@ -70,7 +70,7 @@ def _fake_draws(like: Tensor, *stream_and_table: object) -> Tensor:
     """R's shape, dtype and device: an int8 tensor shaped like ``like`` (the stream and the
     table do not change them).  A trace runs it before Inductor lowers the graph, so it
     registers the lowering (once a process)."""
-    register_outside_modes(register_lowering)
+    register_outside_modes(register_draws_lowering)
     return torch.empty(like.shape, dtype=torch.int8, device=like.device)
 
 
@@ -123,11 +123,17 @@ def _lowering(
 
 
 @functools.cache
-def register_lowering() -> None:
+def register_draws_lowering() -> None:
     """Registers `_lowering` as Inductor's lowering of `GAUSSWS_DRAWS` (once a process)."""
     from torch._inductor.lowering import register_lowering as register
 
     register(GAUSSWS_DRAWS, type_promotion_kind=None)(_lowering)
 
 
-__all__ = ["GAUSSWS_DRAWS", "MAX_ROUNDED", "count_thresholds", "gaussws_draws", "register_lowering"]
+__all__ = [
+    "GAUSSWS_DRAWS",
+    "MAX_ROUNDED",
+    "count_thresholds",
+    "gaussws_draws",
+    "register_draws_lowering",
+]
