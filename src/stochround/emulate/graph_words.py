@@ -171,18 +171,29 @@ def _lowering(like: Any, key_low: int, key_high: int, offset: Any) -> Any:
     )
 
 
-@functools.cache
-def register_lowering() -> None:
-    """Registers `_lowering` as Inductor's lowering of `STREAM_WORDS` (once a process)."""
-    from torch._inductor.lowering import register_lowering as register
+def lowering_registrar(op: Any, lowering: Callable[..., Any]) -> Callable[[], None]:
+    """A function that registers ``lowering`` as Inductor's lowering of the op overload
+    ``op`` at its first call, once a process (Inductor imported then, not when this module
+    is)."""
 
-    register(STREAM_WORDS, type_promotion_kind=None)(_lowering)
+    @functools.cache
+    def register() -> None:
+        from torch._inductor.lowering import register_lowering as inductor_register
+
+        inductor_register(op, type_promotion_kind=None)(lowering)
+
+    return register
+
+
+# registers `_lowering` as Inductor's lowering of `STREAM_WORDS`
+register_lowering = lowering_registrar(STREAM_WORDS, _lowering)
 
 
 __all__ = [
     "STREAM_WORDS",
     "flat_index",
     "flat_position",
+    "lowering_registrar",
     "register_lowering",
     "register_outside_modes",
     "stream_words",

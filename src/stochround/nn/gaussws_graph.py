@@ -18,7 +18,6 @@ bit for bit.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -28,6 +27,7 @@ from torch import Tensor
 from ..emulate.graph_words import (
     flat_index,
     flat_position,
+    lowering_registrar,
     register_outside_modes,
     word_at,
 )
@@ -122,12 +122,8 @@ def _lowering(
     return Pointwise.create(device=like.get_device(), dtype=torch.int8, inner_fn=body, ranges=sizes)
 
 
-@functools.cache
-def register_draws_lowering() -> None:
-    """Registers `_lowering` as Inductor's lowering of `GAUSSWS_DRAWS` (once a process)."""
-    from torch._inductor.lowering import register_lowering as register
-
-    register(GAUSSWS_DRAWS, type_promotion_kind=None)(_lowering)
+# registers `_lowering` as Inductor's lowering of `GAUSSWS_DRAWS`
+register_draws_lowering = lowering_registrar(GAUSSWS_DRAWS, _lowering)
 
 
 __all__ = [
