@@ -164,10 +164,10 @@ class Tickets(NamedTuple):
 
 def own_tickets(x: Tensor, programs: int) -> Tickets:
     """Partial maxima and a counter (zeroed) for a prepared object's launches alone: one
-    allocation and one fill, once; no launch reads them after it ends, so the next call's
-    launch (on the same stream) reuses them."""
-    work = torch.zeros(programs + 1, dtype=torch.int32, device=x.device)
-    return Tickets(work[:programs], work[programs:])
+    allocation and one fill, once (`fresh_scratch`'s); no launch reads them after it ends,
+    so the next call's launch (on the same stream) reuses them."""
+    scratch = fresh_scratch(x.device, programs)
+    return Tickets(scratch.partial, scratch.counter)
 
 
 class LaunchScratch(NamedTuple):
