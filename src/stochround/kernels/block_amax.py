@@ -104,8 +104,10 @@ def partial_amax(
             bits = value.to(tl.int32, bitcast=True)
         best = tl.maximum(best, bits & 0x7FFFFFFF)
     if ROTATION.SIZE > 0:
-        return tl.max(tl.max(tl.max(best, axis=2), axis=1), axis=0)
-    return tl.max(best, axis=0)
+        largest = tl.max(tl.max(tl.max(best, axis=2), axis=1), axis=0)
+    else:
+        largest = tl.max(best, axis=0)
+    return largest
 
 
 @triton.jit

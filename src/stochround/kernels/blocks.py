@@ -425,8 +425,8 @@ class PreparedQuantizeBlocks:
 
     With computed tensor scales, ``single_launch`` (None: `takes_single_launch`, by x's
     size) computes them and quantizes in one launch (`kernels.single_launch`: the same
-    bits), else in two; ``amax_tiling`` the amax programs' work (None: `AMAX_TILING`),
-    which changes no bit."""
+    bits), else in two; ``amax_tiling`` the amax programs' work (None: the route's
+    default), which changes no bit."""
 
     def __init__(
         self,

@@ -35,7 +35,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .block_amax import AmaxTiling, amax_programs, checked_amax_tiling, partial_amax
+from .availability import INTERPRETED
+from .block_amax import (
+    AMAX_TILING,
+    AmaxTiling,
+    amax_programs,
+    checked_amax_tiling,
+    partial_amax,
+)
 from .block_kernel import quantize_tile
 from .block_launch import BlockCall, block_constants
 from .block_rotation import checked_rotation
@@ -52,6 +59,14 @@ SINGLE_LAUNCH_MAX_BYTES = 2**24
 
 # the launch's counters in its stream scratch: ticket, amax done, ready
 SINGLE_LAUNCH_COUNTERS = 3
+
+# The amax programs' work in the single launch: the quantization's chunk of 2**11 elements
+# under its warps, two chunks in flight.  A kernel takes the registers of its hungrier
+# role, and the amax kernel's own tiling (four chunks, eight warps) gave the single launch
+# more than the quantize kernel's, so fewer programs a multiprocessor;
+# this one keeps the quantize kernel's (benchmarks/single_launch_resources.py).  The
+# interpreter's: the amax kernel's one large chunk.
+SINGLE_LAUNCH_AMAX_TILING = AMAX_TILING if INTERPRETED else AmaxTiling(2**11, 2, 4)
 
 
 def takes_single_launch(x: Tensor) -> bool:
@@ -90,6 +105,9 @@ def single_launch_kernel(
     quantization program waits for the flag (`_wait_for_scales`), then quantizes its tile
     as `quantize_blocks_kernel` does (`quantize_tile`, codes and scales, SCALE.TENSOR_SCALE
     2), reading those scales."""
+    # a field of a constexpr record is no constexpr itself: bound as one to pass it on
+    FLAVOUR: tl.constexpr = SCALE.FLAVOUR
+    NAN16: tl.constexpr = OUTPUT.NAN16
     ticket = tl.atomic_add(counter_ptr, 1, sem="relaxed")
     if ticket == programs - 1:  # every ticket drawn: the next launch starts from 0
         tl.store(counter_ptr, 0)
@@ -97,12 +115,11 @@ def single_launch_kernel(
         piece = ticket
         if AMAX_WIDE:
             piece = piece.to(tl.int64)
-        largest = partial_amax(x_ptr, signs_ptr, piece, count, AMAX, ROTATION, OUTPUT.NAN16)
+        largest = partial_amax(x_ptr, signs_ptr, piece, count, AMAX, ROTATION, NAN16)
         tl.store(partial_ptr + piece, largest)
         last = last_program_scales(
-            partial_ptr, amax_count, counter_ptr + 1, amax_ptr, tensor_scale_ptr,
-            SCALE.FLAVOUR, PARTIALS,
-        )  # fmt: skip
+            partial_ptr, amax_count, counter_ptr + 1, amax_ptr, tensor_scale_ptr, FLAVOUR, PARTIALS
+        )
         if last:
             tl.debug_barrier()  # every thread's scale stores before the release
             tl.atomic_xchg(counter_ptr + 2, 1, sem="release")
@@ -134,10 +151,11 @@ def single_launch_grid(
 ) -> SingleLaunchGrid:
     """The single launch of a checked NVFP4 call on the 2-D x that quantizes to codes and
     scales with two tensor scales (S_dec, S_enc) computed in the launch; ``amax_tiling``
-    the amax programs' work (None: `AMAX_TILING`), which fixes A and changes no bit."""
+    the amax programs' work (None: `SINGLE_LAUNCH_AMAX_TILING`; its WARPS unread: the
+    launch runs under the quantization's), which fixes A and changes no bit."""
     if call.scale_rule != "nvfp4" or call.output not in ("codes", "fp4x2"):
         raise ValueError(f"the single launch quantizes NVFP4 to codes; got {call.scale_rule!r}")
-    tiling = checked_amax_tiling(amax_tiling)
+    tiling = checked_amax_tiling(amax_tiling or SINGLE_LAUNCH_AMAX_TILING)
     checked_rotation(x, call.rht, call.rht_signs, call.rht_bf16, tiling.CHUNK)
     bound = block_constants(x, torch.uint8, call, from_tensors)
     count = x.numel()
@@ -156,6 +174,7 @@ def single_launch_grid(
 
 
 __all__ = [
+    "SINGLE_LAUNCH_AMAX_TILING",
     "SINGLE_LAUNCH_COUNTERS",
     "SINGLE_LAUNCH_MAX_BYTES",
     "SingleLaunchGrid",
