@@ -238,7 +238,7 @@ def test_the_size_rule_takes_the_single_launch_for_small_tensors_alone() -> None
 
 @pytest.mark.gpu
 def test_on_a_gpu_with_many_more_programs_than_sms_the_single_launch_agrees() -> None:
-    """8192 x 8192 bf16 (8192 amax and 32768 quantization programs, far more than a GPU
+    """8192 x 8192 bf16 (16384 amax and 32768 quantization programs, far more than a GPU
     holds at once: the quantization programs that start early spin while the amax
     programs run), forced onto the single launch, against the two launches, on two
     tensors in turn of other amaxes: a quantization program that read the tensor scales

@@ -23,7 +23,8 @@ launch cannot deadlock (the argument of CUB's single-pass scan, whose tiles take
 dynamic id likewise).  It assumes that a started program keeps running while others
 spin (CUDA's forward progress for resident blocks).  Triton's interpreter runs programs
 one after another in program-id order: tickets equal program ids there, the flag is set
-before the first quantization program looks, and CI runs this same code path.
+before the first quantization program looks, and CI runs this same code path (its tests
+make a look that finds the flag unset fail there, where it would spin forever).
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ SINGLE_LAUNCH_COUNTERS = 3
 
 # The amax programs' work in the single launch: the quantization's chunk of 2**11 elements
 # under its warps, two chunks in flight.  A kernel takes the registers of its hungrier
-# role, and the amax kernel's own tiling (four chunks, eight warps) gave the single launch
-# more than the quantize kernel's, so fewer programs a multiprocessor;
-# this one keeps the quantize kernel's (benchmarks/single_launch_resources.py).  The
-# interpreter's: the amax kernel's one large chunk.
+# role: the amax kernel's own tiling (four chunks, eight warps) gave the single launch
+# more than the quantize kernel's, so fewer programs a multiprocessor; this one keeps the
+# quantize kernel's (benchmarks/single_launch_resources.py, tests/kernels/
+# test_kernel_resources.py).  The interpreter's: the amax kernel's one large chunk.
 SINGLE_LAUNCH_AMAX_TILING = AMAX_TILING if INTERPRETED else AmaxTiling(2**11, 2, 4)
 
 
