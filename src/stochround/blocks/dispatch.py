@@ -13,7 +13,7 @@ from torch import Tensor
 from .. import random as streams
 from ..block_constants import POWER_OF_TWO_RULES
 from ..kernels.availability import use_kernel
-from ..rounding import check_input
+from ..rounding import check_input_state
 from .formats import OCP_INT8
 from .quantize_plan import PreparedQuantize, plan_key, prepared_quantize
 from .reference import quantize_torch
@@ -100,8 +100,9 @@ def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTenso
             if len(_PLANS) >= _MAX_PLANS:  # many shapes: start again rather than grow
                 _PLANS.clear()
             _PLANS[key] = plan
-    else:
-        x = check_input(x)  # what of x the key does not hold (layout, meta, transforms)
+    else:  # a plain dense tensor whose type, dtype and device the plan's checks passed
+        x = typing.cast(Tensor, x)
+        check_input_state(x)  # what of x the key does not hold: a transform, a trace
     x = typing.cast(Tensor, x)
     request = plan.request
     seed, offset = random_source(request.mode, args)
