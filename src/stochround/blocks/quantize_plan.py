@@ -21,23 +21,23 @@ from .tensor import BlockTensor
 __all__ = ["PreparedQuantize", "plan_key", "prepared_quantize"]
 
 
-def plan_key(x: object, args: BlockArguments, swizzle: bool) -> tuple | None:
-    """What a call's checks and routing depend on beside the stream, as one flat tuple: its
-    choices, the types of those whose checks are not a comparison with allowed values
-    (``axis=True`` is refused where ``axis=1`` is not, yet they are equal and hash alike;
-    the string choices checked by ``in`` need none), a 2-D tile's entries' types, x's
-    shape, dtype, device and contiguity and where it is routed.  None where a call's checks
-    read its values (a given tensor scale or signs), under torch.compile, or for an x that
-    is not a plain dense local tensor: those calls are checked in full each time.  (A key
-    of unhashable choices fails its look-up: the caller checks those in full.)"""
+def plan_key(x: object, choices: tuple, swizzle: bool) -> tuple | None:
+    """What a call's checks and routing depend on beside the stream (``choices``:
+    `BlockArguments.choices`), as one flat tuple: its choices, the types of those whose
+    checks are not a comparison with allowed values (``axis=True`` is refused where
+    ``axis=1`` is not, yet they are equal and hash alike; the string choices checked by
+    ``in`` need none), a 2-D tile's entries' types, x's shape, dtype, device and
+    contiguity and where it is routed.  None where a call's checks read its values (a
+    given tensor scale or signs), under torch.compile, or for an x that is not a plain
+    dense local tensor: those calls are checked in full each time.  (A key of unhashable
+    choices fails its look-up: the caller checks those in full.)"""
     if type(x) is not Tensor or x.layout is not torch.strided:
         return None
-    # `BlockArguments` in its fields' order, unpacked at once (an attribute each costs more);
-    # seed, offset and stream, the stream, are not the plan's
+    # unpacked at once (cheaper than an attribute each)
     (
         fmt, mode, axis, block, scale_rule, tensor_scale, flavour, rht, rht_signs, rht_bf16,
-        rbits, variant, _, _, _, hardware, index_offset, backend,
-    ) = args  # fmt: skip
+        rbits, variant, hardware, index_offset, backend,
+    ) = choices  # fmt: skip
     if rht_signs is not None or torch.compiler.is_compiling():
         return None
     if tensor_scale is not None and tensor_scale is not False:
