@@ -121,8 +121,7 @@ class PreparedQuantize:
         fields = result.__dict__
         fields.update(self.fields)
         fields["codes"], fields["scales"] = codes, scales
-        # S_dec: the view `tensor_scales[0]` makes, without indexing's parsing of its key
-        fields["tensor_scale"] = None if tensor_scales is None else tensor_scales.select(0, 0)
+        fields["tensor_scale"] = None if tensor_scales is None else tensor_scales[0]  # S_dec
         return result
 
 
