@@ -23,10 +23,10 @@ __all__ = ["PreparedQuantize", "plan_key", "prepared_quantize"]
 
 def plan_key(x: object, choices: tuple, swizzle: bool) -> tuple | None:
     """What a call's checks and routing depend on beside the stream (``choices``:
-    `BlockArguments.choices`), as one flat tuple: its choices, the types of those whose
-    checks are not a comparison with allowed values (``axis=True`` is refused where
-    ``axis=1`` is not, yet they are equal and hash alike; the string choices checked by
-    ``in`` need none), a 2-D tile's entries' types, x's shape, dtype, device and
+    `BlockArguments.choices`), as one flat tuple: its choices, the types of those that a
+    check reads by type or that the plan keeps (``axis=True`` is refused where ``axis=1``
+    is not, yet they are equal and hash alike; the mode, variant, flavour and backend,
+    checked by ``in``, need none), a 2-D tile's entries' types, x's shape, dtype, device and
     contiguity and where it is routed.  None where a call's checks read its values (a
     given tensor scale or signs), under torch.compile, or for an x that is not a plain
     dense local tensor: those calls are checked in full each time.  (A key of unhashable
