@@ -4,7 +4,9 @@ filled their bounds, the bytes they hold), then the device time a step (torch.pr
 three steps) against the wall time of ten, and the kernels that take most of it.
 
 The model is `bench_model.py`'s GPT (``--preset gpt2-small``: 12 blocks, d = 768, 8 x
-1024 tokens) under a variant, eager or compiled (inductor, default mode):
+1024 tokens) under a variant, eager, compiled (inductor, default mode) or
+``compiled_cudagraphs`` (``mode="reduce-overhead"``: the whole step replayed as CUDA
+graphs; run it with ``--variant nvfp4_no_step_graphs``, as the recipes guide advises):
 
     python benchmarks/profile_model.py --variant nvfp4 --how compiled --steps 24
     python benchmarks/profile_model.py --variant bf16 --how compiled
@@ -24,18 +26,21 @@ from collections.abc import Callable
 
 import torch
 from bench_gaussws import Inputs, step
-from bench_model import PRESETS, VARIANTS, build_model
+from bench_model import COMPILE_MODES, PRESETS, VARIANTS, build_model
 from torch.profiler import ProfilerActivity, profile
 
 from stochround.nn.step_graphs import STEP_GRAPHS, use_step_graphs
 
 
 def counters() -> str:
-    """The step graphs' counters, short: captures, replays, graphs kept, crowded, MiB."""
+    """The step graphs' counters, short: captures, replays, graphs kept (of them reading
+    in place), crowded, MiB."""
     crowded = " full" if STEP_GRAPHS.crowded else ""
+    in_place = sum(each.addresses is not None for each in STEP_GRAPHS.graphs.values())
     return (
         f"captured {STEP_GRAPHS.captures}, replays {STEP_GRAPHS.replays}, "
-        f"kept {len(STEP_GRAPHS.graphs)}{crowded}, {STEP_GRAPHS.bytes >> 20} MiB"
+        f"kept {len(STEP_GRAPHS.graphs)} ({in_place} in place){crowded}, "
+        f"{STEP_GRAPHS.bytes >> 20} MiB"
     )
 
 
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", choices=tuple(PRESETS), default="gpt2-small")
     parser.add_argument("--variant", choices=VARIANTS, default="nvfp4")
-    parser.add_argument("--how", choices=("eager", "compiled"), default="compiled")
+    parser.add_argument("--how", choices=("eager", *COMPILE_MODES), default="compiled")
     parser.add_argument("--steps", type=int, default=14, help="steps shown one by one")
     parser.add_argument("--top", type=int, default=12, help="kernels printed")
     args = parser.parse_args(argv)
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     use_step_graphs(False)  # drops any graphs, then on unless the variant says off
     use_step_graphs(not args.variant.endswith("no_step_graphs"))
     model = build_model((d_model, layers, heads, context), args.variant, device)
-    runner = torch.compile(model) if args.how == "compiled" else model
+    runner = model if args.how == "eager" else torch.compile(model, mode=COMPILE_MODES[args.how])
     call = step(runner, Inputs(batch, context, device))  # type: ignore[arg-type]
     for index in range(args.steps):
         print(f"step {index}: {timed_ms(call, 1):.1f} ms; {counters()}", flush=True)
