@@ -6,7 +6,7 @@ three steps) against the wall time of ten, and the kernels that take most of it.
 The model is `bench_model.py`'s GPT (``--preset gpt2-small``: 12 blocks, d = 768, 8 x
 1024 tokens) under a variant, eager, compiled (inductor, default mode) or
 ``compiled_cudagraphs`` (``mode="reduce-overhead"``: the whole step replayed as CUDA
-graphs; run it with ``--variant nvfp4_no_step_graphs``, as the recipes guide advises):
+graphs, inside which the layers' step graphs stand aside):
 
     python benchmarks/profile_model.py --variant nvfp4 --how compiled --steps 24
     python benchmarks/profile_model.py --variant bf16 --how compiled
