@@ -126,12 +126,9 @@ def single_launch_kernel(
             tl.atomic_xchg(counter_ptr + 2, 1, sem="release")
     else:
         _wait_for_scales(counter_ptr + 2, programs - amax_count)
-        tile = ticket - amax_count
-        if TILING.WIDE:
-            tile = tile.to(tl.int64)
         quantize_tile(
-            tile, x_ptr, codes_ptr, scales_ptr, None, tensor_scale_ptr, signs_ptr, None,
-            seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
+            ticket - amax_count, x_ptr, codes_ptr, scales_ptr, None, tensor_scale_ptr,
+            signs_ptr, None, seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
             TILING, STREAM, SCALE, ELEMENT, ROUNDING, ROTATION, OUTPUT,
         )  # fmt: skip
 
