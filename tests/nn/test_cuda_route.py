@@ -16,7 +16,7 @@ from torch import Tensor
 
 import stochround.nn as srnn
 from stochround.kernels import availability
-from stochround.nn import matmul, operands, orientations
+from stochround.nn import linear, matmul, operands, orientations
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -176,6 +176,65 @@ def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
     assert launched == launches
     assert dispatched == aten
     assert (counts.launches, counts.aten, counts.other) == totals
+
+
+# The graphed route's step (`stochround.nn.opaque_matmul`'s step functions, which the CUDA
+# step graphs capture and torch.compile's two ops run) beside the eager step's: its forward
+# keeps Q(W) and x's wgrad operand (from x's pair) for its backward, as the eager forward
+# does, so its backward quantizes dy alone.  Before, its backward quantized x^T and W^T
+# again: nvfp4() 15 launches (x^T's amax, transpose and quantization, W's tile amax and
+# quantization besides) and 33 ATen ops, fp8() 15 and 60.  One ATen op more than eager's:
+# the backward splits the saved offsets column again (the eager backward takes its
+# forward's views)
+GRAPHED_ATEN_MORE = {"aten::unbind.int": 1}
+
+
+def graphed(case: str, monkeypatch: pytest.MonkeyPatch) -> bench_ops.Counts:
+    """``case``'s counts with the layer's steps by `GraphedMatmul` (as a CUDA step takes
+    them where the step graphs serve it; on the CPU its functions run as they are)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(linear, "graphed_step", lambda *args: True)
+        return counts_of(case)
+
+
+@pytest.mark.parametrize(
+    ("case", "launches", "aten"),
+    [("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN), ("linear_fp8", FP8_LAUNCHES, FP8_ATEN)],
+)
+def test_the_graphed_step_launches_the_eager_steps_kernels_and_quantizes_x_and_w_once(
+    case: str, launches: dict[str, int], aten: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts = graphed(case, monkeypatch)
+    names = Counter(counts.names)
+    launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
+    dispatched = Counter({name: n for name, n in names.items() if name.startswith("aten::")})
+    assert launched == launches
+    assert dispatched == Counter(aten) + Counter(GRAPHED_ATEN_MORE)
+    assert counts.other == 0
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "fp8"])
+def test_an_inference_forward_on_the_graphed_route_launches_what_eagers_does(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under no_grad the forward op keeps nothing: no pair of x (one orientation), no
+    transpose."""
+    device = bench_ops.device()
+    torch.manual_seed(0)
+    layer = srnn.QuantizedLinear(64, 64, recipe=srnn.RECIPES[name](), device=device)
+    x = torch.randn(64, 64, device=device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            layer(x)
+
+    eager = bench_ops.counted(forward)
+    with monkeypatch.context() as patched:
+        patched.setattr(linear, "graphed_step", lambda *args: True)
+        graphed_counts = bench_ops.counted(forward)
+    launched = [n for n in graphed_counts.names if n.startswith("launch:")]
+    assert Counter(launched) == Counter(n for n in eager.names if n.startswith("launch:"))
+    assert not any("two_orientation" in each for each in launched)
 
 
 @pytest.mark.parametrize(

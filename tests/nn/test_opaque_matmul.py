@@ -4,14 +4,21 @@ their bits against eager are tested with the layer's compiled step (tests/nn/tes
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
 from helpers import cuda_route
 from torch import Tensor
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import stochround.nn as srnn
-from stochround.nn import opaque_matmul, streams
+from stochround.nn import linear, opaque_matmul, streams
+from stochround.nn.linear import COMPILES
+from stochround.nn.matmul import QuantizedMatmul
 
 
 def test_warm_up_runs_on_real_zeros_of_the_fake_shapes() -> None:
@@ -30,6 +37,18 @@ def test_warm_up_runs_on_real_zeros_of_the_fake_shapes() -> None:
         real_x, torch.zeros(3, 4, dtype=torch.bfloat16)
     )
     assert none is None and real_step.dtype == torch.int64 and rest == 7
+
+
+def test_warm_up_lays_its_zeros_out_as_the_fake_tensors() -> None:
+    """A strided fake gets strided zeros (the op's route depends on x's layout: a strided
+    x has no two-orientation pair, and the forward's fake declares what the op keeps from
+    the warm-up's run)."""
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.ones(4, 6)[:, 1:5])
+        y = mode.from_tensor(torch.ones(3, 5).T)
+        got = opaque_matmul.warm_up(lambda *args: args, (x, y))
+    assert [(t.shape, t.stride()) for t in got] == [((4, 4), (6, 1)), ((5, 3), (1, 5))]
+    assert not any(isinstance(t, FakeTensor) or t.any() for t in got)
 
 
 def test_a_layer_registers_its_plan_and_each_recipe_change_a_new_index() -> None:
@@ -140,3 +159,141 @@ def test_moving_a_gaussws_layer_draws_no_sample() -> None:
     layer.to(torch.float64).to(torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(steps, layer.buffers(), strict=True))
     assert torch.equal(layer.stream_bases, streams.layer_bases(2))
+
+
+def test_a_plans_key_is_the_same_in_every_process() -> None:
+    """A compiled graph holds the plan's key, and inductor's on-disk cache keys the graph by
+    it: an index in the order of registration had named another recipe's plan in another
+    process, whose kept operands the cached graph then expected."""
+    code = (
+        "import stochround.nn as s; "
+        "print(s.QuantizedLinear(64, 64, recipe=s.nvfp4(seed=3)).plan_index, "
+        "s.QuantizedLinear(64, 64, recipe=s.fp8()).plan_index)"
+    )
+    printed = set()
+    for hash_seed in ("1", "2"):
+        environment = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=environment
+        )
+        printed.add(run.stdout)
+    # fp8 first here: the order of registration does not matter
+    fp8 = srnn.QuantizedLinear(64, 64, recipe=srnn.fp8()).plan_index
+    nvfp4 = srnn.QuantizedLinear(64, 64, recipe=srnn.nvfp4(seed=3)).plan_index
+    assert printed == {f"{nvfp4} {fp8}\n"}
+
+
+def graphed_steps(
+    name: str, route: bool, needs: tuple[bool, bool], graphed: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Tensor], list[tuple[Tensor | None, ...]]]:
+    """y, dx, dW and db of two steps of a 64 x 128 layer (40 tokens: wgrad pads them) on the
+    graphed route (`GraphedMatmul`, ``graphed``) or the eager one, x and W requiring a
+    gradient as ``needs`` says; and each step's saved tensors past x, W and the column."""
+    device, context = cuda_route(route)
+    torch.manual_seed(0)
+    layer = srnn.QuantizedLinear.from_linear(
+        torch.nn.Linear(64, 128).to(device), srnn.RECIPES[name](seed=4)
+    )
+    layer.weight.requires_grad_(needs[1])
+    generator = torch.Generator().manual_seed(1)
+    results: list[Tensor] = []
+    saved: list[tuple[Tensor | None, ...]] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(linear, "graphed_step", lambda *args: graphed)
+        with context:
+            for _ in range(2):
+                x = torch.randn(40, 64, generator=generator).to(device).requires_grad_(needs[0])
+                layer.weight.grad = layer.bias.grad = None  # type: ignore[union-attr]
+                y = layer(x)
+                saved.append(tuple(y.grad_fn.saved_tensors[3:]))  # type: ignore[union-attr]
+                y.backward(torch.randn(40, 128, generator=generator).to(device))
+                grads = (x.grad, layer.weight.grad, layer.bias.grad)  # type: ignore[union-attr]
+                results += [y.detach(), *(g for g in grads if g is not None)]
+    return results, saved
+
+
+@pytest.mark.parametrize(
+    ("name", "route", "needs"),
+    [
+        *((name, route, (True, True)) for name in ("nvfp4", "fp8", "mxfp8") for route in (0, 1)),
+        ("mxfp4_tseng", 1, (True, True)),
+        ("int8", 1, (True, True)),
+        ("nvfp4", 1, (False, True)),
+        ("nvfp4", 1, (True, False)),
+        ("fp8", 1, (False, True)),
+        ("fp8", 1, (True, False)),
+    ],
+)
+def test_the_graphed_step_keeps_the_eager_forwards_operands_and_gives_its_bits(
+    name: str, route: int, needs: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forward op keeps what the eager forward saves for the GEMMs the backward will run
+    (Q(W) where dgrad reuses it, x's wgrad operand where wgrad runs: x's pair on the CUDA
+    route, per-tensor Q(x)^T), contiguous (the step graphs serve contiguous tensors alone),
+    and the backward op, reading them, gives the eager step's y, dx, dW and db bit for bit."""
+    got, kept = graphed_steps(name, bool(route), needs, True, monkeypatch)
+    want, eager_kept = graphed_steps(name, bool(route), needs, False, monkeypatch)
+    for mine, theirs in zip(got, want, strict=True):
+        assert torch.equal(mine, theirs)
+    for step, eager_step in zip(kept, eager_kept, strict=True):
+        weight, x_t = step[:2], step[2:]
+        eager_weight = eager_step[:2] if needs[0] else (None, None)
+        for mine, theirs in zip((*weight, *x_t), (*eager_weight, *eager_step[2:]), strict=True):
+            assert (mine is None) == (theirs is None)
+            if mine is not None and theirs is not None:
+                assert mine.is_contiguous() and torch.equal(mine, theirs)
+    if name in ("nvfp4", "fp8") and route and needs[1]:
+        assert kept[0][2] is not None  # x's wgrad operand kept
+    if name == "nvfp4" and needs[0]:
+        assert kept[0][0] is not None  # Q(W), 16 x 16 tiles
+
+
+def test_the_kept_weights_factor_is_the_eager_forwards() -> None:
+    """The backward op reads a kept Q(W) with `kept_factor`, which the eager backward takes
+    from its forward's operand."""
+    for name, recipe in srnn.RECIPES.items():
+        layer = srnn.QuantizedLinear(128, 128, recipe=recipe())
+        ctx = opaque_matmul._Saved(layer.plan)
+        ctx.factor = None  # type: ignore[assignment]
+        x, weight = torch.randn(64, 128), layer.weight.detach()
+        column = layer.offsets_column(layer.step)
+        QuantizedMatmul.forward(ctx, x, weight, None, column, layer.plan, True, True)
+        if ctx.saved_tensors[3] is not None:  # Q(W) kept
+            assert ctx.factor == opaque_matmul.kept_factor(layer.plan), name
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.parametrize("name", ["nvfp4", "fp8"])
+def test_a_compiled_layer_with_dynamic_tokens_keeps_its_operands_and_gives_eagers_bits(
+    name: str,
+) -> None:
+    """torch.compile(dynamic=True): the tokens symbolic in the forward op's fake, x's kept
+    wgrad operand padded to the token multiple symbolically (`kept_layouts`); three token
+    counts, one graph, eager's bits (on the CUDA route: x's pair kept)."""
+    torch._dynamo.reset()
+    device, context = cuda_route()
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(64, 64).to(device)
+    eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), srnn.RECIPES[name](seed=2))
+    compiled_layer = srnn.QuantizedLinear.from_linear(
+        copy.deepcopy(reference), srnn.RECIPES[name](seed=2)
+    )
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(compiled_layer, backend=counter, fullgraph=True, dynamic=True)
+    with context:
+        for tokens in (20, 36, 52):
+            generator = torch.Generator().manual_seed(tokens)
+            x = torch.randn(tokens, 64, generator=generator).to(device)
+            grad = torch.randn(tokens, 64, generator=generator).to(device)
+            results = []
+            for model in (compiled, eager):
+                xs = x.clone().requires_grad_()
+                y = model(xs)
+                y.backward(grad)
+                results.append((y, xs.grad))
+            for mine, theirs in zip(*results, strict=True):
+                assert torch.equal(mine, theirs), tokens
+    assert counter.frame_count == 1
+    for a, b in zip(eager.parameters(), compiled_layer.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)  # type: ignore[arg-type]

@@ -264,9 +264,14 @@ class QuantizedLinear(nn.Linear):
             column = self.offsets_column(counter)
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
-            out = quantized_linear(tokens, weight, bias, column, self.plan_index, rank)
+            # (y, and the operands the backward reuses, which autograd keeps)
+            out = quantized_linear(
+                tokens, weight, bias, column, self.plan_index, rank, wgrad, dgrad
+            )[0]
         elif wrap is None and graphed_step(tokens, weight, plan):  # the steps as CUDA graphs
-            out = GraphedMatmul.apply(tokens, weight, bias, column, self.plan_index, rank)
+            out = GraphedMatmul.apply(
+                tokens, weight, bias, column, self.plan_index, rank, wgrad, dgrad
+            )
         else:
             out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
         out = typing.cast(Tensor, out)
