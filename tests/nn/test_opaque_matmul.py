@@ -186,27 +186,32 @@ def test_a_plans_key_is_the_same_in_every_process() -> None:
 def graphed_steps(
     name: str, route: bool, needs: tuple[bool, bool], graphed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[Tensor], list[tuple[Tensor | None, ...]]]:
-    """y, dx, dW and db of two steps of a 64 x 128 layer (40 tokens: wgrad pads them) on the
-    graphed route (`GraphedMatmul`, ``graphed``) or the eager one, x and W requiring a
-    gradient as ``needs`` says; and each step's saved tensors past x, W and the column."""
+    """y, dx, dW and db of two steps of a 64 x 128 layer (40 tokens: wgrad pads them; 48
+    for "fp8_native", `fp8(native=True)`, whose GEMMs take multiples of 16) on the graphed
+    route (`GraphedMatmul`, ``graphed``) or the eager one, x and W requiring a gradient as
+    ``needs`` says; and each step's saved tensors past x, W and the column."""
     device, context = cuda_route(route)
     torch.manual_seed(0)
-    layer = srnn.QuantizedLinear.from_linear(
-        torch.nn.Linear(64, 128).to(device), srnn.RECIPES[name](seed=4)
-    )
+    native = name == "fp8_native"
+    recipe = srnn.fp8(seed=4, native=True) if native else srnn.RECIPES[name](seed=4)
+    layer = srnn.QuantizedLinear.from_linear(torch.nn.Linear(64, 128).to(device), recipe)
+    tokens = 48 if native else 40
     layer.weight.requires_grad_(needs[1])
     generator = torch.Generator().manual_seed(1)
     results: list[Tensor] = []
     saved: list[tuple[Tensor | None, ...]] = []
     with monkeypatch.context() as patched:
         patched.setattr(linear, "graphed_step", lambda *args: graphed)
+        if native and not torch.cuda.is_available():  # the CPU's _scaled_mm takes float8
+            patched.setattr(linear, "check_native", lambda x: None)
         with context:
             for _ in range(2):
-                x = torch.randn(40, 64, generator=generator).to(device).requires_grad_(needs[0])
+                x = torch.randn(tokens, 64, generator=generator).to(device)
+                x.requires_grad_(needs[0])
                 layer.weight.grad = layer.bias.grad = None  # type: ignore[union-attr]
                 y = layer(x)
                 saved.append(tuple(y.grad_fn.saved_tensors[3:]))  # type: ignore[union-attr]
-                y.backward(torch.randn(40, 128, generator=generator).to(device))
+                y.backward(torch.randn(tokens, 128, generator=generator).to(device))
                 grads = (x.grad, layer.weight.grad, layer.bias.grad)  # type: ignore[union-attr]
                 results += [y.detach(), *(g for g in grads if g is not None)]
     return results, saved
@@ -222,6 +227,7 @@ def graphed_steps(
         ("nvfp4", 1, (True, False)),
         ("fp8", 1, (False, True)),
         ("fp8", 1, (True, False)),
+        ("fp8_native", 1, (True, True)),  # float8 codes kept
     ],
 )
 def test_the_graphed_step_keeps_the_eager_forwards_operands_and_gives_its_bits(
@@ -242,7 +248,7 @@ def test_the_graphed_step_keeps_the_eager_forwards_operands_and_gives_its_bits(
             assert (mine is None) == (theirs is None)
             if mine is not None and theirs is not None:
                 assert mine.is_contiguous() and torch.equal(mine, theirs)
-    if name in ("nvfp4", "fp8") and route and needs[1]:
+    if name in ("nvfp4", "fp8", "fp8_native") and route and needs[1]:
         assert kept[0][2] is not None  # x's wgrad operand kept
     if name == "nvfp4" and needs[0]:
         assert kept[0][0] is not None  # Q(W), 16 x 16 tiles
