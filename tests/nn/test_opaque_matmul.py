@@ -235,8 +235,10 @@ def test_the_graphed_step_keeps_the_eager_forwards_operands_and_gives_its_bits(
 ) -> None:
     """The forward op keeps what the eager forward saves for the GEMMs the backward will run
     (Q(W) where dgrad reuses it, x's wgrad operand where wgrad runs: x's pair on the CUDA
-    route, per-tensor Q(x)^T), contiguous (the step graphs serve contiguous tensors alone),
-    and the backward op, reading them, gives the eager step's y, dx, dW and db bit for bit."""
+    route, per-tensor Q(x)^T), contiguous at the start of a storage of their own (the step
+    graphs serve contiguous tensors alone; Inductor's CUDA code asserts an op output's
+    16-byte alignment, which a view into a larger buffer can miss), and the backward op,
+    reading them, gives the eager step's y, dx, dW and db bit for bit."""
     got, kept = graphed_steps(name, bool(route), needs, True, monkeypatch)
     want, eager_kept = graphed_steps(name, bool(route), needs, False, monkeypatch)
     for mine, theirs in zip(got, want, strict=True):
@@ -247,7 +249,8 @@ def test_the_graphed_step_keeps_the_eager_forwards_operands_and_gives_its_bits(
         for mine, theirs in zip((*weight, *x_t), (*eager_weight, *eager_step[2:]), strict=True):
             assert (mine is None) == (theirs is None)
             if mine is not None and theirs is not None:
-                assert mine.is_contiguous() and torch.equal(mine, theirs)
+                assert mine.is_contiguous() and mine.storage_offset() == 0
+                assert torch.equal(mine, theirs)
     if name in ("nvfp4", "fp8", "fp8_native") and route and needs[1]:
         assert kept[0][2] is not None  # x's wgrad operand kept
     if name == "nvfp4" and needs[0]:

@@ -45,7 +45,6 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from ..blocks.tensor import gemm_factor
 from .layer_plan import Plan
@@ -106,11 +105,20 @@ def zeros_laid_out_as(tensor: Tensor) -> Tensor:
     """Real zeros of ``tensor``'s dtype, device, sizes and strides (symbolic ones at their
     hints): the op's route can depend on x's layout (a strided x has no two-orientation
     pair)."""
-    sizes = [optimization_hint(size) for size in tensor.shape]
-    strides = [optimization_hint(stride) for stride in tensor.stride()]
+    sizes = [size_hint(size) for size in tensor.shape]
+    strides = [size_hint(stride) for stride in tensor.stride()]
     extent = 1 + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
     storage = torch.zeros(extent if all(sizes) else 0, dtype=tensor.dtype, device=tensor.device)
     return storage.as_strided(sizes, strides)
+
+
+def size_hint(value: int | torch.SymInt) -> int:
+    """A size or stride as an int: a symbolic one at its hint, the traced call's value,
+    read without a guard (``SymNode.hint``, which every supported torch has; the
+    ``optimization_hint`` function is torch 2.13's only)."""
+    if isinstance(value, torch.SymInt):
+        return int(value.node.hint)
+    return int(value)
 
 
 @kept_by_graphs
@@ -237,9 +245,21 @@ def forward_step(
     values, scale, x_t_values, x_t_scale = ctx.saved_tensors[3:]
     kept = (values, scale) if dgrad else (None, None)
     w_values, w_scale, t_values, t_scale = (
-        placeholder(x) if each is None else each for each in (*kept, x_t_values, x_t_scale)
+        placeholder(x) if each is None else op_output(each)
+        for each in (*kept, x_t_values, x_t_scale)
     )
     return typing.cast(Tensor, out), w_values, w_scale, t_values, t_scale
+
+
+def op_output(tensor: Tensor) -> Tensor:
+    """``tensor`` as an op output the fake's declared layout describes: itself where it is
+    contiguous at the start of its storage, else a contiguous copy.  A kept operand can be
+    a view into a larger buffer (a scale beside its values), and Inductor's CUDA code
+    asserts each op output's 16-byte alignment and its sizes and strides (the fake declares
+    fresh contiguous tensors, `kept_layouts`)."""
+    if tensor.storage_offset() == 0 and tensor.is_contiguous():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def kept_layouts(
