@@ -13,7 +13,9 @@ checked against the PyTorch path (``backend="torch"``) code for code.  A planned
 its prepared launch (`stochround.blocks.quantize_plan`); the rows ``launches_<format>_<mode>``
 (CUDA only) time that launch alone (`stochround.kernels.blocks.PreparedQuantizeBlocks`: the
 same allocations and launches, without the entry point's look-up and its `BlockTensor`), so
-that the two rows' difference is the Python around them.
+that the two rows' difference is the Python around them; ``two_launches_nvfp4_sr`` (CUDA
+only) times NVFP4's prepared launch in two launches (amax, then quantization) where the
+size rule gives this size one (`stochround.kernels.single_launch`).
 
     python benchmarks/bench_host.py --only blocks_1024x1024          # GPU: issue 42's rows
 
@@ -64,6 +66,10 @@ def main() -> int:
         bench.add("blocks_1024x1024", f"stochround_{fmt}_{mode}", build, ours=True)
         launches = partial(block_launches, square, fmt, mode)
         bench.add("blocks_1024x1024", f"launches_{fmt}_{mode}", launches, ours=True, cuda_only=True)
+    # NVFP4's prepared launch in two launches (amax, then quantization), beside its single
+    # launch (`stochround.kernels.single_launch`), which 1024 x 1024 takes by default
+    two = partial(block_launches, square, "nvfp4", "sr", single=False)
+    bench.add("blocks_1024x1024", "two_launches_nvfp4_sr", two, ours=True, cuda_only=True)
     return bench.run()
 
 
@@ -88,14 +94,23 @@ def block_quantize(x: torch.Tensor, fmt: str, mode: str) -> Run:
     return Run(call, check, x.numel(), notes=f"sr.blocks.quantize {fmt} {mode}")
 
 
-def block_launches(x: torch.Tensor, fmt: str, mode: str) -> Run:
+def block_launches(x: torch.Tensor, fmt: str, mode: str, single: bool | None = None) -> Run:
     """The prepared launch of ``block_quantize``'s planned call alone (its allocations and
-    launches), checked against that call's codes and scales."""
+    launches), checked against that call's codes and scales; ``single``: NVFP4's computed
+    tensor scales in one launch (True), in two (False), or as the size rule picks (None:
+    `stochround.kernels.single_launch.takes_single_launch`)."""
+    from unittest import mock
+
     from stochround.blocks import dispatch
+    from stochround.kernels import blocks as kernel_blocks
 
     options = {"seed": 0, "offset": 0} if mode == "sr" else {}
     dispatch._PLANS.clear()  # then this call's plan alone (the others re-plan once)
     expected = sr.blocks.quantize(x, fmt, mode, **options)
+    dispatch._PLANS.clear()
+    rule = kernel_blocks.takes_single_launch if single is None else lambda _: single
+    with mock.patch.object(kernel_blocks, "takes_single_launch", rule):  # the plan's choice
+        sr.blocks.quantize(x, fmt, mode, **options)
     (plan,) = dispatch._PLANS.values()
     if plan.prepared is None:
         raise CheckFailed("the call has no prepared launch")
@@ -109,7 +124,8 @@ def block_launches(x: torch.Tensor, fmt: str, mode: str) -> Run:
         return "ok equal to sr.blocks.quantize"
 
     call = partial(kernel, x, 0, 0)
-    return Run(call, check, x.numel(), notes=f"PreparedQuantizeBlocks {fmt} {mode}")
+    launches = "one launch" if getattr(kernel, "single", None) else "its launches"
+    return Run(call, check, x.numel(), notes=f"PreparedQuantizeBlocks {fmt} {mode}, {launches}")
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ NEEDS_TRITON = {
     "stochround.kernels.sample_pair",
     "stochround.kernels.sample_words",
     "stochround.kernels.scaled_gemm",
+    "stochround.kernels.single_launch",
     "stochround.kernels.stream_sr",
     "stochround.kernels.tensor_round",
     "stochround.kernels.tensor_scales",

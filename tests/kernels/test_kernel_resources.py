@@ -3,7 +3,8 @@ benchmarks/kernel_resources.py: no more registers and SASS instructions than bef
 fast_round rewrite (2d6f3be), no spills (issue 42: variant c's 32-bit integer path took
 tseng's kernel from 128 to 197 registers); and the per-tensor operand kernel's `fp8()`
 round-to-nearest configurations (benchmarks/tensor_round_resources.py) within their float8
-arithmetic's resources.  The budgets are Triton 3.6's."""
+arithmetic's resources; and NVFP4's single launch (benchmarks/single_launch_resources.py)
+compiled, within the quantize kernel's registers.  The budgets are Triton 3.6's."""
 
 from __future__ import annotations
 
@@ -57,3 +58,21 @@ def test_fp8_round_to_nearest_configurations_within_their_float8_arithmetics_res
         assert int(regs) <= registers, (name, regs)
         assert int(sass) <= instructions, (name, sass)
         assert (spills, stl, ldl) == ("0/0", "0", "0"), name
+
+
+def test_the_single_launch_compiles_with_the_quantize_kernels_registers_and_no_spills() -> None:
+    """NVFP4's single launch (benchmarks/single_launch_resources.py) compiles for sm_90, and
+    its registers, as a multiprocessor allocates them (eight a thread at a time), are no
+    more than the quantize kernel's of the same configuration: a program of either role
+    then fits as many times a multiprocessor as the quantize kernel's do.  (The
+    interpreter's tests do not compile it: Triton's compiler refuses what the interpreter
+    takes.)"""
+    rows = compiled_rows("single_launch_resources.py", [])
+    configs = {name.split("_single_launch")[0] for name in rows if "single_launch" in name}
+    assert len(configs) == 3, rows
+    for config in configs:
+        single = rows[f"{config}_single_launch_kernel"]
+        quantize = rows[f"{config}_quantize_blocks_kernel"]
+        allocated = [-(-int(row[1]) // 8) * 8 for row in (single, quantize)]
+        assert allocated[0] <= allocated[1], (config, single, quantize)
+        assert (single[2], single[4], single[5]) == ("0/0", "0", "0"), config

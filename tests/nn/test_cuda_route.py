@@ -244,11 +244,12 @@ def test_an_inference_forward_on_the_graphed_route_launches_what_eagers_does(
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        # amax (its last program writes the tensor scale: no launch of its own), the
-        # quantization; tensor scales, codes, scales, the e4m3 view of the scales (and its
-        # detach), the 0-d S_dec (the ticket counter, partial maxima and amax are the
-        # stream's, kept clean by the launches: `tensor_scales.stream_scratch`)
-        ("quantize_nvfp4_sr", (2, 6, 0)),
+        # the single launch of the amax and the quantization (`kernels.single_launch`: at
+        # this size; above `SINGLE_LAUNCH_MAX_BYTES` two launches, the amax's then the
+        # quantization's); tensor scales, codes, scales, the e4m3 view of the scales (and
+        # its detach), the 0-d S_dec (the ticket counters, partial maxima and amax are the
+        # stream's, kept clean by the launch: `tensor_scales.stream_scratch`)
+        ("quantize_nvfp4_sr", (1, 6, 0)),
         # the quantization; codes, scales, the e8m0 view of the scales and the e4m3fn view
         # of the codes (each with its detach)
         ("quantize_mxfp8_e4m3_rne", (1, 6, 0)),

@@ -11,7 +11,9 @@ the lane's ``gather`` from the four stacked words stores them to memory.  The op
 computes the flat index from the loop indices and runs `stochround.random.philox_rounds`,
 the eager stream's own rounds, once on Inductor's values (`_Word`), with the key's
 schedule folded into constants; the lane is a select, not a load.  Its eager and fake
-bodies are `random_words` of the row-major index: the same words, bit for bit.
+bodies are `random_words` of the row-major index: the same words, bit for bit.  The fake
+body registers the lowering, as a trace runs it before Inductor lowers the graph.
+`word_at` is the lowering's word, for other ops' lowerings (`stochround.nn.gaussws_graph`).
 """
 
 from __future__ import annotations
@@ -52,8 +54,22 @@ def _eager_words(like: Tensor, key_low: int, key_high: int, offset: Tensor) -> T
 
 
 def _fake_words(like: Tensor, key_low: int, key_high: int, offset: Tensor) -> Tensor:
-    """The words' shape, dtype and device: an int64 tensor shaped like ``like``."""
+    """The words' shape, dtype and device: an int64 tensor shaped like ``like``.  A trace
+    runs it before Inductor lowers the graph, so it registers the lowering (once a
+    process): a model compiled by plain ``torch.compile`` gets it too."""
+    register_outside_modes(register_lowering)
     return torch.empty(like.shape, dtype=torch.int64, device=like.device)
+
+
+def register_outside_modes(register: Callable[[], None]) -> None:
+    """``register()``, a lowering's cached registration, with the trace's dispatch modes
+    set aside: its first call imports Inductor's lowerings, whose module code must not run
+    on fake tensors.  An op's fake implementation calls it, as every trace of the op runs
+    that before Inductor lowers the graph."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        register()
 
 
 _library.impl("stream_words", _eager_words, "CompositeExplicitAutograd")
@@ -115,40 +131,71 @@ def _word_of_lane(index: _Word, words: Sequence[_Word]) -> Any:
     return chosen
 
 
+def flat_position(indices: Sequence[Any], sizes: Sequence[Any]) -> Any:
+    """The row-major flat index of a lowering body's loop ``indices`` over ``sizes``: an
+    index expression, ``sum_d i_d * prod(sizes[d+1:])`` (as `flat_index`)."""
+    flat: Any = 0
+    stride: Any = 1
+    for position, size in zip(reversed(indices), reversed(sizes), strict=True):
+        flat = flat + position * stride
+        stride = stride * size
+    return flat
+
+
+def word_at(flat: Any, offset: Any, key_low: int, key_high: int) -> Any:
+    """Inside an Inductor lowering's body: ``random_words(flat, key, offset)`` as kernel
+    values, for the index expression ``flat`` and the loaded int64 ``offset``; the key's
+    schedule stays in Python ints, constants of the kernel (module docstring)."""
+    from torch._inductor.virtualized import ops
+
+    index = _Word(ops.index_expr(flat, torch.int64))
+    stream = _Word(offset)
+    counters = (*group_counters(index), stream & MASK32, (stream >> 32) & MASK32)
+    rounds = cast(Callable[..., Sequence[_Word]], philox_rounds)
+    return _word_of_lane(index, rounds(*counters, key_low, key_high))
+
+
 def _lowering(like: Any, key_low: int, key_high: int, offset: Any) -> Any:
     """Inductor's lowering of `STREAM_WORDS`: a pointwise node over like's shape whose
     body is `random_words` of the element's row-major index (module docstring)."""
     from torch._inductor.ir import Pointwise
-    from torch._inductor.virtualized import ops
 
     sizes = list(like.get_size())
     load_offset = offset.make_loader()
 
     def body(indices: Sequence[Any]) -> Any:
-        flat: Any = 0
-        stride: Any = 1
-        for position, size in zip(reversed(indices), reversed(sizes), strict=True):
-            flat = flat + position * stride
-            stride = stride * size
-        index = _Word(ops.index_expr(flat, torch.int64))
-        stream = _Word(load_offset([]))
-        counters = (*group_counters(index), stream & MASK32, (stream >> 32) & MASK32)
-        # the key's schedule stays in Python ints: constants of the kernel
-        rounds = cast(Callable[..., Sequence[_Word]], philox_rounds)
-        words = rounds(*counters, key_low, key_high)
-        return _word_of_lane(index, words)
+        return word_at(flat_position(indices, sizes), load_offset([]), key_low, key_high)
 
     return Pointwise.create(
         device=like.get_device(), dtype=torch.int64, inner_fn=body, ranges=sizes
     )
 
 
-@functools.cache
-def register_lowering() -> None:
-    """Registers `_lowering` as Inductor's lowering of `STREAM_WORDS` (once a process)."""
-    from torch._inductor.lowering import register_lowering as register
+def lowering_registrar(op: Any, lowering: Callable[..., Any]) -> Callable[[], None]:
+    """A function that registers ``lowering`` as Inductor's lowering of the op overload
+    ``op`` at its first call, once a process (Inductor imported then, not when this module
+    is)."""
 
-    register(STREAM_WORDS, type_promotion_kind=None)(_lowering)
+    @functools.cache
+    def register() -> None:
+        from torch._inductor.lowering import register_lowering as inductor_register
+
+        inductor_register(op, type_promotion_kind=None)(lowering)
+
+    return register
 
 
-__all__ = ["STREAM_WORDS", "flat_index", "register_lowering", "stream_words"]
+# registers `_lowering` as Inductor's lowering of `STREAM_WORDS`
+register_lowering = lowering_registrar(STREAM_WORDS, _lowering)
+
+
+__all__ = [
+    "STREAM_WORDS",
+    "flat_index",
+    "flat_position",
+    "lowering_registrar",
+    "register_lowering",
+    "register_outside_modes",
+    "stream_words",
+    "word_at",
+]

@@ -70,30 +70,20 @@ class TileShape(NamedTuple):
 
 
 @triton.jit
-def _amax_kernel(
+def partial_amax(
     x_ptr,
-    partial_ptr,
     signs_ptr,
+    program,
     count,
-    programs,
-    counter_ptr,
-    amax_ptr,
-    scale_ptr,
     TILING: tl.constexpr,
-    WIDE: tl.constexpr,
     ROTATION: tl.constexpr,
     NAN16: tl.constexpr,
-    FLAVOUR: tl.constexpr,
-    PARTIALS: tl.constexpr,
 ):
-    """Each program's max |x| over TILING.STEPS chunks of TILING.CHUNK consecutive elements
-    (of x rotated as the quantize kernel rotates it, with ROTATION.SIZE > 0), as fp32 bits
-    (int32): an integer max of the magnitudes' bits, so a NaN anywhere gives a NaN
-    pattern.  With a FLAVOUR ("te" or "torchao"; "" none), the last program to finish
-    also writes x's amax and NVFP4's tensor scales (`last_program_scales`)."""
-    program = tl.program_id(0)
-    if WIDE:
-        program = program.to(tl.int64)
+    """Program ``program``'s max |x| over TILING.STEPS chunks of TILING.CHUNK consecutive
+    elements from ``program * TILING.CHUNK * TILING.STEPS`` (of x rotated as the quantize
+    kernel rotates it, with ROTATION.SIZE > 0), as fp32 bits (int32): an integer max of the
+    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  ``program`` int64 where
+    positions pass int32."""
     CHUNK: tl.constexpr = TILING.CHUNK
     start = program * (CHUNK * TILING.STEPS)
     if ROTATION.SIZE > 0:  # the rotation's [TILE, GROUPS, 4] tile
@@ -117,6 +107,33 @@ def _amax_kernel(
         largest = tl.max(tl.max(tl.max(best, axis=2), axis=1), axis=0)
     else:
         largest = tl.max(best, axis=0)
+    return largest
+
+
+@triton.jit
+def _amax_kernel(
+    x_ptr,
+    partial_ptr,
+    signs_ptr,
+    count,
+    programs,
+    counter_ptr,
+    amax_ptr,
+    scale_ptr,
+    TILING: tl.constexpr,
+    WIDE: tl.constexpr,
+    ROTATION: tl.constexpr,
+    NAN16: tl.constexpr,
+    FLAVOUR: tl.constexpr,
+    PARTIALS: tl.constexpr,
+):
+    """Each program's partial maximum (`partial_amax`) at ``partial_ptr + program``.  With
+    a FLAVOUR ("te" or "torchao"; "" none), the last program to finish also writes x's
+    amax and NVFP4's tensor scales (`last_program_scales`)."""
+    program = tl.program_id(0)
+    if WIDE:
+        program = program.to(tl.int64)
+    largest = partial_amax(x_ptr, signs_ptr, program, count, TILING, ROTATION, NAN16)
     tl.store(partial_ptr + program, largest)
     if FLAVOUR != "":
         last_program_scales(
@@ -198,7 +215,7 @@ def _checked_x(x: object) -> Tensor:
     return x
 
 
-def _checked_tiling(tiling: AmaxTiling | None) -> AmaxTiling:
+def checked_amax_tiling(tiling: AmaxTiling | None) -> AmaxTiling:
     """The tiling (`AMAX_TILING` for None), or ValueError unless its chunk is a power of
     two of at least 4 and its steps and warps positive (warps a power of two)."""
     if tiling is None:
@@ -219,7 +236,7 @@ def _checked_tiling(tiling: AmaxTiling | None) -> AmaxTiling:
     return tiling
 
 
-def _amax_programs(count: int, tiling: AmaxTiling) -> int:
+def amax_programs(count: int, tiling: AmaxTiling) -> int:
     """`_amax_kernel`'s programs for ``count`` elements: one at least (an empty x's one
     program reads nothing and gives the partial maximum 0)."""
     return max(1, cdiv(count, tiling.CHUNK * tiling.STEPS))
@@ -235,13 +252,13 @@ def _partial_maxima(
     """Each `_amax_kernel` program's max |x| (rotated with ``rht``), fp32 bits as int32
     (one 0 for an empty x)."""
     x = _checked_x(x)
-    tiling = _checked_tiling(tiling)
+    tiling = checked_amax_tiling(tiling)
     signs, rotation = checked_rotation(x, rht, rht_signs, rht_bf16, tiling.CHUNK)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
             return _partial_maxima(x, rht, rht_signs, rht_bf16, tiling)
     count = x.numel()
-    programs = _amax_programs(count, tiling)
+    programs = amax_programs(count, tiling)
     partial = x.new_empty(programs, dtype=torch.int32)
     launch = _amax_launch(x, rotation, tiling, "", programs)
     launch(_device(x), programs, x, partial, signs, count, programs, None, None, None)
@@ -447,7 +464,7 @@ def nvfp4_tensor_scale(
     (`tensor_scales.ticket_counter`)."""
     check_choice("flavour", flavour, NVFP4_FLAVOURS)
     x = _checked_x(x)
-    tiling = _checked_tiling(tiling)
+    tiling = checked_amax_tiling(tiling)
     signs, rotation = checked_rotation(x, rht, rht_signs, rht_bf16, tiling.CHUNK)
     if x.is_cuda and x.device.index != current_device():
         with torch.cuda.device(x.device):
@@ -460,7 +477,7 @@ def nvfp4_tensor_scale(
                 tiling=tiling,
             )
     count = x.numel()
-    programs = _amax_programs(count, tiling)
+    programs = amax_programs(count, tiling)
     partial = x.new_empty(programs, dtype=torch.int32)
     amax = x.new_empty((), dtype=torch.float32)
     scale = x.new_empty(2, dtype=torch.float32)
@@ -492,10 +509,10 @@ class PreparedTensorScale:
         x = _checked_x(x)
         if x.numel() == 0:
             raise ValueError("x must hold elements")
-        tiling = _checked_tiling(tiling)
+        tiling = checked_amax_tiling(tiling)
         _, rotation = checked_rotation(x, rht, rht_signs, rht_bf16, tiling.CHUNK)
         self.count = x.numel()
-        self.programs = _amax_programs(self.count, tiling)
+        self.programs = amax_programs(self.count, tiling)
         self.launch = _amax_launch(x, rotation, tiling, flavour, self.programs)
         self.tickets = own_tickets(x, self.programs)
         self.device, self.device_index = x.device, _device(x)
@@ -521,7 +538,10 @@ __all__ = [
     "PreparedTileAmax",
     "TileAmax",
     "TileShape",
+    "amax_programs",
+    "checked_amax_tiling",
     "nvfp4_tensor_scale",
+    "partial_amax",
     "tensor_amax",
     "tile_amax",
 ]

@@ -143,7 +143,27 @@ def quantize_blocks_kernel(
     ROTATION: tl.constexpr,
     OUTPUT: tl.constexpr,
 ):
-    """Quantize TILING.TILE blocks of TILING.BLOCK consecutive elements along the last axis
+    """Each program quantizes its tile (`quantize_tile`, which says how): tile
+    ``tl.program_id(0)``."""
+    program = tl.program_id(0)
+    if TILING.WIDE:  # positions beyond int32
+        program = program.to(tl.int64)
+    quantize_tile(
+        program, x_ptr, codes_ptr, scales_ptr, out_ptr, tensor_scale_ptr, signs_ptr, amax_ptr,
+        seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
+        TILING, STREAM, SCALE, ELEMENT, ROUNDING, ROTATION, OUTPUT,
+    )  # fmt: skip
+
+
+@triton.jit
+def quantize_tile(
+    program, x_ptr, codes_ptr, scales_ptr, out_ptr, tensor_scale_ptr, signs_ptr, amax_ptr,
+    seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
+    TILING: tl.constexpr, STREAM: tl.constexpr, SCALE: tl.constexpr, ELEMENT: tl.constexpr,
+    ROUNDING: tl.constexpr, ROTATION: tl.constexpr, OUTPUT: tl.constexpr,
+):  # fmt: skip
+    """Quantize tile ``program`` (int64 where positions pass int32: TILING.WIDE):
+    TILING.TILE blocks of TILING.BLOCK consecutive elements along the last axis
     of a contiguous [rows, cols] x, in a [TILE, GROUPS, 4] tile: each block's amax (an
     integer max of the magnitudes' bits: NaN-aware; SCALE.AMAX_GIVEN: read from
     ``amax_ptr``, a 2-D tile's, shared by its 1-D blocks), its scale by SCALE.RULE
@@ -166,9 +186,6 @@ def quantize_blocks_kernel(
     BLOCK: tl.constexpr = TILING.BLOCK
     GROUPS: tl.constexpr = TILING.GROUPS
     KIND: tl.constexpr = OUTPUT.KIND
-    program = tl.program_id(0)
-    if TILING.WIDE:  # positions beyond int32
-        program = program.to(tl.int64)
     block_id = program * TILING.TILE + tl.arange(0, TILING.TILE)
     group = tl.arange(0, GROUPS)[None, :, None]
     lane = tl.arange(0, 4)[None, None, :]
@@ -324,5 +341,6 @@ __all__ = [
     "QuantizeTiling",
     "check_tiling",
     "quantize_blocks_kernel",
+    "quantize_tile",
     "quantize_tiling",
 ]

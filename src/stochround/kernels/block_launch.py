@@ -128,8 +128,28 @@ class BlockGrid(NamedTuple):
     signs: Tensor | None
 
 
+class BlockConstants(NamedTuple):
+    """A call's constexprs and launch options (as ``tuple(dict.items())``, in the kernel's
+    order), its programs and blocks, and the checked signs of its rotation."""
+
+    constants: tuple[tuple[str, object], ...]
+    programs: int
+    blocks: int
+    signs: Tensor | None
+
+
 def block_grid(x: Tensor, out_dtype: torch.dtype, call: BlockCall, from_tensors: bool) -> BlockGrid:
     """The launch of a checked call on x (its constexprs as typed records)."""
+    bound = block_constants(x, out_dtype, call, from_tensors)
+    launch = bound_launch(quantize_blocks_kernel, bound.constants)
+    return BlockGrid(launch, bound.programs, bound.blocks, bound.signs)
+
+
+def block_constants(
+    x: Tensor, out_dtype: torch.dtype, call: BlockCall, from_tensors: bool
+) -> BlockConstants:
+    """The constexprs of `quantize_blocks_kernel` for a checked call on x (typed records),
+    which a kernel built on `quantize_tile` takes too."""
     count = x.numel()
     block, index_offset = call.block, call.index_offset
     groups = next_power_of_2(cdiv(block, 4))
@@ -177,8 +197,7 @@ def block_grid(x: Tensor, out_dtype: torch.dtype, call: BlockCall, from_tensors:
         "enable_fp_fusion": False,
     }
     blocks = count // block
-    launch = bound_launch(quantize_blocks_kernel, tuple(constants.items()))
-    return BlockGrid(launch, cdiv(blocks, tile), blocks, signs)
+    return BlockConstants(tuple(constants.items()), cdiv(blocks, tile), blocks, signs)
 
 
 def launch_blocks(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: BlockCall) -> None:
@@ -223,7 +242,9 @@ def launch_blocks(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: B
 
 __all__ = [
     "BlockCall",
+    "BlockConstants",
     "BlockGrid",
+    "block_constants",
     "block_grid",
     "check_block_call",
     "check_block_tensors",

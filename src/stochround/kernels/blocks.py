@@ -12,6 +12,7 @@ from ..block_constants import POWER_OF_TWO_RULES
 from ..formats import Format
 from ..random import seed_tensor
 from .block_amax import (
+    AmaxTiling,
     PreparedTensorScale,
     PreparedTileAmax,
     nvfp4_tensor_scale,
@@ -35,6 +36,12 @@ from .block_rotation import rht_normalization
 from .common import as_int64
 from .operand_bf16 import FlaggedRows, flag_bits
 from .runtime import check_prepared, current_device
+from .single_launch import (
+    SINGLE_LAUNCH_COUNTERS,
+    SingleLaunchGrid,
+    single_launch_grid,
+    takes_single_launch,
+)
 from .tensor_scales import stream_scratch
 
 # `stand_in`'s tensors by dtype and device (a dict read by a plain function)
@@ -50,6 +57,19 @@ def stand_in(dtype: torch.dtype, device: torch.device) -> Tensor:
     if empty is None:
         empty = _STAND_INS[dtype, device] = torch.empty(0, dtype=dtype, device=device)
     return empty
+
+
+def _stream_arguments(
+    seed: int | Tensor, offset: int | Tensor, device: torch.device
+) -> tuple[bool, Tensor | None, Tensor | None, int, int]:
+    """How a prepared launch takes a stream: whether from tensors (its grid's index), then
+    the seed and offset pointers (tensors on ``device``, or None) and values (ints, or
+    0), as the kernels' arguments run."""
+    if isinstance(seed, Tensor) or isinstance(offset, Tensor):
+        seed_pointer = seed_tensor(seed, "seed", device)
+        return True, seed_pointer, seed_tensor(offset, "offset", device), 0, 0
+    # two's complement above 2**63: the kernel reads seeds as unsigned 64-bit
+    return False, None, None, as_int64(seed), as_int64(offset)
 
 
 def quantize_blocks(
@@ -401,7 +421,12 @@ class PreparedQuantizeBlocks:
     call allocates its outputs (the tensor scales among them), and the tensor scales'
     launch takes its stream's counter, partial maxima and amax (`stream_scratch`: kept
     clean by the launches, fresh under CUDA-graph capture), so that its calls may run on
-    any stream and inside CUDA graphs."""
+    any stream and inside CUDA graphs.
+
+    With computed tensor scales, ``single_launch`` (None: `takes_single_launch`, by x's
+    size) computes them and quantizes in one launch (`kernels.single_launch`: the same
+    bits), else in two; ``amax_tiling`` the amax programs' work (None: the route's
+    default), which changes no bit."""
 
     def __init__(
         self,
@@ -420,6 +445,8 @@ class PreparedQuantizeBlocks:
         rht: int | None = None,
         rht_signs: Tensor | None = None,
         rht_bf16: bool = False,
+        single_launch: bool | None = None,
+        amax_tiling: AmaxTiling | None = None,
     ) -> None:
         if output not in ("codes", "fp4x2"):
             raise ValueError(f"output must be 'codes' or 'fp4x2'; got {output!r}")
@@ -433,9 +460,11 @@ class PreparedQuantizeBlocks:
         meta = torch.empty(x.shape, dtype=x.dtype, device="meta")
         signs = None if rht_signs is None else torch.empty(rht_signs.shape, device="meta")
         self.amax = None
-        if tensor_scales:
+        if single_launch is None:
+            single_launch = takes_single_launch(x)
+        if tensor_scales and not single_launch:
             scale = PreparedTensorScale(
-                meta, nvfp4_flavour, rht=rht, rht_signs=signs, rht_bf16=rht_bf16
+                meta, nvfp4_flavour, rht=rht, rht_signs=signs, rht_bf16=rht_bf16, tiling=amax_tiling
             )
             self.amax = (scale.launch, scale.programs, scale.count)
         call = BlockCall(
@@ -462,6 +491,13 @@ class PreparedQuantizeBlocks:
             block_grid(matrix, torch.uint8, call, True),
         )
         self.signs = self.grids[0].signs
+        self.single: tuple[SingleLaunchGrid, SingleLaunchGrid] | None = None
+        if tensor_scales and single_launch:
+            self.single = (
+                single_launch_grid(matrix, call, False, amax_tiling),
+                single_launch_grid(matrix, call, True, amax_tiling),
+            )
+        self.count = x.numel()
         cols = x.shape[-1]
         lead = tuple(x.shape[:-1])
         self.codes_shape = (*lead, cols // 2 if output == "fp4x2" else cols)
@@ -485,6 +521,8 @@ class PreparedQuantizeBlocks:
         if device >= 0 and current_device() != device:
             with torch.cuda.device(device):  # Triton launches on the current device
                 return self(x, seed, offset)
+        if self.single is not None:
+            return self.launch_single(x, seed, offset)
         new_empty = x.new_empty
         scales2 = None  # S_dec and S_enc
         if self.amax is not None:
@@ -496,17 +534,34 @@ class PreparedQuantizeBlocks:
             )
         codes = new_empty(self.codes_shape, dtype=torch.uint8)
         scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
-        if isinstance(seed, Tensor) or isinstance(offset, Tensor):
-            grid = self.grids[1]
-            seed_pointer = seed_tensor(seed, "seed", self.device)
-            offset_pointer = seed_tensor(offset, "offset", self.device)
-            seed_value = offset_value = 0
-        else:  # two's complement above 2**63: the kernel reads seeds as unsigned 64-bit
-            grid, seed_pointer, offset_pointer = self.grids[0], None, None
-            seed_value, offset_value = as_int64(seed), as_int64(offset)
+        from_tensors, *stream = _stream_arguments(seed, offset, self.device)
+        grid = self.grids[from_tensors]
         grid.launch(
             device, grid.programs, x, codes, scales, self.values, scales2, grid.signs, None,
-            seed_pointer, offset_pointer, seed_value, offset_value, grid.blocks, self.index_offset,
+            *stream, grid.blocks, self.index_offset,
+        )  # fmt: skip
+        return codes, scales, scales2
+
+    def launch_single(
+        self, x: Tensor, seed: int | Tensor, offset: int | Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`__call__`'s single launch (its device current): the tensor scales and the
+        quantization in one launch, on its stream's scratch."""
+        assert self.single is not None
+        new_empty = x.new_empty
+        scales2 = new_empty(2, dtype=torch.float32)  # S_dec and S_enc
+        codes = new_empty(self.codes_shape, dtype=torch.uint8)
+        scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
+        from_tensors, *stream = _stream_arguments(seed, offset, self.device)
+        grid = self.single[from_tensors]
+        programs = grid.amax_programs
+        partial, counters, amax = stream_scratch(
+            self.device, self.device_index, programs, SINGLE_LAUNCH_COUNTERS
+        )
+        grid.launch(
+            self.device_index, grid.programs, x, codes, scales, scales2, grid.signs, *stream,
+            grid.blocks, self.index_offset, partial, self.count, programs, grid.programs,
+            counters, amax,
         )  # fmt: skip
         return codes, scales, scales2
 

@@ -106,19 +106,22 @@ def last_program_scales(
     programs' partial maxima (`partials_max`) of each of TENSORS tensors (tensor ``t``'s
     at ``partial + t * programs``), stores each one's amax (``amax[t]``) and tensor
     scales (`store_tensor_scales`, ``scale[2 t]``, ``scale[2 t + 1]``) and resets the
-    counter to 0.  The max of bits is order-free, so the result is the same
-    whichever program is last.  On a GPU: the barrier orders the program's partial store
-    (whichever thread made it) before the atomic, whose release publishes it at GPU scope;
-    the last program's acquire (then the barrier Triton places to broadcast the ticket)
-    orders its loads after every other program's release.  The interpreter runs programs
+    counter to 0; returns whether this program was that one.  The max of bits is
+    order-free, so the result is the same whichever program is last.  On a GPU: the
+    barrier orders the program's partial store (whichever thread made it) before the
+    atomic, whose release publishes it at GPU scope; the last program's acquire (then
+    the barrier Triton places to broadcast the ticket) orders its loads after every
+    other program's release.  The interpreter runs programs
     one after another, so there the last one sees all stores anyway."""
     tl.debug_barrier()
     ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
-    if ticket == programs - 1:
+    last = ticket == programs - 1
+    if last:
         for tensor in tl.static_range(TENSORS):
             amax_bits = partials_max(partial_ptr + tensor * programs, programs, PARTIALS)
             store_tensor_scales(amax_bits, amax_ptr + tensor, scale_ptr + 2 * tensor, FLAVOUR)
         tl.store(counter_ptr, 0)  # all tickets taken: the next launch starts from 0
+    return last
 
 
 @triton.jit
@@ -164,54 +167,58 @@ class Tickets(NamedTuple):
 
 def own_tickets(x: Tensor, programs: int) -> Tickets:
     """Partial maxima and a counter (zeroed) for a prepared object's launches alone: one
-    allocation and one fill, once; no launch reads them after it ends, so the next call's
-    launch (on the same stream) reuses them."""
-    work = torch.zeros(programs + 1, dtype=torch.int32, device=x.device)
-    return Tickets(work[:programs], work[programs:])
+    allocation and one fill, once (`fresh_scratch`'s); no launch reads them after it ends,
+    so the next call's launch (on the same stream) reuses them."""
+    scratch = fresh_scratch(x.device, programs)
+    return Tickets(scratch.partial, scratch.counter)
 
 
 class LaunchScratch(NamedTuple):
     """What a ticket-taking amax launch writes besides its results: its partial maxima
-    (int32, one a program), its ticket counter (int32, 0 before and after the launch) and
-    the tensor's amax (fp32, 0-d), which a caller that wants the tensor scales alone does
-    not read."""
+    (int32, one a program), its ticket counters (int32 words, one for an amax launch,
+    `kernels.single_launch`'s three for its single launch; 0 before and after the launch)
+    and the tensor's amax (fp32, 0-d), which a caller that wants the tensor scales alone
+    does not read."""
 
     partial: Tensor
     counter: Tensor
     amax: Tensor
 
 
-def fresh_scratch(device: torch.device, programs: int) -> LaunchScratch:
-    """A `LaunchScratch` for ``programs`` programs on ``device``: one allocation and one
-    fill, the counter zeroed."""
-    work = torch.zeros(programs + 2, dtype=torch.int32, device=device)
+def fresh_scratch(device: torch.device, programs: int, counters: int = 1) -> LaunchScratch:
+    """A `LaunchScratch` for ``programs`` partial maxima and ``counters`` counters on
+    ``device``: one allocation and one fill, the counters zeroed."""
+    work = torch.zeros(programs + counters + 1, dtype=torch.int32, device=device)
     amax = work[-1].view(torch.float32)
-    return LaunchScratch(work[:programs], work[programs : programs + 1], amax)
+    return LaunchScratch(work[:programs], work[programs : programs + counters], amax)
 
 
-# `stream_scratch`'s sets by (stream key, programs), and the most it keeps
-_STREAM_SCRATCH: dict[tuple[object, int], LaunchScratch] = {}
+# `stream_scratch`'s sets by (stream key, programs, counters), and the most it keeps
+_STREAM_SCRATCH: dict[tuple[object, int, int], LaunchScratch] = {}
 _MAX_STREAM_SCRATCH = 64
 
 
-def stream_scratch(device: torch.device, device_index: int, programs: int) -> LaunchScratch:
-    """The `LaunchScratch` of ``programs`` programs for the current stream of ``device``
-    (``device_index``: its CUDA index, -1 for the CPU), made once per stream and size and
-    kept by this module, not by the caller: a call then costs no allocation and no fill.
-    Its launches leave it clean (the last program resets the counter; each program writes
-    its partial maximum before it takes a ticket, and nothing reads the amax), and a
-    stream runs its launches in order, so each finds the counter at 0; launches on two
-    streams take two sets.  Under CUDA-graph capture a call gets a fresh set
-    (`fresh_scratch`), which the graph's pool keeps for its replays."""
+def stream_scratch(
+    device: torch.device, device_index: int, programs: int, counters: int = 1
+) -> LaunchScratch:
+    """The `LaunchScratch` of ``programs`` partial maxima and ``counters`` counters for the
+    current stream of ``device`` (``device_index``: its CUDA index, -1 for the CPU), made
+    once per stream and size and kept by this module, not by the caller: a call then costs
+    no allocation and no fill.  Its launches leave it clean (the last program to use each
+    counter resets it; each program writes its partial maximum before it takes a ticket,
+    and nothing reads the amax), and a stream runs its launches in order, so each finds
+    the counters at 0; launches on two streams take two sets.  Under CUDA-graph capture a
+    call gets a fresh set (`fresh_scratch`), which the graph's pool keeps for its
+    replays."""
     stream = current_stream_key(device_index)
     if stream is None:
-        return fresh_scratch(device, programs)
-    key = (stream, programs)
+        return fresh_scratch(device, programs, counters)
+    key = (stream, programs, counters)
     scratch = _STREAM_SCRATCH.get(key)
     if scratch is None:
         if len(_STREAM_SCRATCH) >= _MAX_STREAM_SCRATCH:  # many sizes: start again
             _STREAM_SCRATCH.clear()
-        scratch = _STREAM_SCRATCH[key] = fresh_scratch(device, programs)
+        scratch = _STREAM_SCRATCH[key] = fresh_scratch(device, programs, counters)
     return scratch
 
 

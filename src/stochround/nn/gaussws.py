@@ -60,7 +60,10 @@ def _sample_with_backend(
 ) -> Tensor:
     """`sample_resolved` or the Triton kernel, as ``backend`` routes it: "auto" takes the
     kernel for CUDA tensors it serves where Triton runs, "triton" takes it or raises
-    ValueError saying why not, "torch" never."""
+    ValueError saying why not, "torch" never.  Traced by torch.compile, "auto" takes
+    `sample_resolved`, whose operations Inductor fuses into one kernel of its own (the
+    kernel would be an opaque op: a Python call, a launch and a seed tensor's fill per
+    layer and step, on the host); "triton" keeps the kernel."""
     if sampler.noise == "sr":  # fake_quantize routes its own kernel
         assert sampler.block_format is not None
         return fake_quantize(
@@ -72,7 +75,8 @@ def _sample_with_backend(
             index_offset=index_offset,
             backend=backend,
         )
-    if not use_kernel(backend, "w", w.is_cuda, gaussws_kernel_refusal(sampler)):
+    fused = backend == "auto" and torch.compiler.is_compiling()
+    if fused or not use_kernel(backend, "w", w.is_cuda, gaussws_kernel_refusal(sampler)):
         return sample_resolved(w, sampler, seed, offset, index_offset)
     from ..kernels.gaussws import gaussws_blocks  # the kernel module imports Triton
 
@@ -139,8 +143,9 @@ def sample_weight(
     """`sample_weight_torch`'s sampled weight with a straight-through gradient (dL/dw :=
     dL/dw~), computed by the Triton kernel (`stochround.kernels.gaussws`) or the PyTorch
     path, bit for bit alike.  The arguments as in `sample_weight_torch`; ``backend``:
-    "auto" (the kernel for CUDA tensors with ``noise="gaussws"``, where Triton runs),
-    "torch" or "triton" (the kernel, or ValueError saying why it cannot run).  ``noise="sr"``
+    "auto" (the kernel for CUDA tensors with ``noise="gaussws"``, where Triton runs; under
+    torch.compile, Inductor's fused code), "torch" or "triton" (the kernel, or ValueError
+    saying why it cannot run).  ``noise="sr"``
     passes ``backend`` to `stochround.blocks.fake_quantize`."""
     w = check_weight(w)
     index_offset = check_stream(seed, offset, index_offset)

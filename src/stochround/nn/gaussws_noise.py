@@ -42,11 +42,10 @@ from ..formats import Format
 from ..formats import format as find_format
 from ..random import check_index_offset, check_seed, random_words_like
 from ..reference import WORD_BITS, check_choice
+from .gaussws_graph import MAX_ROUNDED, count_thresholds, gaussws_draws
 
 NOISES = ("gaussws", "diffq", "sr")
 _SAMPLED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-_MAX_ROUNDED = 3  # R's support is -3..3: |round(N/2)| >= 4 has less than one count at n = 32
 
 # the fp32 exponent field and the block scale's clamp (the spec's [-126, 127])
 _FP32_MANTISSA_BITS = 23
@@ -99,7 +98,7 @@ def _count_table(noise_bits: int) -> tuple[int, ...]:
     """`gaussian_counts` of a checked ``noise_bits``."""
     # floor(v + 1/2): p_k is irrational, so 2**n p_k is never a tie
     scale = 2**noise_bits
-    tails = [math.floor(scale * normal_probability(k) + 0.5) for k in range(1, _MAX_ROUNDED + 1)]
+    tails = [math.floor(scale * normal_probability(k) + 0.5) for k in range(1, MAX_ROUNDED + 1)]
     middle = scale - 2 * sum(tails)
     return (*tails[::-1], middle, *tails)
 
@@ -119,15 +118,7 @@ def rounded_gaussian(words: Tensor, noise_bits: int) -> Tensor:
     if words.dtype == torch.bool or words.dtype.is_floating_point or words.dtype.is_complex:
         raise TypeError(f"words must be an integer tensor, got a {words.dtype} tensor")
     thresholds = gaussian_thresholds(_check_noise_bits(noise_bits))
-    return _count_thresholds(words, thresholds)
-
-
-def _count_thresholds(words: Tensor, thresholds: tuple[int, ...]) -> Tensor:
-    """``-3 + #{j : words >= thresholds[j]}`` as int8 (no checks)."""
-    rounded = torch.full(words.shape, -_MAX_ROUNDED, dtype=torch.int8, device=words.device)
-    for threshold in thresholds:
-        rounded = rounded + (words >= threshold).to(torch.int8)
-    return rounded
+    return count_thresholds(words, thresholds)
 
 
 class Target(NamedTuple):
@@ -279,12 +270,25 @@ def make_sampler(fmt: str | Format, block: int | None, noise: str, noise_bits: i
     return Sampler(target, block, noise, bits, gaussian_thresholds(bits), block_format)
 
 
-def _gaussws_noise(blocks: Tensor, sampler: Sampler, words: Tensor) -> tuple[Tensor, Tensor]:
-    """``(R * u, kept)`` for fp32 ``blocks`` ``(..., blocks, length)`` and their words."""
+def _gaussws_noise(blocks: Tensor, sampler: Sampler, rounded: Tensor) -> tuple[Tensor, Tensor]:
+    """``(R * u, kept)`` for fp32 ``blocks`` ``(..., blocks, length)`` and their R."""
     u, kept = _spacing_of_blocks(blocks, sampler.target)
-    shifted = words >> (WORD_BITS - sampler.noise_bits)
-    rounded = _count_thresholds(shifted.reshape(blocks.shape), sampler.thresholds)
-    return rounded.to(torch.float32) * u, kept
+    return rounded.reshape(blocks.shape).to(torch.float32) * u, kept
+
+
+def _rounded_draws(
+    w32: Tensor, sampler: Sampler, seed: int | Tensor, offset: int | Tensor, index_offset: int
+) -> Tensor:
+    """R (int8, shaped like ``w32``) of each element's word (module docstring, step 4).
+    Traced by torch.compile with an int seed, a tensor offset and index offset 0 (a
+    `GaussWS` layer's draw), the one op `stochround.nn.gaussws_graph.gaussws_draws`, which
+    Inductor computes inside the sampled weight's kernel (that module's docstring); the
+    same values, bit for bit."""
+    compact = index_offset == 0 and torch.compiler.is_compiling()
+    if compact and isinstance(seed, int) and isinstance(offset, Tensor):
+        return gaussws_draws(w32, seed, offset, sampler.noise_bits, sampler.thresholds)
+    words = random_words_like(w32, seed, offset, index_offset)
+    return count_thresholds(words >> (WORD_BITS - sampler.noise_bits), sampler.thresholds)
 
 
 def _diffq_noise(blocks: Tensor, sampler: Sampler, words: Tensor) -> tuple[Tensor, Tensor]:
@@ -326,8 +330,8 @@ def sample_resolved(
     w32 = w.detach().to(torch.float32)
     blocks = _block_view(w32, length)
     if sampler.noise == "gaussws":
-        words = random_words_like(w32, seed, offset, index_offset)
-        noise, kept = _gaussws_noise(blocks, sampler, words)
+        rounded = _rounded_draws(w32, sampler, seed, offset, index_offset)
+        noise, kept = _gaussws_noise(blocks, sampler, rounded)
     else:
         # element i draws the words of indices 2i and 2i + 1 (a view shaped for them)
         pairs = w32.unsqueeze(-1).expand(*w32.shape, 2)
