@@ -6,15 +6,18 @@ Traced op by op, a layer's step became some fifteen opaque kernel ops and a doze
 inductor's small kernels, each with its host cost, and compiled steps were slower than
 eager ones.  As two ops a compiled step does what an eager step does: the forward op
 computes ``y`` (the fprop GEMM's operands and GEMM) and returns besides it the operands the
-eager forward keeps for the backward (`KEPT`): Q(W), which dgrad reads transposed where
-the recipe allows (`Plan.weight_transposes`, or per-tensor Q(W)^T), where dgrad will run,
-and x's wgrad operand, written with fprop's in one read (`stochround.nn.orientations`),
-where wgrad will run; an operand not kept is an empty placeholder (`placeholder`).  The
-layer tells the op which GEMMs the backward will run (``wgrad``, ``dgrad``: what requires
-a gradient under grad mode), so an inference forward quantizes x once, as eagerly.  The
-autograd context saves ``x``, ``W``, the step's stream offsets and the kept operands; the
-backward op takes them and quantizes ``dy`` (in both orientations at once) and only what
-the forward did not keep, then runs dgrad and wgrad: the eager step's launches, its bits.
+eager forward keeps for the backward (`KEPT`) where the layer tells it to keep them: Q(W),
+which dgrad reads transposed where the recipe allows (`Plan.weight_transposes`, or
+per-tensor Q(W)^T), and x's wgrad operand, written with fprop's in one read
+(`stochround.nn.orientations`); an operand not kept is an empty placeholder
+(`placeholder`).  The layer keeps them for the GEMMs the backward will run (``wgrad``,
+``dgrad``: what requires a gradient under grad mode; an inference forward keeps nothing and
+quantizes x once, as eagerly), and only where the step graphs will not serve the step
+(`keeps_operands`: a graph's outputs are copied out at each replay, which a kept operand
+costs more than quantizing it again).  The autograd context saves ``x``, ``W``, the step's
+stream offsets and the kept operands; the backward op takes them and quantizes ``dy`` (in
+both orientations at once) and only what the forward did not keep, then runs dgrad and
+wgrad: where both were kept, the eager step's launches; its bits either way.
 
 Each op's fake (which torch.compile calls while it traces, with fake tensors) also runs the
 op once on zeros of the same layouts (`warm_up`; sizes that are symbolic, under dynamic
@@ -233,9 +236,9 @@ def forward_step(
     dgrad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``y = Q(x) Q(W)^T + b`` by `QuantizedMatmul.forward`, and the operands it keeps for
-    the GEMMs the backward will run (`KEPT`; ``wgrad``: x's wgrad operand, written with
-    fprop's where the pair serves x; ``dgrad``: Q(W) where dgrad reuses it), a
-    `placeholder` for each other."""
+    the backward (`KEPT`; ``wgrad``: x's wgrad operand, written with fprop's where the pair
+    serves x; ``dgrad``: Q(W) where dgrad reuses it; the layer sets each where its GEMM
+    will run and `keeps_operands` says so), a `placeholder` for each other."""
     plan = registered_plan(plan_index, rank)
     # x's pair, where wgrad runs, is the step plan's; dy's is the backward op's
     gemms = ("fprop", "wgrad") if wgrad else ("fprop",)
@@ -416,7 +419,8 @@ quantized_linear.register_autograd(_autograd_backward, setup_context=_setup_cont
 class GraphedMatmul(torch.autograd.Function):
     """The eager step by the ops' two functions, each replayed from its CUDA graph
     (`stochround.nn.step_graphs`), without the ops' dispatch: what `QuantizedLinear` runs
-    eagerly on CUDA where `graphed_step` says so."""
+    eagerly on CUDA where `graphed_step` says so, keeping nothing for the backward
+    (``wgrad`` and ``dgrad`` False: `keeps_operands`)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -443,8 +447,26 @@ class GraphedMatmul(torch.autograd.Function):
 def graphed_step(x: Tensor, weight: Tensor, plan: Plan) -> bool:
     """Whether an eager step of ``x`` and ``weight`` under ``plan`` runs as `GraphedMatmul`:
     where the step graphs serve its forward (`step_graphs.StepGraphs.serves`; a plan of
-    FP8 tensor-core GEMMs is host-bound at any size)."""
+    FP8 tensor-core GEMMs is host-bound at any size).  It keeps nothing for its backward
+    (`keeps_operands`)."""
     return STEP_GRAPHS.serves((x, weight), *graph_terms(x, weight, plan))
+
+
+def keeps_operands(x: Tensor, weight: Tensor, plan: Plan) -> bool:
+    """Whether a compiled step of ``x`` and ``weight`` under ``plan`` keeps the operands its
+    backward reuses (the forward op's ``wgrad`` and ``dgrad``): where the step graphs will
+    not serve it (`step_graphs.StepGraphs.serves_layouts`: off, CPU tensors, above the work
+    bound unless host-bound).  A graph's outputs lie in the graphs' shared pool and each
+    replay copies them out (`step_graphs.fresh_copies`): a kept operand is one output more
+    to copy and graph memory more to hold, which costs more than the backward's graph
+    quantizing x and W again; run as they are, the functions keep them, and the backward
+    quantizes dy alone.  The layer asks once per call while torch.compile traces it, so the
+    forward's fake declares what the op returns (the switch `use_step_graphs`, and symbolic
+    tokens, guarded).  The stream is read at run time alone: a step captured whole
+    (``mode="reduce-overhead"``, a user's CUDA graph) keeps nothing and its backward
+    quantizes again, and a step kept at trace time and graphed at run time copies its kept
+    operands out; eager's bits either way."""
+    return not STEP_GRAPHS.serves_layouts((x, weight), *graph_terms(x, weight, plan))
 
 
 __all__ = [
@@ -453,6 +475,7 @@ __all__ = [
     "backward_step",
     "forward_step",
     "graphed_step",
+    "keeps_operands",
     "kept_factor",
     "kept_layouts",
     "op_step_plan",
