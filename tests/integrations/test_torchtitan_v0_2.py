@@ -360,9 +360,11 @@ def split_batch_run(
     local: int,
     data: Path,
     seed: Path,
+    device: str = "cpu",
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """``titan_split_batch_run.py`` on ``ranks`` gloo processes with a global batch of 2,
-    ``local`` samples a micro-batch: its losses and its last model checkpoint."""
+    """``titan_split_batch_run.py`` on ``ranks`` processes (gloo on the CPU, NCCL on
+    ``device`` cuda: one GPU a rank) with a global batch of 2, ``local`` samples a
+    micro-batch: its losses and its last model checkpoint."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     script = Path(__file__).with_name("titan_split_batch_run.py")
@@ -370,7 +372,7 @@ def split_batch_run(
     if ranks > 1:
         launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
     args = [str(script), str(folder), recipe, json.dumps(switches), str(steps), str(local)]
-    args += ["2", NO_CLIPPING, str(data), str(seed)]
+    args += ["2", NO_CLIPPING, str(data), str(seed), device]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     env["PYTHONPATH"] = f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     # one CPU thread a process in both runs (torch.distributed.run sets it for its ranks):
@@ -436,3 +438,23 @@ def test_fsdp2_on_a_split_batch_against_one_process(
         torch.testing.assert_close(losses, whole_losses, rtol=1e-6, atol=0)
     else:
         assert losses[0] != whole_losses[0]
+
+
+@pytest.mark.gpus2
+@pytest.mark.parametrize(
+    ("recipe", "switches"), [("bf16", {}), ("nvfp4", NEAREST_NVFP4)], ids=["bf16", "nvfp4-nearest"]
+)
+def test_fsdp2_on_two_gpus_against_one_gpu(tmp_path, split_batch_inputs, recipe, switches) -> None:
+    """The split-batch comparison of `test_fsdp2_on_a_split_batch_against_one_process` on
+    GPUs: FSDP2 over two GPUs (NCCL), one sample each, against one GPU accumulating the two
+    samples' gradients, the float32 model, torch's deterministic algorithms: the same losses
+    and weights, bit for bit (a sum of two ranks' gradients is the same in either order)."""
+    data, seed = split_batch_inputs
+    args = (recipe, switches, 2)
+    losses, model = split_batch_run(tmp_path / "fsdp2", *args, 2, 1, data, seed, "cuda")
+    one_losses, one_model = split_batch_run(
+        tmp_path / "accumulated", *args, 1, 1, data, seed, "cuda"
+    )
+    different = [key for key in model if not torch.equal(model[key], one_model[key])]
+    assert losses == one_losses
+    assert different == []

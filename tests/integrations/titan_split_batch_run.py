@@ -1,4 +1,5 @@
-"""A torchtitan 0.2.2 run of the tiny model on the CPU with a global batch of GLOBAL
+"""A torchtitan 0.2.2 run of the tiny model on DEVICE (the CPU where not given; cuda: one
+GPU a process, the float32 model as on the CPU) with a global batch of GLOBAL
 samples, LOCAL a rank a micro-batch (one process: LOCAL < GLOBAL accumulates gradients;
 under ``torchrun``: FSDP2 over the ranks), under RECIPE with SWITCHES (a JSON object),
 gradients clipped at MAX_NORM, reading the files of DATA, starting from the model of the
@@ -7,7 +8,8 @@ checkpoint instead (the model as one process initialises it: torchtitan's seed
 checkpoint, which makes a sharded run start from the same weights).  The test of
 `test_torchtitan_v0_2.py` runs it:
 
-    python titan_split_batch_run.py DUMP RECIPE SWITCHES STEPS LOCAL GLOBAL MAX_NORM DATA SEED
+    python titan_split_batch_run.py DUMP RECIPE SWITCHES STEPS LOCAL GLOBAL MAX_NORM DATA SEED \\
+        [DEVICE]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from stochround.integrations.torchtitan.launch import single_process_env
 
 def main(
     dump: str, recipe: str, switches: str, steps: str, local: str, global_: str,
-    max_norm: str, data: str, seed: str,
+    max_norm: str, data: str, seed: str, device: str = "cpu",
 ) -> None:  # fmt: skip
     config = titan_config(
         recipe, switches=json.loads(switches), flavor="tiny", steps=max(1, int(steps)),
@@ -47,7 +49,13 @@ def main(
         return
     checkpoint.initial_load_path = seed
     checkpoint.initial_load_model_only = True
-    run_training(config, "cpu", {})
+    # both runs compare bits: the float32 model on a GPU too (FSDP2's default casts the
+    # parameters to bf16 for its compute, which one process without FSDP2 does not)
+    config.training.mixed_precision_param = "float32"
+    if device == "cuda":  # attention's backward and scatter-adds: their deterministic forms
+        config.debug.deterministic = True
+        config.debug.deterministic_warn_only = True
+    run_training(config, device, {})
 
 
 if __name__ == "__main__":
