@@ -14,14 +14,28 @@ steps for every case:
 
 With ``--gpus N`` above 1 each run is ``torchrun --nproc_per_node N -m stochround titan``:
 FSDP2 over the N GPUs, each GPU taking ``--batch`` samples a step (the global batch is N
-times the one-GPU batch).  Written under ``--out``: ``<case>-<N>gpu/rows.jsonl`` (torchtitan's
-dump folder: one row per step, loss and tokens/s per device), ``summary-<N>gpu.json`` (per
+times the one-GPU batch); with ``--replicate`` each GPU holds the whole model instead
+(torchtitan's ``data_parallel_replicate_degree`` = N: DDP under 0.2.2, FSDP2 with one
+shard under 0.3.0), which tells FSDP2's sharding apart from data parallelism.  Written
+under ``--out``: ``<case>-<N>gpu[-replicate]/rows.jsonl`` (torchtitan's dump folder: one
+row per step, loss and tokens/s per device), ``summary-<N>gpu[-replicate].json`` (per
 case: the last loss, the mean loss of the last tenth of the steps, the median tokens/s per
-device after the first tenth, and its ratio to bf16's) and ``loss-<N>gpu.png`` (the loss
-curves in one plot).
+device after the first tenth, and its ratio to bf16's) and ``loss-<N>gpu[-replicate].png``
+(the loss curves in one plot).
+
+``--profile-steps K`` has torchtitan's profiler record each run's last K steps (left out of
+the tokens/s median: the profiler slows them) and prints, per case and rank, where a step's
+time goes (`titan_profile`): the step's wall time, the GPU's busy time, its compute
+kernels, NCCL's kernels per collective and the part of them no other GPU work hides, the
+GPU's idle time (wall less busy), the kernels launched, the CPU's top self times (ops, CUDA
+runtime calls, FSDP2's hooks, the optimizer's foreach ops) and the top annotations; also
+written to ``profile-<N>gpu[-replicate].json``, the traces kept in each case's
+``profile_traces/`` (open them in Perfetto).
 
     python benchmarks/bench_titan.py --gpus 1 --out "$OUT"          # one GPU, 200 steps
     python benchmarks/bench_titan.py --gpus 2 --out "$OUT"          # two GPUs, FSDP2
+    python benchmarks/bench_titan.py --gpus 2 --flavor 100M --compile --steps 16 \\
+        --profile-steps 3 --cases bf16 nvfp4 --out "$OUT"             # where the time goes
     python benchmarks/bench_titan.py --device cpu --flavor tiny --steps 2 --seq-len 32 \\
         --batch 1 --cases bf16 nvfp4 --out /tmp/titan                 # smoke test
 """
@@ -34,6 +48,9 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from titan_profile import load_trace, profile_record, rank_profile, report
 
 # case -> (recipe, optimizer, the layers' CUDA step graphs on)
 CASES: dict[str, tuple[str, str, bool]] = {
@@ -77,20 +94,34 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         str(folder),
         *(["--compile"] if args.compile else []),
         *([] if step_graphs else ["--no-step-graphs"]),
+        *(["--profile-steps", str(args.profile_steps)] if args.profile_steps else []),
+        *(["--replicate"] if args.replicate else []),
     ]
 
 
-def summary(rows: list[dict[str, float]]) -> dict[str, float]:
+def summary(rows: list[dict[str, float]], profiled: int = 0) -> dict[str, float]:
     """The last loss, the mean loss of the last tenth, the median tokens/s after the first
-    tenth (the first steps include start-up)."""
+    tenth (the first steps include start-up) and before the last ``profiled`` steps."""
     tenth = max(1, len(rows) // 10)
-    later = rows[tenth:] or rows
+    later = rows[tenth : len(rows) - profiled] or rows
     return {
         "steps": len(rows),
         "last_loss": rows[-1]["loss"],
         "tail_loss": statistics.fmean(r["loss"] for r in rows[-tenth:]),
         "tps": statistics.median(r["tps"] for r in later),
     }
+
+
+def profiles(folder: Path) -> list[dict[str, Any]]:
+    """Each rank's summary of a run's traces (`titan_profile`), printed and returned."""
+    from stochround.integrations.torchtitan.profiling import trace_files
+
+    found = []
+    for path in trace_files(folder):
+        profile = rank_profile(load_trace(path))
+        print(report(profile), flush=True)
+        found.append(profile_record(profile))
+    return found
 
 
 def plot(curves: dict[str, list[dict[str, float]]], path: Path, title: str) -> None:
@@ -125,15 +156,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--compile", action="store_true", help="torch.compile (torchtitan compiles each block)"
     )
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="steps torchtitan's profiler records at each run's end, summarized (0: off)",
+    )
+    parser.add_argument(
+        "--replicate",
+        action="store_true",
+        help="data parallelism by whole-model replicas (DDP), not FSDP2's shards",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.device == "cpu" and args.gpus != 1:
         parser.error("--device cpu runs one process: --gpus 1")
+    if args.replicate and args.gpus == 1:
+        parser.error("--replicate spreads replicas over GPUs: --gpus above 1")
     args.out.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[dict[str, float]]] = {}
     results: dict[str, dict[str, float]] = {}
+    traced: dict[str, list[dict[str, Any]]] = {}
+    run = f"{args.gpus}gpu" + ("-replicate" if args.replicate else "")
     for case in args.cases:
-        folder = args.out / f"{case}-{args.gpus}gpu"
+        folder = args.out / f"{case}-{run}"
         line = command(case, args, folder)
         print(" ".join(line), flush=True)
         done = subprocess.run(line, check=False)
@@ -142,15 +188,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows = [json.loads(x) for x in (folder / "rows.jsonl").read_text().splitlines()]
         curves[case] = rows
-        results[case] = summary(rows)
+        results[case] = summary(rows, args.profile_steps)
+        if args.profile_steps:
+            print(f"{case}, {run}: where a step's time goes", flush=True)
+            traced[case] = profiles(folder)
     base = results.get("bf16", {}).get("tps")
     for values in results.values():
         if base and "tps" in values:
             values["tps_over_bf16"] = values["tps"] / base
-    (args.out / f"summary-{args.gpus}gpu.json").write_text(json.dumps(results, indent=2))
+    (args.out / f"summary-{run}.json").write_text(json.dumps(results, indent=2))
+    if traced:
+        (args.out / f"profile-{run}.json").write_text(json.dumps(traced, indent=2))
     if curves:
-        title = f"Llama 3 {args.flavor} on the stdlib, {args.gpus} GPU(s), {args.steps} steps"
-        plot(curves, args.out / f"loss-{args.gpus}gpu.png", title)
+        title = f"Llama 3 {args.flavor} on the stdlib, {run}, {args.steps} steps"
+        plot(curves, args.out / f"loss-{run}.png", title)
     for case, values in results.items():
         print(case, json.dumps(values))
     return 0 if all("tps" in v for v in results.values()) else 1

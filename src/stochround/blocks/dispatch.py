@@ -13,7 +13,7 @@ from torch import Tensor
 from .. import random as streams
 from ..block_constants import POWER_OF_TWO_RULES
 from ..kernels.availability import use_kernel
-from ..rounding import check_input
+from ..rounding import check_input_state
 from .formats import OCP_INT8
 from .quantize_plan import PreparedQuantize, plan_key, prepared_quantize
 from .reference import quantize_torch
@@ -83,30 +83,40 @@ def _routed(x: Tensor, request: BlockRequest, args: BlockArguments, swizzle: boo
     return use_kernel(args.backend, "x", x.is_cuda, refusal)
 
 
-def quantize_local(x: object, args: BlockArguments, swizzle: bool) -> BlockTensor:
-    """`quantize` of a local tensor: checked, then computed by the kernel or the PyTorch
-    path (``args.backend``).  The sharded path calls it for each rank's shard.  The
-    checks and routing of a call's choices, x's shape, dtype and device are made once
-    (`_quantize_plan`, kept under `plan_key`): a later call with the same ones checks x
-    itself and the stream alone, which the plan's checks do not cover."""
-    key = plan_key(x, args, swizzle)
+def quantize_local(
+    x: object,
+    choices: tuple,
+    swizzle: bool,
+    seed: int | Tensor | None,
+    offset: int | Tensor | None,
+    stream: streams.Stream | None,
+) -> BlockTensor:
+    """`quantize` of a local tensor (``choices``: `BlockArguments.choices`; the stream's
+    arguments apart): checked, then computed by the kernel or the PyTorch path (the
+    backend).  The sharded path calls it for each rank's shard.  The checks and routing of
+    a call's choices, x's shape, dtype and device are made once (`_quantize_plan`, kept
+    under `plan_key`): a later call with the same ones checks what of x the key does not
+    hold and the stream, and where its plan holds a prepared launch, runs it without a
+    record of its arguments."""
+    key = plan_key(x, choices, swizzle)
     try:
         plan = None if key is None else _PLANS.get(key)
     except TypeError:  # an unhashable argument: the checks name it
         key = plan = None
     if plan is None:
-        plan = _quantize_plan(x, args, swizzle)
+        plan = _quantize_plan(x, BlockArguments.of(choices, seed, offset, stream), swizzle)
         if key is not None:
             if len(_PLANS) >= _MAX_PLANS:  # many shapes: start again rather than grow
                 _PLANS.clear()
             _PLANS[key] = plan
-    else:
-        x = check_input(x)  # what of x the key does not hold (layout, meta, transforms)
+    else:  # a plain dense tensor whose type, dtype and device the plan's checks passed
+        check_input_state(typing.cast(Tensor, x))  # what of x the key does not hold
     x = typing.cast(Tensor, x)
     request = plan.request
-    seed, offset = random_source(request.mode, args)
+    seed, offset = random_source(request.mode, seed, offset, stream)
     if plan.prepared is not None:
         return plan.prepared(x, seed, offset)
+    args = BlockArguments.of(choices, seed, offset, None)  # the stream as drawn
     if plan.routed:
         call = _kernel_call(x, request, args, seed, offset)
         return _quantize_kernel(x, request, call, plan.launch)
@@ -161,7 +171,7 @@ class _FakeQuantize(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, clip_mask: bool, args: BlockArguments) -> Tensor:
         x_checked, request = check_call(x, args)
         check_extras(x_checked, request, args)
-        seed, offset = random_source(request.mode, args)
+        seed, offset = random_source(request.mode, args.seed, args.offset, args.stream)
         ctx.clip_mask = clip_mask
         if not clip_mask and _routed(x_checked, request, args, False):
             call = _kernel_call(x_checked, request, args, seed, offset)
@@ -207,7 +217,7 @@ def kernel_gemm_operand(x: Tensor, args: BlockArguments) -> GemmOperand | None:
     if not _routed(x_checked, request, args, False):
         return None
     check_extras(x_checked, request, args)
-    seed, offset = random_source(request.mode, args)
+    seed, offset = random_source(request.mode, args.seed, args.offset, args.stream)
     call = _kernel_call(x_checked, request, args, seed, offset)
     output = "gemm_bf16" if request.fmt.gemm_dtype == torch.bfloat16 else "gemm_fp32"
     values = _launch(x_checked, request, call, output)
@@ -223,7 +233,7 @@ def _row_operand(x: Tensor, request: BlockRequest, args: BlockArguments) -> Gemm
     if not use_kernel(args.backend, "x", x.is_cuda, refusal):
         return None
     check_extras(x, request, args)
-    seed, offset = random_source(request.mode, args)
+    seed, offset = random_source(request.mode, args.seed, args.offset, args.stream)
     return row_kernel_operand(
         x, request.fmt, request.mode, request.n, request.variant, "element", seed, offset,
         request.index_offset,

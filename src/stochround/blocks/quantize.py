@@ -106,13 +106,15 @@ def quantize(
 
     Returns a `BlockTensor`.
     """
-    args = BlockArguments(
+    # `BlockArguments.choices`: its fields in their order, the stream's apart (a call that
+    # finds its plan makes no record of its arguments)
+    choices = (
         fmt, mode, axis, block, scale_rule, tensor_scale, nvfp4_flavour, rht, rht_signs,
-        rht_bf16, rbits, variant, seed, offset, stream, hardware, index_offset, backend,
+        rht_bf16, rbits, variant, hardware, index_offset, backend,
     )  # fmt: skip
     if is_dtensor(x):
-        return quantize_shards(x, args, swizzle)
-    return quantize_local(x, args, swizzle)
+        return quantize_shards(x, BlockArguments.of(choices, seed, offset, stream), swizzle)
+    return quantize_local(x, choices, swizzle, seed, offset, stream)
 
 
 def fake_quantize(

@@ -20,30 +20,36 @@ from .tensor import BlockTensor
 
 __all__ = ["PreparedQuantize", "plan_key", "prepared_quantize"]
 
-# where a call's stream lies among `BlockArguments`' fields (seed, offset, stream: one run)
-_STREAM_FIELDS = slice(
-    BlockArguments._fields.index("seed"), BlockArguments._fields.index("stream") + 1
-)
 
-
-def plan_key(x: object, args: BlockArguments, swizzle: bool) -> tuple | None:
-    """What a call's checks and routing depend on beside the stream: its choices with their
-    types (``axis=True`` is refused where ``axis=1`` is not, yet they are equal), x's
-    shape, dtype, device and contiguity and where it is routed; None where a call's checks
-    read its values (a given tensor scale or signs), under torch.compile, or for an x that
-    is not a plain local tensor: those calls are checked in full each time.  (A key of
-    unhashable choices fails its look-up: the caller checks those in full.)"""
-    if type(x) is not Tensor or args.rht_signs is not None or torch.compiler.is_compiling():
+def plan_key(x: object, choices: tuple, swizzle: bool) -> tuple | None:
+    """What a call's checks and routing depend on beside the stream (``choices``:
+    `BlockArguments.choices`), as one flat tuple: its choices, the types of those that a
+    check reads by type or that the plan keeps (``axis=True`` is refused where ``axis=1``
+    is not, yet they are equal and hash alike; the mode, variant, flavour and backend,
+    checked by ``in``, need none), a 2-D tile's entries' types, x's shape, dtype, device and
+    contiguity and where it is routed.  None where a call's checks read its values (a
+    given tensor scale or signs), under torch.compile, or for an x that is not a plain
+    dense local tensor: those calls are checked in full each time.  (A key of unhashable
+    choices fails its look-up: the caller checks those in full.)"""
+    if type(x) is not Tensor or x.layout is not torch.strided:
         return None
-    tensor_scale = args.tensor_scale
+    # unpacked at once (cheaper than an attribute each)
+    (
+        fmt, mode, axis, block, scale_rule, tensor_scale, flavour, rht, rht_signs, rht_bf16,
+        rbits, variant, hardware, index_offset, backend,
+    ) = choices  # fmt: skip
+    if rht_signs is not None or torch.compiler.is_compiling():
+        return None
     if tensor_scale is not None and tensor_scale is not False:
         return None
-    # every field but the stream's (seed, offset, stream: `_STREAM_FIELDS`)
-    choices = args[: _STREAM_FIELDS.start] + args[_STREAM_FIELDS.stop :] + (swizzle,)
-    block = args.block
     inner = tuple(map(type, block)) if type(block) is tuple else None
-    where = (x.shape, x.dtype, x.device, x.is_contiguous(), on_kernel_device(x))
-    return choices, tuple(map(type, choices)), inner, where
+    return (
+        fmt, mode, axis, block, scale_rule, tensor_scale, flavour, rht, rht_bf16, rbits,
+        variant, hardware, index_offset, backend, swizzle,
+        type(fmt), type(axis), type(block), inner, type(scale_rule), type(rht),
+        type(rht_bf16), type(rbits), type(hardware), type(index_offset), type(swizzle),
+        x.shape, x.dtype, x.device, x.is_contiguous(), on_kernel_device(x),
+    )  # fmt: skip
 
 
 class PreparedQuantize:

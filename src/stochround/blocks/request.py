@@ -83,6 +83,28 @@ class BlockArguments(NamedTuple):
     index_offset: int
     backend: str
 
+    @classmethod
+    def of(
+        cls,
+        choices: tuple,
+        seed: int | Tensor | None,
+        offset: int | Tensor | None,
+        stream: streams.Stream | None,
+    ) -> BlockArguments:
+        """The arguments of a call's ``choices`` (`choices`: every field but the stream's,
+        in the fields' order) and its stream."""
+        return cls._make((*choices[:_STREAM_START], seed, offset, stream, *choices[_STREAM_START:]))
+
+    def choices(self) -> tuple:
+        """Every field but the stream's (seed, offset, stream), in the fields' order: what a
+        call's plan depends on (`stochround.blocks.quantize_plan.plan_key`)."""
+        return self[:_STREAM_START] + self[_STREAM_START + 3 :]
+
+
+# where the stream's fields (seed, offset, stream: one run) begin among `BlockArguments`'
+_STREAM_START = BlockArguments._fields.index("seed")
+assert BlockArguments._fields[_STREAM_START : _STREAM_START + 3] == ("seed", "offset", "stream")
+
 
 class BlockRequest(NamedTuple):
     """A quantize call's checked choices (what the PyTorch path and the kernel take)."""
@@ -222,11 +244,16 @@ def check_extras(x: Tensor, request: BlockRequest, args: BlockArguments) -> None
         raise ValueError(f"rht={rht} must divide the length {length} of axis {request.axis}")
 
 
-def random_source(mode: str, args: BlockArguments) -> tuple[int | Tensor, int | Tensor]:
-    """The (seed, offset) of a call in the checked ``mode``: for SR given, drawn from
-    torch's default generator (seed None, as the core draws it), or taken from
-    ``stream`` (advanced by one); (0, 0) otherwise."""
-    seed, offset, stream = args.seed, args.offset, args.stream
+def random_source(
+    mode: str,
+    seed: int | Tensor | None,
+    offset: int | Tensor | None,
+    stream: streams.Stream | None,
+) -> tuple[int | Tensor, int | Tensor]:
+    """The (seed, offset) of a call in the checked ``mode`` (from its arguments ``seed``,
+    ``offset`` and ``stream``, each checked): for SR given, drawn from torch's default
+    generator (seed None, as the core draws it), or taken from ``stream`` (advanced by
+    one); (0, 0) otherwise."""
     if stream is not None:
         if not isinstance(stream, streams.Stream):
             raise TypeError(f"stream must be a stochround.Stream, got {type(stream).__name__}")

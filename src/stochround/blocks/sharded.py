@@ -200,7 +200,8 @@ def quantize_shards(x: DTensor, args: BlockArguments, swizzle: bool) -> BlockTen
     (``full_tensor()``) to the unsharded call's; the tensor scale a plain 0-d tensor, the
     same on every rank."""
     local, layout, local_args = _sharded_call(x, args, swizzle)
-    q = quantize_local(local, local_args, swizzle)
+    stream = local_args.seed, local_args.offset, local_args.stream
+    q = quantize_local(local, local_args.choices(), swizzle, *stream)
     return dataclasses.replace(
         q,
         codes=_as_shards(q.codes, x, layout.codes_shape, layout.codes_first),

@@ -5,14 +5,19 @@ One command, offline: ``stochround titan --recipe nvfp4 --steps 200``, with torc
 0.3.0 or 0.2.2 (whichever is installed).  On CUDA it runs torchtitan's trainer (under
 ``torchrun --nproc_per_node N -m stochround titan ...``, one process per GPU with FSDP2);
 on the CPU, the same trainer with gloo (slow: choose a small ``--flavor`` and
-``--seq-len``).  Each step's
-loss and tokens/s go to ``OUT/rows.jsonl``; the last loss is printed.  Bad options, and a
-missing torchtitan, are bad-input exits (``error: ...``, status 2).
+``--seq-len``).  ``--replicate`` makes the data parallelism replicas instead of FSDP2's
+shards (torchtitan's ``data_parallel_replicate_degree`` = the world size).  Each step's
+loss and tokens/s go to ``OUT/rows.jsonl``; the last loss is printed.  ``--profile-steps
+N`` has torchtitan's profiler record the last N steps: each rank's Chrome trace goes to
+``OUT/profile_traces/iteration_STEPS/`` (`stochround.integrations.torchtitan.profiling`;
+``benchmarks/bench_titan.py`` summarizes them).  Bad options, and a missing torchtitan,
+are bad-input exits (``error: ...``, status 2).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +31,8 @@ TITAN_EPILOG = (
     "Examples: stochround titan --recipe nvfp4 --steps 200 ; "
     "stochround titan --recipe int8 --flavor tiny --device cpu --steps 20 --seq-len 64 ; "
     "torchrun --nproc_per_node 2 -m stochround titan --recipe nvfp4 --optimizer SRAdamW ; "
-    "stochround titan --recipe nvfp4 --compile --no-step-graphs"
+    "stochround titan --recipe nvfp4 --compile --no-step-graphs ; "
+    "stochround titan --recipe bf16 --steps 20 --profile-steps 3"
 )
 
 
@@ -69,9 +75,24 @@ def titan_command(
             "there, unless STOCHROUND_STEP_GRAPHS=0).",
         ),
     ] = None,
-    out: Annotated[Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints).")] = Path(
-        "titan-run"
-    ),
+    profile_steps: Annotated[
+        int,
+        typer.Option(
+            help="Steps torchtitan's profiler records at the end of the run (0: off); "
+            "traces in OUT/profile_traces."
+        ),
+    ] = 0,
+    replicate: Annotated[
+        bool,
+        typer.Option(
+            "--replicate",
+            help="Data parallelism by whole-model replicas over the ranks (torchtitan's "
+            "data_parallel_replicate_degree), not FSDP2's shards.",
+        ),
+    ] = False,
+    out: Annotated[
+        Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints, traces).")
+    ] = Path("titan-run"),
 ) -> None:
     """Train Llama 3 on the standard library's source with a stochround recipe."""
     try:
@@ -99,6 +120,8 @@ def titan_command(
             lr=lr,
             compile_model=compile_model,
             activation_checkpoint=activation_checkpoint,
+            profile_steps=profile_steps,
+            data_parallel_replicate_degree=world_size() if replicate else 1,
             dump_folder=str(out),
             **kept,
         )
@@ -115,6 +138,11 @@ def titan_command(
         print(f"step {last['step']}: loss {last['loss']:.4f} ({rows})")
 
 
+def world_size() -> int:
+    """The processes of the run: ``torchrun``'s ``WORLD_SIZE``, 1 without it."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def parse_switches(items: list[str]) -> dict[str, object]:
     """``NAME=JSON`` items as a dict (ValueError naming the malformed one)."""
     switches: dict[str, object] = {}
@@ -129,4 +157,4 @@ def parse_switches(items: list[str]) -> dict[str, object]:
     return switches
 
 
-__all__ = ["TITAN_EPILOG", "parse_switches", "titan_command"]
+__all__ = ["TITAN_EPILOG", "parse_switches", "titan_command", "world_size"]

@@ -12,7 +12,13 @@ hardware presets (``hardware=``) round on the PyTorch path.  Calls under `torch.
 for autograd or on DTensors go through the custom op, whose body routes them the same way.
 """
 
-from .checks import NAN_POLICIES, check_input, check_rand_values, check_request
+from .checks import (
+    NAN_POLICIES,
+    check_input,
+    check_input_state,
+    check_rand_values,
+    check_request,
+)
 from .entry import (
     CAST_DTYPES,
     cast,
@@ -29,6 +35,7 @@ __all__ = [
     "NAN_POLICIES",
     "cast",
     "check_input",
+    "check_input_state",
     "check_rand_values",
     "check_request",
     "decode",

@@ -35,12 +35,29 @@ def check_input(x: object) -> Tensor:
     return x
 
 
+def check_input_state(x: Tensor) -> None:
+    """The part of `check_input` that x's type, dtype, layout and device do not decide: x
+    not one of `torch.func`'s transformed tensors (their type is `Tensor`), no
+    `torch.jit.trace` running (TypeError as `check_input` raises it).  For a caller that
+    has seen `check_input` pass for a tensor of x's type, dtype, layout and device (a
+    plan's key holds them) and is not under torch.compile."""
+    unsupported = _unsupported_state(x)
+    if unsupported is not None:
+        raise TypeError(f"stochround does not support {unsupported}")
+
+
 def _unsupported_input(x: Tensor) -> str | None:
     """What makes x an input the rounding functions do not support, or None."""
     if x.layout != torch.strided:
         return f"{x.layout} tensors: x must be dense (strided); pass x.to_dense()"
     if x.is_meta:
         return "meta tensors: x has no data to round"
+    return _unsupported_state(x)
+
+
+def _unsupported_state(x: Tensor) -> str | None:
+    """What of a dense x with data the rounding functions do not support: a transformed
+    tensor, a trace."""
     if torch._C._functorch.is_functorch_wrapped_tensor(x):
         return (
             "torch.func transforms (vmap, grad, jvp, functionalize): round outside the "
@@ -181,6 +198,7 @@ __all__ = [
     "check_call_values",
     "check_choices",
     "check_input",
+    "check_input_state",
     "check_rand_values",
     "check_request",
     "check_sr_only",

@@ -10,7 +10,9 @@ converted by `StochroundConverter`.  `titan_config` builds any combination: a mo
 (`FLAVORS`), a recipe with its switches, rules and seed, an optimizer, and torchtitan's
 full or selective activation checkpointing (`ACTIVATION_CHECKPOINTS`): a checkpointed
 block's recomputation reads the step its forward read, eager or compiled, so the run is
-the un-checkpointed one bit for bit (`stochround.nn.recompute`, docs/guide/recipes.md).
+the un-checkpointed one bit for bit (`stochround.nn.recompute`, docs/guide/recipes.md);
+torchtitan's profiler over the run's last steps (`stochround.integrations.torchtitan.profiling`);
+data parallelism by FSDP2's sharding over every rank (torchtitan's default) or by replicas.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.llama3 import llama3_configs, model_registry
 from torchtitan.models.llama3.model import Llama3Model
 from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.tools.profiler import Profiler
 from torchtitan.trainer import Trainer
 
 from .checkpointing import check_activation_checkpoint
@@ -47,6 +50,7 @@ from .converter import StochroundConverter
 from .data import ByteTokenizer, StdlibDataLoader
 from .flavors import FLAVORS, SIZES, check_flavor
 from .optimizers import SROptimizersContainer, sr_optimizer
+from .profiling import TRACES_FOLDER, profile_schedule
 from .sr_optimizers import OPTIMIZERS, check_optimizer
 from .stages import recording_pipeline
 
@@ -130,6 +134,8 @@ def titan_config(
     lr: float = 8e-4,
     compile_model: bool = False,
     activation_checkpoint: str = "none",
+    profile_steps: int = 0,
+    data_parallel_replicate_degree: int = 1,
     dump_folder: str = "titan-run",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
@@ -139,10 +145,14 @@ def titan_config(
     (``debug.seed``), so two runs of a config give the same model and data, and the SR
     optimizer (its groups' ``seed``: `stochround.integrations.torchtitan.sr_optimizers`
     says why the layers' seed is safe there), so they draw the same optimizer words;
-    ``activation_checkpoint`` one of `ACTIVATION_CHECKPOINTS`; the rows and checkpoints go
-    to ``dump_folder``."""
+    ``activation_checkpoint`` one of `ACTIVATION_CHECKPOINTS`; ``profile_steps`` the last
+    steps torchtitan's profiler records (0: off; `profiler_config`);
+    ``data_parallel_replicate_degree`` torchtitan's (1: FSDP2 shards over every rank; the
+    world size: each rank holds the whole model, HSDP with one shard); the rows,
+    checkpoints and traces go to ``dump_folder``."""
     check_optimizer(optimizer)
     checkpointing = activation_checkpoint_config(activation_checkpoint)
+    profiler = profiler_config(steps, profile_steps)
     converter = None
     if recipe != "bf16":
         converter = StochroundConverter.Config(
@@ -168,7 +178,10 @@ def titan_config(
         ),
         training=TrainingConfig(local_batch_size=local_batch_size, seq_len=seq_len, steps=steps),
         metrics=MetricsProcessor.Config(log_freq=1),
-        parallelism=ParallelismConfig(),
+        parallelism=ParallelismConfig(
+            data_parallel_replicate_degree=data_parallel_replicate_degree
+        ),
+        profiler=profiler,
         activation_checkpoint=checkpointing,  # type: ignore[arg-type]
         validator=Validator.Config(enable=False),
     )
@@ -178,6 +191,21 @@ def titan_config(
     # every case alike: torchtitan's CUDA-graph capture of the step is off
     config.training.disable_cuda_graphs = True
     return config
+
+
+def profiler_config(steps: int, profile_steps: int) -> Profiler.Config:
+    """torchtitan's profiler recording the last ``profile_steps`` of ``steps``
+    (`profile_schedule`; 0: its default, off), its traces in `TRACES_FOLDER`."""
+    schedule = profile_schedule(steps, profile_steps)
+    if schedule is None:
+        return Profiler.Config()
+    return Profiler.Config(
+        enable_profiling=True,
+        save_traces_folder=TRACES_FOLDER,
+        profile_freq=schedule.freq,
+        profiler_warmup=schedule.warmup,
+        profiler_active=schedule.active,
+    )
 
 
 def adamw(lr: float) -> SROptimizersContainer.Config:
@@ -232,6 +260,7 @@ __all__ = [
     "adamw",
     "llama3_model",
     "model_spec",
+    "profiler_config",
     "stochround_100m_nvfp4",
     "stochround_debugmodel",
     "stochround_debugmodel_fp8",

@@ -4,7 +4,9 @@
 command line trains (``python -m torchtitan.train --job.config_file TOML``); `titan_config`
 reads it through torchtitan's ``ConfigManager`` with command-line overrides, so the two
 agree: a model size (`FLAVORS`), a recipe with its switches, rules, keep and seed, an
-optimizer (`OPTIMIZERS`), steps, sequence length, batch, learning rate.
+optimizer (`OPTIMIZERS`), steps, sequence length, batch, learning rate, torchtitan's
+profiler over the last steps (`stochround.integrations.torchtitan.profiling`), data
+parallelism by FSDP2's sharding or by replicas (DDP).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torchtitan.config import ConfigManager, JobConfig
 
 from ..checkpointing import check_activation_checkpoint
 from ..flavors import check_flavor
+from ..profiling import TRACES_FOLDER, profile_schedule
 from ..recipe_rules import make_recipe
 from ..sr_optimizers import check_optimizer
 
@@ -40,6 +43,8 @@ def titan_config(
     lr: float = 8e-4,
     compile_model: bool = False,
     activation_checkpoint: str = "none",
+    profile_steps: int = 0,
+    data_parallel_replicate_degree: int = 1,
     dump_folder: str = "titan-run",
 ) -> JobConfig:
     """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
@@ -47,8 +52,11 @@ def titan_config(
     the seed also torchtitan's (``debug.seed``) and the SR optimizers' (``optimizer.seed``:
     `stochround.integrations.torchtitan.sr_optimizers` says why the layers' seed is safe
     there), ``activation_checkpoint`` one of
-    `ACTIVATION_CHECKPOINTS` (torchtitan's ``activation_checkpoint.mode``); ValueError
-    naming a bad flavour, optimizer, checkpointing or recipe."""
+    `ACTIVATION_CHECKPOINTS` (torchtitan's ``activation_checkpoint.mode``),
+    ``profile_steps`` the last steps torchtitan's profiler records (0: off;
+    `profiling_args`), ``data_parallel_replicate_degree`` torchtitan's (1: FSDP2 shards
+    over every rank; the world size: DDP, each rank holding the whole model); ValueError
+    naming a bad flavour, optimizer, checkpointing, profiling or recipe."""
     check_flavor(flavor)
     check_activation_checkpoint(activation_checkpoint)
     check_optimizer(optimizer)
@@ -63,6 +71,8 @@ def titan_config(
     args += ["--stochround.recipe", recipe, "--stochround.switches", json.dumps(switches or {})]
     args += ["--compile.enable" if compile_model else "--compile.no-enable"]
     args += ["--activation_checkpoint.mode", activation_checkpoint]
+    args += profiling_args(steps, profile_steps)
+    args += ["--parallelism.data_parallel_replicate_degree", str(data_parallel_replicate_degree)]
     config = ConfigManager().parse_args(args)
     # lists set here: torchtitan's command line splits a list at commas, which regexes hold
     config.stochround.keep = list(keep)
@@ -71,4 +81,24 @@ def titan_config(
     return config
 
 
-__all__ = ["HEAD", "TOML", "titan_config"]
+def profiling_args(steps: int, profile_steps: int) -> list[str]:
+    """torchtitan's ``[profiling]`` options recording the last ``profile_steps`` of
+    ``steps`` (`profile_schedule`; none for 0: its default, off), the traces in
+    `TRACES_FOLDER`."""
+    schedule = profile_schedule(steps, profile_steps)
+    if schedule is None:
+        return []
+    return [
+        "--profiling.enable_profiling",
+        "--profiling.save_traces_folder",
+        TRACES_FOLDER,
+        "--profiling.profile_freq",
+        str(schedule.freq),
+        "--profiling.profiler_warmup",
+        str(schedule.warmup),
+        "--profiling.profiler_active",
+        str(schedule.active),
+    ]
+
+
+__all__ = ["HEAD", "TOML", "profiling_args", "titan_config"]

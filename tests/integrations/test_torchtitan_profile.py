@@ -1,0 +1,203 @@
+"""torchtitan's profiler and data parallelism by replicas in a stochround run, whichever
+supported release is installed: ``titan_config(profile_steps=...,
+data_parallel_replicate_degree=...)`` in each release's config, ``stochround titan
+--profile-steps N --replicate``, and real traces of torchtitan's trainer (the CPU; one and
+two GPUs) summarized by benchmarks/titan_profile.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip(
+    "torchtitan",
+    reason="torchtitan is not installed (pip install 'stochround[torchtitan]', Python >= 3.11)",
+)
+
+from typer.testing import CliRunner
+
+from stochround.cli import app
+from stochround.integrations.torchtitan import TITAN_API, titan_config
+from stochround.integrations.torchtitan.profiling import (
+    TRACES_FOLDER,
+    ProfileSchedule,
+    profile_schedule,
+    trace_files,
+    trace_rank,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from titan_profile import RankProfile, load_trace, rank_profile  # noqa: E402
+
+
+def profiler_refuses_no_activity() -> bool:
+    """Whether this torch's profiler refuses ``None`` among its activities, which torchtitan
+    0.2.2's profiler passes where there is no GPU (``[CPU, None]``)."""
+    try:
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, None])  # type: ignore[list-item]
+    except TypeError:
+        return True
+    return False
+
+
+CPU_PROFILING = pytest.mark.skipif(
+    TITAN_API == "0.2" and not torch.cuda.is_available() and profiler_refuses_no_activity(),
+    reason="torchtitan 0.2.2's profiler passes activities [CPU, None] without a GPU, which "
+    "this torch refuses (TypeError: Expected ProfilerActivity or dict)",
+)
+
+
+def profiler_settings(config: Any) -> tuple[bool, str, int, int, int]:
+    """``(enable_profiling, save_traces_folder, profile_freq, profiler_warmup,
+    profiler_active)`` of a run's config: 0.3.0's ``profiler``, 0.2.2's ``profiling``."""
+    section = config.profiler if TITAN_API == "0.3" else config.profiling
+    return (
+        section.enable_profiling,
+        section.save_traces_folder,
+        section.profile_freq,
+        section.profiler_warmup,
+        section.profiler_active,
+    )
+
+
+def test_the_profiler_records_the_last_steps_after_one_warm_up_step() -> None:
+    assert profile_schedule(20, 0) is None
+    assert profile_schedule(20, 3) == ProfileSchedule(freq=20, warmup=1, active=3)
+    assert profile_schedule(3, 1) == ProfileSchedule(freq=3, warmup=1, active=1)
+
+
+@pytest.mark.parametrize(("steps", "profile_steps"), [(2, 1), (10, 9), (10, -1)])
+def test_profiling_the_first_step_or_a_negative_count_is_refused(steps, profile_steps) -> None:
+    with pytest.raises(ValueError, match=f"profile_steps must be 0 .off. or 1 to {steps - 2}"):
+        profile_schedule(steps, profile_steps)
+    with pytest.raises(ValueError, match="profile_steps must be"):
+        titan_config("bf16", flavor="tiny", steps=steps, profile_steps=profile_steps)
+
+
+def test_the_config_turns_torchtitans_profiler_on_for_the_last_steps() -> None:
+    assert profiler_settings(titan_config("bf16", flavor="tiny", steps=20))[0] is False
+    config = titan_config("nvfp4", flavor="tiny", steps=20, profile_steps=3)
+    assert profiler_settings(config) == (True, TRACES_FOLDER, 20, 1, 3)
+
+
+def test_the_config_sets_torchtitans_replicate_degree() -> None:
+    assert titan_config("bf16", flavor="tiny").parallelism.data_parallel_replicate_degree == 1
+    config = titan_config("bf16", flavor="tiny", data_parallel_replicate_degree=2)
+    assert config.parallelism.data_parallel_replicate_degree == 2
+    assert config.parallelism.data_parallel_shard_degree == -1  # the ranks left: one
+
+
+def captured_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> Any:
+    """The config ``stochround titan ARGS`` hands to `run_training` (which does not run)."""
+    from stochround.integrations import torchtitan
+
+    seen = []
+
+    def run_training(config: Any, device: str, fields: dict[str, Any]) -> Path:
+        seen.append(config)
+        return tmp_path / "rows.jsonl"
+
+    monkeypatch.setattr(torchtitan, "run_training", run_training)
+    result = CliRunner().invoke(app, ["titan", "--device", "cpu", *args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_titan_command_profile_steps_and_replicate_reach_the_config(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc_per_node 2 sets it
+    args = ["--recipe", "bf16", "--steps", "12", "--profile-steps", "2", "--replicate"]
+    config = captured_config(tmp_path, monkeypatch, args)
+    assert profiler_settings(config) == (True, TRACES_FOLDER, 12, 1, 2)
+    assert config.parallelism.data_parallel_replicate_degree == 2
+
+
+def test_titan_command_defaults_profile_nothing_and_shard(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = captured_config(tmp_path, monkeypatch, ["--recipe", "bf16"])
+    assert profiler_settings(config)[0] is False
+    assert config.parallelism.data_parallel_replicate_degree == 1
+
+
+def test_titan_command_profiling_every_step_is_a_bad_input_exit(tmp_path) -> None:
+    args = ["titan", "--steps", "5", "--profile-steps", "5", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "profile_steps must be 0 (off) or 1 to 3 (steps 5" in result.output
+
+
+def test_trace_files_are_found_in_rank_order(tmp_path) -> None:
+    folder = tmp_path / TRACES_FOLDER / "iteration_12"
+    folder.mkdir(parents=True)
+    for rank in (10, 2, 0):
+        (folder / f"rank{rank}_trace.json.gz").write_text("")
+    assert [trace_rank(path) for path in trace_files(tmp_path)] == [0, 2, 10]
+
+
+def tiny_run_args(device: str, steps: int, profile_steps: int) -> list[str]:
+    """``stochround titan``'s options of a short profiled bf16 run of the tiny flavour."""
+    args = ["--recipe", "bf16", "--flavor", "tiny", "--device", device, "--steps", str(steps)]
+    return [*args, "--seq-len", "32", "--batch", "1", "--profile-steps", str(profile_steps)]
+
+
+def profiled_run(out: Path, device: str, steps: int, profile_steps: int) -> list[RankProfile]:
+    """Each rank's summary of a `tiny_run_args` run in this process."""
+    args = ["titan", *tiny_run_args(device, steps, profile_steps), "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    traces = trace_files(out)
+    assert [path.parent.name for path in traces] == [f"iteration_{steps}"]
+    return [rank_profile(load_trace(path)) for path in traces]
+
+
+@CPU_PROFILING
+def test_a_cpu_run_leaves_a_trace_of_its_last_step_that_the_summary_reads(tmp_path) -> None:
+    """torchtitan's trainer on the CPU (gloo, one rank), three steps, the last recorded:
+    one trace, rank 0's, at step 3; its summary has one step, no GPU work, and the
+    optimizer's step among the annotations."""
+    (profile,) = profiled_run(tmp_path / "run", "cpu", steps=3, profile_steps=1)
+    assert (profile.rank, profile.steps) == (0, 1)
+    assert profile.wall > 0 and profile.idle == profile.wall
+    assert (profile.busy, profile.kernels, profile.nccl) == (0.0, 0.0, {})
+    assert "Optimizer.step#AdamW.step" in dict(profile.annotations)
+    assert profile.cpu_self and all(ms > 0 for _, ms in profile.cpu_self)
+
+
+@pytest.mark.gpu
+def test_a_gpu_run_leaves_a_trace_with_its_kernels(tmp_path) -> None:
+    """One GPU, four steps, the last two recorded: the summary sees the GPU's kernels."""
+    (profile,) = profiled_run(tmp_path / "run", "cuda", steps=4, profile_steps=2)
+    assert (profile.rank, profile.steps) == (0, 2)
+    assert profile.kernels > 0 and 0 < profile.compute <= profile.busy
+
+
+def two_gpu_profiles(out: Path, *flags: str) -> list[RankProfile]:
+    """Each rank's summary of a `tiny_run_args` run on two GPUs under ``torchrun``."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node=2", "-m", "stochround", "titan"]
+    command += [*tiny_run_args("cuda", 4, 2), *flags, "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    profiles = [rank_profile(load_trace(path)) for path in trace_files(out)]
+    assert [profile.rank for profile in profiles] == [0, 1]
+    return profiles
+
+
+@pytest.mark.gpus2
+def test_fsdp2_on_two_gpus_shows_its_all_gathers_and_reduce_scatters(tmp_path) -> None:
+    for profile in two_gpu_profiles(tmp_path / "fsdp2"):
+        assert profile.nccl["all_gather"] > 0 and profile.nccl["reduce_scatter"] > 0
+
+
+@pytest.mark.gpus2
+def test_replicas_on_two_gpus_all_reduce_their_gradients(tmp_path) -> None:
+    for profile in two_gpu_profiles(tmp_path / "replicas", "--replicate"):
+        assert profile.nccl["all_reduce"] > 0
