@@ -1,7 +1,8 @@
-"""torchtitan's profiler and data parallelism by replicas in a stochround run, whichever
-supported release is installed: ``titan_config(profile_steps=...,
-data_parallel_replicate_degree=...)`` in each release's config, ``stochround titan
---profile-steps N --replicate``, and real traces of torchtitan's trainer (the CPU; one and
+"""torchtitan's profiler, data parallelism by replicas and torch's deterministic
+algorithms in a stochround run, whichever supported release is installed:
+``titan_config(profile_steps=..., data_parallel_replicate_degree=..., deterministic=...)``
+in each release's config, ``stochround titan --profile-steps N --replicate
+--deterministic``, and real traces of torchtitan's trainer (the CPU; one and
 two GPUs) summarized by benchmarks/titan_profile.py."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typer.testing import CliRunner
 
 from stochround.cli import app
 from stochround.integrations.torchtitan import TITAN_API, titan_config
+from stochround.integrations.torchtitan.launch import DETERMINISTIC_WARN_ONLY
 from stochround.integrations.torchtitan.profiling import (
     TRACES_FOLDER,
     ProfileSchedule,
@@ -124,6 +126,15 @@ def test_titan_command_defaults_profile_nothing_and_shard(tmp_path, monkeypatch)
     config = captured_config(tmp_path, monkeypatch, ["--recipe", "bf16"])
     assert profiler_settings(config)[0] is False
     assert config.parallelism.data_parallel_replicate_degree == 1
+
+
+def test_titan_command_deterministic_reaches_the_config(tmp_path, monkeypatch) -> None:
+    """Off by default; ``--deterministic`` sets torchtitan's ``debug.deterministic``, with
+    an op that has no deterministic implementation warning (`DETERMINISTIC_WARN_ONLY`)."""
+    assert captured_config(tmp_path, monkeypatch, ["--recipe", "bf16"]).debug.deterministic is False
+    config = captured_config(tmp_path, monkeypatch, ["--recipe", "nvfp4", "--deterministic"])
+    assert config.debug.deterministic is True
+    assert config.debug.deterministic_warn_only is DETERMINISTIC_WARN_ONLY is True
 
 
 def test_titan_command_profiling_every_step_is_a_bad_input_exit(tmp_path) -> None:

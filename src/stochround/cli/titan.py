@@ -10,7 +10,9 @@ shards (torchtitan's ``data_parallel_replicate_degree`` = the world size).  Each
 loss and tokens/s go to ``OUT/rows.jsonl``; the last loss is printed.  ``--profile-steps
 N`` has torchtitan's profiler record the last N steps: each rank's Chrome trace goes to
 ``OUT/profile_traces/iteration_STEPS/`` (`stochround.integrations.torchtitan.profiling`;
-``benchmarks/bench_titan.py`` summarizes them).  Bad options, and a missing torchtitan,
+``benchmarks/bench_titan.py`` summarizes them).  ``--deterministic`` runs under torch's
+deterministic algorithms (an op that has none warns), to tell which op makes two runs
+differ.  Bad options, and a missing torchtitan,
 are bad-input exits (``error: ...``, status 2).
 """
 
@@ -90,6 +92,14 @@ def titan_command(
             "data_parallel_replicate_degree), not FSDP2's shards.",
         ),
     ] = False,
+    deterministic: Annotated[
+        bool,
+        typer.Option(
+            "--deterministic",
+            help="torch's deterministic algorithms (torchtitan's debug.deterministic; an op "
+            "without one warns).",
+        ),
+    ] = False,
     out: Annotated[
         Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints, traces).")
     ] = Path("titan-run"),
@@ -122,6 +132,7 @@ def titan_command(
             activation_checkpoint=activation_checkpoint,
             profile_steps=profile_steps,
             data_parallel_replicate_degree=world_size() if replicate else 1,
+            deterministic=deterministic,
             dump_folder=str(out),
             **kept,
         )

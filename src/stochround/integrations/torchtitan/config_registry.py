@@ -49,6 +49,7 @@ from .checkpointing import check_activation_checkpoint
 from .converter import StochroundConverter
 from .data import ByteTokenizer, StdlibDataLoader
 from .flavors import FLAVORS, SIZES, check_flavor
+from .launch import DETERMINISTIC_WARN_ONLY
 from .optimizers import SROptimizersContainer, sr_optimizer
 from .profiling import TRACES_FOLDER, profile_schedule
 from .sr_optimizers import OPTIMIZERS, check_optimizer
@@ -136,6 +137,7 @@ def titan_config(
     activation_checkpoint: str = "none",
     profile_steps: int = 0,
     data_parallel_replicate_degree: int = 1,
+    deterministic: bool = False,
     dump_folder: str = "titan-run",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
@@ -148,8 +150,10 @@ def titan_config(
     ``activation_checkpoint`` one of `ACTIVATION_CHECKPOINTS`; ``profile_steps`` the last
     steps torchtitan's profiler records (0: off; `profiler_config`);
     ``data_parallel_replicate_degree`` torchtitan's (1: FSDP2 shards over every rank; the
-    world size: each rank holds the whole model, HSDP with one shard); the rows,
-    checkpoints and traces go to ``dump_folder``."""
+    world size: each rank holds the whole model, HSDP with one shard); ``deterministic``
+    torch's deterministic algorithms (torchtitan's ``debug.deterministic``, warning only
+    where an op has none: `DETERMINISTIC_WARN_ONLY`); the rows, checkpoints and traces go
+    to ``dump_folder``."""
     check_optimizer(optimizer)
     checkpointing = activation_checkpoint_config(activation_checkpoint)
     profiler = profiler_config(steps, profile_steps)
@@ -187,6 +191,8 @@ def titan_config(
     )
     config.dump_folder = dump_folder
     config.debug.seed = seed
+    config.debug.deterministic = deterministic
+    config.debug.deterministic_warn_only = DETERMINISTIC_WARN_ONLY
     config.compile.enable = compile_model
     # every case alike: torchtitan's CUDA-graph capture of the step is off
     config.training.disable_cuda_graphs = True

@@ -20,6 +20,10 @@ from .rows import RowsLogger
 # where ``stochround titan`` trains: torchtitan's trainer, on the CPU with the device
 # switched (`cpu_trainer`)
 TRAINING_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+# under torch's deterministic algorithms (``stochround titan --deterministic``), an op
+# that has no deterministic implementation warns and the run goes on: the run is for
+# finding which op varies from run to run, which an error at the first such op would hide
+DETERMINISTIC_WARN_ONLY = True
 
 
 def check_training_device(device: str) -> None:
@@ -88,6 +92,7 @@ def train_on(device: str, build: Callable[[], Any], rows: Path, fields: dict[str
 
 
 __all__ = [
+    "DETERMINISTIC_WARN_ONLY",
     "TRAINING_DEVICES",
     "check_training_device",
     "free_port",

@@ -19,6 +19,7 @@ from torchtitan.config import ConfigManager, JobConfig
 
 from ..checkpointing import check_activation_checkpoint
 from ..flavors import check_flavor
+from ..launch import DETERMINISTIC_WARN_ONLY
 from ..profiling import TRACES_FOLDER, profile_schedule
 from ..recipe_rules import make_recipe
 from ..sr_optimizers import check_optimizer
@@ -45,6 +46,7 @@ def titan_config(
     activation_checkpoint: str = "none",
     profile_steps: int = 0,
     data_parallel_replicate_degree: int = 1,
+    deterministic: bool = False,
     dump_folder: str = "titan-run",
 ) -> JobConfig:
     """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
@@ -55,8 +57,10 @@ def titan_config(
     `ACTIVATION_CHECKPOINTS` (torchtitan's ``activation_checkpoint.mode``),
     ``profile_steps`` the last steps torchtitan's profiler records (0: off;
     `profiling_args`), ``data_parallel_replicate_degree`` torchtitan's (1: FSDP2 shards
-    over every rank; the world size: DDP, each rank holding the whole model); ValueError
-    naming a bad flavour, optimizer, checkpointing, profiling or recipe."""
+    over every rank; the world size: DDP, each rank holding the whole model),
+    ``deterministic`` torch's deterministic algorithms (``debug.deterministic``, warning
+    only where an op has none: `DETERMINISTIC_WARN_ONLY`); ValueError naming a bad
+    flavour, optimizer, checkpointing, profiling or recipe."""
     check_flavor(flavor)
     check_activation_checkpoint(activation_checkpoint)
     check_optimizer(optimizer)
@@ -78,6 +82,8 @@ def titan_config(
     config.stochround.keep = list(keep)
     config.stochround.rules = [f"{pattern}={name or 'bf16'}" for pattern, name in rules or []]
     config.model.converters = ["stochround"] if recipe != "bf16" else []
+    config.debug.deterministic = deterministic
+    config.debug.deterministic_warn_only = DETERMINISTIC_WARN_ONLY
     return config
 
 
