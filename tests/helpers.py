@@ -8,12 +8,15 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 import stochround as sr
 from stochround.kernels import availability
+from stochround.nn import linear, opaque_matmul
+from stochround.nn.layer_plan import running_gemms
 
 # Every registered format, plus P3109 and CFloat8 formats that exercise p = 1, unsigned
 # formats with infinities, all-subnormal grids and configurable biases.
@@ -166,3 +169,25 @@ def record_first_arguments(monkeypatch, owner: object, name: str) -> list[object
 
     monkeypatch.setattr(owner, name, recording)
     return seen
+
+
+class KeepingGraphedMatmul:
+    """`GraphedMatmul` told to keep the operands the backward reuses for the GEMMs it will
+    run, as a compiled step whose trace kept them (`opaque_matmul.keeps_operands`) runs the
+    ops' functions, graphed or not; a layer's eager graphed step keeps nothing."""
+
+    @staticmethod
+    def apply(*args: object) -> torch.Tensor:
+        x, weight = args[:2]
+        gemms = running_gemms(x, weight)  # type: ignore[arg-type]
+        keep = ("wgrad" in gemms, "dgrad" in gemms)
+        return opaque_matmul.GraphedMatmul.apply(*args[:6], *keep)  # type: ignore[no-any-return]
+
+
+def graphed_route(patched: pytest.MonkeyPatch, keep: bool) -> None:
+    """Quantized layers' eager steps by `GraphedMatmul` (as a CUDA step takes them where the
+    step graphs serve it; on the CPU its functions run as they are), keeping the operands
+    the backward reuses where ``keep`` (`KeepingGraphedMatmul`), else nothing."""
+    patched.setattr(linear, "graphed_step", lambda *args: True)
+    if keep:
+        patched.setattr(linear, "GraphedMatmul", KeepingGraphedMatmul)

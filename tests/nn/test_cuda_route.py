@@ -22,7 +22,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_ops  # noqa: E402
-from helpers import cuda_route  # noqa: E402
+from helpers import cuda_route, graphed_route  # noqa: E402
 
 # the eager route's own launches and operands: its steps without their CUDA graphs
 pytestmark = pytest.mark.usefixtures("no_step_graphs")
@@ -176,6 +176,102 @@ def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
     assert launched == launches
     assert dispatched == aten
     assert (counts.launches, counts.aten, counts.other) == totals
+
+
+# The graphed route's step (`stochround.nn.opaque_matmul`'s step functions, which the CUDA
+# step graphs capture and torch.compile's two ops run) beside the eager step's.  Where the
+# step graphs serve it (an eager graphed step; a compiled step traced with them on) its
+# forward keeps nothing, as before the twelfth session: it quantizes x for fprop alone,
+# and its backward quantizes x^T for wgrad and W for dgrad again (their amaxes,
+# transposes and quantizations): 15 launches, not the kept step's 9 ...
+GRAPHED_UNKEPT_LAUNCHES = {
+    "linear_nvfp4": {
+        "two_orientation_amax_kernel": 1,  # dy's pair alone
+        "two_orientation_kernel": 1,
+        "_amax_kernel": 2,
+        "_transpose_kernel": 2,
+        "quantize_blocks_kernel": 4,
+        "_tile_amax_kernel": 2,  # W's tiles in the forward and again in the backward
+        "_epilogue_kernel": 3,
+    },
+    "linear_fp8": {
+        "_amax_kernel": 5,  # x^T and W^T quantized again: no transposed Q(x), Q(W) kept
+        "_tensor_round_kernel": 5,
+        "_transpose_kernel": 2,
+        "_epilogue_kernel": 3,
+    },
+}
+# ... and dispatches this many ATen ops (the kept step's 26 and 44)
+GRAPHED_UNKEPT_ATEN = {"linear_nvfp4": 37, "linear_fp8": 64}
+# ... where they will not serve it (a compiled step traced with them off, on the CPU or
+# above the work bound: `keeps_operands`), its forward keeps Q(W) and x's wgrad operand
+# (from x's pair) for its backward, as the eager forward does, so its backward quantizes
+# dy alone: the eager step's launches.  One ATen op more than eager's: the backward splits
+# the saved offsets column again (the eager backward takes its forward's views); for
+# nvfp4() one more, a clone of its kept scale, which is a view into a buffer beside its
+# values (an op output must start its storage: `op_output`)
+GRAPHED_ATEN_MORE = {
+    "linear_nvfp4": {"aten::unbind.int": 1, "aten::clone": 1},
+    "linear_fp8": {"aten::unbind.int": 1},
+}
+
+
+def graphed(case: str, keep: bool, monkeypatch: pytest.MonkeyPatch) -> bench_ops.Counts:
+    """``case``'s counts with the layer's steps by `GraphedMatmul` (`graphed_route`: as a
+    CUDA step takes them where the step graphs serve it; on the CPU its functions run as
+    they are), keeping the backward's operands where ``keep``."""
+    with monkeypatch.context() as patched:
+        graphed_route(patched, keep)
+        return counts_of(case)
+
+
+@pytest.mark.parametrize(
+    ("case", "launches", "aten"),
+    [("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN), ("linear_fp8", FP8_LAUNCHES, FP8_ATEN)],
+)
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_graphed_step_quantizes_x_and_w_again_only_where_it_keeps_nothing(
+    case: str,
+    launches: dict[str, int],
+    aten: dict[str, int],
+    keep: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counts = graphed(case, keep, monkeypatch)
+    names = Counter(counts.names)
+    launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
+    dispatched = Counter({name: n for name, n in names.items() if name.startswith("aten::")})
+    if keep:
+        assert launched == launches
+        assert dispatched == Counter(aten) + Counter(GRAPHED_ATEN_MORE[case])
+    else:
+        assert launched == GRAPHED_UNKEPT_LAUNCHES[case]
+        assert sum(dispatched.values()) == GRAPHED_UNKEPT_ATEN[case]
+    assert counts.other == 0
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "fp8"])
+def test_an_inference_forward_on_the_graphed_route_launches_what_eagers_does(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under no_grad the forward op keeps nothing: no pair of x (one orientation), no
+    transpose."""
+    device = bench_ops.device()
+    torch.manual_seed(0)
+    layer = srnn.QuantizedLinear(64, 64, recipe=srnn.RECIPES[name](), device=device)
+    x = torch.randn(64, 64, device=device)
+
+    def forward() -> None:
+        with torch.no_grad():
+            layer(x)
+
+    eager = bench_ops.counted(forward)
+    with monkeypatch.context() as patched:
+        graphed_route(patched, keep=False)
+        graphed_counts = bench_ops.counted(forward)
+    launched = [n for n in graphed_counts.names if n.startswith("launch:")]
+    assert Counter(launched) == Counter(n for n in eager.names if n.startswith("launch:"))
+    assert not any("two_orientation" in each for each in launched)
 
 
 @pytest.mark.parametrize(

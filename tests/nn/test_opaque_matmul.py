@@ -4,14 +4,21 @@ their bits against eager are tested with the layer's compiled step (tests/nn/tes
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
-from helpers import cuda_route
+from helpers import cuda_route, graphed_route
 from torch import Tensor
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import stochround.nn as srnn
-from stochround.nn import opaque_matmul, streams
+from stochround.nn import linear, opaque_matmul, step_graphs, streams
+from stochround.nn.linear import COMPILES
+from stochround.nn.matmul import QuantizedMatmul
 
 
 def test_warm_up_runs_on_real_zeros_of_the_fake_shapes() -> None:
@@ -30,6 +37,18 @@ def test_warm_up_runs_on_real_zeros_of_the_fake_shapes() -> None:
         real_x, torch.zeros(3, 4, dtype=torch.bfloat16)
     )
     assert none is None and real_step.dtype == torch.int64 and rest == 7
+
+
+def test_warm_up_lays_its_zeros_out_as_the_fake_tensors() -> None:
+    """A strided fake gets strided zeros (the op's route depends on x's layout: a strided
+    x has no two-orientation pair, and the forward's fake declares what the op keeps from
+    the warm-up's run)."""
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.ones(4, 6)[:, 1:5])
+        y = mode.from_tensor(torch.ones(3, 5).T)
+        got = opaque_matmul.warm_up(lambda *args: args, (x, y))
+    assert [(t.shape, t.stride()) for t in got] == [((4, 4), (6, 1)), ((5, 3), (1, 5))]
+    assert not any(isinstance(t, FakeTensor) or t.any() for t in got)
 
 
 def test_a_layer_registers_its_plan_and_each_recipe_change_a_new_index() -> None:
@@ -140,3 +159,277 @@ def test_moving_a_gaussws_layer_draws_no_sample() -> None:
     layer.to(torch.float64).to(torch.float32)
     assert all(torch.equal(a, b) for a, b in zip(steps, layer.buffers(), strict=True))
     assert torch.equal(layer.stream_bases, streams.layer_bases(2))
+
+
+def test_a_plans_key_is_the_same_in_every_process() -> None:
+    """A compiled graph holds the plan's key, and inductor's on-disk cache keys the graph by
+    it: an index in the order of registration had named another recipe's plan in another
+    process, whose kept operands the cached graph then expected."""
+    code = (
+        "import stochround.nn as s; "
+        "print(s.QuantizedLinear(64, 64, recipe=s.nvfp4(seed=3)).plan_index, "
+        "s.QuantizedLinear(64, 64, recipe=s.fp8()).plan_index)"
+    )
+    printed = set()
+    for hash_seed in ("1", "2"):
+        environment = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=environment
+        )
+        printed.add(run.stdout)
+    # fp8 first here: the order of registration does not matter
+    fp8 = srnn.QuantizedLinear(64, 64, recipe=srnn.fp8()).plan_index
+    nvfp4 = srnn.QuantizedLinear(64, 64, recipe=srnn.nvfp4(seed=3)).plan_index
+    assert printed == {f"{nvfp4} {fp8}\n"}
+
+
+def graphed_steps(
+    name: str, route: bool, needs: tuple[bool, bool], step: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Tensor], list[tuple[Tensor | None, ...]]]:
+    """y, dx, dW and db of two steps of a 64 x 128 layer (40 tokens: wgrad pads them; 48
+    for "fp8_native", `fp8(native=True)`, whose GEMMs take multiples of 16) by ``step``:
+    "eager", "graphed" (`GraphedMatmul`, keeping nothing, as where the step graphs serve
+    it) or "graphed_kept" (`GraphedMatmul` keeping the backward's operands, as a compiled
+    step traced without the step graphs), x and W requiring a gradient as ``needs`` says;
+    and each step's saved tensors past x, W and the column."""
+    device, context = cuda_route(route)
+    torch.manual_seed(0)
+    native = name == "fp8_native"
+    recipe = srnn.fp8(seed=4, native=True) if native else srnn.RECIPES[name](seed=4)
+    layer = srnn.QuantizedLinear.from_linear(torch.nn.Linear(64, 128).to(device), recipe)
+    tokens = 48 if native else 40
+    layer.weight.requires_grad_(needs[1])
+    generator = torch.Generator().manual_seed(1)
+    results: list[Tensor] = []
+    saved: list[tuple[Tensor | None, ...]] = []
+    with monkeypatch.context() as patched:
+        if step != "eager":
+            graphed_route(patched, keep=step == "graphed_kept")
+        if native and not torch.cuda.is_available():  # the CPU's _scaled_mm takes float8
+            patched.setattr(linear, "check_native", lambda x: None)
+        with context:
+            for _ in range(2):
+                x = torch.randn(tokens, 64, generator=generator).to(device)
+                x.requires_grad_(needs[0])
+                layer.weight.grad = layer.bias.grad = None  # type: ignore[union-attr]
+                y = layer(x)
+                saved.append(tuple(y.grad_fn.saved_tensors[3:]))  # type: ignore[union-attr]
+                y.backward(torch.randn(tokens, 128, generator=generator).to(device))
+                grads = (x.grad, layer.weight.grad, layer.bias.grad)  # type: ignore[union-attr]
+                results += [y.detach(), *(g for g in grads if g is not None)]
+    return results, saved
+
+
+# (recipe, CUDA route, (x, W) requiring a gradient) of the graphed steps' tests
+GRAPHED_CASES = [
+    *((name, route, (True, True)) for name in ("nvfp4", "fp8", "mxfp8") for route in (0, 1)),
+    ("mxfp4_tseng", 1, (True, True)),
+    ("int8", 1, (True, True)),
+    ("nvfp4", 1, (False, True)),
+    ("nvfp4", 1, (True, False)),
+    ("fp8", 1, (False, True)),
+    ("fp8", 1, (True, False)),
+    ("fp8_native", 1, (True, True)),  # float8 codes kept
+]
+
+
+@pytest.mark.parametrize(("name", "route", "needs"), GRAPHED_CASES)
+def test_a_graphed_step_told_to_keep_keeps_the_eager_forwards_operands_and_gives_its_bits(
+    name: str, route: int, needs: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forward op told to keep (a compiled step traced where the step graphs will not
+    serve it, `keeps_operands`; graphed at run time or not) keeps what the eager forward
+    saves for the GEMMs the backward will run (Q(W) where dgrad reuses it, x's wgrad
+    operand where wgrad runs: x's pair on the CUDA route, per-tensor Q(x)^T), contiguous at
+    the start of a storage of their own (the step graphs serve contiguous tensors alone;
+    Inductor's CUDA code asserts an op output's 16-byte alignment, which a view into a
+    larger buffer can miss), and the backward op, reading them, gives the eager step's y,
+    dx, dW and db bit for bit."""
+    got, kept = graphed_steps(name, bool(route), needs, "graphed_kept", monkeypatch)
+    want, eager_kept = graphed_steps(name, bool(route), needs, "eager", monkeypatch)
+    for mine, theirs in zip(got, want, strict=True):
+        assert torch.equal(mine, theirs)
+    for step, eager_step in zip(kept, eager_kept, strict=True):
+        weight, x_t = step[:2], step[2:]
+        eager_weight = eager_step[:2] if needs[0] else (None, None)
+        for mine, theirs in zip((*weight, *x_t), (*eager_weight, *eager_step[2:]), strict=True):
+            assert (mine is None) == (theirs is None)
+            if mine is not None and theirs is not None:
+                assert mine.is_contiguous() and mine.storage_offset() == 0
+                assert torch.equal(mine, theirs)
+    if name in ("nvfp4", "fp8", "fp8_native") and route and needs[1]:
+        assert kept[0][2] is not None  # x's wgrad operand kept
+    if name == "nvfp4" and needs[0]:
+        assert kept[0][0] is not None  # Q(W), 16 x 16 tiles
+
+
+@pytest.mark.parametrize(("name", "route", "needs"), GRAPHED_CASES)
+def test_a_graphed_step_keeps_nothing_and_gives_the_eager_steps_bits(
+    name: str, route: int, needs: tuple[bool, bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An eager step the step graphs serve keeps nothing for its backward (a kept operand
+    would be one more graph output to copy out at each replay, `keeps_operands`): its
+    backward quantizes x^T and W again, and gives the eager step's y, dx, dW and db bit for
+    bit (the step of main before the twelfth session's keeping)."""
+    got, kept = graphed_steps(name, bool(route), needs, "graphed", monkeypatch)
+    want, _ = graphed_steps(name, bool(route), needs, "eager", monkeypatch)
+    for mine, theirs in zip(got, want, strict=True):
+        assert torch.equal(mine, theirs)
+    assert all(each is None for step in kept for each in step)
+
+
+def test_the_kept_weights_factor_is_the_eager_forwards() -> None:
+    """The backward op reads a kept Q(W) with `kept_factor`, which the eager backward takes
+    from its forward's operand."""
+    for name, recipe in srnn.RECIPES.items():
+        layer = srnn.QuantizedLinear(128, 128, recipe=recipe())
+        ctx = opaque_matmul._Saved(layer.plan)
+        ctx.factor = None  # type: ignore[assignment]
+        x, weight = torch.randn(64, 128), layer.weight.detach()
+        column = layer.offsets_column(layer.step)
+        QuantizedMatmul.forward(ctx, x, weight, None, column, layer.plan, True, True)
+        if ctx.saved_tensors[3] is not None:  # Q(W) kept
+            assert ctx.factor == opaque_matmul.kept_factor(layer.plan), name
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.usefixtures("no_step_graphs")  # a GPU's step then keeps (`keeps_operands`)
+@pytest.mark.parametrize("name", ["nvfp4", "fp8"])
+def test_a_compiled_layer_with_dynamic_tokens_keeps_its_operands_and_gives_eagers_bits(
+    name: str,
+) -> None:
+    """torch.compile(dynamic=True): the tokens symbolic in the forward op's fake, x's kept
+    wgrad operand padded to the token multiple symbolically (`kept_layouts`); three token
+    counts, one graph, eager's bits (on the CUDA route: x's pair kept)."""
+    torch._dynamo.reset()
+    device, context = cuda_route()
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(64, 64).to(device)
+    eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), srnn.RECIPES[name](seed=2))
+    compiled_layer = srnn.QuantizedLinear.from_linear(
+        copy.deepcopy(reference), srnn.RECIPES[name](seed=2)
+    )
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(compiled_layer, backend=counter, fullgraph=True, dynamic=True)
+    with context:
+        for tokens in (20, 36, 52):
+            generator = torch.Generator().manual_seed(tokens)
+            x = torch.randn(tokens, 64, generator=generator).to(device)
+            grad = torch.randn(tokens, 64, generator=generator).to(device)
+            results = []
+            for model in (compiled, eager):
+                xs = x.clone().requires_grad_()
+                y = model(xs)
+                y.backward(grad)
+                results.append((y, xs.grad))
+            for mine, theirs in zip(*results, strict=True):
+                assert torch.equal(mine, theirs), tokens
+    assert counter.frame_count == 1
+    for a, b in zip(eager.parameters(), compiled_layer.parameters(), strict=True):
+        assert torch.equal(a.grad, b.grad)  # type: ignore[arg-type]
+
+
+def test_a_compiled_step_keeps_its_operands_only_where_the_step_graphs_will_not_serve_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`keeps_operands`, asked while torch.compile traces (fake CUDA tensors here, no GPU
+    needed: it reads no stream): nothing kept where the step graphs serve the step (its
+    kept operands would be graph outputs more to copy out at each replay); kept with the
+    graphs off, for CPU tensors, above the work bound, for a strided x; a host-bound plan
+    (FP8 tensor-core GEMMs) is graphed above the bound too, and keeps nothing there."""
+    plan = srnn.QuantizedLinear(64, 128, recipe=srnn.nvfp4()).plan
+    native = plan._replace(native=True)
+    above = step_graphs.GRAPHED_MAX_WORK // (64 * 128) + 1  # tokens past the bound
+    with FakeTensorMode():
+        x, weight = torch.empty(40, 64, device="cuda"), torch.empty(128, 64, device="cuda")
+        big = torch.empty(above, 64, device="cuda")
+        strided = torch.empty(64, 40, device="cuda").T
+        on_the_cpu = torch.empty(40, 64), torch.empty(128, 64)
+        monkeypatch.setattr(step_graphs.STEP_GRAPHS, "enabled", True)
+        assert not opaque_matmul.keeps_operands(x, weight, plan)
+        assert not opaque_matmul.keeps_operands(big, weight, native)
+        assert opaque_matmul.keeps_operands(big, weight, plan)
+        assert opaque_matmul.keeps_operands(strided, weight, plan)
+        assert opaque_matmul.keeps_operands(*on_the_cpu, plan)
+        monkeypatch.setattr(step_graphs.STEP_GRAPHS, "enabled", False)
+        assert opaque_matmul.keeps_operands(x, weight, plan)
+        assert opaque_matmul.keeps_operands(big, weight, native)
+
+
+# how a compiled step's trace decides to keep and whether the step graphs are on at run
+# time: (keep forced at trace time or None for `keeps_operands`'s, step graphs on)
+KEEPING = {
+    "graphs_on": (None, True),  # a GPU's step keeps nothing, graphed; a CPU's keeps
+    "graphs_off": (None, False),  # kept, run as they are
+    "kept_then_graphed": (True, True),  # the trace kept, the run graphed (on a GPU)
+    "unkept_then_eager": (False, False),  # the trace kept nothing, the run not graphed
+}
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.parametrize("setting", list(KEEPING))
+def test_a_compiled_step_gives_eagers_bits_whether_its_trace_kept_the_operands_or_not(
+    setting: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inductor, fullgraph, nvfp4() on the CUDA route (a GPU, or the interpreter), three
+    steps (on a GPU: run, captured, replayed): the forward op keeps Q(W) and x's wgrad
+    operand as the layer decided while it was traced (`keeps_operands`, or forced), the
+    backward op receives them or quantizes x^T and W again, and y, dx, dW and db equal the
+    eager step's bit for bit either way, with the step graphs serving the run or not."""
+    forced, graphs_on = KEEPING[setting]
+    gpu = torch.cuda.is_available()
+    keep = (not gpu or not graphs_on) if forced is None else forced
+    torch._dynamo.reset()
+    device, context = cuda_route()
+    torch.manual_seed(0)
+    reference = torch.nn.Linear(64, 64).to(device)
+    eager = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), srnn.nvfp4(seed=2))
+    compiled_layer = srnn.QuantizedLinear.from_linear(copy.deepcopy(reference), srnn.nvfp4(seed=2))
+    compiled = torch.compile(compiled_layer, backend="inductor", fullgraph=True)
+    forwards: set[tuple[bool, bool]] = set()
+    backwards: set[tuple[bool, bool]] = set()
+    forward_step, backward_step = opaque_matmul.forward_step, opaque_matmul.backward_step
+
+    def spied_forward(*args: object) -> object:
+        forwards.add(args[-2:])  # type: ignore[arg-type]
+        return forward_step(*args)  # type: ignore[arg-type]
+
+    def spied_backward(*args: object) -> object:
+        backwards.add((args[4] is not None, args[6] is not None))  # Q(W), x's wgrad operand
+        return backward_step(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(opaque_matmul, "forward_step", spied_forward)
+    monkeypatch.setattr(opaque_matmul, "backward_step", spied_backward)
+    if forced is not None:
+        monkeypatch.setattr(linear, "keeps_operands", lambda *args: forced)
+    previous = step_graphs.use_step_graphs(graphs_on)
+    replays = step_graphs.STEP_GRAPHS.replays
+    try:
+        with context:
+            for step in range(3):
+                generator = torch.Generator().manual_seed(step)
+                x = torch.randn(40, 64, generator=generator).to(device)
+                grad = torch.randn(40, 64, generator=generator).to(device)
+                got, want = (one_step(model, x, grad) for model in (compiled, eager))
+                for what, mine, theirs in zip(("y", "dx", "dW", "db"), got, want, strict=True):
+                    assert torch.equal(mine, theirs), f"step {step}: {what}"
+        graphed = step_graphs.STEP_GRAPHS.replays > replays
+    finally:
+        step_graphs.use_step_graphs(False)
+        step_graphs.use_step_graphs(previous)
+        torch._dynamo.reset()
+    assert forwards == {(keep, keep)}
+    assert backwards == {(keep, keep)}
+    assert graphed == (gpu and graphs_on)
+
+
+def one_step(layer: torch.nn.Module, x: Tensor, grad: Tensor) -> tuple[Tensor, ...]:
+    """(y, dx, dW, db) of one forward and backward with upstream gradient ``grad``."""
+    inputs = x.clone().requires_grad_()
+    layer.zero_grad()
+    y = layer(inputs)
+    y.backward(grad)
+    gradients = (inputs.grad, layer.weight.grad, layer.bias.grad)
+    return (y.detach(), *(each.clone() for each in gradients))  # type: ignore[union-attr]

@@ -64,7 +64,13 @@ from .layer_plan import (
     token_multiple,
 )
 from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
-from .opaque_matmul import GraphedMatmul, graphed_step, quantized_linear, register_plan
+from .opaque_matmul import (
+    GraphedMatmul,
+    graphed_step,
+    keeps_operands,
+    quantized_linear,
+    register_plan,
+)
 from .recipes import Recipe
 from .recompute import read_step
 from .step_plan import StepPlan, StepPlans, StepSignature, make_step_plan, step_signature
@@ -264,9 +270,17 @@ class QuantizedLinear(nn.Linear):
             column = self.offsets_column(counter)
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
-            out = quantized_linear(tokens, weight, bias, column, self.plan_index, rank)
+            # (y, and the operands the backward reuses, which autograd keeps, where the
+            # step graphs will not serve the step: decided as it is traced)
+            keep = keeps_operands(tokens, weight, plan)
+            out = quantized_linear(
+                tokens, weight, bias, column, self.plan_index, rank, wgrad and keep, dgrad and keep
+            )[0]
         elif wrap is None and graphed_step(tokens, weight, plan):  # the steps as CUDA graphs
-            out = GraphedMatmul.apply(tokens, weight, bias, column, self.plan_index, rank)
+            # nothing kept for the backward (`keeps_operands`)
+            out = GraphedMatmul.apply(
+                tokens, weight, bias, column, self.plan_index, rank, False, False
+            )
         else:
             out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
         out = typing.cast(Tensor, out)

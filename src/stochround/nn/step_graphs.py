@@ -220,19 +220,28 @@ class StepGraphs:
         return function(*tensors, *rest)
 
     def serves(self, tensors: Sequence[Tensor | None], work: int, host_bound: bool = False) -> bool:
-        """Whether a call may be graphed (module docstring): on, CUDA, not above
-        `GRAPHED_MAX_WORK` unless ``host_bound`` (a step whose device time stays below its
-        host time there: FP8 tensor-core GEMMs; graphed in place only, since copies of its
-        inputs would cost more than they save), on the device's default stream, and every
-        tensor contiguous (a graph's static copy of a strided or expanded tensor would be
-        laid out otherwise, and a sum over it could run in another order)."""
+        """Whether a call may be graphed (module docstring): `serves_layouts`, and on the
+        device's default stream."""
+        return self.serves_layouts(tensors, work, host_bound) and on_default_stream(
+            device_index(tensors)
+        )
+
+    def serves_layouts(
+        self, tensors: Sequence[Tensor | None], work: int, host_bound: bool = False
+    ) -> bool:
+        """Whether a call of these tensors may be graphed on the device's default stream:
+        on, CUDA, not above `GRAPHED_MAX_WORK` unless ``host_bound`` (a step whose device
+        time stays below its host time there: FP8 tensor-core GEMMs; graphed in place only,
+        since copies of its inputs would cost more than they save), and every tensor
+        contiguous (a graph's static copy of a strided or expanded tensor would be laid out
+        otherwise, and a sum over it could run in another order).  It reads no stream, so
+        torch.compile traces it (`opaque_matmul.keeps_operands`)."""
         first = tensors[0]
         return (
-            self.enabled
-            and first is not None
+            first is not None
             and first.is_cuda
+            and self.enabled  # read after the device: a CPU trace does not guard it
             and (work <= GRAPHED_MAX_WORK or host_bound)
-            and on_default_stream(first.get_device())
             and all(t is None or t.is_contiguous() for t in tensors)
         )
 
