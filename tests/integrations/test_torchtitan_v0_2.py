@@ -448,13 +448,19 @@ def test_fsdp2_on_two_gpus_against_one_gpu(tmp_path, split_batch_inputs, recipe,
     """The split-batch comparison of `test_fsdp2_on_a_split_batch_against_one_process` on
     GPUs: FSDP2 over two GPUs (NCCL), one sample each, against one GPU accumulating the two
     samples' gradients, the float32 model, torch's deterministic algorithms: the same losses
-    and weights, bit for bit (a sum of two ranks' gradients is the same in either order)."""
+    and weights, bit for bit (a sum of two ranks' gradients is the same in either order).
+    The layers' step counters differ as on the CPU: two a rank, four where one process
+    accumulates two micro-batches a step."""
     data, seed = split_batch_inputs
     args = (recipe, switches, 2)
     losses, model = split_batch_run(tmp_path / "fsdp2", *args, 2, 1, data, seed, "cuda")
     one_losses, one_model = split_batch_run(
         tmp_path / "accumulated", *args, 1, 1, data, seed, "cuda"
     )
-    different = [key for key in model if not torch.equal(model[key], one_model[key])]
+    counters = [key for key in model if key.endswith(".step")]
+    assert len(counters) == (0 if recipe == "bf16" else 14)
+    assert all(int(model[k]) == 2 and int(one_model[k]) == 4 for k in counters)
+    weights = [key for key in model if key not in counters]
+    different = [key for key in weights if not torch.equal(model[key], one_model[key])]
     assert losses == one_losses
     assert different == []
