@@ -83,6 +83,45 @@ def test_a_resumed_dataset_continues_as_the_uninterrupted_one(tmp_path, infinite
         assert run(resumed, len(whole) - k) == whole[k:]
 
 
+def test_the_samples_are_the_files_tokens_packed_as_the_spec_says(tmp_path) -> None:
+    """The samples against the corpus module's spec written out on its own: each file's
+    BOS + bytes + EOS, the inputs all but its last token, the labels all but its first,
+    the positions counting from 0 in each file; the three cut in ``seq_len`` pieces over the
+    files in order, and a sample's leading positions (a file begun in an earlier sample)
+    counted from 0 again.  Also that the state is plain ints (torchtitan pickles it into
+    the checkpoint)."""
+    texts = {"a.py": "x" * 37, "b.py": "é" * 5, "c.py": "yz" * 20, "d.py": "w"}
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    inputs: list[int] = []
+    labels: list[int] = []
+    positions: list[int] = []
+    for text in texts.values():
+        tokens = [256, *text.encode("utf-8"), 257]
+        inputs += tokens[:-1]
+        labels += tokens[1:]
+        positions += list(range(len(tokens) - 1))
+    seq_len = 11
+    dataset = StdlibDataset(ByteTokenizer(), seq_len, root=str(tmp_path), infinite=False)
+    samples = list(dataset)
+    assert len(samples) == len(inputs) // seq_len
+    for k, (sample, label) in enumerate(samples):
+        cut = slice(k * seq_len, (k + 1) * seq_len)
+        want = positions[cut]
+        head = want.index(0) if 0 in want else seq_len
+        want = [p - want[0] for p in want[:head]] + want[head:]
+        assert sample["input"].tolist() == inputs[cut]
+        assert label.tolist() == labels[cut]
+        assert sample["positions"].tolist() == want
+        assert sample["input"].dtype == label.dtype == sample["positions"].dtype == torch.long
+    state = dataset.state_dict()
+    left = len(inputs) % seq_len
+    assert state["inputs"] == inputs[len(inputs) - left :]
+    assert all(
+        type(each) is int for key in ("inputs", "labels", "positions") for each in state[key]
+    )
+
+
 def test_recipe_names_switches_and_rules() -> None:
     with pytest.raises(ValueError, match="recipe must be one of bf16, nvfp4"):
         make_recipe("nvfp5")
