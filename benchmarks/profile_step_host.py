@@ -1,6 +1,9 @@
 """Where a `QuantizedLinear` step's host time goes: the wall time of a forward + backward
 in a loop and a cProfile of the same loop, with the layer's CUDA step graphs on (the
-default) and off, for one recipe and shape.
+default) and off, for one recipe and shape; ``--compiled``: the layer under
+``torch.compile`` (Inductor, ``fullgraph=True``), whose step calls the layer's opaque ops
+(the step counter's advance, the forward and the backward op, each replaying its step
+graph where one serves it) from Inductor's code, so the profile shows their Python.
 
 A small step is host-bound: its wall time in a loop is the host's time (the device's
 kernels take a fraction of it), so the profile's lines are what to cut.  The wall time is
@@ -13,6 +16,7 @@ per step.  Each launch from Python (a ``copy_``, a ``_foreach_copy_``, a graph's
 
     python benchmarks/profile_step_host.py              # GPU: nvfp4, 2048 x 1024 x 1024
     python benchmarks/profile_step_host.py --recipe mxfp8 --tokens 8192 --features 768
+    python benchmarks/profile_step_host.py --compiled --tokens 16384 --features 256
     python benchmarks/profile_step_host.py --device cpu --steps 3 --warmup 1   # smoke test
 
 Writes ``--out`` (JSON: per setting, the wall time a step and the top lines) when given.
@@ -41,10 +45,13 @@ from stochround.nn.step_graphs import STEP_GRAPHS
 FP8_NATIVE, PLAIN = "fp8_native", "linear"
 
 
-def layer_step(recipe: str, tokens: int, features: int, device: str) -> Callable[[], None]:
+def layer_step(
+    recipe: str, tokens: int, features: int, device: str, compiled: bool = False
+) -> Callable[[], None]:
     """A forward + backward of a bf16 ``QuantizedLinear(features, features)`` under
     ``RECIPES[recipe]()`` (`FP8_NATIVE`: ``fp8(native=True)``; `PLAIN`: an ``nn.Linear``)
-    on fixed x and dy, the gradients set to None first."""
+    on fixed x and dy, the gradients set to None first; ``compiled``: the layer under
+    ``torch.compile(fullgraph=True)``."""
     layer: torch.nn.Linear
     if recipe == PLAIN:
         layer = torch.nn.Linear(features, features, bias=False, device=device, dtype=torch.bfloat16)
@@ -53,6 +60,7 @@ def layer_step(recipe: str, tokens: int, features: int, device: str) -> Callable
         layer = srnn.QuantizedLinear(
             features, features, bias=False, device=device, dtype=torch.bfloat16, recipe=made
         )
+    model = torch.compile(layer, fullgraph=True) if compiled else layer
     generator = torch.Generator(device=device).manual_seed(0)
     shape = (tokens, features)
     x = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=generator)
@@ -62,7 +70,7 @@ def layer_step(recipe: str, tokens: int, features: int, device: str) -> Callable
     def step() -> None:
         layer.weight.grad = None
         x.grad = None
-        layer(x).backward(dy)
+        model(x).backward(dy)
 
     return step
 
@@ -119,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="steps before timing")
     parser.add_argument("--top", type=int, default=25, help="profile lines printed")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument(
+        "--compiled", action="store_true", help="the layer under torch.compile (Inductor)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON of the figures")
     args = parser.parse_args(argv)
     for name in ("tokens", "features", "steps", "top"):
@@ -134,13 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         # the plain layer has no step graphs: one setting
         for graphs in (True,) if args.recipe == PLAIN else (True, False):
             STEP_GRAPHS.enabled = graphs
-            step = layer_step(args.recipe, args.tokens, args.features, args.device)
+            torch._dynamo.reset()  # each setting traced anew (the trace reads the switch)
+            step = layer_step(args.recipe, args.tokens, args.features, args.device, args.compiled)
             for _ in range(args.warmup):
                 step()
             wall = wall_us(step, args.steps, args.device)
             lines = profile_lines(step, args.steps, args.device, args.top)
             setting = "step graphs on" if graphs else "step graphs off"
             setting = "nn.Linear" if args.recipe == PLAIN else setting
+            setting += ", compiled" if args.compiled else ""
             results[setting] = {"wall_us_a_step": wall, "top": lines}
             print(f"{args.recipe}() {args.tokens} x {args.features} x {args.features}, "
                   f"{setting}: {wall:.1f} us a step (wall, {args.steps} steps)")  # fmt: skip

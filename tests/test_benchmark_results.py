@@ -194,3 +194,11 @@ def test_the_step_host_profile_times_and_profiles_both_settings(tmp_path: Path) 
         assert len(top) == 3 and top[0]["own_us_a_step"] >= top[-1]["own_us_a_step"]
     with pytest.raises(SystemExit):
         profile_step_host.main(["--device", "cpu", "--steps", "0"])
+    compiled = tmp_path / "compiled.json"
+    assert (
+        profile_step_host.main([*args, "--features", "32", "--compiled", "--out", str(compiled)])
+        == 0
+    )
+    data = json.loads(compiled.read_text())
+    functions = [line["function"] for line in data["step graphs on, compiled"]["top"]]
+    assert data["step graphs off, compiled"]["wall_us_a_step"] > 0 and functions
