@@ -212,15 +212,21 @@ def test_an_unsupported_torchtitan_is_an_import_error_naming_the_releases() -> N
 
 
 def checkpointed_run(
-    folder: Path, ranks: int, steps: int, interval: int, load: Path | None = None
+    folder: Path,
+    ranks: int,
+    steps: int,
+    interval: int,
+    load: Path | None = None,
+    device: str = "cpu",
 ) -> tuple[list[float], dict[str, object]]:
-    """``titan_checkpointed_run.py`` on ``ranks`` gloo processes (two: FSDP2): the
-    losses of its steps and its last checkpoint, every entry flattened to a dotted key."""
+    """``titan_checkpointed_run.py`` on ``ranks`` processes on ``device`` (gloo on the CPU,
+    NCCL on GPUs; two: FSDP2): the losses of its steps and its last checkpoint, every
+    entry flattened to a dotted key."""
     script = Path(__file__).with_name("titan_checkpointed_run.py")
     launch = [sys.executable]
     if ranks > 1:
         launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    args = [str(script), str(folder), str(steps), str(interval), str(load or "")]
+    args = [str(script), str(folder), str(steps), str(interval), str(load or ""), device]
     # without the rendezvous an in-process run of an earlier test left in os.environ (its
     # store's port may still be taken): the run picks its own, or torchrun sets them
     env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
@@ -257,19 +263,29 @@ FSDP2_ON_GLOO = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize(
-    "ranks", [1, pytest.param(2, marks=FSDP2_ON_GLOO)], ids=["one-rank", "fsdp2-two-ranks"]
+    ("device", "ranks"),
+    [
+        ("cpu", 1),
+        pytest.param("cpu", 2, marks=FSDP2_ON_GLOO),
+        pytest.param("cuda", 1, marks=pytest.mark.gpu),
+        pytest.param("cuda", 2, marks=pytest.mark.gpus2),
+    ],
+    ids=["one-rank", "fsdp2-two-ranks", "one-gpu", "fsdp2-two-gpus"],
 )
-def test_a_run_resumed_from_a_dcp_checkpoint_is_the_uninterrupted_run(tmp_path, ranks) -> None:
+def test_a_run_resumed_from_a_dcp_checkpoint_is_the_uninterrupted_run(
+    tmp_path, device, ranks
+) -> None:
     """torchtitan's trainer (either release: 0.3.0's runs on the CPU since `cpu_trainer`
     serves it; before, only a plain loop did) under nvfp4 (SR gradients) and SRAdamW: 4
     steps saving a full
     checkpoint at step 2, then a run resumed from it for steps 3 and 4.  The resumed run's
     losses are the uninterrupted run's, and its step-4 checkpoint is the uninterrupted one's
     entry for entry, bit for bit: parameters, the layers' step counters, the optimizer's
-    states and steps, the LR scheduler, the data loader's position."""
-    losses, whole = checkpointed_run(tmp_path / "whole", ranks, steps=4, interval=2)
+    states and steps, the LR scheduler, the data loader's position.  On GPUs too (the
+    layers' step graphs on, torch's deterministic algorithms)."""
+    losses, whole = checkpointed_run(tmp_path / "whole", ranks, 4, 2, None, device)
     middle = tmp_path / "whole" / "checkpoint" / "step-2"
-    resumed_losses, resumed = checkpointed_run(tmp_path / "resumed", ranks, 4, 2, middle)
+    resumed_losses, resumed = checkpointed_run(tmp_path / "resumed", ranks, 4, 2, middle, device)
     assert resumed_losses == losses[2:]
     assert resumed.keys() == whole.keys()
     different = [
