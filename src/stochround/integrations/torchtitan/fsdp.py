@@ -15,6 +15,9 @@ group a step.  The policies (`RESHARD_AFTER_FORWARD`):
   work to do), at the memory of the whole model's unsharded parameters held through the
   step.
 
+(0.3.0's chunked loss runs the head's forward and backward chunk by chunk with the head
+unsharded throughout and reshards it after, whatever the policy.)
+
 The policy acts where torchtitan applies FSDP2 (`applies_fsdp2`): under 0.3.0 always, even
 on one rank or with replicas only (HSDP with a one-rank shard: its unshard is a copy into
 the compute dtype, not a collective); under 0.2.2 only when the model is sharded over more
