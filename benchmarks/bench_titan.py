@@ -16,12 +16,21 @@ With ``--gpus N`` above 1 each run is ``torchrun --nproc_per_node N -m stochroun
 FSDP2 over the N GPUs, each GPU taking ``--batch`` samples a step (the global batch is N
 times the one-GPU batch); with ``--replicate`` each GPU holds the whole model instead
 (torchtitan's ``data_parallel_replicate_degree`` = N: DDP under 0.2.2, FSDP2 with one
-shard under 0.3.0), which tells FSDP2's sharding apart from data parallelism.  Written
-under ``--out``: ``<case>-<N>gpu[-replicate]/rows.jsonl`` (torchtitan's dump folder: one
-row per step, loss and tokens/s per device), ``summary-<N>gpu[-replicate].json`` (per
-case: the last loss, the mean loss of the last tenth of the steps, the median tokens/s per
-device after the first tenth, and its ratio to bf16's) and ``loss-<N>gpu[-replicate].png``
-(the loss curves in one plot).
+shard under 0.3.0), which tells FSDP2's sharding apart from data parallelism.
+``--reshard-after-forward never`` (or ``always``; default: torchtitan's ``default``) passes
+FSDP2's policy on (``stochround titan --reshard-after-forward``): with ``never`` each block
+keeps its parameters unsharded from its forward to its backward, so the backward gathers
+nothing (one all-gather a block a step less, fewer FSDP2 hooks with work to do, the
+unsharded model held in memory).  It acts where torchtitan applies FSDP2: above one GPU
+without ``--replicate``, and under 0.3.0 also on one GPU and with ``--replicate`` (FSDP2 on
+a one-rank shard), so a scaling ratio's one-GPU run takes the same policy; under 0.2.2 the
+command notes that it has no effect there.  Written under ``--out``, ``RUN`` being
+``<N>gpu``, then ``-replicate`` with ``--replicate``, then ``-reshard-<policy>`` with a
+policy other than the default (so no run overwrites another's files):
+``<case>-RUN/rows.jsonl`` (torchtitan's dump folder: one row per step, loss and tokens/s
+per device), ``summary-RUN.json`` (per case: the last loss, the mean loss of the last tenth
+of the steps, the median tokens/s per device after the first tenth, and its ratio to
+bf16's) and ``loss-RUN.png`` (the loss curves in one plot).
 
 ``--profile-steps K`` has torchtitan's profiler record each run's last K steps (left out of
 the tokens/s median: the profiler slows them) and prints, per case and rank, where a step's
@@ -29,13 +38,15 @@ time goes (`titan_profile`): the step's wall time, the GPU's busy time, its comp
 kernels, NCCL's kernels per collective and the part of them no other GPU work hides, the
 GPU's idle time (wall less busy), the kernels launched, the CPU's top self times (ops, CUDA
 runtime calls, FSDP2's hooks, the optimizer's foreach ops) and the top annotations; also
-written to ``profile-<N>gpu[-replicate].json``, the traces kept in each case's
-``profile_traces/`` (open them in Perfetto).
+written to ``profile-RUN.json``, the traces kept in each case's ``profile_traces/`` (open
+them in Perfetto).
 
     python benchmarks/bench_titan.py --gpus 1 --out "$OUT"          # one GPU, 200 steps
     python benchmarks/bench_titan.py --gpus 2 --out "$OUT"          # two GPUs, FSDP2
     python benchmarks/bench_titan.py --gpus 2 --flavor 100M --compile --steps 16 \\
         --profile-steps 3 --cases bf16 nvfp4 --out "$OUT"             # where the time goes
+    python benchmarks/bench_titan.py --gpus 2 --flavor 100M --compile --batch 32 \\
+        --reshard-after-forward never --cases bf16 nvfp4 --out "$OUT"   # no backward all-gather
     python benchmarks/bench_titan.py --device cpu --flavor tiny --steps 2 --seq-len 32 \\
         --batch 1 --cases bf16 nvfp4 --out /tmp/titan                 # smoke test
 """
@@ -96,7 +107,22 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         *([] if step_graphs else ["--no-step-graphs"]),
         *(["--profile-steps", str(args.profile_steps)] if args.profile_steps else []),
         *(["--replicate"] if args.replicate else []),
+        *reshard_flags(args.reshard_after_forward),
     ]
+
+
+def reshard_flags(policy: str) -> list[str]:
+    """``stochround titan``'s option for FSDP2's reshard policy (none for torchtitan's
+    default, so the default run's command line is unchanged)."""
+    return [] if policy == "default" else ["--reshard-after-forward", policy]
+
+
+def run_name(args: argparse.Namespace) -> str:
+    """The run's part of the folder and file names: ``<N>gpu[-replicate][-reshard-POLICY]``
+    (no policy part for the default)."""
+    name = f"{args.gpus}gpu" + ("-replicate" if args.replicate else "")
+    policy = args.reshard_after_forward
+    return name + ("" if policy == "default" else f"-reshard-{policy}")
 
 
 def summary(rows: list[dict[str, float]], profiled: int = 0) -> dict[str, float]:
@@ -167,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="data parallelism by whole-model replicas (DDP), not FSDP2's shards",
     )
+    parser.add_argument(
+        "--reshard-after-forward",
+        default="default",
+        choices=("default", "always", "never"),
+        help="FSDP2's reshard-after-forward policy (torchtitan's; never: no all-gather in "
+        "the backward, parameters unsharded from forward to backward)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.device == "cpu" and args.gpus != 1:
@@ -177,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     curves: dict[str, list[dict[str, float]]] = {}
     results: dict[str, dict[str, float]] = {}
     traced: dict[str, list[dict[str, Any]]] = {}
-    run = f"{args.gpus}gpu" + ("-replicate" if args.replicate else "")
+    run = run_name(args)
     for case in args.cases:
         folder = args.out / f"{case}-{run}"
         line = command(case, args, folder)

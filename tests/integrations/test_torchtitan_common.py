@@ -201,6 +201,16 @@ def test_titan_command_bad_activation_checkpoint_is_a_bad_input_exit(tmp_path) -
     )
 
 
+def test_titan_command_bad_reshard_after_forward_is_a_bad_input_exit(tmp_path) -> None:
+    args = ["titan", "--reshard-after-forward", "sometimes", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert (
+        "reshard_after_forward must be one of 'default', 'always', 'never'; got 'sometimes'"
+        in result.output
+    )
+
+
 def test_an_unsupported_torchtitan_is_an_import_error_naming_the_releases() -> None:
     from stochround.integrations.torchtitan.versions import titan_api
 

@@ -1,9 +1,10 @@
-"""torchtitan's profiler, data parallelism by replicas and torch's deterministic
-algorithms in a stochround run, whichever supported release is installed:
-``titan_config(profile_steps=..., data_parallel_replicate_degree=..., deterministic=...)``
-in each release's config, ``stochround titan --profile-steps N --replicate
---deterministic``, and real traces of torchtitan's trainer (the CPU; one and
-two GPUs) summarized by benchmarks/titan_profile.py."""
+"""torchtitan's profiler, data parallelism by replicas, torch's deterministic algorithms
+and FSDP2's reshard-after-forward policy in a stochround run, whichever supported release
+is installed: ``titan_config(profile_steps=..., data_parallel_replicate_degree=...,
+deterministic=..., reshard_after_forward=...)`` in each release's config, ``stochround
+titan --profile-steps N --replicate --deterministic --reshard-after-forward POLICY``, and
+real traces of torchtitan's trainer (the CPU; one and two GPUs) summarized by
+benchmarks/titan_profile.py."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from typer.testing import CliRunner
 
 from stochround.cli import app
 from stochround.integrations.torchtitan import TITAN_API, titan_config
+from stochround.integrations.torchtitan.fsdp import RESHARD_AFTER_FORWARD, applies_fsdp2
 from stochround.integrations.torchtitan.launch import DETERMINISTIC_WARN_ONLY
 from stochround.integrations.torchtitan.profiling import (
     TRACES_FOLDER,
@@ -97,8 +99,37 @@ def test_the_config_sets_torchtitans_replicate_degree() -> None:
     assert config.parallelism.data_parallel_shard_degree == -1  # the ranks left: one
 
 
+@pytest.mark.parametrize("policy", RESHARD_AFTER_FORWARD)
+def test_the_config_sets_torchtitans_reshard_after_forward_policy(policy: str) -> None:
+    assert titan_config("bf16", flavor="tiny").parallelism.fsdp_reshard_after_forward == "default"
+    config = titan_config("nvfp4", flavor="tiny", reshard_after_forward=policy)
+    assert config.parallelism.fsdp_reshard_after_forward == policy
+
+
+def test_a_bad_reshard_after_forward_policy_is_refused_naming_the_policies() -> None:
+    with pytest.raises(
+        ValueError,
+        match="reshard_after_forward must be one of 'default', 'always', 'never'; got 'once'",
+    ):
+        titan_config("bf16", flavor="tiny", reshard_after_forward="once")
+
+
+def test_fsdp2_and_its_policy_apply_under_0_3_always_and_under_0_2_to_shards_only() -> None:
+    """0.3.0 wraps the model in FSDP2 on a one-rank shard too; 0.2.2 only above one rank
+    (one GPU: plain tensors; replicas: DDP)."""
+    assert applies_fsdp2("0.3", 1) and applies_fsdp2("0.3", 2)
+    assert not applies_fsdp2("0.2", 1) and applies_fsdp2("0.2", 2)
+
+
 def captured_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> Any:
     """The config ``stochround titan ARGS`` hands to `run_training` (which does not run)."""
+    return captured_run(tmp_path, monkeypatch, args)[0]
+
+
+def captured_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> tuple[Any, str]:
+    """`captured_config` and the command's output (stdout and stderr)."""
     from stochround.integrations import torchtitan
 
     seen = []
@@ -110,7 +141,7 @@ def captured_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[
     monkeypatch.setattr(torchtitan, "run_training", run_training)
     result = CliRunner().invoke(app, ["titan", "--device", "cpu", *args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    return seen[0]
+    return seen[0], result.output
 
 
 def test_titan_command_profile_steps_and_replicate_reach_the_config(tmp_path, monkeypatch) -> None:
@@ -135,6 +166,33 @@ def test_titan_command_deterministic_reaches_the_config(tmp_path, monkeypatch) -
     config = captured_config(tmp_path, monkeypatch, ["--recipe", "nvfp4", "--deterministic"])
     assert config.debug.deterministic is True
     assert config.debug.deterministic_warn_only is DETERMINISTIC_WARN_ONLY is True
+
+
+def test_titan_command_reshard_after_forward_reaches_the_config(tmp_path, monkeypatch) -> None:
+    """torchtitan's default unless told; ``--reshard-after-forward never`` on two ranks
+    sharding the model is torchtitan's ``never``, with no note."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = captured_config(tmp_path, monkeypatch, ["--recipe", "bf16"])
+    assert config.parallelism.fsdp_reshard_after_forward == "default"
+    args = ["--recipe", "nvfp4", "--reshard-after-forward", "never"]
+    config, printed = captured_run(tmp_path, monkeypatch, args)
+    assert config.parallelism.fsdp_reshard_after_forward == "never"
+    assert "note:" not in printed
+
+
+@pytest.mark.parametrize("ranks", [["WORLD_SIZE", "1"], ["WORLD_SIZE", "2", "--replicate"]])
+def test_titan_command_passes_the_policy_on_without_fsdp2_with_a_note_where_it_does_nothing(
+    tmp_path, monkeypatch, ranks
+) -> None:
+    """One rank, or replicas: the policy still reaches torchtitan (0.3.0's FSDP2 applies it
+    to a one-rank shard); under 0.2.2, which applies no FSDP2 there, a note says it has no
+    effect."""
+    monkeypatch.setenv(ranks[0], ranks[1])
+    args = ["--recipe", "bf16", "--reshard-after-forward", "always", *ranks[2:]]
+    config, printed = captured_run(tmp_path, monkeypatch, args)
+    assert config.parallelism.fsdp_reshard_after_forward == "always"
+    note = "note: --reshard-after-forward always has no effect in this run: torchtitan 0.2.2"
+    assert (note in printed) is (TITAN_API == "0.2")
 
 
 def test_titan_command_profiling_every_step_is_a_bad_input_exit(tmp_path) -> None:

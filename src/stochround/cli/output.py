@@ -44,6 +44,12 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_BAD_INPUT)
 
 
+def note(message: str) -> None:
+    """Print a note on stderr (e.g. an option that has no effect in this run); the command
+    goes on."""
+    new_console(stderr=True).print(Text(f"note: {message}", style="yellow"), soft_wrap=True)
+
+
 def checked(action: Callable[[], T]) -> T:
     """Run ``action``; a ValueError or TypeError from the library becomes a bad-input exit."""
     try:

@@ -12,8 +12,13 @@ N`` has torchtitan's profiler record the last N steps: each rank's Chrome trace 
 ``OUT/profile_traces/iteration_STEPS/`` (`stochround.integrations.torchtitan.profiling`;
 ``benchmarks/bench_titan.py`` summarizes them).  ``--deterministic`` runs under torch's
 deterministic algorithms (an op that has none warns), to tell which op makes two runs
-differ.  Bad options, and a missing torchtitan,
-are bad-input exits (``error: ...``, status 2).
+differ.  ``--reshard-after-forward never`` keeps each FSDP2 group's parameters unsharded
+from its forward to its backward (torchtitan's ``parallelism.fsdp_reshard_after_forward``:
+one all-gather a group a step less, for the memory of the unsharded model); it is passed
+to torchtitan whatever the ranks, since 0.3.0's FSDP2 acts on one rank and under
+``--replicate`` too, and a note on stderr says when torchtitan applies no FSDP2 to the
+run (0.2.2 on one rank or with ``--replicate``: `stochround.integrations.torchtitan.fsdp`).
+Bad options, and a missing torchtitan, are bad-input exits (``error: ...``, status 2).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ TITAN_EPILOG = (
     "stochround titan --recipe int8 --flavor tiny --device cpu --steps 20 --seq-len 64 ; "
     "torchrun --nproc_per_node 2 -m stochround titan --recipe nvfp4 --optimizer SRAdamW ; "
     "stochround titan --recipe nvfp4 --compile --no-step-graphs ; "
-    "stochround titan --recipe bf16 --steps 20 --profile-steps 3"
+    "stochround titan --recipe bf16 --steps 20 --profile-steps 3 ; "
+    "torchrun --nproc_per_node 2 -m stochround titan --reshard-after-forward never"
 )
 
 
@@ -100,6 +106,17 @@ def titan_command(
             "without one warns).",
         ),
     ] = False,
+    reshard_after_forward: Annotated[
+        str,
+        typer.Option(
+            help="FSDP2's reshard-after-forward policy (torchtitan's "
+            "parallelism.fsdp_reshard_after_forward): default (torchtitan's: every group "
+            "but the last reshards), always, or never (each group keeps its parameters "
+            "unsharded from its forward to its backward: one all-gather less a group, "
+            "more memory). Acts where torchtitan applies FSDP2: several ranks without "
+            "--replicate; under torchtitan 0.3.0 also one rank and --replicate."
+        ),
+    ] = "default",
     out: Annotated[
         Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints, traces).")
     ] = Path("titan-run"),
@@ -133,10 +150,12 @@ def titan_command(
             profile_steps=profile_steps,
             data_parallel_replicate_degree=world_size() if replicate else 1,
             deterministic=deterministic,
+            reshard_after_forward=reshard_after_forward,
             dump_folder=str(out),
             **kept,
         )
     )
+    note_reshard_without_fsdp2(reshard_after_forward, replicate)
     fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
     previous = None if step_graphs is None else use_step_graphs(step_graphs)
     try:
@@ -154,6 +173,21 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def note_reshard_without_fsdp2(policy: str, replicate: bool) -> None:
+    """A note on stderr where ``--reshard-after-forward POLICY`` (not the default) has no
+    effect: the installed torchtitan applies no FSDP2 to the run (`applies_fsdp2`: 0.2.2 on
+    one rank, or with ``--replicate``, DDP); the run goes on, as torchtitan's would."""
+    from ..integrations.torchtitan import TITAN_API, TITAN_VERSION
+    from ..integrations.torchtitan.fsdp import applies_fsdp2
+
+    shard_degree = 1 if replicate else world_size()
+    if policy != "default" and not applies_fsdp2(TITAN_API, shard_degree):
+        output.note(
+            f"--reshard-after-forward {policy} has no effect in this run: torchtitan "
+            f"{TITAN_VERSION} applies no FSDP2 on one rank or with --replicate (DDP)"
+        )
+
+
 def parse_switches(items: list[str]) -> dict[str, object]:
     """``NAME=JSON`` items as a dict (ValueError naming the malformed one)."""
     switches: dict[str, object] = {}
@@ -168,4 +202,10 @@ def parse_switches(items: list[str]) -> dict[str, object]:
     return switches
 
 
-__all__ = ["TITAN_EPILOG", "parse_switches", "titan_command", "world_size"]
+__all__ = [
+    "TITAN_EPILOG",
+    "note_reshard_without_fsdp2",
+    "parse_switches",
+    "titan_command",
+    "world_size",
+]

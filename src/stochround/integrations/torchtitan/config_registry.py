@@ -12,7 +12,8 @@ full or selective activation checkpointing (`ACTIVATION_CHECKPOINTS`): a checkpo
 block's recomputation reads the step its forward read, eager or compiled, so the run is
 the un-checkpointed one bit for bit (`stochround.nn.recompute`, docs/guide/recipes.md);
 torchtitan's profiler over the run's last steps (`stochround.integrations.torchtitan.profiling`);
-data parallelism by FSDP2's sharding over every rank (torchtitan's default) or by replicas.
+data parallelism by FSDP2's sharding over every rank (torchtitan's default) or by replicas,
+and FSDP2's reshard-after-forward policy (`stochround.integrations.torchtitan.fsdp`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from .checkpointing import check_activation_checkpoint
 from .converter import StochroundConverter
 from .data import ByteTokenizer, StdlibDataLoader
 from .flavors import FLAVORS, SIZES, check_flavor
+from .fsdp import check_reshard_after_forward
 from .launch import DETERMINISTIC_WARN_ONLY
 from .optimizers import SROptimizersContainer, sr_optimizer
 from .profiling import TRACES_FOLDER, profile_schedule
@@ -138,6 +140,7 @@ def titan_config(
     profile_steps: int = 0,
     data_parallel_replicate_degree: int = 1,
     deterministic: bool = False,
+    reshard_after_forward: str = "default",
     dump_folder: str = "titan-run",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
@@ -152,9 +155,12 @@ def titan_config(
     ``data_parallel_replicate_degree`` torchtitan's (1: FSDP2 shards over every rank; the
     world size: each rank holds the whole model, HSDP with one shard); ``deterministic``
     torch's deterministic algorithms (torchtitan's ``debug.deterministic``, warning only
-    where an op has none: `DETERMINISTIC_WARN_ONLY`); the rows, checkpoints and traces go
-    to ``dump_folder``."""
+    where an op has none: `DETERMINISTIC_WARN_ONLY`); ``reshard_after_forward`` one of
+    `RESHARD_AFTER_FORWARD`, torchtitan's ``parallelism.fsdp_reshard_after_forward`` (FSDP2
+    applies it to every group, on one rank too: `stochround.integrations.torchtitan.fsdp`);
+    the rows, checkpoints and traces go to ``dump_folder``."""
     check_optimizer(optimizer)
+    check_reshard_after_forward(reshard_after_forward)
     checkpointing = activation_checkpoint_config(activation_checkpoint)
     profiler = profiler_config(steps, profile_steps)
     converter = None
@@ -183,7 +189,8 @@ def titan_config(
         training=TrainingConfig(local_batch_size=local_batch_size, seq_len=seq_len, steps=steps),
         metrics=MetricsProcessor.Config(log_freq=1),
         parallelism=ParallelismConfig(
-            data_parallel_replicate_degree=data_parallel_replicate_degree
+            data_parallel_replicate_degree=data_parallel_replicate_degree,
+            fsdp_reshard_after_forward=reshard_after_forward,
         ),
         profiler=profiler,
         activation_checkpoint=checkpointing,  # type: ignore[arg-type]

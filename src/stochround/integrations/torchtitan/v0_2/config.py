@@ -6,7 +6,8 @@ reads it through torchtitan's ``ConfigManager`` with command-line overrides, so 
 agree: a model size (`FLAVORS`), a recipe with its switches, rules, keep and seed, an
 optimizer (`OPTIMIZERS`), steps, sequence length, batch, learning rate, torchtitan's
 profiler over the last steps (`stochround.integrations.torchtitan.profiling`), data
-parallelism by FSDP2's sharding or by replicas (DDP).
+parallelism by FSDP2's sharding or by replicas (DDP), FSDP2's reshard-after-forward policy
+(`stochround.integrations.torchtitan.fsdp`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torchtitan.config import ConfigManager, JobConfig
 
 from ..checkpointing import check_activation_checkpoint
 from ..flavors import check_flavor
+from ..fsdp import check_reshard_after_forward
 from ..launch import DETERMINISTIC_WARN_ONLY
 from ..profiling import TRACES_FOLDER, profile_schedule
 from ..recipe_rules import make_recipe
@@ -47,6 +49,7 @@ def titan_config(
     profile_steps: int = 0,
     data_parallel_replicate_degree: int = 1,
     deterministic: bool = False,
+    reshard_after_forward: str = "default",
     dump_folder: str = "titan-run",
 ) -> JobConfig:
     """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
@@ -59,10 +62,13 @@ def titan_config(
     `profiling_args`), ``data_parallel_replicate_degree`` torchtitan's (1: FSDP2 shards
     over every rank; the world size: DDP, each rank holding the whole model),
     ``deterministic`` torch's deterministic algorithms (``debug.deterministic``, warning
-    only where an op has none: `DETERMINISTIC_WARN_ONLY`); ValueError naming a bad
-    flavour, optimizer, checkpointing, profiling or recipe."""
+    only where an op has none: `DETERMINISTIC_WARN_ONLY`), ``reshard_after_forward`` one of
+    `RESHARD_AFTER_FORWARD` (``parallelism.fsdp_reshard_after_forward``; without effect
+    where 0.2.2 applies no FSDP2: one rank, or replicas by DDP); ValueError naming a bad
+    flavour, optimizer, checkpointing, reshard policy, profiling or recipe."""
     check_flavor(flavor)
     check_activation_checkpoint(activation_checkpoint)
+    check_reshard_after_forward(reshard_after_forward)
     check_optimizer(optimizer)
     make_recipe(recipe, switches, seed=seed, keep=keep)  # its errors, before torchtitan's
     args = ["--job.config_file", str(TOML), "--job.dump_folder", dump_folder]
@@ -77,6 +83,7 @@ def titan_config(
     args += ["--activation_checkpoint.mode", activation_checkpoint]
     args += profiling_args(steps, profile_steps)
     args += ["--parallelism.data_parallel_replicate_degree", str(data_parallel_replicate_degree)]
+    args += ["--parallelism.fsdp_reshard_after_forward", reshard_after_forward]
     config = ConfigManager().parse_args(args)
     # lists set here: torchtitan's command line splits a list at commas, which regexes hold
     config.stochround.keep = list(keep)
