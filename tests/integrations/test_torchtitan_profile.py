@@ -1,19 +1,22 @@
-"""torchtitan's profiler, data parallelism by replicas, torch's deterministic algorithms
-and FSDP2's reshard-after-forward policy in a stochround run, whichever supported release
-is installed: ``titan_config(profile_steps=..., data_parallel_replicate_degree=...,
-deterministic=..., reshard_after_forward=...)`` in each release's config, ``stochround
-titan --profile-steps N --replicate --deterministic --reshard-after-forward POLICY``, and
-real traces of torchtitan's trainer (the CPU; one and two GPUs) summarized by
-benchmarks/titan_profile.py."""
+"""torchtitan's profiler, data parallelism by replicas, torch's deterministic algorithms,
+FSDP2's reshard-after-forward policy and the logging interval in a stochround run,
+whichever supported release is installed: ``titan_config(profile_steps=...,
+data_parallel_replicate_degree=..., deterministic=..., reshard_after_forward=...,
+log_every=...)`` in each release's config, ``stochround titan --profile-steps N
+--replicate --deterministic --reshard-after-forward POLICY --log-every N``, the rows of a
+run logging every other step, and real traces of torchtitan's trainer (the CPU; one and
+two GPUs) summarized by benchmarks/titan_profile.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +38,7 @@ from stochround.integrations.torchtitan.profiling import (
     trace_files,
     trace_rank,
 )
+from stochround.integrations.torchtitan.rows import check_log_every
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -112,6 +116,24 @@ def test_a_bad_reshard_after_forward_policy_is_refused_naming_the_policies() -> 
         match="reshard_after_forward must be one of 'default', 'always', 'never'; got 'once'",
     ):
         titan_config("bf16", flavor="tiny", reshard_after_forward="once")
+
+
+def test_the_config_sets_torchtitans_log_freq() -> None:
+    """Every step by default (the rows' per-step losses); torchtitan's ``metrics.log_freq``
+    as asked."""
+    assert titan_config("bf16", flavor="tiny").metrics.log_freq == 1
+    assert titan_config("nvfp4", flavor="tiny", log_every=10).metrics.log_freq == 10
+
+
+@pytest.mark.parametrize("log_every", [0, -10, True, 2.0, "10", None])
+def test_a_logging_interval_other_than_a_positive_int_is_refused(log_every: object) -> None:
+    message = f"log_every must be an int >= 1 .steps between rows.; got {log_every!r}"
+    with pytest.raises(ValueError, match=message):
+        titan_config("bf16", flavor="tiny", log_every=log_every)  # type: ignore[arg-type]
+
+
+def test_a_numpy_integer_is_a_logging_interval() -> None:
+    assert check_log_every(np.int64(10)) == 10 and type(check_log_every(np.int64(10))) is int
 
 
 def test_fsdp2_and_its_policy_apply_under_0_3_always_and_under_0_2_to_shards_only() -> None:
@@ -193,6 +215,35 @@ def test_titan_command_passes_the_policy_on_without_fsdp2_with_a_note_where_it_d
     assert config.parallelism.fsdp_reshard_after_forward == "always"
     note = "note: --reshard-after-forward always has no effect in this run: torchtitan 0.2.2"
     assert (note in printed) is (TITAN_API == "0.2")
+
+
+def test_titan_command_log_every_reaches_the_config(tmp_path, monkeypatch) -> None:
+    assert captured_config(tmp_path, monkeypatch, ["--recipe", "bf16"]).metrics.log_freq == 1
+    config = captured_config(tmp_path, monkeypatch, ["--recipe", "nvfp4", "--log-every", "10"])
+    assert config.metrics.log_freq == 10
+
+
+def test_titan_command_log_every_zero_is_a_bad_input_exit(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["titan", "--log-every", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "log_every must be an int >= 1 (steps between rows); got 0" in result.output
+
+
+def test_a_run_logging_every_other_step_writes_rows_for_step_1_and_the_even_steps(
+    tmp_path,
+) -> None:
+    """torchtitan's trainer on the CPU, five steps, ``--log-every 2``: rows at step 1 (which
+    torchtitan always logs) and steps 2 and 4, each with its step number; step 5 has none,
+    and the command prints the last logged step's loss."""
+    out = tmp_path / "run"
+    args = ["titan", "--recipe", "bf16", "--flavor", "tiny", "--device", "cpu", "--steps", "5"]
+    args += ["--seq-len", "32", "--batch", "1", "--log-every", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 4]
+    assert all(row["loss"] > 0 and row["tps"] > 0 for row in rows)
+    assert "step 4: loss" in result.output
 
 
 def test_titan_command_profiling_every_step_is_a_bad_input_exit(tmp_path) -> None:
