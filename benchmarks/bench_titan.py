@@ -24,13 +24,28 @@ nothing (one all-gather a block a step less, fewer FSDP2 hooks with work to do, 
 unsharded model held in memory).  It acts where torchtitan applies FSDP2: above one GPU
 without ``--replicate``, and under 0.3.0 also on one GPU and with ``--replicate`` (FSDP2 on
 a one-rank shard), so a scaling ratio's one-GPU run takes the same policy; under 0.2.2 the
-command notes that it has no effect there.  Written under ``--out``, ``RUN`` being
-``<N>gpu``, then ``-replicate`` with ``--replicate``, then ``-reshard-<policy>`` with a
-policy other than the default (so no run overwrites another's files):
-``<case>-RUN/rows.jsonl`` (torchtitan's dump folder: one row per step, loss and tokens/s
-per device), ``summary-RUN.json`` (per case: the last loss, the mean loss of the last tenth
-of the steps, the median tokens/s per device after the first tenth, and its ratio to
-bf16's) and ``loss-RUN.png`` (the loss curves in one plot).
+command notes that it has no effect there.
+
+``--log-every K`` (default 1) has each run write a row at step 1 and every Kth step only
+(``stochround titan --log-every``, torchtitan's ``metrics.log_freq``; the steps a multiple
+of K, so the last step has its row).  A logged step reads the loss and the gradient norm on
+the host, which waits there for the GPU to finish the step; between logged steps the host
+runs ahead of the GPU, launching the next step while the GPU finishes this one.  So with
+K = 1 every step is host-synchronized, and a host-bound run's tokens/s counts the GPU's
+idle time at every sync; ``--log-every 10`` (torchtitan's own default) measures throughput
+with the host running ahead nine steps in ten.  A row's tokens/s is torchtitan's: the
+tokens since the previous row over the time since, the K steps up to the row's taken
+together (step 1's row: step 1 alone); its loss is its step's only.
+
+Written under ``--out``, ``RUN`` being ``<N>gpu``, then ``-replicate`` with
+``--replicate``, then ``-reshard-<policy>`` with a policy other than the default, then
+``-log<K>`` with K above 1 (so no run overwrites another's files; a run logging every K
+steps is another measurement of tokens/s than one logging every step, and the default run
+keeps its names): ``<case>-RUN/rows.jsonl`` (torchtitan's dump folder: one row per logged
+step, its ``step``, loss and tokens/s per device), ``summary-RUN.json`` (per case, by the
+rows' steps: the last loss, the mean loss of the rows in the last tenth of the steps, the
+median tokens/s per device of the rows after the first tenth, and its ratio to bf16's) and
+``loss-RUN.png`` (the loss curves in one plot, a point per row).
 
 ``--profile-steps K`` has torchtitan's profiler record each run's last K steps (left out of
 the tokens/s median: the profiler slows them) and prints, per case and rank, where a step's
@@ -47,6 +62,8 @@ them in Perfetto).
         --profile-steps 3 --cases bf16 nvfp4 --out "$OUT"             # where the time goes
     python benchmarks/bench_titan.py --gpus 2 --flavor 100M --compile --batch 32 \\
         --reshard-after-forward never --cases bf16 nvfp4 --out "$OUT"   # no backward all-gather
+    python benchmarks/bench_titan.py --gpus 1 --flavor 100M --compile --log-every 10 \\
+        --cases bf16 nvfp4 --out "$OUT"                               # the host running ahead
     python benchmarks/bench_titan.py --device cpu --flavor tiny --steps 2 --seq-len 32 \\
         --batch 1 --cases bf16 nvfp4 --out /tmp/titan                 # smoke test
 """
@@ -105,35 +122,42 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         str(folder),
         *(["--compile"] if args.compile else []),
         *([] if step_graphs else ["--no-step-graphs"]),
-        *(["--profile-steps", str(args.profile_steps)] if args.profile_steps else []),
+        *option("--profile-steps", args.profile_steps, 0),
         *(["--replicate"] if args.replicate else []),
-        *reshard_flags(args.reshard_after_forward),
+        *option("--reshard-after-forward", args.reshard_after_forward, "default"),
+        *option("--log-every", args.log_every, 1),
     ]
 
 
-def reshard_flags(policy: str) -> list[str]:
-    """``stochround titan``'s option for FSDP2's reshard policy (none for torchtitan's
-    default, so the default run's command line is unchanged)."""
-    return [] if policy == "default" else ["--reshard-after-forward", policy]
+def option(name: str, value: object, default: object) -> list[str]:
+    """``stochround titan``'s option ``name value``, or nothing where ``value`` is its
+    default (so the default run's command line is unchanged)."""
+    return [] if value == default else [name, str(value)]
 
 
 def run_name(args: argparse.Namespace) -> str:
-    """The run's part of the folder and file names: ``<N>gpu[-replicate][-reshard-POLICY]``
-    (no policy part for the default)."""
+    """The run's part of the folder and file names:
+    ``<N>gpu[-replicate][-reshard-POLICY][-logK]`` (no policy part for the default, no
+    logging part for K = 1)."""
     name = f"{args.gpus}gpu" + ("-replicate" if args.replicate else "")
     policy = args.reshard_after_forward
-    return name + ("" if policy == "default" else f"-reshard-{policy}")
+    name += "" if policy == "default" else f"-reshard-{policy}"
+    return name + ("" if args.log_every == 1 else f"-log{args.log_every}")
 
 
 def summary(rows: list[dict[str, float]], profiled: int = 0) -> dict[str, float]:
-    """The last loss, the mean loss of the last tenth, the median tokens/s after the first
-    tenth (the first steps include start-up) and before the last ``profiled`` steps."""
-    tenth = max(1, len(rows) // 10)
-    later = rows[tenth : len(rows) - profiled] or rows
+    """A run's figures by its rows' steps (a row at step 1 and every Kth step, its tokens/s
+    over the steps since the previous row): the last step and its loss, the mean loss of
+    the rows in the last tenth of the steps, and the median tokens/s of the rows after the
+    first tenth (start-up, compilation) whose steps all precede the last ``profiled`` steps
+    (the profiler slows those).  With one row a step, a row's figures are its step's."""
+    last = int(rows[-1]["step"])
+    tenth = max(1, last // 10)
+    later = [r for r in rows if tenth < r["step"] <= last - profiled] or rows
     return {
-        "steps": len(rows),
+        "steps": last,
         "last_loss": rows[-1]["loss"],
-        "tail_loss": statistics.fmean(r["loss"] for r in rows[-tenth:]),
+        "tail_loss": statistics.fmean(r["loss"] for r in rows if r["step"] > last - tenth),
         "tps": statistics.median(r["tps"] for r in later),
     }
 
@@ -169,7 +193,8 @@ def plot(curves: dict[str, list[dict[str, float]]], path: Path, title: str) -> N
     plt.close(figure)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options, checked (a bad one exits as argparse's errors do)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (torchrun above 1)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -200,12 +225,26 @@ def main(argv: list[str] | None = None) -> int:
         help="FSDP2's reshard-after-forward policy (torchtitan's; never: no all-gather in "
         "the backward, parameters unsharded from forward to backward)",
     )
+    parser.add_argument(
+        "--log-every",
+        type=int,
+        default=1,
+        help="a row at step 1 and every K steps (a logged step syncs the host with the GPU: "
+        "10, torchtitan's default, to measure throughput; 1 for every step's loss)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.device == "cpu" and args.gpus != 1:
         parser.error("--device cpu runs one process: --gpus 1")
     if args.replicate and args.gpus == 1:
         parser.error("--replicate spreads replicas over GPUs: --gpus above 1")
+    if args.log_every < 1 or args.steps % args.log_every:
+        parser.error("--log-every must be at least 1 and divide --steps (the last step logged)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_options(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     curves: dict[str, list[dict[str, float]]] = {}
     results: dict[str, dict[str, float]] = {}

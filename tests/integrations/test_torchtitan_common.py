@@ -136,17 +136,25 @@ def test_recipe_names_switches_and_rules() -> None:
     assert RecipeChoice("bf16").recipe_of("c") is None
 
 
-def test_titan_command_trains_a_tiny_model_on_the_cpu(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("steps", "flags", "logged"),
+    [("2", [], [1, 2]), ("5", ["--log-every", "2"], [1, 2, 4])],
+    ids=["every-step", "every-other-step"],
+)
+def test_titan_command_trains_a_tiny_model_on_the_cpu(tmp_path, steps, flags, logged) -> None:
+    """A row for each step; with ``--log-every 2``, for step 1 (which torchtitan always
+    logs) and the even steps only, each with its step's number, and the last logged step's
+    loss printed."""
     out = tmp_path / "run"
-    args = ["titan", "--recipe", "int8", "--flavor", "tiny", "--device", "cpu", "--steps", "2"]
-    args += ["--seq-len", "32", "--batch", "1", "--optimizer", "SRAdamW", "--out", str(out)]
-    result = CliRunner().invoke(app, args)
+    args = ["titan", "--recipe", "int8", "--flavor", "tiny", "--device", "cpu", "--steps", steps]
+    args += ["--seq-len", "32", "--batch", "1", "--optimizer", "SRAdamW", *flags]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2]
+    assert [row["step"] for row in rows] == logged
     assert rows[0]["recipe"] == "int8" and rows[0]["optimizer"] == "SRAdamW"
     assert all(row["loss"] > 0 and row["tps"] > 0 for row in rows)
-    assert "step 2: loss" in result.output
+    assert f"step {logged[-1]}: loss" in result.output
 
 
 def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:

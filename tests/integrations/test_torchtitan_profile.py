@@ -1,10 +1,11 @@
-"""torchtitan's profiler, data parallelism by replicas, torch's deterministic algorithms
-and FSDP2's reshard-after-forward policy in a stochround run, whichever supported release
-is installed: ``titan_config(profile_steps=..., data_parallel_replicate_degree=...,
-deterministic=..., reshard_after_forward=...)`` in each release's config, ``stochround
-titan --profile-steps N --replicate --deterministic --reshard-after-forward POLICY``, and
-real traces of torchtitan's trainer (the CPU; one and two GPUs) summarized by
-benchmarks/titan_profile.py."""
+"""torchtitan's profiler, data parallelism by replicas, torch's deterministic algorithms,
+FSDP2's reshard-after-forward policy and the logging interval in a stochround run,
+whichever supported release is installed: ``titan_config(profile_steps=...,
+data_parallel_replicate_degree=..., deterministic=..., reshard_after_forward=...,
+log_every=...)`` in each release's config, ``stochround titan --profile-steps N
+--replicate --deterministic --reshard-after-forward POLICY --log-every N``, and real traces
+of torchtitan's trainer (the CPU; one and two GPUs) summarized by
+benchmarks/titan_profile.py (a run's rows every Nth step: test_torchtitan_common.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +37,7 @@ from stochround.integrations.torchtitan.profiling import (
     trace_files,
     trace_rank,
 )
+from stochround.integrations.torchtitan.rows import check_log_every
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -112,6 +115,24 @@ def test_a_bad_reshard_after_forward_policy_is_refused_naming_the_policies() -> 
         match="reshard_after_forward must be one of 'default', 'always', 'never'; got 'once'",
     ):
         titan_config("bf16", flavor="tiny", reshard_after_forward="once")
+
+
+def test_the_config_sets_torchtitans_log_freq() -> None:
+    """Every step by default (the rows' per-step losses); torchtitan's ``metrics.log_freq``
+    as asked."""
+    assert titan_config("bf16", flavor="tiny").metrics.log_freq == 1
+    assert titan_config("nvfp4", flavor="tiny", log_every=10).metrics.log_freq == 10
+
+
+@pytest.mark.parametrize("log_every", [0, -10, True, 2.0, "10", None])
+def test_a_logging_interval_other_than_a_positive_int_is_refused(log_every: object) -> None:
+    message = f"log_every must be an int >= 1 .steps between rows.; got {log_every!r}"
+    with pytest.raises(ValueError, match=message):
+        titan_config("bf16", flavor="tiny", log_every=log_every)  # type: ignore[arg-type]
+
+
+def test_a_numpy_integer_is_a_logging_interval() -> None:
+    assert check_log_every(np.int64(10)) == 10 and type(check_log_every(np.int64(10))) is int
 
 
 def test_fsdp2_and_its_policy_apply_under_0_3_always_and_under_0_2_to_shards_only() -> None:
@@ -193,6 +214,18 @@ def test_titan_command_passes_the_policy_on_without_fsdp2_with_a_note_where_it_d
     assert config.parallelism.fsdp_reshard_after_forward == "always"
     note = "note: --reshard-after-forward always has no effect in this run: torchtitan 0.2.2"
     assert (note in printed) is (TITAN_API == "0.2")
+
+
+def test_titan_command_log_every_reaches_the_config(tmp_path, monkeypatch) -> None:
+    assert captured_config(tmp_path, monkeypatch, ["--recipe", "bf16"]).metrics.log_freq == 1
+    config = captured_config(tmp_path, monkeypatch, ["--recipe", "nvfp4", "--log-every", "10"])
+    assert config.metrics.log_freq == 10
+
+
+def test_titan_command_log_every_zero_is_a_bad_input_exit(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["titan", "--log-every", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "log_every must be an int >= 1 (steps between rows); got 0" in result.output
 
 
 def test_titan_command_profiling_every_step_is_a_bad_input_exit(tmp_path) -> None:

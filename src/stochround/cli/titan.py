@@ -6,11 +6,12 @@ One command, offline: ``stochround titan --recipe nvfp4 --steps 200``, with torc
 ``torchrun --nproc_per_node N -m stochround titan ...``, one process per GPU with FSDP2);
 on the CPU, the same trainer with gloo (slow: choose a small ``--flavor`` and
 ``--seq-len``).  ``--replicate`` makes the data parallelism replicas instead of FSDP2's
-shards (torchtitan's ``data_parallel_replicate_degree`` = the world size).  Each step's
-loss and tokens/s go to ``OUT/rows.jsonl``; the last loss is printed.  ``--profile-steps
-N`` has torchtitan's profiler record the last N steps: each rank's Chrome trace goes to
-``OUT/profile_traces/iteration_STEPS/`` (`stochround.integrations.torchtitan.profiling`;
-``benchmarks/bench_titan.py`` summarizes them).  ``--deterministic`` runs under torch's
+shards (torchtitan's ``data_parallel_replicate_degree`` = the world size).  Each logged
+step's loss and tokens/s go to ``OUT/rows.jsonl``; the last logged loss is printed.
+``--profile-steps N`` has torchtitan's profiler record the last N steps: each rank's
+Chrome trace goes to ``OUT/profile_traces/iteration_STEPS/``
+(`stochround.integrations.torchtitan.profiling`; ``benchmarks/bench_titan.py`` summarizes
+them).  ``--deterministic`` runs under torch's
 deterministic algorithms (an op that has none warns), to tell which op makes two runs
 differ.  ``--reshard-after-forward never`` keeps each FSDP2 group's parameters unsharded
 from its forward to its backward (torchtitan's ``parallelism.fsdp_reshard_after_forward``:
@@ -18,7 +19,11 @@ one all-gather a group a step less, for the memory of the unsharded model); it i
 to torchtitan whatever the ranks, since 0.3.0's FSDP2 acts on one rank and under
 ``--replicate`` too, and a note on stderr says when torchtitan applies no FSDP2 to the
 run (0.2.2 on one rank or with ``--replicate``: `stochround.integrations.torchtitan.fsdp`).
-Bad options, and a missing torchtitan, are bad-input exits (``error: ...``, status 2).
+``--log-every N`` writes a row at step 1 and every Nth step only (torchtitan's
+``metrics.log_freq``; default 1, every step): each logged step waits on the host for the
+device to finish it, so ``--log-every 10`` (torchtitan's own default) lets the host run
+ahead to measure throughput (`stochround.integrations.torchtitan.rows`).  Bad options, and
+a missing torchtitan, are bad-input exits (``error: ...``, status 2).
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ TITAN_EPILOG = (
     "torchrun --nproc_per_node 2 -m stochround titan --recipe nvfp4 --optimizer SRAdamW ; "
     "stochround titan --recipe nvfp4 --compile --no-step-graphs ; "
     "stochround titan --recipe bf16 --steps 20 --profile-steps 3 ; "
-    "torchrun --nproc_per_node 2 -m stochround titan --reshard-after-forward never"
+    "torchrun --nproc_per_node 2 -m stochround titan --reshard-after-forward never ; "
+    "stochround titan --recipe nvfp4 --compile --log-every 10"
 )
 
 
@@ -117,6 +123,15 @@ def titan_command(
             "--replicate; under torchtitan 0.3.0 also one rank and --replicate."
         ),
     ] = "default",
+    log_every: Annotated[
+        int,
+        typer.Option(
+            help="A row in OUT/rows.jsonl every N steps and at step 1 (torchtitan's "
+            "metrics.log_freq). A logged step syncs the host with the GPU: 10 "
+            "(torchtitan's default) to measure throughput; 1 (default) for every step's "
+            "loss."
+        ),
+    ] = 1,
     out: Annotated[
         Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints, traces).")
     ] = Path("titan-run"),
@@ -151,6 +166,7 @@ def titan_command(
             data_parallel_replicate_degree=world_size() if replicate else 1,
             deterministic=deterministic,
             reshard_after_forward=reshard_after_forward,
+            log_every=log_every,
             dump_folder=str(out),
             **kept,
         )

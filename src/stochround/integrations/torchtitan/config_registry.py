@@ -13,7 +13,8 @@ block's recomputation reads the step its forward read, eager or compiled, so the
 the un-checkpointed one bit for bit (`stochround.nn.recompute`, docs/guide/recipes.md);
 torchtitan's profiler over the run's last steps (`stochround.integrations.torchtitan.profiling`);
 data parallelism by FSDP2's sharding over every rank (torchtitan's default) or by replicas,
-and FSDP2's reshard-after-forward policy (`stochround.integrations.torchtitan.fsdp`).
+FSDP2's reshard-after-forward policy (`stochround.integrations.torchtitan.fsdp`), and the
+steps between two logged rows (`stochround.integrations.torchtitan.rows`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .fsdp import check_reshard_after_forward
 from .launch import DETERMINISTIC_WARN_ONLY
 from .optimizers import SROptimizersContainer, sr_optimizer
 from .profiling import TRACES_FOLDER, profile_schedule
+from .rows import check_log_every
 from .sr_optimizers import OPTIMIZERS, check_optimizer
 from .stages import recording_pipeline
 
@@ -141,6 +143,7 @@ def titan_config(
     data_parallel_replicate_degree: int = 1,
     deterministic: bool = False,
     reshard_after_forward: str = "default",
+    log_every: int = 1,
     dump_folder: str = "titan-run",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
@@ -158,9 +161,12 @@ def titan_config(
     where an op has none: `DETERMINISTIC_WARN_ONLY`); ``reshard_after_forward`` one of
     `RESHARD_AFTER_FORWARD`, torchtitan's ``parallelism.fsdp_reshard_after_forward`` (FSDP2
     applies it to every group, on one rank too: `stochround.integrations.torchtitan.fsdp`);
-    the rows, checkpoints and traces go to ``dump_folder``."""
+    ``log_every`` torchtitan's ``metrics.log_freq``, a row every that many steps and at step
+    1 (each logged step syncs the host with the device: `check_log_every`); the rows,
+    checkpoints and traces go to ``dump_folder``."""
     check_optimizer(optimizer)
     check_reshard_after_forward(reshard_after_forward)
+    check_log_every(log_every)
     checkpointing = activation_checkpoint_config(activation_checkpoint)
     profiler = profiler_config(steps, profile_steps)
     converter = None
@@ -187,7 +193,7 @@ def titan_config(
             warmup_steps=max(1, steps // 20), decay_ratio=0.8, decay_type="linear"
         ),
         training=TrainingConfig(local_batch_size=local_batch_size, seq_len=seq_len, steps=steps),
-        metrics=MetricsProcessor.Config(log_freq=1),
+        metrics=MetricsProcessor.Config(log_freq=log_every),
         parallelism=ParallelismConfig(
             data_parallel_replicate_degree=data_parallel_replicate_degree,
             fsdp_reshard_after_forward=reshard_after_forward,

@@ -1,14 +1,24 @@
-"""The rows of a stochround torchtitan run: one JSON line per step in ``rows.jsonl``.
+"""The rows of a stochround torchtitan run: one JSON line per logged step in ``rows.jsonl``.
 
 ``{"step", "loss", "tps", "recipe", "optimizer", "flavor", "device", "world_size"}``,
 ``tps`` being tokens per second per device.  `RowsLogger` takes the place of torchtitan's
 metric logger in its trainer (both APIs name the metrics ``loss_metrics/global_avg_loss``
 and ``throughput(tps)``).
+
+torchtitan logs step 1 and every step that its ``metrics.log_freq`` divides
+(``titan_config(log_every=N)``; 1, every step, by default).  A row's ``step`` is the step
+torchtitan logged, its ``loss`` that step's alone, and its ``tps`` the tokens of the steps
+since the previous logged step over the time since (torchtitan's count and clock, reset at
+each log): with ``N`` above 1 one row's throughput covers ``N`` steps (the first row: step
+1 alone).  A logged step reads the loss and the gradient norm on the host (``.item()``),
+which waits for the device to finish the step: between two logged steps the host runs
+ahead of the device, at a logged step it cannot.
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -40,4 +50,13 @@ class RowsLogger:
             self.inner.close()
 
 
-__all__ = ["RowsLogger"]
+def check_log_every(log_every: object) -> int:
+    """``log_every`` (torchtitan's ``metrics.log_freq``: a row every that many steps, and
+    step 1) if it is an int of at least 1 (a bool is not), else ValueError naming it."""
+    # a numpy integer is an int too; a bool is not
+    if isinstance(log_every, bool) or not isinstance(log_every, numbers.Integral) or log_every < 1:
+        raise ValueError(f"log_every must be an int >= 1 (steps between rows); got {log_every!r}")
+    return int(log_every)
+
+
+__all__ = ["RowsLogger", "check_log_every"]

@@ -7,7 +7,8 @@ agree: a model size (`FLAVORS`), a recipe with its switches, rules, keep and see
 optimizer (`OPTIMIZERS`), steps, sequence length, batch, learning rate, torchtitan's
 profiler over the last steps (`stochround.integrations.torchtitan.profiling`), data
 parallelism by FSDP2's sharding or by replicas (DDP), FSDP2's reshard-after-forward policy
-(`stochround.integrations.torchtitan.fsdp`).
+(`stochround.integrations.torchtitan.fsdp`), the steps between two logged rows
+(`stochround.integrations.torchtitan.rows`; the TOML logs every step).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..fsdp import check_reshard_after_forward
 from ..launch import DETERMINISTIC_WARN_ONLY
 from ..profiling import TRACES_FOLDER, profile_schedule
 from ..recipe_rules import make_recipe
+from ..rows import check_log_every
 from ..sr_optimizers import check_optimizer
 
 TOML = Path(__file__).with_name("stochround_debugmodel.toml")
@@ -50,6 +52,7 @@ def titan_config(
     data_parallel_replicate_degree: int = 1,
     deterministic: bool = False,
     reshard_after_forward: str = "default",
+    log_every: int = 1,
     dump_folder: str = "titan-run",
 ) -> JobConfig:
     """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
@@ -64,11 +67,14 @@ def titan_config(
     ``deterministic`` torch's deterministic algorithms (``debug.deterministic``, warning
     only where an op has none: `DETERMINISTIC_WARN_ONLY`), ``reshard_after_forward`` one of
     `RESHARD_AFTER_FORWARD` (``parallelism.fsdp_reshard_after_forward``; without effect
-    where 0.2.2 applies no FSDP2: one rank, or replicas by DDP); ValueError naming a bad
-    flavour, optimizer, checkpointing, reshard policy, profiling or recipe."""
+    where 0.2.2 applies no FSDP2: one rank, or replicas by DDP), ``log_every``
+    ``metrics.log_freq`` (a row every that many steps and at step 1: `check_log_every`);
+    ValueError naming a bad flavour, optimizer, checkpointing, reshard policy, logging
+    interval, profiling or recipe."""
     check_flavor(flavor)
     check_activation_checkpoint(activation_checkpoint)
     check_reshard_after_forward(reshard_after_forward)
+    check_log_every(log_every)
     check_optimizer(optimizer)
     make_recipe(recipe, switches, seed=seed, keep=keep)  # its errors, before torchtitan's
     args = ["--job.config_file", str(TOML), "--job.dump_folder", dump_folder]
@@ -84,6 +90,7 @@ def titan_config(
     args += profiling_args(steps, profile_steps)
     args += ["--parallelism.data_parallel_replicate_degree", str(data_parallel_replicate_degree)]
     args += ["--parallelism.fsdp_reshard_after_forward", reshard_after_forward]
+    args += ["--metrics.log_freq", str(log_every)]
     config = ConfigManager().parse_args(args)
     # lists set here: torchtitan's command line splits a list at commas, which regexes hold
     config.stochround.keep = list(keep)

@@ -1,0 +1,74 @@
+"""benchmarks/bench_titan.py: a case's command line (the default one unchanged by the
+options left at their defaults), the run's name, and its summary by the rows' steps, with
+a row every step or every Kth (``--log-every K``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from bench_titan import command, parse_options, run_name, summary  # noqa: E402
+
+
+def test_the_default_command_line_passes_no_option_left_at_its_default(tmp_path) -> None:
+    args = parse_options(["--out", str(tmp_path)])
+    assert command("bf16", args, tmp_path / "run") == [
+        sys.executable,
+        "-m",
+        "stochround",
+        "titan",
+        *("--recipe", "bf16", "--optimizer", "AdamW", "--steps", "200"),
+        *("--flavor", "debugmodel", "--seq-len", "2048", "--batch", "8"),
+        *("--device", "cuda", "--seed", "0", "--out", str(tmp_path / "run")),
+    ]
+    assert run_name(args) == "1gpu"
+
+
+def test_log_every_is_passed_on_and_names_the_run(tmp_path) -> None:
+    """A run logging every K steps measures tokens/s otherwise: its files take ``-logK``."""
+    args = parse_options(["--log-every", "10", "--out", str(tmp_path)])
+    assert command("nvfp4", args, tmp_path)[-2:] == ["--log-every", "10"]
+    assert run_name(args) == "1gpu-log10"
+    flags = ["--gpus", "2", "--replicate", "--reshard-after-forward", "never"]
+    args = parse_options([*flags, "--log-every", "10", "--out", str(tmp_path)])
+    assert run_name(args) == "2gpu-replicate-reshard-never-log10"
+
+
+@pytest.mark.parametrize("flags", [["--log-every", "0"], ["--steps", "25", "--log-every", "10"]])
+def test_a_logging_interval_below_1_or_not_dividing_the_steps_is_refused(
+    tmp_path, flags, capsys
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_options([*flags, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--log-every must be at least 1 and divide --steps" in capsys.readouterr().err
+
+
+def test_a_row_every_step_is_summarized_step_by_step() -> None:
+    """20 steps, the last 3 profiled: tokens/s over steps 3 to 17, the loss of steps 19-20."""
+    rows = [{"step": step, "loss": 100.0 - step, "tps": 10.0 * step} for step in range(1, 21)]
+    assert summary(rows, profiled=3) == {
+        "steps": 20,
+        "last_loss": 80.0,
+        "tail_loss": 80.5,
+        "tps": 100.0,
+    }
+
+
+def test_a_row_every_tenth_step_is_summarized_by_its_steps() -> None:
+    """Rows at steps 1, 10, ..., 200 (``--log-every 10``), the last 3 profiled: tokens/s
+    from the rows after step 20 (the first tenth of the steps) up to step 190 (the row at
+    200 covers profiled steps), the loss of the rows past step 180."""
+    steps = [1, *range(10, 201, 10)]
+    rows = [{"step": step, "loss": 1000.0 - step, "tps": float(step)} for step in steps]
+    assert summary(rows, profiled=3) == {
+        "steps": 200,
+        "last_loss": 800.0,
+        "tail_loss": 805.0,
+        "tps": 110.0,  # the median of 30 ... 190
+    }
