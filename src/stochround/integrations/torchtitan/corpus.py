@@ -121,8 +121,9 @@ class StdlibDataset(IterableDataset[tuple[dict[str, torch.Tensor], torch.Tensor]
     def take(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """The next sample off the buffers.  The positions of a file that began in an
         earlier sample restart at 0 (as torchtitan's text loader does), so none reaches
-        ``seq_len``.  The buffers are arrays, not lists: a sample is three slices, where
-        a tensor built from a list's ints cost the host a tenth of a millisecond each."""
+        ``seq_len``.  The buffers are arrays, not lists: a sample is three slices and
+        copies, where a tensor built from a list converts each Python int (the loader
+        runs on the training process's host, between its steps)."""
         n = self.seq_len
         inputs, labels, positions = (
             torch.from_numpy(buffer[:n].copy())
