@@ -153,11 +153,11 @@ def run_name(args: argparse.Namespace) -> str:
 def one_gpu_runs(args: argparse.Namespace) -> list[str]:
     """The names of the one-GPU runs a run of several GPUs is compared with, first found
     first: the one-GPU run with the same reshard policy and logging interval, then with the
-    default policy (under torchtitan 0.2.2 one GPU has no FSDP2, so no policy)."""
-    log = "" if args.log_every == 1 else f"-log{args.log_every}"
-    policy = args.reshard_after_forward
-    same = f"1gpu-reshard-{policy}{log}" if policy != "default" else f"1gpu{log}"
-    return list(dict.fromkeys((same, f"1gpu{log}")))
+    default policy (under torchtitan 0.2.2 one GPU has no FSDP2, so no policy): their
+    `run_name`s."""
+    alone = argparse.Namespace(**{**vars(args), "gpus": 1, "replicate": False})
+    default = argparse.Namespace(**{**vars(alone), "reshard_after_forward": "default"})
+    return list(dict.fromkeys((run_name(alone), run_name(default))))
 
 
 def add_scaling(results: dict[str, dict[str, float]], gpus: int, one_gpu: dict) -> None:
