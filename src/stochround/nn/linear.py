@@ -53,7 +53,9 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
+from ..kernels.availability import on_kernel_device
 from ..shards import is_dtensor
+from .amax_history import AmaxHistory, empty_history, history_width
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -81,6 +83,7 @@ from .streams import (
     SLOTS_PER_LAYER,
     bases_column,
     check_data_parallel_rank,
+    column_step,
     layer_bases,
     slot_bases,
     slot_offsets,
@@ -125,9 +128,19 @@ class QuantizedLinear(nn.Linear):
     calls made under grad mode; a state dict without it (an `nn.Linear`'s) loads and keeps
     the layer's step.  Under ``torch.no_grad`` the step does not advance.  An activation
     checkpoint's recomputation reads its forward's step again (`stochround.nn.recompute`).
+
+    A recipe with delayed tensor scales (``tensor_scale="delayed"``) adds the buffers
+    ``amax_history`` (fp32) and ``amax_history_steps`` (int64), each ``(6, H + 1)`` for
+    the longest history ``H`` of its roles (`stochround.nn.amax_history`), saved in
+    ``state_dict``: the amaxes its training steps recorded, which later steps' tensor
+    scales come from.  A state dict without them (an `nn.Linear`'s, or a layer's under
+    current scaling) loads and keeps the layer's history; a layer without delayed roles
+    ignores a state dict's.
     """
 
     step: Tensor
+    amax_history: Tensor | None
+    amax_history_steps: Tensor | None
     layer_index: int
     recipe: Recipe
     plan: Plan
@@ -170,6 +183,8 @@ class QuantizedLinear(nn.Linear):
         self.recipe = recipe
         self.layer_index = layer
         self.plan = self.layer_plan(recipe, layer)
+        width = history_width(entry.spec for entry in self.plan.operands.values())
+        self.place_amax_history(width, self.step.device)
         # each eager call signature's resolved choices (`prepare_step`), made again for
         # the new plan
         self.step_plans = StepPlans()
@@ -223,6 +238,8 @@ class QuantizedLinear(nn.Linear):
         layer.weight = linear.weight
         layer.bias = linear.bias
         layer.step = torch.zeros((), dtype=torch.int64, device=linear.weight.device)
+        if layer.amax_history is not None:
+            layer.place_amax_history(layer.amax_history.shape[1], linear.weight.device)
         layer.place_stream_bases(linear.weight.device)
         layer.train(linear.training)
         return layer
@@ -266,8 +283,10 @@ class QuantizedLinear(nn.Linear):
         # the step's offsets column, made from the counter before it advances (one add;
         # the column, not the step, kept for a recomputation)
         column = read_step(counter, self.step_reads, self.training, self.offsets_column)
+        record = column is not None  # a training step records its amaxes
         if column is None:  # no training forward: the counter read, not advanced
             column = self.offsets_column(counter)
+        history = self.step_history(x, column, record, compiling, wrap is not None)
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
             # (y, and the operands the backward reuses, which autograd keeps, where the
@@ -282,12 +301,55 @@ class QuantizedLinear(nn.Linear):
                 tokens, weight, bias, column, self.plan_index, rank, False, False
             )
         else:
-            out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
+            out = QuantizedMatmul.apply(
+                tokens, weight, bias, column, plan, wgrad, dgrad, prepared, history
+            )
         out = typing.cast(Tensor, out)
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
         y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
         return y if wrap is None else wrap(y)
+
+    def step_history(
+        self, x: Tensor, column: Tensor, record: bool, compiling: bool, sharded: bool
+    ) -> AmaxHistory | None:
+        """The layer's amax history at the step of ``column`` (None where no role has a
+        delayed tensor scale), recording where ``record`` (a training forward).  The
+        delayed scales' spec runs on the PyTorch path: NotImplementedError, naming what is
+        missing, under torch.compile, tensor parallelism, or where the kernels (and the
+        step graphs) would run the step."""
+        if self.amax_history is None or self.amax_history_steps is None:
+            return None
+        missing = None
+        if compiling:
+            missing = "under torch.compile"
+        elif sharded:
+            missing = "under tensor parallelism"
+        elif on_kernel_device(x):
+            missing = "on the CUDA kernels' route (and the step graphs)"
+        if missing is not None:
+            raise NotImplementedError(
+                f"tensor_scale='delayed' is not built {missing} yet: it runs eagerly on the "
+                "PyTorch path (CPU tensors); use tensor_scale='amax' there "
+                "(docs/guide/recipes.md, 'Delayed tensor scales')"
+            )
+        steps = self.amax_history_steps
+        return AmaxHistory(self.amax_history, steps, column_step(column), record)
+
+    def place_amax_history(self, width: int, device: torch.device) -> None:
+        """The history buffers of ``width`` columns on ``device`` (`history_width`; none
+        for 0): kept where they have that shape and device (a recipe switched mid-run keeps
+        its amaxes), else new and empty."""
+        if width == 0:
+            self.register_buffer("amax_history", None)
+            self.register_buffer("amax_history_steps", None)
+            return
+        current = getattr(self, "amax_history", None)
+        if current is not None and current.shape[1] == width and current.device == device:
+            return
+        amaxes, steps = empty_history(width, device)
+        self.register_buffer("amax_history", amaxes)
+        self.register_buffer("amax_history_steps", steps)
 
     def offsets_column(self, step: Tensor) -> Tensor:
         """The stream offsets of the layer's slots at ``step`` (a 0-d int64 tensor), a new
@@ -346,6 +408,12 @@ class QuantizedLinear(nn.Linear):
         key = prefix + "step"
         if key not in state_dict:
             state_dict[key] = self.step.detach().clone()
+        for name in ("amax_history", "amax_history_steps"):
+            own = getattr(self, name)
+            if own is None:  # no delayed role: a saved history has no use here
+                state_dict.pop(prefix + name, None)
+            elif prefix + name not in state_dict:
+                state_dict[prefix + name] = own.detach().clone()
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

@@ -27,6 +27,7 @@ from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
+from .amax_history import AmaxHistory, delayed_operand_scale
 from .recipes import TENSOR_FORMATS, QuantSpec
 from .step_graphs import kept_by_graphs
 from .step_ops import transposed
@@ -286,6 +287,7 @@ def quantize_operand(
     *,
     native: bool = False,
     transposes: list[GemmOperand] | None = None,
+    history: AmaxHistory | None = None,
 ) -> GemmOperand:
     """Q(operand) as a GEMM takes it (`stochround.blocks.GemmOperand`): ``operand`` (2-D,
     contiguous, the GEMM's contraction axis last) quantized by the entry's spec; a
@@ -294,7 +296,8 @@ def quantize_operand(
     rotated basis (the other operand is rotated alike), else the values are rotated back
     (fp32); ``native``: per-tensor operands in their float8 dtype, for the FP8 tensor
     cores; ``transposes`` (per-tensor entries): Q(operand)^T appended to it
-    (`tensor_scaled_operand`)."""
+    (`tensor_scaled_operand`); ``history``: the layer's amax history at the step, which a
+    delayed tensor scale reads and records in (`stochround.nn.amax_history`)."""
     spec, fmt = entry.spec, entry.fmt
     if transposes is not None and spec.format not in TENSOR_FORMATS:
         raise ValueError(f"transposes is given for per-tensor formats only; got {spec.format}")
@@ -315,6 +318,8 @@ def quantize_operand(
         "offset": offset,
         "hardware": spec.hardware,
     }
+    if spec.tensor_scale == "delayed":
+        options["tensor_scale"] = delayed_operand_scale(operand, entry.role, spec, signs, history)
     if spec.rht is not None and not rotated:
         quantized = quantize(operand, fmt, spec.mode, **options)
         return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
