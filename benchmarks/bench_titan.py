@@ -44,8 +44,13 @@ steps is another measurement of tokens/s than one logging every step, and the de
 keeps its names): ``<case>-RUN/rows.jsonl`` (torchtitan's dump folder: one row per logged
 step, its ``step``, loss and tokens/s per device), ``summary-RUN.json`` (per case, by the
 rows' steps: the last loss, the mean loss of the rows in the last tenth of the steps, the
-median tokens/s per device of the rows after the first tenth, and its ratio to bf16's) and
-``loss-RUN.png`` (the loss curves in one plot, a point per row).
+median tokens/s per device of the rows after the first tenth, and its ratio to bf16's;
+with several GPUs and a one-GPU run's summary in the same folder, also ``over_one_gpu``,
+the tokens/s a GPU over the one-GPU run's, and ``scaling``, the total over the one GPU's:
+the issue's target is ``scaling`` within 10% of the GPUs' count) and ``loss-RUN.png``
+(the loss curves in one plot, a point per row).  The one-GPU run compared is the one with
+the same reshard policy and logging interval, else the default policy's
+(`one_gpu_runs`).
 
 ``--profile-steps K`` has torchtitan's profiler record each run's last K steps (left out of
 the tokens/s median: the profiler slows them) and prints, per case and rank, where a step's
@@ -143,6 +148,27 @@ def run_name(args: argparse.Namespace) -> str:
     policy = args.reshard_after_forward
     name += "" if policy == "default" else f"-reshard-{policy}"
     return name + ("" if args.log_every == 1 else f"-log{args.log_every}")
+
+
+def one_gpu_runs(args: argparse.Namespace) -> list[str]:
+    """The names of the one-GPU runs a run of several GPUs is compared with, first found
+    first: the one-GPU run with the same reshard policy and logging interval, then with the
+    default policy (under torchtitan 0.2.2 one GPU has no FSDP2, so no policy): their
+    `run_name`s."""
+    alone = argparse.Namespace(**{**vars(args), "gpus": 1, "replicate": False})
+    default = argparse.Namespace(**{**vars(alone), "reshard_after_forward": "default"})
+    return list(dict.fromkeys((run_name(alone), run_name(default))))
+
+
+def add_scaling(results: dict[str, dict[str, float]], gpus: int, one_gpu: dict) -> None:
+    """Each case's ``over_one_gpu`` (its tokens/s a GPU over the one-GPU run's) and
+    ``scaling`` (the run's total tokens/s over the one-GPU run's: ``gpus`` times that),
+    where the one-GPU summary ``one_gpu`` has the case."""
+    for case, values in results.items():
+        alone = one_gpu.get(case, {}).get("tps")
+        if alone and "tps" in values:
+            values["over_one_gpu"] = values["tps"] / alone
+            values["scaling"] = gpus * values["over_one_gpu"]
 
 
 def summary(rows: list[dict[str, float]], profiled: int = 0) -> dict[str, float]:
@@ -268,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     for values in results.values():
         if base and "tps" in values:
             values["tps_over_bf16"] = values["tps"] / base
+    if args.gpus > 1:  # against the one-GPU run in the same folder, where there is one
+        found = [args.out / f"summary-{name}.json" for name in one_gpu_runs(args)]
+        baseline = next((path for path in found if path.exists()), None)
+        if baseline is not None:
+            add_scaling(results, args.gpus, json.loads(baseline.read_text()))
     (args.out / f"summary-{run}.json").write_text(json.dumps(results, indent=2))
     if traced:
         (args.out / f"profile-{run}.json").write_text(json.dumps(traced, indent=2))

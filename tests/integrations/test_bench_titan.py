@@ -12,7 +12,14 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from bench_titan import command, parse_options, run_name, summary  # noqa: E402
+from bench_titan import (  # noqa: E402
+    add_scaling,
+    command,
+    one_gpu_runs,
+    parse_options,
+    run_name,
+    summary,
+)
 
 
 def test_the_default_command_line_passes_no_option_left_at_its_default(tmp_path) -> None:
@@ -72,3 +79,18 @@ def test_a_row_every_tenth_step_is_summarized_by_its_steps() -> None:
         "tail_loss": 805.0,
         "tps": 110.0,  # the median of 30 ... 190
     }
+
+
+def test_several_gpus_are_compared_with_the_one_gpu_run_of_the_same_options(tmp_path) -> None:
+    """``scaling``: the total tokens/s over the one-GPU run's (2 GPUs at 0.9x a GPU: 1.8x),
+    against the one-GPU run with the same policy and interval, else the default policy's;
+    a case the one-GPU run lacks gets none."""
+    flags = ["--gpus", "2", "--reshard-after-forward", "never", "--log-every", "10"]
+    args = parse_options([*flags, "--out", str(tmp_path)])
+    assert one_gpu_runs(args) == ["1gpu-reshard-never-log10", "1gpu-log10"]
+    assert one_gpu_runs(parse_options(["--gpus", "2", "--out", str(tmp_path)])) == ["1gpu"]
+    results = {"bf16": {"tps": 90.0}, "nvfp4": {"tps": 45.0}, "fp8": {"returncode": 1}}
+    add_scaling(results, 2, {"bf16": {"tps": 100.0}, "fp8": {"tps": 10.0}})
+    assert results["bf16"]["over_one_gpu"] == pytest.approx(0.9)
+    assert results["bf16"]["scaling"] == pytest.approx(1.8)
+    assert "scaling" not in results["nvfp4"] and "scaling" not in results["fp8"]
