@@ -10,14 +10,14 @@ import copy
 
 import pytest
 import torch
-from helpers import assert_same_tensors
+from helpers import assert_same_tensors, cuda_route
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 import stochround as sr
 import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
-from stochround.kernels import availability
+from stochround.kernels import blocks as kernel_blocks
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
@@ -239,18 +239,52 @@ def test_bad_delayed_specs_raise_naming_the_argument(
 
 
 def test_what_is_not_built_raises_instead_of_scaling_currently() -> None:
-    """torch.compile, tensor parallelism and the kernels' route raise NotImplementedError;
+    """torch.compile, tensor parallelism and the step graphs raise NotImplementedError;
     an operand quantized without the layer's history raises ValueError."""
     layer = model_of("delayed")[0]
     x = batches(1)[0]
     column = layer.offsets_column(layer.step)
-    for compiling, sharded in ((True, False), (False, True)):
+    for compiling, sharded, graphed in ((True, False, False), (False, True, False)):
         with pytest.raises(NotImplementedError, match="not built under"):
-            layer.step_history(x, column, True, compiling, sharded)
-    if availability.INTERPRETED:
-        with availability.cpu_as_cuda(), pytest.raises(NotImplementedError, match="kernels"):
-            layer(x)
+            layer.step_history(x, column, True, compiling, sharded, graphed)
+    with pytest.raises(NotImplementedError, match="not built under the step graphs"):
+        layer.step_history(x, column, True, False, False, True)
     entry = layer.plan.operands["fprop_input"]
     with pytest.raises(ValueError, match="amax history"):
         quantize_operand(x, entry, 0, 0, None)
     assert float(operand_amax(x, entry.spec, None)) == float(x.abs().amax())
+
+
+@pytest.mark.usefixtures("no_step_graphs")
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_kernels_route_gives_the_specs_bits_without_an_amax_pass(
+    checkpointed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three steps on the CUDA route (a GPU, or the interpreter under `cpu_as_cuda`) equal
+    the PyTorch path's (the spec) bit for bit, outputs, gradients and the recorded amaxes
+    (the "amax" rule's: the spec records `operand_amax`), checkpointed or not; after the
+    first step no tensor-scale (amax) pass runs: the quantize launches take the window's
+    scales and record the current amax by an atomic max."""
+    inputs = batches(3, growth=2.0)
+    expected = train(model_of("delayed"), inputs)
+    device, route = cuda_route()
+    model = model_of("delayed").to(device)
+    if checkpointed:
+        blocks = list(model)
+        model.forward = lambda x: checkpoint(  # type: ignore[method-assign]
+            lambda x: blocks[2](blocks[1](blocks[0](x))), x, use_reentrant=False
+        )
+    passes: list[int] = []
+    scale_pass = kernel_blocks.PreparedTensorScale.__call__
+
+    def counted(self: object, *args: object, **kwargs: object) -> object:
+        passes.append(1)
+        return scale_pass(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernel_blocks.PreparedTensorScale, "__call__", counted)
+    with route:
+        got = train(model, [x.to(device) for x in inputs[:1]])
+        first = len(passes)
+        got += train(model, [x.to(device) for x in inputs[1:]])
+    assert first > 0 and len(passes) == first  # the first step's passes alone
+    assert_same_tensors([each.cpu() for each in got], expected)

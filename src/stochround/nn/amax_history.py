@@ -23,6 +23,8 @@ there and keeps it).  All of it runs on the device: the host reads no value.
 
 from __future__ import annotations
 
+import weakref
+from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -31,8 +33,8 @@ from torch import Tensor
 
 from ..blocks.reference import absolute_max, rht_rotated
 from ..blocks.scales import TensorScale, nvfp4_tensor_scales
-from ..kernels.availability import on_kernel_device
 from .recipes import ROLES, QuantSpec
+from .streams import column_step as device_column_step
 
 # a history column no step has recorded in
 EMPTY = -1
@@ -40,15 +42,77 @@ EMPTY = -1
 ROLE_ROWS = {role: row for row, role in enumerate(ROLES)}
 
 
+# the most recomputable columns a layer's `HostWindows` remembers the step of (a forward's
+# columns wait in a checkpoint's keeping until their recomputation; beyond: one sync each)
+HOST_COLUMNS = 256
+
+
+class HostWindows:
+    """The host's copy of a layer's history, which the kernels' route decides from without
+    reading the device: the layer's step (its counter's value) and, by role, the steps the
+    role recorded at (the latest ``width``: those the buffers hold).  Made from the buffers
+    (`from_buffers`: one synchronization, at a layer's first kernels' step and after a
+    state dict loads), then kept by the layer as its steps advance and record; a
+    recomputed forward's step is found by its column (`column_step`), which its original
+    forward registered (`take_step`)."""
+
+    def __init__(self, step: int, recorded: dict[str, list[int]], width: int) -> None:
+        self.step = step
+        self.recorded = {
+            role: deque(sorted(recorded.get(role, [])), maxlen=width) for role in ROLES
+        }
+        self.columns: dict[int, tuple[weakref.ref[Tensor], int]] = {}
+
+    @classmethod
+    def from_buffers(cls, counter: Tensor, steps: Tensor) -> HostWindows:
+        """The host's copy of the counter and the ``steps`` buffer (one synchronization)."""
+        rows = steps.tolist()
+        recorded = {
+            role: [step for step in rows[row] if step >= 0] for role, row in ROLE_ROWS.items()
+        }
+        return cls(int(counter), recorded, steps.shape[1])
+
+    def take_step(self, column: Tensor) -> int:
+        """A training forward's step (the counter's value before it advanced), the counter's
+        copy advanced, and ``column`` (its offsets) registered as this step's."""
+        step = self.step
+        self.step += 1
+        if len(self.columns) >= HOST_COLUMNS:
+            self.columns.clear()
+        self.columns[id(column)] = (weakref.ref(column), step)
+        return step
+
+    def column_step(self, column: Tensor) -> int:
+        """The step of a column a recomputation reads again: registered by its forward
+        (`take_step`), else read from the device (one synchronization)."""
+        known = self.columns.get(id(column))
+        if known is not None and known[0]() is column:
+            return known[1]
+        return int(device_column_step(column))
+
+    def window_recorded(self, role: str, step: int, length: int) -> bool:
+        """Whether ``role`` recorded an amax at one of the steps ``step - length .. step -
+        1`` (`window_amax` finds one there)."""
+        return any(step - length <= each < step for each in self.recorded[role])
+
+    def mark(self, role: str, step: int) -> None:
+        """``role`` recorded at ``step`` (once: a recomputation's record is the same one)."""
+        if step not in self.recorded[role]:
+            self.recorded[role].append(step)
+
+
 class AmaxHistory(NamedTuple):
     """A layer's amax history as one step reads it: the buffers ``amaxes`` (fp32) and
     ``steps`` (int64), the step (a 0-d int64 tensor) and whether the step records its
-    amaxes (a training step; an evaluation forward only reads)."""
+    amaxes (a training step; an evaluation forward only reads); on the kernels' route, the
+    layer's `HostWindows` and the step as the host knows it (``host_step``)."""
 
     amaxes: Tensor
     steps: Tensor
     step: Tensor
     record: bool
+    host: HostWindows | None = None
+    host_step: int = -1
 
 
 def history_width(specs: Iterable[QuantSpec]) -> int:
@@ -111,6 +175,40 @@ def record_amax(history: AmaxHistory, role: str, current: Tensor) -> None:
     steps.index_copy_(0, column, step)
 
 
+class KernelScale(NamedTuple):
+    """What a kernel quantizing a delayed role's operand takes: the tensor scales S_dec,
+    S_enc (2 fp32 on the device) from the window's amax, or None where the host knows the
+    window empty (`HostWindows.window_recorded`: the kernels compute the current amax's,
+    current scaling's route), and the zeroed fp32 the launch raises to the current amax
+    (`stochround.kernels.block_kernel.record_amax`)."""
+
+    scales: Tensor | None
+    record: Tensor
+
+
+def kernel_scale(history: AmaxHistory, role: str, length: int) -> KernelScale:
+    """`KernelScale` of ``role`` at the history's step: the window's scales computed on the
+    device from the buffers (no synchronization) where the host knows a recorded step in
+    it, else None."""
+    host = history.host
+    if host is None:
+        raise ValueError("the kernels' route of a delayed scale needs the layer's HostWindows")
+    record = history.amaxes.new_zeros(1)
+    if not host.window_recorded(role, history.host_step, length):
+        return KernelScale(None, record)
+    scale = nvfp4_tensor_scales(window_amax(history, role, length), "te")
+    return KernelScale(torch.stack(tuple(scale)), record)
+
+
+def record_kernel_amax(history: AmaxHistory, role: str, record: Tensor) -> None:
+    """`record_amax` of the amax a launch raised ``record`` to, and the host's copy told."""
+    if not history.record:
+        return
+    record_amax(history, role, record.reshape(()))
+    if history.host is not None:
+        history.host.mark(role, history.host_step)
+
+
 def delayed_operand_scale(
     operand: Tensor,
     role: str,
@@ -119,35 +217,35 @@ def delayed_operand_scale(
     history: AmaxHistory | None,
 ) -> TensorScale:
     """The tensor scales a delayed role's operand is quantized with at the history's step
-    (`delayed_tensor_scale`), its current amax recorded (`record_amax`).  ValueError
-    without a history (no silent fall back to current scaling); NotImplementedError where
-    the kernels would quantize the operand (the kernels' route is not built yet)."""
+    (`delayed_tensor_scale`), its current amax recorded (`record_amax`; on the kernels'
+    route, the host's copy told).  ValueError without a history (no silent fall back to
+    current scaling).  The spec's route: the amax a pass of its own (on a CUDA tensor, the
+    PyTorch path's ops, where no prepared kernel serves the operand)."""
     if history is None:
         raise ValueError(
             f"{role} has tensor_scale='delayed', which needs its layer's amax history; none "
             "was given (stochround.nn.QuantizedLinear passes its own)"
         )
-    if on_kernel_device(operand):
-        raise NotImplementedError(
-            f"tensor_scale='delayed' ({role}) is built on the PyTorch path (CPU tensors); "
-            "the CUDA kernels' route is not built yet (docs/guide/recipes.md, 'Delayed "
-            "tensor scales')"
-        )
     current = operand_amax(operand, spec, signs)
     scale = delayed_tensor_scale(history, role, spec.amax_history, current)
-    record_amax(history, role, current)
+    record_kernel_amax(history, role, current)
     return scale
 
 
 __all__ = [
     "EMPTY",
+    "HOST_COLUMNS",
     "ROLE_ROWS",
     "AmaxHistory",
+    "HostWindows",
+    "KernelScale",
     "delayed_operand_scale",
     "delayed_tensor_scale",
     "empty_history",
     "history_width",
+    "kernel_scale",
     "operand_amax",
     "record_amax",
+    "record_kernel_amax",
     "window_amax",
 ]

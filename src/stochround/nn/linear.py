@@ -55,7 +55,7 @@ from torch.torch_version import TorchVersion
 
 from ..kernels.availability import on_kernel_device
 from ..shards import is_dtensor
-from .amax_history import AmaxHistory, empty_history, history_width
+from .amax_history import AmaxHistory, HostWindows, empty_history, history_width
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -74,7 +74,7 @@ from .opaque_matmul import (
     register_plan,
 )
 from .recipes import Recipe
-from .recompute import read_step
+from .recompute import read_step, recomputing
 from .step_plan import StepPlan, StepPlans, StepSignature, make_step_plan, step_signature
 from .streams import (
     MAX_LAYERS,
@@ -141,6 +141,9 @@ class QuantizedLinear(nn.Linear):
     step: Tensor
     amax_history: Tensor | None
     amax_history_steps: Tensor | None
+    # the host's copy of the step and the history, for the kernels' route of delayed
+    # scales (`HostWindows`; None: made from the buffers at the next such step)
+    host_windows: HostWindows | None
     layer_index: int
     recipe: Recipe
     plan: Plan
@@ -188,6 +191,7 @@ class QuantizedLinear(nn.Linear):
         # each eager call signature's resolved choices (`prepare_step`), made again for
         # the new plan
         self.step_plans = StepPlans()
+        self.host_windows = None
         self.plan_index = register_plan(self.plan)  # the compiled step's ops take it
         # the layer's number as its steps read it (`offsets_column`): a tensor, which a
         # compiled graph takes as an input, where an int attribute would be a constant of
@@ -241,6 +245,7 @@ class QuantizedLinear(nn.Linear):
         if layer.amax_history is not None:
             layer.place_amax_history(layer.amax_history.shape[1], linear.weight.device)
         layer.place_stream_bases(linear.weight.device)
+        layer.host_windows = None  # a new step counter
         layer.train(linear.training)
         return layer
 
@@ -286,7 +291,8 @@ class QuantizedLinear(nn.Linear):
         record = column is not None  # a training step records its amaxes
         if column is None:  # no training forward: the counter read, not advanced
             column = self.offsets_column(counter)
-        history = self.step_history(x, column, record, compiling, wrap is not None)
+        graphed = not compiling and wrap is None and graphed_step(tokens, weight, plan)
+        history = self.step_history(x, column, record, compiling, wrap is not None, graphed)
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
             # (y, and the operands the backward reuses, which autograd keeps, where the
@@ -295,7 +301,7 @@ class QuantizedLinear(nn.Linear):
             out = quantized_linear(
                 tokens, weight, bias, column, self.plan_index, rank, wgrad and keep, dgrad and keep
             )[0]
-        elif wrap is None and graphed_step(tokens, weight, plan):  # the steps as CUDA graphs
+        elif graphed:  # the steps as CUDA graphs
             # nothing kept for the backward (`keeps_operands`)
             out = GraphedMatmul.apply(
                 tokens, weight, bias, column, self.plan_index, rank, False, False
@@ -311,13 +317,20 @@ class QuantizedLinear(nn.Linear):
         return y if wrap is None else wrap(y)
 
     def step_history(
-        self, x: Tensor, column: Tensor, record: bool, compiling: bool, sharded: bool
+        self,
+        x: Tensor,
+        column: Tensor,
+        record: bool,
+        compiling: bool,
+        sharded: bool,
+        graphed: bool = False,
     ) -> AmaxHistory | None:
         """The layer's amax history at the step of ``column`` (None where no role has a
-        delayed tensor scale), recording where ``record`` (a training forward).  The
-        delayed scales' spec runs on the PyTorch path: NotImplementedError, naming what is
-        missing, under torch.compile, tensor parallelism, or where the kernels (and the
-        step graphs) would run the step."""
+        delayed tensor scale), recording where ``record`` (a training forward).  On the
+        kernels' route, with the layer's `HostWindows` (made from the buffers where it has
+        none: one synchronization) and the step as the host knows it.  NotImplementedError,
+        naming what is missing, under torch.compile, tensor parallelism and the step
+        graphs (``graphed``)."""
         if self.amax_history is None or self.amax_history_steps is None:
             return None
         missing = None
@@ -325,16 +338,31 @@ class QuantizedLinear(nn.Linear):
             missing = "under torch.compile"
         elif sharded:
             missing = "under tensor parallelism"
-        elif on_kernel_device(x):
-            missing = "on the CUDA kernels' route (and the step graphs)"
+        elif graphed:
+            missing = "under the step graphs (CUDA graphs of eager steps)"
         if missing is not None:
             raise NotImplementedError(
-                f"tensor_scale='delayed' is not built {missing} yet: it runs eagerly on the "
-                "PyTorch path (CPU tensors); use tensor_scale='amax' there "
-                "(docs/guide/recipes.md, 'Delayed tensor scales')"
+                f"tensor_scale='delayed' is not built {missing} yet: it runs eagerly "
+                "(docs/guide/recipes.md, 'Delayed tensor scales'); use tensor_scale='amax' "
+                "there"
             )
         steps = self.amax_history_steps
-        return AmaxHistory(self.amax_history, steps, column_step(column), record)
+        history = AmaxHistory(self.amax_history, steps, column_step(column), record)
+        if not on_kernel_device(x):
+            return history
+        host = self.host_windows
+        if host is None:
+            counter = self.step.to_local() if is_dtensor(self.step) else self.step
+            # the counter advanced already where this is a training forward
+            host = HostWindows.from_buffers(counter - int(record and not recomputing()), steps)
+            self.host_windows = host
+        if recomputing():
+            step = host.column_step(column)
+        elif record:
+            step = host.take_step(column)
+        else:
+            step = host.step
+        return history._replace(host=host, host_step=step)
 
     def place_amax_history(self, width: int, device: torch.device) -> None:
         """The history buffers of ``width`` columns on ``device`` (`history_width`; none
@@ -348,6 +376,7 @@ class QuantizedLinear(nn.Linear):
         if current is not None and current.shape[1] == width and current.device == device:
             return
         amaxes, steps = empty_history(width, device)
+        self.host_windows = None
         self.register_buffer("amax_history", amaxes)
         self.register_buffer("amax_history_steps", steps)
 
@@ -405,6 +434,7 @@ class QuantizedLinear(nn.Linear):
         error_msgs: list[str],
     ) -> None:
         # an nn.Linear's state dict has no step: loading one keeps this layer's
+        self.host_windows = None  # made again from the loaded buffers
         key = prefix + "step"
         if key not in state_dict:
             state_dict[key] = self.step.detach().clone()
