@@ -34,6 +34,13 @@ TEST_FORMATS = [
 ]
 
 
+def assert_same_tensors(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    """Two runs' lists of tensors equal bit for bit, naming the first that is not."""
+    assert len(got) == len(expected)
+    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        assert torch.equal(mine, theirs), f"tensor {index}"
+
+
 def assert_same_values(actual: torch.Tensor, expected: list[float], context: str = "") -> None:
     """Bit-exact equality of float64 values: NaN matches NaN, zeros match by sign."""
     actual = actual.to(torch.float64).flatten().cpu()

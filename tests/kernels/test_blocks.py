@@ -685,3 +685,46 @@ def test_a_prepared_quantization_writes_its_outputs_in_the_dtypes_it_was_given()
         kernel_blocks.PreparedQuantizeBlocks(
             x, "int8", 64, "absmax", tensor_scales=False, scales_dtype=torch.uint8
         )
+
+
+@pytest.mark.parametrize("rht", [None, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_recording_launch_raises_its_record_to_the_amax_and_keeps_the_bits(
+    rht: int | None, dtype: torch.dtype
+) -> None:
+    """gemm_blocks given tensor scales and a record (a delayed tensor scale's launch): the
+    values of the launch without one, and the record raised to the amax `nvfp4_tensor_scale`
+    takes (after the RHT and its bf16 rounding), bit for bit; a NaN makes it NaN; a record
+    holding the same amax keeps it (a recomputation's launch)."""
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.randn(48, 64, generator=generator) * 3).to(dtype).to(DEVICE)
+    signs = torch.where(torch.rand(16, generator=generator) < 0.5, -1.0, 1.0).to(DEVICE)
+    rotation = {"rht": rht, "rht_signs": signs if rht else None, "rht_bf16": rht is not None}
+    _, amax = kernel_blocks.nvfp4_tensor_scale(x, **rotation)
+    given = torch.tensor([0.5, 2.0], device=DEVICE)
+    stream = {"seed": torch.tensor([7], device=DEVICE), "offset": torch.tensor([3], device=DEVICE)}
+    options = {"out_dtype": torch.bfloat16, "tensor_scale": given, "mode": "sr", **stream}
+    record = torch.zeros(1, device=DEVICE)
+    values = kernel_blocks.gemm_blocks(x, "e2m1", 16, "nvfp4", record=record, **options, **rotation)
+    plain = kernel_blocks.gemm_blocks(x, "e2m1", 16, "nvfp4", **options, **rotation)
+    assert torch.equal(values, plain)
+    assert record.view(torch.int32).item() == amax.reshape(1).view(torch.int32).item()
+    kernel_blocks.gemm_blocks(x, "e2m1", 16, "nvfp4", record=record, **options, **rotation)
+    assert record.view(torch.int32).item() == amax.reshape(1).view(torch.int32).item()
+    x[5, 7] = float("nan")
+    record.zero_()
+    kernel_blocks.gemm_blocks(x, "e2m1", 16, "nvfp4", record=record, **options, **rotation)
+    assert record.isnan().all()
+
+
+def test_a_recording_launch_of_2d_tiles_records_the_tensors_amax() -> None:
+    """Given its tiles' amaxes (2-D tiles), the launch records x's amax, not theirs."""
+    x = torch.randn(32, 32, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    tiles = kernel_blocks.tile_amax(x, (16, 16)).amax
+    record = torch.zeros(1, device=DEVICE)
+    given = torch.tensor([0.5, 2.0], device=DEVICE)
+    kernel_blocks.gemm_blocks(
+        x, "e2m1", 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=given, amax=tiles,
+        record=record,
+    )  # fmt: skip
+    assert torch.equal(record, x.abs().amax().reshape(1))

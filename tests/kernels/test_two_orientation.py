@@ -375,3 +375,45 @@ def test_pair_kernels_compile_within_their_budgets() -> None:
         assert int(regs) <= registers, (key, regs)
         assert int(sass) <= instructions, (key, sass)
         assert (spills, stl, ldl) == ("0/0", "0", "0"), key
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_given_scales_and_records_give_the_separate_bits_and_the_amaxes(
+    dtype: torch.dtype,
+) -> None:
+    """Orientations that record (a delayed tensor scale's pair): without given scales, the
+    bits of the pair that records nothing and its amaxes recorded (the first step's current
+    scaling); given both operands' tensor scales, no amax launch and each operand
+    `gemm_blocks`' with its scales, the same amaxes recorded."""
+    x = (torch.randn(40, 32, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)
+    x = x.to(DEVICE)
+    signs = random_signs(16, 3, device=DEVICE)
+    row = orientation(E2M1, "rne", 32, "c", 2, record=True)
+    column = orientation(E2M1, "sr", 32, "c", 2, record=True)
+    rotation = {"rht": 16, "rht_signs": signs, "rht_bf16": True}
+    plain = PreparedTwoOrientations(
+        x, 48, row._replace(RECORD=False), column._replace(RECORD=False), **rotation
+    )
+    recording = PreparedTwoOrientations(x, 48, row, column, **rotation)
+    stream = [torch.tensor([value], device=DEVICE) for value in (7, 1, 2)]
+    expected = plain(x, *stream, signs)
+    record = torch.zeros(2, device=DEVICE)
+    first = recording(x, *stream, signs, None, record)
+    assert torch.equal(first.row, expected.row) and torch.equal(first.column, expected.column)
+    assert torch.equal(record, recording.amax_sink)
+    given = torch.tensor([0.5, 2.0, 0.25, 4.0], device=DEVICE)
+    again = torch.zeros(2, device=DEVICE)
+    pair = recording(x, *stream, signs, given, again)
+    assert torch.equal(again, record)
+    seed, row_offset, column_offset = stream
+    row_values = gemm_blocks(
+        x, E2M1, 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=given[:2], seed=seed,
+        offset=row_offset,
+    )  # fmt: skip
+    x_t = functional.pad(x.T.contiguous(), (0, 48 - x.shape[0]))
+    column_values = gemm_blocks(
+        x_t, E2M1, 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=given[2:], mode="sr",
+        seed=seed, offset=column_offset, **rotation,
+    )  # fmt: skip
+    assert torch.equal(pair.row, row_values) and torch.equal(pair.column, column_values)
+    assert torch.equal(pair.decodes[0], given[0]) and torch.equal(pair.decodes[1], given[2])

@@ -182,7 +182,7 @@ def test_keep_patterns_are_searched_in_the_module_path() -> None:
         ({"format": "nvfp4", "rht": 8}, "rht must be None or a Hadamard size"),
         ({"format": "nvfp4", "rht_signs": "fresh"}, "rht_signs must be one of"),
         ({"format": "nvfp4", "rht_bf16": True}, "rht_bf16=True applies with rht="),
-        ({"format": "nvfp4", "tensor_scale": "delayed"}, "tensor_scale must be one of"),
+        ({"format": "nvfp4", "tensor_scale": "previous"}, "tensor_scale must be one of"),
         ({"format": "nvfp4", "noise": "row", "mode": "sr"}, "noise='row'"),
         ({"format": "mxfp4", "scale_rule": "absmax"}, "needs a scale of format"),
         ({"format": "nvfp4", "block": (16, 16), "rht": 16}, "rht applies to 1-D blocks"),

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from helpers import assert_same_tensors
 from torch import Tensor
 
 import stochround.nn as srnn
@@ -71,12 +72,6 @@ def train(
         seen += [parameter.grad.cpu() for parameter in layer.parameters()]  # type: ignore[union-attr]
         optimizer.step()
     return seen
-
-
-def assert_same(got: list[Tensor], expected: list[Tensor]) -> None:
-    assert len(got) == len(expected)
-    for index, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
-        assert torch.equal(mine, theirs), f"tensor {index}"
 
 
 def test_a_cpu_step_runs_as_it_is() -> None:
@@ -277,7 +272,7 @@ def test_a_graphed_training_run_gives_the_eager_runs_bits(name: str) -> None:
         before = STEP_GRAPHS.replays
         got = train(name, device)
         assert STEP_GRAPHS.replays - before >= 2 * (STEPS - 2)
-    assert_same(got, expected)
+    assert_same_tensors(got, expected)
 
 
 @GPU
@@ -293,7 +288,7 @@ def test_a_compiled_layer_replays_its_ops_graphs_with_the_eager_bits() -> None:
         got = train("nvfp4", device, bias=False, compiled=True)
         assert STEP_GRAPHS.replays > before
     torch._dynamo.reset()
-    assert_same(got, expected)
+    assert_same_tensors(got, expected)
 
 
 @GPU
@@ -411,7 +406,7 @@ def test_a_models_layers_settle_on_graphs_of_their_own(plain: bool) -> None:
         in_place = [each for each in STEP_GRAPHS.graphs.values() if each.addresses is not None]
         assert len(in_place) >= 8  # each layer's forward and backward
     assert captures[-1] == captures[15], f"captures after each step: {captures}"
-    assert_same(got, expected)
+    assert_same_tensors(got, expected)
 
 
 @GPU

@@ -245,9 +245,12 @@ class PreparedGemmOperand:
     training layer's operand), checked and resolved once: a call then issues the launches
     alone (the tensor scales, 2-D tiles' amax and the quantization) with the same bits.
     The stream is given per call as int64 tensors on x's device; the rotation's signs per
-    call or, for None, the fixed ones of `default_signs`; ``exact_bf16``: `exact_bf16_operand`'s."""
+    call or, for None, the fixed ones of `default_signs`; ``exact_bf16``: `exact_bf16_operand`'s;
+    ``record``: a call's ``record`` raised to x's amax, its tensor scales given or computed."""
 
-    def __init__(self, x: Tensor, args: BlockArguments, exact_bf16: bool = False) -> None:
+    def __init__(
+        self, x: Tensor, args: BlockArguments, exact_bf16: bool = False, record: bool = False
+    ) -> None:
         # needs triton
         from ..kernels.blocks import PreparedGemmBlocks, PreparedTensorScale, PreparedTileAmax
 
@@ -262,8 +265,8 @@ class PreparedGemmOperand:
             raise ValueError(f"a prepared operand runs on the kernel, which refuses: {refusal}")
         check_extras(x_checked, request, args)
         self.choice = tensor_scale_choice(request.fmt, args.tensor_scale)
-        if self.choice not in ("amax", "none"):
-            raise ValueError("a prepared operand computes its tensor scale or has none")
+        if self.choice not in ("amax", "none") or (record and self.choice != "amax"):
+            raise ValueError("a prepared operand computes its tensor scale (or records) or none")
         fmt = request.fmt
         self.signs = None if args.rht is None else default_signs(args.rht, x.device)
         self.scale: PreparedTensorScale | None = None
@@ -274,12 +277,9 @@ class PreparedGemmOperand:
             self.tiles = PreparedTileAmax(x_checked, self.tile, flavour)
         elif self.choice == "amax":
             self.scale = PreparedTensorScale(
-                x_checked,
-                request.flavour,
-                rht=args.rht,
-                rht_signs=self.signs,
+                x_checked, request.flavour, rht=args.rht, rht_signs=self.signs,
                 rht_bf16=args.rht_bf16,
-            )
+            )  # fmt: skip
         self.factor = gemm_factor(fmt)
         block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
         element = OCP_INT8 if fmt.element == OCP_INT8 else fmt.element.name
@@ -300,24 +300,29 @@ class PreparedGemmOperand:
             nvfp4_flavour=request.flavour,
             rht=args.rht,
             rht_bf16=args.rht_bf16,
+            record=record,
         )
 
     def __call__(
-        self, x: Tensor, seed: Tensor, offset: Tensor, rht_signs: Tensor | None = None
-    ) -> GemmOperand:
+        self, x: Tensor, seed: Tensor, offset: Tensor, rht_signs: Tensor | None = None,
+        scales: Tensor | None = None, record: Tensor | None = None,
+    ) -> GemmOperand:  # fmt: skip
         """The `GemmOperand` of x, as `kernel_gemm_operand` gives it for the prepared
-        choices with this stream (one-element int64 tensors) and these signs."""
+        choices with this stream (one-element int64 tensors), these signs and these tensor
+        scales (S_dec, S_enc; None: computed), ``record`` (one fp32) raised to x's amax."""
         self.kernel.check(x)  # before any launch reads x
         if x.is_cuda and x.device.index != torch.cuda.current_device():
             with torch.cuda.device(x.device):  # Triton launches on the current device
-                return self(x, seed, offset, rht_signs)
+                return self(x, seed, offset, rht_signs, scales, record)
         signs = self.signs if rht_signs is None else rht_signs
-        scales = None if self.scale is None else self.scale(x, signs)
-        amax, scales = (None, scales) if self.tiles is None else self.tiles(x)
-        if self.kernel.rows is None:  # x checked above
-            values, unshift = self.kernel.launch(x, scales, signs, amax, seed, offset), None
+        amax, computed = (None, None) if self.tiles is None else self.tiles(x)
+        if scales is None:  # computed: by the tiles' launch, or the tensor-scale pass
+            scales = computed if self.scale is None else self.scale(x, signs)
+        kernel, stream = self.kernel, (seed, offset)
+        if kernel.rows is None:  # x checked above
+            values, unshift = kernel.launch(x, scales, signs, amax, *stream, None, record), None
         else:  # exact_bf16: the row scales 2**-s
-            values, unshift = self.kernel.launch_exact(x, scales, signs, amax, seed, offset)
+            values, unshift = kernel.launch_exact(x, scales, signs, amax, *stream, record)
         return GemmOperand(values, None if scales is None else scales[0], unshift, self.factor)
 
 

@@ -104,12 +104,16 @@ class BlockOutput(NamedTuple):
     (0: fp32), in which dequantized values and absmax scales are held, OUT_NAN16 the NaN
     of the bf16 "gemm" output (0: fp32); FLAG_BELOW (bf16 "gemm" output of power-of-two
     scales): the fp32 bits of ``2**(mbits - 133)``, below which a nonzero value is not
-    exact in bf16 (`stochround.kernels.operand_bf16.flag_bits`), 0: no flags."""
+    exact in bf16 (`stochround.kernels.operand_bf16.flag_bits`), 0: no flags; RECORD: the
+    largest magnitude the launch quantizes (after the rotation and its rounding: the amax
+    NVFP4's "amax" tensor scale takes) raised into ``record_ptr``'s fp32 (`raise_record`),
+    a delayed tensor scale's current amax."""
 
     KIND: str
     NAN16: int
     OUT_NAN16: int
     FLAG_BELOW: int = 0
+    RECORD: bool = False
 
 
 @triton.jit
@@ -118,6 +122,18 @@ def _amax_bits(magnitude):
     (fp32 bits without the sign): an integer max orders finite values, infinity and NaN
     as their values do, and any NaN in a block wins (its patterns lie above infinity)."""
     return tl.max(tl.max(magnitude, axis=2), axis=1)
+
+
+@triton.jit
+def raise_record(record_ptr, block_amax_bits):
+    """Raise the fp32 at ``record_ptr`` to the largest of a tile's block amaxes (fp32 bits of
+    magnitudes, int32) by one atomic max on its bits: non-negative fp32 values (infinity
+    and NaN patterns above them) order as their bits do as int32, so the launch leaves
+    there the tensor's amax whichever program finishes last, and a NaN anywhere leaves a
+    NaN, as the PyTorch path's amax holds one.  The caller zeroes it first (or leaves the
+    same tensor's amax there: the maximum taken again is the same)."""
+    largest = tl.max(block_amax_bits, axis=0)
+    tl.atomic_max(record_ptr.to(tl.pointer_type(tl.int32)), largest, sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
@@ -129,6 +145,7 @@ def quantize_blocks_kernel(
     tensor_scale_ptr,
     signs_ptr,
     amax_ptr,
+    record_ptr,
     seed_ptr,
     offset_ptr,
     seed_value,
@@ -147,15 +164,15 @@ def quantize_blocks_kernel(
     ``tl.program_id(0)``."""
     quantize_tile(
         tl.program_id(0), x_ptr, codes_ptr, scales_ptr, out_ptr, tensor_scale_ptr, signs_ptr,
-        amax_ptr, seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
-        TILING, STREAM, SCALE, ELEMENT, ROUNDING, ROTATION, OUTPUT,
+        amax_ptr, record_ptr, seed_ptr, offset_ptr, seed_value, offset_value, blocks,
+        index_offset, TILING, STREAM, SCALE, ELEMENT, ROUNDING, ROTATION, OUTPUT,
     )  # fmt: skip
 
 
 @triton.jit
 def quantize_tile(
     program, x_ptr, codes_ptr, scales_ptr, out_ptr, tensor_scale_ptr, signs_ptr, amax_ptr,
-    seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
+    record_ptr, seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
     TILING: tl.constexpr, STREAM: tl.constexpr, SCALE: tl.constexpr, ELEMENT: tl.constexpr,
     ROUNDING: tl.constexpr, ROTATION: tl.constexpr, OUTPUT: tl.constexpr,
 ):  # fmt: skip
@@ -169,7 +186,8 @@ def quantize_tile(
     NaN), the elements scaled and rounded to ELEMENT saturating to its finite range, and
     OUTPUT.KIND stored: codes and scales, the dequantized values in x's dtype, or each
     element times its block scale (a GEMM's operand; with OUTPUT.FLAG_BELOW, in bf16 with
-    each block's flag in ``scales_ptr``).
+    each block's flag in ``scales_ptr``); with OUTPUT.RECORD, the tile's amax raised into
+    ``record_ptr`` (`raise_record`: of the magnitudes it quantizes, a given amax or not).
 
     Elements round by the core's contract: `fast_round` (one fp32 scaling per element, for
     sign-magnitude formats with zero: fp8, fp6, fp4; modes rne, rna, rz, ru, rd and SR
@@ -203,8 +221,12 @@ def quantize_tile(
     if SCALE.AMAX_GIVEN:  # a 2-D tile's amax, one a 1-D block of the tile (fp32)
         given = tl.load(amax_ptr + block_id, mask=block_id < blocks, other=0.0)
         amax_bits = given.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        if OUTPUT.RECORD:
+            raise_record(record_ptr, _amax_bits(magnitude))
     else:
         amax_bits = _amax_bits(magnitude)
+        if OUTPUT.RECORD:
+            raise_record(record_ptr, amax_bits)
     value = bits.to(tl.float32, bitcast=True)
     amax = amax_bits.to(tl.float32, bitcast=True)
 
@@ -342,4 +364,5 @@ __all__ = [
     "quantize_blocks_kernel",
     "quantize_tile",
     "quantize_tiling",
+    "raise_record",
 ]

@@ -70,7 +70,9 @@ def check_block_call(
 
 class BlockCall(NamedTuple):
     """A call's checked element format and its arguments as `quantize_blocks` takes them
-    (``flavour``: ``nvfp4_flavour``), with what the kernel stores (``output``)."""
+    (``flavour``: ``nvfp4_flavour``), with what the kernel stores (``output``) and where it
+    raises the amax of what it quantizes (``record``: one fp32, or None:
+    `block_kernel.raise_record`)."""
 
     fmt: Format
     block: int
@@ -90,11 +92,16 @@ class BlockCall(NamedTuple):
     amax: Tensor | None
     tiling: QuantizeTiling | None = None
     flag_below: int = 0  # `BlockOutput.FLAG_BELOW`
+    record: Tensor | None = None
 
 
 def check_block_tensors(x: Tensor, call: BlockCall) -> None:
-    """ValueError unless the call's given amax and tensor scale suit x."""
-    amax, tensor_scale = call.amax, call.tensor_scale
+    """ValueError unless the call's given amax, tensor scale and record suit x."""
+    amax, tensor_scale, record = call.amax, call.tensor_scale, call.record
+    if record is not None and (
+        record.dtype != torch.float32 or record.numel() != 1 or record.device != x.device
+    ):
+        raise ValueError("record must be a one-element float32 tensor on x's device")
     if amax is not None and (
         amax.dtype != torch.float32
         or amax.numel() != x.numel() // call.block
@@ -190,6 +197,7 @@ def block_constants(
             NAN16=NAN16_BITS.get(x.dtype, 0),
             OUT_NAN16=NAN16_BITS.get(out_dtype, 0) if call.output == "gemm" else 0,
             FLAG_BELOW=call.flag_below,
+            RECORD=call.record is not None,
         ),
         "num_warps": tiling.WARPS,
         # no multiply-add contraction: every product is rounded, as the PyTorch path
@@ -231,6 +239,7 @@ def launch_blocks(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: B
         call.tensor_scale,
         grid.signs,
         call.amax,
+        call.record,
         seed_pointer,
         offset_pointer,
         seed_value,

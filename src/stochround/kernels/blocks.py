@@ -226,14 +226,17 @@ def gemm_blocks(
     rht_bf16: bool = False,
     amax: Tensor | None = None,
     tiling: QuantizeTiling | None = None,
+    record: Tensor | None = None,
 ) -> Tensor:
     """Quantize in one pass and store what a block-scaled GEMM multiplies: each element
     times its block's scale, ``element * scale`` in fp32 (the E4M3 or E8M0 value, without
     NVFP4's tensor scale or floor-3/4's 4/3, which scale the GEMM's result), in the
     rotated basis where ``rht`` is given, stored in ``out_dtype`` (torch.bfloat16, which
     the caller asks for only where every such product is a bf16 value, or torch.float32).
-    Arguments as `quantize_blocks`'s, and ``tiling`` the launch's (None: the
-    configuration's default, `quantize_tiling`); returns a tensor shaped like x."""
+    Arguments as `quantize_blocks`'s, ``tiling`` the launch's (None: `quantize_tiling`'s)
+    and ``record`` one fp32 on x's device (zeroed) that the launch raises by an atomic max
+    to the amax "amax" takes (after the RHT: `block_kernel.raise_record`), a delayed
+    tensor scale's current amax as a by-product; returns a tensor shaped like x."""
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
     fmt = check_block_call(x, element, block, scale_rule, mode, n, variant, nvfp4_flavour)
@@ -257,6 +260,7 @@ def gemm_blocks(
         rht_bf16=rht_bf16,
         amax=amax,
         tiling=tiling,
+        record=record,
     )
     launch_blocks(x, empty, empty, out, call)
     return out
@@ -269,8 +273,9 @@ class PreparedGemmBlocks:
     every step.  The stream comes as one-element int64 tensors on x's device; the tensor
     scales (one or two elements, or None), the rotation's signs and the tiles' amax as
     `gemm_blocks` takes them, of the kinds given here (``tensor_scales``: their count,
-    ``amax_given``); ``tiling`` the launch's (None: `quantize_tiling`'s).  ``exact_bf16``
-    (power-of-two scales, bf16 ``out_dtype``): `launch_exact` gives the operand as
+    ``amax_given``), and with ``record`` the one fp32 each call raises to the amax
+    (`gemm_blocks`' ``record``); ``tiling`` the launch's (None: `quantize_tiling`'s).
+    ``exact_bf16`` (power-of-two scales, bf16 ``out_dtype``): `launch_exact` gives the operand as
     `stochround.kernels.operand_bf16.exact_bf16_rows` gives it from the fp32 one."""
 
     def __init__(
@@ -293,6 +298,7 @@ class PreparedGemmBlocks:
         rht_bf16: bool = False,
         tiling: QuantizeTiling | None = None,
         exact_bf16: bool = False,
+        record: bool = False,
     ) -> None:
         if out_dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32; got {out_dtype}")
@@ -326,8 +332,10 @@ class PreparedGemmBlocks:
             amax=amax,
             tiling=tiling,
             flag_below=flag_bits(fmt.mbits) if exact_bf16 else 0,
+            record=x.new_empty(1, dtype=torch.float32) if record else None,
         )
         check_block_tensors(x, call)
+        self.record = record
         self.grid = block_grid(x, out_dtype, call, from_tensors=True)
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.out_dtype, self.index_offset = out_dtype, index_offset
@@ -347,14 +355,15 @@ class PreparedGemmBlocks:
         amax: Tensor | None,
         seed: Tensor,
         offset: Tensor,
+        record: Tensor | None = None,
     ) -> Tensor:
         """The operand of x (of the prepared shape, dtype and device, contiguous), as
-        `gemm_blocks` computes it with these arguments."""
+        `gemm_blocks` computes it with these arguments (``record``: where prepared so)."""
         self.check(x)
         if self.device_index >= 0 and current_device() != self.device_index:
             with torch.cuda.device(self.device):
-                return self.launch(x, tensor_scale, rht_signs, amax, seed, offset)
-        return self.launch(x, tensor_scale, rht_signs, amax, seed, offset)
+                return self.launch(x, tensor_scale, rht_signs, amax, seed, offset, None, record)
+        return self.launch(x, tensor_scale, rht_signs, amax, seed, offset, None, record)
 
     def launch(
         self,
@@ -365,10 +374,13 @@ class PreparedGemmBlocks:
         seed: Tensor,
         offset: Tensor,
         flags: Tensor | None = None,
+        record: Tensor | None = None,
     ) -> Tensor:
         """`__call__` for a caller that has checked x (`check`) and made its device
         current: the launch alone (``flags``: where an ``exact_bf16`` launch stores each
-        block's flag, `launch_exact`'s)."""
+        block's flag, `launch_exact`'s; ``record``: `__call__`'s)."""
+        if (record is not None) != self.record:
+            raise ValueError("record is given exactly where the launch was prepared with one")
         out = torch.empty_like(x, dtype=self.out_dtype)
         grid = self.grid
         grid.launch(
@@ -381,6 +393,7 @@ class PreparedGemmBlocks:
             tensor_scale,
             rht_signs if rht_signs is not None else grid.signs,
             amax,
+            record,
             seed,
             offset,
             0,
@@ -398,6 +411,7 @@ class PreparedGemmBlocks:
         amax: Tensor | None,
         seed: Tensor,
         offset: Tensor,
+        record: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """With ``exact_bf16``, for a caller as `launch`'s: (bf16 ``v * 2**s``, fp32 ``2**-s``
         (M, 1)) as `exact_bf16_rows` gives them for `launch`'s fp32 operand v: the
@@ -405,7 +419,7 @@ class PreparedGemmBlocks:
         if self.rows is None:
             raise ValueError("launch_exact needs a PreparedGemmBlocks made with exact_bf16=True")
         flags = x.new_empty(self.rows.flags_shape, dtype=torch.uint8)
-        values = self.launch(x, tensor_scale, rht_signs, amax, seed, offset, flags)
+        values = self.launch(x, tensor_scale, rht_signs, amax, seed, offset, flags, record)
         return self.rows(values, flags)
 
 
@@ -569,7 +583,7 @@ class PreparedQuantizeBlocks:
         grid = self.grids[from_tensors]
         grid.launch(
             device, grid.programs, x, codes_bytes, scales_bytes, self.values, scales2,
-            grid.signs, None, *stream, grid.blocks, self.index_offset,
+            grid.signs, None, None, *stream, grid.blocks, self.index_offset,
         )  # fmt: skip
         return codes, scales, None if scales2 is None else scales2[0]
 

@@ -132,8 +132,8 @@ def single_launch_kernel(
         _wait_for_scales(counter_ptr + 2, programs - amax_count)
         quantize_tile(
             ticket - amax_count, x_ptr, codes_ptr, scales_ptr, None, tensor_scale_ptr,
-            signs_ptr, None, seed_ptr, offset_ptr, seed_value, offset_value, blocks, index_offset,
-            TILING, STREAM, SCALE, ELEMENT, ROUNDING, ROTATION, OUTPUT,
+            signs_ptr, None, None, seed_ptr, offset_ptr, seed_value, offset_value, blocks,
+            index_offset, TILING, STREAM, SCALE, ELEMENT, ROUNDING, ROTATION, OUTPUT,
         )  # fmt: skip
 
 

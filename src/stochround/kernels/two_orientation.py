@@ -38,6 +38,7 @@ from torch import Tensor
 
 from ..formats import Format
 from .availability import INTERPRETED
+from .block_kernel import raise_record
 from .block_math import (
     BlockScale,
     ElementFormat,
@@ -83,12 +84,14 @@ class Orientation(NamedTuple):
     """How one orientation's blocks are quantized (constexpr): the scale (NVFP4's rule,
     its flavour and tensor scales), the element format and its rounding; FAST_E2M1: the
     elements are e2m1 rounded to nearest even or by SR variant a or c, which
-    `e2m1_operand.e2m1_value` rounds (else `fast_round` or `general_round`)."""
+    `e2m1_operand.e2m1_value` rounds (else `fast_round` or `general_round`); RECORD: its
+    amax (after the rotation) raised into its ``record`` (`block_kernel.raise_record`)."""
 
     SCALE: BlockScale
     ELEMENT: ElementFormat
     ROUNDING: ElementRounding
     FAST_E2M1: bool = False
+    RECORD: bool = False
 
 
 class PairTiling(NamedTuple):
@@ -112,6 +115,7 @@ def _tile_operand(
     mask,
     out_ptr,
     scale_ptr,
+    record_ptr,
     seed,
     offset_ptr,
     CHOICE: tl.constexpr,
@@ -130,12 +134,16 @@ def _tile_operand(
     scaled values are taken as magnitudes (the multiplier is positive), an element's NaN
     left to its scale's.  Both factors' NaNs are fp32's canonical NaN (0x7FC00000) and a
     GPU's product of a NaN is 0x7FFFFFFF: a product's NaN has its sign bit clear, which
-    `exact_bf16` makes bf16's canonical NaN; bf16 holds every other product exactly."""
+    `exact_bf16` makes bf16's canonical NaN; bf16 holds every other product exactly.
+    CHOICE.RECORD: the tile's amax raised into ``record_ptr``."""
     SCALE: tl.constexpr = CHOICE.SCALE
     ROUNDING: tl.constexpr = CHOICE.ROUNDING
     ELEMENT: tl.constexpr = CHOICE.ELEMENT
     magnitude = bits & 0x7FFFFFFF
-    amax = tl.max(tl.max(magnitude, axis=2), axis=1).to(tl.float32, bitcast=True)
+    amax_bits = tl.max(tl.max(magnitude, axis=2), axis=1)
+    if CHOICE.RECORD:
+        raise_record(record_ptr, amax_bits)
+    amax = amax_bits.to(tl.float32, bitcast=True)
     _, block_value, _, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
     if ROUNDING.MODE == "sr":
         offset = tl.load(offset_ptr)
@@ -267,6 +275,7 @@ def two_orientation_kernel(
     row_out_ptr,
     column_out_ptr,
     scale_ptr,
+    record_ptr,
     signs_ptr,
     seed_ptr,
     row_offset_ptr,
@@ -284,23 +293,27 @@ def two_orientation_kernel(
     X_FEATURES)``, and (rotated along the tokens by ROTATION) the blocks of 16 tokens of
     each feature into ``column_out`` ``(X_FEATURES, padded)``, the tokens from ``tokens``
     to ``padded`` zero.  ``scale``: the row-wise operand's tensor scales S_dec, S_enc then
-    the column-wise one's (4 fp32; None without tensor scales).  ``padded`` and
+    the column-wise one's (4 fp32; None without tensor scales); ``record``: each one's
+    amax (2 fp32, raised by atomic maxima) where they record.  ``padded`` and
     X_FEATURES are multiples of 16, which Triton's specialization sees (``padded`` is not
     in do_not_specialize): the row-wise loads and both stores are vector accesses."""
     first_token, first_feature = _tile_start(tl.program_id(0), TILING)
     seed = tl.load(seed_ptr)
     bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
-        bits, position, inside, row_out_ptr, scale_ptr, seed, row_offset_ptr, ROW, TILING.EVEN,
-        TILING.WIDE,
+        bits, position, inside, row_out_ptr, scale_ptr, record_ptr, seed, row_offset_ptr, ROW,
+        TILING.EVEN, TILING.WIDE,
     )  # fmt: skip
+    column_record_ptr = record_ptr  # None where the orientations record nothing
+    if COLUMN.RECORD:
+        column_record_ptr = record_ptr + 1
     _, bits, position, inside = _column_blocks(
         x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, ROTATION, NAN16,
         True,
     )  # fmt: skip
     _tile_operand(
-        bits, position, inside, column_out_ptr, scale_ptr + 2, seed, column_offset_ptr,
-        COLUMN, TILING.EVEN, TILING.WIDE,
+        bits, position, inside, column_out_ptr, scale_ptr + 2, column_record_ptr, seed,
+        column_offset_ptr, COLUMN, TILING.EVEN, TILING.WIDE,
     )  # fmt: skip
 
 
@@ -357,17 +370,22 @@ def two_orientation_amax_kernel(
     last_program_scales(partial_ptr, programs, counter_ptr, amax_ptr, scale_ptr, "te", PARTIALS, 2)
 
 
-def orientation(fmt: Format, mode: str, n: int, variant: str, tensor_scales: int) -> Orientation:
+def orientation(
+    fmt: Format, mode: str, n: int, variant: str, tensor_scales: int, record: bool = False
+) -> Orientation:
     """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (e2m1; the "te"
-    flavour) with ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc).
+    flavour) with ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc), its amax
+    recorded where ``record`` (`Orientation.RECORD`; it needs the tensor scales).
     ValueError for other elements: the kernel stores each product of an element and its
     E4M3 scale as the bf16 that holds it exactly, which e2m1's do."""
     if fmt.name != "e2m1":
         raise ValueError(f"fmt must be e2m1 (NVFP4's elements); got {fmt.name!r}")
     scale = BlockScale(RULE="nvfp4", FLAVOUR="te", TENSOR_SCALE=tensor_scales, AMAX_GIVEN=False)
     rounding = element_rounding(fmt, mode, n, variant)
+    if record and tensor_scales == 0:
+        raise ValueError("record applies to operands with tensor scales")
     fast = mode == "rne" or (mode == "sr" and variant in ("a", "c"))
-    return Orientation(scale, element_record(fmt, mode), rounding, fast)
+    return Orientation(scale, element_record(fmt, mode), rounding, fast, record)
 
 
 class PairOperands(NamedTuple):
@@ -394,7 +412,8 @@ class PreparedTwoOrientations:
     calls must not run on two streams at once.  ``transient``: each call's operands are
     read before the next call's launches run (dy's, used within one backward): the tensor
     scales and their S_dec views are then the object's own, made once and rewritten by
-    each call, else new a call (x's, which the backward reads after later forwards)."""
+    each call, else new a call (x's, which the backward reads after later forwards).  A
+    call given its tensor scales (delayed ones) issues the quantize launch alone."""
 
     def __init__(
         self,
@@ -418,6 +437,9 @@ class PreparedTwoOrientations:
             )
         if row.SCALE.TENSOR_SCALE != column.SCALE.TENSOR_SCALE:
             raise ValueError("both orientations have tensor scales or neither has")
+        if row.RECORD != column.RECORD:
+            raise ValueError("both orientations record their amax or neither does")
+        self.record = row.RECORD
         side = max(TILE_TOKENS, rht or 1)
         probe = x.new_empty((features, padded))  # the column operand's shape, for the check
         _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
@@ -457,16 +479,25 @@ class PreparedTwoOrientations:
         row_offset: Tensor,
         column_offset: Tensor,
         rht_signs: Tensor | None,
+        scales: Tensor | None = None,
+        record: Tensor | None = None,
     ) -> PairOperands:
         """Both operands of x with this stream (one-element int64 tensors: the seed, each
-        orientation's offset) and the rotation's signs (fp32, on x's device)."""
+        orientation's offset) and the rotation's signs (fp32, on x's device); ``scales``:
+        the tensor scales given (4 fp32 as `PairOperands.scales`; None: computed);
+        ``record``: where the orientations record, 2 fp32 raised to their amaxes."""
         self.check(x)
         if self.device_index >= 0 and current_device() != self.device_index:
             with torch.cuda.device(self.device):
-                return self(x, seed, row_offset, column_offset, rht_signs)
+                return self(x, seed, row_offset, column_offset, rht_signs, scales, record)
+        if (record is not None) != self.record or (scales is not None and not self.tensor_scales):
+            raise ValueError("record (scales) given where the orientations record (have them)")
         tokens, features = x.shape
-        scales = decodes = None
-        if self.tensor_scales:
+        decodes = None
+        if scales is not None:
+            row_decode, _, column_decode, _ = scales.unbind(0)
+            decodes = (row_decode, column_decode)
+        elif self.tensor_scales:
             programs = self.amax_programs
             scales, decodes = self.own_scales or pair_scales(x)
             partial, counter = self.tickets
@@ -477,8 +508,8 @@ class PreparedTwoOrientations:
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
         self.quantize(
-            self.device_index, self.programs, x, row, column, scales, rht_signs, seed, row_offset,
-            column_offset, tokens, self.padded,
+            self.device_index, self.programs, x, row, column, scales, record, rht_signs, seed,
+            row_offset, column_offset, tokens, self.padded,
         )  # fmt: skip
         return PairOperands(row, column, scales, decodes)
 

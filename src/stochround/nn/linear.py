@@ -53,7 +53,9 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
+from ..kernels.availability import on_kernel_device
 from ..shards import is_dtensor
+from .amax_history import AmaxHistory, HostWindows, empty_history, history_width
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -72,7 +74,7 @@ from .opaque_matmul import (
     register_plan,
 )
 from .recipes import Recipe
-from .recompute import read_step
+from .recompute import read_step, recomputing
 from .step_plan import StepPlan, StepPlans, StepSignature, make_step_plan, step_signature
 from .streams import (
     MAX_LAYERS,
@@ -81,6 +83,7 @@ from .streams import (
     SLOTS_PER_LAYER,
     bases_column,
     check_data_parallel_rank,
+    column_step,
     layer_bases,
     slot_bases,
     slot_offsets,
@@ -125,9 +128,22 @@ class QuantizedLinear(nn.Linear):
     calls made under grad mode; a state dict without it (an `nn.Linear`'s) loads and keeps
     the layer's step.  Under ``torch.no_grad`` the step does not advance.  An activation
     checkpoint's recomputation reads its forward's step again (`stochround.nn.recompute`).
+
+    A recipe with delayed tensor scales (``tensor_scale="delayed"``) adds the buffers
+    ``amax_history`` (fp32) and ``amax_history_steps`` (int64), each ``(6, H + 1)`` for
+    the longest history ``H`` of its roles (`stochround.nn.amax_history`), saved in
+    ``state_dict``: the amaxes its training steps recorded, which later steps' tensor
+    scales come from.  A state dict without them (an `nn.Linear`'s, or a layer's under
+    current scaling) loads and keeps the layer's history; a layer without delayed roles
+    ignores a state dict's.
     """
 
     step: Tensor
+    amax_history: Tensor | None
+    amax_history_steps: Tensor | None
+    # the host's copy of the step and the history, for the kernels' route of delayed
+    # scales (`HostWindows`; None: made from the buffers at the next such step)
+    host_windows: HostWindows | None
     layer_index: int
     recipe: Recipe
     plan: Plan
@@ -170,9 +186,12 @@ class QuantizedLinear(nn.Linear):
         self.recipe = recipe
         self.layer_index = layer
         self.plan = self.layer_plan(recipe, layer)
+        width = history_width(entry.spec for entry in self.plan.operands.values())
+        self.place_amax_history(width, self.step.device)
         # each eager call signature's resolved choices (`prepare_step`), made again for
         # the new plan
         self.step_plans = StepPlans()
+        self.host_windows = None
         self.plan_index = register_plan(self.plan)  # the compiled step's ops take it
         # the layer's number as its steps read it (`offsets_column`): a tensor, which a
         # compiled graph takes as an input, where an int attribute would be a constant of
@@ -223,7 +242,10 @@ class QuantizedLinear(nn.Linear):
         layer.weight = linear.weight
         layer.bias = linear.bias
         layer.step = torch.zeros((), dtype=torch.int64, device=linear.weight.device)
+        if layer.amax_history is not None:
+            layer.place_amax_history(layer.amax_history.shape[1], linear.weight.device)
         layer.place_stream_bases(linear.weight.device)
+        layer.host_windows = None  # a new step counter
         layer.train(linear.training)
         return layer
 
@@ -266,8 +288,11 @@ class QuantizedLinear(nn.Linear):
         # the step's offsets column, made from the counter before it advances (one add;
         # the column, not the step, kept for a recomputation)
         column = read_step(counter, self.step_reads, self.training, self.offsets_column)
+        record = column is not None  # a training step records its amaxes
         if column is None:  # no training forward: the counter read, not advanced
             column = self.offsets_column(counter)
+        graphed = not compiling and wrap is None and graphed_step(tokens, weight, plan)
+        history = self.step_history(x, column, record, compiling, wrap is not None, graphed)
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
             # (y, and the operands the backward reuses, which autograd keeps, where the
@@ -276,18 +301,84 @@ class QuantizedLinear(nn.Linear):
             out = quantized_linear(
                 tokens, weight, bias, column, self.plan_index, rank, wgrad and keep, dgrad and keep
             )[0]
-        elif wrap is None and graphed_step(tokens, weight, plan):  # the steps as CUDA graphs
+        elif graphed:  # the steps as CUDA graphs
             # nothing kept for the backward (`keeps_operands`)
             out = GraphedMatmul.apply(
                 tokens, weight, bias, column, self.plan_index, rank, False, False
             )
         else:
-            out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
+            out = QuantizedMatmul.apply(
+                tokens, weight, bias, column, plan, wgrad, dgrad, prepared, history
+            )
         out = typing.cast(Tensor, out)
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
         y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
         return y if wrap is None else wrap(y)
+
+    def step_history(
+        self,
+        x: Tensor,
+        column: Tensor,
+        record: bool,
+        compiling: bool,
+        sharded: bool,
+        graphed: bool = False,
+    ) -> AmaxHistory | None:
+        """The layer's amax history at the step of ``column`` (None where no role has a
+        delayed tensor scale), recording where ``record`` (a training forward).  On the
+        kernels' route, with the layer's `HostWindows` (made from the buffers where it has
+        none: one synchronization) and the step as the host knows it.  NotImplementedError,
+        naming what is missing, under torch.compile, tensor parallelism and the step
+        graphs (``graphed``)."""
+        if self.amax_history is None or self.amax_history_steps is None:
+            return None
+        missing = None
+        if compiling:
+            missing = "under torch.compile"
+        elif sharded:
+            missing = "under tensor parallelism"
+        elif graphed:
+            missing = "under the step graphs (CUDA graphs of eager steps)"
+        if missing is not None:
+            raise NotImplementedError(
+                f"tensor_scale='delayed' is not built {missing} yet: it runs eagerly "
+                "(docs/guide/recipes.md, 'Delayed tensor scales'); use tensor_scale='amax' "
+                "there"
+            )
+        steps = self.amax_history_steps
+        history = AmaxHistory(self.amax_history, steps, column_step(column), record)
+        if not on_kernel_device(x):
+            return history
+        host = self.host_windows
+        if host is None:
+            counter = self.step.to_local() if is_dtensor(self.step) else self.step
+            # the counter advanced already where this is a training forward
+            host = HostWindows.from_buffers(counter - int(record and not recomputing()), steps)
+            self.host_windows = host
+        if recomputing():
+            step = host.column_step(column)
+        elif record:
+            step = host.take_step(column)
+        else:
+            step = host.step
+        return history._replace(host=host, host_step=step)
+
+    def place_amax_history(self, width: int, device: torch.device) -> None:
+        """The history buffers of ``width`` columns on ``device`` (`history_width`; none
+        for 0): kept where they have that shape and device (a recipe switched mid-run keeps
+        its amaxes), else new and empty."""
+        if width == 0:
+            self.register_buffer("amax_history", None)
+            self.register_buffer("amax_history_steps", None)
+            return
+        current = getattr(self, "amax_history", None)
+        if current is not None and current.shape[1] == width and current.device == device:
+            return
+        amaxes, steps = empty_history(width, device)
+        self.host_windows = None
+        self.register_buffer("amax_history", amaxes)
+        self.register_buffer("amax_history_steps", steps)
 
     def offsets_column(self, step: Tensor) -> Tensor:
         """The stream offsets of the layer's slots at ``step`` (a 0-d int64 tensor), a new
@@ -343,9 +434,16 @@ class QuantizedLinear(nn.Linear):
         error_msgs: list[str],
     ) -> None:
         # an nn.Linear's state dict has no step: loading one keeps this layer's
+        self.host_windows = None  # made again from the loaded buffers
         key = prefix + "step"
         if key not in state_dict:
             state_dict[key] = self.step.detach().clone()
+        for name in ("amax_history", "amax_history_steps"):
+            own = getattr(self, name)
+            if own is None:  # no delayed role: a saved history has no use here
+                state_dict.pop(prefix + name, None)
+            elif prefix + name not in state_dict:
+                state_dict[prefix + name] = own.detach().clone()
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

@@ -19,6 +19,7 @@ from torch import Tensor
 from ..blocks.gemm import native_fp8_mm, scaled_mm
 from ..blocks.hadamard import random_signs
 from ..blocks.tensor import GemmOperand
+from .amax_history import AmaxHistory
 from .layer_plan import Plan, pad_tokens, shares_rotation
 from .operands import TRANSPOSE_TARGETS, quantize_operand
 from .orientations import both_orientations, pair_refusal
@@ -49,12 +50,14 @@ def gemm_operands(
     right: Tensor | GemmOperand,
     offsets: Sequence[Tensor],
     reuse: frozenset[str] = frozenset(),
+    history: AmaxHistory | None = None,
 ) -> tuple[GemmOperand, GemmOperand, dict[str, GemmOperand]]:
     """Q(left), Q(right) of ``gemm`` (both with the contraction axis last), each drawing
     from its role's stream at the step whose slots' offsets (`slot_offsets`) are ``offsets``,
     rotated by `rotation_signs` where its spec has an RHT; an operand already quantized is
     taken as it is.  And by role, the operands of the roles in ``reuse`` (of the plan's
-    `tensor_transposes`) that are one of these transposed, written with it."""
+    `tensor_transposes`) that are one of these transposed, written with it.  ``history``:
+    the layer's amax history at the step, for delayed tensor scales (`quantize_operand`)."""
     left_role, right_role = GEMMS[gemm]
     reused: dict[str, GemmOperand] = {}
     rotated = shares_rotation(plan.operands[left_role].spec, plan.operands[right_role].spec)
@@ -76,7 +79,7 @@ def gemm_operands(
         transposes: list[GemmOperand] | None = [] if target in reuse else None
         quantized = quantize_operand(
             operand.contiguous(), entry, plan.key_of(role), offset, signs, rotated,
-            native=plan.native, transposes=transposes,
+            native=plan.native, transposes=transposes, history=history,
         )  # fmt: skip
         if transposes and target is not None:
             reused[target] = transposes[0]
@@ -203,6 +206,7 @@ class QuantizedMatmul(torch.autograd.Function):
         wgrad: bool = False,
         dgrad: bool = False,
         prepared: StepPlan | None = None,
+        history: AmaxHistory | None = None,
     ) -> Tensor:
         with unautocast(x.device.type):
             offsets = slot_offsets(column)
@@ -213,7 +217,7 @@ class QuantizedMatmul(torch.autograd.Function):
             # per-tensor: Q(W)^T and Q(x)^T for the backward, written with Q(W) and Q(x)
             runs = {"dgrad_weight": dgrad, "wgrad_input": wgrad}
             reuse = frozenset(role for role in plan.tensor_transposes if runs.get(role))
-            qx, qw, reused = gemm_operands(plan, "fprop", left, weight, offsets, reuse)
+            qx, qw, reused = gemm_operands(plan, "fprop", left, weight, offsets, reuse, history)
             out = run_gemm(prepared, plan, "fprop", qx, qw, bias, x.dtype)
         # dgrad's Q(W^T) is Q(W)^T: Q(W) kept for the backward (which dgrad's GEMM reads
         # transposed, `run_gemm`'s ``transposed``) instead of quantizing W^T again
@@ -232,6 +236,7 @@ class QuantizedMatmul(torch.autograd.Function):
         ctx.factor = qw.factor
         ctx.plan = plan
         ctx.prepared = prepared
+        ctx.history = history  # the backward's delayed roles read and record at the same step
         ctx.bias_dtype = None if bias is None else bias.dtype
         return out
 
@@ -243,6 +248,7 @@ class QuantizedMatmul(torch.autograd.Function):
         offsets = getattr(ctx, "offsets", None) or slot_offsets(column)
         plan: Plan = ctx.plan
         prepared: StepPlan | None = ctx.prepared
+        history: AmaxHistory | None = getattr(ctx, "history", None)
         grad_x = grad_weight = grad_bias = None
         dgrad, wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         with unautocast(grad.device.type):
@@ -262,7 +268,7 @@ class QuantizedMatmul(torch.autograd.Function):
                 left = grad if pair is None else pair[0]
                 # Q(dy^T) is Q(dy)^T (per-tensor), written with Q(dy)
                 reuse = plan.tensor_transposes & {"wgrad_grad_output"} if wgrad else frozenset()
-                qdy, qw, reused = gemm_operands(plan, "dgrad", left, right, offsets, reuse)
+                qdy, qw, reused = gemm_operands(plan, "dgrad", left, right, offsets, reuse, history)
                 grad_x = run_gemm(prepared, plan, "dgrad", qdy, qw, None, x.dtype, kept_w)
                 if "wgrad_grad_output" in reused:
                     pair = (qdy, reused["wgrad_grad_output"])
@@ -278,11 +284,13 @@ class QuantizedMatmul(torch.autograd.Function):
                     x_t = GemmOperand(x_t_values, x_t_scale, None, 1.0)
                 else:
                     x_t = pad_tokens(transposed(x.contiguous()), multiple)
-                qdy, qx, _ = gemm_operands(plan, "wgrad", grad_t, x_t, offsets)
+                qdy, qx, _ = gemm_operands(
+                    plan, "wgrad", grad_t, x_t, offsets, frozenset(), history
+                )
                 grad_weight = run_gemm(prepared, plan, "wgrad", qdy, qx, None, weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_bias = bias_gradient(grad).to(ctx.bias_dtype)
-        return grad_x, grad_weight, grad_bias, None, None, None, None, None
+        return grad_x, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 __all__ = [

@@ -27,6 +27,7 @@ from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
+from .amax_history import AmaxHistory, delayed_operand_scale, kernel_scale, record_kernel_amax
 from .recipes import TENSOR_FORMATS, QuantSpec
 from .step_graphs import kept_by_graphs
 from .step_ops import transposed
@@ -286,6 +287,7 @@ def quantize_operand(
     *,
     native: bool = False,
     transposes: list[GemmOperand] | None = None,
+    history: AmaxHistory | None = None,
 ) -> GemmOperand:
     """Q(operand) as a GEMM takes it (`stochround.blocks.GemmOperand`): ``operand`` (2-D,
     contiguous, the GEMM's contraction axis last) quantized by the entry's spec; a
@@ -294,7 +296,8 @@ def quantize_operand(
     rotated basis (the other operand is rotated alike), else the values are rotated back
     (fp32); ``native``: per-tensor operands in their float8 dtype, for the FP8 tensor
     cores; ``transposes`` (per-tensor entries): Q(operand)^T appended to it
-    (`tensor_scaled_operand`)."""
+    (`tensor_scaled_operand`); ``history``: the layer's amax history at the step, which a
+    delayed tensor scale reads and records in (`stochround.nn.amax_history`)."""
     spec, fmt = entry.spec, entry.fmt
     if transposes is not None and spec.format not in TENSOR_FORMATS:
         raise ValueError(f"transposes is given for per-tensor formats only; got {spec.format}")
@@ -315,7 +318,12 @@ def quantize_operand(
         "offset": offset,
         "hardware": spec.hardware,
     }
+    delayed = spec.tensor_scale == "delayed"
     if spec.rht is not None and not rotated:
+        if delayed:  # the spec's route: the amax a pass of its own
+            options["tensor_scale"] = delayed_operand_scale(
+                operand, entry.role, spec, signs, history
+            )
         quantized = quantize(operand, fmt, spec.mode, **options)
         return GemmOperand(quantized.dequantize(torch.float32, unrotate=True), None, None, 1.0)
     prepared = None
@@ -323,14 +331,37 @@ def quantize_operand(
         prepared = prepared_operand(spec, fmt, operand.shape, operand.dtype, operand.device)
     if prepared is not None and isinstance(offset, Tensor):
         # the eager CUDA step: the checks and the launches' set-up made once per shape
-        result = prepared(operand, seed_on(seed, operand.device), one_element(offset), signs)
+        stream = (seed_on(seed, operand.device), one_element(offset), signs)
+        if delayed and history is not None and history.host is not None:
+            # the window's scales given (none where the host knows it empty: current
+            # scaling's amax pass), the current amax the quantize launch's by-product
+            given = kernel_scale(history, entry.role, spec.amax_history)
+            result = prepared(operand, *stream, given.scales, given.record)
+            record_kernel_amax(history, entry.role, given.record)
+        elif delayed:
+            tensor_scale = delayed_operand_scale(operand, entry.role, spec, signs, history)
+            result = prepared(
+                operand, *stream, torch.stack(tuple(tensor_scale)), record_sink(operand)
+            )
+        else:
+            result = prepared(operand, *stream)
     else:
+        if delayed:
+            options["tensor_scale"] = delayed_operand_scale(
+                operand, entry.role, spec, signs, history
+            )
         result = gemm_operand(operand, fmt, spec.mode, **options)
     values = result.values
     if on_kernel_device(values) and values.dtype == torch.float32 and exact_in_bf16(fmt):
         # a bf16 GEMM instead of an fp32 one: the same products, exactly
         return exact_bf16_operand(result, fmt.element.mbits)
     return result
+
+
+def record_sink(operand: Tensor) -> Tensor:
+    """A zeroed fp32 on the operand's device for a recording launch whose amax no one
+    reads (the scales given by the spec's route, which recorded its own)."""
+    return operand.new_zeros(1, dtype=torch.float32)
 
 
 def one_element(offset: Tensor) -> Tensor:
@@ -427,7 +458,8 @@ def prepared_operand(
         # then finds them bf16): the bits of `exact_bf16_operand` of the fp32 values
         exact = fmt.gemm_dtype == torch.float32 and exact_in_bf16(fmt)
         example = torch.empty(shape, dtype=dtype, device=device)
-        return PreparedGemmOperand(example, args, exact_bf16=exact)
+        record = spec.tensor_scale == "delayed"  # the current amax a by-product
+        return PreparedGemmOperand(example, args, exact_bf16=exact, record=record)
     except ValueError:  # the kernel refuses it: the entry point routes the call
         return None
 
@@ -461,6 +493,7 @@ __all__ = [
     "prepared_operand",
     "prepared_row_operand",
     "quantize_operand",
+    "record_sink",
     "row_kernel_operand_of",
     "row_noise_operand",
     "row_words",

@@ -51,6 +51,10 @@ def pair_refusal(row: Operand, column: Operand, rotated: bool) -> str | None:
             return f"{entry.role} rounds by a hardware preset or with row noise"
     if row.spec.tensor_scale != column.spec.tensor_scale:
         return "one role has a tensor scale and the other none"
+    if row.spec.tensor_scale == "delayed":
+        # the kernel takes given scales and records (`PreparedTwoOrientations`); the step's
+        # route to it (each role's window and record) is not built yet
+        return "delayed tensor scales quantize each orientation on its own"
     if row.spec.rht is not None:
         return f"{row.role} is rotated"
     if column.spec.rht is not None and not rotated:

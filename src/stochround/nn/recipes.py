@@ -45,7 +45,9 @@ GEMMS: dict[str, tuple[str, str]] = {
     "wgrad": ("wgrad_grad_output", "wgrad_input"),
 }
 SIGN_POLICIES: tuple[str, ...] = ("fixed", "per_step")
-TENSOR_SCALE_POLICIES: tuple[str, ...] = ("amax", "none")
+TENSOR_SCALE_POLICIES: tuple[str, ...] = ("amax", "delayed", "none")
+# the longest amax history of a delayed tensor scale (TE's default ``amax_history_len``)
+MAX_AMAX_HISTORY = 1024
 NOISE_POLICIES: tuple[str, ...] = ("element", "row")
 
 # Per-tensor scaled FP8 (Transformer Engine's current scaling): one fp32 scale
@@ -94,7 +96,9 @@ class QuantSpec:
             "per_step" (fresh signs each step, shared by the GEMM's two operands).
         rht_bf16: round the rotated values to bf16 before the amax (as Transformer Engine).
         tensor_scale: NVFP4's per-tensor scale: "amax" (from the operand's amax, after the
-            RHT: a rotated copy has its own) or "none" (single-level).
+            RHT: a rotated copy has its own), "delayed" (from the largest amax recorded
+            over the role's previous ``amax_history`` steps: `stochround.nn.amax_history`)
+            or "none" (single-level).
         noise: "element" (one random word per element) or "row" (Qwix's channelwise
             noise: one word per index of the first axis of the tensor the layer holds,
             x and dy: per token, W: per output feature, shared along the other axis;
@@ -104,6 +108,8 @@ class QuantSpec:
             GPUs without ``cvt.rs``; with mode "sr", rbits and variant left at their
             defaults (the preset sets them), per-element noise and a block format whose
             elements are the preset's target. None: the core's SR.
+        amax_history: how many previous steps a delayed scale's amax is the largest of,
+            in [1, `MAX_AMAX_HISTORY`]; 1 unless delayed.
     """
 
     format: str | None = None
@@ -118,6 +124,7 @@ class QuantSpec:
     tensor_scale: str = "amax"
     noise: str = "element"
     hardware: str | None = None
+    amax_history: int = 1
 
     def __post_init__(self) -> None:
         if self.format is not None:
@@ -140,9 +147,23 @@ class QuantSpec:
         if self.rht_bf16 and self.rht is None:
             raise ValueError("rht_bf16=True applies with rht= (the Hadamard size); got rht=None")
         check_choice("tensor_scale", self.tensor_scale, TENSOR_SCALE_POLICIES)
+        self._check_amax_history()
         check_choice("noise", self.noise, NOISE_POLICIES)
         if self.format is not None:
             self._check_format()
+        elif self.tensor_scale == "delayed":
+            raise ValueError("tensor_scale='delayed' applies to a quantized operand (format=None)")
+
+    def _check_amax_history(self) -> None:
+        """``amax_history`` an int in [1, `MAX_AMAX_HISTORY`], not 1 only when delayed."""
+        history, delayed = self.amax_history, self.tensor_scale == "delayed"
+        if isinstance(history, bool) or not isinstance(history, int):
+            raise TypeError(f"amax_history must be an int, got {type(history).__name__}")
+        if not 1 <= history <= MAX_AMAX_HISTORY or (history != 1 and not delayed):
+            raise ValueError(
+                f"amax_history must be in [1, {MAX_AMAX_HISTORY}], and applies with "
+                f"tensor_scale='delayed'; got {history} with {self.tensor_scale!r}"
+            )
 
     def _check_format(self) -> None:
         """The format with the block and rule replaced must be a valid `BlockFormat`, and
@@ -159,6 +180,11 @@ class QuantSpec:
             raise ValueError(f"rht applies to 1-D blocks; got block={fmt.block}")
         if self.format in TENSOR_FORMATS and self.block is not None:
             raise ValueError(f"{self.format} has one scale per tensor: block must be None")
+        # delayed tensor scales are built for NVFP4's (TE's FP8 ``DelayedScaling`` is not)
+        if self.tensor_scale == "delayed" and self.format in TENSOR_FORMATS:
+            raise NotImplementedError(f"tensor_scale='delayed' is not built for {self.format}")
+        if self.tensor_scale == "delayed" and not fmt.tensor_scale:
+            raise ValueError(f"tensor_scale='delayed' needs a per-tensor scale (nvfp4): {fmt.name}")
         if self.hardware is not None:
             self._check_hardware(fmt)
 
@@ -233,6 +259,8 @@ def spec_words(spec: QuantSpec) -> str:
         words.append(f"rht{spec.rht}/{spec.rht_signs}" + ("/bf16" if spec.rht_bf16 else ""))
     if spec.tensor_scale == "none" and fmt.tensor_scale:
         words.append("single-level")
+    if spec.tensor_scale == "delayed":
+        words.append(f"delayed-amax/{spec.amax_history}")
     if spec.noise == "row":
         words.append("row-noise")
     if spec.hardware is not None:
@@ -378,6 +406,8 @@ def nvfp4(
     *,
     seed: int = 0,
     keep: tuple[str, ...] = (),
+    tensor_scale: str = "amax",
+    amax_history: int = 1,
 ) -> Recipe:
     """NVIDIA's NVFP4 training recipe, as Transformer Engine's ``NVFP4BlockScaling``
     (transformer_engine/common/recipe; NVIDIA, "Pretraining Large Language Models with
@@ -397,19 +427,21 @@ def nvfp4(
     128, 256; True is TE's 16).  TE's RHT uses one fixed sign vector and computes the
     rotation in bf16 (``rht_bf16``).  ``keep``: module-path regexes left in bf16 (TE's
     advice: the first and last blocks and the LM head, for instance ``("lm_head",)``).
+    ``tensor_scale``, ``amax_history``: every role's (`QuantSpec`; TE's NVFP4 has no "delayed").
     """
     weight_block = (16, 16) if weight_2d else None
     rotation = nvfp4_rotation(rht)
     grad_mode = "sr" if stochastic_rounding else "rne"
-    weight = QuantSpec("nvfp4", block=weight_block)
+    scaled: dict[str, Any] = {"tensor_scale": tensor_scale, "amax_history": amax_history}
+    rotated: dict[str, Any] = {"rht": rotation, "rht_bf16": bool(rotation), **scaled}
     return Recipe(
         name="nvfp4",
-        fprop_input=QuantSpec("nvfp4"),
-        fprop_weight=weight,
-        dgrad_grad_output=QuantSpec("nvfp4", grad_mode),
-        dgrad_weight=weight,
-        wgrad_grad_output=QuantSpec("nvfp4", grad_mode, rht=rotation, rht_bf16=bool(rotation)),
-        wgrad_input=QuantSpec("nvfp4", rht=rotation, rht_bf16=bool(rotation)),
+        fprop_input=QuantSpec("nvfp4", **scaled),
+        fprop_weight=QuantSpec("nvfp4", block=weight_block, **scaled),
+        dgrad_grad_output=QuantSpec("nvfp4", grad_mode, **scaled),
+        dgrad_weight=QuantSpec("nvfp4", block=weight_block, **scaled),
+        wgrad_grad_output=QuantSpec("nvfp4", grad_mode, **rotated),
+        wgrad_input=QuantSpec("nvfp4", **rotated),
         seed=seed,
         source="Transformer Engine NVFP4BlockScaling; NVIDIA, Pretraining LLMs with NVFP4 (2025)",
         keep=keep,
@@ -546,6 +578,7 @@ __all__ = [
     "FORMAT_NAMES",
     "GEMMS",
     "GEMM_KINDS",
+    "MAX_AMAX_HISTORY",
     "NOISE_POLICIES",
     "PASSTHROUGH",
     "RECIPES",

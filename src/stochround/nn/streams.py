@@ -114,6 +114,12 @@ def step_column(step: Tensor, layer: int) -> Tensor:
     return bases_column(step, slot_bases(layer, step.device))
 
 
+def column_step(offsets: Tensor) -> Tensor:
+    """The step of a `step_column` column, a 0-d int64 tensor: its offsets' upper half
+    (``offset >> 32``; the layer and slot fill the lower one)."""
+    return offsets[0, 0] >> STEP_SHIFT
+
+
 def bases_column(step: Tensor, bases: Tensor) -> Tensor:
     """`step_column` from a layer's `layer_bases` tensor instead of its number (a compiled
     layer reads its bases as a tensor: a number would be a constant of its graph, and each
@@ -134,6 +140,7 @@ __all__ = [
     "STEP_SHIFT",
     "bases_column",
     "check_data_parallel_rank",
+    "column_step",
     "data_rank_key",
     "layer_bases",
     "slot_bases",

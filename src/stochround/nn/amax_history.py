@@ -1,0 +1,251 @@
+"""Delayed tensor scales: a `QuantizedLinear`'s amax history, the executable spec of
+``tensor_scale="delayed"`` (docs/guide/recipes.md, "Delayed tensor scales").
+
+A role with a delayed tensor scale (`stochround.nn.recipes.QuantSpec`) takes NVFP4's
+tensor scale at step ``s`` from ``A = max(a(t) : s - H <= t < s, a(t) recorded)``, the
+largest amax recorded for the role over its ``H = amax_history`` previous steps, by the
+rule that "amax" applies to the current amax (`stochround.blocks.scales.nvfp4_tensor_scales`
+in TE's order, ``S_enc = min(2688 / A, FLT_MAX)`` and ``S_dec = 1 / S_enc``), so that an
+amax that does not change gives current scaling's bits; where no step of the window is
+recorded (the layer's first step), from the current amax ``a(s)``, as "amax".  Each
+training step records its current amax ``a(s)`` (the amax "amax" would take: after the
+RHT, `operand_amax`) for the steps after it.
+
+The history is two buffers of the layer, each ``(len(ROLES), width)`` with ``width =
+H_max + 1``: the amaxes (fp32) and the step each was recorded at (int64, `EMPTY` where
+none).  Step ``s`` records in column ``s mod width``, which its own window (steps ``s -
+H .. s - 1``, the other columns) never reads: a step's scale is a function of the history
+and the step, not of the order its roles are quantized in, and an activation checkpoint's
+recomputation of step ``s`` finds the scale its original forward found.  A step's amax is
+recorded once, by the role's first quantization at that step (a recomputation finds it
+there and keeps it).  All of it runs on the device: the host reads no value.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..blocks.reference import absolute_max, rht_rotated
+from ..blocks.scales import TensorScale, nvfp4_tensor_scales
+from .recipes import ROLES, QuantSpec
+from .streams import column_step as device_column_step
+
+# a history column no step has recorded in
+EMPTY = -1
+# each role's row of the history buffers
+ROLE_ROWS = {role: row for row, role in enumerate(ROLES)}
+
+
+# the most recomputable columns a layer's `HostWindows` remembers the step of (a forward's
+# columns wait in a checkpoint's keeping until their recomputation; beyond: one sync each)
+HOST_COLUMNS = 256
+
+
+class HostWindows:
+    """The host's copy of a layer's history, which the kernels' route decides from without
+    reading the device: the layer's step (its counter's value) and, by role, the steps the
+    role recorded at (the latest ``width``: those the buffers hold).  Made from the buffers
+    (`from_buffers`: one synchronization, at a layer's first kernels' step and after a
+    state dict loads), then kept by the layer as its steps advance and record; a
+    recomputed forward's step is found by its column (`column_step`), which its original
+    forward registered (`take_step`)."""
+
+    def __init__(self, step: int, recorded: dict[str, list[int]], width: int) -> None:
+        self.step = step
+        self.recorded = {
+            role: deque(sorted(recorded.get(role, [])), maxlen=width) for role in ROLES
+        }
+        self.columns: dict[int, tuple[weakref.ref[Tensor], int]] = {}
+
+    @classmethod
+    def from_buffers(cls, counter: Tensor, steps: Tensor) -> HostWindows:
+        """The host's copy of the counter and the ``steps`` buffer (one synchronization)."""
+        rows = steps.tolist()
+        recorded = {
+            role: [step for step in rows[row] if step >= 0] for role, row in ROLE_ROWS.items()
+        }
+        return cls(int(counter), recorded, steps.shape[1])
+
+    def take_step(self, column: Tensor) -> int:
+        """A training forward's step (the counter's value before it advanced), the counter's
+        copy advanced, and ``column`` (its offsets) registered as this step's."""
+        step = self.step
+        self.step += 1
+        if len(self.columns) >= HOST_COLUMNS:
+            self.columns.clear()
+        self.columns[id(column)] = (weakref.ref(column), step)
+        return step
+
+    def column_step(self, column: Tensor) -> int:
+        """The step of a column a recomputation reads again: registered by its forward
+        (`take_step`), else read from the device (one synchronization)."""
+        known = self.columns.get(id(column))
+        if known is not None and known[0]() is column:
+            return known[1]
+        return int(device_column_step(column))
+
+    def window_recorded(self, role: str, step: int, length: int) -> bool:
+        """Whether ``role`` recorded an amax at one of the steps ``step - length .. step -
+        1`` (`window_amax` finds one there)."""
+        return any(step - length <= each < step for each in self.recorded[role])
+
+    def mark(self, role: str, step: int) -> None:
+        """``role`` recorded at ``step`` (once: a recomputation's record is the same one)."""
+        if step not in self.recorded[role]:
+            self.recorded[role].append(step)
+
+
+class AmaxHistory(NamedTuple):
+    """A layer's amax history as one step reads it: the buffers ``amaxes`` (fp32) and
+    ``steps`` (int64), the step (a 0-d int64 tensor) and whether the step records its
+    amaxes (a training step; an evaluation forward only reads); on the kernels' route, the
+    layer's `HostWindows` and the step as the host knows it (``host_step``)."""
+
+    amaxes: Tensor
+    steps: Tensor
+    step: Tensor
+    record: bool
+    host: HostWindows | None = None
+    host_step: int = -1
+
+
+def history_width(specs: Iterable[QuantSpec]) -> int:
+    """The columns of a layer's history buffers: one more than the longest
+    ``amax_history`` of its delayed roles (a step's own column besides its window), 0
+    where no role is delayed (the layer has no history)."""
+    lengths = [spec.amax_history for spec in specs if spec.tensor_scale == "delayed"]
+    return 1 + max(lengths) if lengths else 0
+
+
+def empty_history(width: int, device: torch.device | str | None) -> tuple[Tensor, Tensor]:
+    """New history buffers of ``width`` columns on ``device``: amaxes 0, steps `EMPTY`."""
+    shape = (len(ROLES), width)
+    amaxes = torch.zeros(shape, dtype=torch.float32, device=device)
+    return amaxes, torch.full(shape, EMPTY, dtype=torch.int64, device=device)
+
+
+def window_amax(history: AmaxHistory, role: str, length: int) -> Tensor:
+    """The largest amax recorded for ``role`` at steps ``s - length .. s - 1`` (0-d fp32;
+    NaN where one of them is NaN), or -1 where none of them is recorded."""
+    row = ROLE_ROWS[role]
+    steps, step = history.steps[row], history.step
+    inside = (steps >= 0) & (steps >= step - length) & (steps < step)
+    return torch.where(inside, history.amaxes[row], -1.0).amax()
+
+
+def operand_amax(operand: Tensor, spec: QuantSpec, signs: Tensor | None) -> Tensor:
+    """max |x| of the values NVFP4's tensor scale is computed from (0-d fp32), the amax
+    "amax" takes: the 2-D operand rotated along its last axis by the spec's RHT (``signs``:
+    per-step signs, None: the fixed ones; rounded to bf16 with ``rht_bf16``), in fp32."""
+    rotated, _ = rht_rotated(operand, spec.rht, signs if spec.rht else None, -1, spec.rht_bf16)
+    if rotated.dtype == torch.float64:  # as the quantizer scales it: in fp32
+        rotated = rotated.to(torch.float32)
+    return absolute_max(rotated)
+
+
+def delayed_tensor_scale(
+    history: AmaxHistory, role: str, length: int, current: Tensor
+) -> TensorScale:
+    """NVFP4's tensor scales (TE's order) of ``role`` at the history's step: from the
+    window's largest recorded amax (`window_amax`), or the ``current`` one where none is
+    recorded."""
+    recorded = window_amax(history, role, length)
+    return nvfp4_tensor_scales(torch.where(recorded < 0, current, recorded), "te")
+
+
+def record_amax(history: AmaxHistory, role: str, current: Tensor) -> None:
+    """Record ``current`` as ``role``'s amax at the history's step, in column ``step mod
+    width``, unless the step records nothing or the column holds this step's amax already
+    (a recomputation's: the first quantization's is kept)."""
+    if not history.record:
+        return
+    row = ROLE_ROWS[role]
+    amaxes, steps = history.amaxes[row], history.steps[row]
+    column = (history.step % steps.shape[0]).reshape(1)
+    step = history.step.reshape(1)
+    recorded = steps.index_select(0, column) == step
+    kept = torch.where(recorded, amaxes.index_select(0, column), current.reshape(1))
+    amaxes.index_copy_(0, column, kept)
+    steps.index_copy_(0, column, step)
+
+
+class KernelScale(NamedTuple):
+    """What a kernel quantizing a delayed role's operand takes: the tensor scales S_dec,
+    S_enc (2 fp32 on the device) from the window's amax, or None where the host knows the
+    window empty (`HostWindows.window_recorded`: the kernels compute the current amax's,
+    current scaling's route), and the zeroed fp32 the launch raises to the current amax
+    (`stochround.kernels.block_kernel.record_amax`)."""
+
+    scales: Tensor | None
+    record: Tensor
+
+
+def kernel_scale(history: AmaxHistory, role: str, length: int) -> KernelScale:
+    """`KernelScale` of ``role`` at the history's step: the window's scales computed on the
+    device from the buffers (no synchronization) where the host knows a recorded step in
+    it, else None."""
+    host = history.host
+    if host is None:
+        raise ValueError("the kernels' route of a delayed scale needs the layer's HostWindows")
+    record = history.amaxes.new_zeros(1)
+    if not host.window_recorded(role, history.host_step, length):
+        return KernelScale(None, record)
+    scale = nvfp4_tensor_scales(window_amax(history, role, length), "te")
+    return KernelScale(torch.stack(tuple(scale)), record)
+
+
+def record_kernel_amax(history: AmaxHistory, role: str, record: Tensor) -> None:
+    """`record_amax` of the amax a launch raised ``record`` to, and the host's copy told."""
+    if not history.record:
+        return
+    record_amax(history, role, record.reshape(()))
+    if history.host is not None:
+        history.host.mark(role, history.host_step)
+
+
+def delayed_operand_scale(
+    operand: Tensor,
+    role: str,
+    spec: QuantSpec,
+    signs: Tensor | None,
+    history: AmaxHistory | None,
+) -> TensorScale:
+    """The tensor scales a delayed role's operand is quantized with at the history's step
+    (`delayed_tensor_scale`), its current amax recorded (`record_amax`; on the kernels'
+    route, the host's copy told).  ValueError without a history (no silent fall back to
+    current scaling).  The spec's route: the amax a pass of its own (on a CUDA tensor, the
+    PyTorch path's ops, where no prepared kernel serves the operand)."""
+    if history is None:
+        raise ValueError(
+            f"{role} has tensor_scale='delayed', which needs its layer's amax history; none "
+            "was given (stochround.nn.QuantizedLinear passes its own)"
+        )
+    current = operand_amax(operand, spec, signs)
+    scale = delayed_tensor_scale(history, role, spec.amax_history, current)
+    record_kernel_amax(history, role, current)
+    return scale
+
+
+__all__ = [
+    "EMPTY",
+    "HOST_COLUMNS",
+    "ROLE_ROWS",
+    "AmaxHistory",
+    "HostWindows",
+    "KernelScale",
+    "delayed_operand_scale",
+    "delayed_tensor_scale",
+    "empty_history",
+    "history_width",
+    "kernel_scale",
+    "operand_amax",
+    "record_amax",
+    "record_kernel_amax",
+    "window_amax",
+]

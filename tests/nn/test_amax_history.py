@@ -1,0 +1,290 @@
+"""Delayed tensor scales (`stochround.nn.amax_history`, ``tensor_scale="delayed"``): the
+first step is current scaling's, a later step's operands are quantized with the previous
+steps' amax given as the tensor scale, an amax that grows clips, the history resumes from
+a state dict, a checkpoint's recomputation reads its forward's scale, evaluation records
+nothing, and what is not built raises."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import assert_same_tensors, cuda_route
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+import stochround as sr
+import stochround.nn as srnn
+from stochround.blocks.scales import nvfp4_tensor_scales
+from stochround.kernels import blocks as kernel_blocks
+from stochround.nn.amax_history import (
+    EMPTY,
+    AmaxHistory,
+    empty_history,
+    operand_amax,
+    record_amax,
+    window_amax,
+)
+from stochround.nn.operands import quantize_operand
+
+WIDTH = 64
+TOKENS = 32
+
+
+def model_of(tensor_scale: str, amax_history: int = 1) -> nn.Sequential:
+    """Two quantized linears (both run all three GEMMs with an x that needs a gradient)."""
+    generator = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) / 8)
+    recipe = srnn.nvfp4(seed=3, tensor_scale=tensor_scale, amax_history=amax_history)
+    return srnn.quantize_(model, recipe)
+
+
+def batches(count: int, growth: float = 1.0) -> list[Tensor]:
+    """``count`` inputs, the k-th scaled by ``growth ** k``."""
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randn(TOKENS, WIDTH, generator=generator) * growth**k for k in range(count)]
+
+
+def train(
+    model: nn.Module, inputs: list[Tensor], eval_between: bool = False, histories: bool = True
+) -> list[Tensor]:
+    """A step per input (SGD): each step's output, x's gradient, the parameters' gradients
+    and the buffers (the amax histories left out unless ``histories``); with
+    ``eval_between``, a no-grad forward before each step."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    seen: list[Tensor] = []
+    for x in inputs:
+        if eval_between:
+            with torch.no_grad():
+                model(x * 5)
+        x = x.clone().requires_grad_()
+        optimizer.zero_grad()
+        y = model(x)
+        y.square().mean().backward()
+        seen += [y.detach(), x.grad.clone()]  # type: ignore[union-attr]
+        seen += [parameter.grad.clone() for parameter in model.parameters()]  # type: ignore[union-attr]
+        for name, buffer in model.named_buffers():
+            if histories or "amax_history" not in name:
+                seen.append(buffer.clone())
+        optimizer.step()
+    return seen
+
+
+def test_the_first_step_is_current_scaling_bit_for_bit() -> None:
+    """No history yet: every role's scale comes from its current amax, as "amax"."""
+    model = model_of("delayed")
+    delayed = train(model, batches(1), histories=False)
+    assert_same_tensors(delayed, train(model_of("amax"), batches(1)))
+    layer = model[2]
+    assert layer.amax_history is not None and layer.amax_history_steps is not None
+    assert torch.equal(layer.amax_history_steps[:, 0], torch.tensor([0, 0, 0, EMPTY, 0, 0]))
+
+
+def layer_step(layer: srnn.QuantizedLinear, x: Tensor) -> Tensor:
+    """One training step of ``layer`` on ``x``: its output."""
+    y = layer(x.clone().requires_grad_())
+    y.square().mean().backward()
+    return y.detach()
+
+
+def test_a_later_step_quantizes_with_the_previous_amax_given_as_the_tensor_scale() -> None:
+    """Step 1's fprop is the GEMM of x and W quantized by `stochround.blocks.gemm_operand`
+    with step 0's amaxes given as the tensor scales (TE's pair from that amax), bit for bit;
+    x grew, so it differs from current scaling."""
+    layer = model_of("delayed")[0]
+    first, second = batches(2, growth=3.0)
+    layer_step(layer, first)
+    got = layer_step(layer, second)
+    weight = layer.weight.detach()
+    x_scale = nvfp4_tensor_scales(first.abs().amax(), "te")
+    w_scale = nvfp4_tensor_scales(weight.abs().amax(), "te")
+    qx = sr.blocks.gemm_operand(second, "nvfp4", tensor_scale=x_scale)  # type: ignore[arg-type]
+    qw = sr.blocks.gemm_operand(weight, "nvfp4", block=(16, 16), tensor_scale=w_scale)  # type: ignore[arg-type]
+    expected = sr.blocks.scaled_mm(qx, qw, bias=layer.bias.detach(), out_dtype=torch.float32)
+    assert torch.equal(got, expected)
+    current = sr.blocks.gemm_operand(second, "nvfp4")
+    assert not torch.equal(got, sr.blocks.scaled_mm(current, qw, bias=layer.bias.detach()))
+    assert layer.amax_history is not None
+    assert torch.equal(layer.amax_history[0, 1], second.abs().amax())  # step 1's, recorded
+
+
+def test_an_amax_that_grows_clips_the_elements_beyond_the_previous_amax() -> None:
+    """Under the previous amax A, every element with |x| > A leaves e2m1's range: it clips
+    to ±2688 S_dec (A up to S_dec's rounding), its block's e4m3 scale saturated at 448.
+    Below A only what current scaling clips too: a block's largest elements, where its
+    e4m3 scale rounded down, by less than the scale's rounding (2**-4 relative)."""
+    first, second = batches(2, growth=2.0)
+    previous = first.abs().amax()
+    scale = nvfp4_tensor_scales(previous, "te")
+    x = second.clone().requires_grad_()
+    # fake_quantize's clip mask: the gradient is 0 where an element's scaled value clipped
+    out = sr.blocks.fake_quantize(x, "nvfp4", tensor_scale=scale, clip_mask=True)  # type: ignore[arg-type]
+    out.sum().backward()
+    clipped, beyond = x.grad == 0, second.abs() > previous  # type: ignore[union-attr]
+    assert beyond.any() and torch.equal(clipped & beyond, beyond)
+    edge = torch.tensor(2688.0) * scale.decode
+    values = out.detach()
+    assert torch.equal(values[beyond], torch.sign(second[beyond]) * edge)
+    rounded = clipped & ~beyond
+    assert torch.all(values[rounded].abs() >= second[rounded].abs() * (1 - 2**-4))
+    q = sr.blocks.quantize(second, "nvfp4", tensor_scale=scale)  # type: ignore[arg-type]
+    blocks_beyond = beyond.reshape(TOKENS, -1, 16).any(-1)
+    assert torch.all(q.scales.to(torch.float32)[blocks_beyond] == 448)
+
+
+def test_the_window_takes_the_largest_amax_of_the_previous_steps() -> None:
+    """With a history of 2, step s reads steps s-2 and s-1 only (not its own column), and
+    a step records once (a second record of the same step keeps the first)."""
+    amaxes, steps = empty_history(3, "cpu")
+    for step, value in enumerate((5.0, 1.0, 2.0, 3.0)):
+        history = AmaxHistory(amaxes, steps, torch.tensor(step), True)
+        record_amax(history, "fprop_input", torch.tensor(value))
+    history = AmaxHistory(amaxes, steps, torch.tensor(4), True)
+    assert float(window_amax(history, "fprop_input", 2)) == 3.0
+    assert float(window_amax(history, "fprop_input", 1)) == 3.0
+    first = AmaxHistory(amaxes, steps, torch.tensor(0), True)
+    assert float(window_amax(first, "fprop_input", 2)) == -1  # nothing before step 0
+    again = AmaxHistory(amaxes, steps, torch.tensor(3), True)
+    record_amax(again, "fprop_input", torch.tensor(9.0))  # a recomputation of step 3
+    assert float(window_amax(history, "fprop_input", 2)) == 3.0
+    assert int(steps[1].eq(EMPTY).sum()) == 3  # fprop_weight's row: untouched
+
+
+def test_a_longer_history_takes_the_largest_recent_amax() -> None:
+    """amax_history=2: step 2 of a shrinking input is scaled by step 0's amax."""
+    layer = model_of("delayed", amax_history=2)[0]
+    inputs = batches(3, growth=0.5)
+    for x in inputs:
+        layer_step(layer, x)
+    history = AmaxHistory(
+        layer.amax_history,
+        layer.amax_history_steps,
+        torch.tensor(2),
+        False,  # type: ignore[arg-type]
+    )
+    assert float(window_amax(history, "fprop_input", 2)) == float(inputs[0].abs().amax())
+
+
+def test_a_state_dict_resumes_the_history_bit_for_bit() -> None:
+    """Two steps, a state dict, a third step: a fresh model loading the dict gives the
+    same third step; one without the history (current-scaling dict) does not."""
+    inputs = batches(3, growth=1.5)
+    model = model_of("delayed")
+    train(model, inputs[:2])
+    saved = copy.deepcopy(model.state_dict())
+    assert "0.amax_history" in saved and "0.amax_history_steps" in saved
+    expected = train(model, inputs[2:])
+    resumed = model_of("delayed")
+    resumed.load_state_dict(saved)
+    assert_same_tensors(train(resumed, inputs[2:]), expected)
+    without = {key: value for key, value in saved.items() if "amax_history" not in key}
+    fresh = model_of("delayed")
+    fresh.load_state_dict(without)  # keeps its own (empty) history: the current amax
+    assert not torch.equal(train(fresh, inputs[2:])[0], expected[0])
+    current = model_of("amax")
+    current.load_state_dict(saved)  # no delayed role: the history is ignored
+    assert "0.amax_history" not in current.state_dict()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_checkpoints_recomputation_reads_its_forwards_scale(reentrant: bool) -> None:
+    """Each block checkpointed: the run equals the plain one bit for bit, histories too
+    (the recomputed forward of step s reads steps before s and records nothing new)."""
+    inputs = batches(3, growth=2.0)
+    plain = train(model_of("delayed"), inputs)
+    model = model_of("delayed")
+    blocks = list(model)
+    model.forward = lambda x: checkpoint(  # type: ignore[method-assign]
+        lambda x: blocks[2](blocks[1](blocks[0](x))), x, use_reentrant=reentrant
+    )
+    assert_same_tensors(train(model, inputs), plain)
+
+
+def test_evaluation_forwards_record_nothing() -> None:
+    """No-grad forwards between the steps (on other data) leave the training bits and the
+    histories as they were; such a forward reads the next step's scale."""
+    inputs = batches(3, growth=1.5)
+    assert_same_tensors(
+        train(model_of("delayed"), inputs, eval_between=True), train(model_of("delayed"), inputs)
+    )
+    model = model_of("delayed")
+    train(model, inputs[:2])
+    with torch.no_grad():
+        evaluated = model(inputs[2])
+    assert torch.equal(evaluated, train(model, inputs[2:])[0])
+
+
+NVFP4_DELAYED = {"format": "nvfp4", "tensor_scale": "delayed"}
+DELAYED_SPEC_ERRORS = [
+    ({"format": "mxfp4", "tensor_scale": "delayed"}, ValueError, "per-tensor scale"),
+    ({"format": "fp8_e4m3_tensor", "tensor_scale": "delayed"}, NotImplementedError, "not built"),
+    ({"tensor_scale": "delayed"}, ValueError, "quantized operand"),
+    ({**NVFP4_DELAYED, "amax_history": 0}, ValueError, "amax_history must be in"),
+    ({**NVFP4_DELAYED, "amax_history": 2.0}, TypeError, "amax_history must be an int"),
+    ({"format": "nvfp4", "amax_history": 4}, ValueError, "applies with tensor_scale='delayed'"),
+    ({"format": "nvfp4", "tensor_scale": "previous"}, ValueError, "'amax', 'delayed', 'none'"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), DELAYED_SPEC_ERRORS)
+def test_bad_delayed_specs_raise_naming_the_argument(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        srnn.QuantSpec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_what_is_not_built_raises_instead_of_scaling_currently() -> None:
+    """torch.compile, tensor parallelism and the step graphs raise NotImplementedError;
+    an operand quantized without the layer's history raises ValueError."""
+    layer = model_of("delayed")[0]
+    x = batches(1)[0]
+    column = layer.offsets_column(layer.step)
+    for compiling, sharded, graphed in ((True, False, False), (False, True, False)):
+        with pytest.raises(NotImplementedError, match="not built under"):
+            layer.step_history(x, column, True, compiling, sharded, graphed)
+    with pytest.raises(NotImplementedError, match="not built under the step graphs"):
+        layer.step_history(x, column, True, False, False, True)
+    entry = layer.plan.operands["fprop_input"]
+    with pytest.raises(ValueError, match="amax history"):
+        quantize_operand(x, entry, 0, 0, None)
+    assert float(operand_amax(x, entry.spec, None)) == float(x.abs().amax())
+
+
+@pytest.mark.usefixtures("no_step_graphs")
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_the_kernels_route_gives_the_specs_bits_without_an_amax_pass(
+    checkpointed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three steps on the CUDA route (a GPU, or the interpreter under `cpu_as_cuda`) equal
+    the PyTorch path's (the spec) bit for bit, outputs, gradients and the recorded amaxes
+    (the "amax" rule's: the spec records `operand_amax`), checkpointed or not; after the
+    first step no tensor-scale (amax) pass runs: the quantize launches take the window's
+    scales and record the current amax by an atomic max."""
+    inputs = batches(3, growth=2.0)
+    expected = train(model_of("delayed"), inputs)
+    device, route = cuda_route()
+    model = model_of("delayed").to(device)
+    if checkpointed:
+        blocks = list(model)
+        model.forward = lambda x: checkpoint(  # type: ignore[method-assign]
+            lambda x: blocks[2](blocks[1](blocks[0](x))), x, use_reentrant=False
+        )
+    passes: list[int] = []
+    scale_pass = kernel_blocks.PreparedTensorScale.__call__
+
+    def counted(self: object, *args: object, **kwargs: object) -> object:
+        passes.append(1)
+        return scale_pass(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernel_blocks.PreparedTensorScale, "__call__", counted)
+    with route:
+        got = train(model, [x.to(device) for x in inputs[:1]])
+        first = len(passes)
+        got += train(model, [x.to(device) for x in inputs[1:]])
+    assert first > 0 and len(passes) == first  # the first step's passes alone
+    assert_same_tensors([each.cpu() for each in got], expected)
