@@ -55,7 +55,7 @@ def recorded_launches(config: Config, single: bool) -> list[tuple[Launch, tuple]
     signs = None if config.rht is None else torch.ones(config.rht)
     prepared = PreparedQuantizeBlocks(
         x, "e2m1", 16, "nvfp4", tensor_scales=True, mode=config.mode, output="fp4x2",
-        rht=config.rht, rht_signs=signs, single_launch=single, scales_dtype=torch.float8_e4m3fn,
+        rht=config.rht, rht_signs=signs, single_launch=single,
     )  # fmt: skip
     calls: list[tuple[Launch, tuple]] = []
 

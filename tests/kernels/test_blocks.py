@@ -657,36 +657,6 @@ def test_a_tiling_is_checked() -> None:
         )
 
 
-def test_a_prepared_quantization_writes_its_outputs_in_the_dtypes_it_was_given() -> None:
-    """The codes and scales allocated in the given one-byte dtypes hold the bytes the uint8
-    ones hold (the kernel writes them through `runtime.as_bytes`); other dtypes refused."""
-    x = torch.randn(8, 64, device=DEVICE) * 5
-    plain = kernel_blocks.PreparedQuantizeBlocks(x, "e4m3fn", 32, "floor", tensor_scales=False)
-    typed = kernel_blocks.PreparedQuantizeBlocks(
-        x, "e4m3fn", 32, "floor", tensor_scales=False, codes_dtype=torch.float8_e4m3fn,
-        scales_dtype=torch.float8_e8m0fnu,
-    )  # fmt: skip
-    codes, scales, decode = typed(x, 0, 0)
-    want_codes, want_scales, _ = plain(x, 0, 0)
-    assert (codes.dtype, scales.dtype, decode) == (torch.float8_e4m3fn, torch.float8_e8m0fnu, None)
-    assert torch.equal(codes.view(torch.uint8), want_codes)
-    assert torch.equal(scales.view(torch.uint8), want_scales)
-    for bad in ({"codes_dtype": torch.float16}, {"scales_dtype": "e8m0"}):
-        with pytest.raises(ValueError, match="must be a one-byte torch dtype"):
-            kernel_blocks.PreparedQuantizeBlocks(
-                x,
-                "e4m3fn",
-                32,
-                "floor",
-                tensor_scales=False,
-                **bad,  # type: ignore[arg-type]
-            )
-    with pytest.raises(ValueError, match="'absmax' scales are fp32"):
-        kernel_blocks.PreparedQuantizeBlocks(
-            x, "int8", 64, "absmax", tensor_scales=False, scales_dtype=torch.uint8
-        )
-
-
 @pytest.mark.parametrize("rht", [None, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_recording_launch_raises_its_record_to_the_amax_and_keeps_the_bits(

@@ -93,42 +93,6 @@ def test_a_bound_launch_reuses_the_jit_kernel_and_matches_it() -> None:
     assert torch.equal(ours[1][: x.numel() // 2], expected.view(torch.uint8))
 
 
-@pytest.mark.parametrize(
-    "dtype", [torch.float8_e8m0fnu, torch.float8_e4m3fn, torch.int8, torch.uint8]
-)
-def test_as_bytes_is_what_triton_reinterpret_gives(dtype: torch.dtype) -> None:
-    """A kernel sees `as_bytes(t)` as it sees ``triton.reinterpret(t, torch.uint8)`` and
-    ``t.view(torch.uint8)``: a uint8 pointer to t's memory, specialized alike."""
-    from triton.runtime.jit import mangle_type
-
-    tensor = torch.empty(4, 8, dtype=dtype)[1:]  # a pointer not 16-byte aligned
-    ours, theirs = runtime.as_bytes(tensor), triton.reinterpret(tensor, torch.uint8)
-    assert isinstance(ours, triton.TensorWrapper) and ours.dtype == torch.uint8
-    assert ours.data_ptr() == theirs.data_ptr() == tensor.data_ptr()
-    viewed = tensor.view(torch.uint8)
-    for specialize in (False, True):
-        assert mangle_type(ours, specialize) == mangle_type(viewed, specialize)
-        assert mangle_type(ours, specialize) == mangle_type(theirs, specialize)
-
-
-@pytest.mark.gpu
-def test_a_bound_launch_writes_through_as_bytes_under_the_uint8_tensors_key() -> None:
-    x = torch.randn(10_000, device="cuda")
-    launch = _fp4_plan().launch(COMMON)
-    programs = triton.cdiv(x.numel(), _fp4_plan().rows * 4)
-    plain = _codes_arguments(x, 11, 3, 0)
-    launch(DEVICE, programs, *plain)  # through the JIT, then the native launch
-    launch(DEVICE, programs, *plain)
-    fresh = _codes_arguments(x, 11, 3, 0)
-    codes = torch.empty_like(fresh[1], dtype=torch.float8_e8m0fnu)
-    wrapped = (fresh[0], runtime.as_bytes(codes), *fresh[2:])
-    assert launch.key(DEVICE, wrapped) == launch.key(DEVICE, plain)
-    launch(DEVICE, programs, *wrapped)
-    torch.cuda.synchronize()
-    half = x.numel() // 2
-    assert torch.equal(codes.view(torch.uint8)[:half], plain[1][:half])
-
-
 @pytest.mark.gpu
 def test_the_codes_kernel_notes_listed_tiles_in_a_host_word() -> None:
     """The page-locked note of a checked call: set to 1 by the codes kernel when it lists a

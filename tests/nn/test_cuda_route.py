@@ -279,13 +279,13 @@ def test_an_inference_forward_on_the_graphed_route_launches_what_eagers_does(
     [
         # the single launch of the amax and the quantization (`kernels.single_launch`: at
         # this size; above `SINGLE_LAUNCH_MAX_BYTES` two launches, the amax's then the
-        # quantization's); the 0-d S_dec, the codes and the scales in their own dtype (e4m3,
-        # written as bytes through `runtime.as_bytes`: no view); the ticket counters,
-        # partial maxima, amax and the pair S_dec, S_enc that the quantization reads are
-        # the stream's, kept clean by the launch (`tensor_scales.stream_scratch`)
-        ("quantize_nvfp4_sr", (1, 3, 0)),
-        # the quantization; the codes (e4m3fn) and the scales (e8m0), each in its own dtype
-        ("quantize_mxfp8_e4m3_rne", (1, 2, 0)),
+        # quantization's); tensor scales, codes, scales, the e4m3 view of the scales (and
+        # its detach), the 0-d S_dec (the ticket counters, partial maxima and amax are the
+        # stream's, kept clean by the launch: `tensor_scales.stream_scratch`)
+        ("quantize_nvfp4_sr", (1, 6, 0)),
+        # the quantization; codes, scales, the e8m0 view of the scales and the e4m3fn view
+        # of the codes (each with its detach)
+        ("quantize_mxfp8_e4m3_rne", (1, 6, 0)),
     ],
 )
 def test_a_block_quantization_dispatches_its_launches_and_allocations_alone(

@@ -67,21 +67,6 @@ class PreparedQuantize:
         fmt = request.fmt
         signs = None if args.rht is None else default_signs(args.rht, x.device)
         element = OCP_INT8 if options["element"] == OCP_INT8.name else options["element"]
-        # the stored codes' dtype (`stored_codes`'), or None: uint8 as the kernel writes them
-        codes_dtype: torch.dtype | None = None
-        element_dtype = fmt.element.torch_dtype
-        if fmt.element.name in ("e4m3fn", "e5m2") and element_dtype is not None:
-            codes_dtype = element_dtype
-        elif fmt.element.twos_complement and fmt.element.bits == 8:
-            codes_dtype = torch.int8
-        # the scales' dtype, which the kernel writes as bytes; "absmax"'s are written in fp32
-        # and converted to x's dtype (`to_dtype`, None: none)
-        scales_dtype: torch.dtype | None = None
-        if fmt.scale_rule in POWER_OF_TWO_RULES:
-            scales_dtype = torch.float8_e8m0fnu
-        elif fmt.scale_rule == "nvfp4":
-            scales_dtype = torch.float8_e4m3fn
-        self.to_dtype = x.dtype if fmt.scale_rule == "absmax" else None
         self.kernel = PreparedQuantizeBlocks(
             x,
             element,
@@ -97,8 +82,22 @@ class PreparedQuantize:
             rht=args.rht,
             rht_signs=signs,
             rht_bf16=args.rht_bf16,
-            codes_dtype=codes_dtype,
-            scales_dtype=scales_dtype,
+        )
+        element_dtype = fmt.element.torch_dtype
+        # the stored codes' dtype (`stored_codes`'), or None: uint8 as the kernel writes them
+        self.codes_dtype: torch.dtype | None = None
+        if fmt.element.name in ("e4m3fn", "e5m2") and element_dtype is not None:
+            self.codes_dtype = element_dtype
+        elif fmt.element.twos_complement and fmt.element.bits == 8:
+            self.codes_dtype = torch.int8
+        # the scales' dtype: a view of the kernel's codes, or (absmax) a conversion of its fp32
+        self.scales_view = fmt.scale_rule in POWER_OF_TWO_RULES or fmt.scale_rule == "nvfp4"
+        self.scales_dtype = (
+            torch.float8_e8m0fnu
+            if fmt.scale_rule in POWER_OF_TWO_RULES
+            else torch.float8_e4m3fn
+            if fmt.scale_rule == "nvfp4"
+            else x.dtype
         )
         # the result's fields but its tensors, made once by the constructor (a default of
         # any field included); a call puts them and its tensors in a new instance's dict,
@@ -111,16 +110,18 @@ class PreparedQuantize:
         self.fields = dict(vars(template))
 
     def __call__(self, x: Tensor, seed: int | Tensor, offset: int | Tensor) -> BlockTensor:
-        """The `BlockTensor` of x (of the planned shape, dtype and device) with this stream:
-        the kernel's outputs as they are (in their stored dtypes, S_dec a 0-d tensor), but
-        "absmax"'s scales, converted."""
-        codes, scales, decode = self.kernel(x, seed, offset)
-        if self.to_dtype is not None:
-            scales = scales.to(self.to_dtype)
+        """The `BlockTensor` of x (of the planned shape, dtype and device) with this stream."""
+        codes, scales, tensor_scales = self.kernel(x, seed, offset)
+        if self.codes_dtype is not None:
+            codes = codes.view(self.codes_dtype)
+        scales = (
+            scales.view(self.scales_dtype) if self.scales_view else scales.to(self.scales_dtype)
+        )
         result = object.__new__(BlockTensor)
         fields = result.__dict__
         fields.update(self.fields)
-        fields["codes"], fields["scales"], fields["tensor_scale"] = codes, scales, decode
+        fields["codes"], fields["scales"] = codes, scales
+        fields["tensor_scale"] = None if tensor_scales is None else tensor_scales[0]  # S_dec
         return result
 
 

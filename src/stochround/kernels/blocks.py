@@ -35,7 +35,7 @@ from .block_math import fast_bits
 from .block_rotation import rht_normalization
 from .common import as_int64
 from .operand_bf16 import FlaggedRows, flag_bits
-from .runtime import as_bytes, check_prepared, current_device
+from .runtime import check_prepared, current_device
 from .single_launch import (
     SINGLE_LAUNCH_COUNTERS,
     SingleLaunchGrid,
@@ -431,14 +431,11 @@ class PreparedQuantizeBlocks:
     call then costs its allocations and launches alone, with the bits of
     `nvfp4_tensor_scale` and `quantize_blocks`.  x is any contiguous tensor of blocks along
     its last axis (the kernel reads it as its [rows, last axis] matrix); the codes and
-    scales come in x's leading shape, allocated in ``codes_dtype`` and ``scales_dtype``
-    (one-byte dtypes: the stored codes' and scales' own, such as torch.float8_e4m3fn or
-    torch.float8_e8m0fnu, which the kernel writes as bytes, `as_bytes`: no view a call;
-    None: uint8, and "absmax"'s fp32 scales).  It keeps no tensor of its own on x's
-    device: each call allocates its outputs (the tensor scale S_dec among them), and the
-    tensor scales' launch takes its stream's counter, partial maxima, amax and tensor
-    scales (`stream_scratch`: kept clean by the launches, fresh under CUDA-graph capture),
-    so that its calls may run on any stream and inside CUDA graphs.
+    scales come in x's leading shape.  It keeps no tensor of its own on x's device: each
+    call allocates its outputs (the tensor scales among them), and the tensor scales'
+    launch takes its stream's counter, partial maxima and amax (`stream_scratch`: kept
+    clean by the launches, fresh under CUDA-graph capture), so that its calls may run on
+    any stream and inside CUDA graphs.
 
     With computed tensor scales, ``single_launch`` (None: `takes_single_launch`, by x's
     size) computes them and quantizes in one launch (`kernels.single_launch`: the same
@@ -464,20 +461,9 @@ class PreparedQuantizeBlocks:
         rht_bf16: bool = False,
         single_launch: bool | None = None,
         amax_tiling: AmaxTiling | None = None,
-        codes_dtype: torch.dtype | None = None,
-        scales_dtype: torch.dtype | None = None,
     ) -> None:
         if output not in ("codes", "fp4x2"):
             raise ValueError(f"output must be 'codes' or 'fp4x2'; got {output!r}")
-        self.codes_dtype = _byte_dtype(codes_dtype, "codes_dtype")
-        if scale_rule == "absmax" and scales_dtype not in (None, torch.float32):
-            raise ValueError(f"'absmax' scales are fp32; got scales_dtype {scales_dtype}")
-        self.scale_dtype = (
-            torch.float32 if scale_rule == "absmax" else _byte_dtype(scales_dtype, "scales_dtype")
-        )
-        # whether the kernel takes an output as bytes (`as_bytes`): not already uint8 or fp32
-        self.codes_as_bytes = self.codes_dtype != torch.uint8
-        self.scales_as_bytes = self.scale_dtype not in (torch.uint8, torch.float32)
         if x.dim() == 0 or x.numel() == 0:
             raise ValueError("x must hold elements")
         matrix = x.reshape(-1, x.shape[-1])  # once: the launches take x itself
@@ -530,6 +516,7 @@ class PreparedQuantizeBlocks:
         lead = tuple(x.shape[:-1])
         self.codes_shape = (*lead, cols // 2 if output == "fp4x2" else cols)
         self.scales_shape = (*lead, cols // block)
+        self.scale_dtype = torch.float32 if scale_rule == "absmax" else torch.uint8
         self.device, self.index_offset = x.device, index_offset
         self.device_index = x.device.index if x.is_cuda else -1
         self.values = stand_in(
@@ -539,62 +526,58 @@ class PreparedQuantizeBlocks:
     def __call__(
         self, x: Tensor, seed: int | Tensor, offset: int | Tensor
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """(codes, scales, the tensor scale S_dec (0-d) or None) of x, as `quantize_blocks`
-        (after `nvfp4_tensor_scale`) gives them for this stream (ints in [0, 2**64),
-        checked, or one-element int64 tensors), in the prepared dtypes; the single launch
-        leaves the pair S_dec, S_enc that its quantization reads in the stream's scratch
-        and writes S_dec to a 0-d output of its own.  x must be of the prepared shape,
-        dtype and device, contiguous: the caller has checked it (an O(1) look-up of its
-        plan), which this call does not repeat."""
+        """(codes, scales, the tensor scales S_dec and S_enc or None) of x, as
+        `quantize_blocks` (after `nvfp4_tensor_scale`) gives them for this stream (ints in
+        [0, 2**64), checked, or one-element int64 tensors).  x must be of the prepared
+        shape, dtype and device, contiguous: the caller has checked it (an O(1) look-up
+        of its plan), which this call does not repeat."""
         device = self.device_index
         if device >= 0 and current_device() != device:
             with torch.cuda.device(device):  # Triton launches on the current device
                 return self(x, seed, offset)
+        if self.single is not None:
+            return self.launch_single(x, seed, offset)
         new_empty = x.new_empty
-        codes = new_empty(self.codes_shape, dtype=self.codes_dtype)
-        scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
-        # what the kernel writes them through: their bytes where its pointer is uint8 and
-        # their dtype another
-        codes_bytes = as_bytes(codes) if self.codes_as_bytes else codes
-        scales_bytes = as_bytes(scales) if self.scales_as_bytes else scales
-        from_tensors, *stream = _stream_arguments(seed, offset, self.device)
-        single = self.single
-        if single is not None:  # the tensor scales and the quantization in one launch
-            decode = new_empty((), dtype=torch.float32)  # S_dec; the pair in the scratch
-            both = single[from_tensors]
-            programs = both.amax_programs
-            partial, counters, amax, tensor_scales = stream_scratch(
-                self.device, device, programs, SINGLE_LAUNCH_COUNTERS
-            )
-            both.launch(
-                device, both.programs, x, codes_bytes, scales_bytes, decode, both.signs,
-                *stream, both.blocks, self.index_offset, partial, self.count, programs,
-                both.programs, counters, amax, tensor_scales,
-            )  # fmt: skip
-            return codes, scales, decode
         scales2 = None  # S_dec and S_enc
         if self.amax is not None:
             launch, programs, count = self.amax
-            partial, counter, amax, _ = stream_scratch(self.device, device, programs)
+            partial, counter, amax = stream_scratch(self.device, device, programs)
             scales2 = new_empty(2, dtype=torch.float32)
             launch(
                 device, programs, x, partial, self.signs, count, programs, counter, amax, scales2
             )
+        codes = new_empty(self.codes_shape, dtype=torch.uint8)
+        scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
+        from_tensors, *stream = _stream_arguments(seed, offset, self.device)
         grid = self.grids[from_tensors]
         grid.launch(
-            device, grid.programs, x, codes_bytes, scales_bytes, self.values, scales2,
-            grid.signs, None, None, *stream, grid.blocks, self.index_offset,
+            device, grid.programs, x, codes, scales, self.values, scales2, grid.signs, None,
+            None, *stream, grid.blocks, self.index_offset,
         )  # fmt: skip
-        return codes, scales, None if scales2 is None else scales2[0]
+        return codes, scales, scales2
 
-
-def _byte_dtype(dtype: torch.dtype | None, name: str) -> torch.dtype:
-    """``dtype`` (None: uint8), checked to be of one byte (ValueError naming ``name``)."""
-    if dtype is None:
-        return torch.uint8
-    if not isinstance(dtype, torch.dtype) or dtype.itemsize != 1:
-        raise ValueError(f"{name} must be a one-byte torch dtype or None; got {dtype!r}")
-    return dtype
+    def launch_single(
+        self, x: Tensor, seed: int | Tensor, offset: int | Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """`__call__`'s single launch (its device current): the tensor scales and the
+        quantization in one launch, on its stream's scratch."""
+        assert self.single is not None
+        new_empty = x.new_empty
+        scales2 = new_empty(2, dtype=torch.float32)  # S_dec and S_enc
+        codes = new_empty(self.codes_shape, dtype=torch.uint8)
+        scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
+        from_tensors, *stream = _stream_arguments(seed, offset, self.device)
+        grid = self.single[from_tensors]
+        programs = grid.amax_programs
+        partial, counters, amax = stream_scratch(
+            self.device, self.device_index, programs, SINGLE_LAUNCH_COUNTERS
+        )
+        grid.launch(
+            self.device_index, grid.programs, x, codes, scales, scales2, grid.signs, *stream,
+            grid.blocks, self.index_offset, partial, self.count, programs, grid.programs,
+            counters, amax,
+        )  # fmt: skip
+        return codes, scales, scales2
 
 
 __all__ = [

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import typing
 from collections.abc import Mapping
 
 import numpy as np
@@ -167,34 +166,6 @@ class Launch:
             *args,
             *self.constexpr_values,
         )
-
-
-class ByteView(triton.TensorWrapper):
-    """A tensor's memory as a kernel's uint8 pointer argument, without an ATen view: what
-    Triton's `triton.reinterpret` gives (a `TensorWrapper` of dtype uint8), holding only
-    what Triton 3.6 reads of one (its dtype for the specialization, its base for the
-    interpreter's host copy, `data_ptr` for the launcher), where the wrapper's own
-    constructor also reads the base's ``data``, device and shape."""
-
-    dtype = torch.uint8
-
-    def __init__(self, base: Tensor) -> None:  # the wrapper's other fields: never read
-        self.base = base
-
-
-def as_bytes(tensor: Tensor) -> Tensor:
-    """``tensor``'s memory as the uint8 tensor a kernel stores bytes into: outputs kept in
-    the dtypes Triton has no pointer type for (``torch.float8_e8m0fnu``) or that a GPU
-    without float8 refuses to compile pointers of (float8 below sm_89), written by a
-    kernel of uint8 pointers, at no ATen operation a call (`ByteView`; on another Triton
-    release, `triton.reinterpret`).  Typed as a tensor: kernels' arguments are."""
-    if BYTE_VIEW:
-        return typing.cast(Tensor, ByteView(tensor))
-    return typing.cast(Tensor, triton.reinterpret(tensor, torch.uint8))
-
-
-# `ByteView` on the release whose wrapper it was written against (`TESTED_TRITON`)
-BYTE_VIEW = triton.__version__.startswith(TESTED_TRITON)
 
 
 @functools.cache

@@ -12,9 +12,7 @@ before and after a launch:
   slice ``ticket``, the others quantize tile ``ticket - A``.  The program that draws the
   launch's last ticket resets it to 0.
 - amax done (counter 1): `last_program_scales`' counter; the last amax program to finish
-  writes the amax and tensor scales (S_dec and S_enc in the scratch, where the
-  quantization programs read them; S_dec also to the call's output: a one-element tensor
-  of its own, no view of a pair), resets it, then sets the ready flag (a release).
+  writes the tensor scales and amax, resets it, then sets the ready flag (a release).
 - ready (counter 2): a quantization program spins on it (volatile loads) until it is
   set, then adds 1 to it (acquire-release: it reads the tensor scales after); the last of
   the Q to arrive resets it to 0.
@@ -94,9 +92,9 @@ def _wait_for_scales(ready_ptr, quantizers):
 
 @triton.jit(do_not_specialize=["seed_value", "offset_value", "index_offset"])
 def single_launch_kernel(
-    x_ptr, codes_ptr, scales_ptr, decode_ptr, signs_ptr, seed_ptr, offset_ptr,
+    x_ptr, codes_ptr, scales_ptr, tensor_scale_ptr, signs_ptr, seed_ptr, offset_ptr,
     seed_value, offset_value, blocks, index_offset,
-    partial_ptr, count, amax_count, programs, counter_ptr, amax_ptr, tensor_scale_ptr,
+    partial_ptr, count, amax_count, programs, counter_ptr, amax_ptr,
     TILING: tl.constexpr, STREAM: tl.constexpr, SCALE: tl.constexpr, ELEMENT: tl.constexpr,
     ROUNDING: tl.constexpr, ROTATION: tl.constexpr, OUTPUT: tl.constexpr,
     AMAX: tl.constexpr, AMAX_WIDE: tl.constexpr, PARTIALS: tl.constexpr,
@@ -104,11 +102,10 @@ def single_launch_kernel(
     """``amax_count`` amax programs, then quantization programs, ``programs`` in all, by
     the tickets they draw (module docstring): an amax program stores the partial maximum
     of its slice (`partial_amax`, AMAX's tiling), the last of them the tensor scales S_dec
-    and S_enc at ``tensor_scale_ptr`` (the stream's scratch) and S_dec at ``decode_ptr``
-    (the call's output) (`last_program_scales`) before it sets the flag; a quantization
-    program waits for the flag (`_wait_for_scales`), then quantizes its tile as
-    `quantize_blocks_kernel` does (`quantize_tile`, codes and scales, SCALE.TENSOR_SCALE
-    2), reading the scales at ``tensor_scale_ptr``."""
+    and S_enc at ``tensor_scale_ptr`` (`last_program_scales`) before it sets the flag; a
+    quantization program waits for the flag (`_wait_for_scales`), then quantizes its tile
+    as `quantize_blocks_kernel` does (`quantize_tile`, codes and scales, SCALE.TENSOR_SCALE
+    2), reading those scales."""
     # a field of a constexpr record is no constexpr itself: bound as one to pass it on
     FLAVOUR: tl.constexpr = SCALE.FLAVOUR
     NAN16: tl.constexpr = OUTPUT.NAN16
@@ -122,9 +119,8 @@ def single_launch_kernel(
         largest = partial_amax(x_ptr, signs_ptr, piece, count, AMAX, ROTATION, NAN16)
         tl.store(partial_ptr + piece, largest)
         last = last_program_scales(
-            partial_ptr, amax_count, counter_ptr + 1, amax_ptr, tensor_scale_ptr, FLAVOUR,
-            PARTIALS, 1, decode_ptr,
-        )  # fmt: skip
+            partial_ptr, amax_count, counter_ptr + 1, amax_ptr, tensor_scale_ptr, FLAVOUR, PARTIALS
+        )
         if last:
             tl.debug_barrier()  # every thread's scale stores before the release
             tl.atomic_xchg(counter_ptr + 2, 1, sem="release")

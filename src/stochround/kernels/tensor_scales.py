@@ -67,13 +67,12 @@ def partials_max(partial_ptr, count, PARTIALS: tl.constexpr):
 
 
 @triton.jit
-def store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR: tl.constexpr, decode_ptr=None):
+def store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR: tl.constexpr):
     """Stores the amax (given as its fp32 bits, int32) and NVFP4's tensor scales from it,
     S_dec then S_enc (`stochround.blocks.scales.nvfp4_tensor_scales`): "te" S_enc =
     min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is 0), and S_dec
     = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not finite, and
-    S_enc = 1 / S_dec.  S_dec also at ``decode_ptr`` where one is given (a caller's
-    output of S_dec alone, the pair staying in its scratch)."""
+    S_enc = 1 / S_dec."""
     amax = amax_bits.to(tl.float32, bitcast=True)
     bad = (amax_bits == 0) | (amax_bits >= 0x7F800000)
     if FLAVOUR == "te":
@@ -88,8 +87,6 @@ def store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR: tl.constexpr, d
     tl.store(amax_ptr, amax)
     tl.store(scale_ptr, scale)
     tl.store(scale_ptr + 1, encode)
-    if decode_ptr is not None:
-        tl.store(decode_ptr, scale)
 
 
 @triton.jit
@@ -102,7 +99,6 @@ def last_program_scales(
     FLAVOUR: tl.constexpr,
     PARTIALS: tl.constexpr,
     TENSORS: tl.constexpr = 1,
-    decode_ptr=None,
 ):
     """Called by every one of the launch's ``programs`` programs (its 1-D grid; given, as
     the interpreter's ``tl.num_programs`` is no scalar) after it stored its partial
@@ -111,24 +107,19 @@ def last_program_scales(
     at ``partial + t * programs``), stores each one's amax (``amax[t]``) and tensor
     scales (`store_tensor_scales`, ``scale[2 t]``, ``scale[2 t + 1]``) and resets the
     counter to 0; returns whether this program was that one.  The max of bits is
-    order-free, so the result is the same whichever program is last.  ``decode_ptr`` (one
-    tensor): where its S_dec is stored too (`store_tensor_scales`).  On a GPU: the
+    order-free, so the result is the same whichever program is last.  On a GPU: the
     barrier orders the program's partial store (whichever thread made it) before the
     atomic, whose release publishes it at GPU scope; the last program's acquire (then
     the barrier Triton places to broadcast the ticket) orders its loads after every
     other program's release.  The interpreter runs programs
     one after another, so there the last one sees all stores anyway."""
-    if decode_ptr is not None:
-        tl.static_assert(TENSORS == 1, "decode_ptr holds one tensor's S_dec")
     tl.debug_barrier()
     ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel")
     last = ticket == programs - 1
     if last:
         for tensor in tl.static_range(TENSORS):
             amax_bits = partials_max(partial_ptr + tensor * programs, programs, PARTIALS)
-            store_tensor_scales(
-                amax_bits, amax_ptr + tensor, scale_ptr + 2 * tensor, FLAVOUR, decode_ptr
-            )
+            store_tensor_scales(amax_bits, amax_ptr + tensor, scale_ptr + 2 * tensor, FLAVOUR)
         tl.store(counter_ptr, 0)  # all tickets taken: the next launch starts from 0
     return last
 
@@ -185,25 +176,21 @@ def own_tickets(x: Tensor, programs: int) -> Tickets:
 class LaunchScratch(NamedTuple):
     """What a ticket-taking amax launch writes besides its results: its partial maxima
     (int32, one a program), its ticket counters (int32 words, one for an amax launch,
-    `kernels.single_launch`'s three for its single launch; 0 before and after the launch),
-    the tensor's amax (fp32, 0-d), which a caller that wants the tensor scales alone
-    does not read, and its tensor scales S_dec and S_enc (fp32 [2]), where the single
-    launch's amax programs leave them for its quantization programs (its caller's output
-    holds S_dec alone)."""
+    `kernels.single_launch`'s three for its single launch; 0 before and after the launch)
+    and the tensor's amax (fp32, 0-d), which a caller that wants the tensor scales alone
+    does not read."""
 
     partial: Tensor
     counter: Tensor
     amax: Tensor
-    tensor_scales: Tensor
 
 
 def fresh_scratch(device: torch.device, programs: int, counters: int = 1) -> LaunchScratch:
     """A `LaunchScratch` for ``programs`` partial maxima and ``counters`` counters on
     ``device``: one allocation and one fill, the counters zeroed."""
-    work = torch.zeros(programs + counters + 3, dtype=torch.int32, device=device)
-    values = work[programs + counters :].view(torch.float32)  # amax, S_dec, S_enc
-    counter = work[programs : programs + counters]
-    return LaunchScratch(work[:programs], counter, values[0], values[1:])
+    work = torch.zeros(programs + counters + 1, dtype=torch.int32, device=device)
+    amax = work[-1].view(torch.float32)
+    return LaunchScratch(work[:programs], work[programs : programs + counters], amax)
 
 
 # `stream_scratch`'s sets by (stream key, programs, counters), and the most it keeps
@@ -219,11 +206,10 @@ def stream_scratch(
     once per stream and size and kept by this module, not by the caller: a call then costs
     no allocation and no fill.  Its launches leave it clean (the last program to use each
     counter resets it; each program writes its partial maximum before it takes a ticket,
-    and nothing reads the amax, or the tensor scales after the launch that wrote them),
-    and a stream runs its launches in order, so each finds the counters at 0 and no
-    launch overwrites what another still reads; launches on two streams take two sets.
-    Under CUDA-graph capture a call gets a fresh set (`fresh_scratch`), which the graph's
-    pool keeps for its replays."""
+    and nothing reads the amax), and a stream runs its launches in order, so each finds
+    the counters at 0; launches on two streams take two sets.  Under CUDA-graph capture a
+    call gets a fresh set (`fresh_scratch`), which the graph's pool keeps for its
+    replays."""
     stream = current_stream_key(device_index)
     if stream is None:
         return fresh_scratch(device, programs, counters)
