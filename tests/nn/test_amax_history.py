@@ -18,6 +18,7 @@ import stochround as sr
 import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.kernels import blocks as kernel_blocks
+from stochround.nn import matmul
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
@@ -26,7 +27,7 @@ from stochround.nn.amax_history import (
     record_amax,
     window_amax,
 )
-from stochround.nn.operands import quantize_operand
+from stochround.nn.operands import Operand, dequantized_operand, quantize_operand
 
 WIDTH = 64
 TOKENS = 32
@@ -255,36 +256,61 @@ def test_what_is_not_built_raises_instead_of_scaling_currently() -> None:
     assert float(operand_amax(x, entry.spec, None)) == float(x.abs().amax())
 
 
+def routed_operands(
+    route: bool, checkpointed: bool, monkeypatch: pytest.MonkeyPatch
+) -> tuple[dict[tuple[str, int], Tensor], list[Tensor], int]:
+    """Three steps of one delayed layer on the CUDA route (``route``: a GPU, or the
+    interpreter under `cpu_as_cuda`) or the CPU path, on given inputs that grow by 2x a
+    step and given output gradients, with no optimizer step (each quantized operand then
+    depends on x, W and dy alone, not on a GEMM's summation order, which differs between
+    cuBLAS and the CPU): each operand dequantized by (role, step), the layer's buffers after
+    the last step, and the tensor-scale (amax) passes after the first step."""
+    torch.manual_seed(0)
+    device, context = cuda_route(route)
+    layer = model_of("delayed")[0].to(device)
+    forward = layer
+    if checkpointed:
+        forward = lambda x: checkpoint(layer, x, use_reentrant=False)  # type: ignore[assignment]  # noqa: E731
+    operands_seen: dict[tuple[str, int], Tensor] = {}
+    original = matmul.quantize_operand
+
+    def spy(operand: Tensor, entry: Operand, *args: object, **kwargs: object) -> object:
+        result = original(operand, entry, *args, **kwargs)  # type: ignore[arg-type]
+        operands_seen[entry.role, int(layer.step) - 1] = dequantized_operand(result).cpu()
+        return result
+
+    passes: list[int] = []
+    scale_pass = kernel_blocks.PreparedTensorScale.__call__
+
+    def counted(self: object, *args: object, **kwargs: object) -> object:
+        passes.append(int(layer.step))
+        return scale_pass(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(matmul, "quantize_operand", spy)
+    monkeypatch.setattr(kernel_blocks.PreparedTensorScale, "__call__", counted)
+    grads = batches(3, growth=0.5)
+    with context:
+        for x, grad in zip(batches(3, growth=2.0), grads[::-1], strict=True):
+            forward(x.to(device).requires_grad_()).backward(grad.to(device))
+    monkeypatch.undo()
+    buffers = [buffer.cpu() for buffer in layer.buffers()]
+    return operands_seen, buffers, sum(1 for step in passes if step > 1)
+
+
 @pytest.mark.usefixtures("no_step_graphs")
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_the_kernels_route_gives_the_specs_bits_without_an_amax_pass(
     checkpointed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three steps on the CUDA route (a GPU, or the interpreter under `cpu_as_cuda`) equal
-    the PyTorch path's (the spec) bit for bit, outputs, gradients and the recorded amaxes
-    (the "amax" rule's: the spec records `operand_amax`), checkpointed or not; after the
-    first step no tensor-scale (amax) pass runs: the quantize launches take the window's
-    scales and record the current amax by an atomic max."""
-    inputs = batches(3, growth=2.0)
-    expected = train(model_of("delayed"), inputs)
-    device, route = cuda_route()
-    model = model_of("delayed").to(device)
-    if checkpointed:
-        blocks = list(model)
-        model.forward = lambda x: checkpoint(  # type: ignore[method-assign]
-            lambda x: blocks[2](blocks[1](blocks[0](x))), x, use_reentrant=False
-        )
-    passes: list[int] = []
-    scale_pass = kernel_blocks.PreparedTensorScale.__call__
-
-    def counted(self: object, *args: object, **kwargs: object) -> object:
-        passes.append(1)
-        return scale_pass(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(kernel_blocks.PreparedTensorScale, "__call__", counted)
-    with route:
-        got = train(model, [x.to(device) for x in inputs[:1]])
-        first = len(passes)
-        got += train(model, [x.to(device) for x in inputs[1:]])
-    assert first > 0 and len(passes) == first  # the first step's passes alone
-    assert_same_tensors([each.cpu() for each in got], expected)
+    """Three steps on the CUDA route quantize every operand as the PyTorch path (the spec)
+    does, bit for bit, and leave the same buffers (the recorded amaxes: the "amax" rule's,
+    `operand_amax`), checkpointed or not; after the first step no tensor-scale (amax) pass
+    runs: the quantize launches take the window's scales and record the current amax by an
+    atomic max."""
+    kernels, kernel_buffers, later_passes = routed_operands(True, checkpointed, monkeypatch)
+    spec, spec_buffers, _ = routed_operands(False, checkpointed, monkeypatch)
+    assert later_passes == 0
+    assert kernels.keys() == spec.keys() and {step for _, step in spec} == {0, 1, 2}
+    for key, values in spec.items():
+        assert torch.equal(kernels[key], values), key
+    assert_same_tensors(kernel_buffers, spec_buffers)
