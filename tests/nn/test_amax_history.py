@@ -7,6 +7,7 @@ nothing, and what is not built raises."""
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ import stochround as sr
 import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.kernels import blocks as kernel_blocks
-from stochround.nn import matmul
+from stochround.kernels import two_orientation
+from stochround.nn import matmul, orientations
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
@@ -256,45 +258,92 @@ def test_what_is_not_built_raises_instead_of_scaling_currently() -> None:
     assert float(operand_amax(x, entry.spec, None)) == float(x.abs().amax())
 
 
+class RoutedRun(NamedTuple):
+    """What `routed_operands` saw: each quantized operand dequantized by (role, step), the
+    layer's buffers after the last step, the steps of the tensor-scale (amax) passes (the
+    separate operands' and the pair's), and the roles of each pair launch by step."""
+
+    operands: dict[tuple[str, int], Tensor]
+    buffers: list[Tensor]
+    passes: list[int]
+    pairs: list[tuple[int, str]]
+
+
 def routed_operands(
-    route: bool, checkpointed: bool, monkeypatch: pytest.MonkeyPatch
-) -> tuple[dict[tuple[str, int], Tensor], list[Tensor], int]:
-    """Three steps of one delayed layer on the CUDA route (``route``: a GPU, or the
-    interpreter under `cpu_as_cuda`) or the CPU path, on given inputs that grow by 2x a
-    step and given output gradients, with no optimizer step (each quantized operand then
-    depends on x, W and dy alone, not on a GEMM's summation order, which differs between
-    cuBLAS and the CPU): each operand dequantized by (role, step), the layer's buffers after
-    the last step, and the tensor-scale (amax) passes after the first step."""
+    route: bool, checkpointed: bool, monkeypatch: pytest.MonkeyPatch, frozen: int | None = None
+) -> RoutedRun:
+    """Three steps (four with ``frozen``) of one delayed layer on the CUDA route
+    (``route``: a GPU, or the interpreter under `cpu_as_cuda`; x's and dy's two
+    orientations from one read where the pair serves them) or the CPU path, on given
+    inputs that grow by 2x a step and given output gradients, with no optimizer step (each
+    quantized operand then depends on x, W and dy alone, not on a GEMM's summation order,
+    which differs between cuBLAS and the CPU).  ``frozen``: the step at which the weight
+    needs no gradient (no wgrad: fprop's and dgrad's roles record, wgrad's do not)."""
     torch.manual_seed(0)
     device, context = cuda_route(route)
     layer = model_of("delayed")[0].to(device)
     forward = layer
     if checkpointed:
         forward = lambda x: checkpoint(layer, x, use_reentrant=False)  # type: ignore[assignment]  # noqa: E731
-    operands_seen: dict[tuple[str, int], Tensor] = {}
+    run = RoutedRun({}, [], [], [])
     original = matmul.quantize_operand
 
     def spy(operand: Tensor, entry: Operand, *args: object, **kwargs: object) -> object:
         result = original(operand, entry, *args, **kwargs)  # type: ignore[arg-type]
-        operands_seen[entry.role, int(layer.step) - 1] = dequantized_operand(result).cpu()
+        run.operands[entry.role, int(layer.step) - 1] = dequantized_operand(result).cpu()
         return result
 
-    passes: list[int] = []
     scale_pass = kernel_blocks.PreparedTensorScale.__call__
 
     def counted(self: object, *args: object, **kwargs: object) -> object:
-        passes.append(int(layer.step))
+        run.passes.append(int(layer.step) - 1)
         return scale_pass(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    served = orientations.PreparedPair.__call__
+
+    def pair_spy(self: orientations.PreparedPair, *args: object) -> object:
+        operands = served(self, *args)  # type: ignore[arg-type]
+        step = int(layer.step) - 1
+        for entry, result in zip(self.roles, operands or (None, None), strict=True):
+            if result is not None:  # None: the step refused, each orientation apart
+                run.operands[entry.role, step] = dequantized_operand(result).cpu()
+                run.pairs.append((step, entry.role))
+        return operands
+
+    pair_kernel = two_orientation.PreparedTwoOrientations.__call__
+
+    def pair_pass(self: two_orientation.PreparedTwoOrientations, *args: object) -> object:
+        if self.tensor_scales and (len(args) < 6 or args[5] is None):  # no scales given
+            run.passes.append(int(layer.step) - 1)  # the pair's amax launch runs
+        return pair_kernel(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(matmul, "quantize_operand", spy)
     monkeypatch.setattr(kernel_blocks.PreparedTensorScale, "__call__", counted)
-    grads = batches(3, growth=0.5)
+    monkeypatch.setattr(orientations.PreparedPair, "__call__", pair_spy)
+    monkeypatch.setattr(two_orientation.PreparedTwoOrientations, "__call__", pair_pass)
+    monkeypatch.setattr(orientations, "SERVES_STEPS", True)
+    steps = 3 if frozen is None else 4
+    grads = batches(steps, growth=0.5)
     with context:
-        for x, grad in zip(batches(3, growth=2.0), grads[::-1], strict=True):
+        for step, (x, grad) in enumerate(zip(batches(steps, growth=2.0), grads[::-1], strict=True)):
+            layer.weight.requires_grad_(step != frozen)
             forward(x.to(device).requires_grad_()).backward(grad.to(device))
     monkeypatch.undo()
-    buffers = [buffer.cpu() for buffer in layer.buffers()]
-    return operands_seen, buffers, sum(1 for step in passes if step > 1)
+    run.buffers.extend(buffer.cpu() for buffer in layer.buffers())
+    return run
+
+
+def assert_same_run(kernels: RoutedRun, spec: RoutedRun, steps: set[int]) -> None:
+    """The kernels' route quantized the spec's operands (by role and step, these steps)
+    bit for bit and left its buffers."""
+    assert kernels.operands.keys() == spec.operands.keys()
+    assert {step for _, step in spec.operands} == steps
+    for key, values in spec.operands.items():
+        assert torch.equal(kernels.operands[key], values), key
+    assert_same_tensors(kernels.buffers, spec.buffers)
+
+
+PAIRED = ["fprop_input", "wgrad_input", "dgrad_grad_output", "wgrad_grad_output"]
 
 
 @pytest.mark.usefixtures("no_step_graphs")
@@ -304,13 +353,34 @@ def test_the_kernels_route_gives_the_specs_bits_without_an_amax_pass(
 ) -> None:
     """Three steps on the CUDA route quantize every operand as the PyTorch path (the spec)
     does, bit for bit, and leave the same buffers (the recorded amaxes: the "amax" rule's,
-    `operand_amax`), checkpointed or not; after the first step no tensor-scale (amax) pass
-    runs: the quantize launches take the window's scales and record the current amax by an
-    atomic max."""
-    kernels, kernel_buffers, later_passes = routed_operands(True, checkpointed, monkeypatch)
-    spec, spec_buffers, _ = routed_operands(False, checkpointed, monkeypatch)
-    assert later_passes == 0
-    assert kernels.keys() == spec.keys() and {step for _, step in spec} == {0, 1, 2}
-    for key, values in spec.items():
-        assert torch.equal(kernels[key], values), key
-    assert_same_tensors(kernel_buffers, spec_buffers)
+    `operand_amax`), checkpointed or not; x's and dy's orientations come from one read at
+    every step (the pair: each role's own window scales, each orientation's amax recorded
+    in its role's row); after the first step no tensor-scale (amax) pass runs: the
+    quantize launches take the window's scales and record the current amax by an atomic
+    max."""
+    kernels = routed_operands(True, checkpointed, monkeypatch)
+    spec = routed_operands(False, checkpointed, monkeypatch)
+    assert [step for step in kernels.passes if step > 0] == []
+    assert 0 in kernels.passes and spec.pairs == []
+    # the recomputed forward's x pair launches again, with the same scales
+    x_pairs = 2 if checkpointed else 1
+    for step in range(3):
+        roles = [role for seen, role in kernels.pairs if seen == step]
+        assert sorted(roles) == sorted(PAIRED[:2] * x_pairs + PAIRED[2:]), step
+    assert_same_run(kernels, spec, {0, 1, 2})
+
+
+@pytest.mark.usefixtures("no_step_graphs")
+def test_a_pair_whose_windows_disagree_quantizes_each_orientation_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step without wgrad (the weight frozen at step 1) records fprop's and dgrad's roles
+    but not wgrad's: at step 2 (a history of 1) x's and dy's row-wise windows hold step
+    1's amax and their column-wise ones nothing, so each orientation is quantized on its
+    own (wgrad's roles by current scaling's amax pass); at step 3 the pair serves again,
+    with given scales.  Every operand and the buffers are the spec's, bit for bit."""
+    kernels = routed_operands(True, False, monkeypatch, frozen=1)
+    spec = routed_operands(False, False, monkeypatch, frozen=1)
+    assert {step for step, _ in kernels.pairs} == {0, 3}
+    assert sorted(set(kernels.passes)) == [0, 2]
+    assert_same_run(kernels, spec, {0, 1, 2, 3})

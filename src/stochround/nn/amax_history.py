@@ -196,8 +196,14 @@ def kernel_scale(history: AmaxHistory, role: str, length: int) -> KernelScale:
     record = history.amaxes.new_zeros(1)
     if not host.window_recorded(role, history.host_step, length):
         return KernelScale(None, record)
-    scale = nvfp4_tensor_scales(window_amax(history, role, length), "te")
-    return KernelScale(torch.stack(tuple(scale)), record)
+    return KernelScale(window_scales(history, role, length), record)
+
+
+def window_scales(history: AmaxHistory, role: str, length: int) -> Tensor:
+    """NVFP4's tensor scales S_dec, S_enc (2 fp32, TE's order) of the largest amax in
+    ``role``'s window (`window_amax`), computed on the device: what a kernel takes as a
+    delayed role's given scales where the host knows the window recorded."""
+    return torch.stack(tuple(nvfp4_tensor_scales(window_amax(history, role, length), "te")))
 
 
 def record_kernel_amax(history: AmaxHistory, role: str, record: Tensor) -> None:
@@ -248,4 +254,5 @@ __all__ = [
     "record_amax",
     "record_kernel_amax",
     "window_amax",
+    "window_scales",
 ]

@@ -88,12 +88,17 @@ def gemm_operands(
 
 
 def quantized_pair(
-    plan: Plan, tensor: Tensor, name: str, offsets: Sequence[Tensor]
+    plan: Plan,
+    tensor: Tensor,
+    name: str,
+    offsets: Sequence[Tensor],
+    history: AmaxHistory | None = None,
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """Both operands of x (``name`` "input": fprop's and wgrad's) or dy ("grad_output":
     dgrad's and wgrad's) from one read (`stochround.nn.orientations.both_orientations`),
     each from its role's stream, wgrad's padded to `token_multiple` tokens and rotated
-    with wgrad's signs; None where the pair is not served (the caller quantizes each)."""
+    with wgrad's signs, delayed roles reading and recording in ``history``; None where the
+    pair is not served (the caller quantizes each)."""
     row_role = ("fprop_" if name == "input" else "dgrad_") + name
     row, column = plan.operands[row_role], plan.operands["wgrad_" + name]
     wgrad_specs = (plan.operands[role].spec for role in GEMMS["wgrad"])
@@ -108,7 +113,7 @@ def quantized_pair(
     row_offset, column_offset = offsets[ROLE_SLOTS[row_role]], offsets[ROLE_SLOTS[column.role]]
     key = plan.key_of(row_role)  # x or dy: both roles a data role (`DATA_ROLES`)
     return both_orientations(
-        tensor, row, column, rotated, padded, key, row_offset, column_offset, signs
+        tensor, row, column, rotated, padded, key, row_offset, column_offset, signs, history
     )
 
 
@@ -150,25 +155,31 @@ def unautocast(device_type: str) -> contextlib.AbstractContextManager[None]:
 
 
 def pair_of(
-    prepared: StepPlan | None, plan: Plan, tensor: Tensor, name: str, offsets: Sequence[Tensor]
+    prepared: StepPlan | None,
+    plan: Plan,
+    tensor: Tensor,
+    name: str,
+    offsets: Sequence[Tensor],
+    history: AmaxHistory | None = None,
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """`quantized_pair`'s operands, by the step plan's pair route where it has one (the
     refusals asked when it was made; None where it has none: each orientation on its own),
-    else asked now."""
+    else asked now; delayed roles read and record in ``history`` (None where the pair
+    refuses their step: `stochround.nn.orientations.PreparedPair`)."""
     if prepared is None:
-        return quantized_pair(plan, tensor, name, offsets)
+        return quantized_pair(plan, tensor, name, offsets, history)
     route = prepared.input_pair if name == "input" else prepared.grad_pair
     if route is None:
         return None
     if tensor.dtype != prepared.signature.dtype:  # a gradient of another dtype: ask now
-        return quantized_pair(plan, tensor, name, offsets)
+        return quantized_pair(plan, tensor, name, offsets, history)
     signs = None
     if route.signs_per_step:
         spec = plan.operands["wgrad_" + name].spec
         signs = rotation_signs(plan, "wgrad", spec, offsets, tensor.device)
     row_offset, column_offset = offsets[route.row_slot], offsets[route.column_slot]
     key = plan.key_of("wgrad_" + name)  # x or dy: both roles a data role
-    return route.pair(tensor, key, row_offset, column_offset, signs)
+    return route.pair(tensor, key, row_offset, column_offset, signs, history)
 
 
 def run_gemm(
@@ -212,7 +223,7 @@ class QuantizedMatmul(torch.autograd.Function):
             offsets = slot_offsets(column)
             # where wgrad runs, x read once for both of its operands: wgrad's kept for the
             # backward instead of transposing and quantizing x again there
-            pair = pair_of(prepared, plan, x, "input", offsets) if wgrad else None
+            pair = pair_of(prepared, plan, x, "input", offsets, history) if wgrad else None
             left = x if pair is None else pair[0]
             # per-tensor: Q(W)^T and Q(x)^T for the backward, written with Q(W) and Q(x)
             runs = {"dgrad_weight": dgrad, "wgrad_input": wgrad}
@@ -255,7 +266,8 @@ class QuantizedMatmul(torch.autograd.Function):
             # dy read once for both of its operands where both GEMMs run
             pair = None
             if dgrad and wgrad:
-                pair = pair_of(prepared, plan, grad.contiguous(), "grad_output", offsets)
+                dy = grad.contiguous()
+                pair = pair_of(prepared, plan, dy, "grad_output", offsets, history)
             if dgrad:
                 right: Tensor | GemmOperand
                 # Q(W) kept (not per-tensor, whose kept values are W^T's own): dgrad's b

@@ -4,7 +4,11 @@ along the tokens where the wgrad GEMM shares the rotation), column-wise for wgra
 `stochround.kernels.two_orientation` — the same bits as `quantize_operand` of x and of
 ``pad_tokens(x^T)``, each drawing from its own role's stream.  Where the pair cannot be
 served (`pair_refusal`: specs other than NVFP4's 1x16 blocks, CPU tensors, torch.compile),
-the layer quantizes each orientation on its own."""
+the layer quantizes each orientation on its own.  Delayed tensor scales: each orientation
+takes its own role's window scales and records its own current amax (the column-wise
+one's after its rotation) in its role's row of the layer's history (`PreparedPair.__call__`);
+a step whose two windows disagree (one recorded, one empty) quantizes each orientation on
+its own (`delayed_pair_scales`)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from ..blocks.formats import BlockFormat
 from ..blocks.request import default_signs
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import use_kernel
+from .amax_history import AmaxHistory, KernelScale, record_kernel_amax, window_scales
 from .operands import Operand, one_element, seed_on
 from .step_graphs import kept_by_graphs
 
@@ -38,9 +43,10 @@ SERVES_STEPS = True
 def pair_refusal(row: Operand, column: Operand, rotated: bool) -> str | None:
     """Why one launch cannot quantize a tensor for both roles (None if it can): each role
     NVFP4 (e2m1 elements in 1x16 blocks, the "nvfp4" scale rule, one word an element, no
-    hardware preset), both with a tensor scale from the amax or neither, the row-wise
-    role without an RHT, and the column-wise role's RHT (if any) kept in the rotated basis
-    (``rotated``: the wgrad GEMM's other operand is rotated alike)."""
+    hardware preset), both with the same tensor scale (none, the current amax's, or
+    delayed: each role's own window, `PreparedPair.__call__`), the row-wise role without an
+    RHT, and the column-wise role's RHT (if any) kept in the rotated basis (``rotated``:
+    the wgrad GEMM's other operand is rotated alike)."""
     for entry in (row, column):
         spec, fmt = entry.spec, entry.fmt
         if fmt is None or fmt.block != 16 or fmt.scale_rule != "nvfp4":
@@ -50,11 +56,7 @@ def pair_refusal(row: Operand, column: Operand, rotated: bool) -> str | None:
         if spec.hardware is not None or spec.noise != "element":
             return f"{entry.role} rounds by a hardware preset or with row noise"
     if row.spec.tensor_scale != column.spec.tensor_scale:
-        return "one role has a tensor scale and the other none"
-    if row.spec.tensor_scale == "delayed":
-        # the kernel takes given scales and records (`PreparedTwoOrientations`); the step's
-        # route to it (each role's window and record) is not built yet
-        return "delayed tensor scales quantize each orientation on its own"
+        return "the roles' tensor scales differ (none, amax, delayed)"
     if row.spec.rht is not None:
         return f"{row.role} is rotated"
     if column.spec.rht is not None and not rotated:
@@ -81,12 +83,17 @@ class PreparedPair:
         from ..kernels.two_orientation import PreparedTwoOrientations, orientation
 
         sides = []
-        scales = 2 if row.spec.tensor_scale == "amax" else 0
+        scales = 0 if row.spec.tensor_scale == "none" else 2
+        # delayed: each orientation's current amax raised into its own record
+        self.delayed = row.spec.tensor_scale == "delayed"
         for entry in (row, column):
             spec, fmt = entry.spec, typing.cast(BlockFormat, entry.fmt)
             sides.append(
-                orientation(fmt.element, spec.mode, spec.rbits or 32, spec.variant, scales)
+                orientation(
+                    fmt.element, spec.mode, spec.rbits or 32, spec.variant, scales, self.delayed
+                )
             )
+        self.roles = (row, column)
         rht = column.spec.rht
         self.signs = None if rht is None else default_signs(rht, device)
         self.kernel = PreparedTwoOrientations(
@@ -110,18 +117,61 @@ class PreparedPair:
         row_offset: Tensor,
         column_offset: Tensor,
         signs: Tensor | None,
-    ) -> tuple[GemmOperand, GemmOperand]:
+        history: AmaxHistory | None = None,
+    ) -> tuple[GemmOperand, GemmOperand] | None:
         """Q(x) of the row-wise role and Q(pad_tokens(x^T)) of the column-wise one, each
         from its offset (0-d int64 tensors on x's device) under the layer's ``seed``;
-        ``signs``: the rotation's per-step signs (None: the fixed ones)."""
+        ``signs``: the rotation's per-step signs (None: the fixed ones).  Delayed roles:
+        each role's window scales given and each orientation's current amax recorded in
+        its own row of the ``history`` (`delayed_pair_scales`), or None where the pair
+        does not serve them at this step (the caller quantizes each orientation on its
+        own); other roles never give None."""
+        given = None
+        if self.delayed:
+            given = delayed_pair_scales(history, *self.roles)
+            if given is None:
+                return None
         rotation = self.signs if signs is None else signs
         key = seed_on(seed, self.device)
-        pair = self.kernel(x, key, one_element(row_offset), one_element(column_offset), rotation)
+        offsets = (one_element(row_offset), one_element(column_offset))
+        pair = self.kernel(x, key, *offsets, rotation, *(given or (None, None)))
+        if given is not None and history is not None:  # given: there is a history
+            for entry, record in zip(self.roles, given.record, strict=True):
+                record_kernel_amax(history, entry.role, record)
         row_scale, column_scale = (None, None) if pair.decodes is None else pair.decodes
         return (
             GemmOperand(pair.row, row_scale, None, 1.0),
             GemmOperand(pair.column, column_scale, None, 1.0),
         )
+
+
+def delayed_pair_scales(
+    history: AmaxHistory | None, row: Operand, column: Operand
+) -> KernelScale | None:
+    """What the pair's launch takes at the history's step for two delayed roles, as
+    `stochround.nn.amax_history.kernel_scale` gives it for one: each role's window scales
+    (`window_scales`, 4 fp32 in the kernel's order) where the host knows both windows
+    recorded, None for the scales where it knows both empty (the kernel's amax launch:
+    current scaling's route, as the first step's), and a zeroed record of 2 fp32.  None
+    where the pair does not serve the step: no history or no `HostWindows` (the spec's
+    route quantizes each orientation, and raises without a history), or one window
+    recorded and the other empty (the roles recorded at different steps, as after a step
+    that ran dgrad without wgrad): one launch takes given scales for both orientations or
+    for neither, so each orientation is quantized on its own at that step, with the same
+    bits (the pair's are the separate path's)."""
+    host = None if history is None else history.host
+    if history is None or host is None:
+        return None
+    entries = (row, column)
+    step = history.host_step
+    recorded = {host.window_recorded(e.role, step, e.spec.amax_history) for e in entries}
+    if len(recorded) > 1:
+        return None
+    record = history.amaxes.new_zeros(2)
+    if not recorded.pop():
+        return KernelScale(None, record)
+    scales = [window_scales(history, entry.role, entry.spec.amax_history) for entry in entries]
+    return KernelScale(torch.cat(scales), record)
 
 
 @kept_by_graphs
@@ -174,13 +224,17 @@ def both_orientations(
     row_offset: Tensor,
     column_offset: Tensor,
     signs: Tensor | None,
+    history: AmaxHistory | None = None,
 ) -> tuple[GemmOperand, GemmOperand] | None:
     """The row-wise and column-wise `GemmOperand`s of a 2-D ``x`` (tokens first) from one
-    read (`PreparedPair`), or None where the pair does not serve x (`served_pair`): the
-    caller then quantizes each orientation itself."""
+    read (`PreparedPair.__call__`, delayed roles reading and recording in ``history``), or
+    None where the pair does not serve x (`served_pair`, or a delayed step it refuses):
+    the caller then quantizes each orientation itself."""
     contiguous = x.is_contiguous()
     prepared = served_pair(row, column, rotated, x.shape, x.dtype, x.device, contiguous, padded)
-    return None if prepared is None else prepared(x, seed, row_offset, column_offset, signs)
+    if prepared is None:
+        return None
+    return prepared(x, seed, row_offset, column_offset, signs, history)
 
 
 __all__ = [
@@ -189,6 +243,7 @@ __all__ = [
     "TRANSIENT_ROLES",
     "PreparedPair",
     "both_orientations",
+    "delayed_pair_scales",
     "pair_refusal",
     "prepared_pair",
     "served_pair",
