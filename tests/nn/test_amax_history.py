@@ -2,7 +2,8 @@
 first step is current scaling's, a later step's operands are quantized with the previous
 steps' amax given as the tensor scale, an amax that grows clips, the history resumes from
 a state dict, a checkpoint's recomputation reads its forward's scale, evaluation records
-nothing, and what is not built raises."""
+nothing, the kernels' route (x's and dy's two orientations from one read) gives the spec's
+bits, and what is not built raises."""
 
 from __future__ import annotations
 
