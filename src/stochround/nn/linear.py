@@ -187,7 +187,7 @@ class QuantizedLinear(nn.Linear):
         self.layer_index = layer
         self.plan = self.layer_plan(recipe, layer)
         width = history_width(entry.spec for entry in self.plan.operands.values())
-        self.place_amax_history(width, self.step.device)
+        self.place_amax_history(width, self.weight_device())
         # each eager call signature's resolved choices (`prepare_step`), made again for
         # the new plan
         self.step_plans = StepPlans()
