@@ -9,11 +9,13 @@ tutorials do. This benchmark decides whether the shortcut pays for itself on the
 Triton. It records the launches that one public call makes (2**log2n fp32 values,
 ``backend="triton"``), then launches each recorded kernel with the same arguments
 ``--calls`` times back to back through ``Launch(kernel, constants)`` (provider
-launch_fast) and through ``Launch(kernel, constants, fast=False)`` (kernel_grid): the wall
-time a launch, median of ``--repeats`` runs; the whole public call is timed beside them
-(case ``<call>``; the launches are cases ``<call>_launch<i>``, the kernel's name in the
-notes). Each launch's output (the kernel's second argument) is compared bit for bit with
-the one the library's own launch wrote.
+launch_fast), through its `PartialLaunch` with every argument fixed but the first two (x
+and the output: provider launch_partial, the least a partial launch specializes; trees
+without `Launch.partial` have no such row) and through ``Launch(kernel, constants,
+fast=False)`` (kernel_grid): the wall time a launch, median of ``--repeats`` runs; the
+whole public call is timed beside them (case ``<call>``; the launches are cases
+``<call>_launch<i>``, the kernel's name in the notes). Each launch's output (the kernel's
+second argument) is compared bit for bit with the one the library's own launch wrote.
 
 Unlike the other scripts this one reads stochround's internals; where the library makes no
 `Launch`, its launch rows are missing and only the public calls are timed.
@@ -91,6 +93,25 @@ def launch_run(recorded: tuple, fast: bool) -> Run:
     return Run(call, equal_check(written), args[0].numel(), notes=f"{name}, {how}")
 
 
+def partial_run(recorded: tuple) -> Run:
+    """Launches of a recorded kernel through a `PartialLaunch` of a new `Launch` (fast
+    path) with every argument fixed but x and the output (its first two)."""
+    module = runtime()
+    launch, device, programs, args, written = recorded
+    bound = module.Launch(launch.kernel, launch.constants, fast=module.FAST_LAUNCH)
+    varying = (module.Varying(0), module.Varying(1))
+    partial_launch = bound.partial((*varying, *args[2:]))
+    source, output = args[0], args[1]
+
+    def call() -> Tensor:
+        partial_launch(device, programs, source, output)
+        return output
+
+    name = getattr(launch.kernel, "__name__", type(launch.kernel).__name__)
+    how = "partial, 2 varying" if bound.fast else "kernel[grid]"
+    return Run(call, equal_check(written), source.numel(), notes=f"{name}, {how}")
+
+
 def main() -> int:
     bench = Benchmark("bench_launch", __doc__, timer="host")
     bench.parser.add_argument("--log2n", type=int, default=12, help="elements 2**log2n (12)")
@@ -108,6 +129,8 @@ def main() -> int:
         for number, recorded in enumerate(launches, 1):
             case = f"{name}_launch{number}"
             bench.add(case, "launch_fast", partial(launch_run, recorded, True), ours=True)
+            if hasattr(runtime(), "PartialLaunch"):
+                bench.add(case, "launch_partial", partial(partial_run, recorded), ours=True)
             bench.add(case, "kernel_grid", partial(launch_run, recorded, False))
     return bench.run()
 

@@ -10,8 +10,9 @@ them and the host code is a CUDA step's.  On a GPU the counts are taken on CUDA 
 
 Counted, per case (after a warm-up call, which builds the prepared launches):
 
-- ``launches``: Triton kernel launches (`stochround.kernels.runtime.Launch` calls, whose
-  fast path on a GPU calls the compiled launcher itself, and `triton.JITFunction.run` or
+- ``launches``: Triton kernel launches (`stochround.kernels.runtime.Launch` and
+  `PartialLaunch` calls, whose fast path on a GPU calls the compiled launcher itself, and
+  `triton.JITFunction.run` or
   the interpreter's ``InterpretedFunction.run`` outside one);
 - ``aten``: ATen operations dispatched (a `TorchDispatchMode`), outside the launches (the
   interpreter's own tensor copies are not the step's), views and allocations included;
@@ -29,7 +30,8 @@ defaults, on ``--tokens`` x ``--features`` x ``--features`` (fp32 input), and
 backward, a `stochround.blocks.quantize` call) on the CUDA route, measured on the CPU (no
 GPU figure): inside ``cpu_as_cuda()`` (no dispatch mode: a CUDA call has none; the
 CUDA-only ``torch.mm`` with an ``out_dtype`` supplied by a registered CPU kernel)
-with every Triton launch stubbed out (`stochround.kernels.runtime.Launch` returns at once:
+with every Triton launch stubbed out (`stochround.kernels.runtime.Launch` and `PartialLaunch`
+return at once:
 the kernels are not what is measured), the ATen operations real on the small default
 shapes (their compute is negligible); the best of ``--repeats`` runs of ``--calls`` calls
 back to back, in process time, per call; ``--profile`` adds cProfile's top entries by own
@@ -65,7 +67,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import stochround as sr
 import stochround.nn as srnn
 from stochround.kernels.availability import cpu_as_cuda
-from stochround.kernels.runtime import Launch
+from stochround.kernels.runtime import Launch, PartialLaunch
 
 RECIPES = ("nvfp4", "mxfp8", "mxfp4_tseng", "int8", "fp8")
 BLOCK_CASES = (("nvfp4", "sr"), ("mxfp8_e4m3", "rne"))
@@ -115,12 +117,16 @@ def caller() -> str:
 def counting() -> Iterator[OpCounter]:
     """An `OpCounter` active, with each Triton launch recorded as ``launch:<kernel>`` and
     the operations inside it left out.  A launch is a call of
-    `stochround.kernels.runtime.Launch` (whose fast path calls the compiled launcher
-    itself on a GPU) or of a kernel's ``run`` outside one (the JIT's and the
-    interpreter's)."""
+    `stochround.kernels.runtime.Launch` or `PartialLaunch` (whose fast paths call the
+    compiled launcher themselves on a GPU) or of a kernel's ``run`` outside one (the JIT's
+    and the interpreter's)."""
     counter = OpCounter()
     patched: list[tuple[type, str, Callable]] = []
-    targets: list[tuple[type, str]] = [(Launch, "__call__"), (triton.JITFunction, "run")]
+    targets: list[tuple[type, str]] = [
+        (Launch, "__call__"),
+        (PartialLaunch, "__call__"),
+        (triton.JITFunction, "run"),
+    ]
     try:
         from triton.runtime.interpreter import InterpretedFunction
 
@@ -173,13 +179,15 @@ def counted(call: Callable[[], object], where: bool = False) -> Counts:
 
 @contextlib.contextmanager
 def launches_stubbed() -> Iterator[None]:
-    """Every `Launch` call returns at once (the kernels are not run: host time alone)."""
-    original = Launch.__call__
+    """Every `Launch` and `PartialLaunch` call returns at once (the kernels are not run:
+    host time alone)."""
+    originals = Launch.__call__, PartialLaunch.__call__
     Launch.__call__ = lambda self, *args: None  # type: ignore[method-assign]
+    PartialLaunch.__call__ = lambda self, *args: None  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Launch.__call__ = original  # type: ignore[method-assign]
+        Launch.__call__, PartialLaunch.__call__ = originals  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

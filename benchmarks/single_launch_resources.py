@@ -29,7 +29,7 @@ from kernel_resources import RESOURCE_HEADER
 from pair_resources import offline_figures
 
 from stochround.kernels.blocks import PreparedQuantizeBlocks
-from stochround.kernels.runtime import Launch
+from stochround.kernels.runtime import Launch, PartialLaunch
 
 
 class Config(NamedTuple):
@@ -59,10 +59,10 @@ def recorded_launches(config: Config, single: bool) -> list[tuple[Launch, tuple]
     )  # fmt: skip
     calls: list[tuple[Launch, tuple]] = []
 
-    def record(launch: Launch, device: int, programs: int, *args: object) -> None:
-        calls.append((launch, args))
+    def record(partial: PartialLaunch, device: int, programs: int, *varying: object) -> None:
+        calls.append((partial.launch, partial.arguments(varying)))
 
-    with mock.patch.object(Launch, "__call__", record):
+    with mock.patch.object(PartialLaunch, "__call__", record):
         prepared(x, 0, 0)
     return calls
 

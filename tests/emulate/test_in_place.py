@@ -59,11 +59,13 @@ def test_a_rounded_op_allocates_nothing_on_the_kernels_route(mode, monkeypatch):
     in-place op a ``detach`` and a ``copy_`` of its rounding into the tensor), and the
     kernel is launched with the op's output as its input and its output.  (The launches
     are recorded, not run: the interpreter's own copies would reach the enclosing mode.)"""
-    from stochround.kernels.runtime import Launch
+    from stochround.kernels.runtime import PartialLaunch
 
-    launched: list[tuple[object, ...]] = []
+    launched: list[tuple[object, ...]] = []  # each launch's runtime arguments in full
     monkeypatch.setattr(
-        Launch, "__call__", lambda self, device, programs, *args: launched.append(args)
+        PartialLaunch,
+        "__call__",
+        lambda self, device, programs, *varying: launched.append(self.arguments(varying)),
     )
     a, b = _values(4, 8), _values(4, 8) + 1
     parameter = torch.nn.Parameter(_values(4, 8))

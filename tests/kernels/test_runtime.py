@@ -3,13 +3,16 @@
 On the GPU: the key of every runtime argument equals the specialization Triton's own binder
 computes (pointers aligned or not, counts divisible by 16 or not, integers of every width
 the kernels take, seeds in device tensors); a launch after the first reuses the JIT's
-compiled kernel and gives the JIT's result; registered launch hooks route launches
-through the JIT, which calls them.  On the CPU: the launch's checks and hook detection.
+compiled kernel and gives the JIT's result, a partial launch (some arguments fixed) too;
+registered launch hooks route launches through the JIT, which calls them.  On the CPU: the
+launch's checks and hook detection, and a partial launch's key, template and fixed
+arguments against a stand-in JIT.
 """
 
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +22,7 @@ from triton import knobs
 import stochround as sr
 from stochround.kernels import rounding as kernels
 from stochround.kernels import runtime, stream_sr
-from stochround.kernels.runtime import Launch, _hooks_registered
+from stochround.kernels.runtime import Launch, PartialLaunch, Varying, _hooks_registered
 
 E2M1 = sr.format("e2m1")
 COMMON = (False, True, False)  # FROM_TENSORS, ALIGNED, WIDE
@@ -91,6 +94,57 @@ def test_a_bound_launch_reuses_the_jit_kernel_and_matches_it() -> None:
     assert torch.equal(ours[1], jit[1]) and torch.equal(ours[2], jit[2])
     expected = sr.cast(x, torch.float4_e2m1fn_x2, "sr", seed=11, offset=3, backend="torch")
     assert torch.equal(ours[1][: x.numel() // 2], expected.view(torch.uint8))
+
+
+def _in_place_plan() -> kernels.KernelPlan:
+    """The plan of an emulation's bfloat16 SR rounding of fp32 values in place (the
+    general kernel, `InPlaceRounding`'s)."""
+    bf16 = sr.format("bfloat16")
+    return kernels.kernel_plan(
+        "value", torch.float32, "raise", bf16, "sr", "none", 32, "c", "stream"
+    )
+
+
+def _placed(x: torch.Tensor, start: int) -> torch.Tensor:
+    """A copy of x that starts ``start`` elements into a fresh buffer (aligned as x's
+    view of its own buffer is where ``start`` is the same)."""
+    return torch.empty(x.numel() + start, device=x.device)[start:].copy_(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("start", [0, 1, 4])  # x's pointer 16-byte aligned or not
+@pytest.mark.parametrize("count", [4096, 4099, 4104])  # divisible by 16, by neither, by 8
+def test_a_partial_launch_launches_the_jit_kernel_and_gives_its_bits(
+    start: int, count: int
+) -> None:
+    """`InPlaceRounding`'s partial launch (x at two positions, the seed fixed): its key's
+    varying part is the binder's specialization of x, the offset and the count; its first
+    launch of a key and the next (the compiled launcher) give the bits of ``kernel[grid]``
+    and of the PyTorch path, and it keeps the kernel ``kernel[grid]`` launches."""
+    plan, seed = _in_place_plan(), 11
+    launch = plan.launch(COMMON)
+    x_slot, offset_slot, count_slot = Varying(0), Varying(1), Varying(2)
+    partial = launch.partial(
+        (x_slot, x_slot, None, None, None, None, seed, offset_slot, count_slot, 0)
+    )
+    programs = triton.cdiv(count, plan.rows * 4)
+    x = torch.randn(count, device="cuda")
+    for offset in (0, 3, 16, 2**31 + 5, 2**40 + 1):
+        for _ in range(2):  # the key's first launch (through the JIT), then the launcher
+            ours = _placed(x, start)
+            partial(DEVICE, programs, ours, offset, count)
+        jit = _placed(x, start)
+        args = (jit, jit, None, None, None, None, seed, offset, count, 0)
+        compiled = launch.kernel[(programs,)](*args, **launch.constants)
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled
+        torch.cuda.synchronize()
+        key = partial.key(DEVICE, (ours, offset, count))
+        binder = _binder_specialization(launch, args)
+        assert key[3:] == (binder[0], binder[7], binder[8]) and binder[0] == binder[1]
+        assert partial.compiled[key][0] is compiled
+        assert torch.equal(ours.view(torch.int32), jit.view(torch.int32))
+        expected = sr.round(x, "bfloat16", "sr", seed=seed, offset=offset, backend="torch")
+        assert torch.equal(ours.view(torch.int32), expected.view(torch.int32))
 
 
 @pytest.mark.gpu
@@ -174,18 +228,17 @@ def test_a_launch_needs_every_constexpr_and_runtime_parameters_first() -> None:
         Launch(kernel, constants, fast=True).key(0, (1, 2))
 
 
-@pytest.mark.parametrize("scratch", [0, 64])
-def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
-    monkeypatch: pytest.MonkeyPatch, scratch: int
-) -> None:
-    """After the JIT's first launch, a kernel needing no scratch memory is launched through
-    its native launch function with the arguments the JIT's launcher would pass; one that
-    needs scratch (allocated by Triton's launcher wrapper) goes through the JIT every time.
-    Triton's JIT and driver are stood in for, so this runs without a GPU."""
-    from types import SimpleNamespace
+NATIVE_PREFIX = (1234, False, True, None, None, (2, 1, 0), None, None, None)  # `_stand_in_jit`'s
 
-    from stochround.kernels import runtime as launch_module
 
+def _stand_in_jit(
+    monkeypatch: pytest.MonkeyPatch, kernel: triton.JITFunction, scratch: int = 0
+) -> tuple[list[tuple], list[tuple]]:
+    """Triton's JIT and driver stood in for, so that a fast launch of ``kernel`` runs
+    without a GPU: (the JIT's calls, (grid, runtime arguments) each; the native launch
+    function's, its arguments each: programs, 1, 1, stream 77, then `NATIVE_PREFIX`, then
+    the runtime arguments and the constexprs).  The compiled kernel needs ``scratch``
+    bytes of global scratch."""
     native_calls: list[tuple] = []
     run = SimpleNamespace(
         global_scratch_size=scratch,
@@ -201,13 +254,27 @@ def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
         jit_calls.append((grid, arguments))
         return compiled
 
+    monkeypatch.setattr(kernel, "run", jit_run)
+    monkeypatch.setattr(kernel, "device_caches", {0: (None, None, None, "backend", None)})
+    active = SimpleNamespace(get_current_stream=lambda device: 77)
+    monkeypatch.setattr(runtime, "driver", SimpleNamespace(active=active))
+    return jit_calls, native_calls
+
+
+@pytest.mark.parametrize("scratch", [0, 64])
+def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
+    monkeypatch: pytest.MonkeyPatch, scratch: int
+) -> None:
+    """After the JIT's first launch, a kernel needing no scratch memory is launched through
+    its native launch function with the arguments the JIT's launcher would pass; one that
+    needs scratch (allocated by Triton's launcher wrapper) goes through the JIT every time.
+    Triton's JIT and driver are stood in for, so this runs without a GPU."""
+
     def kernel_source(a, b, N: triton.language.constexpr):
         pass
 
     kernel = triton.runtime.jit.JITFunction(kernel_source)
-    monkeypatch.setattr(kernel, "run", jit_run)
-    active = SimpleNamespace(get_current_stream=lambda device: 77)
-    monkeypatch.setattr(launch_module, "driver", SimpleNamespace(active=active))
+    jit_calls, native_calls = _stand_in_jit(monkeypatch, kernel, scratch)
     launch = Launch(kernel, {"N": 8}, fast=True)
     monkeypatch.setattr(launch, "key", lambda device, arguments: (device, "key"))
     for programs in (3, 5, 6):
@@ -217,8 +284,145 @@ def test_a_launch_binds_the_native_launch_only_of_kernels_without_scratch(
         assert launch.compiled == {}
     else:
         assert jit_calls == [((3,), ("a", "b"))]
-        prefix = (1234, False, True, None, None, (2, 1, 0), None, None, None, "a", "b", 8)
+        prefix = (*NATIVE_PREFIX, "a", "b", 8)
         assert native_calls == [(programs, 1, 1, 77, *prefix) for programs in (5, 6)]
+
+
+def _four_argument_kernel() -> triton.JITFunction:
+    """A JIT function of four runtime arguments, ``c`` not specialized, and one constexpr."""
+
+    def kernel_source(a, b, c, d, N: triton.language.constexpr):
+        pass
+
+    return triton.runtime.jit.JITFunction(kernel_source, do_not_specialize=["c"])
+
+
+def _recording_specialization(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Triton's specialization function stood in for by one that records (value,
+    specialize, align) of each argument it is asked about: an int specializes as its
+    divisibility by 16 (where specialized), a tensor as its pointer, anything else as its
+    type."""
+    asked: list[tuple] = []
+
+    def specialize(backend: object, value: object, is_const: bool, spec: bool, align: bool):
+        assert backend == "backend"
+        asked.append((value, spec, align))
+        if isinstance(value, torch.Tensor):
+            return ("tensor", value.data_ptr())
+        if isinstance(value, int):
+            return ("int", spec and value % 16 == 0)
+        return (type(value).__name__, None)
+
+    monkeypatch.setattr(runtime, "native_specialize_impl", specialize)
+    return asked
+
+
+def test_a_partial_launch_specializes_its_varying_arguments_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only the varying arguments are specialized per call (a slot at two positions once);
+    calls whose varying arguments specialize alike share a key and its compiled kernel,
+    others go through the JIT again; every launch gets the arguments in full, in order."""
+    kernel = _four_argument_kernel()
+    jit_calls, native_calls = _stand_in_jit(monkeypatch, kernel)
+    asked = _recording_specialization(monkeypatch)
+    partial = Launch(kernel, {"N": 8}, fast=True).partial((Varying(0), Varying(0), 7, Varying(1)))
+    partial(0, 3, 16, None)  # the key's first launch: the fixed 7 specialized once, recorded
+    assert asked == [(16, True, True), (None, True, True), (7, False, True)]
+    assert jit_calls == [((3,), (16, 16, 7, None))] and not native_calls
+    asked.clear()
+    partial(0, 4, 32, None)  # 32 specializes as 16 does: the same key
+    assert asked == [(32, True, True), (None, True, True)]
+    assert native_calls == [(4, 1, 1, 77, *NATIVE_PREFIX, 32, 32, 7, None, 8)]
+    assert len(partial.compiled) == 1
+    partial(0, 5, 17, None)  # not divisible by 16: a key of its own, through the JIT
+    assert jit_calls[1:] == [((5,), (17, 17, 7, None))] and len(partial.compiled) == 2
+    keys = list(partial.compiled)
+    assert keys[0][3:] == (("int", True), ("NoneType", None))
+    assert keys[1][3:] == (("int", False), ("NoneType", None))
+    with pytest.raises(TypeError, match="takes 2 arguments, got 3"):
+        partial(0, 5, 17, None, 1)
+
+
+def test_a_partial_launch_checks_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = _four_argument_kernel()
+    launch = Launch(kernel, {"N": 8}, fast=True)
+    with pytest.raises(ValueError, match=r"with none left out; got \[0, 2\]"):
+        launch.partial((Varying(0), Varying(2), 1, 2))
+    with pytest.raises(TypeError, match=r"None, a number or a tensor; got \['str'\]"):
+        launch.partial((Varying(0), "seed", 1, 2))
+    with pytest.raises(TypeError, match="takes 4 runtime arguments, the template gives 3"):
+        launch.partial((Varying(0), 1, 2))
+    with pytest.raises(ValueError, match="slot 0 stands at positions specialized differently"):
+        launch.partial((Varying(0), 1, Varying(0), 2))  # c is not specialized, a is
+    partial = Launch(kernel, {"N": 8}, fast=False).partial((Varying(0), 1, 2, 3))
+    assert isinstance(partial, PartialLaunch) and partial.arguments((5,)) == (5, 1, 2, 3)
+
+    def one_argument(a, N: triton.language.constexpr):
+        pass
+
+    alone = Launch(triton.runtime.jit.JITFunction(one_argument), {"N": 8}, fast=True)
+    assert alone.partial((Varying(0),)).arguments((5,)) == (5,)
+    assert alone.partial((None,)).arguments(()) == (None,)
+
+
+def test_under_the_debug_knob_a_partial_launch_finds_a_replaced_fixed_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fixed tensor whose storage is replaced breaks the partial launch's contract (its
+    pointer's specialization was the first launch's): unchecked without Triton's debug
+    knob (the documented contract), a RuntimeError with it."""
+    kernel = _four_argument_kernel()
+    jit_calls, native_calls = _stand_in_jit(monkeypatch, kernel)
+    _recording_specialization(monkeypatch)
+    fixed = torch.zeros(4)
+    partial = Launch(kernel, {"N": 8}, fast=True).partial((Varying(0), fixed, 7, 0))
+    partial(0, 3, 16)
+    partial(0, 3, 16)
+    fixed.set_(torch.zeros(8))
+    partial(0, 3, 16)  # not checked: the caller's contract
+    assert len(jit_calls) == 1 and len(native_calls) == 2
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    partial(0, 3, 16)  # a key of its own (the knob is in it): through the JIT
+    with pytest.raises(RuntimeError, match=r"fixed argument .* changed its specialization"):
+        partial(0, 3, 16)
+    assert len(jit_calls) == 2 and len(native_calls) == 2
+
+
+def test_a_partial_launch_goes_through_the_jit_where_a_launch_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the fast path (the interpreter, another Triton), while a hook is registered,
+    and for a kernel that needs scratch, every call goes through ``kernel[grid]`` with the
+    arguments in full."""
+    kernel = _four_argument_kernel()
+    jit_calls, native_calls = _stand_in_jit(monkeypatch, kernel, scratch=64)
+    _recording_specialization(monkeypatch)
+    template = (Varying(1), 5, Varying(0), None)
+    for partial in (
+        Launch(kernel, {"N": 8}, fast=False).partial(template),
+        Launch(kernel, {"N": 8}, fast=True).partial(template),  # needs scratch
+    ):
+        jit_calls.clear()
+        partial(0, 3, 1, 2)
+        partial(0, 4, 1, 2)
+        assert jit_calls == [((3,), (2, 5, 1, None)), ((4,), (2, 5, 1, None))]
+    _, native_calls = _stand_in_jit(monkeypatch, kernel, scratch=0)
+    partial = Launch(kernel, {"N": 8}, fast=True).partial(template)
+
+    def hook(*_: object) -> None:
+        pass
+
+    kernel.pre_run_hooks.append(hook)
+    try:
+        partial(0, 3, 1, 2)
+        partial(0, 3, 1, 2)
+    finally:
+        kernel.pre_run_hooks.remove(hook)
+    assert not native_calls
+    partial(0, 3, 1, 2)  # the first launch of the key, through the JIT
+    partial(0, 3, 1, 2)
+    assert len(native_calls) == 1
 
 
 def test_other_triton_releases_and_the_interpreter_launch_through_the_jit(

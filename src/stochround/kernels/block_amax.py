@@ -23,7 +23,7 @@ from .availability import INTERPRETED
 from .block_rotation import Rotation, checked_rotation, rotated, rotation_rounded
 from .common import INPUT_DTYPES, NAN16_BITS, fp32_bits_of
 from .grid import cdiv, next_power_of_2
-from .runtime import Launch, bound_launch, check_prepared, current_device
+from .runtime import Launch, PartialLaunch, Varying, bound_launch, check_prepared, current_device
 from .tensor_scales import (
     PartialsTiling,
     Tickets,
@@ -528,6 +528,15 @@ class PreparedTensorScale:
             counter, self.amax, scale,
         )  # fmt: skip
         return scale
+
+    def partial_launch(self, rht_signs: Tensor | None) -> PartialLaunch:
+        """This launch with the rotation's signs, the count and the programs fixed, taking
+        x, the partial maxima, the counter, the amax and the tensor scales (a caller's
+        scratch, such as a stream's, in place of this one's own tickets)."""
+        x, partial, counter, amax, scale = map(Varying, range(5))
+        return self.launch.partial(
+            (x, partial, rht_signs, self.count, self.programs, counter, amax, scale)
+        )
 
 
 __all__ = [

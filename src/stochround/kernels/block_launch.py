@@ -29,7 +29,7 @@ from .block_math import BlockScale, element_format, element_rounding
 from .block_rotation import checked_rotation
 from .common import INPUT_DTYPES, NAN16_BITS, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
-from .runtime import Launch, bound_launch, current_device
+from .runtime import Launch, PartialLaunch, Varying, bound_launch, current_device
 
 
 def check_block_call(
@@ -208,6 +208,41 @@ def block_constants(
     return BlockConstants(tuple(constants.items()), cdiv(blocks, tile), blocks, signs)
 
 
+def stream_template(from_tensors: bool, seed: Varying, offset: Varying) -> tuple:
+    """The kernels' four stream arguments (seed and offset pointers, then values) in a
+    partial launch's template: the seed and offset where they come (tensors or ints), the
+    other two fixed absent (None pointers, or 0 values)."""
+    return (seed, offset, 0, 0) if from_tensors else (None, None, seed, offset)
+
+
+def quantize_partial(
+    grid: BlockGrid, values: Tensor, index_offset: int, from_tensors: bool
+) -> PartialLaunch:
+    """A prepared quantization's launch of ``grid``, taking x, the codes, the scales, the
+    tensor scales (or None), the seed and the offset; fixed: the values it does not write,
+    the signs, no amax and no record, the stream's other two arguments, the blocks, the
+    index offset."""
+    x, codes, scales, tensor_scale, seed, offset = map(Varying, range(6))
+    stream = stream_template(from_tensors, seed, offset)
+    return grid.launch.partial(
+        (x, codes, scales, values, tensor_scale, grid.signs, None, None, *stream, grid.blocks,
+         index_offset)
+    )  # fmt: skip
+
+
+def gemm_partial(grid: BlockGrid, empty: Tensor, index_offset: int) -> PartialLaunch:
+    """A prepared GEMM operand's launch of ``grid`` (its stream from tensors), taking x, the
+    flags, out, the tensor scales, the signs, the amax, the record, the seed and the
+    offset; fixed: the codes and scales it does not write (``empty``), the stream's values,
+    the blocks, the index offset."""
+    x, flags, out, tensor_scale, signs, amax, record, seed, offset = map(Varying, range(9))
+    stream = stream_template(True, seed, offset)
+    return grid.launch.partial(
+        (x, empty, flags, out, tensor_scale, signs, amax, record, *stream, grid.blocks,
+         index_offset)
+    )  # fmt: skip
+
+
 def launch_blocks(x: Tensor, codes: Tensor, scales: Tensor, out: Tensor, call: BlockCall) -> None:
     """Launch the kernel on x's device (made current for the launch: Triton launches on
     the current device) for a checked call."""
@@ -257,5 +292,8 @@ __all__ = [
     "block_grid",
     "check_block_call",
     "check_block_tensors",
+    "gemm_partial",
     "launch_blocks",
+    "quantize_partial",
+    "stream_template",
 ]

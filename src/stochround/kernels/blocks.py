@@ -29,7 +29,9 @@ from .block_launch import (
     block_grid,
     check_block_call,
     check_block_tensors,
+    gemm_partial,
     launch_blocks,
+    quantize_partial,
 )
 from .block_math import fast_bits
 from .block_rotation import rht_normalization
@@ -61,15 +63,14 @@ def stand_in(dtype: torch.dtype, device: torch.device) -> Tensor:
 
 def _stream_arguments(
     seed: int | Tensor, offset: int | Tensor, device: torch.device
-) -> tuple[bool, Tensor | None, Tensor | None, int, int]:
-    """How a prepared launch takes a stream: whether from tensors (its grid's index), then
-    the seed and offset pointers (tensors on ``device``, or None) and values (ints, or
-    0), as the kernels' arguments run."""
+) -> tuple[bool, Tensor | int, Tensor | int]:
+    """How a prepared launch takes a stream: whether from tensors (its launch's index),
+    then the seed and offset as its partial launch takes them (`stream_template`): tensors
+    on ``device``, or ints."""
     if isinstance(seed, Tensor) or isinstance(offset, Tensor):
-        seed_pointer = seed_tensor(seed, "seed", device)
-        return True, seed_pointer, seed_tensor(offset, "offset", device), 0, 0
+        return True, seed_tensor(seed, "seed", device), seed_tensor(offset, "offset", device)
     # two's complement above 2**63: the kernel reads seeds as unsigned 64-bit
-    return False, None, None, as_int64(seed), as_int64(offset)
+    return False, as_int64(seed), as_int64(offset)
 
 
 def quantize_blocks(
@@ -336,11 +337,12 @@ class PreparedGemmBlocks:
         )
         check_block_tensors(x, call)
         self.record = record
-        self.grid = block_grid(x, out_dtype, call, from_tensors=True)
+        self.grid = grid = block_grid(x, out_dtype, call, from_tensors=True)
         self.shape, self.dtype, self.device = x.shape, x.dtype, x.device
         self.out_dtype, self.index_offset = out_dtype, index_offset
         self.device_index = x.device.index if x.is_cuda else -1
         self.empty = x.new_empty(0, dtype=torch.uint8)
+        self.partial = gemm_partial(grid, self.empty, index_offset)
 
     def check(self, x: Tensor) -> None:
         """ValueError unless x is a contiguous tensor of the prepared shape, dtype and
@@ -383,11 +385,10 @@ class PreparedGemmBlocks:
             raise ValueError("record is given exactly where the launch was prepared with one")
         out = torch.empty_like(x, dtype=self.out_dtype)
         grid = self.grid
-        grid.launch(
+        self.partial(
             self.device_index,
             grid.programs,
             x,
-            self.empty,
             self.empty if flags is None else flags,
             out,
             tensor_scale,
@@ -396,10 +397,6 @@ class PreparedGemmBlocks:
             record,
             seed,
             offset,
-            0,
-            0,
-            grid.blocks,
-            self.index_offset,
         )
         return out
 
@@ -473,14 +470,13 @@ class PreparedQuantizeBlocks:
         # the tensor scales' launch, bound on a meta tensor of x's size: nothing allocated
         meta = torch.empty(x.shape, dtype=x.dtype, device="meta")
         signs = None if rht_signs is None else torch.empty(rht_signs.shape, device="meta")
-        self.amax = None
+        scale = None
         if single_launch is None:
             single_launch = takes_single_launch(x)
         if tensor_scales and not single_launch:
             scale = PreparedTensorScale(
                 meta, nvfp4_flavour, rht=rht, rht_signs=signs, rht_bf16=rht_bf16, tiling=amax_tiling
             )
-            self.amax = (scale.launch, scale.programs, scale.count)
         call = BlockCall(
             fmt=fmt,
             block=block,
@@ -505,6 +501,8 @@ class PreparedQuantizeBlocks:
             block_grid(matrix, torch.uint8, call, True),
         )
         self.signs = self.grids[0].signs
+        # the tensor scales' launch and its programs, where they take a launch of their own
+        self.amax = None if scale is None else (scale.partial_launch(self.signs), scale.programs)
         self.single: tuple[SingleLaunchGrid, SingleLaunchGrid] | None = None
         if tensor_scales and single_launch:
             self.single = (
@@ -522,6 +520,11 @@ class PreparedQuantizeBlocks:
         self.values = stand_in(
             x.dtype, x.device
         )  # the values, which a quantizing call does not write
+        # the partial launches of `grids`, by whether the stream comes as tensors
+        self.launches = tuple(
+            quantize_partial(grid, self.values, index_offset, from_tensors)
+            for from_tensors, grid in zip((False, True), self.grids, strict=True)
+        )
 
     def __call__(
         self, x: Tensor, seed: int | Tensor, offset: int | Tensor
@@ -540,20 +543,15 @@ class PreparedQuantizeBlocks:
         new_empty = x.new_empty
         scales2 = None  # S_dec and S_enc
         if self.amax is not None:
-            launch, programs, count = self.amax
+            launch, programs = self.amax
             partial, counter, amax = stream_scratch(self.device, device, programs)
             scales2 = new_empty(2, dtype=torch.float32)
-            launch(
-                device, programs, x, partial, self.signs, count, programs, counter, amax, scales2
-            )
+            launch(device, programs, x, partial, counter, amax, scales2)
         codes = new_empty(self.codes_shape, dtype=torch.uint8)
         scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
-        from_tensors, *stream = _stream_arguments(seed, offset, self.device)
-        grid = self.grids[from_tensors]
-        grid.launch(
-            device, grid.programs, x, codes, scales, self.values, scales2, grid.signs, None,
-            None, *stream, grid.blocks, self.index_offset,
-        )  # fmt: skip
+        from_tensors, seed, offset = _stream_arguments(seed, offset, self.device)
+        programs = self.grids[from_tensors].programs
+        self.launches[from_tensors](device, programs, x, codes, scales, scales2, seed, offset)
         return codes, scales, scales2
 
     def launch_single(
@@ -566,15 +564,13 @@ class PreparedQuantizeBlocks:
         scales2 = new_empty(2, dtype=torch.float32)  # S_dec and S_enc
         codes = new_empty(self.codes_shape, dtype=torch.uint8)
         scales = new_empty(self.scales_shape, dtype=self.scale_dtype)
-        from_tensors, *stream = _stream_arguments(seed, offset, self.device)
+        from_tensors, seed, offset = _stream_arguments(seed, offset, self.device)
         grid = self.single[from_tensors]
-        programs = grid.amax_programs
         partial, counters, amax = stream_scratch(
-            self.device, self.device_index, programs, SINGLE_LAUNCH_COUNTERS
+            self.device, self.device_index, grid.amax_programs, SINGLE_LAUNCH_COUNTERS
         )
-        grid.launch(
-            self.device_index, grid.programs, x, codes, scales, scales2, grid.signs, *stream,
-            grid.blocks, self.index_offset, partial, self.count, programs, grid.programs,
+        grid.partial(
+            self.device_index, grid.programs, x, codes, scales, scales2, seed, offset, partial,
             counters, amax,
         )  # fmt: skip
         return codes, scales, scales2

@@ -17,7 +17,15 @@ from .common import INPUT_DTYPES, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
 from .round_kernel import round_launch
 from .row_tiles import TILE_ROWS
-from .runtime import SCRATCH, Launch, current_device, current_stream, persistent_programs
+from .runtime import (
+    SCRATCH,
+    Launch,
+    PartialLaunch,
+    Varying,
+    current_device,
+    current_stream,
+    persistent_programs,
+)
 from .stream_sr import CODES_LAYOUT, LIST_START, bf16_sr_launch, codes_launch
 
 # where SR's random integers come from: the counter-based stream, explicit integers, or
@@ -285,7 +293,8 @@ class InPlaceRounding:
     output: no result tensor is made and no scratch taken (the unchecked kernel never
     writes its NaN flag, so it gets none).  What a call's host path can know before the
     call is bound here: the seed's 64-bit word, the tile, the first count that is WIDE,
-    the kernel of each WIDE."""
+    the kernel of each WIDE with every argument but x, the offset and the count fixed (a
+    `PartialLaunch`: a call specializes those three alone)."""
 
     __slots__ = ("draws", "launches", "plan", "seed", "tile", "wide_from")
 
@@ -295,7 +304,8 @@ class InPlaceRounding:
         self.tile = plan.rows * 4
         self.wide_from = _first_wide_count(0, plan.rows)  # `_wide(count, 0, rows)`
         # the kernel of each WIDE (FROM_TENSORS off, ALIGNED on), bound at its first call
-        self.launches: list[Launch | None] = [None, None]
+        # with every argument fixed but x, the offset and the count
+        self.launches: list[PartialLaunch | None] = [None, None]
 
     def __call__(self, x: Tensor, offset: int) -> None:
         device = x.get_device()  # -1 on the CPU (the interpreter)
@@ -309,13 +319,16 @@ class InPlaceRounding:
         wide = count >= self.wide_from
         launch = self.launches[wide]
         if launch is None:
-            launch = self.launches[wide] = self.plan.launch((False, True, wide))
+            x_slot, offset_slot, count_slot = Varying(0), Varying(1), Varying(2)
+            launch = self.launches[wide] = self.plan.launch((False, True, wide)).partial(
+                (x_slot, x_slot, None, None, None, None, self.seed, offset_slot, count_slot, 0)
+            )
         if not self.draws:
             offset = 0
         elif offset >= 2**63:  # (`as_int64`, called only where it changes the offset)
             offset = as_int64(offset)
         grid = -(-count // self.tile)  # (`cdiv`)
-        launch(device, grid, x, x, None, None, None, None, self.seed, offset, count, 0)
+        launch(device, grid, x, offset, count)
 
 
 # one plan per choices (`KernelPlan`'s arguments): a call looks its plan up once

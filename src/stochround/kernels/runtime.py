@@ -16,6 +16,14 @@ Constexprs and options being fixed, the key determines the JIT's own cache key, 
 kernel launched is the one ``kernel[grid]`` would launch (a GPU test compares the keys with
 the binder's).
 
+Where a caller passes some runtime arguments the same at every call (a prepared plan's
+rotation signs, block count and index offset; an in-place rounding's seed and absent
+pointers), `Launch.partial` fixes them: its `PartialLaunch` holds them and specializes
+only the arguments that change (issues 42 and 43: Triton's specialization of each
+argument costs about as much host time as its compiled launcher).  Being held and passed
+at every call, the fixed arguments specialize the same at every call, so the key over
+the changing ones determines the JIT's key as `Launch.key` does.
+
 Calls go through ``kernel[grid]`` instead where that is the right thing: the first call of
 a specialization (Triton compiles and caches it; its kernel is kept for the next calls),
 kernels that need global or profiling scratch memory, under the interpreter, while launch
@@ -26,8 +34,10 @@ but the one this module was written against (`FAST_LAUNCH`), whose internals may
 from __future__ import annotations
 
 import functools
+import operator
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -122,13 +132,17 @@ class Launch:
             )
         backends = self.backends.get(device)
         if backends is None:  # the JIT's backend object for the device, once per argument
-            backends = self.backends[device] = (self.kernel.device_caches[device][3],) * len(args)
+            backends = self.backends[device] = (self.backend(device),) * len(args)
         return (
             device,
             knobs.runtime.debug,
             knobs.compilation.instrumentation_mode,
             *map(native_specialize_impl, backends, args, *self.flags),
         )
+
+    def backend(self, device: int) -> object:
+        """The JIT's backend object for ``device`` (what its specialization function takes)."""
+        return self.kernel.device_caches[device][3]
 
     def __call__(self, device: int, programs: int, *args: object) -> None:
         """Launch ``programs`` programs on the current stream of ``device``, which must be
@@ -140,14 +154,25 @@ class Launch:
             return
         key = self.key(device, args)
         bound = self.compiled.get(key)
-        if bound is None:  # through the JIT: compiles, or finds its cached kernel
-            compiled = self.kernel[(programs,)](*args, **self.constants)
-            compiled = compiled.result() if hasattr(compiled, "result") else compiled
-            run = compiled.run
-            if not (run.global_scratch_size or run.profile_scratch_size):
-                flags = (run.launch_cooperative_grid, run.launch_pdl)
-                self.compiled[key] = (compiled, compiled.function, *flags, compiled.packed_metadata)
+        if bound is None:
+            self.first_launch(programs, args, self.compiled, key)
             return
+        self.launch_compiled(bound, device, programs, args)
+
+    def first_launch(self, programs: int, args: tuple, compiled: dict, key: tuple) -> None:
+        """The first launch of a key, through the JIT (which compiles, or finds its cached
+        kernel); its compiled kernel kept in ``compiled`` under ``key`` unless it needs
+        scratch memory (which Triton's launcher wrapper allocates)."""
+        kernel = self.kernel[(programs,)](*args, **self.constants)
+        kernel = kernel.result() if hasattr(kernel, "result") else kernel
+        run = kernel.run
+        if not (run.global_scratch_size or run.profile_scratch_size):
+            flags = (run.launch_cooperative_grid, run.launch_pdl)
+            compiled[key] = (kernel, kernel.function, *flags, kernel.packed_metadata)
+
+    def launch_compiled(self, bound: tuple, device: int, programs: int, args: tuple) -> None:
+        """Launch ``bound`` (a compiled kernel and what its native launch takes, as
+        `first_launch` keeps them) through its native launch function."""
         compiled, function, cooperative, pdl, metadata = bound
         compiled.run.launch(
             programs,
@@ -160,12 +185,143 @@ class Launch:
             None,  # global and profiling scratch: none needed (checked at the first launch)
             None,
             metadata,
-            None,  # launch metadata and hooks: none registered (checked above)
+            None,  # launch metadata and hooks: none registered (checked by the caller)
             None,
             None,
             *args,
             *self.constexpr_values,
         )
+
+    def partial(self, template: Sequence[object]) -> PartialLaunch:
+        """This launch with the runtime arguments that are not `Varying` in ``template``
+        fixed (`PartialLaunch`)."""
+        return PartialLaunch(self, template)
+
+
+class Varying(NamedTuple):
+    """In a `PartialLaunch`'s template, a runtime argument that each call passes: the
+    call's ``slot``-th argument after the device and the programs."""
+
+    slot: int
+
+
+# what a fixed argument may be: values that cannot change, and tensors (whose storage the
+# caller keeps: `PartialLaunch`)
+FIXED_TYPES = (type(None), bool, int, float, Tensor)
+
+
+class PartialLaunch:
+    """A `Launch` with some runtime arguments fixed: ``template`` gives each runtime
+    argument in the kernel's order, a `Varying` for one that each call passes or the fixed
+    value itself.  ``partial(device, programs, *varying)`` launches as ``launch(device,
+    programs, *args)`` would, ``args`` the template with each `Varying` replaced by the
+    call's argument at its slot (a slot may stand at several positions of one
+    specialization: an in-place rounding's x as its input and its output).
+
+    Its key is `Launch.key`'s over the varying arguments alone: exact, because the fixed
+    ones are held here and passed at every call, so their specialization never changes;
+    that holds for a fixed tensor as long as it keeps its storage (its pointer, read at each
+    launch, is specialized by its alignment), which its holder must see to (no `Tensor.set_`
+    on it).  While Triton's debug knob is on, each call checks it: the fixed arguments'
+    specialization, recorded at a device's first launch, is computed again and compared
+    (RuntimeError if it changed).  Fixed values are None, numbers or tensors (TypeError
+    otherwise).  The first launch of each key goes through the JIT, as `Launch`'s."""
+
+    def __init__(self, launch: Launch, template: Sequence[object]) -> None:
+        self.launch, self.kernel = launch, launch.kernel
+        slots = sorted({entry.slot for entry in template if isinstance(entry, Varying)})
+        if slots != list(range(len(slots))):
+            raise ValueError(f"the varying slots must be 0, 1, ... with none left out; got {slots}")
+        fixed = [entry for entry in template if not isinstance(entry, Varying)]
+        wrong = [type(value).__name__ for value in fixed if not isinstance(value, FIXED_TYPES)]
+        if wrong:
+            raise TypeError(f"a fixed argument must be None, a number or a tensor; got {wrong}")
+        self.slots, self.fixed = len(slots), tuple(fixed)
+        # each runtime position's index in ``varying + fixed``
+        fixed_index = iter(range(len(slots), len(template)))
+        self.gather = _gatherer(
+            [entry.slot if isinstance(entry, Varying) else next(fixed_index) for entry in template]
+        )
+        self.compiled: dict[tuple, tuple] = {}  # as `Launch.compiled`, by the varying key
+        self.backends: dict[int, tuple] = {}
+        self.fixed_specialization: dict[int, tuple] = {}  # by device, at its first launch
+        if not launch.fast:
+            return
+        if len(template) != len(launch.flags[0]):
+            raise TypeError(
+                f"{launch.kernel.__name__} takes {len(launch.flags[0])} runtime arguments, "
+                f"the template gives {len(template)}"
+            )
+        # the binder's (is_const, specialize, align) of each slot and fixed argument
+        slot_flags: dict[int, tuple] = {}
+        fixed_flags = []
+        for entry, flags in zip(template, zip(*launch.flags, strict=True), strict=True):
+            if not isinstance(entry, Varying):
+                fixed_flags.append(flags)
+            elif slot_flags.setdefault(entry.slot, flags) != flags:
+                raise ValueError(f"slot {entry.slot} stands at positions specialized differently")
+        # by column, as `Launch.flags`
+        self.flags = _columns([slot_flags[slot] for slot in slots])
+        self.fixed_flags = _columns(fixed_flags)
+
+    def key(self, device: int, varying: tuple) -> tuple:
+        """`Launch.key` over the varying arguments alone (the fixed ones are fixed)."""
+        backends = self.backends.get(device)
+        if backends is None:
+            backends = self.backends[device] = (self.launch.backend(device),) * self.slots
+        return (
+            device,
+            knobs.runtime.debug,
+            knobs.compilation.instrumentation_mode,
+            *map(native_specialize_impl, backends, varying, *self.flags),
+        )
+
+    def specialize_fixed(self, device: int) -> tuple:
+        """The specialization of the fixed arguments on ``device`` (Triton's function, with
+        the binder's flags)."""
+        backends = (self.launch.backend(device),) * len(self.fixed)
+        return tuple(map(native_specialize_impl, backends, self.fixed, *self.fixed_flags))
+
+    def arguments(self, varying: tuple) -> tuple:
+        """The runtime arguments in full of a call given ``varying``."""
+        return self.gather(varying + self.fixed)
+
+    def __call__(self, device: int, programs: int, *varying: object) -> None:
+        """Launch as `Launch.__call__` does, with the template's arguments (class docstring)."""
+        if len(varying) != self.slots:
+            raise TypeError(f"the partial launch takes {self.slots} arguments, got {len(varying)}")
+        args = self.gather(varying + self.fixed)
+        launch = self.launch
+        if not launch.fast or _hooks_registered(launch.kernel):
+            launch.kernel[(programs,)](*args, **launch.constants)
+            return
+        key = self.key(device, varying)
+        bound = self.compiled.get(key)
+        if bound is None:
+            if device not in self.fixed_specialization:
+                self.fixed_specialization[device] = self.specialize_fixed(device)
+            launch.first_launch(programs, args, self.compiled, key)
+            return
+        if key[1] and self.specialize_fixed(device) != self.fixed_specialization[device]:
+            raise RuntimeError(
+                f"a fixed argument of a partial launch of {launch.kernel.__name__} changed "
+                "its specialization (a fixed tensor's storage was replaced)"
+            )
+        launch.launch_compiled(bound, device, programs, args)
+
+
+def _columns(rows: list[tuple]) -> tuple:
+    """The binder's flags of some arguments by column (three empty columns for none)."""
+    return tuple(zip(*rows, strict=True)) or ((), (), ())
+
+
+def _gatherer(order: list[int]) -> Callable[[tuple], tuple]:
+    """The function that takes ``values`` to ``tuple(values[i] for i in order)`` (one
+    `operator.itemgetter`: a call's host time)."""
+    if len(order) == 1:
+        only = order[0]
+        return lambda values: (values[only],)
+    return operator.itemgetter(*order)
 
 
 @functools.cache

@@ -45,9 +45,9 @@ from .block_amax import (
     partial_amax,
 )
 from .block_kernel import quantize_tile
-from .block_launch import BlockCall, block_constants
+from .block_launch import BlockCall, block_constants, stream_template
 from .block_rotation import checked_rotation
-from .runtime import Launch, bound_launch
+from .runtime import Launch, PartialLaunch, Varying, bound_launch
 from .tensor_scales import last_program_scales, partials_tiling
 
 # The largest x (in bytes) that takes the single launch.  Its quantization programs read
@@ -135,13 +135,15 @@ def single_launch_kernel(
 
 class SingleLaunchGrid(NamedTuple):
     """The single launch of a call: the bound kernel, its programs in all, its amax
-    programs (A, the partial maxima), its blocks and the checked signs of its rotation."""
+    programs (A, the partial maxima), its blocks, the checked signs of its rotation, and
+    the kernel with every argument fixed that the call fixes (`_single_launch_partial`)."""
 
     launch: Launch
     programs: int
     amax_programs: int
     blocks: int
     signs: Tensor | None
+    partial: PartialLaunch
 
 
 def single_launch_grid(
@@ -168,7 +170,33 @@ def single_launch_grid(
     }
     launch = bound_launch(single_launch_kernel, tuple(constants.items()))
     programs = amax_count + bound.programs
-    return SingleLaunchGrid(launch, programs, amax_count, bound.blocks, bound.signs)
+    partial = _single_launch_partial(
+        launch, from_tensors, bound.signs, bound.blocks, call.index_offset, count, amax_count,
+        programs,
+    )  # fmt: skip
+    return SingleLaunchGrid(launch, programs, amax_count, bound.blocks, bound.signs, partial)
+
+
+def _single_launch_partial(
+    launch: Launch,
+    from_tensors: bool,
+    signs: Tensor | None,
+    blocks: int,
+    index_offset: int,
+    count: int,
+    amax_count: int,
+    programs: int,
+) -> PartialLaunch:
+    """The single launch with what a call fixes fixed (the signs, the stream's other two
+    arguments, the blocks, the index offset, x's count, the amax programs and the programs
+    in all), taking x, the codes, the scales, the tensor scales, the seed, the offset and
+    the stream scratch's partial maxima, counters and amax."""
+    x, codes, scales, tensor_scale, seed, offset, partial, counters, amax = map(Varying, range(9))
+    stream = stream_template(from_tensors, seed, offset)
+    return launch.partial(
+        (x, codes, scales, tensor_scale, signs, *stream, blocks, index_offset, partial, count,
+         amax_count, programs, counters, amax)
+    )  # fmt: skip
 
 
 __all__ = [
