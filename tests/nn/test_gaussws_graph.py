@@ -3,7 +3,7 @@ Inductor through its lowering gives the eager R bit for bit (keys with high halv
 of several widths, a 3-D shape), a traced sample records its words as that one op, and a
 sampled model compiled by plain Inductor (``fullgraph=True``) trains three steps with
 eager's bits, compiling once, its sample computed by Inductor's own kernel (no opaque op,
-no Philox word in memory)."""
+no Philox word in memory) and its step advanced in Inductor's code (no Python op)."""
 
 from __future__ import annotations
 
@@ -115,3 +115,5 @@ def test_inductor_trains_three_steps_with_eagers_bits_compiling_once(route: str)
     calls = re.findall(r"torch\.ops\.(\w+\.\w+)", "".join(code))
     assert "stochround.gaussws_blocks" not in calls  # not the opaque kernel op
     assert "stochround_nn.gaussws_draws" not in calls  # lowered, not called
+    # the step read and advanced in Inductor's code: no Python op a layer and step
+    assert "stochround.nn_advance_step" not in calls

@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.torch_version import TorchVersion
 from torch.utils import checkpoint as torch_checkpoint
 
+from ..emulate.graph_words import lowering_registrar, register_outside_modes
 from ..kernels.availability import on_kernel_device, triton_missing
 
 
@@ -33,8 +34,36 @@ advance_step = torch.library.custom_op(
 )
 
 
+def _advance_lowering(step: Any) -> Any:
+    """Inductor's lowering of `advance_step`: the step's value copied to a buffer of its
+    own, then ``step + 1`` stored into the step, both in Inductor's generated code.
+
+    Left to Inductor's fallback, the op was a Python custom-op call at every step for every
+    layer (the custom-op layers' dispatch, then the eager clone and add: two launches on
+    CUDA), the host time a compiled step of a model of many sampled or quantized layers
+    paid beside its kernels.  The partitioner and the checkpoint rules see the op as
+    before (they run on the traced graph, before lowering), so its value is saved for the
+    backward as before; only its code changes.  The copy is made (realized) before the
+    store, which Inductor orders after every read of the step."""
+    from torch._inductor.lowering import lowerings
+
+    aten = torch.ops.aten
+    current = lowerings[aten.clone.default](step)
+    current.realize()
+    lowerings[aten.copy_.default](step, lowerings[aten.add.Tensor](step, 1))
+    return current
+
+
+# registers `_advance_lowering` as Inductor's lowering of `advance_step` (at its first trace)
+register_advance_lowering = lowering_registrar(
+    torch.ops.stochround.nn_advance_step.default, _advance_lowering
+)
+
+
 @advance_step.register_fake
 def _(step: Tensor) -> Tensor:
+    # every trace runs this before Inductor lowers the graph (`register_outside_modes`)
+    register_outside_modes(register_advance_lowering)
     return torch.empty_like(step)
 
 
@@ -139,6 +168,7 @@ __all__ = [
     "autocast_off",
     "bias_gradient",
     "must_save",
+    "register_advance_lowering",
     "save_the_step_read",
     "saving_everything",
     "transposed",
