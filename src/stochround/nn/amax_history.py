@@ -115,6 +115,19 @@ class AmaxHistory(NamedTuple):
     host_step: int = -1
 
 
+def history_at(
+    amaxes: Tensor | None, steps: Tensor | None, column: Tensor, record: bool
+) -> AmaxHistory | None:
+    """The history of buffers ``amaxes`` and ``steps`` at the step of the stream offsets
+    ``column`` (`stochround.nn.streams.column_step`), recording where ``record``, without
+    the host's copy (every decision on the device: the spec's route); None where there is
+    no history (no delayed role).  What a compiled layer's opaque ops read, which take the
+    buffers as arguments (`stochround.nn.opaque_matmul`)."""
+    if amaxes is None or steps is None:
+        return None
+    return AmaxHistory(amaxes, steps, device_column_step(column), record)
+
+
 def history_width(specs: Iterable[QuantSpec]) -> int:
     """The columns of a layer's history buffers: one more than the longest
     ``amax_history`` of its delayed roles (a step's own column besides its window), 0
@@ -248,6 +261,7 @@ __all__ = [
     "delayed_operand_scale",
     "delayed_tensor_scale",
     "empty_history",
+    "history_at",
     "history_width",
     "kernel_scale",
     "operand_amax",
