@@ -115,16 +115,12 @@ class AmaxHistory(NamedTuple):
     host_step: int = -1
 
 
-def history_at(
-    amaxes: Tensor | None, steps: Tensor | None, column: Tensor, record: bool
-) -> AmaxHistory | None:
+def history_at(amaxes: Tensor, steps: Tensor, column: Tensor, record: bool) -> AmaxHistory:
     """The history of buffers ``amaxes`` and ``steps`` at the step of the stream offsets
     ``column`` (`stochround.nn.streams.column_step`), recording where ``record``, without
-    the host's copy (every decision on the device: the spec's route); None where there is
-    no history (no delayed role).  What a compiled layer's opaque ops read, which take the
-    buffers as arguments (`stochround.nn.opaque_matmul`)."""
-    if amaxes is None or steps is None:
-        return None
+    the host's copy (every decision on the device: the spec's route).  What a compiled
+    delayed layer's opaque ops read, which take the buffers as arguments
+    (`stochround.nn.opaque_matmul`)."""
     return AmaxHistory(amaxes, steps, device_column_step(column), record)
 
 

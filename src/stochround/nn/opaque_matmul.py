@@ -42,7 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -59,8 +59,8 @@ from .tensor_parallel import rank_key
 
 _R = TypeVar("_R")
 
-# the backward op's (dx, dW, db): a tuple, not a list (a mutating op's list output is
-# refused by functionalization as if it aliased an input)
+# the delayed backward op's (dx, dW, db): a tuple, not a list (a mutating op's list output
+# is refused by functionalization as if it aliased an input)
 Grads = tuple[Tensor, Tensor, Tensor]
 
 # every registered plan, by its key (`plan_fingerprint`); kept alive, so that a key names
@@ -398,24 +398,13 @@ def _backward(
     rank: int,
     needs: list[bool],
     bias_dtype: torch.dtype | None,
-    amaxes: Tensor | None = None,
-    steps: Tensor | None = None,
-    record: bool = False,
-) -> Grads:
+) -> list[Tensor]:
     """`backward_step` replayed from its CUDA graph where one is captured
-    (`stochround.nn.step_graphs`), else run; a layer with delayed tensor scales gives its
-    amax history's buffers ``amaxes`` and ``steps`` (written in place: dy's roles record)
-    and whether its forward recorded (``record``), and is never graphed
-    (`check_ungraphed`)."""
+    (`stochround.nn.step_graphs`), else run."""
     tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
     rest = (plan_index, rank, needs, bias_dtype)
     terms = graph_terms(x, weight, _PLANS[plan_index])
-    if amaxes is not None:
-        check_ungraphed(tensors, *terms)
-        history = history_at(amaxes, steps, column, record)
-        return backward_step(*tensors, *rest, history=history)
-    dx, dw, db = STEP_GRAPHS.run(backward_step, tensors, rest, *terms)
-    return dx, dw, db
+    return typing.cast(list[Tensor], STEP_GRAPHS.run(backward_step, tensors, rest, *terms))
 
 
 def check_ungraphed(tensors: tuple[Tensor | None, ...], work: int, host_bound: bool) -> None:
@@ -446,11 +435,11 @@ def backward_step(
     bias_dtype: torch.dtype | None,
     *,
     history: AmaxHistory | None = None,
-) -> Grads:
+) -> list[Tensor]:
     """(dx, dW, db) by `QuantizedMatmul.backward` from the forward's kept operands (None:
     not kept, quantized here), each an empty tensor where ``needs`` (of x, W, b) says it is
-    not wanted.  ``history``: the layer's amax history at the forward's step, which
-    delayed roles read and record in."""
+    not wanted.  ``history``: a delayed layer's amax history at the forward's step, which
+    its delayed roles read and record in."""
     plan = registered_plan(plan_index, rank)
     saved = (x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
     gemms = tuple(name for name, need in zip(("dgrad", "wgrad"), needs, strict=False) if need)
@@ -460,19 +449,14 @@ def backward_step(
     grads = QuantizedMatmul.backward(ctx, grad)[:3]
     # the placeholders in the dtypes the op's fake declares
     dtypes = (x.dtype, weight.dtype, bias_dtype or x.dtype)
-    dx, dw, db = (
+    return [
         x.new_empty(0, dtype=dtype) if each is None else each
         for each, dtype in zip(grads, dtypes, strict=True)
-    )
-    return dx, dw, db
+    ]
 
 
-# the backward op writes a delayed layer's history in place (dy's roles record): declared,
-# so that the graph orders it and functionalization writes the buffers back; AOT autograd
-# keeps a forward input's data mutation in the backward graph where the input needs no
-# gradient (a buffer), after the forward op's mutation of it
 quantized_linear_backward = torch.library.custom_op(
-    "stochround::quantized_linear_backward", _backward, mutates_args=("amaxes", "steps")
+    "stochround::quantized_linear_backward", _backward, mutates_args=()
 )
 
 
@@ -490,26 +474,26 @@ def _(
     rank: int,
     needs: list[bool],
     bias_dtype: torch.dtype | None,
-    amaxes: Tensor | None = None,
-    steps: Tensor | None = None,
-    record: bool = False,
-) -> Grads:
+) -> list[Tensor]:
     tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
-    rest = (plan_index, rank, needs, bias_dtype)
-    if amaxes is None:
-        warm_up(backward_step, tensors, *rest)
-    else:
-        warm_up(delayed_backward_step, (*tensors, amaxes, steps), *rest, record)
+    warm_up(backward_step, tensors, plan_index, rank, needs, bias_dtype)
+    return gradient_layouts(x, weight, needs, bias_dtype)
+
+
+def gradient_layouts(
+    x: Tensor, weight: Tensor, needs: list[bool], bias_dtype: torch.dtype | None
+) -> list[Tensor]:
+    """The backward ops' fake outputs: dx, dW and db in x's, W's and the bias's dtypes and
+    shapes, each empty where ``needs`` says it is not wanted (`backward_step`)."""
     shapes = (x.shape, weight.shape, (weight.shape[0],))
     dtypes = (x.dtype, weight.dtype, bias_dtype or x.dtype)
-    dx, dw, db = (
+    return [
         x.new_empty(shape if need else (0,), dtype=dtype)
         for shape, dtype, need in zip(shapes, dtypes, needs, strict=True)
-    )
-    return dx, dw, db
+    ]
 
 
-def delayed_backward_step(
+def _delayed_backward(
     grad: Tensor,
     x: Tensor,
     weight: Tensor,
@@ -518,19 +502,63 @@ def delayed_backward_step(
     weight_scale: Tensor | None,
     x_t_values: Tensor | None,
     x_t_scale: Tensor | None,
-    amaxes: Tensor | None,
-    steps: Tensor | None,
+    amaxes: Tensor,
+    steps: Tensor,
     plan_index: int,
     rank: int,
     needs: list[bool],
     bias_dtype: torch.dtype | None,
     record: bool,
 ) -> Grads:
-    """`backward_step` with the history of buffers ``amaxes`` and ``steps`` (None: none) at
-    the column's step: the backward op's warm-up (`warm_up` lays out tensors given first)."""
-    history = history_at(amaxes, steps, column, record)
+    """`backward_step` of a layer with delayed tensor scales: its amax history's buffers
+    ``amaxes`` and ``steps`` read at the column's step and, where its forward recorded
+    (``record``: a training forward), written in place (dy's roles record); never graphed
+    (`check_ungraphed`).  The op's body and its warm-up (the tensors first, as `warm_up`
+    lays them out)."""
     tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
-    return backward_step(*tensors, plan_index, rank, needs, bias_dtype, history=history)
+    check_ungraphed(tensors, *graph_terms(x, weight, _PLANS[plan_index]))
+    history = history_at(amaxes, steps, column, record)
+    dx, dw, db = backward_step(*tensors, plan_index, rank, needs, bias_dtype, history=history)
+    return dx, dw, db
+
+
+# A layer with delayed tensor scales has a backward op of its own, which takes the history's
+# buffers as required arguments and writes them in place (declared, so that the graph orders
+# the writes and functionalization writes the buffers back; AOT autograd keeps a forward
+# input's data mutation in the backward graph where the input needs no gradient, a buffer,
+# after the forward op's mutation of it).  The shared backward op stays as it is: a layer
+# without delayed roles never sees the buffers (a mutated argument that is optional or
+# defaulted is dropped from the positions torch 2.11's version bump reads).
+quantized_linear_delayed_backward = torch.library.custom_op(
+    "stochround::quantized_linear_delayed_backward",
+    _delayed_backward,
+    mutates_args=("amaxes", "steps"),
+)
+
+
+@quantized_linear_delayed_backward.register_fake
+def _(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    column: Tensor,
+    weight_values: Tensor | None,
+    weight_scale: Tensor | None,
+    x_t_values: Tensor | None,
+    x_t_scale: Tensor | None,
+    amaxes: Tensor,
+    steps: Tensor,
+    plan_index: int,
+    rank: int,
+    needs: list[bool],
+    bias_dtype: torch.dtype | None,
+    record: bool,
+) -> Grads:
+    tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
+    rest = (plan_index, rank, needs, bias_dtype, record)
+    warm_up(_delayed_backward, (*tensors, amaxes, steps), *rest)
+    dx, dw, db = gradient_layouts(x, weight, needs, bias_dtype)
+    return dx, dw, db
 
 
 def save_step(ctx: Any, inputs: tuple[Any, ...], kept: tuple[Tensor, ...]) -> None:
@@ -549,19 +577,29 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]
     save_step(ctx, inputs, output[1:])
 
 
+def gradient_needs(ctx: Any) -> list[bool]:
+    """Which of dx, dW and db the backward op computes: those autograd wants (db only where
+    there is a bias)."""
+    needs = [bool(each) for each in ctx.needs_input_grad[:3]]
+    needs[2] = needs[2] and ctx.bias_dtype is not None
+    return needs
+
+
+def wanted(grads: Sequence[Tensor], needs: list[bool]) -> tuple[Tensor | None, ...]:
+    """The backward op's (dx, dW, db) as autograd takes them: None where not wanted (the op
+    gives an empty tensor there)."""
+    return tuple(each if need else None for each, need in zip(grads, needs, strict=True))
+
+
 def _autograd_backward(
     ctx: Any,
     grad: Tensor,
     *kept_grads: object,
-    run: Callable[..., Grads] = quantized_linear_backward,
+    run: Callable[..., list[Tensor]] = quantized_linear_backward,
 ) -> tuple[Tensor | None, ...]:
-    needs = [bool(each) for each in ctx.needs_input_grad[:3]]
-    needs[2] = needs[2] and ctx.bias_dtype is not None
-    # a delayed layer's history buffers and whether its forward recorded (`DelayedMatmul`)
-    history = getattr(ctx, "history", (None, None, False))
-    grads = run(grad, *ctx.saved_tensors, ctx.plan_index, ctx.rank, needs, ctx.bias_dtype, *history)
-    kept = [each if need else None for each, need in zip(grads, needs, strict=True)]
-    return (*kept, None, None, None, None, None)
+    needs = gradient_needs(ctx)
+    grads = run(grad, *ctx.saved_tensors, ctx.plan_index, ctx.rank, needs, ctx.bias_dtype)
+    return (*wanted(grads, needs), None, None, None, None, None)
 
 
 quantized_linear.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -569,11 +607,11 @@ quantized_linear.register_autograd(_autograd_backward, setup_context=_setup_cont
 
 class DelayedMatmul(torch.autograd.Function):
     """A compiled step of a layer with delayed tensor scales: the forward op
-    `quantized_linear_delayed` and the backward op, each reading and writing the layer's
-    amax history buffers, which both take as arguments declared mutated (the graph sees the
-    writes: functionalization writes them back, and Inductor orders the ops that read and
-    write them); y alone is the function's output, the kept operands saved as the
-    registered formula saves them."""
+    `quantized_linear_delayed` and the backward op `quantized_linear_delayed_backward`,
+    each reading and writing the layer's amax history buffers, which both take as required
+    arguments declared mutated (the graph sees the writes: functionalization writes them
+    back, and Inductor orders the ops that read and write them); y alone is the function's
+    output, the kept operands saved as the registered formula saves them."""
 
     @staticmethod
     def forward(ctx: Any, *inputs: Any) -> Tensor:  # type: ignore[override]
@@ -588,7 +626,13 @@ class DelayedMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        return (*_autograd_backward(ctx, grad), None, None, None)
+        needs = gradient_needs(ctx)
+        amaxes, steps, record = ctx.history
+        grads = quantized_linear_delayed_backward(
+            grad, *ctx.saved_tensors, amaxes, steps, ctx.plan_index, ctx.rank, needs,
+            ctx.bias_dtype, record,
+        )  # fmt: skip
+        return (*wanted(grads, needs), *(None,) * 8)
 
 
 class GraphedMatmul(torch.autograd.Function):
@@ -650,9 +694,10 @@ __all__ = [
     "GraphedMatmul",
     "backward_step",
     "check_ungraphed",
-    "delayed_backward_step",
     "delayed_forward_step",
     "forward_step",
+    "gradient_layouts",
+    "gradient_needs",
     "graphed_step",
     "keeps_operands",
     "kept_factor",
@@ -664,9 +709,11 @@ __all__ = [
     "quantized_linear",
     "quantized_linear_backward",
     "quantized_linear_delayed",
+    "quantized_linear_delayed_backward",
     "register_plan",
     "registered_plan",
     "save_step",
+    "wanted",
     "warm_up",
     "zeros_laid_out_as",
 ]
