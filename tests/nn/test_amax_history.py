@@ -8,6 +8,7 @@ bits, a compiled step (the opaque ops) gives eager's, and what is not built rais
 from __future__ import annotations
 
 import copy
+import importlib
 from typing import NamedTuple
 
 import pytest
@@ -270,6 +271,42 @@ def test_what_is_not_built_raises_instead_of_scaling_currently(
     assert float(operand_amax(x, entry.spec, None)) == float(x.abs().amax())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("rht_bf16", [False, True])
+@pytest.mark.parametrize("per_step", [False, True])
+def test_the_rotated_amax_rounds_the_amax_as_the_rotation_rounds_each_value(
+    dtype: torch.dtype, rht_bf16: bool, per_step: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`operand_amax` of an RHT role rounds the fp32 rotation's amax (to a narrow operand's
+    dtype, then to bf16) instead of each rotated value: the bits of the amax of
+    `rht_rotated`'s values (rounding to nearest is monotonic and odd), on values large,
+    tiny and beyond fp16 (NaN, as the rotation of an infinity gives); and, but for float64,
+    neither the core's rounding (whose kernel keeps scratch per stream, in torch.compile's
+    CUDA-graph pool where first asked there) nor the signs' check (a host read, which a
+    capture refuses) runs."""
+    from stochround.blocks import reference
+
+    # the module (`stochround.blocks.hadamard` is also the function's name)
+    hadamard = importlib.import_module("stochround.blocks.hadamard")
+    generator = torch.Generator().manual_seed(5)
+    spec = srnn.QuantSpec("nvfp4", "sr", rht=16, rht_bf16=rht_bf16)
+    signs = sr.blocks.random_signs(16, 9) if per_step else None
+    for scale in (1.0, 2.0**-140, 7e4, 3e38):
+        operand = (torch.randn(8, 64, generator=generator, dtype=torch.float64) * scale).to(dtype)
+        rotated, _ = reference.rht_rotated(operand, 16, signs, -1, rht_bf16)
+        want = reference.absolute_max(rotated.to(torch.float32))
+        if dtype != torch.float64:
+            monkeypatch.setattr(reference, "round_to", None)  # not called
+            monkeypatch.setattr(hadamard, "check_signs", None)
+        got = operand_amax(operand, spec, signs)
+        monkeypatch.undo()
+        assert got.dtype == torch.float32 and got.dim() == 0
+        if want.isnan():  # an operand infinite in fp16: NaN either way (its sign is no bit of it)
+            assert got.isnan(), (scale, got)
+        else:
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (scale, got, want)
+
+
 class RoutedRun(NamedTuple):
     """What `routed_operands` saw: each quantized operand dequantized by (role, step), the
     layer's buffers after the last step, the steps of the tensor-scale (amax) passes (the
@@ -469,7 +506,9 @@ def test_a_compiled_delayed_model_trains_as_eager_byte_for_byte(
 ) -> None:
     """Two delayed layers compiled whole (inductor, fullgraph=True, no graph break; with
     ``mode="reduce-overhead"`` on a GPU: the whole step captured as CUDA graphs, its window
-    decisions on the device; ``checkpointed``: the model in one non-reentrant checkpoint,
+    decisions on the device, nothing the ops' bodies keep made in the graphs' pool by their
+    warm-up run (a rounding kernel's per-stream flag had been) and no host read in the
+    capture; ``checkpointed``: the model in one non-reentrant checkpoint,
     its forward ops recomputed in the backward), three SGD steps on inputs that grow: each
     step's output, x's and the parameters' gradients and every buffer (the steps, the amax
     histories) equal the eager model's byte for byte."""
