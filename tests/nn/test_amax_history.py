@@ -72,7 +72,8 @@ def train(
         optimizer.zero_grad()
         y = model(x)
         y.square().mean().backward()
-        seen += [y.detach(), x.grad.clone()]  # type: ignore[union-attr]
+        # clones: a step captured as CUDA graphs overwrites its outputs at the next step
+        seen += [y.detach().clone(), x.grad.clone()]  # type: ignore[union-attr]
         seen += [parameter.grad.clone() for parameter in model.parameters()]  # type: ignore[union-attr]
         for name, buffer in model.named_buffers():
             if histories or "amax_history" not in name:
