@@ -3,11 +3,12 @@ first step is current scaling's, a later step's operands are quantized with the 
 steps' amax given as the tensor scale, an amax that grows clips, the history resumes from
 a state dict, a checkpoint's recomputation reads its forward's scale, evaluation records
 nothing, the kernels' route (x's and dy's two orientations from one read) gives the spec's
-bits, and what is not built raises."""
+bits, a compiled step (the opaque ops) gives eager's, and what is not built raises."""
 
 from __future__ import annotations
 
 import copy
+import importlib
 from typing import NamedTuple
 
 import pytest
@@ -21,7 +22,7 @@ import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.kernels import blocks as kernel_blocks
 from stochround.kernels import two_orientation
-from stochround.nn import matmul, orientations
+from stochround.nn import matmul, opaque_matmul, orientations
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
@@ -30,7 +31,9 @@ from stochround.nn.amax_history import (
     record_amax,
     window_amax,
 )
+from stochround.nn.linear import COMPILES
 from stochround.nn.operands import Operand, dequantized_operand, quantize_operand
+from stochround.nn.streams import STEP_SHIFT
 
 WIDTH = 64
 TOKENS = 32
@@ -69,7 +72,8 @@ def train(
         optimizer.zero_grad()
         y = model(x)
         y.square().mean().backward()
-        seen += [y.detach(), x.grad.clone()]  # type: ignore[union-attr]
+        # clones: a step captured as CUDA graphs overwrites its outputs at the next step
+        seen += [y.detach().clone(), x.grad.clone()]  # type: ignore[union-attr]
         seen += [parameter.grad.clone() for parameter in model.parameters()]  # type: ignore[union-attr]
         for name, buffer in model.named_buffers():
             if histories or "amax_history" not in name:
@@ -242,21 +246,66 @@ def test_bad_delayed_specs_raise_naming_the_argument(
         srnn.QuantSpec(**kwargs)  # type: ignore[arg-type]
 
 
-def test_what_is_not_built_raises_instead_of_scaling_currently() -> None:
-    """torch.compile, tensor parallelism and the step graphs raise NotImplementedError;
-    an operand quantized without the layer's history raises ValueError."""
+def test_what_is_not_built_raises_instead_of_scaling_currently(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tensor parallelism and the step graphs (eager, or a compiled step's op where they
+    would serve it) raise NotImplementedError; an operand quantized without the layer's
+    history raises ValueError."""
     layer = model_of("delayed")[0]
     x = batches(1)[0]
     column = layer.offsets_column(layer.step)
-    for compiling, sharded, graphed in ((True, False, False), (False, True, False)):
-        with pytest.raises(NotImplementedError, match="not built under"):
-            layer.step_history(x, column, True, compiling, sharded, graphed)
+    with pytest.raises(NotImplementedError, match="not built under tensor parallelism"):
+        layer.step_history(x, column, True, True)
     with pytest.raises(NotImplementedError, match="not built under the step graphs"):
-        layer.step_history(x, column, True, False, False, True)
+        layer.step_history(x, column, True, False, True)
+    monkeypatch.setattr(opaque_matmul.STEP_GRAPHS, "serves", lambda *args: True)
+    assert layer.amax_history is not None and layer.amax_history_steps is not None
+    buffers = (layer.amax_history, layer.amax_history_steps)
+    with pytest.raises(NotImplementedError, match="not built under the step graphs"):
+        opaque_matmul.quantized_linear_delayed(
+            x, layer.weight, None, column, layer.plan_index, -1, False, False, *buffers, True
+        )
     entry = layer.plan.operands["fprop_input"]
     with pytest.raises(ValueError, match="amax history"):
         quantize_operand(x, entry, 0, 0, None)
     assert float(operand_amax(x, entry.spec, None)) == float(x.abs().amax())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("rht_bf16", [False, True])
+@pytest.mark.parametrize("per_step", [False, True])
+def test_the_rotated_amax_rounds_the_amax_as_the_rotation_rounds_each_value(
+    dtype: torch.dtype, rht_bf16: bool, per_step: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`operand_amax` of an RHT role rounds the fp32 rotation's amax (to a narrow operand's
+    dtype, then to bf16) instead of each rotated value: the bits of the amax of
+    `rht_rotated`'s values (rounding to nearest is monotonic and odd), on values large,
+    tiny and beyond fp16 (NaN, as the rotation of an infinity gives); and, but for float64,
+    neither the core's rounding (whose kernel keeps scratch per stream, in torch.compile's
+    CUDA-graph pool where first asked there) nor the signs' check (a host read, which a
+    capture refuses) runs."""
+    from stochround.blocks import reference
+
+    # the module (`stochround.blocks.hadamard` is also the function's name)
+    hadamard = importlib.import_module("stochround.blocks.hadamard")
+    generator = torch.Generator().manual_seed(5)
+    spec = srnn.QuantSpec("nvfp4", "sr", rht=16, rht_bf16=rht_bf16)
+    signs = sr.blocks.random_signs(16, 9) if per_step else None
+    for scale in (1.0, 2.0**-140, 7e4, 3e38):
+        operand = (torch.randn(8, 64, generator=generator, dtype=torch.float64) * scale).to(dtype)
+        rotated, _ = reference.rht_rotated(operand, 16, signs, -1, rht_bf16)
+        want = reference.absolute_max(rotated.to(torch.float32))
+        if dtype != torch.float64:
+            monkeypatch.setattr(reference, "round_to", None)  # not called
+            monkeypatch.setattr(hadamard, "check_signs", None)
+        got = operand_amax(operand, spec, signs)
+        monkeypatch.undo()
+        assert got.dtype == torch.float32 and got.dim() == 0
+        if want.isnan():  # an operand infinite in fp16: NaN either way (its sign is no bit of it)
+            assert got.isnan(), (scale, got)
+        else:
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (scale, got, want)
 
 
 class RoutedRun(NamedTuple):
@@ -270,8 +319,19 @@ class RoutedRun(NamedTuple):
     pairs: list[tuple[int, str]]
 
 
+def offset_step(offset: object) -> int:
+    """The step an operand's stream offset (a one-element int64 tensor) is drawn at: its
+    upper half (`stochround.nn.streams.step_column`)."""
+    assert isinstance(offset, Tensor)
+    return int(offset.reshape(-1)[0]) >> STEP_SHIFT
+
+
 def routed_operands(
-    route: bool, checkpointed: bool, monkeypatch: pytest.MonkeyPatch, frozen: int | None = None
+    route: bool,
+    checkpointed: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    frozen: int | None = None,
+    compiled: bool = False,
 ) -> RoutedRun:
     """Three steps (four with ``frozen``) of one delayed layer on the CUDA route
     (``route``: a GPU, or the interpreter under `cpu_as_cuda`; x's and dy's two
@@ -279,11 +339,16 @@ def routed_operands(
     inputs that grow by 2x a step and given output gradients, with no optimizer step (each
     quantized operand then depends on x, W and dy alone, not on a GEMM's summation order,
     which differs between cuBLAS and the CPU).  ``frozen``: the step at which the weight
-    needs no gradient (no wgrad: fprop's and dgrad's roles record, wgrad's do not)."""
+    needs no gradient (no wgrad: fprop's and dgrad's roles record, wgrad's do not).
+    ``compiled``: the layer under torch.compile (inductor, fullgraph: its opaque ops).
+    Operands are keyed by the step their stream offset is drawn at."""
     torch.manual_seed(0)
     device, context = cuda_route(route)
     layer = model_of("delayed")[0].to(device)
     forward = layer
+    if compiled:
+        torch._dynamo.reset()
+        forward = torch.compile(layer, backend="inductor", fullgraph=True)  # type: ignore[assignment]
     if checkpointed:
         forward = lambda x: checkpoint(layer, x, use_reentrant=False)  # type: ignore[assignment]  # noqa: E731
     run = RoutedRun({}, [], [], [])
@@ -291,7 +356,7 @@ def routed_operands(
 
     def spy(operand: Tensor, entry: Operand, *args: object, **kwargs: object) -> object:
         result = original(operand, entry, *args, **kwargs)  # type: ignore[arg-type]
-        run.operands[entry.role, int(layer.step) - 1] = dequantized_operand(result).cpu()
+        run.operands[entry.role, offset_step(args[1])] = dequantized_operand(result).cpu()
         return result
 
     scale_pass = kernel_blocks.PreparedTensorScale.__call__
@@ -304,7 +369,7 @@ def routed_operands(
 
     def pair_spy(self: orientations.PreparedPair, *args: object) -> object:
         operands = served(self, *args)  # type: ignore[arg-type]
-        step = int(layer.step) - 1
+        step = offset_step(args[2])
         for entry, result in zip(self.roles, operands or (None, None), strict=True):
             if result is not None:  # None: the step refused, each orientation apart
                 run.operands[entry.role, step] = dequantized_operand(result).cpu()
@@ -385,3 +450,81 @@ def test_a_pair_whose_windows_disagree_quantizes_each_orientation_apart(
     assert {step for step, _ in kernels.pairs} == {0, 3}
     assert sorted(set(kernels.passes)) == [0, 2]
     assert_same_run(kernels, spec, {0, 1, 2, 3})
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.usefixtures("no_step_graphs")
+@pytest.mark.parametrize("route", [False, True], ids=["cpu", "cuda_route"])
+def test_a_compiled_layer_quantizes_eagers_operands_and_records_its_amaxes(
+    route: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three steps of one delayed layer compiled (inductor, fullgraph: the opaque ops, the
+    history's buffers their arguments) on the CPU path and on the CUDA route (a GPU, or the
+    interpreter): every quantized operand by role and step and the buffers (the recorded
+    amaxes and their steps) are the eager layer's, bit for bit (on the CUDA route the
+    eager layer's pair and windows against the ops' separate operands and device windows:
+    the same bits)."""
+    compiled = routed_operands(route, False, monkeypatch, compiled=True)
+    eager = routed_operands(route, False, monkeypatch)
+    assert_same_run(compiled, eager, {0, 1, 2})
+
+
+class Checkpointed(nn.Module):
+    """``module`` in one non-reentrant activation checkpoint."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: Tensor) -> Tensor:
+        return checkpoint(self.module, x, use_reentrant=False)  # type: ignore[no-any-return]
+
+
+def relu_model(device: torch.device) -> nn.Sequential:
+    """`model_of`'s delayed model with a ReLU between its layers: inductor computes ReLU as
+    eager does (its GELU is not eager's bit for bit), so a compiled step equals eager's."""
+    model = model_of("delayed")
+    model[1] = nn.ReLU()
+    return model.to(device)
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.usefixtures("no_step_graphs")
+@pytest.mark.parametrize(
+    ("route", "mode", "checkpointed"),
+    [
+        (False, None, False),
+        (False, None, True),
+        (True, None, False),
+        pytest.param(True, "reduce-overhead", False, marks=pytest.mark.gpu),
+    ],
+    ids=["cpu", "cpu_checkpointed", "cuda_route", "cuda_graphs"],
+)
+def test_a_compiled_delayed_model_trains_as_eager_byte_for_byte(
+    route: bool, mode: str | None, checkpointed: bool
+) -> None:
+    """Two delayed layers compiled whole (inductor, fullgraph=True, no graph break; with
+    ``mode="reduce-overhead"`` on a GPU: the whole step captured as CUDA graphs, its window
+    decisions on the device, nothing the ops' bodies keep made in the graphs' pool by their
+    warm-up run (a rounding kernel's per-stream flag had been) and no host read in the
+    capture; ``checkpointed``: the model in one non-reentrant checkpoint,
+    its forward ops recomputed in the backward), three SGD steps on inputs that grow: each
+    step's output, x's and the parameters' gradients and every buffer (the steps, the amax
+    histories) equal the eager model's byte for byte."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    device, context = cuda_route(route)
+    inputs = [x.to(device) for x in batches(3, growth=2.0)]
+    eager, model = relu_model(device), relu_model(device)
+    if checkpointed:
+        model = nn.Sequential(Checkpointed(model))
+    compiled = torch.compile(model, backend="inductor", fullgraph=True, mode=mode)
+    counters.clear()
+    with context:
+        got = train(compiled, inputs)
+        want = train(eager, inputs)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert_same_tensors(got, want)

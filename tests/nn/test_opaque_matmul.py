@@ -183,6 +183,29 @@ def test_a_plans_key_is_the_same_in_every_process() -> None:
     assert printed == {f"{nvfp4} {fp8}\n"}
 
 
+def test_no_op_mutates_an_optional_or_defaulted_argument() -> None:
+    """Every stochround op's mutated arguments are required tensors, and the shared backward
+    op mutates nothing: torch 2.11 bumps a mutated argument's version by its position in
+    the arguments as called, without filling defaults, so a defaulted mutated argument left
+    out had broken every compiled layer's backward (IndexError); a delayed layer's buffers
+    go to its own ops (`quantized_linear_delayed`, `quantized_linear_delayed_backward`)."""
+    mutated = {}
+    for name in torch.ops.stochround:
+        for overload in getattr(torch.ops.stochround, name).overloads():
+            schema = getattr(getattr(torch.ops.stochround, name), overload)._schema
+            written = [
+                arg for arg in schema.arguments if arg.alias_info and arg.alias_info.is_write
+            ]
+            for arg in written:
+                assert isinstance(arg.type, torch.TensorType), (name, arg)
+                assert not arg.has_default_value(), (name, arg)
+            mutated[name] = [arg.name for arg in written]
+    assert mutated["quantized_linear_backward"] == []
+    assert mutated["quantized_linear"] == []
+    assert mutated["quantized_linear_delayed"] == ["amaxes", "steps"]
+    assert mutated["quantized_linear_delayed_backward"] == ["amaxes", "steps"]
+
+
 def graphed_steps(
     name: str, route: bool, needs: tuple[bool, bool], step: str, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[Tensor], list[tuple[Tensor | None, ...]]]:

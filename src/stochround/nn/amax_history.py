@@ -31,7 +31,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..blocks.hadamard import hadamard_fp32
 from ..blocks.reference import absolute_max, rht_rotated
+from ..blocks.request import default_signs
 from ..blocks.scales import TensorScale, nvfp4_tensor_scales
 from .recipes import ROLES, QuantSpec
 from .streams import column_step as device_column_step
@@ -115,6 +117,15 @@ class AmaxHistory(NamedTuple):
     host_step: int = -1
 
 
+def history_at(amaxes: Tensor, steps: Tensor, column: Tensor, record: bool) -> AmaxHistory:
+    """The history of buffers ``amaxes`` and ``steps`` at the step of the stream offsets
+    ``column`` (`stochround.nn.streams.column_step`), recording where ``record``, without
+    the host's copy (every decision on the device: the spec's route).  What a compiled
+    delayed layer's opaque ops read, which take the buffers as arguments
+    (`stochround.nn.opaque_matmul`)."""
+    return AmaxHistory(amaxes, steps, device_column_step(column), record)
+
+
 def history_width(specs: Iterable[QuantSpec]) -> int:
     """The columns of a layer's history buffers: one more than the longest
     ``amax_history`` of its delayed roles (a step's own column besides its window), 0
@@ -142,11 +153,29 @@ def window_amax(history: AmaxHistory, role: str, length: int) -> Tensor:
 def operand_amax(operand: Tensor, spec: QuantSpec, signs: Tensor | None) -> Tensor:
     """max |x| of the values NVFP4's tensor scale is computed from (0-d fp32), the amax
     "amax" takes: the 2-D operand rotated along its last axis by the spec's RHT (``signs``:
-    per-step signs, None: the fixed ones; rounded to bf16 with ``rht_bf16``), in fp32."""
-    rotated, _ = rht_rotated(operand, spec.rht, signs if spec.rht else None, -1, spec.rht_bf16)
-    if rotated.dtype == torch.float64:  # as the quantizer scales it: in fp32
-        rotated = rotated.to(torch.float32)
-    return absolute_max(rotated)
+    per-step signs, None: the fixed ones), as `rht_rotated` rotates it (in fp32, rounded to
+    nearest-even to a bf16 or fp16 operand's dtype, then to bf16 with ``rht_bf16``), in
+    fp32.  Each rounding is applied to the amax instead of to every rotated value:
+    rounding to nearest is monotonic and odd, so the rounded values' largest magnitude is
+    the rounded largest magnitude (the same bits, NaN kept), and a cast rounds an fp32 to
+    nearest-even as the core's rounding does (never traced: eager steps and the compiled
+    layer's opaque ops run it).  So no rounding kernel runs, whose per-stream scratch, made
+    in torch.compile's CUDA-graph warm-up (``mode="reduce-overhead"``), would stay in the
+    graphs' pool, and nothing reads the device (`hadamard_fp32` is unchecked), which a
+    CUDA-graph capture refuses.  A float64 operand is rotated in float64 (`rht_rotated`)."""
+    if spec.rht is None:
+        return absolute_max(operand)
+    if operand.dtype == torch.float64:
+        rotated, _ = rht_rotated(operand, spec.rht, signs, -1, spec.rht_bf16)
+        return absolute_max(rotated)
+    if signs is None:
+        signs = default_signs(spec.rht, operand.device)
+    amax = absolute_max(hadamard_fp32(operand.float(), spec.rht, signs))
+    if operand.dtype != torch.float32:  # bf16 or fp16: the rotation rounded back to it
+        amax = amax.to(operand.dtype)
+    if spec.rht_bf16:
+        amax = amax.to(torch.bfloat16)
+    return amax.to(torch.float32)
 
 
 def delayed_tensor_scale(
@@ -248,6 +277,7 @@ __all__ = [
     "delayed_operand_scale",
     "delayed_tensor_scale",
     "empty_history",
+    "history_at",
     "history_width",
     "kernel_scale",
     "operand_amax",

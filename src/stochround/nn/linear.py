@@ -67,6 +67,7 @@ from .layer_plan import (
 )
 from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
 from .opaque_matmul import (
+    DelayedMatmul,
     GraphedMatmul,
     graphed_step,
     keeps_operands,
@@ -292,21 +293,28 @@ class QuantizedLinear(nn.Linear):
         if column is None:  # no training forward: the counter read, not advanced
             column = self.offsets_column(counter)
         graphed = not compiling and wrap is None and graphed_step(tokens, weight, plan)
-        history = self.step_history(x, column, record, compiling, wrap is not None, graphed)
         wgrad, dgrad = "wgrad" in gemms, "dgrad" in gemms
         if compiling:  # two opaque ops: eager's host cost, eager's bits
             # (y, and the operands the backward reuses, which autograd keeps, where the
             # step graphs will not serve the step: decided as it is traced)
             keep = keeps_operands(tokens, weight, plan)
-            out = quantized_linear(
-                tokens, weight, bias, column, self.plan_index, rank, wgrad and keep, dgrad and keep
-            )[0]
+            args = (tokens, weight, bias, column, self.plan_index, rank)
+            kept = (wgrad and keep, dgrad and keep)
+            if self.amax_history is None or self.amax_history_steps is None:
+                out = quantized_linear(*args, *kept)[0]
+            else:  # the history's buffers given to both ops, which write them in place
+                # (not keeping: the step graphs will serve the step)
+                self.check_delayed_route(wrap is not None, not keep)
+                buffers = (self.amax_history, self.amax_history_steps)
+                out = DelayedMatmul.apply(*args, *kept, *buffers, record)
         elif graphed:  # the steps as CUDA graphs
+            self.check_delayed_route(False, True)
             # nothing kept for the backward (`keeps_operands`)
             out = GraphedMatmul.apply(
                 tokens, weight, bias, column, self.plan_index, rank, False, False
             )
         else:
+            history = self.step_history(x, column, record, wrap is not None)
             out = QuantizedMatmul.apply(
                 tokens, weight, bias, column, plan, wgrad, dgrad, prepared, history
             )
@@ -316,36 +324,42 @@ class QuantizedLinear(nn.Linear):
         y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
         return y if wrap is None else wrap(y)
 
-    def step_history(
-        self,
-        x: Tensor,
-        column: Tensor,
-        record: bool,
-        compiling: bool,
-        sharded: bool,
-        graphed: bool = False,
-    ) -> AmaxHistory | None:
-        """The layer's amax history at the step of ``column`` (None where no role has a
-        delayed tensor scale), recording where ``record`` (a training forward).  On the
-        kernels' route, with the layer's `HostWindows` (made from the buffers where it has
-        none: one synchronization) and the step as the host knows it.  NotImplementedError,
-        naming what is missing, under torch.compile, tensor parallelism and the step
-        graphs (``graphed``)."""
-        if self.amax_history is None or self.amax_history_steps is None:
-            return None
+    def check_delayed_route(self, sharded: bool, graphed: bool) -> None:
+        """NotImplementedError, naming what is missing, for a delayed layer's step under
+        tensor parallelism (``sharded``) or the step graphs (``graphed``: an eager step
+        they serve, or a compiled step traced to be served by them at run time); nothing
+        for a layer without delayed roles."""
+        if self.amax_history is None:
+            return
         missing = None
-        if compiling:
-            missing = "under torch.compile"
-        elif sharded:
+        if sharded:
             missing = "under tensor parallelism"
         elif graphed:
             missing = "under the step graphs (CUDA graphs of eager steps)"
         if missing is not None:
             raise NotImplementedError(
-                f"tensor_scale='delayed' is not built {missing} yet: it runs eagerly "
-                "(docs/guide/recipes.md, 'Delayed tensor scales'); use tensor_scale='amax' "
-                "there"
+                f"tensor_scale='delayed' is not built {missing} yet: it runs eagerly and "
+                "under torch.compile with the step graphs off (docs/guide/recipes.md, "
+                "'Delayed tensor scales'); use tensor_scale='amax' there"
             )
+
+    def step_history(
+        self,
+        x: Tensor,
+        column: Tensor,
+        record: bool,
+        sharded: bool,
+        graphed: bool = False,
+    ) -> AmaxHistory | None:
+        """The layer's amax history at the step of ``column`` (None where no role has a
+        delayed tensor scale), recording where ``record`` (a training forward), for an
+        eager step.  On the kernels' route, with the layer's `HostWindows` (made from the
+        buffers where it has none: one synchronization) and the step as the host knows
+        it.  NotImplementedError under tensor parallelism and the step graphs
+        (`check_delayed_route`)."""
+        if self.amax_history is None or self.amax_history_steps is None:
+            return None
+        self.check_delayed_route(sharded, graphed)
         steps = self.amax_history_steps
         history = AmaxHistory(self.amax_history, steps, column_step(column), record)
         if not on_kernel_device(x):

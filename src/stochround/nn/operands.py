@@ -339,7 +339,10 @@ def quantize_operand(
             result = prepared(operand, *stream, given.scales, given.record)
             record_kernel_amax(history, entry.role, given.record)
         elif delayed:
-            tensor_scale = delayed_operand_scale(operand, entry.role, spec, signs, history)
+            # the launch's fixed signs where there are no per-step ones: made with it, outside
+            # torch.compile's CUDA-graph pool (the spec's route under ``mode="reduce-overhead"``)
+            rotation = prepared.signs if signs is None else signs
+            tensor_scale = delayed_operand_scale(operand, entry.role, spec, rotation, history)
             result = prepared(
                 operand, *stream, torch.stack(tuple(tensor_scale)), record_sink(operand)
             )
