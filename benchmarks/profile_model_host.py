@@ -41,12 +41,16 @@ def python_events(trace: Path) -> list[dict]:
     return [e for e in calls if e.get("tid") in stepping]
 
 
-def self_and_total(events: list[dict]) -> tuple[dict[str, float], dict[str, float]]:
-    """Each function's (self, total) microseconds: per thread, an event's self time is its
-    duration less its direct children's (events nest by time); a function's total counts
-    only its outermost calls, so that recursion is not counted twice."""
+def self_and_total(
+    events: list[dict],
+) -> tuple[dict[str, float], dict[str, float], dict[str, int]]:
+    """Each function's (self, total) microseconds and its calls: per thread, an event's
+    self time is its duration less its direct children's (events nest by time); a
+    function's total counts only its outermost calls, so that recursion is not counted
+    twice."""
     own: dict[str, float] = defaultdict(float)
     total: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
     by_thread: dict[object, list[dict]] = defaultdict(list)
     for event in events:
         by_thread[event.get("tid")].append(event)
@@ -58,13 +62,14 @@ def self_and_total(events: list[dict]) -> tuple[dict[str, float], dict[str, floa
             while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= until:
                 closed, children = stack.pop()
                 own[closed["name"]] += closed["dur"] - children
+                calls[closed["name"]] += 1
                 if all(outer["name"] != closed["name"] for outer, _ in stack):
                     total[closed["name"]] += closed["dur"]
                 if stack:
                     stack[-1][1] += closed["dur"]
             if event is not None:
                 stack.append([event, 0.0])
-    return own, total
+    return own, total, calls
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.json"
         prof.export_chrome_trace(str(trace))
-        own, total = self_and_total(python_events(trace))
-    print(f"{args.variant} {args.how} on {args.device}: Python functions, us a step")
+        own, total, calls = self_and_total(python_events(trace))
+    print(f"{args.variant} {args.how} on {args.device}: Python functions, us and calls a step")
     for title, figures in (("self", own), ("total", total)):
         print(f"-- by {title} time")
         chosen = [(name, us) for name, us in figures.items() if args.match in name]
         for name, us in sorted(chosen, key=lambda item: -item[1])[: args.top]:
-            print(f"{us / args.steps:10.1f}  {name[:110]}")
+            print(f"{us / args.steps:10.1f} {calls[name] // args.steps:6d}x  {name[:100]}")
     return 0
 
 
