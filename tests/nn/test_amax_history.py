@@ -22,11 +22,14 @@ import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.kernels import blocks as kernel_blocks
 from stochround.kernels import two_orientation
-from stochround.nn import matmul, opaque_matmul, orientations
+from stochround.nn import amax_history, matmul, opaque_matmul, orientations
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
+    HostRoute,
     empty_history,
+    host_copy,
+    op_history,
     operand_amax,
     record_amax,
     window_amax,
@@ -311,12 +314,14 @@ def test_the_rotated_amax_rounds_the_amax_as_the_rotation_rounds_each_value(
 class RoutedRun(NamedTuple):
     """What `routed_operands` saw: each quantized operand dequantized by (role, step), the
     layer's buffers after the last step, the steps of the tensor-scale (amax) passes (the
-    separate operands' and the pair's), and the roles of each pair launch by step."""
+    separate operands' and the pair's launches, the spec's `operand_amax`), the roles of
+    each pair launch by step, and the layer's host copy of its history (`HostCopy`)."""
 
     operands: dict[tuple[str, int], Tensor]
     buffers: list[Tensor]
     passes: list[int]
     pairs: list[tuple[int, str]]
+    copy: object = None  # the layer's `HostCopy` after the run
 
 
 def offset_step(offset: object) -> int:
@@ -332,38 +337,63 @@ def routed_operands(
     monkeypatch: pytest.MonkeyPatch,
     frozen: int | None = None,
     compiled: bool = False,
+    *,
+    steps: int = 3,
+    eager_steps: int = 0,
+    captured_at: int | None = None,
 ) -> RoutedRun:
-    """Three steps (four with ``frozen``) of one delayed layer on the CUDA route
+    """``steps`` steps of one delayed layer on the CUDA route
     (``route``: a GPU, or the interpreter under `cpu_as_cuda`; x's and dy's two
     orientations from one read where the pair serves them) or the CPU path, on given
     inputs that grow by 2x a step and given output gradients, with no optimizer step (each
     quantized operand then depends on x, W and dy alone, not on a GEMM's summation order,
     which differs between cuBLAS and the CPU).  ``frozen``: the step at which the weight
     needs no gradient (no wgrad: fprop's and dgrad's roles record, wgrad's do not).
-    ``compiled``: the layer under torch.compile (inductor, fullgraph: its opaque ops).
-    Operands are keyed by the step their stream offset is drawn at."""
+    ``compiled``: the layer under torch.compile (inductor, fullgraph: its opaque ops), but
+    for its first ``eager_steps`` steps; ``captured_at``: from that step on the ops' bodies
+    run as inside a CUDA-graph capture (`amax_history.stream_capturing` says so).
+    Operands are keyed by the step their stream offset is drawn at; amax passes (the
+    kernels' tensor-scale launch, the pair's amax launch, the spec's `operand_amax`) by the
+    layer's step."""
     torch.manual_seed(0)
     device, context = cuda_route(route)
     layer = model_of("delayed")[0].to(device)
-    forward = layer
-    if compiled:
+    forward: nn.Module = Checkpointed(layer) if checkpointed else layer
+    if compiled:  # a checkpoint compiled with the layer: its forward op recomputed
         torch._dynamo.reset()
-        forward = torch.compile(layer, backend="inductor", fullgraph=True)  # type: ignore[assignment]
-    if checkpointed:
-        forward = lambda x: checkpoint(layer, x, use_reentrant=False)  # type: ignore[assignment]  # noqa: E731
+        forward = torch.compile(forward, backend="inductor", fullgraph=True)  # type: ignore[assignment]
     run = RoutedRun({}, [], [], [])
     original = matmul.quantize_operand
+    # the compiled ops' warm-ups (on zeros, as torch.compile traces them) are not steps
+    warming = [False]
+    warm_up = opaque_matmul.warm_up
+
+    def warm_up_unseen(*args: object) -> object:
+        warming[0] = True
+        try:
+            return warm_up(*args)  # type: ignore[arg-type]
+        finally:
+            warming[0] = False
 
     def spy(operand: Tensor, entry: Operand, *args: object, **kwargs: object) -> object:
         result = original(operand, entry, *args, **kwargs)  # type: ignore[arg-type]
-        run.operands[entry.role, offset_step(args[1])] = dequantized_operand(result).cpu()
+        if not warming[0]:
+            run.operands[entry.role, offset_step(args[1])] = dequantized_operand(result).cpu()
         return result
+
+    def count_pass() -> None:
+        if not warming[0]:
+            run.passes.append(int(layer.step) - 1)
 
     scale_pass = kernel_blocks.PreparedTensorScale.__call__
 
     def counted(self: object, *args: object, **kwargs: object) -> object:
-        run.passes.append(int(layer.step) - 1)
+        count_pass()
         return scale_pass(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def spec_pass(*args: object) -> Tensor:
+        count_pass()
+        return operand_amax(*args)  # type: ignore[arg-type]
 
     served = orientations.PreparedPair.__call__
 
@@ -371,7 +401,7 @@ def routed_operands(
         operands = served(self, *args)  # type: ignore[arg-type]
         step = offset_step(args[2])
         for entry, result in zip(self.roles, operands or (None, None), strict=True):
-            if result is not None:  # None: the step refused, each orientation apart
+            if result is not None and not warming[0]:  # None: each orientation apart
                 run.operands[entry.role, step] = dequantized_operand(result).cpu()
                 run.pairs.append((step, entry.role))
         return operands
@@ -380,23 +410,28 @@ def routed_operands(
 
     def pair_pass(self: two_orientation.PreparedTwoOrientations, *args: object) -> object:
         if self.tensor_scales and (len(args) < 6 or args[5] is None):  # no scales given
-            run.passes.append(int(layer.step) - 1)  # the pair's amax launch runs
+            count_pass()  # the pair's amax launch runs
         return pair_kernel(self, *args)  # type: ignore[arg-type]
 
+    capturing = [False]
+    monkeypatch.setattr(opaque_matmul, "warm_up", warm_up_unseen)
     monkeypatch.setattr(matmul, "quantize_operand", spy)
     monkeypatch.setattr(kernel_blocks.PreparedTensorScale, "__call__", counted)
+    monkeypatch.setattr(amax_history, "operand_amax", spec_pass)
     monkeypatch.setattr(orientations.PreparedPair, "__call__", pair_spy)
     monkeypatch.setattr(two_orientation.PreparedTwoOrientations, "__call__", pair_pass)
+    monkeypatch.setattr(amax_history, "stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(orientations, "SERVES_STEPS", True)
-    steps = 3 if frozen is None else 4
     grads = batches(steps, growth=0.5)
     with context:
         for step, (x, grad) in enumerate(zip(batches(steps, growth=2.0), grads[::-1], strict=True)):
             layer.weight.requires_grad_(step != frozen)
-            forward(x.to(device).requires_grad_()).backward(grad.to(device))
+            capturing[0] = captured_at is not None and step >= captured_at
+            call = layer if step < eager_steps else forward
+            call(x.to(device).requires_grad_()).backward(grad.to(device))
     monkeypatch.undo()
     run.buffers.extend(buffer.cpu() for buffer in layer.buffers())
-    return run
+    return run._replace(copy=host_copy(layer.amax_history))  # type: ignore[arg-type]
 
 
 def assert_same_run(kernels: RoutedRun, spec: RoutedRun, steps: set[int]) -> None:
@@ -437,17 +472,18 @@ def test_the_kernels_route_gives_the_specs_bits_without_an_amax_pass(
 
 
 @pytest.mark.usefixtures("no_step_graphs")
-def test_a_pair_whose_windows_disagree_quantizes_each_orientation_apart(
+def test_a_pair_whose_windows_disagree_takes_the_specs_scales(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A step without wgrad (the weight frozen at step 1) records fprop's and dgrad's roles
     but not wgrad's: at step 2 (a history of 1) x's and dy's row-wise windows hold step
-    1's amax and their column-wise ones nothing, so each orientation is quantized on its
-    own (wgrad's roles by current scaling's amax pass); at step 3 the pair serves again,
-    with given scales.  Every operand and the buffers are the spec's, bit for bit."""
-    kernels = routed_operands(True, False, monkeypatch, frozen=1)
-    spec = routed_operands(False, False, monkeypatch, frozen=1)
-    assert {step for step, _ in kernels.pairs} == {0, 3}
+    1's amax and their column-wise ones nothing, so the pair takes both roles' scales as
+    the spec computes them on the device (an amax pass over each orientation: wgrad's
+    roles by current scaling); at step 3 the host decides again, with given scales.
+    Every operand and the buffers are the spec's, bit for bit."""
+    kernels = routed_operands(True, False, monkeypatch, frozen=1, steps=4)
+    spec = routed_operands(False, False, monkeypatch, frozen=1, steps=4)
+    assert {step for step, _ in kernels.pairs} == {0, 2, 3}
     assert sorted(set(kernels.passes)) == [0, 2]
     assert_same_run(kernels, spec, {0, 1, 2, 3})
 
@@ -462,12 +498,99 @@ def test_a_compiled_layer_quantizes_eagers_operands_and_records_its_amaxes(
     """Three steps of one delayed layer compiled (inductor, fullgraph: the opaque ops, the
     history's buffers their arguments) on the CPU path and on the CUDA route (a GPU, or the
     interpreter): every quantized operand by role and step and the buffers (the recorded
-    amaxes and their steps) are the eager layer's, bit for bit (on the CUDA route the
-    eager layer's pair and windows against the ops' separate operands and device windows:
-    the same bits)."""
+    amaxes and their steps) are the eager layer's, bit for bit, and so is the route: the
+    ops' bodies decide on the host from the layer's host copy as the eager step does, so
+    on the CUDA route no amax pass runs after the first step and x's and dy's orientations
+    come from one read (the pair) at every step; on the CPU path, the spec's amax pass at
+    every step, as eagerly."""
     compiled = routed_operands(route, False, monkeypatch, compiled=True)
     eager = routed_operands(route, False, monkeypatch)
     assert_same_run(compiled, eager, {0, 1, 2})
+    assert sorted(compiled.passes) == sorted(eager.passes)
+    assert sorted(compiled.pairs) == sorted(eager.pairs)
+    if route:
+        assert [step for step in compiled.passes if step > 0] == []
+        assert {step for step, _ in compiled.pairs} == {0, 1, 2}
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.usefixtures("no_step_graphs")
+def test_a_compiled_layer_finds_its_recomputations_step_by_its_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the CUDA route, in one non-reentrant checkpoint, a compiled layer's forward op
+    run again in the backward (recording nothing new) and its backward op take their
+    forward's step from the host copy, by the offsets column the forward registered:
+    every operand by role and step, the buffers and the pairs are the eager layer's, and
+    no amax pass runs after the first step.  (Several forwards before their backwards do
+    not compile yet: AOT autograd saves the history's buffers for the backward and refuses
+    them once a later forward wrote them, main's compiled route alike.)"""
+    compiled = routed_operands(True, True, monkeypatch, compiled=True)
+    eager = routed_operands(True, True, monkeypatch)
+    assert_same_run(compiled, eager, {0, 1, 2})
+    assert sorted(compiled.pairs) == sorted(eager.pairs)
+    assert [step for step in compiled.passes if step > 0] == []
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.usefixtures("no_step_graphs")
+def test_a_layer_stepped_eagerly_then_compiled_keeps_one_host_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One layer's host copy serves its eager steps and its compiled ops alike: two eager
+    steps on the CUDA route, then compiled ones (whose trace runs the ops' warm-up on
+    zeros, which must not advance or mark the copy): every operand, the buffers and the
+    pairs are an eager run's, no amax pass after the first step, and the copy counted
+    every step once."""
+    mixed = routed_operands(True, False, monkeypatch, compiled=True, eager_steps=2, steps=4)
+    eager = routed_operands(True, False, monkeypatch, steps=4)
+    assert_same_run(mixed, eager, {0, 1, 2, 3})
+    assert sorted(mixed.pairs) == sorted(eager.pairs)
+    assert [step for step in mixed.passes if step > 0] == []
+    copy = mixed.copy
+    assert isinstance(copy, amax_history.HostCopy) and copy.windows is not None
+    assert copy.windows.step == 4 and HostRoute.on
+
+
+@pytest.mark.compiles
+@pytest.mark.skipif(not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11")
+@pytest.mark.usefixtures("no_step_graphs")
+def test_a_captured_history_takes_the_devices_decisions_for_good(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a compiled op's body runs inside a CUDA-graph capture (torch.compile's
+    ``mode="reduce-overhead"`` recording a step, simulated here: `stream_capturing` says
+    so from step 1 on), its history's host copy is marked captured and left: the replays
+    run no Python, so each later step decides on the device (an amax pass per delayed
+    operand, the pair given the scales), with the same bits.  The eager layer's operands
+    and buffers, the host copy's step left at the capture's."""
+    captured = routed_operands(True, False, monkeypatch, compiled=True, captured_at=1)
+    eager = routed_operands(True, False, monkeypatch)
+    assert_same_run(captured, eager, {0, 1, 2})
+    assert sorted(captured.pairs) == sorted(eager.pairs)
+    assert {1, 2} <= set(captured.passes)
+    copy = captured.copy
+    assert isinstance(copy, amax_history.HostCopy) and copy.captured
+    assert copy.windows is not None and copy.windows.step == 1
+
+
+def test_a_history_no_layer_registered_turns_the_host_route_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An op given history buffers that no layer registered (a copy the compiler made of
+    them, where it did not write them in place) cannot tell their layer's host copy: it
+    warns, turns the host route off for every history (the device's decisions from then
+    on, eager steps included: the same bits) and reads the buffers on the device."""
+    monkeypatch.setattr(HostRoute, "on", True)
+    amaxes, steps = empty_history(2, "cpu")
+    column = torch.zeros(8, 1, dtype=torch.int64)
+    _, context = cuda_route()
+    with context, pytest.warns(RuntimeWarning, match="no QuantizedLinear registered"):
+        history = op_history(amaxes, steps, column, True, "forward")
+    assert history.host is None and not HostRoute.on
+    assert host_copy(amaxes) is None
 
 
 class Checkpointed(nn.Module):
@@ -498,9 +621,10 @@ def relu_model(device: torch.device) -> nn.Sequential:
         (False, None, False),
         (False, None, True),
         (True, None, False),
+        (True, None, True),
         pytest.param(True, "reduce-overhead", False, marks=pytest.mark.gpu),
     ],
-    ids=["cpu", "cpu_checkpointed", "cuda_route", "cuda_graphs"],
+    ids=["cpu", "cpu_checkpointed", "cuda_route", "cuda_route_checkpointed", "cuda_graphs"],
 )
 def test_a_compiled_delayed_model_trains_as_eager_byte_for_byte(
     route: bool, mode: str | None, checkpointed: bool

@@ -23,10 +23,13 @@ there and keeps it).  All of it runs on the device: the host reads no value.
 
 from __future__ import annotations
 
+import contextlib
+import typing
+import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -35,6 +38,7 @@ from ..blocks.hadamard import hadamard_fp32
 from ..blocks.reference import absolute_max, rht_rotated
 from ..blocks.request import default_signs
 from ..blocks.scales import TensorScale, nvfp4_tensor_scales
+from ..kernels.availability import on_kernel_device
 from .recipes import ROLES, QuantSpec
 from .streams import column_step as device_column_step
 
@@ -54,8 +58,9 @@ class HostWindows:
     reading the device: the layer's step (its counter's value) and, by role, the steps the
     role recorded at (the latest ``width``: those the buffers hold).  Made from the buffers
     (`from_buffers`: one synchronization, at a layer's first kernels' step and after a
-    state dict loads), then kept by the layer as its steps advance and record; a
-    recomputed forward's step is found by its column (`column_step`), which its original
+    state dict loads), then kept as the layer's steps advance and record (`HostCopy`
+    holds it, for the eager step and the compiled ops alike); a recomputed forward's step,
+    and a compiled backward's, is found by its column (`column_step`), which its original
     forward registered (`take_step`)."""
 
     def __init__(self, step: int, recorded: dict[str, list[int]], width: int) -> None:
@@ -66,8 +71,9 @@ class HostWindows:
         self.columns: dict[int, tuple[weakref.ref[Tensor], int]] = {}
 
     @classmethod
-    def from_buffers(cls, counter: Tensor, steps: Tensor) -> HostWindows:
-        """The host's copy of the counter and the ``steps`` buffer (one synchronization)."""
+    def from_buffers(cls, counter: Tensor | int, steps: Tensor) -> HostWindows:
+        """The host's copy of the counter (the next training forward's step) and the
+        ``steps`` buffer (one synchronization)."""
         rows = steps.tolist()
         recorded = {
             role: [step for step in rows[row] if step >= 0] for role, row in ROLE_ROWS.items()
@@ -81,15 +87,21 @@ class HostWindows:
         self.step += 1
         if len(self.columns) >= HOST_COLUMNS:
             self.columns.clear()
-        self.columns[id(column)] = (weakref.ref(column), step)
+        self.columns[column.data_ptr()] = (weakref.ref(column), step)
         return step
 
     def column_step(self, column: Tensor) -> int:
-        """The step of a column a recomputation reads again: registered by its forward
-        (`take_step`), else read from the device (one synchronization)."""
-        known = self.columns.get(id(column))
-        if known is not None and known[0]() is column:
-            return known[1]
+        """The step of a column a recomputation or a compiled backward reads again:
+        registered by its forward (`take_step`), else read from the device (one
+        synchronization).  Found by its memory, not its Python object (AOT autograd may
+        hand a compiled backward another tensor of the same memory): a column registered
+        and still alive at that address is this one (no other tensor can hold its memory
+        meanwhile; a column is never written in place)."""
+        known = self.columns.get(column.data_ptr())
+        if known is not None:
+            registered = known[0]()
+            if registered is not None and registered.data_ptr() == column.data_ptr():
+                return known[1]
         return int(device_column_step(column))
 
     def window_recorded(self, role: str, step: int, length: int) -> bool:
@@ -101,6 +113,178 @@ class HostWindows:
         """``role`` recorded at ``step`` (once: a recomputation's record is the same one)."""
         if step not in self.recorded[role]:
             self.recorded[role].append(step)
+
+
+class HostCopy:
+    """What the host keeps of one history (`HOST_COPIES`, by the memory of its ``amaxes``
+    buffer): its `HostWindows` (None: made from the buffers at the next step that can make
+    it) and whether a CUDA-graph capture has recorded a step of it (``captured``: its
+    replays write the buffers with no Python running, so the host's copy would fall
+    behind them: the device's decisions from then on, for good)."""
+
+    def __init__(self, amaxes: Tensor) -> None:
+        self.buffer = weakref.ref(amaxes)
+        self.windows: HostWindows | None = None
+        self.captured = False
+
+    def holds(self, amaxes: Tensor) -> bool:
+        """Whether ``amaxes`` is this copy's buffer or a tensor of its memory (a buffer
+        alive at an address is the only tensor memory there, but for its aliases)."""
+        buffer = self.buffer()
+        return buffer is not None and buffer.data_ptr() == amaxes.data_ptr()
+
+
+# every layer's host copy of its history, by the address of its ``amaxes`` buffer: the
+# compiled ops are given the buffers (the same memory, not always the same Python object:
+# AOT autograd hands the backward another tensor of it), never the layer; weakly held, so
+# a dropped layer frees its buffers, and a copy whose buffer died is dropped when found
+HOST_COPIES: dict[int, HostCopy] = {}
+
+
+class HostRoute:
+    """Whether any history may take the host's decisions: off for the rest of the process
+    once a compiled delayed op was given a history buffer no layer registered (a copy of
+    it, where the compiler did not write a mutated argument in place, or a buffer swapped
+    without its layer's knowledge): its writes would leave that layer's copy behind.
+    ``warming``: the compiled ops' warm-up runs (`warming_up`)."""
+
+    on = True
+    warming = False
+
+
+@contextlib.contextmanager
+def warming_up() -> Iterator[None]:
+    """The compiled ops' warm-up (`stochround.nn.opaque_matmul.warm_up`: their bodies run
+    at trace time on zeros, no layer's buffers): `op_history` reads the device's
+    decisions and leaves every host copy and `HostRoute` as they are."""
+    before = HostRoute.warming
+    HostRoute.warming = True
+    try:
+        yield
+    finally:
+        HostRoute.warming = before
+
+
+def register_history(amaxes: Tensor | None) -> None:
+    """Register a layer's ``amaxes`` buffer for the host's copy (`HOST_COPIES`; no copy
+    made yet): where a layer makes or moves its buffers, so that the compiled ops find its
+    copy by the buffer they are given.  Nothing for no buffer or one without memory
+    (``meta``); a buffer registered already keeps its copy."""
+    if amaxes is None or amaxes.device.type == "meta":
+        return
+    for address in [each for each, copy in HOST_COPIES.items() if copy.buffer() is None]:
+        del HOST_COPIES[address]
+    if host_copy(amaxes) is None:
+        HOST_COPIES[amaxes.data_ptr()] = HostCopy(amaxes)
+
+
+def host_copy(amaxes: Tensor) -> HostCopy | None:
+    """The registered copy of the history whose ``amaxes`` buffer this is (or a tensor of
+    its memory), or None."""
+    copy = HOST_COPIES.get(amaxes.data_ptr())
+    return copy if copy is not None and copy.holds(amaxes) else None
+
+
+def forget_windows(amaxes: Tensor | None) -> None:
+    """The host's windows of this history made again from the buffers at its next step (a
+    state dict loaded into them, a new step counter, another recipe)."""
+    copy = None if amaxes is None else host_copy(amaxes)
+    if copy is not None:
+        copy.windows = None
+
+
+def stream_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph (torch.compile's
+    ``mode="reduce-overhead"`` records a step so; never on a machine without CUDA)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+# which call of a compiled delayed layer's ops reads the history: the forward op as the
+# training or evaluation forward, the forward op recomputed in the backward (activation
+# checkpointing), the backward op
+Phase = Literal["forward", "recomputed", "backward"]
+
+
+def op_history(
+    amaxes: Tensor, steps: Tensor, column: Tensor, record: bool, phase: Phase
+) -> AmaxHistory:
+    """The history a compiled delayed layer's op body reads at the step of the offsets
+    ``column`` (`history_at`), with the layer's `HostWindows` where the host decides as
+    the eager step does (the kernels' route): on the kernels' device, outside a CUDA-graph
+    capture, its copy found by the buffer and not ``captured``.  A capture marks the copy
+    ``captured`` (`HostCopy`); a buffer no layer registered turns the host route off
+    (`HostRoute`); a warm-up (`warming_up`) looks nothing up.  A forward makes the
+    windows where there are none (from the buffers and the column's step: one
+    synchronization); a recomputed forward or a backward without them takes the device's
+    decisions, whose records the next forward's copy reads."""
+    history = history_at(amaxes, steps, column, record)
+    if HostRoute.warming or not on_kernel_device(amaxes):  # (the CPU: the spec's, as eagerly)
+        return history
+    copy = host_copy(amaxes)
+    if copy is None:
+        turn_host_route_off()
+        return history
+    if stream_capturing():
+        copy.captured = True
+    if copy.captured or not HostRoute.on:
+        return history
+    windows = copy.windows
+    if windows is None:
+        if phase != "forward":
+            return history
+        windows = copy.windows = HostWindows.from_buffers(device_column_step(column), steps)
+    return with_windows(history, windows, column, phase != "forward")
+
+
+def with_windows(
+    history: AmaxHistory, windows: HostWindows, column: Tensor, again: bool
+) -> AmaxHistory:
+    """``history`` with the host's ``windows`` and its step as the host knows it: a
+    training forward's takes the next step (`HostWindows.take_step`), an evaluation
+    forward's the next one unadvanced, and a call that reads a forward's step ``again``
+    (a recomputation, a backward) finds it by its column (`HostWindows.column_step`)."""
+    if again:
+        step = windows.column_step(column)
+    elif history.record:
+        step = windows.take_step(column)
+    else:
+        step = windows.step
+    return history._replace(host=windows, host_step=step)
+
+
+def turn_host_route_off() -> None:
+    """`HostRoute` off for the rest of the process, with a warning the first time: every
+    delayed step then takes the device's decisions (an amax pass per delayed operand, no
+    two-orientation pair), the same bits."""
+    if HostRoute.on:
+        warnings.warn(
+            "a compiled delayed layer's op was given an amax history buffer that no "
+            "QuantizedLinear registered (a copy of it, or a buffer swapped behind the "
+            "layer): delayed tensor scales take the device's decisions from now on (the same "
+            "bits, an amax pass per delayed operand)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    HostRoute.on = False
+
+
+def layer_windows(
+    amaxes: Tensor, steps: Tensor, counter: Tensor, advanced: int
+) -> HostWindows | None:
+    """The windows an eager step on the kernels' route decides from: its layer's copy's
+    (registered here where the layer has none), made from the buffers and ``counter`` less
+    ``advanced`` (the step this training forward takes, where it advanced the counter
+    already) where there are none; None where the host does not decide (the copy
+    ``captured``, or the host route off: `op_history`)."""
+    copy = host_copy(amaxes)
+    if copy is None:
+        register_history(amaxes)
+        copy = typing.cast(HostCopy, host_copy(amaxes))
+    if copy.captured or not HostRoute.on:
+        return None
+    if copy.windows is None:
+        copy.windows = HostWindows.from_buffers(int(counter) - advanced, steps)
+    return copy.windows
 
 
 class AmaxHistory(NamedTuple):
@@ -270,19 +454,32 @@ def delayed_operand_scale(
 __all__ = [
     "EMPTY",
     "HOST_COLUMNS",
+    "HOST_COPIES",
     "ROLE_ROWS",
     "AmaxHistory",
+    "HostCopy",
+    "HostRoute",
     "HostWindows",
     "KernelScale",
+    "Phase",
     "delayed_operand_scale",
     "delayed_tensor_scale",
     "empty_history",
+    "forget_windows",
     "history_at",
     "history_width",
+    "host_copy",
     "kernel_scale",
+    "layer_windows",
+    "op_history",
     "operand_amax",
     "record_amax",
     "record_kernel_amax",
+    "register_history",
+    "stream_capturing",
+    "turn_host_route_off",
+    "warming_up",
     "window_amax",
     "window_scales",
+    "with_windows",
 ]

@@ -55,7 +55,15 @@ from torch.torch_version import TorchVersion
 
 from ..kernels.availability import on_kernel_device
 from ..shards import is_dtensor
-from .amax_history import AmaxHistory, HostWindows, empty_history, history_width
+from .amax_history import (
+    AmaxHistory,
+    empty_history,
+    forget_windows,
+    history_width,
+    layer_windows,
+    register_history,
+    with_windows,
+)
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -142,9 +150,6 @@ class QuantizedLinear(nn.Linear):
     step: Tensor
     amax_history: Tensor | None
     amax_history_steps: Tensor | None
-    # the host's copy of the step and the history, for the kernels' route of delayed
-    # scales (`HostWindows`; None: made from the buffers at the next such step)
-    host_windows: HostWindows | None
     layer_index: int
     recipe: Recipe
     plan: Plan
@@ -192,7 +197,7 @@ class QuantizedLinear(nn.Linear):
         # each eager call signature's resolved choices (`prepare_step`), made again for
         # the new plan
         self.step_plans = StepPlans()
-        self.host_windows = None
+        forget_windows(self.amax_history)  # the roles the host's copy knows may change
         self.plan_index = register_plan(self.plan)  # the compiled step's ops take it
         # the layer's number as its steps read it (`offsets_column`): a tensor, which a
         # compiled graph takes as an input, where an int attribute would be a constant of
@@ -246,7 +251,7 @@ class QuantizedLinear(nn.Linear):
         if layer.amax_history is not None:
             layer.place_amax_history(layer.amax_history.shape[1], linear.weight.device)
         layer.place_stream_bases(linear.weight.device)
-        layer.host_windows = None  # a new step counter
+        forget_windows(layer.amax_history)  # a new step counter
         layer.train(linear.training)
         return layer
 
@@ -355,7 +360,8 @@ class QuantizedLinear(nn.Linear):
         delayed tensor scale), recording where ``record`` (a training forward), for an
         eager step.  On the kernels' route, with the layer's `HostWindows` (made from the
         buffers where it has none: one synchronization) and the step as the host knows
-        it.  NotImplementedError under tensor parallelism and the step graphs
+        it, unless a CUDA graph captured a step of the history (`layer_windows`: the
+        device's decisions).  NotImplementedError under tensor parallelism and the step graphs
         (`check_delayed_route`)."""
         if self.amax_history is None or self.amax_history_steps is None:
             return None
@@ -364,19 +370,13 @@ class QuantizedLinear(nn.Linear):
         history = AmaxHistory(self.amax_history, steps, column_step(column), record)
         if not on_kernel_device(x):
             return history
-        host = self.host_windows
-        if host is None:
-            counter = self.step.to_local() if is_dtensor(self.step) else self.step
-            # the counter advanced already where this is a training forward
-            host = HostWindows.from_buffers(counter - int(record and not recomputing()), steps)
-            self.host_windows = host
-        if recomputing():
-            step = host.column_step(column)
-        elif record:
-            step = host.take_step(column)
-        else:
-            step = host.step
-        return history._replace(host=host, host_step=step)
+        counter = self.step.to_local() if is_dtensor(self.step) else self.step
+        # the counter advanced already where this is a training forward
+        advanced = int(record and not recomputing())
+        host = layer_windows(self.amax_history, steps, counter, advanced)
+        if host is None:  # a CUDA graph captured the history: the device's decisions
+            return history
+        return with_windows(history, host, column, recomputing())
 
     def place_amax_history(self, width: int, device: torch.device) -> None:
         """The history buffers of ``width`` columns on ``device`` (`history_width`; none
@@ -390,9 +390,9 @@ class QuantizedLinear(nn.Linear):
         if current is not None and current.shape[1] == width and current.device == device:
             return
         amaxes, steps = empty_history(width, device)
-        self.host_windows = None
         self.register_buffer("amax_history", amaxes)
         self.register_buffer("amax_history_steps", steps)
+        register_history(amaxes)  # the compiled ops find the host's copy by the buffer
 
     def offsets_column(self, step: Tensor) -> Tensor:
         """The stream offsets of the layer's slots at ``step`` (a 0-d int64 tensor), a new
@@ -448,7 +448,7 @@ class QuantizedLinear(nn.Linear):
         error_msgs: list[str],
     ) -> None:
         # an nn.Linear's state dict has no step: loading one keeps this layer's
-        self.host_windows = None  # made again from the loaded buffers
+        forget_windows(self.amax_history)  # made again from the loaded buffers
         key = prefix + "step"
         if key not in state_dict:
             state_dict[key] = self.step.detach().clone()
@@ -467,6 +467,7 @@ class QuantizedLinear(nn.Linear):
         # after a model built on ``meta``)
         super()._apply(fn, recurse)
         self.place_stream_bases(self.weight_device())
+        register_history(self.amax_history)  # a moved buffer: new memory
         return self
 
     def place_stream_bases(self, device: torch.device) -> None:

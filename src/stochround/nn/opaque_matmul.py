@@ -50,9 +50,10 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..blocks.tensor import gemm_factor
-from .amax_history import AmaxHistory, history_at
+from .amax_history import AmaxHistory, Phase, op_history, warming_up
 from .layer_plan import Plan
 from .matmul import QuantizedMatmul
+from .recompute import in_backward
 from .step_graphs import STEP_GRAPHS, kept_by_graphs
 from .step_plan import StepPlan, StepSignature, make_step_plan, step_signature
 from .tensor_parallel import rank_key
@@ -102,9 +103,11 @@ def registered_plan(index: int, rank: int) -> Plan:
 def warm_up(run: Callable[..., _R], tensors: tuple[Tensor | None, ...], *rest: object) -> _R:
     """``run`` called once on real zeros laid out as the fake ``tensors`` (None stays None),
     then ``rest``, and its result: the eager route's per-shape state made at compile time,
-    outside any CUDA graph pool (module docstring).  A symbolic size (dynamic shapes) is
-    taken at its hint, the size of the call being traced."""
-    with unset_fake_temporarily():
+    outside any CUDA graph pool (module docstring); a delayed layer's host copy of its
+    history neither read nor written (`stochround.nn.amax_history.warming_up`).  A
+    symbolic size (dynamic shapes) is taken at its hint, the size of the call being
+    traced."""
+    with unset_fake_temporarily(), warming_up():
         real = [None if each is None else zeros_laid_out_as(each) for each in tensors]
         return run(*real, *rest)
 
@@ -330,30 +333,12 @@ def _delayed_forward(
     """`forward_step` of a layer with delayed tensor scales: its amax history's buffers
     ``amaxes`` and ``steps`` read at the column's step and, where ``record`` (a training
     forward), written in place (x's and W's roles record); never graphed
-    (`check_ungraphed`)."""
+    (`check_ungraphed`).  The history read with the layer's host copy where the host
+    decides (`stochround.nn.amax_history.op_history`: the eager kernels' route), a forward
+    run again in the backward (activation checkpointing) as a recomputation of its step."""
     check_ungraphed((x, weight, bias, column), *graph_terms(x, weight, _PLANS[plan_index]))
-    return delayed_forward_step(
-        x, weight, bias, column, amaxes, steps, plan_index, rank, wgrad, dgrad, record
-    )
-
-
-def delayed_forward_step(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    column: Tensor,
-    amaxes: Tensor,
-    steps: Tensor,
-    plan_index: int,
-    rank: int,
-    wgrad: bool,
-    dgrad: bool,
-    record: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """`forward_step` with the history of buffers ``amaxes`` and ``steps`` at the column's
-    step (the delayed forward op's body and its warm-up: `warm_up` lays out tensors given
-    first)."""
-    history = history_at(amaxes, steps, column, record)
+    phase: Phase = "recomputed" if in_backward() else "forward"
+    history = op_history(amaxes, steps, column, record, phase)
     return forward_step(x, weight, bias, column, plan_index, rank, wgrad, dgrad, history=history)
 
 
@@ -380,8 +365,12 @@ def _(
     steps: Tensor,
     record: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    tensors = (x, weight, bias, column, amaxes, steps)
-    real = warm_up(delayed_forward_step, tensors, plan_index, rank, wgrad, dgrad, record)
+    def body(*tensors: Tensor) -> tuple[Tensor, ...]:  # the op's body, its tensors first
+        x, weight, bias, column, amaxes, steps = tensors
+        options = (plan_index, rank, wgrad, dgrad)
+        return _delayed_forward(x, weight, bias, column, *options, amaxes, steps, record)
+
+    real = warm_up(body, (x, weight, bias, column, amaxes, steps))
     return kept_layouts(x, weight, real, _PLANS[plan_index].token_multiple)
 
 
@@ -513,11 +502,11 @@ def _delayed_backward(
     """`backward_step` of a layer with delayed tensor scales: its amax history's buffers
     ``amaxes`` and ``steps`` read at the column's step and, where its forward recorded
     (``record``: a training forward), written in place (dy's roles record); never graphed
-    (`check_ungraphed`).  The op's body and its warm-up (the tensors first, as `warm_up`
-    lays them out)."""
+    (`check_ungraphed`), with the layer's host copy where the host decides (`op_history`,
+    the forward's step found by its column)."""
     tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
     check_ungraphed(tensors, *graph_terms(x, weight, _PLANS[plan_index]))
-    history = history_at(amaxes, steps, column, record)
+    history = op_history(amaxes, steps, column, record, "backward")
     dx, dw, db = backward_step(*tensors, plan_index, rank, needs, bias_dtype, history=history)
     return dx, dw, db
 
@@ -694,7 +683,6 @@ __all__ = [
     "GraphedMatmul",
     "backward_step",
     "check_ungraphed",
-    "delayed_forward_step",
     "forward_step",
     "gradient_layouts",
     "gradient_needs",

@@ -7,8 +7,9 @@ served (`pair_refusal`: specs other than NVFP4's 1x16 blocks, CPU tensors, torch
 the layer quantizes each orientation on its own.  Delayed tensor scales: each orientation
 takes its own role's window scales and records its own current amax (the column-wise
 one's after its rotation) in its role's row of the layer's history (`PreparedPair.__call__`);
-a step whose two windows disagree (one recorded, one empty) quantizes each orientation on
-its own (`delayed_pair_scales`)."""
+where the host does not decide both windows alike (no host copy: a compiled op's device
+route; or one window recorded and one empty) each role's scales are computed on the device
+as the spec computes them and given to the launch (`device_pair_scales`)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,13 @@ from ..blocks.formats import BlockFormat
 from ..blocks.request import default_signs
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import use_kernel
-from .amax_history import AmaxHistory, KernelScale, record_kernel_amax, window_scales
+from .amax_history import (
+    AmaxHistory,
+    KernelScale,
+    delayed_operand_scale,
+    record_kernel_amax,
+    window_scales,
+)
 from .operands import Operand, one_element, seed_on
 from .step_graphs import kept_by_graphs
 
@@ -108,7 +115,7 @@ class PreparedPair:
             # operand and scales are kept for the backward, after later forwards
             transient=column.role in TRANSIENT_ROLES,
         )
-        self.device = device
+        self.device, self.padded = device, padded
 
     def __call__(
         self,
@@ -126,16 +133,18 @@ class PreparedPair:
         its own row of the ``history`` (`delayed_pair_scales`), or None where the pair
         does not serve them at this step (the caller quantizes each orientation on its
         own); other roles never give None."""
-        given = None
-        if self.delayed:
-            given = delayed_pair_scales(history, *self.roles)
-            if given is None:
-                return None
+        given, by_launch = None, True
         rotation = self.signs if signs is None else signs
+        if self.delayed:
+            if history is None:  # the separate path raises, naming the role
+                return None
+            given = delayed_pair_scales(history, *self.roles)
+            if given is None:  # the spec's scales, recorded by it
+                given, by_launch = device_pair_scales(x, self.roles, self.padded, rotation, history)
         key = seed_on(seed, self.device)
         offsets = (one_element(row_offset), one_element(column_offset))
         pair = self.kernel(x, key, *offsets, rotation, *(given or (None, None)))
-        if given is not None and history is not None:  # given: there is a history
+        if given is not None and history is not None and by_launch:
             for entry, record in zip(self.roles, given.record, strict=True):
                 record_kernel_amax(history, entry.role, record)
         row_scale, column_scale = (None, None) if pair.decodes is None else pair.decodes
@@ -145,22 +154,18 @@ class PreparedPair:
         )
 
 
-def delayed_pair_scales(
-    history: AmaxHistory | None, row: Operand, column: Operand
-) -> KernelScale | None:
+def delayed_pair_scales(history: AmaxHistory, row: Operand, column: Operand) -> KernelScale | None:
     """What the pair's launch takes at the history's step for two delayed roles, as
     `stochround.nn.amax_history.kernel_scale` gives it for one: each role's window scales
     (`window_scales`, 4 fp32 in the kernel's order) where the host knows both windows
     recorded, None for the scales where it knows both empty (the kernel's amax launch:
     current scaling's route, as the first step's), and a zeroed record of 2 fp32.  None
-    where the pair does not serve the step: no history or no `HostWindows` (the spec's
-    route quantizes each orientation, and raises without a history), or one window
-    recorded and the other empty (the roles recorded at different steps, as after a step
-    that ran dgrad without wgrad): one launch takes given scales for both orientations or
-    for neither, so each orientation is quantized on its own at that step, with the same
-    bits (the pair's are the separate path's)."""
-    host = None if history is None else history.host
-    if history is None or host is None:
+    where the host does not decide both alike (`device_pair_scales` then): no
+    `HostWindows` (a compiled op's device route), or one window recorded and the other
+    empty (the roles recorded at different steps, as after a step that ran dgrad without
+    wgrad: one launch takes given scales for both orientations or for neither)."""
+    host = history.host
+    if host is None:
         return None
     entries = (row, column)
     step = history.host_step
@@ -172,6 +177,32 @@ def delayed_pair_scales(
         return KernelScale(None, record)
     scales = [window_scales(history, entry.role, entry.spec.amax_history) for entry in entries]
     return KernelScale(torch.cat(scales), record)
+
+
+def device_pair_scales(
+    x: Tensor,
+    roles: tuple[Operand, Operand],
+    padded: int,
+    signs: Tensor | None,
+    history: AmaxHistory,
+) -> tuple[KernelScale, bool]:
+    """Both roles' tensor scales at the history's step as the spec's route computes them
+    (`stochround.nn.amax_history.delayed_operand_scale`: the window's on the device, or
+    the current amax's, a pass over each orientation: x, and ``pad_tokens(x^T)`` rotated
+    by ``signs``), each current amax recorded by it, given to the pair's launch (4 fp32)
+    with a record no one reads; and False: the launch's record is not to be written.  So
+    the pair serves every step of a delayed layer, its operands laid out alike whatever
+    the host knows (a compiled forward op declares x's wgrad operand's layout at trace
+    time, `stochround.nn.opaque_matmul.kept_layouts`), the same bits as each orientation
+    quantized on its own with these scales."""
+    row, column = roles
+    transposed = torch.nn.functional.pad(x.t(), (0, padded - x.shape[0])).contiguous()
+    scales = [
+        delayed_operand_scale(x, row.role, row.spec, None, history),
+        delayed_operand_scale(transposed, column.role, column.spec, signs, history),
+    ]
+    given = torch.cat([torch.stack(tuple(scale)) for scale in scales])
+    return KernelScale(given, history.amaxes.new_zeros(2)), False
 
 
 @kept_by_graphs
@@ -244,6 +275,7 @@ __all__ = [
     "PreparedPair",
     "both_orientations",
     "delayed_pair_scales",
+    "device_pair_scales",
     "pair_refusal",
     "prepared_pair",
     "served_pair",

@@ -56,7 +56,14 @@ _REENTRANT_CODE: CodeType = torch_checkpoint.CheckpointFunction.forward.__code__
 def recomputing() -> bool:
     """Whether this forward is a checkpoint's recomputation: grad mode on inside the
     autograd engine's backward, where nothing else runs a module's forward."""
-    return torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
+    return torch.is_grad_enabled() and in_backward()
+
+
+def in_backward() -> bool:
+    """Whether this runs inside the autograd engine's backward: where a compiled layer's
+    forward op runs again, as a checkpoint's recomputation (an op's body runs with grad
+    mode off, so `recomputing` cannot tell it)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def checkpoint_region() -> Region:
@@ -129,4 +136,4 @@ def read_step(
     return value
 
 
-__all__ = ["Region", "checkpoint_region", "read_step", "recomputing"]
+__all__ = ["Region", "checkpoint_region", "in_backward", "read_step", "recomputing"]
