@@ -27,6 +27,11 @@ captured as one CUDA graph: what is left without host time):
   alone), except ``compiled_cudagraphs``, which runs with them off as the recipes guide
   advises for `mode="reduce-overhead"`: the whole step is captured anyway, and a trace
   that sees them off keeps the forward's operands for the backward.
+- ``nvfp4_delayed`` (eager, compiled and ``compiled_cudagraphs``): ``nvfp4(tensor_scale=
+  "delayed")``, each role's tensor scale from the amaxes of the step before (no amax pass
+  where the kernels' route serves), with the step graphs off (they do not serve delayed
+  scales yet); not ``graphed``: an eager step decides its windows on the host, which a
+  capture of the whole step would freeze.
 
 Checks before timing: the loss is finite and lies within 5% of the bf16 model's.
 
@@ -55,10 +60,16 @@ PRESETS = {  # d_model, blocks, heads, context, windows a step
     "gpt2-small": (768, 12, 12, 1024, 8),
     "lm": (384, 6, 6, 256, 64),
 }
-VARIANTS = ("bf16", "nvfp4", "gaussws", "nvfp4_no_step_graphs")
+VARIANTS = ("bf16", "nvfp4", "gaussws", "nvfp4_no_step_graphs", "nvfp4_delayed")
 HOWS = ("eager", "compiled", "compiled_cudagraphs", "graphed")
 # torch.compile's mode for each compiled ``how``
 COMPILE_MODES = {"compiled": None, "compiled_cudagraphs": "reduce-overhead"}
+
+
+def uses_step_graphs(variant: str) -> bool:
+    """Whether ``variant``'s rows run with the layers' step graphs on (the library's
+    default): all but ``nvfp4_no_step_graphs`` and ``nvfp4_delayed``."""
+    return variant not in ("nvfp4_no_step_graphs", "nvfp4_delayed")
 
 
 def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.device) -> GPT:
@@ -67,7 +78,9 @@ def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.de
     import stochround.nn as srnn
 
     model = bf16_model(*shape, device)
-    if variant.startswith("nvfp4"):
+    if variant == "nvfp4_delayed":
+        srnn.quantize_(model, srnn.nvfp4(keep=("lm_head",), tensor_scale="delayed"))
+    elif variant.startswith("nvfp4"):
         srnn.quantize_(model, srnn.nvfp4(keep=("lm_head",)))
     elif variant == "gaussws":
         srnn.gaussws_(model, "e3m2", filter_fn=lambda _module, path: path != "lm_head")
@@ -97,7 +110,8 @@ def row(
         call = harness.graph_of(call)
     # reduce-overhead captures the whole step: the layers' step graphs off, so that the
     # trace keeps the forward's operands (recipes guide, "torch.compile")
-    step_graphs = not variant.endswith("no_step_graphs") and how != "compiled_cudagraphs"
+    # (delayed scales: the step graphs do not serve them yet)
+    step_graphs = uses_step_graphs(variant) and how != "compiled_cudagraphs"
     call = harness.with_step_graphs(call, step_graphs)
 
     def check(loss: object) -> str:
@@ -136,6 +150,8 @@ def main() -> int:
     for variant in VARIANTS:
         for how in HOWS:
             if variant.endswith("step_graphs") and how not in ("eager", "compiled"):
+                continue
+            if variant == "nvfp4_delayed" and how == "graphed":
                 continue
             cuda_only = how in ("graphed", "compiled_cudagraphs")
             options = {"cuda_only": cuda_only, "ours": variant != "bf16"}

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 from bench_gaussws import Inputs, step
-from bench_model import COMPILE_MODES, PRESETS, VARIANTS, build_model
+from bench_model import COMPILE_MODES, PRESETS, VARIANTS, build_model, uses_step_graphs
 from torch.profiler import ProfilerActivity, profile
 
 from stochround.nn.step_graphs import STEP_GRAPHS, use_step_graphs
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     d_model, layers, heads, context, batch = PRESETS[args.preset]
     device = torch.device("cuda")
     use_step_graphs(False)  # drops any graphs, then on unless the variant says off
-    use_step_graphs(not args.variant.endswith("no_step_graphs"))
+    use_step_graphs(uses_step_graphs(args.variant))
     model = build_model((d_model, layers, heads, context), args.variant, device)
     runner = model if args.how == "eager" else torch.compile(model, mode=COMPILE_MODES[args.how])
     call = step(runner, Inputs(batch, context, device))  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from bench_gaussws import Inputs, step
-from bench_model import COMPILE_MODES, PRESETS, VARIANTS, build_model
+from bench_model import COMPILE_MODES, PRESETS, VARIANTS, build_model, uses_step_graphs
 from torch.profiler import ProfilerActivity, profile
 
 from stochround.nn.step_graphs import use_step_graphs
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     d_model, layers, heads, context, batch = PRESETS[args.preset]
     device = torch.device(args.device)
     use_step_graphs(False)  # drops any graphs, then on unless the variant says off
-    use_step_graphs(not args.variant.endswith("no_step_graphs"))
+    use_step_graphs(uses_step_graphs(args.variant))
     shape = (d_model, args.layers or layers, heads, context)
     model = build_model(shape, args.variant, device)
     runner = model if args.how == "eager" else torch.compile(model, mode=COMPILE_MODES[args.how])
