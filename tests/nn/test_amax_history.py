@@ -22,7 +22,7 @@ import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.kernels import blocks as kernel_blocks
 from stochround.kernels import two_orientation
-from stochround.nn import matmul, opaque_matmul, orientations
+from stochround.nn import delayed_ops, matmul, opaque_matmul, orientations
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
@@ -263,7 +263,7 @@ def test_what_is_not_built_raises_instead_of_scaling_currently(
     assert layer.amax_history is not None and layer.amax_history_steps is not None
     buffers = (layer.amax_history, layer.amax_history_steps)
     with pytest.raises(NotImplementedError, match="not built under the step graphs"):
-        opaque_matmul.quantized_linear_delayed(
+        delayed_ops.quantized_linear_delayed(
             x, layer.weight, None, column, layer.plan_index, -1, False, False, *buffers, True
         )
     entry = layer.plan.operands["fprop_input"]

@@ -56,6 +56,7 @@ from torch.torch_version import TorchVersion
 from ..kernels.availability import on_kernel_device
 from ..shards import is_dtensor
 from .amax_history import AmaxHistory, HostWindows, empty_history, history_width
+from .delayed_ops import DelayedMatmul
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -67,7 +68,6 @@ from .layer_plan import (
 )
 from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
 from .opaque_matmul import (
-    DelayedMatmul,
     GraphedMatmul,
     graphed_step,
     keeps_operands,
