@@ -38,6 +38,7 @@ from triton.compiler.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
 
 from stochround.kernels.blocks import PreparedGemmBlocks
+from stochround.kernels.runtime import PartialLaunch
 from stochround.nn import QuantSpec, mxfp4_tseng, nvfp4
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -98,13 +99,15 @@ def configs() -> list[Config]:
 
 
 class _Recorder:
-    """Stands in for a bound launch: keeps the runtime arguments it is called with."""
+    """Stands in for a prepared launch's partial launch (`stochround.kernels.runtime.
+    PartialLaunch`): keeps the runtime arguments in full of the call it is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, partial: PartialLaunch) -> None:
+        self.partial = partial
         self.args: tuple[object, ...] = ()
 
-    def __call__(self, device: int, programs: int, *args: object) -> None:
-        self.args = args
+    def __call__(self, device: int, programs: int, *varying: object) -> None:
+        self.args = self.partial.arguments(varying)
 
 
 def recorded_launch(config: Config, tiling: tuple[int, int] | None) -> tuple[Any, dict, tuple]:
@@ -137,8 +140,8 @@ def recorded_launch(config: Config, tiling: tuple[int, int] | None) -> tuple[Any
         keywords["tiling"] = QuantizeTiling(*tiling)
     prepared = PreparedGemmBlocks(x, fmt.element.name, block, fmt.scale_rule, **keywords)
     launch = prepared.grid.launch
-    recorder = _Recorder()
-    prepared.grid = prepared.grid._replace(launch=recorder)
+    recorder = _Recorder(prepared.partial)
+    prepared.partial = recorder  # type: ignore[assignment]
     seed = torch.zeros(1, dtype=torch.int64)
     scale = None if tensor_scales == 0 else torch.ones(tensor_scales, dtype=torch.float32)
     amax = torch.empty(x.numel() // block, dtype=torch.float32) if two_d else None

@@ -22,7 +22,7 @@ import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.kernels import blocks as kernel_blocks
 from stochround.kernels import two_orientation
-from stochround.nn import amax_history, matmul, opaque_matmul, orientations
+from stochround.nn import amax_history, delayed_ops, matmul, opaque_matmul, orientations
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
@@ -266,7 +266,7 @@ def test_what_is_not_built_raises_instead_of_scaling_currently(
     assert layer.amax_history is not None and layer.amax_history_steps is not None
     buffers = (layer.amax_history, layer.amax_history_steps)
     with pytest.raises(NotImplementedError, match="not built under the step graphs"):
-        opaque_matmul.quantized_linear_delayed(
+        delayed_ops.quantized_linear_delayed(
             x, layer.weight, None, column, layer.plan_index, -1, False, False, *buffers, True
         )
     entry = layer.plan.operands["fprop_input"]
@@ -415,6 +415,7 @@ def routed_operands(
 
     capturing = [False]
     monkeypatch.setattr(opaque_matmul, "warm_up", warm_up_unseen)
+    monkeypatch.setattr(delayed_ops, "warm_up", warm_up_unseen)
     monkeypatch.setattr(matmul, "quantize_operand", spy)
     monkeypatch.setattr(kernel_blocks.PreparedTensorScale, "__call__", counted)
     monkeypatch.setattr(amax_history, "operand_amax", spec_pass)

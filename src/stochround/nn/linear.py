@@ -64,6 +64,7 @@ from .amax_history import (
     register_history,
     with_windows,
 )
+from .delayed_ops import DelayedMatmul
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -75,7 +76,6 @@ from .layer_plan import (
 )
 from .matmul import QuantizedMatmul, check_native, gemm_operands, rotation_signs
 from .opaque_matmul import (
-    DelayedMatmul,
     GraphedMatmul,
     graphed_step,
     keeps_operands,
