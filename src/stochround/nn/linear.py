@@ -55,7 +55,7 @@ from torch.torch_version import TorchVersion
 
 from ..kernels.availability import on_kernel_device
 from ..shards import is_dtensor
-from .amax_history import AmaxHistory, HostWindows, empty_history, history_width
+from .amax_history import AmaxHistory, HostWindows, empty_history, history_at, history_width
 from .delayed_ops import DelayedMatmul
 from .layer_plan import (
     Plan,
@@ -84,7 +84,6 @@ from .streams import (
     SLOTS_PER_LAYER,
     bases_column,
     check_data_parallel_rank,
-    column_step,
     layer_bases,
     slot_bases,
     slot_offsets,
@@ -361,7 +360,7 @@ class QuantizedLinear(nn.Linear):
             return None
         self.check_delayed_route(sharded, graphed)
         steps = self.amax_history_steps
-        history = AmaxHistory(self.amax_history, steps, column_step(column), record)
+        history = history_at(self.amax_history, steps, column, record)
         if not on_kernel_device(x):
             return history
         host = self.host_windows
