@@ -306,7 +306,7 @@ def history_at(amaxes: Tensor, steps: Tensor, column: Tensor, record: bool) -> A
     ``column`` (`stochround.nn.streams.column_step`), recording where ``record``, without
     the host's copy (every decision on the device: the spec's route).  What a compiled
     delayed layer's opaque ops read, which take the buffers as arguments
-    (`stochround.nn.opaque_matmul`)."""
+    (`stochround.nn.delayed_ops`), and what an eager step adds the host's copy to."""
     return AmaxHistory(amaxes, steps, device_column_step(column), record)
 
 

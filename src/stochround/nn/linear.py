@@ -59,6 +59,7 @@ from .amax_history import (
     AmaxHistory,
     empty_history,
     forget_windows,
+    history_at,
     history_width,
     layer_windows,
     register_history,
@@ -92,7 +93,6 @@ from .streams import (
     SLOTS_PER_LAYER,
     bases_column,
     check_data_parallel_rank,
-    column_step,
     layer_bases,
     slot_bases,
     slot_offsets,
@@ -367,7 +367,7 @@ class QuantizedLinear(nn.Linear):
             return None
         self.check_delayed_route(sharded, graphed)
         steps = self.amax_history_steps
-        history = AmaxHistory(self.amax_history, steps, column_step(column), record)
+        history = history_at(self.amax_history, steps, column, record)
         if not on_kernel_device(x):
             return history
         counter = self.step.to_local() if is_dtensor(self.step) else self.step
