@@ -22,7 +22,12 @@ from ..blocks.formats import BlockFormat
 from ..blocks.request import default_signs
 from ..blocks.tensor import GemmOperand
 from ..kernels.availability import use_kernel
-from .amax_history import AmaxHistory, KernelScale, record_kernel_amax, window_scales
+from .amax_history import (
+    AmaxHistory,
+    KernelScale,
+    launched_window_scales,
+    record_kernel_amaxes,
+)
 from .operands import Operand, one_element, seed_on
 from .step_graphs import kept_by_graphs
 
@@ -136,8 +141,7 @@ class PreparedPair:
         offsets = (one_element(row_offset), one_element(column_offset))
         pair = self.kernel(x, key, *offsets, rotation, *(given or (None, None)))
         if given is not None and history is not None:  # given: there is a history
-            for entry, record in zip(self.roles, given.record, strict=True):
-                record_kernel_amax(history, entry.role, record)
+            record_kernel_amaxes(history, tuple(entry.role for entry in self.roles), given.record)
         row_scale, column_scale = (None, None) if pair.decodes is None else pair.decodes
         return (
             GemmOperand(pair.row, row_scale, None, 1.0),
@@ -167,11 +171,11 @@ def delayed_pair_scales(
     recorded = {host.window_recorded(e.role, step, e.spec.amax_history) for e in entries}
     if len(recorded) > 1:
         return None
-    record = history.amaxes.new_zeros(2)
     if not recorded.pop():
-        return KernelScale(None, record)
-    scales = [window_scales(history, entry.role, entry.spec.amax_history) for entry in entries]
-    return KernelScale(torch.cat(scales), record)
+        return KernelScale(None, history.amaxes.new_zeros(2))
+    windows = tuple((entry.role, entry.spec.amax_history) for entry in entries)
+    out = launched_window_scales(history, windows)
+    return KernelScale(out[:4], out[4:])
 
 
 @kept_by_graphs
