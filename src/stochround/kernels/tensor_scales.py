@@ -69,10 +69,20 @@ def partials_max(partial_ptr, count, PARTIALS: tl.constexpr):
 @triton.jit
 def store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR: tl.constexpr):
     """Stores the amax (given as its fp32 bits, int32) and NVFP4's tensor scales from it,
-    S_dec then S_enc (`stochround.blocks.scales.nvfp4_tensor_scales`): "te" S_enc =
-    min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is 0), and S_dec
-    = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not finite, and
-    S_enc = 1 / S_dec."""
+    S_dec then S_enc (`tensor_scales_of`)."""
+    scale, encode = tensor_scales_of(amax_bits, FLAVOUR)
+    tl.store(amax_ptr, amax_bits.to(tl.float32, bitcast=True))
+    tl.store(scale_ptr, scale)
+    tl.store(scale_ptr + 1, encode)
+
+
+@triton.jit
+def tensor_scales_of(amax_bits, FLAVOUR: tl.constexpr):
+    """NVFP4's tensor scales S_dec, S_enc of the amax given as its fp32 bits (int32; a
+    NaN's sign bit clear, 0 for either zero) (`stochround.blocks.scales.nvfp4_tensor_scales`):
+    "te" S_enc = min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is
+    0), and S_dec = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not
+    finite, and S_enc = 1 / S_dec."""
     amax = amax_bits.to(tl.float32, bitcast=True)
     bad = (amax_bits == 0) | (amax_bits >= 0x7F800000)
     if FLAVOUR == "te":
@@ -84,9 +94,7 @@ def store_tensor_scales(amax_bits, amax_ptr, scale_ptr, FLAVOUR: tl.constexpr):
         tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te or torchao")
         scale = tl.where(bad, 1.0, tl.math.div_rn(amax, 2688.0))
         encode = tl.math.div_rn(1.0, scale)
-    tl.store(amax_ptr, amax)
-    tl.store(scale_ptr, scale)
-    tl.store(scale_ptr + 1, encode)
+    return scale, encode
 
 
 @triton.jit
@@ -234,5 +242,6 @@ __all__ = [
     "store_tensor_scales",
     "stream_scratch",
     "tensor_scale_launch",
+    "tensor_scales_of",
     "ticket_counter",
 ]

@@ -24,12 +24,13 @@ there and keeps it).  All of it runs on the device: the host reads no value.
 from __future__ import annotations
 
 import contextlib
+import functools
 import typing
 import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -41,6 +42,9 @@ from ..blocks.scales import TensorScale, nvfp4_tensor_scales
 from ..kernels.availability import on_kernel_device
 from .recipes import ROLES, QuantSpec
 from .streams import column_step as device_column_step
+
+if TYPE_CHECKING:  # the kernel module imports Triton: only its type here
+    from ..kernels.delayed_scales import HistoryRoles
 
 # a history column no step has recorded in
 EMPTY = -1
@@ -406,26 +410,63 @@ def kernel_scale(history: AmaxHistory, role: str, length: int) -> KernelScale:
     host = history.host
     if host is None:
         raise ValueError("the kernels' route of a delayed scale needs the layer's HostWindows")
-    record = history.amaxes.new_zeros(1)
     if not host.window_recorded(role, history.host_step, length):
-        return KernelScale(None, record)
-    return KernelScale(window_scales(history, role, length), record)
+        return KernelScale(None, history.amaxes.new_zeros(1))
+    out = launched_window_scales(history, ((role, length),))
+    return KernelScale(out[:2], out[2:])
 
 
 def window_scales(history: AmaxHistory, role: str, length: int) -> Tensor:
     """NVFP4's tensor scales S_dec, S_enc (2 fp32, TE's order) of the largest amax in
     ``role``'s window (`window_amax`), computed on the device: what a kernel takes as a
-    delayed role's given scales where the host knows the window recorded."""
+    delayed role's given scales where the host knows the window recorded.  The spec of
+    `launched_window_scales`."""
     return torch.stack(tuple(nvfp4_tensor_scales(window_amax(history, role, length), "te")))
+
+
+@functools.lru_cache(maxsize=64)
+def history_roles(windows: tuple[tuple[str, int], ...]) -> HistoryRoles:
+    """The `stochround.kernels.delayed_scales.HistoryRoles` of roles with their window
+    lengths ``windows`` (made once for each)."""
+    from ..kernels.delayed_scales import HistoryRoles  # the kernel module imports Triton
+
+    rows = tuple(ROLE_ROWS[role] for role, _ in windows)
+    return HistoryRoles(rows, tuple(length for _, length in windows))
+
+
+def launched_window_scales(history: AmaxHistory, windows: tuple[tuple[str, int], ...]) -> Tensor:
+    """`window_scales` of each role with its window length in ``windows`` (S_dec, S_enc of
+    each, in order), then a zeroed fp32 for each (its record), in one launch
+    (`stochround.kernels.delayed_scales.window_tensor_scales`): the kernels' route, where a
+    dozen small operations a role were the host's time of a delayed step."""
+    from ..kernels.delayed_scales import window_tensor_scales  # imports Triton
+
+    roles = history_roles(windows)
+    return window_tensor_scales(history.amaxes, history.steps, history.step, roles)
 
 
 def record_kernel_amax(history: AmaxHistory, role: str, record: Tensor) -> None:
     """`record_amax` of the amax a launch raised ``record`` to, and the host's copy told."""
+    record_kernel_amaxes(history, (role,), record)
+
+
+def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: Tensor) -> None:
+    """`record_amax` of each role in ``roles`` with the amax a launch raised ``record[i]``
+    to, and the host's copy told: on the kernels' route (the host's copy there) in one
+    launch (`stochround.kernels.delayed_scales.record_amaxes`), else by `record_amax`."""
     if not history.record:
         return
-    record_amax(history, role, record.reshape(()))
-    if history.host is not None:
-        history.host.mark(role, history.host_step)
+    host = history.host
+    if host is None:
+        for role, amax in zip(roles, record.reshape(-1).unbind(), strict=True):
+            record_amax(history, role, amax)
+        return
+    from ..kernels.delayed_scales import record_amaxes  # imports Triton
+
+    windows = tuple((role, 0) for role in roles)
+    record_amaxes(history.amaxes, history.steps, history.step, history_roles(windows), record)
+    for role in roles:
+        host.mark(role, history.host_step)
 
 
 def delayed_operand_scale(
@@ -467,14 +508,17 @@ __all__ = [
     "empty_history",
     "forget_windows",
     "history_at",
+    "history_roles",
     "history_width",
     "host_copy",
     "kernel_scale",
+    "launched_window_scales",
     "layer_windows",
     "op_history",
     "operand_amax",
     "record_amax",
     "record_kernel_amax",
+    "record_kernel_amaxes",
     "register_history",
     "stream_capturing",
     "turn_host_route_off",

@@ -27,8 +27,8 @@ from .amax_history import (
     AmaxHistory,
     KernelScale,
     delayed_operand_scale,
-    record_kernel_amax,
-    window_scales,
+    launched_window_scales,
+    record_kernel_amaxes,
 )
 from .operands import Operand, one_element, seed_on
 from .step_graphs import kept_by_graphs
@@ -145,8 +145,7 @@ class PreparedPair:
         offsets = (one_element(row_offset), one_element(column_offset))
         pair = self.kernel(x, key, *offsets, rotation, *(given or (None, None)))
         if given is not None and history is not None and by_launch:
-            for entry, record in zip(self.roles, given.record, strict=True):
-                record_kernel_amax(history, entry.role, record)
+            record_kernel_amaxes(history, tuple(entry.role for entry in self.roles), given.record)
         row_scale, column_scale = (None, None) if pair.decodes is None else pair.decodes
         return (
             GemmOperand(pair.row, row_scale, None, 1.0),
@@ -172,11 +171,11 @@ def delayed_pair_scales(history: AmaxHistory, row: Operand, column: Operand) -> 
     recorded = {host.window_recorded(e.role, step, e.spec.amax_history) for e in entries}
     if len(recorded) > 1:
         return None
-    record = history.amaxes.new_zeros(2)
     if not recorded.pop():
-        return KernelScale(None, record)
-    scales = [window_scales(history, entry.role, entry.spec.amax_history) for entry in entries]
-    return KernelScale(torch.cat(scales), record)
+        return KernelScale(None, history.amaxes.new_zeros(2))
+    windows = tuple((entry.role, entry.spec.amax_history) for entry in entries)
+    out = launched_window_scales(history, windows)
+    return KernelScale(out[:4], out[4:])
 
 
 def device_pair_scales(

@@ -1,0 +1,169 @@
+"""A delayed layer's tensor scales and its amax record on the device, one launch each for
+one or two roles: the window's NVFP4 tensor scales from the layer's amax history
+(`window_tensor_scales`), and the record of the amaxes a step's quantize launches raised
+(`record_amaxes`).  The spec is `stochround.nn.amax_history`'s PyTorch route
+(``window_amax`` then ``nvfp4_tensor_scales``; ``record_amax``), which takes a dozen small
+operations a role for each; these take one launch for all of a call's roles
+(docs/guide/recipes.md, "Delayed scaling").
+
+The history: ``amaxes`` (fp32) and ``steps`` (int64), each of shape (roles, width),
+contiguous; the step a 0-d int64 tensor on the same device.  Row ``r`` of a role holds
+its amax of step ``steps[r, c]`` in column ``c = step mod width``."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .grid import next_power_of_2
+from .runtime import Launch, bound_launch, current_device
+from .tensor_scales import tensor_scales_of
+
+_CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)
+
+
+class HistoryRoles(NamedTuple):
+    """The roles one launch serves (a constexpr): each one's row of the history and its
+    window's length (``amax_history``, steps ``s - length .. s - 1``), in the order of the
+    launch's outputs."""
+
+    ROWS: tuple[int, ...]
+    LENGTHS: tuple[int, ...]
+
+
+@triton.jit
+def _window_scales_kernel(
+    amaxes_ptr,
+    steps_ptr,
+    step_ptr,
+    out_ptr,
+    WIDTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROLES: tl.constexpr,
+):
+    """One program: for each role ``i`` of ROLES, the largest amax recorded at steps
+    ``step - length .. step - 1`` (-1 where none is; NaN where one is NaN), its NVFP4
+    tensor scales ("te") at ``out[2 i]`` (S_dec) and ``out[2 i + 1]`` (S_enc), and a 0 at
+    ``out[2 n + i]`` (n roles): the record the step's quantize launch raises to its amax."""
+    step = tl.load(step_ptr)
+    columns = tl.arange(0, BLOCK)
+    inside_row = columns < WIDTH
+    ROWS: tl.constexpr = ROLES.ROWS
+    LENGTHS: tl.constexpr = ROLES.LENGTHS
+    for i in tl.static_range(len(ROWS)):
+        row = ROWS[i]
+        steps = tl.load(steps_ptr + row * WIDTH + columns, mask=inside_row, other=-1)
+        amaxes = tl.load(amaxes_ptr + row * WIDTH + columns, mask=inside_row, other=0.0)
+        inside = inside_row & (steps >= 0) & (steps >= step - LENGTHS[i]) & (steps < step)
+        values = tl.where(inside, amaxes, -1.0)
+        has_nan = tl.max((values != values).to(tl.int32), axis=0) > 0
+        best = tl.max(tl.where(values != values, -1.0, values), axis=0)
+        bits = best.to(tl.int32, bitcast=True)
+        # the bits `tensor_scales_of` reads its zero and NaN from: either zero as 0, a NaN
+        # positive (torch.amax gives NaN where one value is NaN)
+        bits = tl.where(best == 0.0, 0, bits)
+        bits = tl.where(has_nan, _CANONICAL_NAN_BITS, bits)
+        scale, encode = tensor_scales_of(bits, "te")
+        tl.store(out_ptr + 2 * i, scale)
+        tl.store(out_ptr + 2 * i + 1, encode)
+        tl.store(out_ptr + 2 * len(ROWS) + i, 0.0)
+
+
+@triton.jit
+def _record_kernel(
+    amaxes_ptr, steps_ptr, step_ptr, record_ptr, WIDTH: tl.constexpr, ROLES: tl.constexpr
+):
+    """One program: for each role ``i`` of ROLES, ``record[i]`` stored as its amax at the
+    step, in column ``step mod WIDTH``, with the step, unless the column holds this step's
+    amax already (a recomputation's record: the first one is kept)."""
+    step = tl.load(step_ptr)
+    column = ((step % WIDTH) + WIDTH) % WIDTH  # the floor modulo PyTorch's ``%`` takes
+    ROWS: tl.constexpr = ROLES.ROWS
+    for i in tl.static_range(len(ROWS)):
+        where = ROWS[i] * WIDTH + column
+        recorded = tl.load(steps_ptr + where) == step
+        current = tl.load(record_ptr + i)
+        kept = tl.where(recorded, tl.load(amaxes_ptr + where), current)
+        tl.store(amaxes_ptr + where, kept)
+        tl.store(steps_ptr + where, step)
+
+
+def _launch_device(amaxes: Tensor) -> int:
+    """The device index a launch on ``amaxes`` takes (0 off CUDA: the interpreter's)."""
+    return amaxes.device.index if amaxes.is_cuda else 0
+
+
+def _window_launch(width: int, roles: HistoryRoles) -> Launch:
+    constants = {"WIDTH": width, "BLOCK": next_power_of_2(width), "ROLES": roles}
+    return bound_launch(_window_scales_kernel, tuple(constants.items()))
+
+
+def _record_launch(width: int, roles: HistoryRoles) -> Launch:
+    return bound_launch(_record_kernel, (("WIDTH", width), ("ROLES", roles)))
+
+
+_WINDOW_LAUNCHES: dict[tuple[int, HistoryRoles], Launch] = {}
+_RECORD_LAUNCHES: dict[tuple[int, HistoryRoles], Launch] = {}
+
+
+def _checked(amaxes: Tensor, steps: Tensor, step: Tensor) -> None:
+    """ValueError unless the history and the step are as the module docstring says."""
+    if amaxes.dtype != torch.float32 or steps.dtype != torch.int64 or step.dtype != torch.int64:
+        raise ValueError("the history takes fp32 amaxes, int64 steps and an int64 step")
+    if amaxes.shape != steps.shape or amaxes.dim() != 2 or step.numel() != 1:
+        raise ValueError(
+            f"amaxes and steps must be (roles, width) alike and the step one value; got "
+            f"{tuple(amaxes.shape)}, {tuple(steps.shape)} and {step.numel()} values"
+        )
+    if not (amaxes.is_contiguous() and steps.is_contiguous()):
+        raise ValueError("the history's amaxes and steps must be contiguous")
+
+
+def window_tensor_scales(
+    amaxes: Tensor, steps: Tensor, step: Tensor, roles: HistoryRoles
+) -> Tensor:
+    """Each role's window tensor scales, S_dec and S_enc (2 n fp32 for n roles, in the
+    roles' order), then n zeroed fp32 (each role's record for the step's quantize launch),
+    in one launch (`_window_scales_kernel`; `stochround.nn.amax_history.window_scales` is
+    its spec)."""
+    _checked(amaxes, steps, step)
+    width = amaxes.shape[1]
+    launch = _WINDOW_LAUNCHES.get((width, roles))
+    if launch is None:
+        launch = _WINDOW_LAUNCHES.setdefault((width, roles), _window_launch(width, roles))
+    out = torch.empty(3 * len(roles.ROWS), dtype=torch.float32, device=amaxes.device)
+    device = _launch_device(amaxes)
+    if amaxes.is_cuda and device != current_device():
+        with torch.cuda.device(device):
+            launch(device, 1, amaxes, steps, step, out)
+    else:
+        launch(device, 1, amaxes, steps, step, out)
+    return out
+
+
+def record_amaxes(
+    amaxes: Tensor, steps: Tensor, step: Tensor, roles: HistoryRoles, record: Tensor
+) -> None:
+    """Records ``record[i]`` (fp32, one a role) as role ``i``'s amax at the step, in place,
+    in one launch (`_record_kernel`; `stochround.nn.amax_history.record_amax` is its
+    spec)."""
+    _checked(amaxes, steps, step)
+    if record.dtype != torch.float32 or record.numel() < len(roles.ROWS):
+        raise ValueError(f"record must hold {len(roles.ROWS)} fp32 values")
+    width = amaxes.shape[1]
+    launch = _RECORD_LAUNCHES.get((width, roles))
+    if launch is None:
+        launch = _RECORD_LAUNCHES.setdefault((width, roles), _record_launch(width, roles))
+    device = _launch_device(amaxes)
+    if amaxes.is_cuda and device != current_device():
+        with torch.cuda.device(device):
+            launch(device, 1, amaxes, steps, step, record)
+    else:
+        launch(device, 1, amaxes, steps, step, record)
+
+
+__all__ = ["HistoryRoles", "record_amaxes", "window_tensor_scales"]
