@@ -591,9 +591,9 @@ def test_a_history_no_layer_registered_turns_the_host_route_off(
     warns, turns the host route off for every history (the device's decisions from then
     on, eager steps included: the same bits) and reads the buffers on the device."""
     monkeypatch.setattr(HostRoute, "on", True)
-    amaxes, steps = empty_history(2, "cpu")
-    column = torch.zeros(8, 1, dtype=torch.int64)
-    _, context = cuda_route()
+    device, context = cuda_route()
+    amaxes, steps = empty_history(2, device)
+    column = torch.zeros(8, 1, dtype=torch.int64, device=device)
     with context, pytest.warns(RuntimeWarning, match="no QuantizedLinear registered"):
         history = op_history(amaxes, steps, column, True, "forward")
     assert history.host is None and not HostRoute.on
