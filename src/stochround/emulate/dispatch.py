@@ -73,8 +73,9 @@ class _Entry:
     outputs are new tensors, `Emulation._fresh`; else `Emulation._mutating`: ``run`` names
     the one); ``passes``: an op called as it is, its arguments checked and nothing else (one
     not handled: views, ops the filter leaves out; or a fresh op whose schema returns no
-    tensor, such as a profiler's record or ``x.item()``: nothing to round).  Each call then
-    reads only what depends on its tensors."""
+    tensor, such as a profiler's record or ``x.item()``: nothing to round); ``owned``: its
+    outputs are its own (`OpKind.owns_outputs`), which a fresh op may round in place.  Each
+    call then reads only what depends on its tensors."""
 
     __slots__ = (
         "call",
