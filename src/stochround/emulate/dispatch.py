@@ -28,6 +28,7 @@ from .ops import (
     MATMUL_OPS,
     FormatSpec,
     OpKind,
+    apart,
     aten,
     cast_formats,
     check_ops,
@@ -270,11 +271,13 @@ class Emulation(TorchDispatchMode):
         outputs rounded, then checked), with one output tensor, the common case, rounded
         without a walk, and in place where the op owns it (`OpKind.owns_outputs`) and the
         rounding can write it (`PreparedRounding.round_in_place`: a contiguous output on
-        the kernels' route).  Several outputs take new tensors, as before: a schema does not
-        say whether they share memory, which in place would round twice."""
+        the kernels' route).  Several outputs are rounded in place where they lie apart
+        (`apart`), else each into a new tensor: a schema does not say whether they share
+        memory, where rounding one in place would change another before its rounding."""
         out = entry.call(*args, **kwargs) if kwargs else entry.call(*args)
         if not isinstance(out, Tensor):
-            out = each_output(self._output_rounded, out)
+            owned = entry.owned and apart(out)
+            out = each_output(self._owned_rounded if owned else self._output_rounded, out)
             check_supported((out,))
             return out
         dtype = out.dtype
@@ -305,14 +308,10 @@ class Emulation(TorchDispatchMode):
         """The rounding in place of a contiguous x of ``dtype`` (a dtype with a format; the
         caller has read it), held in ``in_place`` by whether x is on a kernel device
         (`on_kernel_device`): `PreparedRounding.in_place_rounding`, without its lookup."""
-        on_kernel = on_kernel_device(x)
-        rounding = self.in_place[dtype][on_kernel]
-        if rounding is _UNSEEN:
-            where = (dtype, on_kernel)
-            rounding = self.in_place[dtype][on_kernel] = self.roundings[dtype].in_place_rounding(
-                where
-            )
-        return rounding
+        on_kernel, held = on_kernel_device(x), self.in_place[dtype]
+        if held[on_kernel] is _UNSEEN:
+            held[on_kernel] = self.roundings[dtype].in_place_rounding((dtype, on_kernel))
+        return held[on_kernel]
 
     def _mutating(self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An op of a plain entry that mutates its arguments: `_native`, its output checked;
@@ -433,6 +432,20 @@ class Emulation(TorchDispatchMode):
         if prepared is None:
             return out
         return self._fresh_rounded(out, prepared)
+
+    def _owned_rounded(self, out: Tensor) -> Tensor:
+        """`_output_rounded` of an output the op owns, plain and contiguous (`apart`): in
+        place where its rounding can write it."""
+        dtype = out.dtype
+        prepared = self.roundings.get(dtype)
+        if prepared is None:
+            return out
+        rounding = None if out.requires_grad else self._in_place_rounding(out, dtype)
+        if rounding is None:
+            return self._fresh_rounded(out, prepared)
+        rounding(out, self.calls)
+        self.calls += 1
+        return out
 
     def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding) -> Tensor:
         """`_output_rounded` of an output whose dtype has a format (``prepared``)."""
