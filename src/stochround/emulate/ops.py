@@ -374,7 +374,12 @@ def apart(out: Any) -> bool:
     no other's bytes, and the roundings in turn give the bits that rounding each into a new
     tensor gives.  (A schema does not say whether an op's several outputs share memory.)"""
     tensors: list[Tensor] = []
-    each_output(tensors.append, out)
+
+    def listed(t: Tensor) -> Tensor:
+        tensors.append(t)
+        return t
+
+    each_output(listed, out)
     if not all(plain(t) and t.is_contiguous() for t in tensors):
         return False
     spans = sorted(
