@@ -164,3 +164,21 @@ def test_several_outputs_give_the_pytorch_paths_bits():
         expected = torch.var_mean(x.cpu(), dim=0)
     for ours, theirs in zip(found, expected, strict=True):
         assert torch.equal(_bits(ours.cpu()), _bits(theirs))
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+def test_a_layer_norms_outputs_and_gradients_give_the_pytorch_paths_bits(mode):
+    """Its forward's three outputs and its backward's three gradients lie apart: each is
+    rounded where it lies, with the bits of the PyTorch path's new tensors."""
+    if DEVICE == "cuda":
+        pytest.skip("the reference is the CPU's layer norm: a GPU's reductions differ")
+    found, expected = [], []
+    for route, device, results in ((_kernel_route(), DEVICE, found), (None, "cpu", expected)):
+        x, weight, bias = (_values(*shape).to(device) for shape in ((6, 16), (16,), (16,)))
+        for t in (x, weight, bias):
+            t.requires_grad_()
+        with route or contextlib.nullcontext(), emulate("bfloat16", mode, seed=5):
+            y = torch.nn.functional.layer_norm(x, (16,), weight, bias)
+            (y * y).sum().backward()
+        results += [_bits(t.detach().cpu()) for t in (y, x.grad, weight.grad, bias.grad)]
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(found, expected, strict=True))
