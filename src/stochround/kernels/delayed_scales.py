@@ -92,9 +92,16 @@ def _record_kernel(
         tl.store(steps_ptr + where, step)
 
 
-def _launch_device(amaxes: Tensor) -> int:
-    """The device index a launch on ``amaxes`` takes (0 off CUDA: the interpreter's)."""
-    return amaxes.device.index if amaxes.is_cuda else 0
+def _launch_one(launch: Launch, amaxes: Tensor, *args: Tensor) -> None:
+    """One program of ``launch`` over the history ``amaxes`` and ``args``, on the history's
+    device (made current for the launch where it is not: Triton launches on the current
+    one; device 0 off CUDA, the interpreter's)."""
+    device = amaxes.device.index if amaxes.is_cuda else 0
+    if amaxes.is_cuda and device != current_device():
+        with torch.cuda.device(device):
+            launch(device, 1, amaxes, *args)
+    else:
+        launch(device, 1, amaxes, *args)
 
 
 def _window_launch(width: int, roles: HistoryRoles) -> Launch:
@@ -136,12 +143,7 @@ def window_tensor_scales(
     if launch is None:
         launch = _WINDOW_LAUNCHES.setdefault((width, roles), _window_launch(width, roles))
     out = torch.empty(3 * len(roles.ROWS), dtype=torch.float32, device=amaxes.device)
-    device = _launch_device(amaxes)
-    if amaxes.is_cuda and device != current_device():
-        with torch.cuda.device(device):
-            launch(device, 1, amaxes, steps, step, out)
-    else:
-        launch(device, 1, amaxes, steps, step, out)
+    _launch_one(launch, amaxes, steps, step, out)
     return out
 
 
@@ -158,12 +160,7 @@ def record_amaxes(
     launch = _RECORD_LAUNCHES.get((width, roles))
     if launch is None:
         launch = _RECORD_LAUNCHES.setdefault((width, roles), _record_launch(width, roles))
-    device = _launch_device(amaxes)
-    if amaxes.is_cuda and device != current_device():
-        with torch.cuda.device(device):
-            launch(device, 1, amaxes, steps, step, record)
-    else:
-        launch(device, 1, amaxes, steps, step, record)
+    _launch_one(launch, amaxes, steps, step, record)
 
 
 __all__ = ["HistoryRoles", "record_amaxes", "window_tensor_scales"]
