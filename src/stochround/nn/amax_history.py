@@ -445,11 +445,6 @@ def launched_window_scales(history: AmaxHistory, windows: tuple[tuple[str, int],
     return window_tensor_scales(history.amaxes, history.steps, history.step, roles)
 
 
-def record_kernel_amax(history: AmaxHistory, role: str, record: Tensor) -> None:
-    """`record_amax` of the amax a launch raised ``record`` to, and the host's copy told."""
-    record_kernel_amaxes(history, (role,), record)
-
-
 def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: Tensor) -> None:
     """`record_amax` of each role in ``roles`` with the amax a launch raised ``record[i]``
     to, and the host's copy told: on the kernels' route (the host's copy there) in one
@@ -488,7 +483,7 @@ def delayed_operand_scale(
         )
     current = operand_amax(operand, spec, signs)
     scale = delayed_tensor_scale(history, role, spec.amax_history, current)
-    record_kernel_amax(history, role, current)
+    record_kernel_amaxes(history, (role,), current)
     return scale
 
 
@@ -517,7 +512,6 @@ __all__ = [
     "op_history",
     "operand_amax",
     "record_amax",
-    "record_kernel_amax",
     "record_kernel_amaxes",
     "register_history",
     "stream_capturing",
