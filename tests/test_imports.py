@@ -30,6 +30,7 @@ NEEDS_TRITON = {
     "stochround.kernels.block_rotation",
     "stochround.kernels.blocks",
     "stochround.kernels.common",
+    "stochround.kernels.delayed_scales",
     "stochround.kernels.e2m1_operand",
     "stochround.kernels.gaussws",
     "stochround.kernels.matmul",

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "stochround"
 # modules of its own layer and of the layers before it.  A name stands for a module and,
 # for a package, every module inside it.
 LAYERS: list[tuple[str, ...]] = [
-    ("formats", "version", "shards", "block_constants"),
+    ("formats", "version", "compile_cache", "shards", "block_constants"),
     ("reference", "outcomes"),
     ("presets",),
     ("random",),

@@ -2,6 +2,7 @@
 
 from . import arith as ops
 from . import blocks, hardware, nn, optim
+from .compile_cache import key_compile_caches
 
 # the functions take the subpackage's name: `sr.emulate` is the dispatch mode's entry
 # point (import stochround.emulate.mode for the module), and `sr.emulate_backend` its
@@ -14,6 +15,10 @@ from .random import Stream
 from .reference import MODES, SATURATIONS, VARIANTS
 from .rounding import cast, decode, encode, round  # noqa: A004
 from .version import __version__ as __version__  # re-exported: the package's version
+
+# before any op is compiled: torch.compile's on-disk caches keyed by this source
+# (`stochround.compile_cache`: a graph compiled under other ops is not found again)
+key_compile_caches()
 
 __all__ = [
     "FORMATS",
