@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from helpers import assert_same_tensors, cuda_route
+from helpers import assert_same_tensors, cuda_route, graphs_on_the_cpu
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -41,6 +41,7 @@ from stochround.nn.amax_history import (
     record_amax,
     window_amax,
 )
+from stochround.nn.delayed_steps import BACKWARD_WRITES, FORWARD_WRITES
 from stochround.nn.linear import COMPILES
 from stochround.nn.operands import Operand, dequantized_operand, quantize_operand
 from stochround.nn.step_ops import PLAIN_REGIONS_RUN_THE_MODE
@@ -594,9 +595,13 @@ def test_a_delayed_step_keys_a_graph_per_host_decision(
     amax, and passes the decisions among its hashable arguments (the step graphs' key): on
     the kernels' route the first step's calls find every window empty and the later ones
     the recording roles' windows recorded, so each function takes two keys over three
-    steps (a graph for each); its calls are marked mutating (in-place graphs only).  The
-    host copy holds what the calls noted they recorded, the steps the buffers hold.  On
-    the CPU path the device decides: no decisions passed, one key a function."""
+    steps (a graph for each); its calls name the buffers they write (``mutates``).  On
+    the kernels' route the step graphs serve the calls (a GPU's own; on the CPU stand-ins
+    that run the function at each replay, `graphs_on_the_cpu`), and the decisions are
+    those of a run without them: the forward keeps Q(W) for dgrad whether or not they
+    serve, so ``dgrad_weight`` never records.  The host copy holds what the calls noted
+    they recorded, the steps the buffers hold.  On the CPU path the device decides: no
+    decisions passed, one key a function."""
     calls: list[tuple[str, object, tuple]] = []
     run = step_graphs.StepGraphs.run
 
@@ -608,17 +613,23 @@ def test_a_delayed_step_keys_a_graph_per_host_decision(
         *args: object,
         **kwargs: object,
     ) -> object:
-        assert kwargs.get("mutates") is True
         name = function.__name__  # type: ignore[attr-defined]
+        writes = FORWARD_WRITES if "forward" in name else BACKWARD_WRITES
+        assert kwargs.get("mutates") == writes
         calls.append((name, rest[-1], step_graphs.call_key(tensors, rest)))
         return run(self, function, tensors, rest, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(step_graphs.StepGraphs, "run", spy)
     device, context = cuda_route(route)
+    if route and device.type == "cpu":
+        graphs_on_the_cpu(monkeypatch, step_graphs.STEP_GRAPHS)
     layer = model_of("delayed")[0].to(device)
-    with context:
-        for x in batches(3):
-            layer_step(layer, x.to(device))
+    try:
+        with context:
+            for x in batches(3):
+                layer_step(layer, x.to(device))
+    finally:
+        step_graphs.STEP_GRAPHS.clear()
     forwards = [(windows, key) for name, windows, key in calls if "forward" in name]
     backwards = [(windows, key) for name, windows, key in calls if "backward" in name]
     assert len(forwards) == len(backwards) == 3

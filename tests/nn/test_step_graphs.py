@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_same_tensors
+from helpers import assert_same_tensors, cuda_route, graphs_on_the_cpu
 from torch import Tensor
 
 import stochround.nn as srnn
 from stochround.nn import graph_copies, opaque_matmul, operands, orientations
 from stochround.nn import step_graphs as graphs_module
 from stochround.nn.graph_copies import copy_grouped, fresh_copies
+from stochround.nn.linear import COMPILES
 from stochround.nn.step_graphs import (
     KEEPING,
     STEP_GRAPHS,
@@ -263,7 +264,9 @@ def served_on_the_cpu(
     order."""
     keys: list[tuple] = []
 
-    def capture(function: Any, tensors: Any, rest: tuple, graph_key: tuple) -> Captured:
+    def capture(
+        function: Any, tensors: Any, rest: tuple, graph_key: tuple, mutates: tuple = ()
+    ) -> Captured:
         keys.append(graph_key)
         with noting():  # as a capture's runs: their notes are the graph's
             outputs, single = graphs_module.graph_outputs(function(*tensors, *rest))
@@ -289,26 +292,38 @@ def served_on_the_cpu(
     return keys
 
 
-def test_a_mutating_call_takes_in_place_graphs_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A call that writes some of its tensors (``mutates``: a delayed layer's amax history)
-    is served by graphs reading its tensors in place alone: calls at new addresses run
-    eagerly at every call (a graph of copies would write its own copies), a repeated set
-    of addresses captures its own graph; a call that writes nothing takes the key's graph
-    of copies at its second call."""
+def test_a_mutating_call_s_graph_of_copies_writes_its_tensors_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call that writes some of its tensors (``mutates``: their positions; a delayed
+    layer's amax history) is served as any other: at new addresses each call by the key's
+    graph of copies, which writes its static copies, copied back into the call's tensors
+    after each replay (the capture's own runs leave the call's tensors as they were); at
+    repeated addresses by a graph of its own reading them in place.  Every call leaves
+    the tensors as the function run eagerly would."""
 
-    def function(x: Tensor, n: int) -> Tensor:
-        return x + n
+    def function(x: Tensor, total: Tensor) -> Tensor:
+        total.add_(x)
+        return total * 2
 
-    for mutates in (False, True):
-        graphs = StepGraphs()
-        keys = served_on_the_cpu(graphs, monkeypatch)
-        for x in [torch.zeros(4) for _ in range(3)]:  # a new address each call
-            graphs.run(function, (x,), (1,), 0, mutates=mutates)
-        assert [key[1] for key in keys] == ([] if mutates else [None])
-        x = torch.zeros(4)
-        for _ in range(3):
-            assert torch.equal(graphs.run(function, (x,), (1,), 0, mutates=mutates), x + 1)
-        assert keys[-1][1] == (x.data_ptr(),)
+    graphs = StepGraphs()
+    keys = graphs_on_the_cpu(monkeypatch, graphs)
+    eager = torch.zeros(4)
+    for step in range(4):  # new addresses each call
+        x, total = torch.full((4,), float(step)), eager.clone()
+        function(x, eager)
+        got = graphs.run(function, (x, total), (), 0, mutates=(1,))
+        assert torch.equal(total, eager) and torch.equal(got, eager * 2), step
+    assert [key[1] for key in keys] == [None] and graphs.replays == 3
+    captured = graphs.graphs[keys[0]]
+    assert captured.copy_back is not None and captured.copy_back.groups[0][0] == (1,)
+    x, total = torch.ones(4), eager.clone()
+    for _ in range(3):  # the same addresses: in place from the second call
+        function(x, eager)
+        graphs.run(function, (x, total), (), 0, mutates=(1,))
+        assert torch.equal(total, eager)
+    assert keys[-1][1] == (x.data_ptr(), total.data_ptr())
+    assert graphs.graphs[keys[-1]].copy_back is None
 
 
 def test_a_replay_gives_the_notes_its_capture_made(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -326,7 +341,7 @@ def test_a_replay_gives_the_notes_its_capture_made(monkeypatch: pytest.MonkeyPat
     seen = []
     for _ in range(4):
         with noting() as notes:
-            graphs.run(function, (x,), (), 0, mutates=True)
+            graphs.run(function, (x,), (), 0, mutates=(0,))
         seen.append(list(notes))
     # run, captured (and replayed), replayed
     assert seen == [["ran"], ["captured"], ["captured"], ["captured"]]
@@ -376,10 +391,12 @@ def test_a_graphed_training_run_gives_the_eager_runs_bits(name: str) -> None:
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_a_delayed_layer_replays_its_graphs_with_the_ungraphed_bits(compiled: bool) -> None:
     """A layer with delayed tensor scales, eager or compiled by inductor (its delayed ops),
-    replays its step functions' graphs (in place: a graph per host decision, the first
-    step's empty windows and the later steps' recorded ones) with the bits of the run
-    with the graphs off: outputs, gradients and the amax history's buffers after each
-    step, byte for byte; the host copy's marks keep up with the replays."""
+    replays its step functions' graphs (a graph per host decision, the first step's empty
+    windows and the later steps' recorded ones; of copies, the history copied back, where
+    the step's tensors lie elsewhere than at an earlier step, else in place) with the
+    bits of the run with the graphs off: outputs, gradients and the amax history's
+    buffers after each step, byte for byte; the host copy's marks keep up with the
+    replays; no key's warm-up failed."""
     device = torch.device("cuda")
     with step_graphs(False):
         expected = train("nvfp4_delayed", device)
@@ -387,8 +404,56 @@ def test_a_delayed_layer_replays_its_graphs_with_the_ungraphed_bits(compiled: bo
     with step_graphs(True):
         captures, replays = STEP_GRAPHS.captures, STEP_GRAPHS.replays
         got = train("nvfp4_delayed", device, compiled=compiled)
+        # a key whose warm-up read the host (or whose capture failed) runs eagerly for good
+        assert not STEP_GRAPHS.failed, [key[0][1] for key in STEP_GRAPHS.failed]
         assert STEP_GRAPHS.captures > captures and STEP_GRAPHS.replays > replays
     torch._dynamo.reset()
+    assert_same_tensors(got, expected)
+
+
+@pytest.mark.parametrize(
+    "compiled",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=[
+                pytest.mark.compiles,
+                pytest.mark.skipif(
+                    not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11"
+                ),
+            ],
+        ),
+    ],
+    ids=["eager", "compiled"],
+)
+def test_a_delayed_layer_graphed_on_the_kernels_route_gives_the_ungraphed_bits(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU test above on the kernels' route wherever it runs (on the CPU, the
+    interpreter's, with stand-in graphs that run the function at each replay:
+    `graphs_on_the_cpu`, whose layers keep what a GPU's graphed layers keep): the delayed
+    layer's step functions are captured and replayed although the test's tensors lie
+    elsewhere at each step (the key's graph of copies, its history copied back), and the
+    run's outputs, gradients and history buffers are those of the run without the graphs,
+    the operands the backward reuses kept either way (a backward quantizing W again would
+    record ``dgrad_weight``'s amax, which a run without the graphs never does)."""
+    device, context = cuda_route()
+    with context:
+        with step_graphs(False):
+            expected = train("nvfp4_delayed", device)
+        torch._dynamo.reset()
+        STEP_GRAPHS.clear()
+        try:
+            keys = graphs_on_the_cpu(monkeypatch, STEP_GRAPHS) if device.type != "cuda" else []
+            with step_graphs(True) if device.type == "cuda" else contextlib.nullcontext():
+                replays = STEP_GRAPHS.replays
+                got = train("nvfp4_delayed", device, compiled=compiled)
+                assert STEP_GRAPHS.replays > replays
+                assert device.type == "cuda" or len(keys) >= 2
+        finally:
+            STEP_GRAPHS.clear()
+            torch._dynamo.reset()
     assert_same_tensors(got, expected)
 
 

@@ -11,9 +11,10 @@ state changed, so the step graphs capture it (`stochround.nn.step_graphs`), a gr
 decision (after the first steps, always "every window recorded").  The roles it records
 come back as notes (`stochround.nn.amax_history.Recorded`, replayed with a graph), which
 the caller marks in the host copy after the call, as the eager step did at quantization
-time.  The buffers are written in place: only graphs that read the call's tensors in
-place serve a delayed step (``mutates``), never a graph of copies, which would record in
-its own copy of the history.
+time.  The buffers are written in place (``mutates``: their positions among the call's
+tensors): a graph that reads the call's tensors in place writes them where they lie, and
+the key's graph of copies (which serves every layer of the key, wherever its tensors lie)
+writes its copies of them, copied back into the layer's buffers after each replay.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ from .step_graphs import STEP_GRAPHS, noting
 
 Outputs = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 
+# the positions of the history's buffers (amaxes, steps) among each step function's
+# tensors, which it writes in place (`StepGraphs.run`'s ``mutates``)
+FORWARD_WRITES = (4, 5)
+BACKWARD_WRITES = (8, 9)
+
 
 @functools.lru_cache(maxsize=256)
 def delayed_windows(plan_index: int) -> tuple[tuple[str, int], ...]:
@@ -50,6 +56,18 @@ def delayed_windows(plan_index: int) -> tuple[tuple[str, int], ...]:
         for role, entry in plan.operands.items()
         if entry.spec.tensor_scale == "delayed"
     )
+
+
+def delayed_kept(gemms: tuple[str, ...]) -> tuple[bool, bool]:
+    """What a delayed layer's forward keeps for its backward (``wgrad``: x's wgrad operand,
+    ``dgrad``: Q(W)): those of the GEMMs that will run (``gemms``), whether or not the step
+    graphs serve the step, where a layer without delayed roles keeps none when they do
+    (`stochround.nn.opaque_matmul.keeps_operands`).  A backward that quantizes W again does
+    so as ``dgrad_weight``, a role of its own, which then records in the history: the
+    buffers (a state dict) would depend on whether the graphs served the step, and where
+    steps they did not serve left its window empty, its scale would be W's current amax's
+    instead of fprop's window's (other bits than a run without the graphs)."""
+    return "wgrad" in gemms, "dgrad" in gemms
 
 
 def host_decisions(
@@ -124,14 +142,17 @@ def run_delayed_forward(
     phase: Phase,
 ) -> Outputs:
     """`delayed_forward_step`, its host decisions taken first (``phase``: a forward, or one
-    recomputed in the backward), replayed from its step graph where one serves it (in
-    place), and the roles it recorded marked in the host copy."""
+    recomputed in the backward), replayed from its step graph where one serves it (the
+    buffers written in place, or copied back: `FORWARD_WRITES`), and the roles it recorded
+    marked in the host copy."""
     host, windows = host_decisions(amaxes, steps, column, record, phase, plan_index)
     tensors = (x, weight, bias, column, amaxes, steps)
     rest = (plan_index, rank, wgrad, dgrad, record, windows)
     terms = graph_terms(x, weight, registered_plan(plan_index, -1))
     with noting() as notes:
-        outputs = STEP_GRAPHS.run(delayed_forward_step, tensors, rest, *terms, mutates=True)
+        outputs = STEP_GRAPHS.run(
+            delayed_forward_step, tensors, rest, *terms, mutates=FORWARD_WRITES
+        )
     if host is not None:
         host.mark(notes)
     return typing.cast(Outputs, tuple(outputs))
@@ -163,7 +184,7 @@ def run_delayed_backward(
     terms = graph_terms(x, weight, registered_plan(plan_index, -1))
     with noting() as notes:
         grads = STEP_GRAPHS.run(
-            delayed_backward_step, (*tensors, amaxes, steps), rest, *terms, mutates=True
+            delayed_backward_step, (*tensors, amaxes, steps), rest, *terms, mutates=BACKWARD_WRITES
         )
     if host is not None:
         host.mark(notes)
@@ -173,8 +194,8 @@ def run_delayed_backward(
 class EagerDelayedMatmul(torch.autograd.Function):
     """An eager step of a layer with delayed tensor scales: `run_delayed_forward` and
     `run_delayed_backward` without the compiled ops' dispatch (`GraphedMatmul`'s twin),
-    keeping for the backward the operands ``wgrad`` and ``dgrad`` say (none where the step
-    graphs serve the step: `stochround.nn.opaque_matmul.keeps_operands`)."""
+    keeping for the backward the operands ``wgrad`` and ``dgrad`` say (`delayed_kept`,
+    graphed or not)."""
 
     @staticmethod
     def forward(ctx: Any, *inputs: Any) -> Tensor:  # type: ignore[override]
@@ -199,10 +220,13 @@ class EagerDelayedMatmul(torch.autograd.Function):
 
 
 __all__ = [
+    "BACKWARD_WRITES",
+    "FORWARD_WRITES",
     "EagerDelayedMatmul",
     "Outputs",
     "delayed_backward_step",
     "delayed_forward_step",
+    "delayed_kept",
     "delayed_windows",
     "host_decisions",
     "run_delayed_backward",

@@ -56,7 +56,7 @@ from torch.torch_version import TorchVersion
 from ..shards import is_dtensor
 from .amax_history import empty_history, forget_windows, history_width, register_history
 from .delayed_ops import DelayedMatmul
-from .delayed_steps import EagerDelayedMatmul
+from .delayed_steps import EagerDelayedMatmul, delayed_kept
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -298,21 +298,21 @@ class QuantizedLinear(nn.Linear):
             kept = (wgrad and keep, dgrad and keep)
             if self.amax_history is None or self.amax_history_steps is None:
                 out = quantized_linear(*args, *kept)[0]
-            else:  # the history's buffers given to both ops, which write them in place
-                # (not keeping: the step graphs will serve the step)
+            else:  # the history's buffers given to both ops, which write them in place,
+                # the operands kept whether or not the step graphs serve (`delayed_kept`)
                 self.check_delayed_route(wrap is not None)
                 buffers = (self.amax_history, self.amax_history_steps)
-                out = DelayedMatmul.apply(*args, *kept, *buffers, record)
+                out = DelayedMatmul.apply(*args, *delayed_kept(gemms), *buffers, record)
         elif self.amax_history is not None and self.amax_history_steps is not None:
             # the delayed step's calls (`delayed_steps`): the host decides, then the step
-            # functions run or replay their graphs (nothing kept where they are graphed)
+            # functions run or replay their graphs (the operands kept either way:
+            # `delayed_kept`)
             self.check_delayed_route(wrap is not None)
             register_history(self.amax_history)  # (a buffer swapped behind the layer)
-            kept = (wgrad and not graphed, dgrad and not graphed)
             buffers = (self.amax_history, self.amax_history_steps)
             phase = "recomputed" if recomputing() else "forward"
             args = (tokens, weight, bias, column, self.plan_index, rank)
-            out = EagerDelayedMatmul.apply(*args, *kept, *buffers, record, phase)
+            out = EagerDelayedMatmul.apply(*args, *delayed_kept(gemms), *buffers, record, phase)
         elif graphed:  # the steps as CUDA graphs
             # nothing kept for the backward (`keeps_operands`)
             out = GraphedMatmul.apply(

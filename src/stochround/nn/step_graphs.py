@@ -10,8 +10,9 @@ changes and no host read of a device value; what the host must learn of a call i
 by notes (`host_note`), a function of the call's key, which a graph keeps from its capture
 and gives again at each replay.  So a graph captured on static input tensors computes,
 replayed, what the function computes for whatever those tensors hold then.  A function
-that writes some of its tensors (``mutates``: a delayed layer's amax history) is served by
-graphs reading them in place alone, never by a graph of copies.  A call's key
+that writes some of its tensors (``mutates``: their positions, a delayed layer's amax
+history) has them copied back from a graph of copies after each replay (one grouped
+launch), so that every graph leaves the call's tensors as the function would.  A call's key
 is its tensors' shapes, strides and dtypes and its ints; the first call of a key runs
 eagerly, the second captures (on a side stream, after one eager run there so that
 per-stream state is made outside the capture) and every later one replays: the eager bits
@@ -58,7 +59,7 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 import torch
 from torch import Tensor
 
-from .graph_copies import CopyPlan, copy_into, copy_plan, fresh_copies
+from .graph_copies import CopyPlan, copy_from, copy_into, copy_plan, fresh_copies
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -79,8 +80,10 @@ class Captured(NamedTuple):
     the output tensors it writes (in the graphs' pool), whether the function returned one
     tensor (else a list), the cached objects whose device memory its kernels read
     (`kept_by_graphs`), its device's index, the addresses an in-place graph reads (None
-    for a graph of copies), the plans of its copies in (None in place) and out, and the
-    host notes its capture made (`host_note`), which each replay gives again."""
+    for a graph of copies), the plans of its copies in (None in place) and out, the
+    host notes its capture made (`host_note`), which each replay gives again, and the plan
+    of the copies back into the call's tensors the function writes (None in place or
+    where it writes none: `captured_call`)."""
 
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor | None, ...]
@@ -92,6 +95,7 @@ class Captured(NamedTuple):
     copy_in: CopyPlan | None = None
     copy_out: CopyPlan = CopyPlan(())
     notes: tuple[object, ...] = ()
+    copy_back: CopyPlan | None = None
 
 
 class _Keeping(threading.local):
@@ -209,15 +213,18 @@ class StepGraphs:
         rest: tuple[object, ...],
         work: int,
         host_bound: bool = False,
-        mutates: bool = False,
+        mutates: tuple[int, ...] = (),
     ) -> Any:
         """``function(*tensors, *rest)``, replayed from a graph captured for the call's key
         where one is kept, run eagerly otherwise (outside the lock: the forward's and the
         backward engine's threads do not wait on it).  ``host_bound``: whether the step's
         device time stays below its host time above `GRAPHED_MAX_WORK` too (`serves`);
-        ``mutates``: whether the function writes some of its tensors in place (a delayed
-        layer's amax history), which only a graph reading them in place may serve: a graph
-        of copies would write its own static copies.
+        ``mutates``: the positions of the tensors the function writes in place (a delayed
+        layer's amax history): a graph of copies writes its static copies of them, which
+        each replay copies back into the call's (`captured_call`), so that any graph serves
+        the call as its run would (a graph reading in place writes them where they lie);
+        what a capture's own runs write is undone before its first replay
+        (`capture_call`).
 
         A key has a graph of copies, captured at its second call, which serves any call;
         and a graph reading the call's tensors in place for each set of addresses seen
@@ -227,8 +234,8 @@ class StepGraphs:
         graphs evicting each other would capture at every step)."""
         if not self.serves(tensors, work, host_bound):
             return function(*tensors, *rest)
-        # above the bound, in place only (no copy of the inputs); a mutating call too
-        copies = work <= GRAPHED_MAX_WORK and not mutates
+        # above the bound, in place only (no copy of the inputs)
+        copies = work <= GRAPHED_MAX_WORK
         # the host setting the captured fp32 products were made under (TF32 or not)
         key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
         here, anywhere = (key, tensor_addresses(tensors)), (key, None)
@@ -238,7 +245,7 @@ class StepGraphs:
                 self.graphs.move_to_end(here)
             elif key not in self.failed:
                 if here in self.seen and self.room_in_place():
-                    captured = self.capture(function, tensors, rest, here)
+                    captured = self.capture_call(function, tensors, rest, here, mutates)
                 else:
                     self.remember(here)
                     if copies:
@@ -247,12 +254,14 @@ class StepGraphs:
                             self.graphs.move_to_end(anywhere)
                             copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
                         elif anywhere in self.seen:
-                            captured = self.capture(function, tensors, rest, anywhere)
+                            captured = self.capture_call(function, tensors, rest, anywhere, mutates)
                         else:
                             self.remember(anywhere)
             if captured is not None:
                 captured.graph.replay()
                 self.replays += 1
+                if captured.copy_back is not None:  # what the function wrote, written back
+                    copy_from(captured.copy_back, tensors)  # type: ignore[arg-type]
                 for value in captured.notes:
                     host_note(value)
                 outputs = fresh_copies(captured.outputs, captured.copy_out)
@@ -300,17 +309,43 @@ class StepGraphs:
         if len(self.seen) > MAX_SEEN:
             self.seen.popitem(last=False)
 
+    def capture_call(
+        self,
+        function: Callable[..., Any],
+        tensors: Sequence[Tensor | None],
+        rest: tuple[object, ...],
+        graph_key: tuple,
+        mutates: tuple[int, ...],
+    ) -> Captured | None:
+        """`capture`, the call's tensors at ``mutates`` left as the call gave them and a
+        graph of copies' static copies set to them again: the capture's warm-up run writes
+        the tensors its graph reads (the call's own, in place), and the replay (or the run,
+        where the capture failed) that serves the call follows, which would otherwise write
+        them a second time (a history's record is the same twice; another function's need
+        not be)."""
+        before = [
+            (at, t.clone()) for at, t in enumerate(tensors) if at in mutates and t is not None
+        ]
+        captured = self.capture(function, tensors, rest, graph_key, mutates)
+        for at, value in before:
+            tensors[at].copy_(value)  # type: ignore[union-attr]
+        if captured is not None and captured.copy_in is not None and before:
+            copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
+        return captured
+
     def capture(
         self,
         function: Callable[..., Any],
         tensors: Sequence[Tensor | None],
         rest: tuple[object, ...],
         graph_key: tuple,
+        mutates: tuple[int, ...] = (),
     ) -> Captured | None:
         """The call captured as a graph on the device's capture stream into the shared
         pool, kept under ``graph_key`` (the call's key and its tensors' addresses, or
         None), reading the call's tensors where they lie (addresses given) or copies of
-        them that each replay copies the call's tensors into; None, and the key marked
+        them that each replay copies the call's tensors into (and those at ``mutates``
+        back out: `captured_call`); None, and the key marked
         failed, where anything before the capture fails (a synchronizing
         operation in the warm-up, which runs under PyTorch's sync debug mode "error", or
         memory).  A capture that fails inside CUDA leaves PyTorch's allocator and
@@ -374,18 +409,10 @@ class StepGraphs:
             self.release_pool(device)  # the graph goes, and with it maybe the pool's last
             return None
         outputs, single = graph_outputs(result)
-        captured = Captured(
-            graph,
-            (None,) * len(inputs) if in_place else inputs,  # no hold on the call's tensors
-            outputs,
-            single,
-            tuple(kept),
-            device,
-            graph_key[1],  # the call's addresses, or None
-            None if in_place else copy_plan(inputs),
-            copy_plan(outputs),
-            tuple(notes),
-        )
+        captured = captured_call(
+            graph, inputs, outputs, single, tuple(kept), device, graph_key[1], tuple(notes),
+            mutates,
+        )  # fmt: skip
         self.keep(graph_key, captured)
         return captured
 
@@ -427,6 +454,38 @@ class StepGraphs:
         failed."""
         if all(each.device != device for each in self.graphs.values()):
             self.pools.pop(device, None)
+
+
+def captured_call(
+    graph: torch.cuda.CUDAGraph,
+    inputs: tuple[Tensor | None, ...],
+    outputs: tuple[Tensor, ...],
+    single: bool,
+    kept: tuple[object, ...],
+    device: int,
+    addresses: tuple[int, ...] | None,
+    notes: tuple[object, ...],
+    mutates: tuple[int, ...] = (),
+) -> Captured:
+    """The `Captured` of a graph that read ``inputs`` (the call's own tensors where
+    ``addresses`` are given, else its static copies) and wrote ``outputs``: its plans of
+    copies in and out and, for a graph of copies of a function that writes the tensors at
+    positions ``mutates``, of the copies of those back into the call's tensors."""
+    in_place = addresses is not None
+    written = [t if at in mutates else None for at, t in enumerate(inputs)]
+    return Captured(
+        graph,
+        (None,) * len(inputs) if in_place else inputs,  # no hold on the call's tensors
+        outputs,
+        single,
+        kept,
+        device,
+        addresses,
+        None if in_place else copy_plan(inputs),
+        copy_plan(outputs),
+        notes,
+        None if in_place or not mutates else copy_plan(written),
+    )
 
 
 def tensor_addresses(tensors: Sequence[Tensor | None]) -> tuple[int, ...]:
@@ -511,6 +570,7 @@ __all__ = [
     "STEP_GRAPHS",
     "StepGraphs",
     "call_key",
+    "captured_call",
     "enabled_by_environment",
     "host_note",
     "kept_by_graphs",
