@@ -12,6 +12,7 @@ its amax of step ``steps[r, c]`` in column ``c = step mod width``."""
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -92,22 +93,29 @@ def _record_kernel(
         tl.store(steps_ptr + where, step)
 
 
-def _launch_device(amaxes: Tensor) -> int:
-    """The device index a launch on ``amaxes`` takes (0 off CUDA: the interpreter's)."""
-    return amaxes.device.index if amaxes.is_cuda else 0
+def _launch_one(launch: Launch, amaxes: Tensor, *args: Tensor) -> None:
+    """One program of ``launch`` over the history ``amaxes`` and ``args``, on the history's
+    device (made current for the launch where it is not: Triton launches on the current
+    one; device 0 off CUDA, the interpreter's)."""
+    device = amaxes.device.index if amaxes.is_cuda else 0
+    if amaxes.is_cuda and device != current_device():
+        with torch.cuda.device(device):
+            launch(device, 1, amaxes, *args)
+    else:
+        launch(device, 1, amaxes, *args)
 
 
+@functools.cache
 def _window_launch(width: int, roles: HistoryRoles) -> Launch:
+    """`_window_scales_kernel` bound for ``width`` columns and ``roles`` (once for each)."""
     constants = {"WIDTH": width, "BLOCK": next_power_of_2(width), "ROLES": roles}
     return bound_launch(_window_scales_kernel, tuple(constants.items()))
 
 
+@functools.cache
 def _record_launch(width: int, roles: HistoryRoles) -> Launch:
+    """`_record_kernel` bound for ``width`` columns and ``roles`` (once for each)."""
     return bound_launch(_record_kernel, (("WIDTH", width), ("ROLES", roles)))
-
-
-_WINDOW_LAUNCHES: dict[tuple[int, HistoryRoles], Launch] = {}
-_RECORD_LAUNCHES: dict[tuple[int, HistoryRoles], Launch] = {}
 
 
 def _checked(amaxes: Tensor, steps: Tensor, step: Tensor) -> None:
@@ -131,17 +139,9 @@ def window_tensor_scales(
     in one launch (`_window_scales_kernel`; `stochround.nn.amax_history.window_scales` is
     its spec)."""
     _checked(amaxes, steps, step)
-    width = amaxes.shape[1]
-    launch = _WINDOW_LAUNCHES.get((width, roles))
-    if launch is None:
-        launch = _WINDOW_LAUNCHES.setdefault((width, roles), _window_launch(width, roles))
+    launch = _window_launch(amaxes.shape[1], roles)
     out = torch.empty(3 * len(roles.ROWS), dtype=torch.float32, device=amaxes.device)
-    device = _launch_device(amaxes)
-    if amaxes.is_cuda and device != current_device():
-        with torch.cuda.device(device):
-            launch(device, 1, amaxes, steps, step, out)
-    else:
-        launch(device, 1, amaxes, steps, step, out)
+    _launch_one(launch, amaxes, steps, step, out)
     return out
 
 
@@ -154,16 +154,8 @@ def record_amaxes(
     _checked(amaxes, steps, step)
     if record.dtype != torch.float32 or record.numel() < len(roles.ROWS):
         raise ValueError(f"record must hold {len(roles.ROWS)} fp32 values")
-    width = amaxes.shape[1]
-    launch = _RECORD_LAUNCHES.get((width, roles))
-    if launch is None:
-        launch = _RECORD_LAUNCHES.setdefault((width, roles), _record_launch(width, roles))
-    device = _launch_device(amaxes)
-    if amaxes.is_cuda and device != current_device():
-        with torch.cuda.device(device):
-            launch(device, 1, amaxes, steps, step, record)
-    else:
-        launch(device, 1, amaxes, steps, step, record)
+    launch = _record_launch(amaxes.shape[1], roles)
+    _launch_one(launch, amaxes, steps, step, record)
 
 
 __all__ = ["HistoryRoles", "record_amaxes", "window_tensor_scales"]

@@ -456,11 +456,6 @@ def launched_window_scales(history: AmaxHistory, windows: tuple[tuple[str, int],
     return window_tensor_scales(history.amaxes, history.steps, history.step, roles)
 
 
-def record_kernel_amax(history: AmaxHistory, role: str, record: Tensor) -> None:
-    """`record_amax` of the amax a launch raised ``record`` to (`record_kernel_amaxes`)."""
-    record_kernel_amaxes(history, (role,), record)
-
-
 def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: Tensor) -> None:
     """`record_amax` of each role in ``roles`` with the amax a launch raised ``record[i]``
     to: on the kernels' route (the host's decisions given) in one launch
@@ -487,7 +482,7 @@ def delayed_operand_scale(
     history: AmaxHistory | None,
 ) -> TensorScale:
     """The tensor scales a delayed role's operand is quantized with at the history's step
-    (`delayed_tensor_scale`), its current amax recorded (`record_kernel_amax`).  ValueError
+    (`delayed_tensor_scale`), its current amax recorded (`record_kernel_amaxes`).  ValueError
     without a history (no silent fall back to current scaling).  The spec's route: the amax
     a pass of its own (on a CUDA tensor, the PyTorch path's ops, where no prepared kernel
     serves the operand)."""
@@ -498,7 +493,7 @@ def delayed_operand_scale(
         )
     current = operand_amax(operand, spec, signs)
     scale = delayed_tensor_scale(history, role, spec.amax_history, current)
-    record_kernel_amax(history, role, current)
+    record_kernel_amaxes(history, (role,), current)
     return scale
 
 
@@ -528,7 +523,6 @@ __all__ = [
     "launched_window_scales",
     "operand_amax",
     "record_amax",
-    "record_kernel_amax",
     "record_kernel_amaxes",
     "register_history",
     "stream_capturing",

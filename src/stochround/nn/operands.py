@@ -27,7 +27,7 @@ from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
-from .amax_history import AmaxHistory, delayed_operand_scale, kernel_scale, record_kernel_amax
+from .amax_history import AmaxHistory, delayed_operand_scale, kernel_scale, record_kernel_amaxes
 from .recipes import TENSOR_FORMATS, QuantSpec
 from .step_graphs import kept_by_graphs
 from .step_ops import transposed
@@ -337,7 +337,7 @@ def quantize_operand(
             # scaling's amax pass), the current amax the quantize launch's by-product
             given = kernel_scale(history, entry.role, spec.amax_history)
             result = prepared(operand, *stream, given.scales, given.record)
-            record_kernel_amax(history, entry.role, given.record)
+            record_kernel_amaxes(history, (entry.role,), given.record)
         elif delayed:
             # the launch's fixed signs where there are no per-step ones: made with it, outside
             # torch.compile's CUDA-graph pool (the spec's route under ``mode="reduce-overhead"``)
