@@ -29,9 +29,9 @@ captured as one CUDA graph: what is left without host time):
   that sees them off keeps the forward's operands for the backward.
 - ``nvfp4_delayed`` (eager, compiled and ``compiled_cudagraphs``): ``nvfp4(tensor_scale=
   "delayed")``, each role's tensor scale from the amaxes of the step before (no amax pass
-  where the kernels' route serves), with the step graphs off (they do not serve delayed
-  scales yet); not ``graphed``: an eager step decides its windows on the host, which a
-  capture of the whole step would freeze.
+  where the kernels' route serves), with the step graphs on as the other rows (a graph per
+  host decision, in place); not ``graphed``: an eager step decides its windows on the host,
+  which a capture of the whole step would freeze.
 
 Checks before timing: the loss is finite and lies within 5% of the bf16 model's.
 
@@ -68,8 +68,8 @@ COMPILE_MODES = {"compiled": None, "compiled_cudagraphs": "reduce-overhead"}
 
 def uses_step_graphs(variant: str) -> bool:
     """Whether ``variant``'s rows run with the layers' step graphs on (the library's
-    default): all but ``nvfp4_no_step_graphs`` and ``nvfp4_delayed``."""
-    return variant not in ("nvfp4_no_step_graphs", "nvfp4_delayed")
+    default): all but ``nvfp4_no_step_graphs``."""
+    return variant != "nvfp4_no_step_graphs"
 
 
 def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.device) -> GPT:

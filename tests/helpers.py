@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import stochround as sr
 from stochround.kernels import availability
-from stochround.nn import linear, opaque_matmul
+from stochround.nn import graph_copies, linear, opaque_matmul, step_graphs
 from stochround.nn.layer_plan import running_gemms
 
 # Every registered format, plus P3109 and CFloat8 formats that exercise p = 1, unsigned
@@ -198,3 +198,47 @@ def graphed_route(patched: pytest.MonkeyPatch, keep: bool) -> None:
     patched.setattr(linear, "graphed_step", lambda *args: True)
     if keep:
         patched.setattr(linear, "GraphedMatmul", KeepingGraphedMatmul)
+
+
+class RunningGraph:
+    """A stand-in CUDA graph for the CPU: each replay runs the captured function on the
+    graph's inputs (the call's own tensors in place, else its static copies) and writes
+    its results into the graph's outputs, as a replay of the real graph would; its notes
+    (`step_graphs.host_note`) dropped, as a replay runs no Python."""
+
+    def __init__(self, function: Callable, inputs: tuple, rest: tuple, outputs: tuple) -> None:
+        self.function, self.inputs, self.rest, self.outputs = function, inputs, rest, outputs
+
+    def replay(self) -> None:
+        with step_graphs.noting():
+            result, _ = step_graphs.graph_outputs(self.function(*self.inputs, *self.rest))
+        graph_copies.copy_grouped(self.outputs, result)
+
+
+def graphs_on_the_cpu(patched: pytest.MonkeyPatch, graphs: step_graphs.StepGraphs) -> list[tuple]:
+    """``graphs`` on and serving CPU calls (and said to serve them: the layers' eager and
+    compiled steps keep what a GPU's graphed step keeps), each capture a `RunningGraph` (the
+    capture's run makes its outputs and notes; every replay runs the function again), the
+    graphs' bookkeeping, copies in and out as on a GPU: the graph keys captured, in order."""
+    keys: list[tuple] = []
+
+    def capture(
+        function: Callable, tensors: tuple, rest: tuple, graph_key: tuple, mutates: tuple = ()
+    ) -> object:
+        keys.append(graph_key)
+        in_place = graph_key[1] is not None
+        inputs = tuple(t if in_place or t is None else t.clone() for t in tensors)
+        with step_graphs.noting() as notes:
+            outputs, single = step_graphs.graph_outputs(function(*inputs, *rest))
+        made = step_graphs.captured_call(
+            RunningGraph(function, inputs, rest, outputs),  # type: ignore[arg-type]
+            inputs, outputs, single, (), 0, graph_key[1], tuple(notes), mutates,
+        )  # fmt: skip
+        graphs.keep(graph_key, made)
+        return made
+
+    patched.setattr(graphs, "enabled", True)
+    patched.setattr(graphs, "serves", lambda *args: True)
+    patched.setattr(graphs, "serves_layouts", lambda *args: True)
+    patched.setattr(graphs, "capture", capture)
+    return keys

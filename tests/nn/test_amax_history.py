@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from helpers import assert_same_tensors, cuda_route
+from helpers import assert_same_tensors, cuda_route, graphs_on_the_cpu
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -22,18 +22,26 @@ import stochround.nn as srnn
 from stochround.blocks.scales import nvfp4_tensor_scales
 from stochround.kernels import blocks as kernel_blocks
 from stochround.kernels import two_orientation
-from stochround.nn import amax_history, delayed_ops, matmul, opaque_matmul, orientations
+from stochround.nn import (
+    amax_history,
+    delayed_ops,
+    matmul,
+    opaque_matmul,
+    orientations,
+    step_graphs,
+)
 from stochround.nn.amax_history import (
     EMPTY,
     AmaxHistory,
     HostRoute,
     empty_history,
     host_copy,
-    op_history,
+    host_step,
     operand_amax,
     record_amax,
     window_amax,
 )
+from stochround.nn.delayed_steps import BACKWARD_WRITES, FORWARD_WRITES
 from stochround.nn.linear import COMPILES
 from stochround.nn.operands import Operand, dequantized_operand, quantize_operand
 from stochround.nn.step_ops import PLAIN_REGIONS_RUN_THE_MODE
@@ -250,26 +258,15 @@ def test_bad_delayed_specs_raise_naming_the_argument(
         srnn.QuantSpec(**kwargs)  # type: ignore[arg-type]
 
 
-def test_what_is_not_built_raises_instead_of_scaling_currently(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Tensor parallelism and the step graphs (eager, or a compiled step's op where they
-    would serve it) raise NotImplementedError; an operand quantized without the layer's
-    history raises ValueError."""
+def test_what_is_not_built_raises_instead_of_scaling_currently() -> None:
+    """Tensor parallelism raises NotImplementedError (the step graphs serve delayed layers:
+    `test_a_delayed_step_keys_a_graph_per_host_decision`); an operand quantized without
+    the layer's history raises ValueError."""
     layer = model_of("delayed")[0]
     x = batches(1)[0]
-    column = layer.offsets_column(layer.step)
     with pytest.raises(NotImplementedError, match="not built under tensor parallelism"):
-        layer.step_history(x, column, True, True)
-    with pytest.raises(NotImplementedError, match="not built under the step graphs"):
-        layer.step_history(x, column, True, False, True)
-    monkeypatch.setattr(opaque_matmul.STEP_GRAPHS, "serves", lambda *args: True)
-    assert layer.amax_history is not None and layer.amax_history_steps is not None
-    buffers = (layer.amax_history, layer.amax_history_steps)
-    with pytest.raises(NotImplementedError, match="not built under the step graphs"):
-        delayed_ops.quantized_linear_delayed(
-            x, layer.weight, None, column, layer.plan_index, -1, False, False, *buffers, True
-        )
+        layer.check_delayed_route(True)
+    layer.check_delayed_route(False)
     entry = layer.plan.operands["fprop_input"]
     with pytest.raises(ValueError, match="amax history"):
         quantize_operand(x, entry, 0, 0, None)
@@ -583,6 +580,75 @@ def test_a_captured_history_takes_the_devices_decisions_for_good(
     assert copy.windows is not None and copy.windows.step == 1
 
 
+# the roles a delayed nvfp4 layer records at a step that runs all three GEMMs (dgrad
+# reuses fprop's Q(W): dgrad_weight's window stays empty)
+RECORDING = frozenset(
+    {"fprop_input", "fprop_weight", "wgrad_input", "dgrad_grad_output", "wgrad_grad_output"}
+)
+
+
+@pytest.mark.parametrize("route", [False, True], ids=["cpu", "cuda_route"])
+def test_a_delayed_step_keys_a_graph_per_host_decision(
+    route: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host decides before each step function which roles' windows hold a recorded
+    amax, and passes the decisions among its hashable arguments (the step graphs' key): on
+    the kernels' route the first step's calls find every window empty and the later ones
+    the recording roles' windows recorded, so each function takes two keys over three
+    steps (a graph for each); its calls name the buffers they write (``mutates``).  On
+    the kernels' route the step graphs serve the calls (a GPU's own; on the CPU stand-ins
+    that run the function at each replay, `graphs_on_the_cpu`), and the decisions are
+    those of a run without them: the forward keeps Q(W) for dgrad whether or not they
+    serve, so ``dgrad_weight`` never records.  The host copy holds what the calls noted
+    they recorded, the steps the buffers hold.  On the CPU path the device decides: no
+    decisions passed, one key a function."""
+    calls: list[tuple[str, object, tuple]] = []
+    run = step_graphs.StepGraphs.run
+
+    def spy(
+        self: step_graphs.StepGraphs,
+        function: object,
+        tensors: list,
+        rest: tuple,
+        *args: object,
+        **kwargs: object,
+    ) -> object:
+        name = function.__name__  # type: ignore[attr-defined]
+        writes = FORWARD_WRITES if "forward" in name else BACKWARD_WRITES
+        assert kwargs.get("mutates") == writes
+        calls.append((name, rest[-1], step_graphs.call_key(tensors, rest)))
+        return run(self, function, tensors, rest, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(step_graphs.StepGraphs, "run", spy)
+    device, context = cuda_route(route)
+    if route and device.type == "cpu":
+        graphs_on_the_cpu(monkeypatch, step_graphs.STEP_GRAPHS)
+    layer = model_of("delayed")[0].to(device)
+    try:
+        with context:
+            for x in batches(3):
+                layer_step(layer, x.to(device))
+    finally:
+        step_graphs.STEP_GRAPHS.clear()
+    forwards = [(windows, key) for name, windows, key in calls if "forward" in name]
+    backwards = [(windows, key) for name, windows, key in calls if "backward" in name]
+    assert len(forwards) == len(backwards) == 3
+    if not route:
+        assert {windows for windows, _ in forwards + backwards} == {None}
+        assert len({key for _, key in forwards}) == len({key for _, key in backwards}) == 1
+        return
+    for decided in (forwards, backwards):
+        assert [windows for windows, _ in decided] == [frozenset(), RECORDING, RECORDING]
+        assert decided[0][1] != decided[1][1] == decided[2][1]
+    copy = host_copy(layer.amax_history)  # type: ignore[arg-type]
+    assert copy is not None and copy.windows is not None and copy.windows.step == 3
+    steps = layer.amax_history_steps
+    assert steps is not None
+    for role, row in amax_history.ROLE_ROWS.items():
+        recorded = sorted(step for step in steps[row].tolist() if step >= 0)
+        assert sorted(copy.windows.recorded[role]) == recorded, role
+
+
 def test_a_history_no_layer_registered_turns_the_host_route_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -595,8 +661,8 @@ def test_a_history_no_layer_registered_turns_the_host_route_off(
     amaxes, steps = empty_history(2, device)
     column = torch.zeros(8, 1, dtype=torch.int64, device=device)
     with context, pytest.warns(RuntimeWarning, match="no QuantizedLinear registered"):
-        history = op_history(amaxes, steps, column, True, "forward")
-    assert history.host is None and not HostRoute.on
+        host = host_step(amaxes, steps, column, True, "forward")
+    assert host is None and not HostRoute.on
     assert host_copy(amaxes) is None
 
 

@@ -6,25 +6,28 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
-from helpers import assert_same_tensors
+from helpers import assert_same_tensors, cuda_route, graphs_on_the_cpu
 from torch import Tensor
 
 import stochround.nn as srnn
-from stochround.nn import opaque_matmul, operands, orientations
+from stochround.nn import graph_copies, opaque_matmul, operands, orientations
 from stochround.nn import step_graphs as graphs_module
+from stochround.nn.graph_copies import copy_grouped, fresh_copies
+from stochround.nn.linear import COMPILES
 from stochround.nn.step_graphs import (
     KEEPING,
     STEP_GRAPHS,
     Captured,
     StepGraphs,
     call_key,
-    copy_grouped,
     enabled_by_environment,
-    fresh_copies,
+    host_note,
     kept_by_graphs,
+    noting,
     use_step_graphs,
 )
 
@@ -51,10 +54,15 @@ def train(
 ) -> list[Tensor]:
     """`STEPS` steps of one quantized layer (64 tokens, 128 -> 256, bf16; compiled by
     inductor where ``compiled``) with SGD, fixed inputs a step; every step's output, x's
-    gradient and the parameters' gradients."""
+    gradient and the parameters' gradients, and for ``name`` "nvfp4_delayed" (delayed
+    tensor scales over 2 steps) the amax history's buffers after each step."""
     torch.manual_seed(0)
+    if name == "nvfp4_delayed":
+        recipe = srnn.nvfp4(seed=7, tensor_scale="delayed", amax_history=2)
+    else:
+        recipe = srnn.RECIPES[name](seed=7)
     layer = srnn.QuantizedLinear(
-        128, 256, bias=bias, device=device, dtype=torch.bfloat16, recipe=srnn.RECIPES[name](seed=7)
+        128, 256, bias=bias, device=device, dtype=torch.bfloat16, recipe=recipe
     )
     optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
     run = torch.compile(layer, backend="inductor", fullgraph=True) if compiled else layer
@@ -70,6 +78,7 @@ def train(
         # training loop, and the layer's calls find their graphs
         seen += [y.detach().cpu(), x.grad.cpu()]  # type: ignore[union-attr]
         seen += [parameter.grad.cpu() for parameter in layer.parameters()]  # type: ignore[union-attr]
+        seen += [buffer.cpu() for name, buffer in layer.named_buffers() if "amax" in name]
         optimizer.step()
     return seen
 
@@ -237,6 +246,109 @@ def test_a_key_seen_again_is_the_newest_and_stays(monkeypatch: pytest.MonkeyPatc
     assert list(graphs.seen) == [("c", None), ("a", None), ("d", None)]
 
 
+class FakeGraph:
+    """A stand-in CUDA graph whose replay counts (the run's bookkeeping alone)."""
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def served_on_the_cpu(
+    graphs: StepGraphs, monkeypatch: pytest.MonkeyPatch, notes: tuple[object, ...] = ()
+) -> list[tuple]:
+    """``graphs`` serving CPU calls, each capture a `FakeGraph` whose outputs are the
+    function's (run once) and whose notes are ``notes``: the graph keys captured, in
+    order."""
+    keys: list[tuple] = []
+
+    def capture(
+        function: Any, tensors: Any, rest: tuple, graph_key: tuple, mutates: tuple = ()
+    ) -> Captured:
+        keys.append(graph_key)
+        with noting():  # as a capture's runs: their notes are the graph's
+            outputs, single = graphs_module.graph_outputs(function(*tensors, *rest))
+        copies = None if graph_key[1] is not None else tuple(t.clone() for t in tensors)
+        copy_in = None if copies is None else graph_copies.copy_plan(copies)
+        made = Captured(
+            FakeGraph(),  # type: ignore[arg-type]
+            copies or (None,) * len(tensors),
+            outputs,
+            single,
+            (),
+            0,
+            graph_key[1],
+            copy_in,
+            graph_copies.copy_plan(outputs),
+            notes,
+        )
+        graphs.keep(graph_key, made)
+        return made
+
+    monkeypatch.setattr(graphs, "serves", lambda *args: True)
+    monkeypatch.setattr(graphs, "capture", capture)
+    return keys
+
+
+def test_a_mutating_call_s_graph_of_copies_writes_its_tensors_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call that writes some of its tensors (``mutates``: their positions; a delayed
+    layer's amax history) is served as any other: at new addresses each call by the key's
+    graph of copies, which writes its static copies, copied back into the call's tensors
+    after each replay (the capture's own runs leave the call's tensors as they were); at
+    repeated addresses by a graph of its own reading them in place.  Every call leaves
+    the tensors as the function run eagerly would."""
+
+    def function(x: Tensor, total: Tensor) -> Tensor:
+        total.add_(x)
+        return total * 2
+
+    graphs = StepGraphs()
+    keys = graphs_on_the_cpu(monkeypatch, graphs)
+    eager = torch.zeros(4)
+    for step in range(4):  # new addresses each call
+        x, total = torch.full((4,), float(step)), eager.clone()
+        function(x, eager)
+        got = graphs.run(function, (x, total), (), 0, mutates=(1,))
+        assert torch.equal(total, eager) and torch.equal(got, eager * 2), step
+    assert [key[1] for key in keys] == [None] and graphs.replays == 3
+    captured = graphs.graphs[keys[0]]
+    assert captured.copy_back is not None and captured.copy_back.groups[0][0] == (1,)
+    x, total = torch.ones(4), eager.clone()
+    for _ in range(3):  # the same addresses: in place from the second call
+        function(x, eager)
+        graphs.run(function, (x, total), (), 0, mutates=(1,))
+        assert torch.equal(total, eager)
+    assert keys[-1][1] == (x.data_ptr(), total.data_ptr())
+    assert graphs.graphs[keys[-1]].copy_back is None
+
+
+def test_a_replay_gives_the_notes_its_capture_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step function's host notes (`host_note`) reach its caller inside `noting` when it
+    runs, and each replay of its graph gives the notes the capture made (the function's
+    Python does not run then); outside `noting` a note goes nowhere."""
+    graphs = StepGraphs()
+    served_on_the_cpu(graphs, monkeypatch, notes=("captured",))
+
+    def function(x: Tensor) -> Tensor:
+        host_note("ran")
+        return x * 2
+
+    x = torch.ones(3)
+    seen = []
+    for _ in range(4):
+        with noting() as notes:
+            graphs.run(function, (x,), (), 0, mutates=(0,))
+        seen.append(list(notes))
+    # run, captured (and replayed), replayed
+    assert seen == [["ran"], ["captured"], ["captured"], ["captured"]]
+    function(x)  # no caller noting: nothing kept
+    assert graphs_module.NOTES.notes is None
+
+
 def test_use_step_graphs_switches_and_checks_its_argument() -> None:
     previous = use_step_graphs(False)
     try:
@@ -272,6 +384,76 @@ def test_a_graphed_training_run_gives_the_eager_runs_bits(name: str) -> None:
         before = STEP_GRAPHS.replays
         got = train(name, device)
         assert STEP_GRAPHS.replays - before >= 2 * (STEPS - 2)
+    assert_same_tensors(got, expected)
+
+
+@GPU
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_delayed_layer_replays_its_graphs_with_the_ungraphed_bits(compiled: bool) -> None:
+    """A layer with delayed tensor scales, eager or compiled by inductor (its delayed ops),
+    replays its step functions' graphs (a graph per host decision, the first step's empty
+    windows and the later steps' recorded ones; of copies, the history copied back, where
+    the step's tensors lie elsewhere than at an earlier step, else in place) with the
+    bits of the run with the graphs off: outputs, gradients and the amax history's
+    buffers after each step, byte for byte; the host copy's marks keep up with the
+    replays; no key's warm-up failed."""
+    device = torch.device("cuda")
+    with step_graphs(False):
+        expected = train("nvfp4_delayed", device)
+    torch._dynamo.reset()
+    with step_graphs(True):
+        captures, replays = STEP_GRAPHS.captures, STEP_GRAPHS.replays
+        got = train("nvfp4_delayed", device, compiled=compiled)
+        # a key whose warm-up read the host (or whose capture failed) runs eagerly for good
+        assert not STEP_GRAPHS.failed, [key[0][1] for key in STEP_GRAPHS.failed]
+        assert STEP_GRAPHS.captures > captures and STEP_GRAPHS.replays > replays
+    torch._dynamo.reset()
+    assert_same_tensors(got, expected)
+
+
+@pytest.mark.parametrize(
+    "compiled",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=[
+                pytest.mark.compiles,
+                pytest.mark.skipif(
+                    not COMPILES, reason="QuantizedLinear compiles with torch >= 2.11"
+                ),
+            ],
+        ),
+    ],
+    ids=["eager", "compiled"],
+)
+def test_a_delayed_layer_graphed_on_the_kernels_route_gives_the_ungraphed_bits(
+    compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU test above on the kernels' route wherever it runs (on the CPU, the
+    interpreter's, with stand-in graphs that run the function at each replay:
+    `graphs_on_the_cpu`, whose layers keep what a GPU's graphed layers keep): the delayed
+    layer's step functions are captured and replayed although the test's tensors lie
+    elsewhere at each step (the key's graph of copies, its history copied back), and the
+    run's outputs, gradients and history buffers are those of the run without the graphs,
+    the operands the backward reuses kept either way (a backward quantizing W again would
+    record ``dgrad_weight``'s amax, which a run without the graphs never does)."""
+    device, context = cuda_route()
+    with context:
+        with step_graphs(False):
+            expected = train("nvfp4_delayed", device)
+        torch._dynamo.reset()
+        STEP_GRAPHS.clear()
+        try:
+            keys = graphs_on_the_cpu(monkeypatch, STEP_GRAPHS) if device.type != "cuda" else []
+            with step_graphs(True) if device.type == "cuda" else contextlib.nullcontext():
+                replays = STEP_GRAPHS.replays
+                got = train("nvfp4_delayed", device, compiled=compiled)
+                assert STEP_GRAPHS.replays > replays
+                assert device.type == "cuda" or len(keys) >= 2
+        finally:
+            STEP_GRAPHS.clear()
+            torch._dynamo.reset()
     assert_same_tensors(got, expected)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import typing
 import warnings
 import weakref
 from collections import deque
@@ -41,6 +40,7 @@ from ..blocks.request import default_signs
 from ..blocks.scales import TensorScale, nvfp4_tensor_scales
 from ..kernels.availability import on_kernel_device
 from .recipes import ROLES, QuantSpec
+from .step_graphs import host_note
 from .streams import column_step as device_column_step
 
 if TYPE_CHECKING:  # the kernel module imports Triton: only its type here
@@ -159,7 +159,7 @@ class HostRoute:
 @contextlib.contextmanager
 def warming_up() -> Iterator[None]:
     """The compiled ops' warm-up (`stochround.nn.opaque_matmul.warm_up`: their bodies run
-    at trace time on zeros, no layer's buffers): `op_history` reads the device's
+    at trace time on zeros, no layer's buffers): `host_step` takes the device's
     decisions and leaves every host copy and `HostRoute` as they are."""
     before = HostRoute.warming
     HostRoute.warming = True
@@ -174,12 +174,11 @@ def register_history(amaxes: Tensor | None) -> None:
     made yet): where a layer makes or moves its buffers, so that the compiled ops find its
     copy by the buffer they are given.  Nothing for no buffer or one without memory
     (``meta``); a buffer registered already keeps its copy."""
-    if amaxes is None or amaxes.device.type == "meta":
+    if amaxes is None or amaxes.device.type == "meta" or host_copy(amaxes) is not None:
         return
     for address in [each for each, copy in HOST_COPIES.items() if copy.buffer() is None]:
         del HOST_COPIES[address]
-    if host_copy(amaxes) is None:
-        HOST_COPIES[amaxes.data_ptr()] = HostCopy(amaxes)
+    HOST_COPIES[amaxes.data_ptr()] = HostCopy(amaxes)
 
 
 def host_copy(amaxes: Tensor) -> HostCopy | None:
@@ -209,51 +208,76 @@ def stream_capturing() -> bool:
 Phase = Literal["forward", "recomputed", "backward"]
 
 
-def op_history(
+class Recorded(NamedTuple):
+    """A step function's note (`stochround.nn.step_graphs.host_note`) that ``roles`` recorded
+    their amaxes at the call's step on the kernels' route: the caller marks them in the
+    host's copy (`HostStep.mark`), after the call, run or replayed."""
+
+    roles: tuple[str, ...]
+
+
+class HostStep(NamedTuple):
+    """The host's side of one call of a delayed layer's step functions: the layer's
+    `HostWindows` and the call's step as the host knows it.  The host decides before the
+    call (`decided`) and marks what the call recorded after it (`mark`), so that the step
+    function itself reads and changes no host state (a step graph can capture it)."""
+
+    windows: HostWindows
+    step: int
+
+    def decided(self, lengths: Iterable[tuple[str, int]]) -> frozenset[str]:
+        """The roles, of ``lengths`` (each delayed role with its window's length), whose
+        window at the step holds a recorded amax (`HostWindows.window_recorded`): what
+        the step function's `AmaxHistory` carries as its ``windows``."""
+        return frozenset(
+            role
+            for role, length in lengths
+            if self.windows.window_recorded(role, self.step, length)
+        )
+
+    def mark(self, notes: Iterable[object]) -> None:
+        """The roles a call's `Recorded` notes name marked as recorded at the step."""
+        for each in notes:
+            if isinstance(each, Recorded):
+                for role in each.roles:
+                    self.windows.mark(role, self.step)
+
+
+def host_step(
     amaxes: Tensor, steps: Tensor, column: Tensor, record: bool, phase: Phase
-) -> AmaxHistory:
-    """The history a compiled delayed layer's op body reads at the step of the offsets
-    ``column`` (`history_at`), with the layer's `HostWindows` where the host decides as
-    the eager step does (the kernels' route): on the kernels' device, outside a CUDA-graph
-    capture, its copy found by the buffer and not ``captured``.  A capture marks the copy
-    ``captured`` (`HostCopy`); a buffer no layer registered turns the host route off
-    (`HostRoute`); a warm-up (`warming_up`) looks nothing up.  A forward makes the
-    windows where there are none (from the buffers and the column's step: one
-    synchronization); a recomputed forward or a backward without them takes the device's
-    decisions, whose records the next forward's copy reads."""
-    history = history_at(amaxes, steps, column, record)
-    if HostRoute.warming or not on_kernel_device(amaxes):  # (the CPU: the spec's, as eagerly)
-        return history
+) -> HostStep | None:
+    """The host's side of a delayed layer's call at the step of the offsets ``column``
+    (eager, graphed or a compiled op's body alike), or None where the device decides
+    (the spec's route): off the kernels' device, in the compiled ops' warm-up
+    (`warming_up`: no copy looked up), with no registered copy (the host route turned off:
+    `HostRoute`), inside a CUDA-graph capture (the copy marked ``captured``: `HostCopy`)
+    or once the copy is captured.  A forward makes the windows where there are none (from
+    the buffers and the column's step: one synchronization); a recomputed forward or a
+    backward without them takes the device's decisions, whose records the next forward's
+    copy reads.  A training forward takes the next step (`HostWindows.take_step`), an
+    evaluation forward the next one unadvanced, and a call that reads a forward's step
+    again (a recomputation, a backward) finds it by its column
+    (`HostWindows.column_step`)."""
+    if HostRoute.warming or not on_kernel_device(amaxes):  # (the CPU: the spec's)
+        return None
     copy = host_copy(amaxes)
     if copy is None:
         turn_host_route_off()
-        return history
+        return None
     if stream_capturing():
         copy.captured = True
     if copy.captured or not HostRoute.on:
-        return history
+        return None
     windows = copy.windows
     if windows is None:
         if phase != "forward":
-            return history
+            return None
         windows = copy.windows = HostWindows.from_buffers(device_column_step(column), steps)
-    return with_windows(history, windows, column, phase != "forward")
-
-
-def with_windows(
-    history: AmaxHistory, windows: HostWindows, column: Tensor, again: bool
-) -> AmaxHistory:
-    """``history`` with the host's ``windows`` and its step as the host knows it: a
-    training forward's takes the next step (`HostWindows.take_step`), an evaluation
-    forward's the next one unadvanced, and a call that reads a forward's step ``again``
-    (a recomputation, a backward) finds it by its column (`HostWindows.column_step`)."""
-    if again:
-        step = windows.column_step(column)
-    elif history.record:
-        step = windows.take_step(column)
-    else:
-        step = windows.step
-    return history._replace(host=windows, host_step=step)
+    if phase != "forward":
+        return HostStep(windows, windows.column_step(column))
+    if record:
+        return HostStep(windows, windows.take_step(column))
+    return HostStep(windows, windows.step)
 
 
 def turn_host_route_off() -> None:
@@ -272,46 +296,34 @@ def turn_host_route_off() -> None:
     HostRoute.on = False
 
 
-def layer_windows(
-    amaxes: Tensor, steps: Tensor, counter: Tensor, advanced: int
-) -> HostWindows | None:
-    """The windows an eager step on the kernels' route decides from: its layer's copy's
-    (registered here where the layer has none), made from the buffers and ``counter`` less
-    ``advanced`` (the step this training forward takes, where it advanced the counter
-    already) where there are none; None where the host does not decide (the copy
-    ``captured``, or the host route off: `op_history`)."""
-    copy = host_copy(amaxes)
-    if copy is None:
-        register_history(amaxes)
-        copy = typing.cast(HostCopy, host_copy(amaxes))
-    if copy.captured or not HostRoute.on:
-        return None
-    if copy.windows is None:
-        copy.windows = HostWindows.from_buffers(int(counter) - advanced, steps)
-    return copy.windows
-
-
 class AmaxHistory(NamedTuple):
     """A layer's amax history as one step reads it: the buffers ``amaxes`` (fp32) and
     ``steps`` (int64), the step (a 0-d int64 tensor) and whether the step records its
-    amaxes (a training step; an evaluation forward only reads); on the kernels' route, the
-    layer's `HostWindows` and the step as the host knows it (``host_step``)."""
+    amaxes (a training step; an evaluation forward only reads); on the kernels' route,
+    ``windows``: the delayed roles whose window the host knows recorded (`HostStep.decided`,
+    taken before the step function and passed to it, so that the step graphs key a graph
+    per decision); None: every decision on the device (the spec's route)."""
 
     amaxes: Tensor
     steps: Tensor
     step: Tensor
     record: bool
-    host: HostWindows | None = None
-    host_step: int = -1
+    windows: frozenset[str] | None = None
 
 
-def history_at(amaxes: Tensor, steps: Tensor, column: Tensor, record: bool) -> AmaxHistory:
+def history_at(
+    amaxes: Tensor,
+    steps: Tensor,
+    column: Tensor,
+    record: bool,
+    windows: frozenset[str] | None = None,
+) -> AmaxHistory:
     """The history of buffers ``amaxes`` and ``steps`` at the step of the stream offsets
-    ``column`` (`stochround.nn.streams.column_step`), recording where ``record``, without
-    the host's copy (every decision on the device: the spec's route).  What a compiled
-    delayed layer's opaque ops read, which take the buffers as arguments
-    (`stochround.nn.delayed_ops`), and what an eager step adds the host's copy to."""
-    return AmaxHistory(amaxes, steps, device_column_step(column), record)
+    ``column`` (`stochround.nn.streams.column_step`: read on the device), recording where
+    ``record``, with the host's decisions ``windows`` (None: every decision on the device,
+    the spec's route).  What a delayed layer's step functions read, which take the buffers
+    as tensors (`stochround.nn.delayed_steps`)."""
+    return AmaxHistory(amaxes, steps, device_column_step(column), record, windows)
 
 
 def history_width(specs: Iterable[QuantSpec]) -> int:
@@ -406,11 +418,10 @@ class KernelScale(NamedTuple):
 def kernel_scale(history: AmaxHistory, role: str, length: int) -> KernelScale:
     """`KernelScale` of ``role`` at the history's step: the window's scales computed on the
     device from the buffers (no synchronization) where the host knows a recorded step in
-    it, else None."""
-    host = history.host
-    if host is None:
-        raise ValueError("the kernels' route of a delayed scale needs the layer's HostWindows")
-    if not host.window_recorded(role, history.host_step, length):
+    it (the history's ``windows``), else None."""
+    if history.windows is None:
+        raise ValueError("the kernels' route of a delayed scale needs the host's decisions")
+    if role not in history.windows:
         return KernelScale(None, history.amaxes.new_zeros(1))
     out = launched_window_scales(history, ((role, length),))
     return KernelScale(out[:2], out[2:])
@@ -447,12 +458,12 @@ def launched_window_scales(history: AmaxHistory, windows: tuple[tuple[str, int],
 
 def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: Tensor) -> None:
     """`record_amax` of each role in ``roles`` with the amax a launch raised ``record[i]``
-    to, and the host's copy told: on the kernels' route (the host's copy there) in one
-    launch (`stochround.kernels.delayed_scales.record_amaxes`), else by `record_amax`."""
+    to: on the kernels' route (the host's decisions given) in one launch
+    (`stochround.kernels.delayed_scales.record_amaxes`), the roles noted for the host's
+    copy (`Recorded`: the caller marks them), else by `record_amax`."""
     if not history.record:
         return
-    host = history.host
-    if host is None:
+    if history.windows is None:
         for role, amax in zip(roles, record.reshape(-1).unbind(), strict=True):
             record_amax(history, role, amax)
         return
@@ -460,8 +471,7 @@ def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: T
 
     windows = tuple((role, 0) for role in roles)
     record_amaxes(history.amaxes, history.steps, history.step, history_roles(windows), record)
-    for role in roles:
-        host.mark(role, history.host_step)
+    host_note(Recorded(roles))
 
 
 def delayed_operand_scale(
@@ -472,10 +482,10 @@ def delayed_operand_scale(
     history: AmaxHistory | None,
 ) -> TensorScale:
     """The tensor scales a delayed role's operand is quantized with at the history's step
-    (`delayed_tensor_scale`), its current amax recorded (`record_amax`; on the kernels'
-    route, the host's copy told).  ValueError without a history (no silent fall back to
-    current scaling).  The spec's route: the amax a pass of its own (on a CUDA tensor, the
-    PyTorch path's ops, where no prepared kernel serves the operand)."""
+    (`delayed_tensor_scale`), its current amax recorded (`record_kernel_amaxes`).  ValueError
+    without a history (no silent fall back to current scaling).  The spec's route: the amax
+    a pass of its own (on a CUDA tensor, the PyTorch path's ops, where no prepared kernel
+    serves the operand)."""
     if history is None:
         raise ValueError(
             f"{role} has tensor_scale='delayed', which needs its layer's amax history; none "
@@ -495,9 +505,11 @@ __all__ = [
     "AmaxHistory",
     "HostCopy",
     "HostRoute",
+    "HostStep",
     "HostWindows",
     "KernelScale",
     "Phase",
+    "Recorded",
     "delayed_operand_scale",
     "delayed_tensor_scale",
     "empty_history",
@@ -506,10 +518,9 @@ __all__ = [
     "history_roles",
     "history_width",
     "host_copy",
+    "host_step",
     "kernel_scale",
     "launched_window_scales",
-    "layer_windows",
-    "op_history",
     "operand_amax",
     "record_amax",
     "record_kernel_amaxes",
@@ -519,5 +530,4 @@ __all__ = [
     "warming_up",
     "window_amax",
     "window_scales",
-    "with_windows",
 ]

@@ -5,12 +5,14 @@ with the layer's amax history buffers as required arguments declared mutated, an
 `DelayedMatmul`, which differentiates them.
 
 The buffers are arguments, so that the traced graph sees their writes (functionalization
-writes them back; Inductor orders the ops that read and write them); the ops' bodies read
-the history at the step of the offsets column (`stochround.nn.amax_history.op_history`):
-with the layer's host copy of its windows where their Python runs at every call (the eager
-kernels' route: no amax pass after the first step, the two-orientation pair), with every
-decision on the device once a CUDA-graph capture has recorded a step of it (the spec's
-route: exact at every replay of a step captured whole, ``mode="reduce-overhead"``).  The
+writes them back; Inductor orders the ops that read and write them); the ops' bodies run
+the eager step's calls (`stochround.nn.delayed_steps`): the history read at the step of
+the offsets column, with the decisions of the layer's host copy where their Python runs at
+every call (the eager kernels' route: no amax pass after the first step, the
+two-orientation pair; the step function replayed from its step graph where one serves it),
+with every decision on the device once a CUDA-graph capture has recorded a step of it
+(the spec's route: exact at every replay of a step captured whole,
+``mode="reduce-overhead"``).  The
 shared ops of every other compiled layer take no buffers: a mutated argument that is
 optional or defaulted is dropped from the positions torch 2.11's version bump reads.
 """
@@ -23,13 +25,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .amax_history import Phase, op_history
+from .amax_history import Phase
+from .delayed_steps import (
+    delayed_backward_step,
+    delayed_forward_step,
+    run_delayed_backward,
+    run_delayed_forward,
+)
 from .opaque_matmul import (
-    backward_step,
-    forward_step,
     gradient_layouts,
     gradient_needs,
-    graph_terms,
     kept_layouts,
     registered_plan,
     save_step,
@@ -37,7 +42,6 @@ from .opaque_matmul import (
     warm_up,
 )
 from .recompute import in_backward
-from .step_graphs import STEP_GRAPHS
 
 # the delayed backward op's (dx, dW, db): a tuple, not a list (a mutating op's list output
 # is refused by functionalization as if it aliased an input)
@@ -59,15 +63,14 @@ def _delayed_forward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`forward_step` of a layer with delayed tensor scales: its amax history's buffers
     ``amaxes`` and ``steps`` read at the column's step and, where ``record`` (a training
-    forward), written in place (x's and W's roles record); never graphed
-    (`check_ungraphed`).  The history read with the layer's host copy where the host
-    decides (`stochround.nn.amax_history.op_history`: the eager kernels' route), a forward
-    run again in the backward (activation checkpointing) as a recomputation of its step."""
-    plan = registered_plan(plan_index, -1)
-    check_ungraphed((x, weight, bias, column), *graph_terms(x, weight, plan))
+    forward), written in place (x's and W's roles record), by `run_delayed_forward`: the
+    host's decisions taken from the layer's host copy where the host decides (the eager
+    kernels' route), then the step function, replayed from its step graph where one serves
+    it; a forward run again in the backward (activation checkpointing) as a recomputation
+    of its step."""
     phase: Phase = "recomputed" if in_backward() else "forward"
-    history = op_history(amaxes, steps, column, record, phase)
-    return forward_step(x, weight, bias, column, plan_index, rank, wgrad, dgrad, history=history)
+    options = (plan_index, rank, wgrad, dgrad)
+    return run_delayed_forward(x, weight, bias, column, *options, amaxes, steps, record, phase)
 
 
 # A layer with delayed tensor scales: the forward op writes the history in place (declared,
@@ -93,26 +96,10 @@ def _(
     steps: Tensor,
     record: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    def body(*tensors: Tensor) -> tuple[Tensor, ...]:  # the op's body, its tensors first
-        x, weight, bias, column, amaxes, steps = tensors
-        options = (plan_index, rank, wgrad, dgrad)
-        return _delayed_forward(x, weight, bias, column, *options, amaxes, steps, record)
-
-    real = warm_up(body, (x, weight, bias, column, amaxes, steps))
+    # the step function on zeros, the device's decisions (no host copy, no step graph)
+    options = (plan_index, rank, wgrad, dgrad, record, None)
+    real = warm_up(delayed_forward_step, (x, weight, bias, column, amaxes, steps), *options)
     return kept_layouts(x, weight, real, registered_plan(plan_index, -1).token_multiple)
-
-
-def check_ungraphed(tensors: tuple[Tensor | None, ...], work: int, host_bound: bool) -> None:
-    """NotImplementedError where the step graphs would serve a call of a layer with delayed
-    tensor scales: a graph of copies would record its amaxes in its own static copy of the
-    history, not in the layer's buffers, and the route under the step graphs is not built
-    (docs/guide/recipes.md, "Delayed tensor scales")."""
-    if STEP_GRAPHS.serves(tensors, work, host_bound):
-        raise NotImplementedError(
-            "tensor_scale='delayed' is not built under the step graphs (CUDA graphs of "
-            "eager steps) yet: turn them off (stochround.nn.use_step_graphs(False), or "
-            "STOCHROUND_STEP_GRAPHS=0), or use tensor_scale='amax'"
-        )
 
 
 def _delayed_backward(
@@ -134,13 +121,11 @@ def _delayed_backward(
 ) -> Grads:
     """`backward_step` of a layer with delayed tensor scales: its amax history's buffers
     ``amaxes`` and ``steps`` read at the column's step and, where its forward recorded
-    (``record``: a training forward), written in place (dy's roles record); never graphed
-    (`check_ungraphed`), with the layer's host copy where the host decides (`op_history`,
-    the forward's step found by its column)."""
+    (``record``: a training forward), written in place (dy's roles record), by
+    `run_delayed_backward` (the forward's step found by its column)."""
     tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
-    check_ungraphed(tensors, *graph_terms(x, weight, registered_plan(plan_index, -1)))
-    history = op_history(amaxes, steps, column, record, "backward")
-    dx, dw, db = backward_step(*tensors, plan_index, rank, needs, bias_dtype, history=history)
+    options = (plan_index, rank, needs, bias_dtype, record)
+    dx, dw, db = run_delayed_backward(*tensors, amaxes, steps, *options)
     return dx, dw, db
 
 
@@ -177,8 +162,8 @@ def _(
     record: bool,
 ) -> Grads:
     tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
-    rest = (plan_index, rank, needs, bias_dtype, record)
-    warm_up(_delayed_backward, (*tensors, amaxes, steps), *rest)
+    rest = (plan_index, rank, needs, bias_dtype, record, None)
+    warm_up(delayed_backward_step, (*tensors, amaxes, steps), *rest)
     dx, dw, db = gradient_layouts(x, weight, needs, bias_dtype)
     return dx, dw, db
 
@@ -216,7 +201,6 @@ class DelayedMatmul(torch.autograd.Function):
 __all__ = [
     "DelayedMatmul",
     "Grads",
-    "check_ungraphed",
     "quantized_linear_delayed",
     "quantized_linear_delayed_backward",
 ]

@@ -53,19 +53,10 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 from torch.torch_version import TorchVersion
 
-from ..kernels.availability import on_kernel_device
 from ..shards import is_dtensor
-from .amax_history import (
-    AmaxHistory,
-    empty_history,
-    forget_windows,
-    history_at,
-    history_width,
-    layer_windows,
-    register_history,
-    with_windows,
-)
+from .amax_history import empty_history, forget_windows, history_width, register_history
 from .delayed_ops import DelayedMatmul
+from .delayed_steps import EagerDelayedMatmul, delayed_kept
 from .layer_plan import (
     Plan,
     check_operand_shapes,
@@ -307,76 +298,44 @@ class QuantizedLinear(nn.Linear):
             kept = (wgrad and keep, dgrad and keep)
             if self.amax_history is None or self.amax_history_steps is None:
                 out = quantized_linear(*args, *kept)[0]
-            else:  # the history's buffers given to both ops, which write them in place
-                # (not keeping: the step graphs will serve the step)
-                self.check_delayed_route(wrap is not None, not keep)
+            else:  # the history's buffers given to both ops, which write them in place,
+                # the operands kept whether or not the step graphs serve (`delayed_kept`)
+                self.check_delayed_route(wrap is not None)
                 buffers = (self.amax_history, self.amax_history_steps)
-                out = DelayedMatmul.apply(*args, *kept, *buffers, record)
+                out = DelayedMatmul.apply(*args, *delayed_kept(gemms), *buffers, record)
+        elif self.amax_history is not None and self.amax_history_steps is not None:
+            # the delayed step's calls (`delayed_steps`): the host decides, then the step
+            # functions run or replay their graphs (the operands kept either way:
+            # `delayed_kept`)
+            self.check_delayed_route(wrap is not None)
+            register_history(self.amax_history)  # (a buffer swapped behind the layer)
+            buffers = (self.amax_history, self.amax_history_steps)
+            phase = "recomputed" if recomputing() else "forward"
+            args = (tokens, weight, bias, column, self.plan_index, rank)
+            out = EagerDelayedMatmul.apply(*args, *delayed_kept(gemms), *buffers, record, phase)
         elif graphed:  # the steps as CUDA graphs
-            self.check_delayed_route(False, True)
             # nothing kept for the backward (`keeps_operands`)
             out = GraphedMatmul.apply(
                 tokens, weight, bias, column, self.plan_index, rank, False, False
             )
         else:
-            history = self.step_history(x, column, record, wrap is not None)
-            out = QuantizedMatmul.apply(
-                tokens, weight, bias, column, plan, wgrad, dgrad, prepared, history
-            )
+            out = QuantizedMatmul.apply(tokens, weight, bias, column, plan, wgrad, dgrad, prepared)
         out = typing.cast(Tensor, out)
         # a tensor of its own, as nn.Linear returns for a matrix (reshape would return a
         # view of the 2-D result, on whose in-place use FSDP2 warns at every forward)
         y = out if matrix else torch.ops.aten._unsafe_view(out, (*lead, out_features))
         return y if wrap is None else wrap(y)
 
-    def check_delayed_route(self, sharded: bool, graphed: bool) -> None:
+    def check_delayed_route(self, sharded: bool) -> None:
         """NotImplementedError, naming what is missing, for a delayed layer's step under
-        tensor parallelism (``sharded``) or the step graphs (``graphed``: an eager step
-        they serve, or a compiled step traced to be served by them at run time); nothing
-        for a layer without delayed roles."""
-        if self.amax_history is None:
-            return
-        missing = None
-        if sharded:
-            missing = "under tensor parallelism"
-        elif graphed:
-            missing = "under the step graphs (CUDA graphs of eager steps)"
-        if missing is not None:
+        tensor parallelism (``sharded``); nothing for a layer without delayed roles."""
+        if self.amax_history is not None and sharded:
             raise NotImplementedError(
-                f"tensor_scale='delayed' is not built {missing} yet: it runs eagerly and "
-                "under torch.compile with the step graphs off (docs/guide/recipes.md, "
-                "'Delayed tensor scales'); use tensor_scale='amax' there"
+                "tensor_scale='delayed' is not built under tensor parallelism yet: it runs "
+                "eagerly, under torch.compile and with the step graphs "
+                "(docs/guide/recipes.md, 'Delayed tensor scales'); use tensor_scale='amax' "
+                "there"
             )
-
-    def step_history(
-        self,
-        x: Tensor,
-        column: Tensor,
-        record: bool,
-        sharded: bool,
-        graphed: bool = False,
-    ) -> AmaxHistory | None:
-        """The layer's amax history at the step of ``column`` (None where no role has a
-        delayed tensor scale), recording where ``record`` (a training forward), for an
-        eager step.  On the kernels' route, with the layer's `HostWindows` (made from the
-        buffers where it has none: one synchronization) and the step as the host knows
-        it, unless a CUDA graph captured a step of the history (`layer_windows`: the
-        device's decisions).  NotImplementedError under tensor parallelism and the step graphs
-        (`check_delayed_route`)."""
-        if self.amax_history is None or self.amax_history_steps is None:
-            return None
-        self.check_delayed_route(sharded, graphed)
-        steps = self.amax_history_steps
-        history = history_at(self.amax_history, steps, column, record)
-        if not on_kernel_device(x):
-            return history
-        counter = self.step.to_local() if is_dtensor(self.step) else self.step
-        # the counter advanced already where this is a training forward
-        advanced = int(record and not recomputing())
-        host = layer_windows(self.amax_history, steps, counter, advanced)
-        if host is None:  # a CUDA graph captured the history: the device's decisions
-            return history
-        return with_windows(history, host, column, recomputing())
 
     def place_amax_history(self, width: int, device: torch.device) -> None:
         """The history buffers of ``width`` columns on ``device`` (`history_width`; none

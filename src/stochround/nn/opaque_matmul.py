@@ -492,7 +492,7 @@ def keeps_operands(x: Tensor, weight: Tensor, plan: Plan) -> bool:
     backward reuses (the forward op's ``wgrad`` and ``dgrad``): where the step graphs will
     not serve it (`step_graphs.StepGraphs.serves_layouts`: off, CPU tensors, above the work
     bound unless host-bound).  A graph's outputs lie in the graphs' shared pool and each
-    replay copies them out (`step_graphs.fresh_copies`): a kept operand is one output more
+    replay copies them out (`graph_copies.fresh_copies`): a kept operand is one output more
     to copy and graph memory more to hold, which costs more than the backward's graph
     quantizing x and W again; run as they are, the functions keep them, and the backward
     quantizes dy alone.  The layer asks once per call while torch.compile traces it, so the

@@ -332,7 +332,7 @@ def quantize_operand(
     if prepared is not None and isinstance(offset, Tensor):
         # the eager CUDA step: the checks and the launches' set-up made once per shape
         stream = (seed_on(seed, operand.device), one_element(offset), signs)
-        if delayed and history is not None and history.host is not None:
+        if delayed and history is not None and history.windows is not None:
             # the window's scales given (none where the host knows it empty: current
             # scaling's amax pass), the current amax the quantize launch's by-product
             given = kernel_scale(history, entry.role, spec.amax_history)

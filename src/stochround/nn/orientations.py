@@ -159,16 +159,15 @@ def delayed_pair_scales(history: AmaxHistory, row: Operand, column: Operand) -> 
     (`window_scales`, 4 fp32 in the kernel's order) where the host knows both windows
     recorded, None for the scales where it knows both empty (the kernel's amax launch:
     current scaling's route, as the first step's), and a zeroed record of 2 fp32.  None
-    where the host does not decide both alike (`device_pair_scales` then): no
-    `HostWindows` (a compiled op's device route), or one window recorded and the other
+    where the host does not decide both alike (`device_pair_scales` then): no host
+    decisions (the history's ``windows`` None: the device's route), or one window
+    recorded and the other
     empty (the roles recorded at different steps, as after a step that ran dgrad without
     wgrad: one launch takes given scales for both orientations or for neither)."""
-    host = history.host
-    if host is None:
+    if history.windows is None:
         return None
     entries = (row, column)
-    step = history.host_step
-    recorded = {host.window_recorded(e.role, step, e.spec.amax_history) for e in entries}
+    recorded = {entry.role in history.windows for entry in entries}
     if len(recorded) > 1:
         return None
     if not recorded.pop():

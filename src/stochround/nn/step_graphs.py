@@ -1,12 +1,18 @@
 """CUDA graphs of a quantized layer's two step functions (`stochround.nn.opaque_matmul`'s
 forward and backward), captured per call signature and replayed: a step's dozen launches,
 and the host time around each, become one graph launch and a copy or two
-(docs/guide/recipes.md, "CUDA graphs of a layer's step").  On by default; off with
-``use_step_graphs(False)`` or ``STOCHROUND_STEP_GRAPHS=0`` (they cost device memory: below).
+(docs/guide/recipes.md, "CUDA graphs of a layer's step"), and a delayed layer's
+(`stochround.nn.delayed_steps`).  On by default; off with ``use_step_graphs(False)`` or
+``STOCHROUND_STEP_GRAPHS=0`` (they cost device memory: below).
 
-Both functions are pure functions of their tensors and ints: no host state changes and no
-host read of a device value.  So a graph captured on static input tensors computes,
-replayed, what the function computes for whatever those tensors hold then.  A call's key
+The functions are pure functions of their tensors and hashable arguments: no host state
+changes and no host read of a device value; what the host must learn of a call it is told
+by notes (`host_note`), a function of the call's key, which a graph keeps from its capture
+and gives again at each replay.  So a graph captured on static input tensors computes,
+replayed, what the function computes for whatever those tensors hold then.  A function
+that writes some of its tensors (``mutates``: their positions, a delayed layer's amax
+history) has them copied back from a graph of copies after each replay (one grouped
+launch), so that every graph leaves the call's tensors as the function would.  A call's key
 is its tensors' shapes, strides and dtypes and its ints; the first call of a key runs
 eagerly, the second captures (on a side stream, after one eager run there so that
 per-stream state is made outside the capture) and every later one replays: the eager bits
@@ -53,6 +59,8 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 import torch
 from torch import Tensor
 
+from .graph_copies import CopyPlan, copy_from, copy_into, copy_plan, fresh_copies
+
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
@@ -66,22 +74,16 @@ MAX_GRAPH_BYTES = 2**32
 MAX_SEEN = 1024
 
 
-class CopyPlan(NamedTuple):
-    """The grouped copies between a graph's tensors and a call's tensors of the same
-    layouts, worked out once when the graph is captured: per group, the positions of the
-    pairs it copies, the integer dtype both sides are viewed as (`bits_dtype`) and the
-    graph side's views (`copy_plan`)."""
-
-    groups: tuple[tuple[tuple[int, ...], torch.dtype, tuple[Tensor, ...]], ...]
-
-
 class Captured(NamedTuple):
     """A captured call: its graph, the static copies it reads (None where the call had no
     tensor, and every entry None where the graph reads the call's own tensors in place),
     the output tensors it writes (in the graphs' pool), whether the function returned one
     tensor (else a list), the cached objects whose device memory its kernels read
     (`kept_by_graphs`), its device's index, the addresses an in-place graph reads (None
-    for a graph of copies), and the plans of its copies in (None in place) and out."""
+    for a graph of copies), the plans of its copies in (None in place) and out, the
+    host notes its capture made (`host_note`), which each replay gives again, and the plan
+    of the copies back into the call's tensors the function writes (None in place or
+    where it writes none: `captured_call`)."""
 
     graph: torch.cuda.CUDAGraph
     inputs: tuple[Tensor | None, ...]
@@ -92,6 +94,8 @@ class Captured(NamedTuple):
     addresses: tuple[int, ...] | None = None
     copy_in: CopyPlan | None = None
     copy_out: CopyPlan = CopyPlan(())
+    notes: tuple[object, ...] = ()
+    copy_back: CopyPlan | None = None
 
 
 class _Keeping(threading.local):
@@ -102,6 +106,39 @@ class _Keeping(threading.local):
 
 
 KEEPING = _Keeping()
+
+
+class _Notes(threading.local):
+    """The host notes of the step functions called in this thread inside `noting` (None
+    outside it)."""
+
+    notes: list[object] | None = None
+
+
+NOTES = _Notes()
+
+
+def host_note(value: object) -> None:
+    """Tell the caller of a step function, inside `noting`, something the host must know
+    of the call (a delayed layer's roles that recorded their amaxes).  A graph keeps the
+    notes its capture made and gives them again at each replay (the function's Python does
+    not run then): a note must be a function of the call's key, as its launches are."""
+    notes = NOTES.notes
+    if notes is not None:
+        notes.append(value)
+
+
+@contextlib.contextmanager
+def noting() -> Iterator[list[object]]:
+    """The notes (`host_note`) of the step functions called, run or replayed, inside the block,
+    in order."""
+    before = NOTES.notes
+    collected: list[object] = []
+    NOTES.notes = collected
+    try:
+        yield collected
+    finally:
+        NOTES.notes = before
 
 
 def kept_by_graphs(function: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -176,11 +213,18 @@ class StepGraphs:
         rest: tuple[object, ...],
         work: int,
         host_bound: bool = False,
+        mutates: tuple[int, ...] = (),
     ) -> Any:
         """``function(*tensors, *rest)``, replayed from a graph captured for the call's key
         where one is kept, run eagerly otherwise (outside the lock: the forward's and the
         backward engine's threads do not wait on it).  ``host_bound``: whether the step's
-        device time stays below its host time above `GRAPHED_MAX_WORK` too (`serves`).
+        device time stays below its host time above `GRAPHED_MAX_WORK` too (`serves`);
+        ``mutates``: the positions of the tensors the function writes in place (a delayed
+        layer's amax history): a graph of copies writes its static copies of them, which
+        each replay copies back into the call's (`captured_call`), so that any graph serves
+        the call as its run would (a graph reading in place writes them where they lie);
+        what a capture's own runs write is undone before its first replay
+        (`capture_call`).
 
         A key has a graph of copies, captured at its second call, which serves any call;
         and a graph reading the call's tensors in place for each set of addresses seen
@@ -190,7 +234,8 @@ class StepGraphs:
         graphs evicting each other would capture at every step)."""
         if not self.serves(tensors, work, host_bound):
             return function(*tensors, *rest)
-        copies = work <= GRAPHED_MAX_WORK  # above, in place only: no copy of the inputs
+        # above the bound, in place only (no copy of the inputs)
+        copies = work <= GRAPHED_MAX_WORK
         # the host setting the captured fp32 products were made under (TF32 or not)
         key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
         here, anywhere = (key, tensor_addresses(tensors)), (key, None)
@@ -200,7 +245,7 @@ class StepGraphs:
                 self.graphs.move_to_end(here)
             elif key not in self.failed:
                 if here in self.seen and self.room_in_place():
-                    captured = self.capture(function, tensors, rest, here)
+                    captured = self.capture_call(function, tensors, rest, here, mutates)
                 else:
                     self.remember(here)
                     if copies:
@@ -209,12 +254,16 @@ class StepGraphs:
                             self.graphs.move_to_end(anywhere)
                             copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
                         elif anywhere in self.seen:
-                            captured = self.capture(function, tensors, rest, anywhere)
+                            captured = self.capture_call(function, tensors, rest, anywhere, mutates)
                         else:
                             self.remember(anywhere)
             if captured is not None:
                 captured.graph.replay()
                 self.replays += 1
+                if captured.copy_back is not None:  # what the function wrote, written back
+                    copy_from(captured.copy_back, tensors)  # type: ignore[arg-type]
+                for value in captured.notes:
+                    host_note(value)
                 outputs = fresh_copies(captured.outputs, captured.copy_out)
                 return outputs[0] if captured.single else outputs
         return function(*tensors, *rest)
@@ -260,17 +309,43 @@ class StepGraphs:
         if len(self.seen) > MAX_SEEN:
             self.seen.popitem(last=False)
 
+    def capture_call(
+        self,
+        function: Callable[..., Any],
+        tensors: Sequence[Tensor | None],
+        rest: tuple[object, ...],
+        graph_key: tuple,
+        mutates: tuple[int, ...],
+    ) -> Captured | None:
+        """`capture`, the call's tensors at ``mutates`` left as the call gave them and a
+        graph of copies' static copies set to them again: the capture's warm-up run writes
+        the tensors its graph reads (the call's own, in place), and the replay (or the run,
+        where the capture failed) that serves the call follows, which would otherwise write
+        them a second time (a history's record is the same twice; another function's need
+        not be)."""
+        before = [
+            (at, t.clone()) for at, t in enumerate(tensors) if at in mutates and t is not None
+        ]
+        captured = self.capture(function, tensors, rest, graph_key, mutates)
+        for at, value in before:
+            tensors[at].copy_(value)  # type: ignore[union-attr]
+        if captured is not None and captured.copy_in is not None and before:
+            copy_into(captured.copy_in, tensors)  # type: ignore[arg-type]
+        return captured
+
     def capture(
         self,
         function: Callable[..., Any],
         tensors: Sequence[Tensor | None],
         rest: tuple[object, ...],
         graph_key: tuple,
+        mutates: tuple[int, ...] = (),
     ) -> Captured | None:
         """The call captured as a graph on the device's capture stream into the shared
         pool, kept under ``graph_key`` (the call's key and its tensors' addresses, or
         None), reading the call's tensors where they lie (addresses given) or copies of
-        them that each replay copies the call's tensors into; None, and the key marked
+        them that each replay copies the call's tensors into (and those at ``mutates``
+        back out: `captured_call`); None, and the key marked
         failed, where anything before the capture fails (a synchronizing
         operation in the warm-up, which runs under PyTorch's sync debug mode "error", or
         memory).  A capture that fails inside CUDA leaves PyTorch's allocator and
@@ -294,7 +369,8 @@ class StepGraphs:
                 t if in_place or t is None else torch.empty_like(t).copy_(t) for t in tensors
             )
             stream.wait_stream(current)
-            with torch.cuda.stream(stream), synchronizing_raises():
+            # (its notes dropped: the replay after the capture gives the capture's)
+            with torch.cuda.stream(stream), synchronizing_raises(), noting():
                 function(*inputs, *rest)
         except Exception:  # not capturable (a host read), or out of memory: eager
             current.wait_stream(stream)
@@ -308,7 +384,8 @@ class StepGraphs:
             graph.capture_begin(self.pools[device], capture_error_mode="thread_local")
             KEEPING.objects = kept
             try:
-                result = function(*inputs, *rest)
+                with noting() as notes:
+                    result = function(*inputs, *rest)
             except Exception:
                 result = None
             finally:
@@ -332,17 +409,10 @@ class StepGraphs:
             self.release_pool(device)  # the graph goes, and with it maybe the pool's last
             return None
         outputs, single = graph_outputs(result)
-        captured = Captured(
-            graph,
-            (None,) * len(inputs) if in_place else inputs,  # no hold on the call's tensors
-            outputs,
-            single,
-            tuple(kept),
-            device,
-            graph_key[1],  # the call's addresses, or None
-            None if in_place else copy_plan(inputs),
-            copy_plan(outputs),
-        )
+        captured = captured_call(
+            graph, inputs, outputs, single, tuple(kept), device, graph_key[1], tuple(notes),
+            mutates,
+        )  # fmt: skip
         self.keep(graph_key, captured)
         return captured
 
@@ -386,76 +456,36 @@ class StepGraphs:
             self.pools.pop(device, None)
 
 
-def copy_grouped(targets: Sequence[Tensor | None], sources: Sequence[Tensor | None]) -> None:
-    """Each source copied into its target of the same layout (pairs with a None skipped),
-    by one ``torch._foreach_copy_`` a group (`copy_plan`'s groups): on CUDA one launch for
-    a group's tensors, where a copy each would be a launch each (the host time a replay is
-    there to save)."""
-    pairs = [
-        (target, source)
-        for target, source in zip(targets, sources, strict=True)
-        if target is not None and source is not None
-    ]
-    copy_into(copy_plan([target for target, _ in pairs]), [source for _, source in pairs])
-
-
-def copy_plan(tensors: Sequence[Tensor | None]) -> CopyPlan:
-    """The grouped copies between ``tensors`` (a graph's) and tensors of the same layouts.
-    Every tensor is copied as integers (`bits_dtype`), so each copy moves the bits
-    unchanged: the CUDA kernel copies a floating dtype through its math type (a bf16 or
-    fp16 NaN comes back as the canonical NaN) and has no case for the float8 dtypes.
-    Tensors of an even element size with a dense last axis (bf16, fp32, the int64 offsets
-    column) are copied as int16 words, all in one group; any other (a 1-byte dtype, a 0-d
-    tensor, a transposed output) as the integer dtype of its element size, in that
-    dtype's group.  None and empty tensors are left out."""
-    groups: dict[torch.dtype, tuple[list[int], list[Tensor]]] = {}
-    for position, tensor in enumerate(tensors):
-        if tensor is None or not tensor.numel():
-            continue
-        dtype = bits_dtype(tensor)
-        positions, views = groups.setdefault(dtype, ([], []))
-        positions.append(position)
-        views.append(tensor.view(dtype))
-    return CopyPlan(
-        tuple((tuple(at), dtype, tuple(views)) for dtype, (at, views) in groups.items())
+def captured_call(
+    graph: torch.cuda.CUDAGraph,
+    inputs: tuple[Tensor | None, ...],
+    outputs: tuple[Tensor, ...],
+    single: bool,
+    kept: tuple[object, ...],
+    device: int,
+    addresses: tuple[int, ...] | None,
+    notes: tuple[object, ...],
+    mutates: tuple[int, ...] = (),
+) -> Captured:
+    """The `Captured` of a graph that read ``inputs`` (the call's own tensors where
+    ``addresses`` are given, else its static copies) and wrote ``outputs``: its plans of
+    copies in and out and, for a graph of copies of a function that writes the tensors at
+    positions ``mutates``, of the copies of those back into the call's tensors."""
+    in_place = addresses is not None
+    written = [t if at in mutates else None for at, t in enumerate(inputs)]
+    return Captured(
+        graph,
+        (None,) * len(inputs) if in_place else inputs,  # no hold on the call's tensors
+        outputs,
+        single,
+        kept,
+        device,
+        addresses,
+        None if in_place else copy_plan(inputs),
+        copy_plan(outputs),
+        notes,
+        None if in_place or not mutates else copy_plan(written),
     )
-
-
-def copy_into(plan: CopyPlan, sources: Sequence[Tensor | None]) -> None:
-    """The plan's graph tensors set to ``sources`` (laid out as they are), a launch a group."""
-    for positions, dtype, views in plan.groups:
-        torch._foreach_copy_(views, [sources[at].view(dtype) for at in positions])  # type: ignore[union-attr]
-
-
-def copy_from(plan: CopyPlan, targets: Sequence[Tensor]) -> None:
-    """``targets`` (laid out as the plan's graph tensors) set to them, a launch a group."""
-    for positions, dtype, views in plan.groups:
-        torch._foreach_copy_([targets[at].view(dtype) for at in positions], views)
-
-
-# the integer dtype of each element size, whose copies move bits (`bits_dtype`)
-BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits_dtype(tensor: Tensor) -> torch.dtype:
-    """The integer dtype ``tensor`` is copied as: int16 words where its element size is even
-    and its last axis dense (``view`` then takes any such layout), else the integer dtype of
-    its element size (a view any layout allows; a 16-byte complex stays as it is, its
-    kernel copy exact)."""
-    size = tensor.element_size()
-    if size % 2 == 0 and tensor.dim() > 0 and tensor.stride(-1) == 1:
-        return torch.int16
-    return BITS_DTYPES.get(size, tensor.dtype)
-
-
-def fresh_copies(outputs: Sequence[Tensor], plan: CopyPlan | None = None) -> list[Tensor]:
-    """New tensors holding ``outputs``' values (a graph's outputs live in its pool, which
-    the next replay overwrites), copied by ``plan`` (`copy_plan` of ``outputs``, made here
-    where not given); an empty output (a gradient not wanted) holds no values to overwrite
-    and is returned as it is."""
-    copies = [out if out.numel() == 0 else torch.empty_like(out) for out in outputs]
-    copy_from(copy_plan(outputs) if plan is None else plan, copies)
-    return copies
 
 
 def tensor_addresses(tensors: Sequence[Tensor | None]) -> tuple[int, ...]:
@@ -538,17 +568,13 @@ __all__ = [
     "ENVIRONMENT",
     "GRAPHED_MAX_WORK",
     "STEP_GRAPHS",
-    "CopyPlan",
     "StepGraphs",
-    "bits_dtype",
     "call_key",
-    "copy_from",
-    "copy_grouped",
-    "copy_into",
-    "copy_plan",
+    "captured_call",
     "enabled_by_environment",
-    "fresh_copies",
+    "host_note",
     "kept_by_graphs",
+    "noting",
     "on_default_stream",
     "tensor_addresses",
     "use_step_graphs",
