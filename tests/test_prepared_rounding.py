@@ -167,3 +167,20 @@ def test_round_in_place_declines_the_pytorch_paths_tensors():
     x = _values(torch.float32)
     assert not prepare("bfloat16", "rne", seed=SEED).round_in_place(x, 0)
     assert _same_bits(x, _values(torch.float32))
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+def test_the_in_place_rounding_a_caller_holds_writes_round_in_places_bits(mode):
+    """`PreparedRounding.in_place_rounding` is `round_in_place`'s rounding, found once: a
+    caller that holds it and calls it gets the same bits; None off the kernels' route."""
+    x = _values(torch.float32, _KERNEL_DEVICE)
+    prepared = prepare("bfloat16", mode, seed=SEED)
+    with _kernel_route():
+        rounding = prepared.in_place_rounding((torch.float32, True))
+        assert rounding is not None
+        assert prepared.in_place_rounding((torch.float32, True)) is rounding
+        held, called = x.clone(), x.clone()
+        rounding(held, 2**40 + 5)
+        assert prepared.round_in_place(called, 2**40 + 5)
+    assert _same_bits(held, called)
+    assert prepared.in_place_rounding((torch.float32, False)) is None

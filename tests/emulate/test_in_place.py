@@ -1,6 +1,7 @@
-"""An emulation on the kernels' route rounds an op's own fresh outputs and the tensors it
-mutates where they lie (`PreparedRounding.round_in_place`): the bits it gave with a new
-tensor a rounding, nothing allocated, and never an input an op returns as its output.
+"""An emulation on the kernels' route rounds an op's own fresh outputs (several where they
+lie apart) and the tensors it mutates where they lie (`PreparedRounding.round_in_place`):
+the bits it gave with a new tensor a rounding, nothing allocated, and never an input an op
+returns as its output.
 The route a CUDA tensor takes: a GPU's, else `cpu_as_cuda` under Triton's interpreter."""
 
 from __future__ import annotations
@@ -123,19 +124,36 @@ def test_a_strided_or_empty_output_is_rounded_as_before():
     assert emulation.calls == 2
 
 
-def test_several_outputs_take_new_tensors(monkeypatch):
-    """An op's outputs may share memory without its schema saying so: rounding one in place
-    would change another before its own rounding, so each takes a new tensor (a launch
-    into its own output), as before."""
-    from stochround.kernels.runtime import Launch
+def test_several_outputs_apart_are_rounded_in_place(monkeypatch):
+    """An op's outputs that lie apart in memory (`apart`) are each rounded where they lie,
+    one launch into itself each, in the order of the outputs."""
+    from stochround.kernels.runtime import PartialLaunch
 
     launched: list[tuple[object, ...]] = []
-    monkeypatch.setattr(Launch, "__call__", lambda self, device, programs, *a: launched.append(a))
+    monkeypatch.setattr(
+        PartialLaunch,
+        "__call__",
+        lambda self, device, programs, *varying: launched.append(self.arguments(varying)),
+    )
     x = _values(4, 8)
-    with _kernel_route(), emulate("bfloat16", "rne") as emulation:
-        torch.var_mean(x, dim=0)
+    with _kernel_route(), OpCounter() as seen, emulate("bfloat16", "sr", seed=2) as emulation:
+        var, mean = torch.var_mean(x, dim=0)
+    assert seen.ops == Counter({"aten.var_mean.correction": 1})
     assert emulation.calls == len(launched) == 2
-    assert all(args[0] is not args[1] for args in launched)
+    assert [(args[0], args[1]) for args in launched] == [(var, var), (mean, mean)]
+
+
+def test_outputs_that_share_memory_are_not_apart():
+    """Rounding one of them in place would change another before its own rounding: each
+    then takes a new tensor, as `apart` tells `Emulation._fresh`."""
+    from stochround.emulate.ops import apart
+
+    buffer = torch.zeros(8)
+    assert apart((buffer[:4], buffer[4:], torch.zeros(3), buffer[:0], 2.0))
+    assert apart([buffer[:4], (buffer[4:6], buffer[6:])])
+    assert not apart((buffer[:5], buffer[4:]))
+    assert not apart((buffer[:4], buffer[:4]))
+    assert not apart((buffer.reshape(2, 4).t(), torch.zeros(3)))  # not contiguous
 
 
 def test_several_outputs_give_the_pytorch_paths_bits():
@@ -146,3 +164,21 @@ def test_several_outputs_give_the_pytorch_paths_bits():
         expected = torch.var_mean(x.cpu(), dim=0)
     for ours, theirs in zip(found, expected, strict=True):
         assert torch.equal(_bits(ours.cpu()), _bits(theirs))
+
+
+@pytest.mark.parametrize("mode", ["rne", "sr"])
+def test_a_layer_norms_outputs_and_gradients_give_the_pytorch_paths_bits(mode):
+    """Its forward's three outputs and its backward's three gradients lie apart: each is
+    rounded where it lies, with the bits of the PyTorch path's new tensors."""
+    if DEVICE == "cuda":
+        pytest.skip("the reference is the CPU's layer norm: a GPU's reductions differ")
+    found, expected = [], []
+    for route, device, results in ((_kernel_route(), DEVICE, found), (None, "cpu", expected)):
+        x, weight, bias = (_values(*shape).to(device) for shape in ((6, 16), (16,), (16,)))
+        for t in (x, weight, bias):
+            t.requires_grad_()
+        with route or contextlib.nullcontext(), emulate("bfloat16", mode, seed=5):
+            y = torch.nn.functional.layer_norm(x, (16,), weight, bias)
+            (y * y).sum().backward()
+        results += [_bits(t.detach().cpu()) for t in (y, x.grad, weight.grad, bias.grad)]
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(found, expected, strict=True))

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import random as streams
 from ..formats import Format, format_of_dtype
+from ..kernels.availability import on_kernel_device
 from ..presets import HardwarePreset
 from ..reference import check_choice, check_mode
 from ..rounding.prepared import PreparedRounding, prepare
@@ -27,6 +28,7 @@ from .ops import (
     MATMUL_OPS,
     FormatSpec,
     OpKind,
+    apart,
     aten,
     cast_formats,
     check_ops,
@@ -42,6 +44,11 @@ from .torch_hooks import op_caller, skip_dynamo
 
 # (a layout is one object, read by identity in `__torch_dispatch__`'s argument check)
 _STRIDED = torch.strided
+# whether a tensor is one of torch.func's wrappers (vmap, grad): not `plain`
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_UNSEEN = object()  # (a dtype and device whose in-place rounding is not yet looked up)
+# a prepared rounding in place: ``rounding(x, offset)`` (`PreparedRounding.in_place_rounding`)
+_InPlace = Callable[[Tensor, int], None]
 _Observer = Callable[[torch._ops.OpOverload, Any], None]
 
 
@@ -67,14 +74,26 @@ class _Entry:
     outputs are new tensors, `Emulation._fresh`; else `Emulation._mutating`: ``run`` names
     the one); ``passes``: an op called as it is, its arguments checked and nothing else (one
     not handled: views, ops the filter leaves out; or a fresh op whose schema returns no
-    tensor, such as a profiler's record or ``x.item()``: nothing to round).  Each call then
-    reads only what depends on its tensors."""
+    tensor, such as a profiler's record or ``x.item()``: nothing to round); ``owned``: its
+    outputs are its own (`OpKind.owns_outputs`), which a fresh op may round in place.  Each
+    call then reads only what depends on its tensors."""
 
-    __slots__ = ("call", "fresh", "handled", "kind", "passes", "plain", "run", "tensor_lists")
+    __slots__ = (
+        "call",
+        "fresh",
+        "handled",
+        "kind",
+        "owned",
+        "passes",
+        "plain",
+        "run",
+        "tensor_lists",
+    )
 
     def __init__(self, func: torch._ops.OpOverload, kind: OpKind, handled: bool, plain: bool):
         self.kind, self.handled, self.plain, self.call = kind, handled, plain, op_caller(func)
         self.fresh, self.tensor_lists = plain and not kind.mutated_positions, kind.tensor_lists
+        self.owned = kind.owns_outputs
         self.passes = not handled or (self.fresh and not kind.returns_tensors)
         self.run = Emulation._fresh if self.fresh else Emulation._mutating
 
@@ -168,6 +187,11 @@ class Emulation(TorchDispatchMode):
         # the same, by the op's id (an op overload hashes in Python; ``_entries`` keeps
         # each op alive, so that its id is not reused)
         self._entry_ids: dict[int, _Entry] = {}
+        # each format's in-place rounding (`PreparedRounding.in_place_rounding`; None: it has
+        # none) of a tensor off and on a kernel device, found at the first of each
+        self.in_place: dict[torch.dtype, list[Any]] = {
+            dtype: [_UNSEEN, _UNSEEN] for dtype in self.roundings
+        }
 
     def _op_entry(self, func: torch._ops.OpOverload) -> _Entry:
         """``func``'s `_Entry`, resolved at its first call (``ops`` asked once an op)."""
@@ -247,23 +271,47 @@ class Emulation(TorchDispatchMode):
         outputs rounded, then checked), with one output tensor, the common case, rounded
         without a walk, and in place where the op owns it (`OpKind.owns_outputs`) and the
         rounding can write it (`PreparedRounding.round_in_place`: a contiguous output on
-        the kernels' route).  Several outputs take new tensors, as before: a schema does not
-        say whether they share memory, which in place would round twice."""
+        the kernels' route).  Several outputs are rounded in place where they lie apart
+        (`apart`), else each into a new tensor: a schema does not say whether they share
+        memory, where rounding one in place would change another before its rounding."""
         out = entry.call(*args, **kwargs) if kwargs else entry.call(*args)
         if not isinstance(out, Tensor):
-            out = each_output(self._output_rounded, out)
+            owned = entry.owned and apart(out)
+            out = each_output(self._owned_rounded if owned else self._output_rounded, out)
             check_supported((out,))
             return out
-        prepared = self.roundings.get(out.dtype)
-        if prepared is not None:
-            owned = entry.kind.owns_outputs and not out.requires_grad and plain(out)
-            if owned and prepared.round_in_place(out, self.calls):
+        dtype = out.dtype
+        prepared = self.roundings.get(dtype)
+        if prepared is None:
+            if out.layout is not _STRIDED or dtype.is_complex:
+                raise_unsupported(out)
+            return out
+        # `plain` written out and `PreparedRounding.round_in_place`'s rounding held here
+        # (`_in_place_rounding`): calls less on the path of most ops
+        if (
+            entry.owned
+            and type(out) is Tensor
+            and not out.requires_grad
+            and out.layout is _STRIDED
+            and not out.is_meta
+            and not _is_wrapped(out)
+            and out.is_contiguous()
+        ):
+            rounding = self._in_place_rounding(out, dtype)
+            if rounding is not None:
+                rounding(out, self.calls)
                 self.calls += 1
                 return out
-            return self._fresh_rounded(out, prepared)
-        if out.layout is not _STRIDED or out.dtype.is_complex:
-            raise_unsupported(out)
-        return out
+        return self._fresh_rounded(out, prepared)
+
+    def _in_place_rounding(self, x: Tensor, dtype: torch.dtype) -> _InPlace | None:
+        """The rounding in place of a contiguous x of ``dtype`` (a dtype with a format; the
+        caller has read it), held in ``in_place`` by whether x is on a kernel device
+        (`on_kernel_device`): `PreparedRounding.in_place_rounding`, without its lookup."""
+        on_kernel, held = on_kernel_device(x), self.in_place[dtype]
+        if held[on_kernel] is _UNSEEN:
+            held[on_kernel] = self.roundings[dtype].in_place_rounding((dtype, on_kernel))
+        return held[on_kernel]
 
     def _mutating(self, entry: _Entry, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """An op of a plain entry that mutates its arguments: `_native`, its output checked;
@@ -323,13 +371,17 @@ class Emulation(TorchDispatchMode):
     def _round_written(self, tensor: Tensor) -> None:
         """A tensor an op wrote rounded where it lies, if its dtype has a format
         (`PreparedRounding.round_in_place`), else its rounding copied in."""
-        prepared = self.roundings.get(tensor.dtype)
+        dtype = tensor.dtype
+        prepared = self.roundings.get(dtype)
         if prepared is None:
             return
-        if plain(tensor) and prepared.round_in_place(tensor, self.calls):
-            self.calls += 1
-        else:
-            tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
+        if plain(tensor) and tensor.is_contiguous():
+            rounding = self._in_place_rounding(tensor, dtype)
+            if rounding is not None:
+                rounding(tensor, self.calls)
+                self.calls += 1
+                return
+        tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
 
     def _cast(
         self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -380,6 +432,20 @@ class Emulation(TorchDispatchMode):
         if prepared is None:
             return out
         return self._fresh_rounded(out, prepared)
+
+    def _owned_rounded(self, out: Tensor) -> Tensor:
+        """`_output_rounded` of an output the op owns, plain and contiguous (`apart`): in
+        place where its rounding can write it."""
+        dtype = out.dtype
+        prepared = self.roundings.get(dtype)
+        if prepared is None:
+            return out
+        rounding = None if out.requires_grad else self._in_place_rounding(out, dtype)
+        if rounding is None:
+            return self._fresh_rounded(out, prepared)
+        rounding(out, self.calls)
+        self.calls += 1
+        return out
 
     def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding) -> Tensor:
         """`_output_rounded` of an output whose dtype has a format (``prepared``)."""

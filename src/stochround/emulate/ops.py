@@ -8,6 +8,7 @@ the dtype its Python floats take (`scalar_dtype`); the ``ops`` argument checked
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from ..formats import Format, format_of_dtype
 from ..formats import format as find_format
 from ..reference import check_choice
 from ..torch_path import FLOAT_DTYPES
+from .supported import plain
 
 OPS = ("all", "matmul")
 COMPUTES = ("native", "float64")
@@ -366,6 +368,26 @@ def each_output(function: Callable[[Tensor], Tensor], out: Any) -> Any:
     return out
 
 
+def apart(out: Any) -> bool:
+    """Whether an op's output tensors (`each_output`'s) are all plain (`plain`) and
+    contiguous and lie in pairwise disjoint memory: each rounded where it lies then writes
+    no other's bytes, and the roundings in turn give the bits that rounding each into a new
+    tensor gives.  (A schema does not say whether an op's several outputs share memory.)"""
+    tensors: list[Tensor] = []
+
+    def listed(t: Tensor) -> Tensor:
+        tensors.append(t)
+        return t
+
+    each_output(listed, out)
+    if not all(plain(t) and t.is_contiguous() for t in tensors):
+        return False
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if t.numel()
+    )
+    return all(end <= start for (_, end), (start, _) in pairwise(spans))
+
+
 def scalar_dtype(floating: list[Tensor]) -> torch.dtype | None:
     """The dtype a Python float takes in a native op on these tensors: their promoted
     floating dtype's opmath type (float32 for bf16, fp16 and fp32, where PyTorch's CPU and
@@ -387,6 +409,7 @@ __all__ = [
     "PER_OP_OPS",
     "FormatSpec",
     "OpKind",
+    "apart",
     "aten",
     "cannot_compute_per_op",
     "cast_formats",

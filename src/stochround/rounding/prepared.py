@@ -142,17 +142,28 @@ class PreparedRounding:
         try:
             rounding = self.in_place_roundings[where]
         except KeyError:  # (the first call for this dtype and device)
-            rounding = self.in_place_roundings[where] = self._in_place_rounding(where)
+            rounding = self.in_place_rounding(where)
         if rounding is None or not x.is_contiguous():
             return False
         rounding(x, offset)
         return True
 
-    def _in_place_rounding(self, where: tuple[torch.dtype, bool]) -> InPlaceRounding | None:
-        """The kernels' rounding of x of this dtype and device in place, or None: no plan
-        (the PyTorch path), one that cannot (`KernelPlan.in_place`), or a tensor seed.  Its
-        calls read their offset in SR alone (the modes that draw no words read none: they
-        pass `prepare`'s placeholder, 0)."""
+    def in_place_rounding(self, where: tuple[torch.dtype, bool]) -> InPlaceRounding | None:
+        """The kernels' rounding in place (`round_in_place`'s) of a contiguous x of dtype
+        and on a kernel device as ``where`` says (``(x.dtype, on_kernel_device(x))``), or
+        None: no plan (the PyTorch path), one that cannot (`KernelPlan.in_place`), or a
+        tensor seed; found once for each ``where`` (``in_place_roundings``).  A caller that
+        holds it calls ``rounding(x, offset)`` itself, for the bits of ``round_in_place(x,
+        offset)``, without its lookup.  Its calls read their offset in SR alone (the modes
+        that draw no words read none: they pass `prepare`'s placeholder, 0)."""
+        try:
+            return self.in_place_roundings[where]
+        except KeyError:
+            rounding = self.in_place_roundings[where] = self._found_in_place(where)
+            return rounding
+
+    def _found_in_place(self, where: tuple[torch.dtype, bool]) -> InPlaceRounding | None:
+        """`in_place_rounding` of a ``where`` not seen before."""
         route = self.routes.get(where)
         if route is None:
             route = self.routes[where] = call_route(self.choices(), *where, False)
