@@ -50,6 +50,10 @@ overhead a rounding: (step - fp32 step) / roundings. Checks before timing: the l
 finite and within 5% of the fp32 loss (bf16 rounding moves it by far less).
 
     python benchmarks/bench_emulate.py                   # GPU
+    python benchmarks/bench_emulate.py --only mlp_step --interleave --calls 20 --repeats 9
+
+The second is how the issue's targets are judged: the rows' runs in rounds, so that the
+host's drift over the script (a step here is host-bound on a GPU) falls on every row alike.
     python benchmarks/bench_emulate.py --device cpu --width 256 --batch 64
     python benchmarks/bench_emulate.py --device cpu --only mlp_step_w8 --calls 50  # host cost
     python benchmarks/bench_emulate.py --device cpu --host   # host time a rounding, CUDA route

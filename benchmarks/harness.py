@@ -12,7 +12,10 @@ and calls `Benchmark.run`. For each row:
    events around each call, the L2 cache cleared before it, after warm-up calls); on the
    CPU by the median of ``time.perf_counter`` around each call after a warm-up call; with
    ``timer="host"`` by the wall-clock time a call over ``--calls`` calls back to back, the
-   median of ``--repeats`` such runs (what a small call costs the host).
+   median of ``--repeats`` such runs (what a small call costs the host); with
+   ``--interleave`` (host timer only) every row is built and checked first and the runs go
+   in rounds, one run of each row a round, so that the host's drift during the script
+   falls on every row alike (the rows' ratios are then comparable within a run).
 
 Bandwidth (TB/s) counts bytes read plus bytes written, each element once, in the formats of
 input and output. The figures go, as `rows.Row` lines, into ``<results>/<capability>.csv``
@@ -136,6 +139,7 @@ class Benchmark:
         add("--repeats", type=int, default=5, help="CPU and host timers: timed runs (5)")
         add("--calls", type=int, default=1000, help="host timer: calls a run (1000)")
         add("--check-count", type=int, default=CHECK_COUNT, help="outputs checked a row")
+        add("--interleave", action="store_true", help="host timer: the rows' runs in rounds")
         self.args = argparse.Namespace()
 
     def parse_args(self, argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,6 +147,8 @@ class Benchmark:
         self.device = torch.device(self.args.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             self.parser.error("CUDA is not available: pass --device cpu")
+        if self.args.interleave and self.timer != "host":
+            self.parser.error(f"--interleave needs the host timer; {self.name} times devices")
         return self.args
 
     def add(self, case: str, provider: str, build: Callable[[], Run], **options: object) -> None:
@@ -169,11 +175,14 @@ class Benchmark:
         print(f"{self.name}: {' '.join(sys.argv)}")
         print(", ".join(f"{k} {v}" for k, v in info.items() if k not in ("argv", "versions")))
         chosen = self.selected()
-        rows = []
-        for number, provider in enumerate(chosen, 1):
-            print(f"[{number}/{len(chosen)}] {provider.case}/{provider.name} ...", end=" ")
-            rows.append(self.measure(provider))
-            print(describe(rows[-1]), flush=True)
+        if self.args.interleave:
+            rows = self.measure_interleaved(chosen)
+        else:
+            rows = []
+            for number, provider in enumerate(chosen, 1):
+                print(f"[{number}/{len(chosen)}] {provider.case}/{provider.name} ...", end=" ")
+                rows.append(self.measure(provider))
+                print(describe(rows[-1]), flush=True)
         info.update(benchmark=self.name, tag=self.args.tag, timer=self.timer_name())
         info.update(reference=self.reference, rows=rows)
         self.args.out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +200,9 @@ class Benchmark:
             return "triton.testing.do_bench median (CUDA events, L2 cleared before each)"
         return "time.perf_counter median after a warm-up call"
 
-    def measure(self, provider: Provider) -> dict:
+    def measure(self, provider: Provider, timed: bool = True) -> dict:
+        """A row's build, first call, check and (``timed``) timing; untimed, the row
+        holds its `Run` as ``run`` for the caller to time (`measure_interleaved`)."""
         row: dict[str, object] = {"case": provider.case, "provider": provider.name}
         row.update(ours=provider.ours, status="ok", check=DASH, median_us=None, tb_s=None)
         missing = [p for p in provider.requires if importlib.util.find_spec(p) is None]
@@ -212,6 +223,10 @@ class Benchmark:
                 row["check"] = run.check(output)
             output = None
             stage = "timing"
+            if not timed:
+                moved = run.bytes() if callable(run.bytes) else run.bytes
+                row.update(elements=run.elements, bytes=moved, **run.extra, run=run)
+                return row
             row["median_us"] = self.time(run.call)
             if self.back_to_back:
                 row["back_to_back_us"] = back_to_back_us(
@@ -232,6 +247,36 @@ class Benchmark:
             run = output = None
             free(self.device)
         return row
+
+    def measure_interleaved(self, chosen: list[Provider]) -> list[dict]:
+        """`measure` of every row with the host timer's runs in rounds (``--interleave``):
+        each row built, called and checked first (all kept alive), ``--calls // 10``
+        warm-up calls each, then ``--repeats`` rounds of one run of ``--calls`` calls a
+        row; a row's figure is the median of its runs, its fastest and slowest runs kept
+        as ``runs_us``."""
+        prepared: list[tuple[dict, Run | None]] = []
+        for number, provider in enumerate(chosen, 1):
+            print(f"[{number}/{len(chosen)}] {provider.case}/{provider.name} ...", end=" ")
+            row = self.measure(provider, timed=False)
+            prepared.append((row, row.pop("run", None)))
+            print(row["status"] if failed(row) else f"built; {row['check']}", flush=True)
+        ready = [(row, run) for row, run in prepared if run is not None]
+        times: dict[int, list[float]] = {id(row): [] for row, _ in ready}
+        for _, run in ready:
+            for _ in range(max(self.args.calls // 10, 2)):
+                run.call()
+        for _ in range(self.args.repeats):
+            for row, run in ready:
+                times[id(row)].append(host_us(run.call, self.device, self.args.calls, 1, 0))
+        for row, _ in ready:
+            runs = times[id(row)]
+            row.update(median_us=statistics.median(runs), runs_us=[min(runs), max(runs)])
+            if row.get("bytes"):
+                row["tb_s"] = row["bytes"] / row["median_us"] / 1e6
+            print(f"{row['case']}/{row['provider']}: {describe(row)}, runs {min(runs):.1f}-"
+                  f"{max(runs):.1f} us")  # fmt: skip
+        free(self.device)
+        return [row for row, _ in prepared]
 
     def time(self, call: Callable[[], object]) -> float:
         """Microseconds a call (module docstring)."""
@@ -321,10 +366,17 @@ def sweep_seconds(fn: Callable[[], object], device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
-def host_us(call: Callable[[], object], device: torch.device, calls: int, repeats: int) -> float:
+def host_us(
+    call: Callable[[], object],
+    device: torch.device,
+    calls: int,
+    repeats: int,
+    warmup: int | None = None,
+) -> float:
     """Wall-clock microseconds a call over ``calls`` calls back to back (then a device
-    synchronize), the median of ``repeats`` runs, after ``calls // 10`` warm-up calls."""
-    for _ in range(max(calls // 10, 2)):
+    synchronize), the median of ``repeats`` runs, after ``warmup`` warm-up calls (by
+    default ``calls // 10``, at least 2)."""
+    for _ in range(max(calls // 10, 2) if warmup is None else warmup):
         call()
     times = []
     for _ in range(repeats):

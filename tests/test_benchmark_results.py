@@ -179,6 +179,40 @@ def test_harness_writes_a_runs_rows(tmp_path: Path) -> None:
     assert (tmp_path / "json" / "bench_host.json").exists()
 
 
+def test_interleaved_runs_go_in_rounds_of_every_row(tmp_path: Path) -> None:
+    """``--interleave``: every row is built and checked before any is timed, its warm-up
+    calls come next, then the runs alternate row by row (``--repeats`` rounds of
+    ``--calls`` calls); a failed row is reported and left out of the rounds, and the
+    device timer refuses the flag."""
+    import harness
+
+    order: list[str] = []
+
+    def build(name: str) -> harness.Run:
+        order.append(f"build {name}")
+        return harness.Run(lambda: order.append(name), None, 4096)
+
+    def broken() -> harness.Run:
+        raise RuntimeError("boom")
+
+    bench = harness.Benchmark("bench_host", None, timer="host")
+    argv = ["--device", "cpu", "--out", str(tmp_path / "json"), "--interleave"]
+    bench.parse_args([*argv, "--calls", "2", "--repeats", "3", "--results", str(tmp_path)])
+    bench.add("tiny", "a", lambda: build("a"), ours=True)
+    bench.add("tiny", "broken", broken, ours=True)
+    bench.add("tiny", "b", lambda: build("b"), ours=True)
+    assert bench.run() == 1
+    first_calls = ["build a", "a", "build b", "b"]
+    warm_up = ["a", "a", "b", "b"]
+    rounds = ["a", "a", "b", "b"] * 3
+    assert order == first_calls + warm_up + rounds
+    found = {r.provider: r for r in rows.read(tmp_path / "host.csv")}
+    assert found["a"].value > 0 and found["b"].value > 0 and math.isnan(found["broken"].value)
+    device_timed = harness.Benchmark("bench_cast", None)
+    with pytest.raises(SystemExit):
+        device_timed.parse_args(["--device", "cpu", "--interleave"])
+
+
 def test_the_step_host_profile_times_and_profiles_both_settings(tmp_path: Path) -> None:
     """`profile_step_host.py` (CPU smoke run): a wall time and profile lines for the step
     graphs on and off, written to its JSON; its argument checks name the argument."""
