@@ -54,6 +54,7 @@ from bench_gaussws import build_model as bf16_model
 from harness import Benchmark, CheckFailed, Run
 
 from stochround.experiments.lm_model import GPT
+from stochround.nn.step_graphs import STEP_GRAPHS
 
 LOSS_BOUND = 0.05  # relative distance of a variant's loss from the bf16 model's
 PRESETS = {  # d_model, blocks, heads, context, windows a step
@@ -101,6 +102,9 @@ def row(
 
     if how in COMPILE_MODES and variant.startswith("nvfp4") and not COMPILES:
         raise ImportError(f"QuantizedLinear compiles with torch >= 2.11 (here {torch.__version__})")
+    # each row starts with no step graph: the graphs an earlier row kept would hold their
+    # share of the graphs' bounds (MAX_GRAPHS, MAX_GRAPH_BYTES) and crowd this row's out
+    STEP_GRAPHS.clear()
     model = build_model(shape, variant, device)
     runner: torch.nn.Module = model
     if how in COMPILE_MODES:
@@ -110,7 +114,6 @@ def row(
         call = harness.graph_of(call)
     # reduce-overhead captures the whole step: the layers' step graphs off, so that the
     # trace keeps the forward's operands (recipes guide, "torch.compile")
-    # (delayed scales: the step graphs do not serve them yet)
     step_graphs = uses_step_graphs(variant) and how != "compiled_cudagraphs"
     call = harness.with_step_graphs(call, step_graphs)
 
