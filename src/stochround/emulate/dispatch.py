@@ -44,8 +44,6 @@ from .torch_hooks import op_caller, skip_dynamo
 
 # (a layout is one object, read by identity in `__torch_dispatch__`'s argument check)
 _STRIDED = torch.strided
-# whether a tensor is one of torch.func's wrappers (vmap, grad): not `plain`
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _UNSEEN = object()  # (a dtype and device whose in-place rounding is not yet looked up)
 # a prepared rounding in place: ``rounding(x, offset)`` (`PreparedRounding.in_place_rounding`)
 _InPlace = Callable[[Tensor, int], None]
@@ -277,7 +275,7 @@ class Emulation(TorchDispatchMode):
         out = entry.call(*args, **kwargs) if kwargs else entry.call(*args)
         if not isinstance(out, Tensor):
             owned = entry.owned and apart(out)
-            out = each_output(self._owned_rounded if owned else self._output_rounded, out)
+            out = each_output(self._owned_output_rounded if owned else self._output_rounded, out)
             check_supported((out,))
             return out
         dtype = out.dtype
@@ -286,23 +284,20 @@ class Emulation(TorchDispatchMode):
             if out.layout is not _STRIDED or dtype.is_complex:
                 raise_unsupported(out)
             return out
-        # `plain` written out and `PreparedRounding.round_in_place`'s rounding held here
-        # (`_in_place_rounding`): calls less on the path of most ops
-        if (
-            entry.owned
-            and type(out) is Tensor
-            and not out.requires_grad
-            and out.layout is _STRIDED
-            and not out.is_meta
-            and not _is_wrapped(out)
-            and out.is_contiguous()
-        ):
-            rounding = self._in_place_rounding(out, dtype)
-            if rounding is not None:
-                rounding(out, self.calls)
-                self.calls += 1
-                return out
+        if entry.owned and plain(out) and out.is_contiguous():
+            return self._owned_rounded(out, prepared)
         return self._fresh_rounded(out, prepared)
+
+    def _rounded_in_place(self, x: Tensor) -> bool:
+        """x (plain and contiguous, of a dtype with a format) rounded where it lies with the
+        emulation's next rounding, where its in-place rounding can write it: True; else
+        False, x untouched."""
+        rounding = self._in_place_rounding(x, x.dtype)
+        if rounding is None:
+            return False
+        rounding(x, self.calls)
+        self.calls += 1
+        return True
 
     def _in_place_rounding(self, x: Tensor, dtype: torch.dtype) -> _InPlace | None:
         """The rounding in place of a contiguous x of ``dtype`` (a dtype with a format; the
@@ -375,12 +370,8 @@ class Emulation(TorchDispatchMode):
         prepared = self.roundings.get(dtype)
         if prepared is None:
             return
-        if plain(tensor) and tensor.is_contiguous():
-            rounding = self._in_place_rounding(tensor, dtype)
-            if rounding is not None:
-                rounding(tensor, self.calls)
-                self.calls += 1
-                return
+        if plain(tensor) and tensor.is_contiguous() and self._rounded_in_place(tensor):
+            return
         tensor.copy_(self._next_rounding(tensor.detach(), prepared, fresh=True))
 
     def _cast(
@@ -433,19 +424,20 @@ class Emulation(TorchDispatchMode):
             return out
         return self._fresh_rounded(out, prepared)
 
-    def _owned_rounded(self, out: Tensor) -> Tensor:
-        """`_output_rounded` of an output the op owns, plain and contiguous (`apart`): in
-        place where its rounding can write it."""
-        dtype = out.dtype
-        prepared = self.roundings.get(dtype)
+    def _owned_output_rounded(self, out: Tensor) -> Tensor:
+        """`_output_rounded` of an output the op owns, plain and contiguous (`apart`)."""
+        prepared = self.roundings.get(out.dtype)
         if prepared is None:
             return out
-        rounding = None if out.requires_grad else self._in_place_rounding(out, dtype)
-        if rounding is None:
-            return self._fresh_rounded(out, prepared)
-        rounding(out, self.calls)
-        self.calls += 1
-        return out
+        return self._owned_rounded(out, prepared)
+
+    def _owned_rounded(self, out: Tensor, prepared: PreparedRounding) -> Tensor:
+        """An output the op owns, plain and contiguous, of a dtype with a format
+        (``prepared``): rounded in place where its rounding can write it (not an output
+        that requires grad), else into a new tensor (`_fresh_rounded`)."""
+        if not out.requires_grad and self._rounded_in_place(out):
+            return out
+        return self._fresh_rounded(out, prepared)
 
     def _fresh_rounded(self, out: Tensor, prepared: PreparedRounding) -> Tensor:
         """`_output_rounded` of an output whose dtype has a format (``prepared``)."""

@@ -138,11 +138,7 @@ class PreparedRounding:
         seed): True, x holds `round_plain`'s bits; else False and x is untouched (the
         caller rounds it with `round_plain`).  No result tensor is made and no scratch
         taken, host work that a hot path such as an emulation's pays on every op."""
-        where = (x.dtype, on_kernel_device(x))
-        try:
-            rounding = self.in_place_roundings[where]
-        except KeyError:  # (the first call for this dtype and device)
-            rounding = self.in_place_rounding(where)
+        rounding = self.in_place_rounding((x.dtype, on_kernel_device(x)))
         if rounding is None or not x.is_contiguous():
             return False
         rounding(x, offset)
