@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -127,6 +128,34 @@ def delayed_backward_step(
     return backward_step(grad, *saved, plan_index, rank, needs, bias_dtype, history=history)
 
 
+def run_decided(
+    function: Callable[..., Any],
+    tensors: tuple[Tensor | None, ...],
+    options: tuple[object, ...],
+    x: Tensor,
+    weight: Tensor,
+    column: Tensor,
+    plan_index: int,
+    record: bool,
+    phase: Phase,
+    writes: tuple[int, ...],
+) -> Any:
+    """``function(*tensors, plan_index, *options, record, windows)`` (a delayed step
+    function, its history's buffers at ``writes`` among ``tensors``): the host's decisions
+    taken first (``windows``: `host_decisions` at the step of the offsets ``column``,
+    ``phase``), replayed from its step graph where one serves it (the buffers written in
+    place, or copied back), and the roles it recorded marked in the host copy."""
+    amaxes, steps = (typing.cast(Tensor, tensors[at]) for at in writes)
+    host, windows = host_decisions(amaxes, steps, column, record, phase, plan_index)
+    terms = graph_terms(x, weight, registered_plan(plan_index, -1))
+    rest = (plan_index, *options, record, windows)
+    with noting() as notes:
+        outputs = STEP_GRAPHS.run(function, tensors, rest, *terms, mutates=writes)
+    if host is not None:
+        host.mark(notes)
+    return outputs
+
+
 def run_delayed_forward(
     x: Tensor,
     weight: Tensor,
@@ -145,16 +174,11 @@ def run_delayed_forward(
     recomputed in the backward), replayed from its step graph where one serves it (the
     buffers written in place, or copied back: `FORWARD_WRITES`), and the roles it recorded
     marked in the host copy."""
-    host, windows = host_decisions(amaxes, steps, column, record, phase, plan_index)
     tensors = (x, weight, bias, column, amaxes, steps)
-    rest = (plan_index, rank, wgrad, dgrad, record, windows)
-    terms = graph_terms(x, weight, registered_plan(plan_index, -1))
-    with noting() as notes:
-        outputs = STEP_GRAPHS.run(
-            delayed_forward_step, tensors, rest, *terms, mutates=FORWARD_WRITES
-        )
-    if host is not None:
-        host.mark(notes)
+    outputs = run_decided(
+        delayed_forward_step, tensors, (rank, wgrad, dgrad), x, weight, column, plan_index,
+        record, phase, FORWARD_WRITES,
+    )  # fmt: skip
     return typing.cast(Outputs, tuple(outputs))
 
 
@@ -178,16 +202,12 @@ def run_delayed_backward(
     """`delayed_backward_step` as `run_delayed_forward` runs the forward: the decisions
     taken at the backward's call (a backward of an earlier step may have recorded since
     its forward), the forward's step found by its column."""
-    host, windows = host_decisions(amaxes, steps, column, record, "backward", plan_index)
-    tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
-    rest = (plan_index, rank, needs, bias_dtype, record, windows)
-    terms = graph_terms(x, weight, registered_plan(plan_index, -1))
-    with noting() as notes:
-        grads = STEP_GRAPHS.run(
-            delayed_backward_step, (*tensors, amaxes, steps), rest, *terms, mutates=BACKWARD_WRITES
-        )
-    if host is not None:
-        host.mark(notes)
+    saved = (x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
+    tensors = (grad, *saved, amaxes, steps)
+    grads = run_decided(
+        delayed_backward_step, tensors, (rank, needs, bias_dtype), x, weight, column,
+        plan_index, record, "backward", BACKWARD_WRITES,
+    )  # fmt: skip
     return typing.cast(list[Tensor], list(grads))
 
 
@@ -229,6 +249,7 @@ __all__ = [
     "delayed_kept",
     "delayed_windows",
     "host_decisions",
+    "run_decided",
     "run_delayed_backward",
     "run_delayed_forward",
 ]
