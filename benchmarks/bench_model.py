@@ -32,6 +32,8 @@ captured as one CUDA graph: what is left without host time):
   where the kernels' route serves), with the step graphs on as the other rows (a graph per
   host decision, in place); not ``graphed``: an eager step decides its windows on the host,
   which a capture of the whole step would freeze.
+- ``nvfp4_pow2``: ``nvfp4(tensor_scale="pow2")``, power-of-two tensor scales that the
+  operands' values hold, so that no GEMM scales its result (no epilogue pass).
 
 Checks before timing: the loss is finite and lies within 5% of the bf16 model's.
 
@@ -61,7 +63,7 @@ PRESETS = {  # d_model, blocks, heads, context, windows a step
     "gpt2-small": (768, 12, 12, 1024, 8),
     "lm": (384, 6, 6, 256, 64),
 }
-VARIANTS = ("bf16", "nvfp4", "gaussws", "nvfp4_no_step_graphs", "nvfp4_delayed")
+VARIANTS = ("bf16", "nvfp4", "gaussws", "nvfp4_no_step_graphs", "nvfp4_delayed", "nvfp4_pow2")
 HOWS = ("eager", "compiled", "compiled_cudagraphs", "graphed")
 # torch.compile's mode for each compiled ``how``
 COMPILE_MODES = {"compiled": None, "compiled_cudagraphs": "reduce-overhead"}
@@ -81,6 +83,8 @@ def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.de
     model = bf16_model(*shape, device)
     if variant == "nvfp4_delayed":
         srnn.quantize_(model, srnn.nvfp4(keep=("lm_head",), tensor_scale="delayed"))
+    elif variant == "nvfp4_pow2":
+        srnn.quantize_(model, srnn.nvfp4(keep=("lm_head",), tensor_scale="pow2"))
     elif variant.startswith("nvfp4"):
         srnn.quantize_(model, srnn.nvfp4(keep=("lm_head",)))
     elif variant == "gaussws":

@@ -25,6 +25,10 @@ Rows (case ``linear_step``):
   ``dW = Q(dy^T) Q(x^T)^T``, each operand quantized along its GEMM's contraction axis, each
   quantize-dequantize (with the transpose and the amax) one ``torch.compile`` call. It does
   less than the recipe: no SR, no RHT, 1x16 blocks for W.
+- ``stochround_<recipe>`` for the other recipes (mxfp8, mxfp4_tseng, int8, fp8), and
+  ``stochround_fp8_native`` (``fp8(native=True)``) and ``stochround_nvfp4_pow2``
+  (``nvfp4(tensor_scale="pow2")``: the operands hold power-of-two tensor scales, so no GEMM
+  scales its result).
 
 The recipes' rows run with the library's defaults, the layer's CUDA step graphs on
 (`stochround.nn.step_graphs`); ``stochround_<recipe>_no_step_graphs`` (CUDA): the eager
@@ -198,6 +202,8 @@ def recipe_fprop(inputs: Inputs, recipe: Recipe) -> Tensor:
 # what each recipe row runs (stochround.nn.RECIPES), and the words its notes give
 RECIPE_NOTES = {
     "nvfp4": "SR dy, RHT-16 wgrad, 16x16 W, two-level scales",
+    "nvfp4_pow2": "nvfp4() with tensor_scale='pow2': power-of-two tensor scales held in the "
+    "operands' values, no GEMM scales its result",
     "mxfp8": "e4m3 1x32 blocks, E8M0 scales, RN; bf16 GEMMs under a per-row power of two",
     "mxfp4_tseng": "MXFP4 fwd RN, bwd SR with RHT-64",
     "int8": "int8 row-wise (Qwix), SR gradients",
@@ -212,6 +218,18 @@ HOWS = ("eager", "graphed", "compiled")
 HOW_NOTES = {"eager": "eager", "graphed": "one CUDA graph", "compiled": "torch.compile"}
 
 
+def recipe_named(name: str) -> Recipe:
+    """The recipe of a row's name (`RECIPE_NOTES`): a named recipe with its defaults, or
+    ``fp8_native`` / ``nvfp4_pow2``, fp8() and nvfp4() with one switch."""
+    import stochround.nn as srnn
+
+    if name == "fp8_native":
+        return srnn.fp8(native=True)
+    if name == "nvfp4_pow2":
+        return srnn.nvfp4(tensor_scale="pow2")
+    return srnn.RECIPES[name]()
+
+
 def stochround_recipe(
     inputs: Inputs, name: str, how: str = "eager", step_graphs: bool = True
 ) -> Run:
@@ -221,7 +239,7 @@ def stochround_recipe(
     import stochround.nn as srnn
 
     features = inputs.weight.shape[0]
-    recipe = srnn.fp8(native=True) if name == "fp8_native" else srnn.RECIPES[name]()
+    recipe = recipe_named(name)
     layer = srnn.QuantizedLinear(
         features, features, bias=False, device=inputs.x.device, dtype=torch.bfloat16,
         recipe=recipe,

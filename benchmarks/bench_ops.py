@@ -315,11 +315,14 @@ def block_quantize(fmt: str, mode: str, features: int) -> Callable[[], object]:
 def cases(
     tokens: int, features: int, dtype: torch.dtype = torch.float32
 ) -> dict[str, Callable[[], object]]:
-    """Every case by name: ``linear_<recipe>`` (its layer and input in ``dtype``) and
+    """Every case by name: ``linear_<recipe>`` (its layer and input in ``dtype``; also
+    ``linear_fp8_native`` and ``linear_nvfp4_pow2``, nvfp4() with tensor_scale="pow2") and
     ``quantize_<format>_<mode>``."""
     found = {f"linear_{name}": linear_step(name, tokens, features, dtype=dtype) for name in RECIPES}
     native = linear_step("fp8", tokens, features, srnn.fp8(native=True), dtype)
     found["linear_fp8_native"] = native if torch.cuda.is_available() else without_check(native)
+    pow2 = srnn.nvfp4(tensor_scale="pow2")  # the operands hold their tensor scales
+    found["linear_nvfp4_pow2"] = linear_step("nvfp4", tokens, features, pow2, dtype)
     for fmt, mode in BLOCK_CASES:
         found[f"quantize_{fmt}_{mode}"] = block_quantize(fmt, mode, features)
     return found

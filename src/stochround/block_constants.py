@@ -23,8 +23,17 @@ POWER_OF_TWO_RULES = SCALE_RULES[:5]
 # row's (Qwix's noise along the first axis) or its column's (the same noise transposed)
 ROW_WORDS = ("element", "row", "column")
 
-# how NVFP4's scales are computed: Transformer Engine's order of operations or torchao's
-NVFP4_FLAVOURS = ("te", "torchao")
+# how NVFP4's scales are computed: Transformer Engine's order of operations, torchao's, or
+# TE's with the tensor scale rounded up to a power of two ("pow2"), which a GEMM operand
+# then carries in its values, exactly (docs/guide/block-formats.md)
+NVFP4_FLAVOURS = ("te", "torchao", "pow2")
+# the flavours whose GEMM operands hold the tensor scale in their values (no tensor scale
+# left to the GEMM's result)
+FOLDED_FLAVOURS = ("pow2",)
+# the least "pow2" tensor scale's exponent: an operand value (an e2m1 element, at least
+# 1/2, times an E4M3 block scale, at least 2**-9, times the tensor scale) then has its
+# lowest bit, 2**-5 of it at most 6 significant bits, at or above bf16's 2**-133
+POW2_LEAST_EXPONENT = -118
 
 # the group lengths of the random Hadamard transform (powers of two), and the fp32 nearest
 # sqrt(2) = 0x1.6a09e667f3bc...: rounding to 23 fraction bits drops about 0x0.00000067f3
@@ -72,9 +81,11 @@ __all__ = [
     "E4M3_EPS",
     "E4M3_MAX",
     "FLT_MAX",
+    "FOLDED_FLAVOURS",
     "HADAMARD_SIZES",
     "NVFP4_FLAVOURS",
     "ONE_SIXTH",
+    "POW2_LEAST_EXPONENT",
     "POWER_OF_TWO_RULES",
     "RESCALE",
     "ROW_WORDS",

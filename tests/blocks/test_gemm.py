@@ -23,6 +23,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "nvfp4-2d-tiles": ("nvfp4", {"block": (16, 16)}),
     "nvfp4-rht-bf16-sr": ("nvfp4", {"mode": "sr", "seed": 2, "rht": 16, "rht_bf16": True}),
     "nvfp4-single-level": ("nvfp4", {"tensor_scale": False, "mode": "rz"}),
+    "nvfp4-pow2-sr-rht": ("nvfp4", {"mode": "sr", "seed": 6, "rht": 16, "nvfp4_flavour": "pow2"}),
+    "nvfp4-pow2-2d": ("nvfp4", {"block": (16, 16), "nvfp4_flavour": "pow2"}),
     "mxfp4-floor34-rht": ("mxfp4", {"mode": "sr", "seed": 3, "scale_rule": "floor-3/4", "rht": 32}),
     "mxfp8-sr": ("mxfp8_e4m3", {"mode": "sr", "seed": 1}),
     "mxfp6-2d": ("mxfp6_e2m3", {"block": (32, 32)}),
@@ -174,7 +176,9 @@ def test_a_custom_block_format_has_its_own_gemm_dtype() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["nvfp4", "mxfp4-floor34-rht", "mxfp8-sr", "int8-rowwise-sr"])
+@pytest.mark.parametrize(
+    "case", ["nvfp4", "nvfp4-pow2-sr-rht", "mxfp4-floor34-rht", "mxfp8-sr", "int8-rowwise-sr"]
+)
 def test_cuda_scaled_mm_agrees_with_the_cpus_up_to_accumulation_order(case: str) -> None:
     """On CUDA the bf16 operands go through torch's mm with an fp32 output (fp32
     accumulation in another order), within the same bound as the CPU's fp32 matmul."""
@@ -243,3 +247,63 @@ def test_the_opaque_scaled_mm_op_compiles_and_gives_the_eager_result(bias: bool)
     got = compiled(*a, *b, offset, torch.bfloat16)
     assert got.dtype == torch.bfloat16 and got.shape == (32, 48)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 2.0**100, 2.0**-60, 2.0**-110, 2.0**-140])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_pow2_operand_holds_its_dequantized_values_exactly(
+    magnitude: float, backend: str
+) -> None:
+    """Under nvfp4_flavour="pow2" the operand has no tensor scale: its bf16 values are the
+    BlockTensor's dequantized values bit for bit, at every magnitude (the tensor scale's
+    floor 2**-118 keeps the least product a bf16 value; 2**-140 leaves fp32's normal range),
+    on the PyTorch path and the kernel's."""
+    if backend == "triton" and not INTERPRETED and not torch.cuda.is_available():
+        pytest.skip("needs Triton")
+    device = "cpu" if backend == "torch" else KERNEL_DEVICE
+    x = (_x(64, 64, seed=3).float() * magnitude).to(device)
+    options: dict[str, Any] = {"mode": "sr", "seed": 9, "nvfp4_flavour": "pow2"}
+    operand = gemm_operand(x, "nvfp4", backend=backend, **options)
+    q = blocks.quantize(x.cpu(), "nvfp4", backend="torch", **options)
+    assert operand.tensor_scale is None and operand.values.dtype == torch.bfloat16
+    assert q.tensor_scale is not None and float(q.tensor_scale) >= 2.0**-118
+    assert torch.equal(_bits(operand.values.float()), _bits(q.dequantize(torch.float32)))
+
+
+def test_pow2_operands_multiply_without_scaling_their_product() -> None:
+    """Two "pow2" operands: `unscaled`, so `scaled_mm` is the fp32 product rounded once
+    (no scaling steps), the te flavour's operands are not."""
+    from stochround.blocks.gemm import torch_scaled_mm, unscaled
+
+    a, b = _x(32, 64, seed=4), _x(48, 64, seed=5)
+    qa, qb = (gemm_operand(t, "nvfp4", nvfp4_flavour="pow2") for t in (a, b))
+    assert unscaled(qa, qb, None) and not unscaled(qa, qb, torch.zeros(48))
+    te = gemm_operand(a, "nvfp4")
+    assert not unscaled(te, qb, None)
+    product = qa.values.float() @ qb.values.float().T
+    assert torch.equal(torch_scaled_mm(qa, qb, None, torch.bfloat16), product.bfloat16())
+    assert torch.equal(scaled_mm(qa, qb, out_dtype=torch.bfloat16), product.bfloat16())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_cublas_rounds_an_unscaled_product_once_as_the_pytorch_path(
+    out_dtype: torch.dtype,
+) -> None:
+    """Integer operands (every sum exact in fp32, in any order): cuBLAS's bf16 product
+    (`rounded_matmul`, split-K partial sums in fp32) equals the fp32 product rounded once,
+    and leaves PyTorch's reduced-precision setting as it found it; the prepared GEMM of two
+    "pow2" operands takes that route."""
+    from stochround.blocks.gemm import PreparedScaledMm, rounded_matmul, torch_scaled_mm
+
+    generator = torch.Generator().manual_seed(6)
+    a = torch.randint(-8, 9, (256, 4096), generator=generator).bfloat16().cuda()
+    b = torch.randint(-8, 9, (512, 4096), generator=generator).bfloat16().cuda()
+    setting = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    got = rounded_matmul(a, b.T, out_dtype)
+    assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction == setting
+    qa, qb = GemmOperand(a, None, None, 1.0), GemmOperand(b, None, None, 1.0)
+    expected = torch_scaled_mm(qa, qb, None, out_dtype)
+    assert got.dtype == out_dtype and torch.equal(got, expected)
+    prepared = PreparedScaledMm(qa, qb, None, out_dtype)
+    assert prepared.rounded and torch.equal(prepared(qa, qb, None, out_dtype), expected)

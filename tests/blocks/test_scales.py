@@ -113,10 +113,36 @@ def test_floor_three_quarters_keeps_every_scaled_value_within_the_element_max(el
 
 def test_te_tensor_scale_is_one_for_an_all_zero_or_infinite_tensor() -> None:
     for amax in (0.0, float("inf"), float("nan")):
-        for flavour in ("te", "torchao"):
+        for flavour in ("te", "torchao", "pow2"):
             pair = scales.nvfp4_tensor_scales(torch.tensor(amax), flavour)
             assert (pair.decode.item(), pair.encode.item()) == (1.0, 1.0)
     assert scales.nvfp4_tensor_scales(torch.tensor(2688.0), "torchao").decode.item() == 1.0
+
+
+def test_pow2_tensor_scales_are_the_least_power_of_two_at_or_above_amax_over_2688() -> None:
+    """Known answers: a power of two at or above amax / 2688 (the quotient correctly
+    rounded), the least one; 2**-118 at the bottom (an operand value then stays a bf16
+    value), 1 for 0, infinities and NaN; S_enc its exact inverse."""
+    tiny = float(torch.finfo(torch.float32).tiny)
+    cases = {
+        2688.0: 0, 2689.0: 1, 5376.0: 1, 5377.0: 2, 1.0: -11, 1344.0: -1, 1345.0: 0,
+        3.0e38: 117, 2.0**-100: -111, 2.0**-107: -118, 2.0**-110: -118, tiny: -118,
+        tiny * 2.0**-23: -118, 0.0: 0, float("inf"): 0, float("nan"): 0,
+    }  # fmt: skip
+    for amax, exponent in cases.items():
+        pair = scales.nvfp4_tensor_scales(torch.tensor(amax), "pow2")
+        assert pair.decode.item() == 2.0**exponent, amax
+        assert pair.encode.item() == 2.0**-exponent, amax
+
+
+def test_pow2_block_scales_take_te_order_under_their_tensor_scale() -> None:
+    amax = torch.tensor([0.01, 1.0, 6.0, 2000.0])
+    pair = scales.nvfp4_tensor_scales(amax.max(), "pow2")
+    assert pair.decode.item() == 1.0  # 2000 / 2688 rounds up to 1
+    assert torch.equal(
+        scales.nvfp4_scales(amax, pair, "pow2")[0].view(torch.uint8),
+        scales.nvfp4_scales(amax, pair, "te")[0].view(torch.uint8),
+    )
 
 
 def test_the_flavours_differ_where_torchao_clamps_small_block_scales() -> None:

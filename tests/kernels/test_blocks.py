@@ -120,15 +120,19 @@ def test_mx_formats_every_mode_and_scale_rule_match_the_pytorch_path(fmt: str, r
         _assert_same_block_tensor(expected, got, (fmt, rule, dtype, mode, options))
 
 
-@pytest.mark.parametrize("flavour", ["te", "torchao"])
+@pytest.mark.parametrize("flavour", ["te", "torchao", "pow2"])
 @pytest.mark.parametrize("tensor_scale", ["amax", "given", "single-level"])
-def test_nvfp4_both_flavours_and_every_tensor_scale_match_the_pytorch_path(
+def test_nvfp4_every_flavour_and_tensor_scale_match_the_pytorch_path(
     flavour: str, tensor_scale: str
 ) -> None:
     x = _special_blocks(6, 64, seed=2).to(DEVICE)
     x[1, 3] = 0.5  # a NaN in x makes the amax tensor scale NaN: tested apart
     x[2, 40] = x[2, 20] = 1.0
     given = {"amax": None, "given": 0.0123, "single-level": False}[tensor_scale]
+    if flavour == "pow2" and tensor_scale == "given":  # pow2 computes its tensor scale
+        with pytest.raises(ValueError, match="computes a power-of-two tensor scale"):
+            blocks.quantize(x, "nvfp4", tensor_scale=given, nvfp4_flavour=flavour)
+        return
     for dtype, (mode, options) in itertools.product(
         (torch.float32, torch.bfloat16, torch.float16), SWEEP_MODES
     ):
@@ -138,10 +142,11 @@ def test_nvfp4_both_flavours_and_every_tensor_scale_match_the_pytorch_path(
         _assert_same_block_tensor(expected, got, (flavour, tensor_scale, dtype, mode, options))
 
 
-@pytest.mark.parametrize("flavour", ["te", "torchao"])
+@pytest.mark.parametrize("flavour", ["te", "torchao", "pow2"])
 def test_nvfp4_blocks_with_nan_and_infinities_match_the_pytorch_path(flavour: str) -> None:
     x = _special_blocks(6, 64, seed=3).to(DEVICE)
-    for tensor_scale in (False, 2.0**-10):
+    # pow2 takes no given scale: its own, from an amax that is not finite (1)
+    for tensor_scale in (False, None if flavour == "pow2" else 2.0**-10):
         expected, got = _both(
             x, "nvfp4", "sr", tensor_scale=tensor_scale, nvfp4_flavour=flavour, seed=1
         )
@@ -368,7 +373,7 @@ def test_the_tile_amax_equals_the_pytorch_paths_in_one_read(
     for case in cases:
         case = case.to(dtype)
         expected = _tiles_amax(case, tile)
-        for flavour in (None, "te", "torchao"):
+        for flavour in (None, "te", "torchao", "pow2"):
             got = kernel_blocks.tile_amax(case, tile, flavour)
             assert _same_values(got.amax, expected), (shape, tile, dtype, flavour)
             if flavour is None:
@@ -499,7 +504,7 @@ def test_rotation_arguments_are_checked() -> None:
         quantize_blocks(x, "int8", 64, "absmax", rht=16, rht_signs=signs)
 
 
-@pytest.mark.parametrize("flavour", ["te", "torchao"])
+@pytest.mark.parametrize("flavour", ["te", "torchao", "pow2"])
 def test_the_nvfp4_tensor_scale_in_two_launches_equals_the_scale_rules(flavour: str) -> None:
     """Ordinary, all-zero, NaN, infinite, fp32-subnormal (TE's S_enc saturates) and huge
     amax, over several partial maxima."""

@@ -115,7 +115,7 @@ def test_one_launch_equals_the_two_launches_and_the_pytorch_path(
     assert torch.equal(bits(tensor_scale[:1]), bits(reference.tensor_scale.reshape(1)))
 
 
-@pytest.mark.parametrize("flavour", ["te", "torchao"])
+@pytest.mark.parametrize("flavour", ["te", "torchao", "pow2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_flavours_dtypes_byte_codes_and_a_stream_of_tensors(
     flavour: str, dtype: torch.dtype

@@ -18,7 +18,7 @@ from stochround.kernels import block_amax, tensor_scales
 from stochround.kernels import blocks as kernel_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FLAVOURS = ["te", "torchao"]
+FLAVOURS = ["te", "torchao", "pow2"]
 # one program (the default tiling's block holds the tensor), and more programs than the
 # last program reads at a time (1024 partial maxima a step: two steps)
 ONE_PROGRAM = block_amax.AmaxTiling(2**14, 1, 4)

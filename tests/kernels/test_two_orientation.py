@@ -37,18 +37,19 @@ def separate(
     rotate: bool,
     n: int = 32,
     variant: str = "c",
+    flavour: str = "te",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """gemm_blocks of ``x`` (if not ``rotate``) or of its padded transpose (rotated), SR
-    with ``n`` bits of ``variant``."""
+    with ``n`` bits of ``variant``, the tensor scales of the ``flavour``."""
     operand = x if not rotate else functional.pad(x.T.contiguous(), (0, padded - x.shape[0]))
     rotation = rht if rotate else None
     rotation_signs = signs if rotation else None
     scales, _ = nvfp4_tensor_scale(
-        operand, rht=rotation, rht_signs=rotation_signs, rht_bf16=rotation is not None
+        operand, flavour, rht=rotation, rht_signs=rotation_signs, rht_bf16=rotation is not None
     )
     values = gemm_blocks(
         operand, E2M1, 16, "nvfp4", out_dtype=torch.bfloat16, tensor_scale=scales, mode=mode,
-        n=n, variant=variant,
+        n=n, variant=variant, nvfp4_flavour=flavour,
         seed=torch.tensor([7], device=DEVICE), offset=torch.tensor([offset], device=DEVICE),
         rht=rotation,
         rht_signs=rotation_signs, rht_bf16=rotation is not None,
@@ -60,20 +61,27 @@ def separate(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mode", ["rne", "sr"])
 @pytest.mark.parametrize("rht", [None, 16])
-def test_both_orientations_equal_separate_quantizations(tokens, features, dtype, mode, rht):
+@pytest.mark.parametrize("flavour", ["te", "pow2"])
+def test_both_orientations_equal_separate_quantizations(
+    tokens, features, dtype, mode, rht, flavour
+):
+    """pow2: the operands' values hold their power-of-two tensor scales (no decodes), as
+    the separate path's do."""
     generator = torch.Generator().manual_seed(tokens * features)
     x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, dtype)
     x[0, :3] = 0.0  # zero blocks' scales
     padded = -(-tokens // 16) * 16
     signs = None if rht is None else random_signs(16, 3, offset=5, device=DEVICE)
-    row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
+    row, column = (orientation(E2M1, mode, 32, "c", 2, flavour=flavour) for _ in range(2))
     prepared = PreparedTwoOrientations(
         x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
     )
     seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
     result = prepared(x, seed, row_offset, column_offset, signs)
-    expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)
-    expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, rotate=True)
+    separately = {"rht": rht, "signs": signs, "flavour": flavour}
+    expected_row, row_scales = separate(x, padded, mode, 11, rotate=False, **separately)
+    expected_column, column_scales = separate(x, padded, mode, 13, rotate=True, **separately)
+    assert (result.decodes is None) == (flavour == "pow2")
     assert result.scales is not None
     assert torch.equal(result.scales[:2], row_scales)
     assert torch.equal(result.scales[2:], column_scales)
@@ -83,8 +91,11 @@ def test_both_orientations_equal_separate_quantizations(tokens, features, dtype,
 
 @pytest.mark.parametrize("mode", ["rne", "sr"])
 @pytest.mark.parametrize("rht, tile_tokens", [(None, 16), (16, 16), (16, 32), (32, 32)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_many_tiles_equal_separate_quantizations(mode, rht, tile_tokens, dtype, monkeypatch):
+@pytest.mark.parametrize("dtype, flavour", [(torch.bfloat16, "te"), (torch.float16, "te"),
+                                           (torch.bfloat16, "pow2")])  # fmt: skip
+def test_many_tiles_equal_separate_quantizations(
+    mode, rht, tile_tokens, dtype, flavour, monkeypatch
+):
     """Tiles smaller than x (as the compiled kernel's): 70 tokens (padded to 80, the last
     token tile partly padding) by 80 features (the last 32-feature tile partly outside
     x), a zero block, tiny values (scales near fp32's subnormals) and the two roles'
@@ -99,15 +110,16 @@ def test_many_tiles_equal_separate_quantizations(mode, rht, tile_tokens, dtype, 
     # tiny blocks: their scales near fp32's subnormals (fp16: its own subnormals)
     x[40:50, 48:] *= 2.0**-120 if dtype == torch.bfloat16 else 2.0**-20
     signs = None if rht is None else random_signs(rht, 3, offset=5, device=DEVICE)
-    row, column = (orientation(E2M1, mode, 32, "c", 2) for _ in range(2))
+    row, column = (orientation(E2M1, mode, 32, "c", 2, flavour=flavour) for _ in range(2))
     prepared = PreparedTwoOrientations(
         x, padded, row, column, rht=rht, rht_signs=signs, rht_bf16=rht is not None
     )
     assert prepared.programs == -(-padded // tile_tokens) * 3
     seed, row_offset, column_offset = (torch.tensor([v], device=DEVICE) for v in (7, 11, 13))
     result = prepared(x, seed, row_offset, column_offset, signs)
-    expected_row, row_scales = separate(x, padded, mode, 11, rht, signs, rotate=False)
-    expected_column, column_scales = separate(x, padded, mode, 13, rht, signs, rotate=True)
+    separately = {"rht": rht, "signs": signs, "flavour": flavour}
+    expected_row, row_scales = separate(x, padded, mode, 11, rotate=False, **separately)
+    expected_column, column_scales = separate(x, padded, mode, 13, rotate=True, **separately)
     assert result.scales is not None
     assert torch.equal(result.scales[:2], row_scales)
     assert torch.equal(result.scales[2:], column_scales)
@@ -246,6 +258,18 @@ def test_transient_pairs_rewrite_their_own_scales(transient):
     assert (first.decodes[0] is second.decodes[0]) is transient  # type: ignore[index]
 
 
+def test_orientation_takes_te_or_pow2_scales_and_pow2_no_records():
+    with pytest.raises(ValueError, match="flavour must be 'te' or 'pow2'"):
+        orientation(E2M1, "rne", 32, "c", 2, flavour="torchao")
+    with pytest.raises(ValueError, match="no record"):
+        orientation(E2M1, "rne", 32, "c", 2, record=True, flavour="pow2")
+    with pytest.raises(ValueError, match="one flavour"):
+        PreparedTwoOrientations(
+            torch.zeros(16, 16, device=DEVICE), 16, orientation(E2M1, "rne", 32, "c", 2),
+            orientation(E2M1, "rne", 32, "c", 2, flavour="pow2"),
+        )  # fmt: skip
+
+
 def test_orientation_takes_e2m1_elements_only():
     """The pair stores each element times its E4M3 scale as the bf16 holding it exactly,
     which e2m1's products are: another element format is refused by name."""
@@ -269,6 +293,7 @@ RECIPES = {
     "nvfp4_no_rht": lambda: srnn.nvfp4(rht=False, seed=3),
     "nvfp4_1d_weights": lambda: srnn.nvfp4(weight_2d=False, seed=4),
     "nvfp4_per_step": per_step_nvfp4,
+    "nvfp4_pow2": lambda: srnn.nvfp4(tensor_scale="pow2", seed=6),
 }
 
 

@@ -6,6 +6,7 @@ change that adds one fails here."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import Counter
 from pathlib import Path
@@ -68,6 +69,16 @@ NVFP4_ATEN = {
 }
 
 
+# nvfp4(tensor_scale="pow2"): the operands' values hold their power-of-two tensor scales, so
+# no GEMM scales its result but fprop's, which adds the bias (the epilogue launch), and W's
+# S_dec is not selected for the GEMM
+NVFP4_POW2_LAUNCHES = {**NVFP4_LAUNCHES, "_epilogue_kernel": 1}
+NVFP4_POW2_ATEN = {
+    **{name: n for name, n in NVFP4_ATEN.items() if name != "aten::select.int"},
+    "aten::empty_like": 1 + 1,
+}
+
+
 # One fp8() step of the same layer: three tensors quantized per tensor (fprop's x and W,
 # dgrad's dy; dgrad's W^T, wgrad's dy^T and x^T are their Q(.) transposed, bit for bit), each
 # by two launches (the amax's partial maxima; `stochround.kernels.tensor_round`'s one pass,
@@ -106,6 +117,10 @@ FP8_ATEN = {
 }
 
 
+# the library's recipes, and nvfp4() with power-of-two tensor scales
+RECIPES = {**srnn.RECIPES, "nvfp4_pow2": functools.partial(srnn.nvfp4, tensor_scale="pow2")}
+
+
 def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Each quantized operand of two training steps of a 64 x 64 layer under recipe
     ``name`` (fp32 values on the CPU by role and step), on the CUDA route (``route``) or
@@ -113,7 +128,7 @@ def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) 
     torch.manual_seed(0)
     device, context = cuda_route(route)
     linear_layer = torch.nn.Linear(64, 64).to(device)
-    layer = srnn.QuantizedLinear.from_linear(linear_layer, srnn.RECIPES[name]())
+    layer = srnn.QuantizedLinear.from_linear(linear_layer, RECIPES[name]())
     x = torch.randn(64, 64).to(device).requires_grad_()
     grad = torch.randn(64, 64).to(device)
     calls: dict = {}
@@ -135,7 +150,7 @@ def quantized_operands(name: str, route: bool, monkeypatch: pytest.MonkeyPatch) 
     return calls
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "mxfp4_tseng", "mxfp8", "fp8", "int8"])
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_pow2", "mxfp4_tseng", "mxfp8", "fp8", "int8"])
 def test_the_cuda_route_quantizes_every_operand_as_the_cpu_path_does(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -162,13 +177,15 @@ def counts_of(case: str) -> bench_ops.Counts:
     ("case", "launches", "aten", "totals"),
     [
         ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (9, 24, 0)),
+        ("linear_nvfp4_pow2", NVFP4_POW2_LAUNCHES, NVFP4_POW2_ATEN, (7, 21, 0)),
         ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (9, 43, 0)),
     ],
 )
 def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
     case: str, launches: dict[str, int], aten: dict[str, int], totals: tuple[int, int, int]
 ) -> None:
-    """nvfp4(): nine launches and twenty-four ATen ops; fp8(): nine and forty-three."""
+    """nvfp4(): nine launches and twenty-four ATen ops (with power-of-two tensor scales,
+    seven and twenty-one); fp8(): nine and forty-three."""
     counts = counts_of(case)
     names = Counter(counts.names)
     launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -592,6 +593,8 @@ def test_cuda_quantizes_every_operand_as_the_cpu_does(
 
 
 NAMED = ["nvfp4", "mxfp4_tseng", "mxfp8", "fp8", "int8"]
+# the named recipes, and nvfp4() with power-of-two tensor scales (the GEMMs unscaled)
+RECIPES = {**srnn.RECIPES, "nvfp4_pow2": functools.partial(srnn.nvfp4, tensor_scale="pow2")}
 
 
 @pytest.mark.parametrize("name", NAMED)
@@ -681,6 +684,7 @@ def test_the_output_is_a_tensor_of_its_own_not_a_view(shape: tuple[int, ...]) ->
     "name",
     [
         "nvfp4",
+        "nvfp4_pow2",
         "mxfp4_tseng",
         "mxfp8",
         "fp8",
@@ -721,7 +725,7 @@ def test_inductor_gives_eagers_bits_for_every_named_recipe(
     # eight of them would refuse the next (Dynamo's recompile limit, fatal under fullgraph)
     torch._dynamo.reset()
     reference, _, _ = fixed_data()
-    recipe = srnn.RECIPES[name](seed=1)
+    recipe = RECIPES[name](seed=1)
     route = device == "cpu_as_cuda"
     mode, steps = ("reduce-overhead", 3) if device == "cuda_graphs" else (None, 2)
     device = "cuda" if device == "cuda_graphs" else device
@@ -822,7 +826,7 @@ def test_native_fp8_gemms_take_the_emulations_operands_and_agree_up_to_accumulat
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", NAMED)
+@pytest.mark.parametrize("name", [*NAMED, "nvfp4_pow2"])
 def test_a_training_step_captured_as_a_cuda_graph_replays_the_eager_steps_bits(name: str) -> None:
     """Three warm-up steps, then the fourth step captured as one CUDA graph and replayed:
     its y, dx and dW equal an eager layer's fourth step bit for bit (the step counter is
@@ -830,13 +834,13 @@ def test_a_training_step_captured_as_a_cuda_graph_replays_the_eager_steps_bits(n
     reference, x, grad = fixed_data()
     x, grad = x.cuda().bfloat16(), grad.cuda().bfloat16()
     eager = srnn.QuantizedLinear.from_linear(
-        copy.deepcopy(reference).cuda().bfloat16(), srnn.RECIPES[name]()
+        copy.deepcopy(reference).cuda().bfloat16(), RECIPES[name]()
     )
     for _ in range(3):
         one_step(eager, x, grad)
     expected = one_step(eager, x, grad)
     graphed = srnn.QuantizedLinear.from_linear(
-        copy.deepcopy(reference).cuda().bfloat16(), srnn.RECIPES[name]()
+        copy.deepcopy(reference).cuda().bfloat16(), RECIPES[name]()
     )
     inputs = x.clone().requires_grad_()
     stream = torch.cuda.Stream()

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .. import random as streams
-from ..block_constants import POWER_OF_TWO_RULES
+from ..block_constants import FOLDED_FLAVOURS, POWER_OF_TWO_RULES
 from ..kernels.availability import use_kernel
 from ..rounding import check_input_state
 from .formats import OCP_INT8
@@ -221,7 +221,8 @@ def kernel_gemm_operand(x: Tensor, args: BlockArguments) -> GemmOperand | None:
     call = _kernel_call(x_checked, request, args, seed, offset)
     output = "gemm_bf16" if request.fmt.gemm_dtype == torch.bfloat16 else "gemm_fp32"
     values = _launch(x_checked, request, call, output)
-    return GemmOperand(values, _decoding(call), None, gemm_factor(request.fmt))
+    decode = None if request.flavour in FOLDED_FLAVOURS else _decoding(call)  # held in values
+    return GemmOperand(values, decode, None, gemm_factor(request.fmt))
 
 
 def _row_operand(x: Tensor, request: BlockRequest, args: BlockArguments) -> GemmOperand | None:
@@ -281,6 +282,7 @@ class PreparedGemmOperand:
                 rht_bf16=args.rht_bf16,
             )  # fmt: skip
         self.factor = gemm_factor(fmt)
+        self.folded = request.flavour in FOLDED_FLAVOURS  # the values hold the tensor scale
         block = fmt.block[1] if isinstance(fmt.block, tuple) else fmt.block
         element = OCP_INT8 if fmt.element == OCP_INT8 else fmt.element.name
         self.kernel = PreparedGemmBlocks(
@@ -309,7 +311,10 @@ class PreparedGemmOperand:
     ) -> GemmOperand:  # fmt: skip
         """The `GemmOperand` of x, as `kernel_gemm_operand` gives it for the prepared
         choices with this stream (one-element int64 tensors), these signs and these tensor
-        scales (S_dec, S_enc; None: computed), ``record`` (one fp32) raised to x's amax."""
+        scales (S_dec, S_enc; None: computed; given, none under the "pow2" flavour: ValueError),
+        ``record`` (one fp32) raised to x's amax."""
+        if scales is not None and self.folded:
+            raise ValueError("a 'pow2' operand computes its tensor scales; none can be given")
         self.kernel.check(x)  # before any launch reads x
         if x.is_cuda and x.device.index != torch.cuda.current_device():
             with torch.cuda.device(x.device):  # Triton launches on the current device
@@ -323,7 +328,8 @@ class PreparedGemmOperand:
             values, unshift = kernel.launch(x, scales, signs, amax, *stream, None, record), None
         else:  # exact_bf16: the row scales 2**-s
             values, unshift = kernel.launch_exact(x, scales, signs, amax, *stream, record)
-        return GemmOperand(values, None if scales is None else scales[0], unshift, self.factor)
+        decode = None if scales is None or self.folded else scales[0]
+        return GemmOperand(values, decode, unshift, self.factor)
 
 
 # --- the kernel's side: its arguments, the custom ops and the launch --------------------------

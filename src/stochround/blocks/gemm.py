@@ -12,7 +12,9 @@ floor-3/4's factor to the result.
 
 from __future__ import annotations
 
+import contextlib
 import typing
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,12 +26,15 @@ from ..kernels.availability import (
     triton_missing,
     use_kernel,
 )
-from .scales import exact_floor_log2
+from .scales import exact_floor_log2, power_of_two_fp32
 from .tensor import GemmOperand
 
 # torch's mm with an fp32 output for bf16 operands (CUDA only): fp32 accumulation without
 # widening the operands first
 MM_TO_FP32 = hasattr(torch.ops.aten.mm, "dtype")
+
+# what cuBLAS rounds an unscaled product of bf16 operands to itself (`rounded_matmul`)
+ROUNDED_OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 # bf16's exponent range: its smallest subnormal is 2**-133 (the lowest bit it holds), its
 # largest binade 2**127
@@ -57,12 +62,6 @@ def bf16_row_shifts(values: Tensor, mbits: int) -> Tensor:
         BF16_TOP_BINADE,
     )
     return torch.minimum(need.clamp(min=0), room).to(torch.int32)
-
-
-def power_of_two_fp32(exponent: Tensor) -> Tensor:
-    """``2**e`` in fp32, exactly, for int32 exponents in [-126, 127] (the bits of the
-    exponent field)."""
-    return ((exponent + 127) << 23).view(torch.float32)
 
 
 def exact_bf16_operand(operand: GemmOperand, mbits: int) -> GemmOperand:
@@ -134,6 +133,37 @@ def fp32_matmul(a: Tensor, b_t: Tensor) -> Tensor:
     return a.to(torch.float32) @ b_t.to(torch.float32)
 
 
+def unscaled(a: GemmOperand, b: GemmOperand, bias: Tensor | None) -> bool:
+    """Whether the product of ``a`` and ``b`` takes no scaling and no bias: no row or
+    tensor scales (NVFP4's "pow2" operands hold theirs), factors 1."""
+    scales = (a.row_scale, b.row_scale, a.tensor_scale, b.tensor_scale, bias)
+    return all(scale is None for scale in scales) and a.factor == b.factor == 1.0
+
+
+@contextlib.contextmanager
+def fp32_reductions() -> Iterator[None]:
+    """cuBLAS's reduced-precision reductions of bf16 GEMMs (split-K partial sums in the
+    output's dtype, which PyTorch allows by default) disallowed: the fp32 sums rounded
+    once to the output."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
+
+
+def rounded_matmul(a: Tensor, b_t: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """``a @ b_t`` of bf16 CUDA operands with fp32 accumulation, rounded once to
+    ``out_dtype`` (bf16 or fp32) by cuBLAS itself: `fp32_matmul`'s product cast, with no
+    pass over the result (`unscaled` products)."""
+    if out_dtype == torch.float32 or not a.is_cuda:  # elsewhere: the fp32 product, cast
+        return fp32_matmul(a, b_t).to(out_dtype)
+    with fp32_reductions():
+        return torch.mm(a, b_t)
+
+
 def native_fp8_mm(
     a: GemmOperand,
     b: GemmOperand,
@@ -189,7 +219,8 @@ def kernel_scaled_mm(
     """`scaled_mm` by the kernels (`stochround.kernels.scaled_gemm`), or None where
     `use_kernel` leaves it to the PyTorch path: bf16 operands, the GEMM with the scales in
     its epilogue or cuBLAS's fp32 product and one epilogue pass, as
-    `stochround.kernels.scaled_gemm.gemm_kernel` chooses."""
+    `stochround.kernels.scaled_gemm.gemm_kernel` chooses; an `unscaled` product taken by
+    cuBLAS alone (`rounded_matmul`) where the GEMM is not the kernels'."""
     on_cuda = a.values.is_cuda
     missing = triton_missing()
     if missing is not None:
@@ -204,6 +235,8 @@ def kernel_scaled_mm(
     (m, k), n = a.values.shape, b.values.shape[0]
     if kernels.gemm_kernel(m, n, k) == "triton_gemm":
         return kernels.scaled_gemm(a.values, b.values, epilogue)
+    if unscaled(a, b, bias) and out_dtype in ROUNDED_OUT_DTYPES:
+        return rounded_matmul(a.values, b.values.T, out_dtype)
     return kernels.fused_epilogue(fp32_product(a.values, b.values), epilogue)
 
 
@@ -300,20 +333,27 @@ class PreparedScaledMm:
     """`scaled_mm` (backend "auto", eager) of operands of one signature — the shapes and
     dtypes of the example ``a``, ``b``, ``bias`` and ``out_dtype``, and which of their
     scales are present — with its route chosen once: the kernels' prepared GEMM
-    (`stochround.kernels.scaled_gemm.PreparedScaledGemm`) where they serve it, else the
-    PyTorch path.  The same bits as `scaled_mm`; a caller's plan keeps the signature."""
+    (`stochround.kernels.scaled_gemm.PreparedScaledGemm`) where they serve it (an
+    `unscaled` product outside their GEMM's sizes: cuBLAS alone, `rounded_matmul`), else
+    the PyTorch path.  The same bits as `scaled_mm`; a caller's plan keeps the
+    signature."""
 
     def __init__(
         self, a: GemmOperand, b: GemmOperand, bias: Tensor | None, out_dtype: torch.dtype
     ) -> None:
         self.kernel: Any = None
         self.epilogue: Any = None
+        self.rounded = False  # an unscaled product by cuBLAS alone (`rounded_matmul`)
         if not on_kernel_device(a.values) or triton_missing() is not None:
             return
         from ..kernels import scaled_gemm as kernels  # needs triton: imported here
 
         epilogue = kernels.Epilogue(*epilogue_fields(a, b, bias, out_dtype))
-        if kernels.scaled_gemm_refusal(a.values, b.values, epilogue) is None:
+        (m, k), n = a.values.shape, b.values.shape[0]
+        refusal = kernels.scaled_gemm_refusal(a.values, b.values, epilogue)
+        if refusal is None and unscaled(a, b, bias) and out_dtype in ROUNDED_OUT_DTYPES:
+            self.rounded = kernels.gemm_kernel(m, n, k) != "triton_gemm"
+        if refusal is None and not self.rounded:
             self.kernel = kernels.PreparedScaledGemm(a.values, b.values, epilogue, fp32_matmul)
             self.epilogue = kernels.Epilogue
 
@@ -328,6 +368,8 @@ class PreparedScaledMm:
         """``Q(a) Q(b)^T (+ bias)`` as `scaled_mm` computes it.  ``transposed``: b's values
         given as their transpose (K, N), which the kernels read as they are (no view; the
         PyTorch path takes the transposed view)."""
+        if self.rounded:
+            return rounded_matmul(a.values, b.values if transposed else b.values.T, out_dtype)
         if self.kernel is None:
             if transposed:
                 b = b.transposed_values()
@@ -377,6 +419,7 @@ def scale_product(
 
 __all__ = [
     "MM_TO_FP32",
+    "ROUNDED_OUT_DTYPES",
     "PreparedScaledMm",
     "bf16_row_shifts",
     "epilogue_fields",
@@ -384,6 +427,7 @@ __all__ = [
     "exact_bf16_rows_op",
     "fp32_matmul",
     "fp32_product",
+    "fp32_reductions",
     "kernel_scaled_mm",
     "native_fp8_mm",
     "power_of_two_fp32",
@@ -391,4 +435,5 @@ __all__ = [
     "scale_product",
     "scaled_mm",
     "torch_scaled_mm",
+    "unscaled",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 from torch import Tensor
 
 from .. import random as streams
+from ..block_constants import FOLDED_FLAVOURS
 from ..kernels.availability import check_backend
 from ..reference import check_choice
 from ..shards import is_dtensor
@@ -17,7 +18,13 @@ from .dispatch import fake_quantize_local, kernel_gemm_operand, quantize_local
 from .formats import Block, BlockFormat
 from .request import BlockArguments
 from .sharded import fake_quantize_shards, quantize_shards
-from .tensor import BlockTensor, GemmOperand, gemm_operand_of, rebuild_block_tensor
+from .tensor import (
+    BlockTensor,
+    GemmOperand,
+    folded_tensor_scale,
+    gemm_operand_of,
+    rebuild_block_tensor,
+)
 
 # rebuild_block_tensor: saved BlockTensors of earlier versions name it in this module
 __all__ = ["fake_quantize", "gemm_operand", "quantize", "rebuild_block_tensor", "to_nvfp4"]
@@ -69,7 +76,8 @@ def quantize(
             ``BlockTensor.tensor_scale``; positive and finite, else ValueError, checked
             for numbers and CPU tensors), False quantizes single-level.
         nvfp4_flavour: "te" (default) or "torchao": whose operation order computes NVFP4
-            scales (`stochround.blocks.scales`).
+            scales (`stochround.blocks.scales`); "pow2": TE's, with the tensor scale
+            rounded up to a power of two, which a GEMM operand then holds in its values.
         rht: the size of a random Hadamard transform applied along ``axis`` before
             quantizing (16..256, dividing the axis), or None.
         rht_signs: its ±1 signs (a tensor of ``rht`` values), or None for
@@ -188,7 +196,9 @@ def gemm_operand(
     GEMM's contraction axis) as a GEMM takes it (`GemmOperand`), the rotated basis kept.
     Arguments as `quantize` takes them; the Triton kernel writes the values itself where
     it serves the call (blocks with their own scales: not whole rows, whose scales the
-    `GemmOperand` keeps apart), as exact as the codes."""
+    `GemmOperand` keeps apart), as exact as the codes.  Under ``nvfp4_flavour="pow2"`` the
+    values hold the power-of-two tensor scale (`folded_tensor_scale`): the operand has
+    none, and the GEMM no scaling of its result to do."""
     args = BlockArguments(
         fmt, mode, -1, block, scale_rule, tensor_scale, nvfp4_flavour, rht, rht_signs,
         rht_bf16, rbits, variant, seed, offset, stream, hardware, index_offset, backend,
@@ -216,7 +226,9 @@ def gemm_operand(
         index_offset=index_offset,
         backend=backend,
     )
-    return gemm_operand_of(q)
+    operand = gemm_operand_of(q)
+    # the kernel's values hold a "pow2" tensor scale: the same products
+    return folded_tensor_scale(operand) if nvfp4_flavour in FOLDED_FLAVOURS else operand
 
 
 def to_nvfp4(x: Tensor, rounding_mode: str = "rn", **options: Any) -> BlockTensor:

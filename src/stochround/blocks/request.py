@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import random as streams
-from ..block_constants import HADAMARD_SIZES, SCALE_RULES
+from ..block_constants import FOLDED_FLAVOURS, HADAMARD_SIZES, SCALE_RULES
 from ..kernels.availability import check_backend
 from ..presets import preset
 from ..random import check_index_offset
@@ -229,8 +229,15 @@ def given_scales(tensor_scale: object, device: torch.device) -> TensorScale:
 
 def check_extras(x: Tensor, request: BlockRequest, args: BlockArguments) -> None:
     """The tensor scale and RHT options checked before a stream is drawn from (a refused
-    call takes nothing from it): ``rht`` one of `HADAMARD_SIZES`, dividing the axis."""
-    tensor_scale_choice(request.fmt, args.tensor_scale)
+    call takes nothing from it): ``rht`` one of `HADAMARD_SIZES`, dividing the axis; a
+    given tensor scale not under the "pow2" flavour (whose GEMM operands hold a tensor
+    scale computed as a power of two)."""
+    choice = tensor_scale_choice(request.fmt, args.tensor_scale)
+    if choice == "given" and request.flavour in FOLDED_FLAVOURS:
+        raise ValueError(
+            f"nvfp4_flavour={request.flavour!r} computes a power-of-two tensor scale from x's "
+            "amax; a given tensor_scale takes 'te' or 'torchao'"
+        )
     rht, rht_signs = args.rht, args.rht_signs
     if rht is None:
         if rht_signs is not None:

@@ -48,6 +48,12 @@ NVFP4 (``nvfp4``, an E4M3 block scale under an FP32 tensor scale), in two flavou
   (``per_tensor_amax_to_scale``); block scale ``s = e4m3(clamp(amax / 6 / t, 2**-6, 448))``;
   multiplier ``(1 / t) / s``.  Single-level: ``s = e4m3(clamp(amax / 6, 2**-6, 448))``,
   multiplier ``1 / s``.  An all-zero tensor takes ``t = 1`` (torchao would divide 0 by 0).
+* ``"pow2"`` (ours): TE's order with ``S_dec = 2**max(ceil(log2(amax_tensor / 2688)),
+  -118)`` (the quotient correctly rounded; 1 where amax_tensor is 0 or not finite) and
+  ``S_enc = 1 / S_dec``, both exact.  The block scales then reach at most 448 as TE's do
+  (at least 224 for the largest block), and a GEMM operand carries the tensor scale in
+  its values, exactly in bf16 (an element times its block scale times a power of two at
+  least ``2**-118``), so that the GEMM has no tensor scale to apply to its result.
 
 ``absmax`` (int8 row-wise, torchao's ``quantize_int8_rowwise``): scale ``amax / max`` in
 x's dtype, multiplier ``1 / max(fp32(scale), 1e-12)``.
@@ -74,6 +80,7 @@ from ..block_constants import (
     E4M3_MAX,
     FLT_MAX,
     NVFP4_FLAVOURS,
+    POW2_LEAST_EXPONENT,
     POWER_OF_TWO_RULES,
     SHRINK,
 )
@@ -148,6 +155,12 @@ def exact_floor_log2(value: Tensor) -> Tensor:
     as int32: `torch.frexp`'s exponent less one (frexp's mantissa lies in [0.5, 1))."""
     _, exponent = torch.frexp(value)
     return exponent.to(torch.int32) - 1
+
+
+def power_of_two_fp32(exponent: Tensor) -> Tensor:
+    """``2**e`` in fp32, exactly, for int32 exponents in [-126, 127] (the bits of the
+    exponent field)."""
+    return ((exponent + 127) << 23).view(torch.float32)
 
 
 def is_power_of_two(value: Tensor) -> Tensor:
@@ -250,7 +263,7 @@ def power_of_two_multiply(x: Tensor, exponent: Tensor, amax: Tensor, rule: str) 
 
 
 def check_flavour(flavour: object) -> str:
-    """nvfp4_flavour, checked: "te" or "torchao"."""
+    """nvfp4_flavour, checked: one of `NVFP4_FLAVOURS`."""
     if flavour not in NVFP4_FLAVOURS:
         raise ValueError(
             f"nvfp4_flavour must be one of {', '.join(map(repr, NVFP4_FLAVOURS))}; got {flavour!r}"
@@ -274,10 +287,19 @@ def nvfp4_tensor_scales(amax_tensor: Tensor, flavour: str) -> TensorScale:
     one-element fp32 tensor): TE's ``S_enc = min(2688 / amax, FLT_MAX)`` (1 where amax is
     0 or not finite) and ``S_dec = 1 / S_enc``, or torchao's ``S_dec = amax / 2688`` (1
     where amax is 0 or not finite) and ``S_enc = 1 / S_dec`` (which torchao's order does
-    not read)."""
+    not read), or "pow2"'s ``S_dec = 2**max(ceil(log2(amax / 2688)), -118)`` (1 where amax
+    is 0 or not finite) and its exact inverse."""
     amax = amax_tensor.to(torch.float32).reshape(())
     bad = (amax == 0) | ~torch.isfinite(amax)
-    if check_flavour(flavour) == "te":
+    if check_flavour(flavour) == "pow2":
+        wanted = quotient(amax, E4M3_MAX * E2M1_MAX, amax)
+        positive = torch.where(wanted > 0, wanted, 1.0)
+        exponent = exact_floor_log2(positive) + (~is_power_of_two(positive)).to(torch.int32)
+        # a quotient of 0 (an amax below 2688 times fp32's least subnormal) takes the least
+        exponent = torch.where(wanted > 0, exponent, POW2_LEAST_EXPONENT)
+        exponent = torch.where(bad, 0, exponent.clamp(min=POW2_LEAST_EXPONENT))
+        return TensorScale(power_of_two_fp32(exponent), power_of_two_fp32(-exponent))
+    if flavour == "te":
         encode = torch.clamp(quotient(E4M3_MAX * E2M1_MAX, amax, amax), max=FLT_MAX)
         encode = torch.where(bad | (encode == 0), 1.0, encode)
         return TensorScale(quotient(1.0, encode, encode), encode)
@@ -300,7 +322,7 @@ def nvfp4_scales(
     (None: single-level scaling), in TE's or torchao's operation order (module
     docstring)."""
     amax = amax.to(torch.float32)
-    if check_flavour(flavour) == "te":
+    if check_flavour(flavour) in ("te", "pow2"):  # pow2: TE's order, its own tensor scale
         if tensor_scale is None:
             encode = decode = torch.ones((), dtype=torch.float32, device=amax.device)
         else:
@@ -365,6 +387,7 @@ __all__ = [
     "nvfp4_scales",
     "nvfp4_tensor_scales",
     "power_of_two_exponent",
+    "power_of_two_fp32",
     "power_of_two_multiply",
     "quotient",
 ]

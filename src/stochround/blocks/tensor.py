@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # for annotations only: importing distributed costs every pla
 __all__ = [
     "BlockTensor",
     "GemmOperand",
+    "folded_tensor_scale",
     "gemm_factor",
     "gemm_operand_of",
     "output_shapes",
@@ -359,6 +360,18 @@ def gemm_operand_of(q: BlockTensor) -> GemmOperand:
         values = _scaled_elements(elements, scales, q.format.block)
     factor = gemm_factor(q.format)
     return GemmOperand(values.to(q.format.gemm_dtype), q.tensor_scale, row_scale, factor)
+
+
+def folded_tensor_scale(operand: GemmOperand) -> GemmOperand:
+    """The operand with its tensor scale multiplied into its values and none left to the
+    GEMM: exact where the scale is a power of two that keeps every value in the values'
+    dtype, as NVFP4's "pow2" flavour makes it (`stochround.blocks.scales`); the products
+    in fp32, stored in the values' dtype."""
+    scale = operand.tensor_scale
+    if scale is None:
+        return operand
+    values = (operand.values.to(torch.float32) * scale.to(torch.float32)).to(operand.values.dtype)
+    return operand._replace(values=values, tensor_scale=None)
 
 
 def stored_codes(codes: Tensor, element: Format) -> Tensor:

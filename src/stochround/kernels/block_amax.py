@@ -128,7 +128,7 @@ def _amax_kernel(
     PARTIALS: tl.constexpr,
 ):
     """Each program's partial maximum (`partial_amax`) at ``partial_ptr + program``.  With
-    a FLAVOUR ("te" or "torchao"; "" none), the last program to finish also writes x's
+    a FLAVOUR (one of NVFP4_FLAVOURS; "" none), the last program to finish also writes x's
     amax and NVFP4's tensor scales (`last_program_scales`)."""
     program = tl.program_id(0)
     if WIDE:
@@ -161,7 +161,7 @@ def _tile_amax_kernel(
     ``(program % chunks) * TILES``: an integer max of the magnitudes' fp32 bits (a NaN in
     a tile gives a NaN pattern), stored as fp32 once for each of the tile's rows (one value
     a 1-D block of COLS elements, the layout the quantize kernel reads), and with a FLAVOUR
-    ("te" or "torchao"; "" none) the max over the program's tiles (int32 bits) at
+    (one of NVFP4_FLAVOURS; "" none) the max over the program's tiles (int32 bits) at
     ``partial_ptr + program``, a partial maximum of x's amax, from which the last program to
     finish writes x's amax and NVFP4's tensor scales (`last_program_scales`)."""
     ROWS: tl.constexpr = TILE.ROWS
@@ -350,7 +350,7 @@ def tile_amax(x: Tensor, tile: tuple[int, int], flavour: str | None = None) -> T
     the tile holds a NaN), repeated for each of the tile's rows: equal to
     ``x.reshape(-1, rows, C // columns, columns).abs().amax(dim=(1, 3), keepdim=True)``
     broadcast over the tile's rows, as [numel / C, C / columns] (C = x.shape[-1]); one read
-    of x and no host synchronization.  With ``flavour`` ("te" or "torchao"), also NVFP4's
+    of x and no host synchronization.  With ``flavour`` (one of NVFP4_FLAVOURS), also NVFP4's
     tensor scales of x from the same read and launch (the max of the tiles' maxima is x's
     amax), as `nvfp4_tensor_scale` gives them, with a fresh `ticket_counter`."""
     if flavour is not None:
@@ -457,7 +457,7 @@ def nvfp4_tensor_scale(
     `tensor_amax`'s partial maxima, which the last program to finish reduces to the
     flavour's scales (with a fresh `ticket_counter`), equal to the `decode`
     and `encode` of ``stochround.blocks.scales.nvfp4_tensor_scales(x.abs().amax(),
-    flavour)``.  ``flavour`` "te" or "torchao"; the rotation and ``tiling`` as
+    flavour)``.  ``flavour`` one of NVFP4_FLAVOURS; the rotation and ``tiling`` as
     `tensor_amax` takes them.  Returns (scales, amax): `quantize_blocks` takes the scales
     as its ``tensor_scale``.  Both outputs and the counter are allocated a call: a tensor
     kept across calls would be made inside torch.compile's CUDA graphs

@@ -27,7 +27,7 @@ from .operand_bf16 import FLAGGED_SHIFT
 # what the kernel writes: element codes one a byte, fp4 codes two a byte (low nibble
 # first), the dequantized values in x's dtype, or a GEMM's operand: each element times its
 # block scale alone (the tensor scale and floor-3/4's factor left to the GEMM's result, the
-# values left in the rotated basis), in bf16 or fp32
+# values left in the rotated basis; NVFP4's "pow2" tensor scale folded in), in bf16 or fp32
 BLOCK_OUTPUTS = ("codes", "fp4x2", "dequantized", "gemm")
 
 # the fp32 constants of `stochround.block_constants` as the kernel reads them (constexpr)
@@ -300,6 +300,8 @@ def quantize_tile(
             narrow = narrow_to_16_bits(dequantized_bits, out_ptr.dtype.element_ty, OUTPUT.NAN16)
             tl.store(out_ptr + position, narrow, mask=mask)
     elif KIND == "gemm":
+        if SCALE.RULE == "nvfp4" and SCALE.FLAVOUR == "pow2":
+            block_value = scale_value  # the power-of-two tensor scale folded in, exactly
         operand = element * block_value[:, None, None]
         if OUTPUT.FLAG_BELOW != 0:
             # a block holding a nonzero value below 2**(mbits - 133) (its lowest bit below

@@ -352,12 +352,12 @@ def nvfp4_scale(amax, tensor_scale_ptr, SCALE: tl.constexpr):
     (`stochround.blocks.scales.nvfp4_scales`); SCALE.TENSOR_SCALE: how many fp32 values
     ``tensor_scale_ptr`` holds: 0 (single-level), 1 (S_dec, and S_enc = 1 / S_dec) or 2
     (S_dec, then S_enc).  "te": s = e4m3(min(amax * (S_enc * fp32(1/6)), 448)), multiplier
-    min(1 / (s * S_dec), FLT_MAX);
+    min(1 / (s * S_dec), FLT_MAX) (and "pow2", whose tensor scales are powers of two);
     "torchao": s = e4m3(clamp(amax / 6 / t, 2**-6, 448)), multiplier (1 / t) / s.  Clamps
     are selects, which keep NaN as the PyTorch path does."""
     if SCALE.TENSOR_SCALE > 0:
         decode = tl.load(tensor_scale_ptr)
-    if SCALE.FLAVOUR == "te":
+    if SCALE.FLAVOUR == "te" or SCALE.FLAVOUR == "pow2":  # pow2: TE's order
         if SCALE.TENSOR_SCALE == 2:
             multiplier = tl.load(tensor_scale_ptr + 1) * _ONE_SIXTH
         elif SCALE.TENSOR_SCALE == 1:
@@ -372,7 +372,7 @@ def nvfp4_scale(amax, tensor_scale_ptr, SCALE: tl.constexpr):
         inverse = tl.math.div_rn(1.0, scale)
         inverse = tl.where(inverse > _FLT_MAX, _FLT_MAX, inverse)
     else:
-        tl.static_assert(SCALE.FLAVOUR == "torchao", "SCALE.FLAVOUR must be te or torchao")
+        tl.static_assert(SCALE.FLAVOUR == "torchao", "SCALE.FLAVOUR must be te, torchao or pow2")
         wanted = tl.math.div_rn(amax, 6.0)
         if SCALE.TENSOR_SCALE > 0:
             wanted = tl.math.div_rn(wanted, decode)

@@ -108,7 +108,7 @@ def quantize_blocks(
     choices for the elements, which saturate to the element's finite range; ``seed`` and
     ``offset`` the stream (ints in [0, 2**64) or one-element int64 tensors); ``index_offset``
     the global row-major index of x's first element (SR draws the word of index
-    ``index_offset + i`` for x's flat element i); ``nvfp4_flavour`` "te" or "torchao";
+    ``index_offset + i`` for x's flat element i); ``nvfp4_flavour`` one of NVFP4_FLAVOURS;
     ``output`` "codes" (one code a byte) or "fp4x2" (two 4-bit codes a byte, low nibble
     first, along the last axis; ``block`` a multiple of 4); ``rht`` the size of a random
     Hadamard transform applied along the rows first (`stochround.blocks.hadamard`'s fp32

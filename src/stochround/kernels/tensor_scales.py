@@ -26,11 +26,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..block_constants import FLT_MAX
+from ..block_constants import FLT_MAX, POW2_LEAST_EXPONENT
 from .grid import next_power_of_2
 from .runtime import Launch, bound_launch, current_stream_key
 
 _FLT_MAX = tl.constexpr(FLT_MAX)
+_POW2_LEAST_EXPONENT = tl.constexpr(POW2_LEAST_EXPONENT)
 
 
 class PartialsTiling(NamedTuple):
@@ -82,16 +83,26 @@ def tensor_scales_of(amax_bits, FLAVOUR: tl.constexpr):
     NaN's sign bit clear, 0 for either zero) (`stochround.blocks.scales.nvfp4_tensor_scales`):
     "te" S_enc = min(2688 / amax, FLT_MAX), 1 where amax is 0 or not finite (or S_enc is
     0), and S_dec = 1 / S_enc; "torchao" S_dec = amax / 2688, 1 where amax is 0 or not
-    finite, and S_enc = 1 / S_dec."""
+    finite, and S_enc = 1 / S_dec; "pow2" S_dec = 2**max(ceil(log2(amax / 2688)), -118), 1
+    where amax is 0 or not finite, and S_enc = 2**-e, both made from their exponent bits."""
     amax = amax_bits.to(tl.float32, bitcast=True)
     bad = (amax_bits == 0) | (amax_bits >= 0x7F800000)
-    if FLAVOUR == "te":
+    if FLAVOUR == "pow2":
+        wanted = tl.math.div_rn(amax, 2688.0).to(tl.int32, bitcast=True)
+        # ceil(log2) of a positive fp32: its binade, one up unless its fraction is 0; a
+        # subnormal or zero quotient lies below the least exponent, which it then takes
+        exponent = (wanted >> 23) - 127 + ((wanted & 0x7FFFFF) != 0).to(tl.int32)
+        exponent = tl.where(exponent < _POW2_LEAST_EXPONENT, _POW2_LEAST_EXPONENT, exponent)
+        exponent = tl.where(bad, 0, exponent)
+        scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
+        encode = ((127 - exponent) << 23).to(tl.float32, bitcast=True)
+    elif FLAVOUR == "te":
         encode = tl.math.div_rn(2688.0, amax)
         encode = tl.where(encode > _FLT_MAX, _FLT_MAX, encode)
         encode = tl.where(bad | (encode == 0.0), 1.0, encode)
         scale = tl.math.div_rn(1.0, encode)
     else:
-        tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te or torchao")
+        tl.static_assert(FLAVOUR == "torchao", "FLAVOUR must be te, torchao or pow2")
         scale = tl.where(bad, 1.0, tl.math.div_rn(amax, 2688.0))
         encode = tl.math.div_rn(1.0, scale)
     return scale, encode

@@ -20,7 +20,8 @@ two layouts, with shared-memory conversions between them).
 The kernel is specialised for NVFP4's operands (each instruction is spent once an element
 and orientation, which is what bounds it; benchmarks/pair_resources.py counts them): e2m1
 rounded by `e2m1_operand.e2m1_value` (rne, SR variants a and c), each product stored as the
-bf16 that holds it exactly (its high half), a NaN block's by one integer minimum, the
+bf16 that holds it exactly (its high half; under the "pow2" flavour times the power-of-two
+tensor scale, which the GEMM then need not apply), a NaN block's by one integer minimum, the
 rotated values rounded to bf16 by the hardware's conversion, x's features a constant (each
 element's offset an immediate) and, where x's tokens and features fill whole tiles, no
 masks.  The stream contract is unchanged: the words of each element as
@@ -144,7 +145,7 @@ def _tile_operand(
     if CHOICE.RECORD:
         raise_record(record_ptr, amax_bits)
     amax = amax_bits.to(tl.float32, bitcast=True)
-    _, block_value, _, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
+    _, block_value, scale, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
     if ROUNDING.MODE == "sr":
         offset = tl.load(offset_ptr)
         lane = tl.arange(0, 4)[None, None, :]
@@ -167,6 +168,8 @@ def _tile_operand(
             _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
         else:
             _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
+    if SCALE.FLAVOUR == "pow2":  # the power-of-two tensor scale folded in, exactly
+        block_value = scale
     narrow = exact_bf16(element * block_value[:, None, None])
     if EVEN:
         tl.store(out_ptr + position, narrow)
@@ -333,6 +336,7 @@ def two_orientation_amax_kernel(
     BUTTERFLY: tl.constexpr,
     NAN16: tl.constexpr,
     PARTIALS: tl.constexpr,
+    FLAVOUR: tl.constexpr,
 ):
     """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
     the tile's transpose rotated along the tokens as the quantize kernels rotate it
@@ -342,8 +346,8 @@ def two_orientation_amax_kernel(
     product by a positive constant is monotone: the largest product is the largest
     magnitude's).  The program that finishes last (`last_program_scales`: a ticket from
     ``counter``) reduces both orientations' partial maxima to their amaxes (``amax[0]``,
-    ``amax[1]``) and NVFP4's "te" tensor scales (``scale``: S_dec, S_enc of x's, then of
-    the rotated x^T's)."""
+    ``amax[1]``) and NVFP4's tensor scales of the FLAVOUR (``scale``: S_dec, S_enc of x's,
+    then of the rotated x^T's)."""
     program = tl.program_id(0)
     first_token, first_feature = _tile_start(program, TILING)
     if ROTATION.SIZE > 0:
@@ -367,20 +371,34 @@ def two_orientation_amax_kernel(
         column_max = row
     tl.store(partial_ptr + program, row)
     tl.store(partial_ptr + programs + program, column_max)
-    last_program_scales(partial_ptr, programs, counter_ptr, amax_ptr, scale_ptr, "te", PARTIALS, 2)
+    last_program_scales(
+        partial_ptr, programs, counter_ptr, amax_ptr, scale_ptr, FLAVOUR, PARTIALS, 2
+    )
 
 
 def orientation(
-    fmt: Format, mode: str, n: int, variant: str, tensor_scales: int, record: bool = False
+    fmt: Format,
+    mode: str,
+    n: int,
+    variant: str,
+    tensor_scales: int,
+    record: bool = False,
+    flavour: str = "te",
 ) -> Orientation:
-    """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (e2m1; the "te"
-    flavour) with ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc), its amax
-    recorded where ``record`` (`Orientation.RECORD`; it needs the tensor scales).
-    ValueError for other elements: the kernel stores each product of an element and its
-    E4M3 scale as the bf16 that holds it exactly, which e2m1's do."""
+    """The `Orientation` record of NVFP4 blocks of ``fmt`` elements (e2m1) with
+    ``tensor_scales`` fp32 tensor scales (0 or 2: S_dec and S_enc) of the ``flavour``
+    ("te", or "pow2", whose operand values hold the tensor scale), its amax recorded where
+    ``record`` (`Orientation.RECORD`; it needs the tensor scales).  ValueError for other
+    elements (the kernel stores each product of an element and its E4M3 scale as the bf16
+    that holds it exactly, which e2m1's do) and flavours, and for "pow2" with a record
+    (delayed scales: a given tensor scale need not be a power of two)."""
     if fmt.name != "e2m1":
         raise ValueError(f"fmt must be e2m1 (NVFP4's elements); got {fmt.name!r}")
-    scale = BlockScale(RULE="nvfp4", FLAVOUR="te", TENSOR_SCALE=tensor_scales, AMAX_GIVEN=False)
+    if flavour not in ("te", "pow2"):
+        raise ValueError(f"flavour must be 'te' or 'pow2'; got {flavour!r}")
+    if flavour == "pow2" and record:
+        raise ValueError("flavour 'pow2' computes its tensor scales: no record (delayed scales)")
+    scale = BlockScale(RULE="nvfp4", FLAVOUR=flavour, TENSOR_SCALE=tensor_scales, AMAX_GIVEN=False)
     rounding = element_rounding(fmt, mode, n, variant)
     if record and tensor_scales == 0:
         raise ValueError("record applies to operands with tensor scales")
@@ -392,7 +410,7 @@ class PairOperands(NamedTuple):
     """The two operands' values (bf16) and tensor scales (S_dec, S_enc of the row-wise
     operand then of the column-wise one, a 4-element fp32 tensor; None where the operands
     have none), and each operand's S_dec (``decodes``: row-wise, column-wise; 0-d views of
-    ``scales``, which the GEMMs take)."""
+    ``scales``, which the GEMMs take; None where the values hold them: "pow2")."""
 
     row: Tensor
     column: Tensor
@@ -439,7 +457,11 @@ class PreparedTwoOrientations:
             raise ValueError("both orientations have tensor scales or neither has")
         if row.RECORD != column.RECORD:
             raise ValueError("both orientations record their amax or neither does")
+        if row.SCALE.FLAVOUR != column.SCALE.FLAVOUR:
+            raise ValueError("both orientations take one flavour of tensor scales")
         self.record = row.RECORD
+        # "pow2": the operands' values hold their tensor scales (no decodes for the GEMM)
+        self.folded = row.SCALE.FLAVOUR == "pow2"
         side = max(TILE_TOKENS, rht or 1)
         probe = x.new_empty((features, padded))  # the column operand's shape, for the check
         _, self.rotation = checked_rotation(probe, rht, rht_signs, rht_bf16, side)
@@ -455,7 +477,11 @@ class PreparedTwoOrientations:
                 tokens, features, padded, side * AMAX_TOKENS
             )
             self.amax = _amax_launch(
-                amax_tiling, self.rotation, nan16, partials_tiling(self.amax_programs)
+                amax_tiling,
+                self.rotation,
+                nan16,
+                partials_tiling(self.amax_programs),
+                row.SCALE.FLAVOUR,
             )
             # both orientations' partial maxima and the counter, made once
             self.tickets = own_tickets(x, 2 * self.amax_programs)
@@ -511,7 +537,7 @@ class PreparedTwoOrientations:
             self.device_index, self.programs, x, row, column, scales, record, rht_signs, seed,
             row_offset, column_offset, tokens, self.padded,
         )  # fmt: skip
-        return PairOperands(row, column, scales, decodes)
+        return PairOperands(row, column, scales, None if self.folded else decodes)
 
 
 class PairScales(NamedTuple):
@@ -566,16 +592,17 @@ def _quantize_launch(
 
 
 def _amax_launch(
-    tiling: PairTiling, rotation: Rotation, nan16: int, partials: PartialsTiling
+    tiling: PairTiling, rotation: Rotation, nan16: int, partials: PartialsTiling, flavour: str
 ) -> Launch:
     """`two_orientation_amax_kernel` bound for these choices and its last program's
-    reading of the partial maxima."""
+    reading of the partial maxima into the flavour's tensor scales."""
     constants = {
         "TILING": tiling,
         "ROTATION": rotation,
         "BUTTERFLY": rotation._replace(NORM=1.0),
         "NAN16": nan16,
         "PARTIALS": partials,
+        "FLAVOUR": flavour,
         "num_warps": _NUM_WARPS,
         "enable_fp_fusion": False,
     }

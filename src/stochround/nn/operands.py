@@ -429,10 +429,11 @@ def prepared_row_operand(
 
 def block_options(spec: QuantSpec) -> dict[str, Any]:
     """The block quantizer's options a spec fixes (`stochround.blocks.quantize`'s keywords):
-    the tensor scale (none, or from the amax), the RHT and its bf16 rounding, the random
-    bits and the variant."""
+    the tensor scale (none, or from the amax) and its flavour, the RHT and its bf16
+    rounding, the random bits and the variant."""
     return {
         "tensor_scale": False if spec.tensor_scale == "none" else None,
+        "nvfp4_flavour": spec.nvfp4_flavour,
         "rht": spec.rht,
         "rht_bf16": spec.rht_bf16,
         "rbits": spec.rbits,
@@ -453,8 +454,9 @@ def prepared_operand(
         return None
     options = block_options(spec)
     args = BlockArguments(
-        fmt, spec.mode, -1, None, None, options["tensor_scale"], "te", options["rht"], None,
-        options["rht_bf16"], options["rbits"], options["variant"], 0, 0, None, None, 0, "auto",
+        fmt, spec.mode, -1, None, None, options["tensor_scale"], options["nvfp4_flavour"],
+        options["rht"], None, options["rht_bf16"], options["rbits"], options["variant"], 0, 0,
+        None, None, 0, "auto",
     )  # fmt: skip
     try:
         # MXFP8's fp32 values as exact bf16 in the quantizer's pass (`quantize_operand`

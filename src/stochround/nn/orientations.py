@@ -97,7 +97,13 @@ class PreparedPair:
             spec, fmt = entry.spec, typing.cast(BlockFormat, entry.fmt)
             sides.append(
                 orientation(
-                    fmt.element, spec.mode, spec.rbits or 32, spec.variant, scales, self.delayed
+                    fmt.element,
+                    spec.mode,
+                    spec.rbits or 32,
+                    spec.variant,
+                    scales,
+                    self.delayed,
+                    spec.nvfp4_flavour,
                 )
             )
         self.roles = (row, column)

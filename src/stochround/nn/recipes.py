@@ -45,7 +45,7 @@ GEMMS: dict[str, tuple[str, str]] = {
     "wgrad": ("wgrad_grad_output", "wgrad_input"),
 }
 SIGN_POLICIES: tuple[str, ...] = ("fixed", "per_step")
-TENSOR_SCALE_POLICIES: tuple[str, ...] = ("amax", "delayed", "none")
+TENSOR_SCALE_POLICIES: tuple[str, ...] = ("amax", "delayed", "none", "pow2")
 # the longest amax history of a delayed tensor scale (TE's default ``amax_history_len``)
 MAX_AMAX_HISTORY = 1024
 NOISE_POLICIES: tuple[str, ...] = ("element", "row")
@@ -97,8 +97,11 @@ class QuantSpec:
         rht_bf16: round the rotated values to bf16 before the amax (as Transformer Engine).
         tensor_scale: NVFP4's per-tensor scale: "amax" (from the operand's amax, after the
             RHT: a rotated copy has its own), "delayed" (from the largest amax recorded
-            over the role's previous ``amax_history`` steps: `stochround.nn.amax_history`)
-            or "none" (single-level).
+            over the role's previous ``amax_history`` steps: `stochround.nn.amax_history`),
+            "none" (single-level) or "pow2" (the operand's amax's, rounded up to a power of
+            two: `stochround.blocks.scales`' "pow2" flavour, which the GEMM operand holds
+            in its values, so that the GEMM has no tensor scales to apply to its result;
+            docs/guide/recipes.md).
         noise: "element" (one random word per element) or "row" (Qwix's channelwise
             noise: one word per index of the first axis of the tensor the layer holds,
             x and dy: per token, W: per output feature, shared along the other axis;
@@ -183,8 +186,13 @@ class QuantSpec:
         # delayed tensor scales are built for NVFP4's (TE's FP8 ``DelayedScaling`` is not)
         if self.tensor_scale == "delayed" and self.format in TENSOR_FORMATS:
             raise NotImplementedError(f"tensor_scale='delayed' is not built for {self.format}")
-        if self.tensor_scale == "delayed" and not fmt.tensor_scale:
-            raise ValueError(f"tensor_scale='delayed' needs a per-tensor scale (nvfp4): {fmt.name}")
+        if self.tensor_scale in ("delayed", "pow2") and (
+            not fmt.tensor_scale or self.format in TENSOR_FORMATS
+        ):
+            raise ValueError(
+                f"tensor_scale={self.tensor_scale!r} needs a per-tensor scale over blocks "
+                f"(nvfp4): {self.format}"
+            )
         if self.hardware is not None:
             self._check_hardware(fmt)
 
@@ -208,6 +216,12 @@ class QuantSpec:
     def quantized(self) -> bool:
         """Whether the operand is quantized at all (False: it enters the GEMM as it is)."""
         return self.format is not None
+
+    @property
+    def nvfp4_flavour(self) -> str:
+        """The flavour of NVFP4's scales (`stochround.blocks.scales`) the operand takes:
+        "pow2" for ``tensor_scale="pow2"``, else TE's ("te")."""
+        return "pow2" if self.tensor_scale == "pow2" else "te"
 
     @property
     def stochastic(self) -> bool:
@@ -261,6 +275,8 @@ def spec_words(spec: QuantSpec) -> str:
         words.append("single-level")
     if spec.tensor_scale == "delayed":
         words.append(f"delayed-amax/{spec.amax_history}")
+    if spec.tensor_scale == "pow2":
+        words.append("pow2-scale")
     if spec.noise == "row":
         words.append("row-noise")
     if spec.hardware is not None:
@@ -427,7 +443,9 @@ def nvfp4(
     128, 256; True is TE's 16).  TE's RHT uses one fixed sign vector and computes the
     rotation in bf16 (``rht_bf16``).  ``keep``: module-path regexes left in bf16 (TE's
     advice: the first and last blocks and the LM head, for instance ``("lm_head",)``).
-    ``tensor_scale``, ``amax_history``: every role's (`QuantSpec`; TE's NVFP4 has no "delayed").
+    ``tensor_scale``, ``amax_history``: every role's (`QuantSpec`; TE's NVFP4 has no "delayed"
+    and no "pow2", whose power-of-two tensor scales spare a GPU without FP4 tensor cores
+    the pass that scales each GEMM's result).
     """
     weight_block = (16, 16) if weight_2d else None
     rotation = nvfp4_rotation(rht)
