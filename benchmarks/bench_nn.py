@@ -193,7 +193,7 @@ def recipe_fprop(inputs: Inputs, recipe: Recipe) -> Tensor:
         tensor_scale = False if spec.tensor_scale == "none" else None
         quantized = blocks.quantize(
             operand.detach(), spec.block_format(), spec.mode, tensor_scale=tensor_scale,
-            backend="torch",
+            nvfp4_flavour=spec.nvfp4_flavour, backend="torch",
         )  # fmt: skip
         values.append(quantized.dequantize(torch.float32))
     return values[0] @ values[1].T

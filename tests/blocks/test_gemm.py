@@ -292,13 +292,14 @@ def test_cublas_rounds_an_unscaled_product_once_as_the_pytorch_path(
 ) -> None:
     """Integer operands (every sum exact in fp32, in any order): cuBLAS's bf16 product
     (`rounded_matmul`, split-K partial sums in fp32) equals the fp32 product rounded once,
-    and leaves PyTorch's reduced-precision setting as it found it; the prepared GEMM of two
-    "pow2" operands takes that route."""
+    and leaves PyTorch's reduced-precision setting as it found it; the prepared GEMM of
+    unscaled operands takes that route where the kernels' GEMM does not serve the sizes."""
     from stochround.blocks.gemm import PreparedScaledMm, rounded_matmul, torch_scaled_mm
 
     generator = torch.Generator().manual_seed(6)
-    a = torch.randint(-8, 9, (256, 4096), generator=generator).bfloat16().cuda()
-    b = torch.randint(-8, 9, (512, 4096), generator=generator).bfloat16().cuda()
+    # above the kernels' GEMM's sizes (`FUSED_GEMM_LIMIT`): cuBLAS's product
+    a = torch.randint(-8, 9, (1024, 4096), generator=generator).bfloat16().cuda()
+    b = torch.randint(-8, 9, (1024, 4096), generator=generator).bfloat16().cuda()
     setting = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     got = rounded_matmul(a, b.T, out_dtype)
     assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction == setting
