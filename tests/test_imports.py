@@ -36,6 +36,7 @@ NEEDS_TRITON = {
     "stochround.kernels.matmul",
     "stochround.kernels.operand_bf16",
     "stochround.kernels.optim",
+    "stochround.kernels.pair_records",
     "stochround.kernels.philox",
     "stochround.kernels.round_kernel",
     "stochround.kernels.row_operand",

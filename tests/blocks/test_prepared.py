@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import stochround.nn as srnn
-from stochround.blocks.dispatch import PreparedGemmOperand
+from stochround.blocks.prepared_operand import PreparedGemmOperand
 from stochround.blocks.quantize import gemm_operand
 from stochround.blocks.request import BlockArguments
 from stochround.kernels.availability import INTERPRETED

@@ -20,7 +20,8 @@ from stochround.blocks.hadamard import random_signs
 from stochround.formats import format as find_format
 from stochround.kernels import two_orientation
 from stochround.kernels.blocks import gemm_blocks, nvfp4_tensor_scale
-from stochround.kernels.two_orientation import PreparedTwoOrientations, orientation
+from stochround.kernels.pair_records import orientation
+from stochround.kernels.two_orientation import PreparedTwoOrientations
 from stochround.nn import orientations
 
 E2M1 = find_format("e2m1")

@@ -39,7 +39,8 @@ from ..blocks.reference import absolute_max, rht_rotated
 from ..blocks.request import default_signs
 from ..blocks.scales import TensorScale, nvfp4_tensor_scales
 from ..kernels.availability import on_kernel_device
-from .recipes import ROLES, QuantSpec
+from .quant_spec import QuantSpec
+from .recipes import ROLES
 from .step_graphs import host_note
 from .streams import column_step as device_column_step
 

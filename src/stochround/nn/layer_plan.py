@@ -15,7 +15,8 @@ from torch.nn import functional
 from ..blocks.request import check_blocks
 from ..random import StreamDomain, stream_key
 from .operands import Operand, tensor_transposes
-from .recipes import GEMMS, ROLES, TENSOR_FORMATS, QuantSpec, Recipe
+from .quant_spec import TENSOR_FORMATS, QuantSpec
+from .recipes import GEMMS, ROLES, Recipe
 from .streams import DATA_ROLES, check_data_parallel_rank, data_rank_key, stream_offset
 
 

@@ -23,7 +23,8 @@ from .amax_history import AmaxHistory
 from .layer_plan import Plan, pad_tokens, shares_rotation
 from .operands import TRANSPOSE_TARGETS, quantize_operand
 from .orientations import both_orientations, pair_refusal
-from .recipes import GEMMS, QuantSpec
+from .quant_spec import QuantSpec
+from .recipes import GEMMS
 from .step_ops import autocast_off, bias_gradient, transposed
 from .step_plan import StepPlan
 from .streams import ROLE_SLOTS, SIGN_SLOTS, slot_offsets

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from ..block_constants import POWER_OF_TWO_RULES
-from ..blocks.dispatch import PreparedGemmOperand
 from ..blocks.formats import BlockFormat
 from ..blocks.gemm import exact_bf16_operand
+from ..blocks.prepared_operand import PreparedGemmOperand
 from ..blocks.quantize import gemm_operand, quantize
 from ..blocks.reference import absolute_max
 from ..blocks.request import BlockArguments
@@ -28,7 +28,7 @@ from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
 from .amax_history import AmaxHistory, delayed_operand_scale, kernel_scale, record_kernel_amaxes
-from .recipes import TENSOR_FORMATS, QuantSpec
+from .quant_spec import TENSOR_FORMATS, QuantSpec
 from .step_graphs import kept_by_graphs
 from .step_ops import transposed
 
@@ -446,7 +446,7 @@ def block_options(spec: QuantSpec) -> dict[str, Any]:
 def prepared_operand(
     spec: QuantSpec, fmt: BlockFormat, shape: torch.Size, dtype: torch.dtype, device: torch.device
 ) -> PreparedGemmOperand | None:
-    """The kernel's `stochround.blocks.dispatch.PreparedGemmOperand` for an operand of this
+    """The kernel's `stochround.blocks.prepared_operand.PreparedGemmOperand` for an operand of this
     spec, shape, dtype and device (None where the kernel does not serve it: whole-row
     blocks, hardware presets): made once, so that a step's operands skip the checks and
     the launch set-up that the layer's fixed shapes make the same at every step."""

@@ -87,7 +87,8 @@ class PreparedPair:
         device: torch.device,
         padded: int,
     ) -> None:
-        from ..kernels.two_orientation import PreparedTwoOrientations, orientation
+        from ..kernels.pair_records import orientation
+        from ..kernels.two_orientation import PreparedTwoOrientations
 
         sides = []
         scales = 0 if row.spec.tensor_scale == "none" else 2
