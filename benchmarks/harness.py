@@ -200,17 +200,39 @@ class Benchmark:
             return "triton.testing.do_bench median (CUDA events, L2 cleared before each)"
         return "time.perf_counter median after a warm-up call"
 
-    def measure(self, provider: Provider, timed: bool = True) -> dict:
-        """A row's build, first call, check and (``timed``) timing; untimed, the row
-        holds its `Run` as ``run`` for the caller to time (`measure_interleaved`)."""
+    def measure(self, provider: Provider) -> dict:
+        """A row's build, first call and check (`prepare`), then its timing."""
+        row, run = self.prepare(provider)
+        if run is None:
+            return row
+        try:
+            row["median_us"] = self.time(run.call)
+            if self.back_to_back:
+                row["back_to_back_us"] = back_to_back_us(
+                    run.call, self.device, self.back_to_back, self.args.repeats
+                )
+            if row.get("bytes"):
+                row["tb_s"] = row["bytes"] / row["median_us"] / 1e6
+        except Exception as error:  # one failing row must not end the run
+            row["status"] = f"failed during timing: {type(error).__name__}: {error}"[:300]
+            traceback.print_exc(limit=3)
+        finally:
+            run = None
+            free(self.device)
+        return row
+
+    def prepare(self, provider: Provider) -> tuple[dict, Run | None]:
+        """A row's build, first call and check: the row (its elements and bytes moved) and
+        the `Run` to time, or the row alone where it was skipped or failed (its status
+        says why)."""
         row: dict[str, object] = {"case": provider.case, "provider": provider.name}
         row.update(ours=provider.ours, status="ok", check=DASH, median_us=None, tb_s=None)
         missing = [p for p in provider.requires if importlib.util.find_spec(p) is None]
         if missing:
-            return {**row, "status": f"skipped: {', '.join(missing)} not installed"}
+            return {**row, "status": f"skipped: {', '.join(missing)} not installed"}, None
         if provider.cuda_only and self.device.type != "cuda":
-            return {**row, "status": "skipped: needs CUDA"}
-        stage, run, output = "build", None, None
+            return {**row, "status": "skipped: needs CUDA"}, None
+        stage = "build"
         try:
             run = provider.build()
             stage = "first call"
@@ -221,21 +243,9 @@ class Benchmark:
             stage = "check"
             if run.check is not None:
                 row["check"] = run.check(output)
-            output = None
-            stage = "timing"
-            if not timed:
-                moved = run.bytes() if callable(run.bytes) else run.bytes
-                row.update(elements=run.elements, bytes=moved, **run.extra, run=run)
-                return row
-            row["median_us"] = self.time(run.call)
-            if self.back_to_back:
-                row["back_to_back_us"] = back_to_back_us(
-                    run.call, self.device, self.back_to_back, self.args.repeats
-                )
             moved = run.bytes() if callable(run.bytes) else run.bytes
             row.update(elements=run.elements, bytes=moved, **run.extra)
-            if moved:
-                row["tb_s"] = moved / row["median_us"] / 1e6
+            return row, run
         except CheckFailed as error:
             row.update(status=f"check failed: {error}", check=f"BAD {error}")
         except ImportError as error:
@@ -243,10 +253,8 @@ class Benchmark:
         except Exception as error:  # one failing row must not end the run
             row["status"] = f"failed during {stage}: {type(error).__name__}: {error}"[:300]
             traceback.print_exc(limit=3)
-        finally:
-            run = output = None
-            free(self.device)
-        return row
+        free(self.device)
+        return row, None
 
     def measure_interleaved(self, chosen: list[Provider]) -> list[dict]:
         """`measure` of every row with the host timer's runs in rounds (``--interleave``):
@@ -257,8 +265,8 @@ class Benchmark:
         prepared: list[tuple[dict, Run | None]] = []
         for number, provider in enumerate(chosen, 1):
             print(f"[{number}/{len(chosen)}] {provider.case}/{provider.name} ...", end=" ")
-            row = self.measure(provider, timed=False)
-            prepared.append((row, row.pop("run", None)))
+            row, run = self.prepare(provider)
+            prepared.append((row, run))
             print(row["status"] if failed(row) else f"built; {row['check']}", flush=True)
         ready = [(row, run) for row, run in prepared if run is not None]
         times: dict[int, list[float]] = {id(row): [] for row, _ in ready}
