@@ -35,7 +35,7 @@ torchao's FLOOR/CEIL/EVEN divide by ``max(2**e, 2**-126)`` instead, which halves
 elements of blocks whose scale is ``2**-127``, and its RCEIL multiplies those blocks by
 1 instead of ``2**127``; we do not copy either.
 
-NVFP4 (``nvfp4``, an E4M3 block scale under an FP32 tensor scale), in two flavours:
+NVFP4 (``nvfp4``, an E4M3 block scale under an FP32 tensor scale), in three flavours:
 
 * ``"te"`` (Transformer Engine's ``quantize_transpose_nvfp4`` and its reference quantizer,
   ``core_nvfp4.cuh``): ``S_enc = min(448 * 6 / amax_tensor, FLT_MAX)``, 1 where amax_tensor
