@@ -134,6 +134,9 @@ def test_recipe_names_switches_and_rules() -> None:
     assert choice.recipe_of("b") == sr.nn.int8(seed=3)
     assert choice.recipe_of("c") == sr.nn.nvfp4(stochastic_rounding=False, seed=3)
     assert RecipeChoice("bf16").recipe_of("c") is None
+    pow2 = make_recipe("nvfp4", {"tensor_scale": "pow2"}, seed=1)  # `--switch` of the CLI
+    assert pow2 == sr.nn.nvfp4(tensor_scale="pow2", seed=1)
+    assert pow2.spec("dgrad_grad_output").nvfp4_flavour == "pow2"
 
 
 @pytest.mark.parametrize(
