@@ -17,6 +17,20 @@ import torch
 
 import stochround
 from stochround import compile_cache
+from stochround.kernels import availability
+
+
+@pytest.mark.skipif(not availability.INTERPRETED, reason="cpu_as_cuda needs the interpreter")
+def test_the_cpu_as_cuda_route_keys_the_compile_caches_apart() -> None:
+    """Under `cpu_as_cuda` a layer's opaque ops return what a CUDA step keeps, from the
+    same graph code and CPU inputs as outside it: its graphs take a tag of their own (a
+    graph compiled under the route and found again outside it had run with the route's
+    output layouts: tests/nn/test_checkpointing.py's cpu case after its cuda_route case),
+    and the tag is restored after it."""
+    tag = torch.compiler.config.cache_key_tag
+    with availability.cpu_as_cuda():
+        assert torch.compiler.config.cache_key_tag == tag + availability.ROUTE_CACHE_TAG
+    assert torch.compiler.config.cache_key_tag == tag
 
 
 def test_importing_stochround_tags_the_compile_caches_with_its_source() -> None:
@@ -75,6 +89,7 @@ import sys
 import torch
 import stochround
 from stochround import compile_cache
+from stochround.kernels import availability
 
 scale, fingerprint = float(sys.argv[1]), sys.argv[2]
 if fingerprint:

@@ -54,6 +54,8 @@ def triton_missing() -> str | None:
 # whether "auto" routes CPU tensors as it routes CUDA ones (`cpu_as_cuda`): a list read by a
 # plain function, as `_TRITON_IMPORT`
 _CPU_AS_CUDA: list[bool] = [False]
+# what `cpu_as_cuda` adds to torch.compile's cache key tag while it routes CPU tensors
+ROUTE_CACHE_TAG = "+cpu-as-cuda"
 
 
 def on_kernel_device(x: torch.Tensor) -> bool:
@@ -97,16 +99,28 @@ def cpu_as_cuda(cuda_only_ops: bool = True) -> Iterator[None]:
     (benchmarks/bench_ops.py).  The one operation only CUDA has (``torch.mm`` with an
     ``out_dtype``) is supplied for CPU tensors meanwhile (by a CPU kernel, which
     torch.compile traces and which costs no other operation host time), unless
-    ``cuda_only_ops`` is False.  ValueError outside the interpreter."""
+    ``cuda_only_ops`` is False.  ValueError outside the interpreter.
+
+    torch.compile's caches are keyed apart meanwhile (`ROUTE_CACHE_TAG` joined to
+    ``torch.compiler.config.cache_key_tag``): the route changes what a layer's opaque ops
+    return (a CUDA step keeps operands a CPU step does not) with the traced graph's code
+    and inputs the same, so a graph compiled under the route, found again outside it (or
+    the reverse), would run with the other's output layouts."""
     if not INTERPRETED:
         raise ValueError("cpu_as_cuda needs Triton's interpreter (TRITON_INTERPRET=1)")
     _register_cpu_mm_dtype()
     before = _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0]
     _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0] = True, cuda_only_ops
+    config = getattr(torch.compiler, "config", None)
+    tag = getattr(config, "cache_key_tag", None)
+    if tag is not None:
+        config.cache_key_tag = tag + ROUTE_CACHE_TAG  # type: ignore[union-attr]
     try:
         yield
     finally:
         _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0] = before
+        if tag is not None:
+            config.cache_key_tag = tag  # type: ignore[union-attr]
 
 
 def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:
@@ -142,6 +156,7 @@ def use_kernel(backend: str, tensor: str, on_cuda: bool, refusal: str | None) ->
 __all__ = [
     "BACKENDS",
     "INTERPRETED",
+    "ROUTE_CACHE_TAG",
     "check_backend",
     "cpu_as_cuda",
     "kernels_refusal",
