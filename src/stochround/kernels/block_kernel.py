@@ -300,8 +300,6 @@ def quantize_tile(
             narrow = narrow_to_16_bits(dequantized_bits, out_ptr.dtype.element_ty, OUTPUT.NAN16)
             tl.store(out_ptr + position, narrow, mask=mask)
     elif KIND == "gemm":
-        if SCALE.RULE == "nvfp4" and SCALE.FLAVOUR == "pow2":
-            block_value = scale_value  # the power-of-two tensor scale folded in, exactly
         operand = element * block_value[:, None, None]
         if OUTPUT.FLAG_BELOW != 0:
             # a block holding a nonzero value below 2**(mbits - 133) (its lowest bit below

@@ -347,8 +347,10 @@ def _e4m3(value):
 
 @triton.jit
 def nvfp4_scale(amax, tensor_scale_ptr, SCALE: tl.constexpr):
-    """Each block's NVFP4 scale (E4M3 code), its E4M3 value, that value times the decoding
-    tensor scale and the elements' fp32 multiplier, in the flavour's operation order
+    """Each block's NVFP4 scale (E4M3 code), the factor its GEMM operand's elements take
+    (the E4M3 value; times the decoding tensor scale under "pow2", whose power of two the
+    operand holds exactly), that value times the decoding tensor scale and the elements'
+    fp32 multiplier, in the flavour's operation order
     (`stochround.blocks.scales.nvfp4_scales`); SCALE.TENSOR_SCALE: how many fp32 values
     ``tensor_scale_ptr`` holds: 0 (single-level), 1 (S_dec, and S_enc = 1 / S_dec) or 2
     (S_dec, then S_enc).  "te": s = e4m3(min(amax * (S_enc * fp32(1/6)), 448)), multiplier
@@ -369,6 +371,8 @@ def nvfp4_scale(amax, tensor_scale_ptr, SCALE: tl.constexpr):
         block_value = scale
         if SCALE.TENSOR_SCALE > 0:
             scale = scale * decode
+        if SCALE.FLAVOUR == "pow2":
+            block_value = scale
         inverse = tl.math.div_rn(1.0, scale)
         inverse = tl.where(inverse > _FLT_MAX, _FLT_MAX, inverse)
     else:

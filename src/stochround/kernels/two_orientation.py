@@ -126,7 +126,7 @@ def _tile_operand(
     if CHOICE.RECORD:
         raise_record(record_ptr, amax_bits)
     amax = amax_bits.to(tl.float32, bitcast=True)
-    _, block_value, scale, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
+    _, block_value, _, multiplier = nvfp4_scale(amax, scale_ptr, SCALE)
     if ROUNDING.MODE == "sr":
         offset = tl.load(offset_ptr)
         lane = tl.arange(0, 4)[None, None, :]
@@ -149,8 +149,6 @@ def _tile_operand(
             _, element = fast_round(scaled_bits, r, ROUNDING, ELEMENT)
         else:
             _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
-    if SCALE.FLAVOUR == "pow2":  # the power-of-two tensor scale folded in, exactly
-        block_value = scale
     narrow = exact_bf16(element * block_value[:, None, None])
     if EVEN:
         tl.store(out_ptr + position, narrow)
