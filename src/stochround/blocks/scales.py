@@ -163,6 +163,12 @@ def power_of_two_fp32(exponent: Tensor) -> Tensor:
     return ((exponent + 127) << 23).view(torch.float32)
 
 
+def exact_ceil_log2(value: Tensor) -> Tensor:
+    """ceil(log2 value) for positive finite fp32 values, exactly, as int32: the floor
+    (`exact_floor_log2`), one more unless the value is a power of two."""
+    return exact_floor_log2(value) + (~is_power_of_two(value)).to(torch.int32)
+
+
 def is_power_of_two(value: Tensor) -> Tensor:
     """Whether positive finite values are powers of two (frexp's mantissa is 0.5)."""
     mantissa, _ = torch.frexp(value)
@@ -187,10 +193,8 @@ def power_of_two_exponent(
         amax = amax * torch.tensor(1.0 / max_value, dtype=torch.float32, device=amax.device)
     regular = torch.isfinite(amax) & (amax > 0)
     safe = torch.where(regular, amax, 1.0)
-    exponent = exact_floor_log2(safe)
-    if rule in ("ceil", "rceil"):
-        exponent = exponent + (~is_power_of_two(safe)).to(torch.int32)
-    elif rule == "even":
+    exponent = exact_ceil_log2(safe) if rule in ("ceil", "rceil") else exact_floor_log2(safe)
+    if rule == "even":
         mantissa, _ = torch.frexp(safe)
         # rounding the significand 2m in [1, 2) to mbits fraction bits, ties away, reaches 2
         up = mantissa >= 1.0 - 2.0 ** -(mbits + 2)
@@ -294,7 +298,7 @@ def nvfp4_tensor_scales(amax_tensor: Tensor, flavour: str) -> TensorScale:
     if check_flavour(flavour) == "pow2":
         wanted = quotient(amax, E4M3_MAX * E2M1_MAX, amax)
         positive = torch.where(wanted > 0, wanted, 1.0)
-        exponent = exact_floor_log2(positive) + (~is_power_of_two(positive)).to(torch.int32)
+        exponent = exact_ceil_log2(positive)
         # a quotient of 0 (an amax below 2688 times fp32's least subnormal) takes the least
         exponent = torch.where(wanted > 0, exponent, POW2_LEAST_EXPONENT)
         exponent = torch.where(bad, 0, exponent.clamp(min=POW2_LEAST_EXPONENT))
@@ -381,6 +385,7 @@ __all__ = [
     "e8m0_bits",
     "e8m0_codes",
     "e8m0_scales",
+    "exact_ceil_log2",
     "exact_floor_log2",
     "given_tensor_scale",
     "is_power_of_two",
