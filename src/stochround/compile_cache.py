@@ -16,9 +16,12 @@ version number alone would not change between development checkouts.  A tag the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 # what the package adds to the user's tag: recognized so a second call adds nothing
@@ -45,16 +48,46 @@ def tagged(user_tag: str, fingerprint: str) -> str:
     return "+".join([*kept, TAG_PREFIX + fingerprint])
 
 
-def key_compile_caches() -> None:
-    """Sets ``torch.compiler.config.cache_key_tag`` to the user's tag joined with the
-    package's fingerprint (`tagged`); nothing where this torch has no such setting."""
+def compile_config() -> Any:
+    """``torch.compiler.config``, or None where this torch has no ``cache_key_tag``."""
     try:
         from torch.compiler import config
     except ImportError:  # a torch before the setting
-        return
-    if not hasattr(config, "cache_key_tag"):
-        return
-    config.cache_key_tag = tagged(config.cache_key_tag, source_fingerprint())
+        return None
+    return config if hasattr(config, "cache_key_tag") else None
 
 
-__all__ = ["PACKAGE_ROOT", "TAG_PREFIX", "key_compile_caches", "source_fingerprint", "tagged"]
+def key_compile_caches() -> None:
+    """Sets ``torch.compiler.config.cache_key_tag`` to the user's tag joined with the
+    package's fingerprint (`tagged`); nothing where this torch has no such setting."""
+    config = compile_config()
+    if config is not None:
+        config.cache_key_tag = tagged(config.cache_key_tag, source_fingerprint())
+
+
+@contextlib.contextmanager
+def caches_keyed_apart(suffix: str) -> Iterator[None]:
+    """``suffix`` joined to ``cache_key_tag`` meanwhile, the tag restored after: graphs
+    compiled meanwhile are neither found by nor find the others (a setting that changes
+    what an op returns while the traced graph's code stays the same)."""
+    config = compile_config()
+    if config is None:
+        yield
+        return
+    tag = config.cache_key_tag
+    config.cache_key_tag = tag + suffix
+    try:
+        yield
+    finally:
+        config.cache_key_tag = tag
+
+
+__all__ = [
+    "PACKAGE_ROOT",
+    "TAG_PREFIX",
+    "caches_keyed_apart",
+    "compile_config",
+    "key_compile_caches",
+    "source_fingerprint",
+    "tagged",
+]

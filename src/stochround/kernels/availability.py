@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ..compile_cache import caches_keyed_apart
 from ..formats import Format, format_of_dtype
 from ..reference import check_choice
 
@@ -101,8 +102,8 @@ def cpu_as_cuda(cuda_only_ops: bool = True) -> Iterator[None]:
     torch.compile traces and which costs no other operation host time), unless
     ``cuda_only_ops`` is False.  ValueError outside the interpreter.
 
-    torch.compile's caches are keyed apart meanwhile (`ROUTE_CACHE_TAG` joined to
-    ``torch.compiler.config.cache_key_tag``): the route changes what a layer's opaque ops
+    torch.compile's caches are keyed apart meanwhile (`ROUTE_CACHE_TAG`,
+    `stochround.compile_cache.caches_keyed_apart`): the route changes what a layer's opaque ops
     return (a CUDA step keeps operands a CPU step does not) with the traced graph's code
     and inputs the same, so a graph compiled under the route, found again outside it (or
     the reverse), would run with the other's output layouts."""
@@ -111,16 +112,11 @@ def cpu_as_cuda(cuda_only_ops: bool = True) -> Iterator[None]:
     _register_cpu_mm_dtype()
     before = _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0]
     _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0] = True, cuda_only_ops
-    config = getattr(torch.compiler, "config", None)
-    tag = getattr(config, "cache_key_tag", None)
-    if tag is not None:
-        config.cache_key_tag = tag + ROUTE_CACHE_TAG  # type: ignore[union-attr]
     try:
-        yield
+        with caches_keyed_apart(ROUTE_CACHE_TAG):
+            yield
     finally:
         _CPU_AS_CUDA[0], _CPU_MM_DTYPE[0] = before
-        if tag is not None:
-            config.cache_key_tag = tag  # type: ignore[union-attr]
 
 
 def kernels_refusal(tensor: str, on_cuda: bool) -> str | None:
