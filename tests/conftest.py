@@ -1,10 +1,13 @@
 """Test session set-up: the Triton interpreter where there is no GPU, one torch thread per
-xdist worker, and GPU tests deselected where there is no GPU.  Shared helpers live in
-`helpers.py`."""
+xdist worker, an Inductor cache of its own per process, and GPU tests deselected where
+there is no GPU.  Shared helpers live in `helpers.py`."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import torch
 
@@ -18,6 +21,17 @@ if not torch.cuda.is_available():
 # the wall time and three times the CPU time of one thread per worker).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+# Each process compiles into an Inductor cache of its own, made afresh and removed at exit:
+# Inductor skips building a kernel whose file already exists, so a shared cache (the
+# default folder under /tmp, which the other xdist worker, the README's job, the docs
+# build and earlier runs all write to) hands every later test a half-written library once
+# one writer stops mid-build ("file too short"), and a run's outcome then depends on what
+# ran before it.  A folder the environment names is used as given.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _inductor_cache = tempfile.mkdtemp(prefix="stochround-tests-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_cache
+    atexit.register(shutil.rmtree, _inductor_cache, ignore_errors=True)
 
 import pytest
 
