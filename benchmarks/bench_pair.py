@@ -13,7 +13,9 @@ QuantizedLinear step of bench_nn). Rows of case ``nvfp4_two_orientation``:
   writes both tensor scales, then both operands),
   at the default tile; ``..._<T>x<F>w<W>``: at ``--tile`` T x F with W warps;
   ``..._amax<K>``: at the default tile, the amax launch's tiles K times its tokens
-  (``--amax-tokens``; the default `two_orientation.AMAX_TOKENS`). Each is checked bit for
+  (``--amax-tokens``; the default `two_orientation.AMAX_TOKENS`); ``..._unstaged``
+  (``--unstaged``): the operands stored from each thread's own blocks, not as the
+  tile's matrices (`two_orientation.STAGED_STORES` off). Each is checked bit for
   bit against the separate path before it is timed.
 - ``stochround_separate_dy``, ``stochround_separate_x``: the separate path a step takes
   while `orientations.SERVES_STEPS` is off (the row-wise operand, then the transpose kernel
@@ -25,6 +27,7 @@ time over the separate path's.
     python benchmarks/bench_pair.py                                   # GPU, 8192 x 4096
     python benchmarks/bench_pair.py --tile 16x64 --tile 64x64 --warps 4 --warps 8
     python benchmarks/bench_pair.py --amax-tokens 1 --amax-tokens 4
+    python benchmarks/bench_pair.py --unstaged
     python benchmarks/bench_pair.py --device cpu --tokens 48 --features 64  # smoke test
 """
 
@@ -47,18 +50,26 @@ CASE = "nvfp4_two_orientation"
 
 
 def pair_run(
-    x: Tensor, name: str, tile: tuple[int, int, int] | None, amax_tokens: int | None = None
+    x: Tensor,
+    name: str,
+    tile: tuple[int, int, int] | None,
+    amax_tokens: int | None = None,
+    staged: bool | None = None,
 ) -> Run:
     """Both operands of x as ``name``'s roles ("input", "grad_output") by the pair's
-    launches (`PreparedPair`), at ``tile`` (tokens, features, warps; None: the default)
-    and the amax launch's tiles ``amax_tokens`` times its tokens (None: the default),
-    checked against the separate path."""
+    launches (`PreparedPair`), at ``tile`` (tokens, features, warps; None: the default),
+    the amax launch's tiles ``amax_tokens`` times its tokens and the operands' stores
+    staged or not (`two_orientation.STAGED_STORES`; None: the defaults), checked against
+    the separate path."""
     from stochround.kernels import two_orientation
     from stochround.nn.orientations import PreparedPair
 
     row, column, plan = served_pair_roles(name)
     defaults = two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES
     warps, amax = two_orientation._NUM_WARPS, two_orientation.AMAX_TOKENS
+    default_staged = two_orientation.STAGED_STORES
+    if staged is not None:
+        two_orientation.STAGED_STORES = staged
     if tile is not None:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tile[:2]
         two_orientation._NUM_WARPS = tile[2]
@@ -69,6 +80,7 @@ def pair_run(
     finally:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = defaults
         two_orientation._NUM_WARPS, two_orientation.AMAX_TOKENS = warps, amax
+        two_orientation.STAGED_STORES = default_staged
     notes = "amax and tensor scales of both orientations, then both operands: 2 launches"
     return checked_pair(x, name, prepared, plan.seed, notes)  # type: ignore[attr-defined]
 
@@ -123,6 +135,11 @@ def main() -> int:
         default=[],
         help="the amax launch's tile tokens over the quantize launch's, to time too",
     )
+    add(
+        "--unstaged",
+        action="store_true",
+        help="time too the operands stored from each thread's blocks (STAGED_STORES off)",
+    )
     args = bench.parse_args()
     if args.tokens % 16 or args.features % 16:
         bench.parser.error(
@@ -148,6 +165,9 @@ def main() -> int:
         for factor in args.amax_tokens:
             provider = f"stochround_pair_{tensor}_amax{factor}"
             bench.add(CASE, provider, partial(pair_run, x, name, None, factor), ours=True)
+        if args.unstaged:
+            build = partial(pair_run, x, name, None, None, False)
+            bench.add(CASE, f"stochround_pair_{tensor}_unstaged", build, ours=True)
         build = partial(separate_pair, x, name)
         bench.add(CASE, f"stochround_separate_{tensor}", build, ours=True)
     status = bench.run()

@@ -163,12 +163,39 @@ def compiled(kernel: Any, constants: dict, args: tuple, capability: int) -> Any:
     return triton.compile(source, target=target, options=options.__dict__)
 
 
-def resources(kernel: Any, capability: int, sass_path: str | None = None) -> Resources:
-    """`resources_and_sass`'s figures, the SASS also written to ``sass_path`` where given."""
+def straight_opcodes(sass: str) -> list[str]:
+    """The opcodes of the SASS instructions before the first EXIT, NOPs left out (as
+    `resources` counts)."""
+    opcodes = []
+    for line in sass.splitlines():
+        match = re.search(r"/\*[0-9a-f]{4,}\*/\s*(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if match is None:
+            continue
+        opcode = match.group(2)
+        if opcode.startswith("EXIT"):
+            break
+        if not opcode.startswith("NOP"):
+            opcodes.append(opcode)
+    return opcodes
+
+
+def store_widths(opcodes: list[str]) -> str:
+    """The bits of each global store (STG) among ``opcodes``, distinct and "+"-joined
+    ("128": every store moves 16 bytes a thread; a 32-bit store has no width suffix)."""
+    widths = {int(op.rsplit(".", 1)[1]) if op.rsplit(".", 1)[1].isdigit() else 32
+              for op in opcodes if op.startswith("STG")}  # fmt: skip
+    return "+".join(str(width) for width in sorted(widths)) or "-"
+
+
+def resources(
+    kernel: Any, capability: int, sass_path: str | None = None
+) -> tuple[Resources, list[str]]:
+    """`resources_and_sass`'s figures and the straight path's opcodes
+    (`straight_opcodes`), the SASS also written to ``sass_path`` where given."""
     result, sass = resources_and_sass(kernel, capability)
     if sass_path:
         Path(sass_path).write_text(sass)
-    return result
+    return result, straight_opcodes(sass)
 
 
 def resources_and_sass(kernel: Any, capability: int) -> tuple[Resources, str]:
@@ -221,15 +248,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = [c for c in configs() if not parsed.config or c.name in parsed.config]
     if not rows:
         parser.error(f"--config must name rows of {[c.name for c in configs()]}")
-    header = f"{'config':<20} {'tiling':>7} {RESOURCE_HEADER}"
+    header = f"{'config':<20} {'tiling':>7} {RESOURCE_HEADER} {'STG bits':>8}"
     print(header)
     for row in rows:
         kernel, constants, args = recorded_launch(row, tiling)
         binary = compiled(kernel, constants, args, parsed.capability)
-        result = resources(binary, parsed.capability, parsed.sass if len(rows) == 1 else None)
+        result, opcodes = resources(
+            binary, parsed.capability, parsed.sass if len(rows) == 1 else None
+        )
         tile = constants["TILING"]
         shape = f"{tile.TILE * tile.GROUPS * 4}/{constants['num_warps']}"
-        print(f"{row.name:<20} {shape:>7} {result.columns()}", flush=True)
+        stores = store_widths(opcodes)
+        print(f"{row.name:<20} {shape:>7} {result.columns()} {stores:>8}", flush=True)
     return 0
 
 

@@ -30,7 +30,14 @@ from typing import Any
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: the compiled route
 
 import torch
-from kernel_resources import RESOURCE_HEADER, Resources, compiled, resources_and_sass
+from kernel_resources import (
+    RESOURCE_HEADER,
+    Resources,
+    compiled,
+    resources_and_sass,
+    store_widths,
+    straight_opcodes,
+)
 
 import stochround.kernels.two_orientation as two_orientation
 import stochround.nn as srnn
@@ -74,30 +81,16 @@ def recorded_launches(pair: str) -> dict[str, tuple[Any, dict, tuple]]:
     }
 
 
-def straight_path(sass: str) -> int:
-    """The SASS instructions before the first EXIT (NOPs left out, as `resources` counts)."""
-    count = 0
-    for line in sass.splitlines():
-        match = re.search(r"/\*[0-9a-f]{4,}\*/\s*(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if match is None:
-            continue
-        opcode = match.group(2)
-        if opcode.startswith("EXIT"):
-            return count
-        count += not opcode.startswith("NOP")
-    return count
-
-
 def offline_figures(
     kernel: Any, constants: dict, args: tuple, capability: int, sass_path: str | None = None
-) -> tuple[Resources, int]:
+) -> tuple[Resources, list[str]]:
     """``kernel`` compiled for ``capability`` offline (`compiled`): its resources and the
-    SASS count of its straight path (`straight_path`); the SASS written to ``sass_path``
+    opcodes of its straight path (`straight_opcodes`); the SASS written to ``sass_path``
     where given."""
     result, sass = resources_and_sass(compiled(kernel, constants, args, capability), capability)
     if sass_path:
         Path(sass_path).write_text(sass)
-    return result, straight_path(sass)
+    return result, straight_opcodes(sass)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,15 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         two_orientation._NUM_WARPS = parsed.warps
     pairs = parsed.pair or sorted(PAIRS)
     header = f"{'pair':<4} {'kernel':<8} {'tile':>7} {'warps':>5} {'elem/thr':>8}"
-    print(f"{header} {RESOURCE_HEADER} {'path':>6} {'/elem':>6}")
+    print(f"{header} {RESOURCE_HEADER} {'path':>6} {'/elem':>6} {'STG bits':>8}")
     for tokens, features in tiles:
         two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tokens, features
         for pair in pairs:
             for what, (kernel, constants, args) in recorded_launches(pair).items():
                 single = parsed.sass and what == "quantize" and len(pairs) == len(tiles) == 1
-                result, line = offline_figures(
+                result, opcodes = offline_figures(
                     kernel, constants, args, parsed.capability, parsed.sass if single else None
                 )
+                line = len(opcodes)
                 warps = constants.get("num_warps", 4)
                 tiling = constants.get("TILING")
                 per_thread = (
@@ -137,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 each = f"{line / quantized:.1f}" if quantized else "-"
                 print(
                     f"{pair:<4} {what:<8} {shape:>7} {warps:>5} {per_thread:>8} "
-                    f"{result.columns()} {line:>6} {each:>6}",
+                    f"{result.columns()} {line:>6} {each:>6} {store_widths(opcodes):>8}",
                     flush=True,
                 )
     return 0

@@ -29,7 +29,7 @@ from unittest import mock
 os.environ.pop("TRITON_INTERPRET", None)  # before triton is imported: the compiled route
 
 import torch
-from kernel_resources import RESOURCE_HEADER
+from kernel_resources import RESOURCE_HEADER, store_widths
 from pair_resources import offline_figures
 
 from stochround.kernels.runtime import Launch
@@ -100,14 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = [c for c in configs() if not parsed.config or c.name in parsed.config]
     if not rows:
         parser.error(f"--config must name rows of {[c.name for c in configs()]}")
-    print(f"{'config':<20} {'elem/thr':>8} {RESOURCE_HEADER} {'path':>6} {'/elem':>6}")
+    header = f"{'config':<20} {'elem/thr':>8} {RESOURCE_HEADER} {'path':>6} {'/elem':>6}"
+    print(f"{header} {'STG bits':>8}")
     for row in rows:
         kernel, constants, args, per_thread = recorded_launch(row)
         keep = parsed.sass if len(rows) == 1 else None
-        result, line = offline_figures(kernel, constants, args, parsed.capability, keep)
+        result, opcodes = offline_figures(kernel, constants, args, parsed.capability, keep)
+        line = len(opcodes)
         print(
             f"{row.name:<20} {per_thread:>8} {result.columns()} {line:>6} "
-            f"{line / per_thread:>6.1f}",
+            f"{line / per_thread:>6.1f} {store_widths(opcodes):>8}",
             flush=True,
         )
     return 0

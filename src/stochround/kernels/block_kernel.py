@@ -294,11 +294,11 @@ def quantize_tile(
         if ROTATION.SIZE > 0:
             dequantized = rotated(dequantized, signs_ptr, position, ROTATION, INVERSE=True)
         if OUTPUT.NAN16 == 0:
-            tl.store(out_ptr + position, dequantized, mask=mask)
+            _store_values(out_ptr, dequantized, position, mask, program, blocks, TILING)
         else:
             dequantized_bits = dequantized.to(tl.int32, bitcast=True)
             narrow = narrow_to_16_bits(dequantized_bits, out_ptr.dtype.element_ty, OUTPUT.NAN16)
-            tl.store(out_ptr + position, narrow, mask=mask)
+            _store_values(out_ptr, narrow, position, mask, program, blocks, TILING)
     elif KIND == "gemm":
         operand = element * block_value[:, None, None]
         if OUTPUT.FLAG_BELOW != 0:
@@ -311,15 +311,31 @@ def quantize_tile(
             operand = tl.where(flag[:, None, None] != 0, operand * _FLAGGED_FACTOR, operand)
             tl.store(scales_ptr + block_id, flag.to(tl.uint8), mask=block_id < blocks)
         if OUTPUT.OUT_NAN16 == 0:
-            tl.store(out_ptr + position, operand, mask=mask)
+            _store_values(out_ptr, operand, position, mask, program, blocks, TILING)
         else:  # exact: the caller asks for bf16 only where every product is a bf16 value
             operand_bits = operand.to(tl.int32, bitcast=True)
             narrow = narrow_to_16_bits(operand_bits, tl.bfloat16, OUTPUT.OUT_NAN16)
-            tl.store(out_ptr + position, narrow, mask=mask)
+            _store_values(out_ptr, narrow, position, mask, program, blocks, TILING)
     else:
         _store_codes(codes_ptr, code, block_id, blocks, lane, position, mask, BLOCK, GROUPS, KIND)
         scale_bits = stored_scale.to(scales_ptr.dtype.element_ty)
         tl.store(scales_ptr + block_id, scale_bits, mask=block_id < blocks)
+
+
+@triton.jit
+def _store_values(out_ptr, values, position, mask, program, blocks, TILING: tl.constexpr):
+    """Store a [TILE, GROUPS, 4] tile of element values at ``position`` (where ``mask``).
+    Where the blocks fill their groups (GROUPS * 4 == BLOCK) the tile is one run of TILE *
+    BLOCK elements from tile ``program``'s first, stored as that run, which Triton stores
+    coalesced through shared memory: stored from each thread's own blocks, a vector store
+    instruction fills a part of each sector it touches."""
+    if TILING.GROUPS * 4 == TILING.BLOCK:
+        ELEMENTS: tl.constexpr = TILING.TILE * TILING.BLOCK
+        place = program * ELEMENTS + tl.arange(0, ELEMENTS)
+        inside = place // TILING.BLOCK < blocks  # the run's blocks that x holds
+        tl.store(out_ptr + place, tl.reshape(values, (ELEMENTS,)), mask=inside)
+    else:
+        tl.store(out_ptr + position, values, mask=mask)
 
 
 @triton.jit

@@ -17,8 +17,13 @@ of four within a thread: no transpose through shared memory, no shuffles (a tran
 registers, `tl.trans` of the tile, made Triton compute the rotation twice, once in each of
 two layouts, with shared-memory conversions between them).
 
+Each orientation's operand leaves as a matrix of the tile (`STAGED_STORES`), which Triton
+stores coalesced through shared memory: stored from the threads' own blocks, each store
+instruction wrote a quarter of each 32-byte sector it touched (benchmarks/pair_resources.py
+prints the stores' widths).
+
 The kernel is specialised for NVFP4's operands (each instruction is spent once an element
-and orientation, which is what bounds it; benchmarks/pair_resources.py counts them): e2m1
+and orientation; benchmarks/pair_resources.py counts them): e2m1
 rounded by `e2m1_operand.e2m1_value` (rne, SR variants a and c), each product stored as the
 bf16 that holds it exactly (its high half; under the "pow2" flavour times the power-of-two
 tensor scale, which the GEMM then need not apply), a NaN block's by one integer minimum, the
@@ -74,6 +79,11 @@ _NUM_WARPS = 4
 # fixed work (the tile's reduction) is then spread over twice the elements, at 32 elements
 # a thread and few registers (it holds no operands)
 AMAX_TOKENS = 2
+# the operands stored as tile matrices, which Triton stores coalesced (through shared
+# memory), rather than from each thread's blocks: a thread's block is one 32-byte sector
+# of bf16, which its vector stores fill a quarter at a time, so each store instruction
+# sends the L2 a partial write per thread
+STAGED_STORES = True
 
 
 class PairTiling(NamedTuple):
@@ -81,13 +91,15 @@ class PairTiling(NamedTuple):
     rotation); WIDE: positions beyond int32; X_FEATURES: x's features (its rows' stride,
     a constant: every element's offset from its thread's first is an immediate, and a
     program's tile a division by a constant); EVEN: x's tokens fill whole tiles with no
-    padding tokens and its features whole tiles (no masks)."""
+    padding tokens and its features whole tiles (no masks); STAGED: the operands stored
+    as tile matrices (`STAGED_STORES`)."""
 
     TOKENS: int
     FEATURES: int
     WIDE: bool
     X_FEATURES: int
     EVEN: bool
+    STAGED: bool
 
 
 @triton.jit
@@ -100,9 +112,17 @@ def _tile_operand(
     record_ptr,
     seed,
     offset_ptr,
+    first_line,
+    first,
+    lines,
+    length,
+    stride,
     CHOICE: tl.constexpr,
     EVEN: tl.constexpr,
     WIDE: tl.constexpr,
+    LINES: tl.constexpr,
+    LENGTH: tl.constexpr,
+    STAGED: tl.constexpr,
 ):
     """Quantize a [blocks, 4, 4] tile of fp32 bits (int32; each row one block of 16) as
     `quantize_blocks_kernel` does for NVFP4's rule and the "gemm" output, and store each
@@ -117,7 +137,10 @@ def _tile_operand(
     left to its scale's.  Both factors' NaNs are fp32's canonical NaN (0x7FC00000) and a
     GPU's product of a NaN is 0x7FFFFFFF: a product's NaN has its sign bit clear, which
     `exact_bf16` makes bf16's canonical NaN; bf16 holds every other product exactly.
-    CHOICE.RECORD: the tile's amax raised into ``record_ptr``."""
+    CHOICE.RECORD: the tile's amax raised into ``record_ptr``.  STAGED: stored instead as
+    the LINES x LENGTH matrix the blocks tile (blocks of 16 along its lines, in order),
+    its first line and element ``first_line``, ``first``, ``lines`` x ``length`` the
+    operand's extent and ``stride`` its lines' (the same places)."""
     SCALE: tl.constexpr = CHOICE.SCALE
     ROUNDING: tl.constexpr = CHOICE.ROUNDING
     ELEMENT: tl.constexpr = CHOICE.ELEMENT
@@ -150,7 +173,19 @@ def _tile_operand(
         else:
             _, element = general_round(scaled_bits, r, ROUNDING, ELEMENT)
     narrow = exact_bf16(element * block_value[:, None, None])
-    if EVEN:
+    if STAGED:
+        # the tile stored as a LINES x LENGTH matrix: Triton gives the store its coalesced
+        # layout (neighbouring threads neighbouring 16 bytes) through shared memory, where a
+        # thread's own block would write a quarter of each sector an instruction
+        line = first_line + tl.arange(0, LINES)[:, None]
+        place = first + tl.arange(0, LENGTH)[None, :]
+        narrow = tl.reshape(narrow, (LINES, LENGTH))
+        if EVEN:
+            tl.store(out_ptr + line * stride + place, narrow)
+        else:
+            inside = (line < lines) & (place < length)
+            tl.store(out_ptr + line * stride + place, narrow, mask=inside)
+    elif EVEN:
         tl.store(out_ptr + position, narrow)
     else:
         tl.store(out_ptr + position, narrow, mask=mask)
@@ -283,8 +318,9 @@ def two_orientation_kernel(
     seed = tl.load(seed_ptr)
     bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
-        bits, position, inside, row_out_ptr, scale_ptr, record_ptr, seed, row_offset_ptr, ROW,
-        TILING.EVEN, TILING.WIDE,
+        bits, position, inside, row_out_ptr, scale_ptr, record_ptr, seed, row_offset_ptr,
+        first_token, first_feature, tokens, TILING.X_FEATURES, TILING.X_FEATURES, ROW,
+        TILING.EVEN, TILING.WIDE, TILING.TOKENS, TILING.FEATURES, TILING.STAGED,
     )  # fmt: skip
     column_record_ptr = record_ptr  # None where the orientations record nothing
     if COLUMN.RECORD:
@@ -295,7 +331,8 @@ def two_orientation_kernel(
     )  # fmt: skip
     _tile_operand(
         bits, position, inside, column_out_ptr, scale_ptr + 2, column_record_ptr, seed,
-        column_offset_ptr, COLUMN, TILING.EVEN, TILING.WIDE,
+        column_offset_ptr, first_feature, first_token, TILING.X_FEATURES, padded, padded,
+        COLUMN, TILING.EVEN, TILING.WIDE, TILING.FEATURES, TILING.TOKENS, TILING.STAGED,
     )  # fmt: skip
 
 
@@ -492,6 +529,7 @@ def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[Pai
         WIDE=extent + side >= 2**31,
         X_FEATURES=features,
         EVEN=even,
+        STAGED=STAGED_STORES,
     )
     return tiling, programs
 
