@@ -21,7 +21,13 @@ from .block_math import (
     nvfp4_scale,
 )
 from .block_rotation import rotated, rotation_rounded
-from .common import block_tile_words, fp32_bits_of, narrow_to_16_bits, seed_and_offset
+from .common import (
+    block_tile_words,
+    fp32_bits_of,
+    narrow_to_16_bits,
+    seed_and_offset,
+    store_block_tile,
+)
 from .operand_bf16 import FLAGGED_SHIFT
 
 # what the kernel writes: element codes one a byte, fp4 codes two a byte (low nibble
@@ -200,6 +206,7 @@ def quantize_tile(
     # the choices bound as constexprs where a helper takes them one by one
     BLOCK: tl.constexpr = TILING.BLOCK
     GROUPS: tl.constexpr = TILING.GROUPS
+    TILE: tl.constexpr = TILING.TILE
     KIND: tl.constexpr = OUTPUT.KIND
     if TILING.WIDE:  # positions beyond int32
         program = program.to(tl.int64)
@@ -293,12 +300,11 @@ def quantize_tile(
             dequantized = dequantized * _RESCALE
         if ROTATION.SIZE > 0:
             dequantized = rotated(dequantized, signs_ptr, position, ROTATION, INVERSE=True)
-        if OUTPUT.NAN16 == 0:
-            _store_values(out_ptr, dequantized, position, mask, program, blocks, TILING)
-        else:
+        stored = dequantized
+        if OUTPUT.NAN16 != 0:
             dequantized_bits = dequantized.to(tl.int32, bitcast=True)
-            narrow = narrow_to_16_bits(dequantized_bits, out_ptr.dtype.element_ty, OUTPUT.NAN16)
-            _store_values(out_ptr, narrow, position, mask, program, blocks, TILING)
+            stored = narrow_to_16_bits(dequantized_bits, out_ptr.dtype.element_ty, OUTPUT.NAN16)
+        store_block_tile(out_ptr, stored, position, mask, program, blocks, BLOCK, GROUPS, TILE)
     elif KIND == "gemm":
         operand = element * block_value[:, None, None]
         if OUTPUT.FLAG_BELOW != 0:
@@ -310,32 +316,15 @@ def quantize_tile(
             flag = tl.max(tl.max(below.to(tl.int32), axis=2), axis=1)
             operand = tl.where(flag[:, None, None] != 0, operand * _FLAGGED_FACTOR, operand)
             tl.store(scales_ptr + block_id, flag.to(tl.uint8), mask=block_id < blocks)
-        if OUTPUT.OUT_NAN16 == 0:
-            _store_values(out_ptr, operand, position, mask, program, blocks, TILING)
-        else:  # exact: the caller asks for bf16 only where every product is a bf16 value
+        stored = operand
+        if OUTPUT.OUT_NAN16 != 0:  # exact: bf16 only where every product is a bf16 value
             operand_bits = operand.to(tl.int32, bitcast=True)
-            narrow = narrow_to_16_bits(operand_bits, tl.bfloat16, OUTPUT.OUT_NAN16)
-            _store_values(out_ptr, narrow, position, mask, program, blocks, TILING)
+            stored = narrow_to_16_bits(operand_bits, tl.bfloat16, OUTPUT.OUT_NAN16)
+        store_block_tile(out_ptr, stored, position, mask, program, blocks, BLOCK, GROUPS, TILE)
     else:
         _store_codes(codes_ptr, code, block_id, blocks, lane, position, mask, BLOCK, GROUPS, KIND)
         scale_bits = stored_scale.to(scales_ptr.dtype.element_ty)
         tl.store(scales_ptr + block_id, scale_bits, mask=block_id < blocks)
-
-
-@triton.jit
-def _store_values(out_ptr, values, position, mask, program, blocks, TILING: tl.constexpr):
-    """Store a [TILE, GROUPS, 4] tile of element values at ``position`` (where ``mask``).
-    Where the blocks fill their groups (GROUPS * 4 == BLOCK) the tile is one run of TILE *
-    BLOCK elements from tile ``program``'s first, stored as that run, which Triton stores
-    coalesced through shared memory: stored from each thread's own blocks, a vector store
-    instruction fills a part of each sector it touches."""
-    if TILING.GROUPS * 4 == TILING.BLOCK:
-        ELEMENTS: tl.constexpr = TILING.TILE * TILING.BLOCK
-        place = program * ELEMENTS + tl.arange(0, ELEMENTS)
-        inside = place // TILING.BLOCK < blocks  # the run's blocks that x holds
-        tl.store(out_ptr + place, tl.reshape(values, (ELEMENTS,)), mask=inside)
-    else:
-        tl.store(out_ptr + position, values, mask=mask)
 
 
 @triton.jit

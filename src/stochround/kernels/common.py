@@ -260,6 +260,33 @@ def narrow_to_16_bits(result, dtype: tl.constexpr, NAN16: tl.constexpr):
 
 
 @triton.jit
+def store_block_tile(
+    out_ptr,
+    values,
+    position,
+    mask,
+    program,
+    blocks,
+    BLOCK: tl.constexpr,
+    GROUPS: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    """Store a [TILE, GROUPS, 4] tile of element values (TILE blocks of BLOCK consecutive
+    elements, program ``program``'s) at ``position`` where ``mask``.  Where the blocks fill
+    their groups (GROUPS * 4 == BLOCK), the tile is one run of TILE * BLOCK elements,
+    stored as that run, which Triton stores coalesced (16 bytes a thread, the next thread
+    the next 16) through shared memory: from the threads' own blocks, each vector store
+    instruction fills only a part of each sector it touches."""
+    if GROUPS * 4 == BLOCK:
+        ELEMENTS: tl.constexpr = TILE * BLOCK
+        place = program * ELEMENTS + tl.arange(0, ELEMENTS)
+        inside = place // BLOCK < blocks  # the run's blocks that the tensor holds
+        tl.store(out_ptr + place, tl.reshape(values, (ELEMENTS,)), mask=inside)
+    else:
+        tl.store(out_ptr + position, values, mask=mask)
+
+
+@triton.jit
 def seed_and_offset(seed_ptr, offset_ptr, seed_value, offset_value, FROM_TENSORS: tl.constexpr):
     """Seed and offset: loaded from device tensors (CUDA graphs replay them) or as given."""
     if FROM_TENSORS:
@@ -356,5 +383,6 @@ __all__ = [
     "sign_bit",
     "sr_count",
     "sr_count_rounds_up",
+    "store_block_tile",
     "tile_words",
 ]

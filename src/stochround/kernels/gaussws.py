@@ -68,6 +68,7 @@ from .common import (
     fp32_bits_of,
     narrow_to_16_bits,
     seed_and_offset,
+    store_block_tile,
 )
 from .grid import cdiv, next_power_of_2
 from .runtime import Launch, bound_launch, check_prepared, current_device
@@ -193,7 +194,7 @@ def _gaussws_kernel(
     else:
         result = narrow_to_16_bits(sampled.to(tl.int32, bitcast=True), w.dtype, NAN16)
     result = tl.where(unchanged[:, None, None], w, result)
-    tl.store(out_ptr + position, result, mask=mask)
+    store_block_tile(out_ptr, result, position, mask, program, blocks, BLOCK, GROUPS, TILE)
 
 
 def check_thresholds(thresholds: Sequence[int], noise_bits: int) -> tuple[int, ...]:
