@@ -15,7 +15,9 @@ QuantizedLinear step of bench_nn). Rows of case ``nvfp4_two_orientation``:
   ``..._amax<K>``: at the default tile, the amax launch's tiles K times its tokens
   (``--amax-tokens``; the default `two_orientation.AMAX_TOKENS`); ``..._unstaged``
   (``--unstaged``): the operands stored from each thread's own blocks, not as the
-  tile's matrices (`two_orientation.STAGED_STORES` off). Each is checked bit for
+  tile's matrices (`two_orientation.STAGED_STORES` off); ``..._coalesced_amax``
+  (``--coalesced-amax``): the amax launch's gather across the features
+  (`two_orientation.COALESCED_AMAX` on). Each is checked bit for
   bit against the separate path before it is timed.
 - ``stochround_separate_dy``, ``stochround_separate_x``: the separate path a step takes
   while `orientations.SERVES_STEPS` is off (the row-wise operand, then the transpose kernel
@@ -27,7 +29,7 @@ time over the separate path's.
     python benchmarks/bench_pair.py                                   # GPU, 8192 x 4096
     python benchmarks/bench_pair.py --tile 16x64 --tile 64x64 --warps 4 --warps 8
     python benchmarks/bench_pair.py --amax-tokens 1 --amax-tokens 4
-    python benchmarks/bench_pair.py --unstaged
+    python benchmarks/bench_pair.py --unstaged --coalesced-amax
     python benchmarks/bench_pair.py --device cpu --tokens 48 --features 64  # smoke test
 """
 
@@ -49,38 +51,23 @@ from torch import Tensor
 CASE = "nvfp4_two_orientation"
 
 
-def pair_run(
-    x: Tensor,
-    name: str,
-    tile: tuple[int, int, int] | None,
-    amax_tokens: int | None = None,
-    staged: bool | None = None,
-) -> Run:
+def pair_run(x: Tensor, name: str, **settings: object) -> Run:
     """Both operands of x as ``name``'s roles ("input", "grad_output") by the pair's
-    launches (`PreparedPair`), at ``tile`` (tokens, features, warps; None: the default),
-    the amax launch's tiles ``amax_tokens`` times its tokens and the operands' stores
-    staged or not (`two_orientation.STAGED_STORES`; None: the defaults), checked against
-    the separate path."""
+    launches (`PreparedPair`), prepared with `stochround.kernels.two_orientation`'s
+    ``settings`` in place of its defaults (TILE_TOKENS, TILE_FEATURES, _NUM_WARPS,
+    AMAX_TOKENS, STAGED_STORES, COALESCED_AMAX), checked against the separate path."""
     from stochround.kernels import two_orientation
     from stochround.nn.orientations import PreparedPair
 
     row, column, plan = served_pair_roles(name)
-    defaults = two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES
-    warps, amax = two_orientation._NUM_WARPS, two_orientation.AMAX_TOKENS
-    default_staged = two_orientation.STAGED_STORES
-    if staged is not None:
-        two_orientation.STAGED_STORES = staged
-    if tile is not None:
-        two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = tile[:2]
-        two_orientation._NUM_WARPS = tile[2]
-    if amax_tokens is not None:
-        two_orientation.AMAX_TOKENS = amax_tokens
+    defaults = {setting: getattr(two_orientation, setting) for setting in settings}
+    for setting, value in settings.items():
+        setattr(two_orientation, setting, value)
     try:
         prepared = PreparedPair(row, column, x.shape, x.dtype, x.device, x.shape[0])  # type: ignore[arg-type]
     finally:
-        two_orientation.TILE_TOKENS, two_orientation.TILE_FEATURES = defaults
-        two_orientation._NUM_WARPS, two_orientation.AMAX_TOKENS = warps, amax
-        two_orientation.STAGED_STORES = default_staged
+        for setting, value in defaults.items():
+            setattr(two_orientation, setting, value)
     notes = "amax and tensor scales of both orientations, then both operands: 2 launches"
     return checked_pair(x, name, prepared, plan.seed, notes)  # type: ignore[attr-defined]
 
@@ -140,6 +127,11 @@ def main() -> int:
         action="store_true",
         help="time too the operands stored from each thread's blocks (STAGED_STORES off)",
     )
+    add(
+        "--coalesced-amax",
+        action="store_true",
+        help="time too the amax launch gathering across the features (COALESCED_AMAX on)",
+    )
     args = bench.parse_args()
     if args.tokens % 16 or args.features % 16:
         bench.parser.error(
@@ -158,16 +150,21 @@ def main() -> int:
 
     bench.add(CASE, "floor", lambda: pair_floor(x), reference=True, cuda_only=True)
     for name, tensor in (("grad_output", "dy"), ("input", "x")):
-        bench.add(CASE, f"stochround_pair_{tensor}", partial(pair_run, x, name, None), ours=True)
-        for tile in tiles:
-            provider = f"stochround_pair_{tensor}_{tile[0]}x{tile[1]}w{tile[2]}"
-            bench.add(CASE, provider, partial(pair_run, x, name, tile), ours=True)
+        bench.add(CASE, f"stochround_pair_{tensor}", partial(pair_run, x, name), ours=True)
+        variants: dict[str, dict[str, object]] = {}
+        for tokens, features, warps in tiles:
+            variants[f"{tokens}x{features}w{warps}"] = {
+                "TILE_TOKENS": tokens, "TILE_FEATURES": features, "_NUM_WARPS": warps
+            }  # fmt: skip
         for factor in args.amax_tokens:
-            provider = f"stochround_pair_{tensor}_amax{factor}"
-            bench.add(CASE, provider, partial(pair_run, x, name, None, factor), ours=True)
+            variants[f"amax{factor}"] = {"AMAX_TOKENS": factor}
         if args.unstaged:
-            build = partial(pair_run, x, name, None, None, False)
-            bench.add(CASE, f"stochround_pair_{tensor}_unstaged", build, ours=True)
+            variants["unstaged"] = {"STAGED_STORES": False}
+        if args.coalesced_amax:
+            variants["coalesced_amax"] = {"COALESCED_AMAX": True}
+        for suffix, settings in variants.items():
+            build = partial(pair_run, x, name, **settings)
+            bench.add(CASE, f"stochround_pair_{tensor}_{suffix}", build, ours=True)
         build = partial(separate_pair, x, name)
         bench.add(CASE, f"stochround_separate_{tensor}", build, ours=True)
     status = bench.run()

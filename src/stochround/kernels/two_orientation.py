@@ -84,6 +84,12 @@ AMAX_TOKENS = 2
 # of bf16, which its vector stores fill a quarter at a time, so each store instruction
 # sends the L2 a partial write per thread
 STAGED_STORES = True
+# the amax launch's column-wise gather across the features (a warp's threads on
+# consecutive features, so Triton loads the tile as wide runs of x's rows and moves them
+# to the blocks' layout through shared memory), rather than feature by feature (16 narrow
+# loads a thread, each touching several rows): more instructions, fewer and wider loads;
+# off until timed (benchmarks/bench_pair.py --coalesced-amax)
+COALESCED_AMAX = False
 
 
 class PairTiling(NamedTuple):
@@ -92,7 +98,10 @@ class PairTiling(NamedTuple):
     a constant: every element's offset from its thread's first is an immediate, and a
     program's tile a division by a constant); EVEN: x's tokens fill whole tiles with no
     padding tokens and its features whole tiles (no masks); STAGED: the operands stored
-    as tile matrices (`STAGED_STORES`)."""
+    as tile matrices (`STAGED_STORES`); FEATURES_FIRST: the column-wise blocks taken a
+    token chunk at a time across the tile's features (`COALESCED_AMAX`; the amax launch
+    alone, under no rotation or RHT-16: the quantize launch's staged column store and a
+    larger rotation take them feature by feature)."""
 
     TOKENS: int
     FEATURES: int
@@ -100,6 +109,7 @@ class PairTiling(NamedTuple):
     X_FEATURES: int
     EVEN: bool
     STAGED: bool
+    FEATURES_FIRST: bool
 
 
 @triton.jit
@@ -215,15 +225,23 @@ def _tile_start(program, TILING: tl.constexpr):
 
 
 @triton.jit
-def _block_places(first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr):
+def _block_places(
+    first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr, LINES_FIRST: tl.constexpr
+):
     """A LINES x LENGTH tile (its first line and element ``first_line``, ``first``) cut
     into blocks of 16 along its lines, as [LINES * LENGTH // 16, 4, 4] (block, group,
-    lane): each block's line ([blocks, 1, 1]) and each element's place along its line."""
+    lane): each block's line ([blocks, 1, 1]) and each element's place along its line.
+    The blocks in the order of their lines' blocks, line by line, or (LINES_FIRST) the
+    tile's first block of each line, then its second, and so on."""
     CHUNKS: tl.constexpr = LENGTH // 16
     block = tl.arange(0, LINES * CHUNKS)[:, None, None]
     group = tl.arange(0, 4)[None, :, None]
     lane = tl.arange(0, 4)[None, None, :]
-    return first_line + block // CHUNKS, first + (block % CHUNKS) * 16 + group * 4 + lane
+    if LINES_FIRST:
+        line, chunk = block % LINES, block // LINES
+    else:
+        line, chunk = block // CHUNKS, block % CHUNKS
+    return first_line + line, first + chunk * 16 + group * 4 + lane
 
 
 @triton.jit
@@ -232,7 +250,9 @@ def _row_blocks(x_ptr, first_token, first_feature, tokens, TILING: tl.constexpr)
     zero beyond x), their places in x (and in the row-wise operand: the same layout) and
     whether they lie in x (not read where TILING.EVEN).  x's features are a multiple of 16:
     each group of four is one vector access."""
-    token, feature = _block_places(first_token, first_feature, TILING.TOKENS, TILING.FEATURES)
+    token, feature = _block_places(
+        first_token, first_feature, TILING.TOKENS, TILING.FEATURES, False
+    )
     position = token * TILING.X_FEATURES + feature
     inside = (token < tokens) & (feature < TILING.X_FEATURES)
     if TILING.EVEN:
@@ -268,7 +288,9 @@ def _column_blocks(
     them (`rounded_to_bf16`: any NaN a NaN, which is all the quantization reads of one),
     else in fp32 as the butterfly leaves them.  Also returns the values before the
     rotation."""
-    feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
+    feature, token = _block_places(
+        first_feature, first_token, TILING.FEATURES, TILING.TOKENS, TILING.FEATURES_FIRST
+    )
     features: tl.constexpr = TILING.X_FEATURES
     if TILING.EVEN:
         x = tl.load(x_ptr + token * features + feature)
@@ -447,8 +469,11 @@ class PreparedTwoOrientations:
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
             # the amax launch's tiles: AMAX_TOKENS times the quantize launch's tokens
+            # across the features only where each block rotates alone (a larger rotation
+            # spans blocks of one feature, which must then follow one another)
+            across = COALESCED_AMAX and self.rotation.SIZE <= PAIR_BLOCK
             amax_tiling, self.amax_programs = pair_tiling(
-                tokens, features, padded, side * AMAX_TOKENS
+                tokens, features, padded, side * AMAX_TOKENS, across
             )
             self.amax = _amax_launch(
                 amax_tiling,
@@ -514,10 +539,12 @@ class PreparedTwoOrientations:
         return PairOperands(row, column, scales, None if self.folded else decodes)
 
 
-def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[PairTiling, int]:
+def pair_tiling(
+    tokens: int, features: int, padded: int, side: int, features_first: bool = False
+) -> tuple[PairTiling, int]:
     """The `PairTiling` of tiles of ``side`` tokens (a multiple of the rotation's size) and
     TILE_FEATURES features over x ``(tokens, features)`` padded to ``padded`` tokens, and
-    its programs."""
+    its programs; ``features_first``: its FEATURES_FIRST."""
     feature_tiles = cdiv(features, TILE_FEATURES)
     programs = cdiv(padded, side) * feature_tiles
     # the tiles' extents bound every place either orientation computes (masked or not)
@@ -530,6 +557,7 @@ def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[Pai
         X_FEATURES=features,
         EVEN=even,
         STAGED=STAGED_STORES,
+        FEATURES_FIRST=features_first,
     )
     return tiling, programs
 
