@@ -336,6 +336,8 @@ def two_orientation_kernel(
     amax (2 fp32, raised by atomic maxima) where they record.  ``padded`` and
     X_FEATURES are multiples of 16, which Triton's specialization sees (``padded`` is not
     in do_not_specialize): the row-wise loads and both stores are vector accesses."""
+    # the staged column store reads the blocks feature by feature
+    tl.static_assert(not TILING.FEATURES_FIRST, "the quantize launch gathers feature by feature")
     first_token, first_feature = _tile_start(tl.program_id(0), TILING)
     seed = tl.load(seed_ptr)
     bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
