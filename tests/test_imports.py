@@ -37,6 +37,7 @@ NEEDS_TRITON = {
     "stochround.kernels.operand_bf16",
     "stochround.kernels.optim",
     "stochround.kernels.pair_records",
+    "stochround.kernels.pair_tiles",
     "stochround.kernels.philox",
     "stochround.kernels.round_kernel",
     "stochround.kernels.row_operand",

@@ -35,8 +35,6 @@ masks.  The stream contract is unchanged: the words of each element as
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -49,11 +47,11 @@ from .block_math import (
     general_round,
     nvfp4_scale,
 )
-from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotated, rotation_rounded
-from .common import fp32_bits_of
-from .e2m1_operand import e2m1_value, exact_bf16, rounded_to_bf16
+from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotation_rounded
+from .e2m1_operand import e2m1_value, exact_bf16
 from .grid import cdiv
 from .pair_records import Orientation, PairOperands, PairScales, pair_scales
+from .pair_tiles import PairTiling, column_blocks, row_blocks, tile_start
 from .philox import four_words
 from .runtime import Launch, bound_launch, check_prepared, current_device
 from .tensor_scales import (
@@ -90,26 +88,6 @@ STAGED_STORES = True
 # loads a thread, each touching several rows): more instructions, fewer and wider loads;
 # off until timed (benchmarks/bench_pair.py --coalesced-amax)
 COALESCED_AMAX = False
-
-
-class PairTiling(NamedTuple):
-    """A program's tile: TOKENS x FEATURES elements of x (multiples of the block and of the
-    rotation); WIDE: positions beyond int32; X_FEATURES: x's features (its rows' stride,
-    a constant: every element's offset from its thread's first is an immediate, and a
-    program's tile a division by a constant); EVEN: x's tokens fill whole tiles with no
-    padding tokens and its features whole tiles (no masks); STAGED: the operands stored
-    as tile matrices (`STAGED_STORES`); FEATURES_FIRST: the column-wise blocks taken a
-    token chunk at a time across the tile's features (`COALESCED_AMAX`; the amax launch
-    alone, under no rotation or RHT-16: the quantize launch's staged column store and a
-    larger rotation take them feature by feature)."""
-
-    TOKENS: int
-    FEATURES: int
-    WIDE: bool
-    X_FEATURES: int
-    EVEN: bool
-    STAGED: bool
-    FEATURES_FIRST: bool
 
 
 @triton.jit
@@ -215,99 +193,6 @@ def _tile_words(seed, offset, index, lane):
     return tl.where(lane == 3, word3[:, :, None], word)
 
 
-@triton.jit
-def _tile_start(program, TILING: tl.constexpr):
-    """A program's first token and feature (int64 where TILING.WIDE)."""
-    FEATURE_TILES: tl.constexpr = (TILING.X_FEATURES + TILING.FEATURES - 1) // TILING.FEATURES
-    if TILING.WIDE:
-        program = program.to(tl.int64)
-    return (program // FEATURE_TILES) * TILING.TOKENS, (program % FEATURE_TILES) * TILING.FEATURES
-
-
-@triton.jit
-def _block_places(
-    first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr, LINES_FIRST: tl.constexpr
-):
-    """A LINES x LENGTH tile (its first line and element ``first_line``, ``first``) cut
-    into blocks of 16 along its lines, as [LINES * LENGTH // 16, 4, 4] (block, group,
-    lane): each block's line ([blocks, 1, 1]) and each element's place along its line.
-    The blocks in the order of their lines' blocks, line by line, or (LINES_FIRST) the
-    tile's first block of each line, then its second, and so on."""
-    CHUNKS: tl.constexpr = LENGTH // 16
-    block = tl.arange(0, LINES * CHUNKS)[:, None, None]
-    group = tl.arange(0, 4)[None, :, None]
-    lane = tl.arange(0, 4)[None, None, :]
-    if LINES_FIRST:
-        line, chunk = block % LINES, block // LINES
-    else:
-        line, chunk = block // CHUNKS, block % CHUNKS
-    return first_line + line, first + chunk * 16 + group * 4 + lane
-
-
-@triton.jit
-def _row_blocks(x_ptr, first_token, first_feature, tokens, TILING: tl.constexpr):
-    """The tile's row-wise blocks (16 features of a token) as fp32 bits [blocks, 4, 4] (int32,
-    zero beyond x), their places in x (and in the row-wise operand: the same layout) and
-    whether they lie in x (not read where TILING.EVEN).  x's features are a multiple of 16:
-    each group of four is one vector access."""
-    token, feature = _block_places(
-        first_token, first_feature, TILING.TOKENS, TILING.FEATURES, False
-    )
-    position = token * TILING.X_FEATURES + feature
-    inside = (token < tokens) & (feature < TILING.X_FEATURES)
-    if TILING.EVEN:
-        x = tl.load(x_ptr + position)
-    else:
-        x = tl.load(x_ptr + position, mask=inside, other=0.0)
-    return fp32_bits_of(x), position, inside
-
-
-@triton.jit
-def _column_blocks(
-    x_ptr,
-    signs_ptr,
-    first_token,
-    first_feature,
-    tokens,
-    padded,
-    TILING: tl.constexpr,
-    ROTATION: tl.constexpr,
-    NAN16: tl.constexpr,
-    ROUNDED: tl.constexpr,
-):
-    """The tile's column-wise blocks (16 tokens of a feature, the tokens from ``tokens`` to
-    ``padded`` zero) as fp32 bits [blocks, 4, 4], rotated along the tokens as
-    `quantize_blocks_kernel` rotates x^T's rows, their places in x^T ``(features,
-    padded)`` and whether they lie in it (not read where TILING.EVEN).  The values are
-    gathered from x in the blocks' own layout (each thread's elements a block's tokens),
-    as the row-wise blocks of the same tile were just read: the second read is served by
-    the cache, and the rotation, the amax and the stream's groups of four stay within a
-    thread, as in the block kernel.  The tile's first token is a multiple of the rotation's
-    size, so an element's sign is that of its token's place in the tile (for RHT-16 its
-    place in the block).  ROUNDED: the rotated values rounded as the quantize kernels hold
-    them (`rounded_to_bf16`: any NaN a NaN, which is all the quantization reads of one),
-    else in fp32 as the butterfly leaves them.  Also returns the values before the
-    rotation."""
-    feature, token = _block_places(
-        first_feature, first_token, TILING.FEATURES, TILING.TOKENS, TILING.FEATURES_FIRST
-    )
-    features: tl.constexpr = TILING.X_FEATURES
-    if TILING.EVEN:
-        x = tl.load(x_ptr + token * features + feature)
-    else:
-        inside = (token < tokens) & (feature < features)
-        x = tl.load(x_ptr + token * features + feature, mask=inside, other=0.0)
-    raw = fp32_bits_of(x)
-    bits = raw
-    if ROTATION.SIZE > 0:
-        value = rotated(raw.to(tl.float32, bitcast=True), signs_ptr, token - first_token,
-                        ROTATION, False)  # fmt: skip
-        if ROUNDED:
-            value = rounded_to_bf16(value, NAN16, x.dtype, ROTATION.BF16)
-        bits = value.to(tl.int32, bitcast=True)
-    return raw, bits, feature * padded + token, (feature < features) & (token < padded)
-
-
 @triton.jit(do_not_specialize=["tokens"])
 def two_orientation_kernel(
     x_ptr,
@@ -338,9 +223,9 @@ def two_orientation_kernel(
     in do_not_specialize): the row-wise loads and both stores are vector accesses."""
     # the staged column store reads the blocks feature by feature
     tl.static_assert(not TILING.FEATURES_FIRST, "the quantize launch gathers feature by feature")
-    first_token, first_feature = _tile_start(tl.program_id(0), TILING)
+    first_token, first_feature = tile_start(tl.program_id(0), TILING)
     seed = tl.load(seed_ptr)
-    bits, position, inside = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
+    bits, position, inside = row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
         bits, position, inside, row_out_ptr, scale_ptr, record_ptr, seed, row_offset_ptr,
         first_token, first_feature, tokens, TILING.X_FEATURES, TILING.X_FEATURES, ROW,
@@ -349,7 +234,7 @@ def two_orientation_kernel(
     column_record_ptr = record_ptr  # None where the orientations record nothing
     if COLUMN.RECORD:
         column_record_ptr = record_ptr + 1
-    _, bits, position, inside = _column_blocks(
+    _, bits, position, inside = column_blocks(
         x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, ROTATION, NAN16,
         True,
     )  # fmt: skip
@@ -389,11 +274,11 @@ def two_orientation_amax_kernel(
     ``amax[1]``) and NVFP4's tensor scales of the FLAVOUR (``scale``: S_dec, S_enc of x's,
     then of the rotated x^T's)."""
     program = tl.program_id(0)
-    first_token, first_feature = _tile_start(program, TILING)
+    first_token, first_feature = tile_start(program, TILING)
     if ROTATION.SIZE > 0:
         # one read, the column-wise blocks' gather: x's maximum does not depend on the
         # blocks' layout
-        raw, column, _, _ = _column_blocks(
+        raw, column, _, _ = column_blocks(
             x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, BUTTERFLY,
             NAN16, False,
         )  # fmt: skip
@@ -406,7 +291,7 @@ def two_orientation_amax_kernel(
         rounded = rotation_rounded(normalized, NAN16, x_ptr.dtype.element_ty, ROTATION)
         column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
     else:  # x^T's values are x's
-        bits, _, _ = _row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
+        bits, _, _ = row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
         row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
         column_max = row
     tl.store(partial_ptr + program, row)
@@ -604,7 +489,6 @@ __all__ = [
     "PAIR_BLOCK",
     "TILE_FEATURES",
     "TILE_TOKENS",
-    "PairTiling",
     "PreparedTwoOrientations",
     "pair_tiling",
     "two_orientation_amax_kernel",
