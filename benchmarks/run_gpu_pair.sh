@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
-# The NVFP4 operand kernels' GPU check after a change to them (issue 42), in one call of
-# the device tool (under 9 minutes), from the repository root (the peers' wheels carried
-# in .whl, as for run_gpu.sh):
+# The NVFP4 operand kernels' GPU check after a change to them (issue 42), from the
+# repository root (the peers' wheels carried in .whl, as for run_gpu.sh), in parts that
+# run in the order given (all four by default):
 #
-#   bash benchmarks/run_gpu_pair.sh
+#   bash benchmarks/run_gpu_pair.sh tests pair layer    # one device call
+#   bash benchmarks/run_gpu_pair.sh model               # a second one
 #
-# 1. their GPU tests (PAIR_TESTS: the kernels, the blocks, the layers' step routes);
-# 2. benchmarks/bench_pair.py with its variants (PAIR_ARGS: the old stores, the amax
-#    launch's coalesced gather), the pair's floor and the separate path in the same run;
-# 3. benchmarks/bench_nn.py's 8192 x 4096 x 4096 layer step (bf16, nvfp4(), the pow2
-#    flavour, torchao's compiled emulation);
-# 4. benchmarks/bench_model.py's GPT-2-small rows (MODEL_ROWS);
-# and, where BASELINE_SRC names another tree (a copy of the commit before the change,
-# `git archive <commit> src | tar x -C scratch/base`), stages 3 and 4 again on it right
-# after (--tag baseline, its rows under baseline/, to compare, not to merge), so that
-# before and after come from one machine and one call.
+# - tests: their GPU tests (PAIR_TESTS: the kernels, the blocks, the layers' step routes);
+# - pair: benchmarks/bench_pair.py with its variants (PAIR_ARGS: the old stores, the amax
+#   launch's coalesced gather), the pair's floor and the separate path in the same run;
+# - layer: benchmarks/bench_nn.py's 8192 x 4096 x 4096 layer step (bf16, nvfp4(), the
+#   pow2 flavour, torchao's compiled emulation);
+# - model: benchmarks/bench_model.py's GPT-2-small rows (MODEL_ROWS; reduce-overhead).
+# Where BASELINE_SRC names another tree (a copy of the commit before the change,
+# `git archive <commit> src | tar x -C scratch/base`, then scratch/base/src), layer and
+# model run again on it right after (--tag baseline, its rows under baseline/, to compare,
+# not to merge), so that before and after come from one machine and one call.
 #
-# Every stage has a time cap inside an overall DEADLINE (seconds, 540): a stage that
+# Every stage has a time cap inside an overall DEADLINE (seconds, 560): a stage that
 # overruns is cut (exit 124 in the summary) and the rest still run. Under $OUT: the logs,
 # summary.txt and rows.tar.gz (the rows: `tar xzf rows.tar.gz` here, then
 # `python benchmarks/rows.py merge rows` and `python benchmarks/report.py`).
 set -u
 OUT=${OUT:-/tmp/out}
-DEADLINE=${DEADLINE:-540}
+DEADLINE=${DEADLINE:-560}
+PARTS=("$@")
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(tests pair layer model)
 ROWS="$OUT/rows"
 mkdir -p "$OUT" "$ROWS"
 export PYTHONUNBUFFERED=1 BENCH_COMMIT=${BENCH_COMMIT:-}
@@ -58,28 +61,46 @@ NN_ONLY="$NN_ONLY,linear_step/torchao_nvfp4_emulated"
 MODEL_ROWS=${MODEL_ROWS:-bf16_compiled_cudagraphs,nvfp4_compiled_cudagraphs,nvfp4_pow2_compiled_cudagraphs}
 model_only=$(echo "$MODEL_ROWS" | sed 's/\([^,]*\)/model_step_gpt2-small\/\1/g')
 
-benches() {  # benches SRC RESULTS TAG...: stages 3 and 4 on the tree SRC, rows to RESULTS
+layer() {  # layer SRC RESULTS TAG...: the layer rows on the tree SRC, rows to RESULTS
     local src=$1 results=$2 tag=("${@:3}")
     PYTHONPATH=/tmp/site:$src stage "bench_nn ${tag[*]}" "$OUT/bench.log" 120 \
         python3 benchmarks/bench_nn.py --results "$results" --out "$OUT" --only "$NN_ONLY" \
         "${tag[@]}"
-    PYTHONPATH=/tmp/site:$src stage "bench_model ${tag[*]}" "$OUT/bench.log" 150 \
+}
+
+model() {  # model SRC RESULTS TAG...: the model rows on the tree SRC, rows to RESULTS
+    local src=$1 results=$2 tag=("${@:3}")
+    PYTHONPATH=/tmp/site:$src stage "bench_model ${tag[*]}" "$OUT/bench.log" 240 \
         python3 benchmarks/bench_model.py --results "$results" --out "$OUT" \
         --only "$model_only" "${tag[@]}"
 }
 
-PYTHONPATH=/tmp/site:src stage "pytest" "$OUT/gpu_tests.log" 200 \
-    python3 -m pytest -q -n 8 -p no:cacheprovider ${PAIR_TESTS:-tests/kernels tests/blocks \
-    tests/nn/test_step_graphs.py tests/nn/test_linear.py}
-tail -n 3 "$OUT/gpu_tests.log"
-PYTHONPATH=/tmp/site:src stage "bench_pair" "$OUT/bench.log" 60 \
-    python3 benchmarks/bench_pair.py --results "$ROWS" --out "$OUT" \
-    ${PAIR_ARGS:---unstaged --coalesced-amax}
-benches src "$ROWS"
-if [ -n "${BASELINE_SRC:-}" ]; then  # the baseline's rows apart: compared, not merged
-    benches "$BASELINE_SRC" "$OUT/baseline" --tag baseline
-fi
-grep -E "fraction of the floor|% of the floor" -A 12 "$OUT/bench.log" | head -n 16
+for part in "${PARTS[@]}"; do
+    case $part in
+    tests)
+        PYTHONPATH=/tmp/site:src stage "pytest" "$OUT/gpu_tests.log" 240 \
+            python3 -m pytest -q -n 8 -p no:cacheprovider ${PAIR_TESTS:-tests/kernels \
+            tests/blocks tests/nn/test_step_graphs.py tests/nn/test_linear.py}
+        tail -n 3 "$OUT/gpu_tests.log"
+        ;;
+    pair)
+        PYTHONPATH=/tmp/site:src stage "bench_pair" "$OUT/bench.log" 90 \
+            python3 benchmarks/bench_pair.py --results "$ROWS" --out "$OUT" \
+            ${PAIR_ARGS:---unstaged --coalesced-amax}
+        ;;
+    layer | model)
+        "$part" src "$ROWS"
+        if [ -n "${BASELINE_SRC:-}" ]; then
+            "$part" "$BASELINE_SRC" "$OUT/baseline" --tag baseline
+        fi
+        ;;
+    *)
+        echo "unknown part $part (tests, pair, layer, model)" | tee -a "$SUMMARY"
+        status=1
+        ;;
+    esac
+done
+grep -s -E "fraction of the floor|% of the floor" -A 12 "$OUT/bench.log" | head -n 16
 tar czf "$OUT/rows.tar.gz" -C "$OUT" rows $([ -d "$OUT/baseline" ] && echo baseline) &&
     rm -rf "$ROWS" "$OUT/baseline"
 cat "$SUMMARY"
