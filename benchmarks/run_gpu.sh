@@ -30,10 +30,8 @@ set -u
 OUT=${OUT:-/tmp/out}
 RESULTS=${RESULTS:-/tmp/bench-results}
 mkdir -p "$OUT" "$RESULTS"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-fi
+. "$(dirname "$0")/gpu_stages.sh"
+install_carried_wheels
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"

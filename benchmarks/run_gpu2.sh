@@ -32,34 +32,14 @@ mkdir -p "$OUT" "$RESULTS"
 # NVLink multicast stays off (the machines' rule: it can take shared GPUs out of service)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:src BENCH_COMMIT=${BENCH_COMMIT:-}
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-fi
+. "$(dirname "$0")/gpu_stages.sh"
+install_carried_wheels
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 nvidia-smi topo -m
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0
-
-cap() {  # the seconds a stage may take: at most $1, and no later than DEADLINE
-    local left=$((DEADLINE - SECONDS))
-    echo $((left < $1 ? (left > 1 ? left : 1) : $1))
-}
-
-stage() {  # stage NAME LOG CAP COMMAND...: run under `timeout`, log, one summary line
-    local name=$1 log=$2 limit
-    limit=$(cap "$3")
-    shift 3
-    local started=$SECONDS
-    echo "=== $name (cap ${limit} s): $*" >>"$log"
-    timeout "$limit" "$@" >>"$log" 2>&1
-    local code=$?
-    echo "$name: exit $code after $((SECONDS - started)) s" | tee -a "$SUMMARY"
-    [ "$code" = 0 ] || status=1
-    return "$code"
-}
 
 torchrun=(python3 -m torch.distributed.run --standalone --nproc-per-node)  # then the count
 

@@ -29,32 +29,12 @@ PARTS=("$@")
 ROWS="$OUT/rows"
 mkdir -p "$OUT" "$ROWS"
 export PYTHONUNBUFFERED=1 BENCH_COMMIT=${BENCH_COMMIT:-}
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-fi
+. "$(dirname "$0")/gpu_stages.sh"
+install_carried_wheels
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 status=0
-
-cap() {  # the seconds a stage may take: at most $1, and no later than DEADLINE
-    local left=$((DEADLINE - SECONDS))
-    echo $((left < $1 ? (left > 1 ? left : 1) : $1))
-}
-
-stage() {  # stage NAME LOG CAP COMMAND...: run under `timeout`, log, one summary line
-    local name=$1 log=$2 limit
-    limit=$(cap "$3")
-    shift 3
-    local started=$SECONDS
-    echo "=== $name (cap ${limit} s): $*" >>"$log"
-    timeout "$limit" "$@" >>"$log" 2>&1
-    local code=$?
-    echo "$name: exit $code after $((SECONDS - started)) s" | tee -a "$SUMMARY"
-    [ "$code" = 0 ] || status=1
-    return "$code"
-}
 
 NN_ONLY="linear_step/bf16_linear,linear_step/stochround_nvfp4,linear_step/stochround_nvfp4_pow2"
 NN_ONLY="$NN_ONLY,linear_step/torchao_nvfp4_emulated"
