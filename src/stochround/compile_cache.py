@@ -74,12 +74,8 @@ def caches_keyed_apart(suffix: str) -> Iterator[None]:
     if config is None:
         yield
         return
-    tag = config.cache_key_tag
-    config.cache_key_tag = tag + suffix
-    try:
+    with config.patch(cache_key_tag=config.cache_key_tag + suffix):
         yield
-    finally:
-        config.cache_key_tag = tag
 
 
 __all__ = [
