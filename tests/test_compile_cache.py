@@ -89,7 +89,6 @@ import sys
 import torch
 import stochround
 from stochround import compile_cache
-from stochround.kernels import availability
 
 scale, fingerprint = float(sys.argv[1]), sys.argv[2]
 if fingerprint:
