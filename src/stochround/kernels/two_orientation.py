@@ -103,7 +103,6 @@ def _tile_operand(
     first_line,
     first,
     lines,
-    length,
     stride,
     CHOICE: tl.constexpr,
     EVEN: tl.constexpr,
@@ -127,8 +126,8 @@ def _tile_operand(
     `exact_bf16` makes bf16's canonical NaN; bf16 holds every other product exactly.
     CHOICE.RECORD: the tile's amax raised into ``record_ptr``.  STAGED: stored instead as
     the LINES x LENGTH matrix the blocks tile (blocks of 16 along its lines, in order),
-    its first line and element ``first_line``, ``first``, ``lines`` x ``length`` the
-    operand's extent and ``stride`` its lines' (the same places)."""
+    its first line and element ``first_line``, ``first``, in the operand of ``lines`` lines
+    of ``stride`` elements (contiguous: its stride is its lines' length)."""
     SCALE: tl.constexpr = CHOICE.SCALE
     ROUNDING: tl.constexpr = CHOICE.ROUNDING
     ELEMENT: tl.constexpr = CHOICE.ELEMENT
@@ -171,7 +170,7 @@ def _tile_operand(
         if EVEN:
             tl.store(out_ptr + line * stride + place, narrow)
         else:
-            inside = (line < lines) & (place < length)
+            inside = (line < lines) & (place < stride)
             tl.store(out_ptr + line * stride + place, narrow, mask=inside)
     elif EVEN:
         tl.store(out_ptr + position, narrow)
@@ -228,7 +227,7 @@ def two_orientation_kernel(
     bits, position, inside = row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
     _tile_operand(
         bits, position, inside, row_out_ptr, scale_ptr, record_ptr, seed, row_offset_ptr,
-        first_token, first_feature, tokens, TILING.X_FEATURES, TILING.X_FEATURES, ROW,
+        first_token, first_feature, tokens, TILING.X_FEATURES, ROW,
         TILING.EVEN, TILING.WIDE, TILING.TOKENS, TILING.FEATURES, TILING.STAGED,
     )  # fmt: skip
     column_record_ptr = record_ptr  # None where the orientations record nothing
@@ -240,7 +239,7 @@ def two_orientation_kernel(
     )  # fmt: skip
     _tile_operand(
         bits, position, inside, column_out_ptr, scale_ptr + 2, column_record_ptr, seed,
-        column_offset_ptr, first_feature, first_token, TILING.X_FEATURES, padded, padded,
+        column_offset_ptr, first_feature, first_token, TILING.X_FEATURES, padded,
         COLUMN, TILING.EVEN, TILING.WIDE, TILING.FEATURES, TILING.TOKENS, TILING.STAGED,
     )  # fmt: skip
 
