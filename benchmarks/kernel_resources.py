@@ -163,20 +163,22 @@ def compiled(kernel: Any, constants: dict, args: tuple, capability: int) -> Any:
     return triton.compile(source, target=target, options=options.__dict__)
 
 
-def straight_opcodes(sass: str) -> list[str]:
-    """The opcodes of the SASS instructions before the first EXIT, NOPs left out (as
-    `resources` counts)."""
+def sass_opcodes(sass: str) -> list[str]:
+    """The mnemonic of each instruction of the SASS text, in order (a predicate left out),
+    NOPs left out: they pad the code to its alignment and are not executed."""
     opcodes = []
     for line in sass.splitlines():
         match = re.search(r"/\*[0-9a-f]{4,}\*/\s*(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if match is None:
-            continue
-        opcode = match.group(2)
-        if opcode.startswith("EXIT"):
-            break
-        if not opcode.startswith("NOP"):
-            opcodes.append(opcode)
+        if match is not None and not match.group(2).startswith("NOP"):
+            opcodes.append(match.group(2))
     return opcodes
+
+
+def straight_opcodes(sass: str) -> list[str]:
+    """`sass_opcodes` before the first EXIT: the straight line every thread runs."""
+    opcodes = sass_opcodes(sass)
+    exits = [i for i, opcode in enumerate(opcodes) if opcode.startswith("EXIT")]
+    return opcodes[: exits[0]] if exits else opcodes
 
 
 def store_widths(opcodes: list[str]) -> str:
@@ -221,10 +223,7 @@ def resources_and_sass(kernel: Any, capability: int) -> tuple[Resources, str]:
         ).stdout
     registers = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    lines = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
-    opcodes = [re.sub(r"^\s*/\*[0-9a-f]+\*/\s*(@!?U?P\w+\s+)?", "", line) for line in lines]
-    # NOPs pad the code to its alignment: not executed, left out of the count
-    opcodes = [op for op in opcodes if not op.startswith("NOP")]
+    opcodes = sass_opcodes(sass)
     figures = Resources(
         registers=int(registers.group(1)) if registers else -1,
         spill_stores=int(spills.group(1)) if spills else 0,
