@@ -47,7 +47,7 @@ def tile_start(program, TILING: tl.constexpr):
 
 
 @triton.jit
-def block_places(
+def _block_places(
     first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr, LINES_FIRST: tl.constexpr
 ):
     """A LINES x LENGTH tile (its first line and element ``first_line``, ``first``) cut
@@ -72,7 +72,9 @@ def row_blocks(x_ptr, first_token, first_feature, tokens, TILING: tl.constexpr):
     zero beyond x), their places in x (and in the row-wise operand: the same layout) and
     whether they lie in x (not read where TILING.EVEN).  x's features are a multiple of 16:
     each group of four is one vector access."""
-    token, feature = block_places(first_token, first_feature, TILING.TOKENS, TILING.FEATURES, False)
+    token, feature = _block_places(
+        first_token, first_feature, TILING.TOKENS, TILING.FEATURES, False
+    )
     position = token * TILING.X_FEATURES + feature
     inside = (token < tokens) & (feature < TILING.X_FEATURES)
     if TILING.EVEN:
@@ -108,7 +110,7 @@ def column_blocks(
     them (`rounded_to_bf16`: any NaN a NaN, which is all the quantization reads of one),
     else in fp32 as the butterfly leaves them.  Also returns the values before the
     rotation."""
-    feature, token = block_places(
+    feature, token = _block_places(
         first_feature, first_token, TILING.FEATURES, TILING.TOKENS, TILING.FEATURES_FIRST
     )
     features: tl.constexpr = TILING.X_FEATURES
@@ -128,4 +130,4 @@ def column_blocks(
     return raw, bits, feature * padded + token, (feature < features) & (token < padded)
 
 
-__all__ = ["PairTiling", "block_places", "column_blocks", "row_blocks", "tile_start"]
+__all__ = ["PairTiling", "column_blocks", "row_blocks", "tile_start"]
