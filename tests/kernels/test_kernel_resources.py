@@ -51,7 +51,7 @@ def test_sr_configurations_within_their_2d6f3be_resources() -> None:
         assert int(regs) <= registers, (name, regs)
         assert int(sass) <= instructions, (name, sass)
         assert (spills, stl, ldl) == ("0/0", "0", "0"), name
-        # the operand coalesced (`block_kernel._store_values`): 16 bytes a thread, the
+        # the operand coalesced (`kernels.common.store_block_tile`): 16 bytes a thread, the
         # neighbouring thread's next; a thread's own block took 8-byte stores
         assert stores == "128", (name, stores)
 
