@@ -10,7 +10,10 @@ steps for every case:
 - ``nvfp4_sr_adamw``: ``nvfp4`` with stochround's SR AdamW (bf16 states);
 - ``nvfp4_no_step_graphs``: ``nvfp4`` with the layers' CUDA step graphs off
   (``--no-step-graphs``; the other cases run with the default, on where CUDA:
-  `stochround.nn.step_graphs`).
+  `stochround.nn.step_graphs`);
+- ``nvfp4_pow2``: ``nvfp4`` with power-of-two tensor scales (``--switch
+  'tensor_scale="pow2"'``: no scaling pass after the GEMMs; reported beside ``nvfp4``,
+  whose default scales the target is judged on).
 
 With ``--gpus N`` above 1 each run is ``torchrun --nproc_per_node N -m stochround titan``:
 FSDP2 over the N GPUs, each GPU taking ``--batch`` samples a step (the global batch is N
@@ -85,20 +88,21 @@ from typing import Any
 
 from titan_profile import load_trace, profile_record, rank_profile, report
 
-# case -> (recipe, optimizer, the layers' CUDA step graphs on)
-CASES: dict[str, tuple[str, str, bool]] = {
-    "bf16": ("bf16", "AdamW", True),
-    "nvfp4": ("nvfp4", "AdamW", True),
-    "mxfp8": ("mxfp8", "AdamW", True),
-    "fp8": ("fp8", "AdamW", True),
-    "nvfp4_sr_adamw": ("nvfp4", "SRAdamW", True),
-    "nvfp4_no_step_graphs": ("nvfp4", "AdamW", False),
+# case -> (recipe, optimizer, the layers' CUDA step graphs on, the recipe's switches)
+CASES: dict[str, tuple[str, str, bool, tuple[str, ...]]] = {
+    "bf16": ("bf16", "AdamW", True, ()),
+    "nvfp4": ("nvfp4", "AdamW", True, ()),
+    "mxfp8": ("mxfp8", "AdamW", True, ()),
+    "fp8": ("fp8", "AdamW", True, ()),
+    "nvfp4_sr_adamw": ("nvfp4", "SRAdamW", True, ()),
+    "nvfp4_no_step_graphs": ("nvfp4", "AdamW", False, ()),
+    "nvfp4_pow2": ("nvfp4", "AdamW", True, ('tensor_scale="pow2"',)),
 }
 
 
 def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
     """The ``stochround titan`` command line of one case."""
-    recipe, optimizer, step_graphs = CASES[case]
+    recipe, optimizer, step_graphs, switches = CASES[case]
     launcher = [sys.executable, "-m"]
     if args.gpus > 1:
         launcher += ["torch.distributed.run", "--standalone", f"--nproc_per_node={args.gpus}"]
@@ -127,6 +131,7 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         str(folder),
         *(["--compile"] if args.compile else []),
         *([] if step_graphs else ["--no-step-graphs"]),
+        *(word for switch in switches for word in ("--switch", switch)),
         *option("--profile-steps", args.profile_steps, 0),
         *(["--replicate"] if args.replicate else []),
         *option("--reshard-after-forward", args.reshard_after_forward, "default"),

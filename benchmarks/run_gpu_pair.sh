@@ -58,10 +58,12 @@ model() {  # model SRC RESULTS TAG...: the model rows on the tree SRC, rows to R
 for part in "${PARTS[@]}"; do
     case $part in
     tests)
-        PYTHONPATH=/tmp/site:src stage "pytest" "$OUT/gpu_tests.log" 240 \
-            python3 -m pytest -q -n 8 -p no:cacheprovider ${PAIR_TESTS:-tests/kernels \
+        # -v: each test's outcome as it ends, so a run cut by its cap still names its failures
+        PYTHONPATH=/tmp/site:src stage "pytest" "$OUT/gpu_tests.log" "${TESTS_CAP:-330}" \
+            python3 -m pytest -v -n 12 -p no:cacheprovider ${PAIR_TESTS:-tests/kernels \
             tests/blocks tests/nn/test_step_graphs.py tests/nn/test_linear.py}
-        tail -n 3 "$OUT/gpu_tests.log"
+        grep -E "(FAILED|ERROR) tests/" "$OUT/gpu_tests.log" | sort -u | head -n 20
+        tail -n 1 "$OUT/gpu_tests.log"
         ;;
     pair)
         PYTHONPATH=/tmp/site:src stage "bench_pair" "$OUT/bench.log" 90 \

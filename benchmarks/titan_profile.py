@@ -22,7 +22,10 @@ in milliseconds:
   self time is the Python running in it outside any op), summed over every thread;
 - ``annotations``: the ``record_function`` spans (FSDP2's hooks, the optimizer's step,
   compiled graphs) with the most total time, per-module suffixes dropped so each hook
-  reads as one.
+  reads as one;
+- ``gpu_kernels``: the kernels with the most GPU time, by name (the first
+  `KERNEL_NAME_CHARS` characters), summed over their launches: which of a recipe's
+  kernels the steps' device time goes to.
 
 The GPU's work is counted whole, not clipped to the steps' CPU spans: it runs behind the
 CPU, and the trainer synchronizes on every step's loss, so over the recorded steps the
@@ -53,6 +56,8 @@ COLLECTIVES = {
 # the per-module or per-graph part of an annotation's name: "FSDP::pre_forward (layers.0)",
 # "FSDP::backward_prefetch for layers.1", "## Call CompiledFxGraph f0a1... ##"
 NAME_SUFFIX = re.compile(r" \(.*\)$| for \S+$|(?<=CompiledFxGraph) \w+")
+# a kernel's name as listed (a GEMM's or a templated kernel's full name runs to hundreds)
+KERNEL_NAME_CHARS = 80
 
 Event = dict[str, Any]
 
@@ -72,6 +77,7 @@ class RankProfile:
     kernels: float
     cpu_self: list[tuple[str, float]]
     annotations: list[tuple[str, float]]
+    gpu_kernels: list[tuple[str, float]]
 
 
 def load_trace(path: Path) -> dict[str, Any]:
@@ -165,6 +171,16 @@ def gpu_times(work: list[Event]) -> GpuTimes:
     )
 
 
+def kernel_times(work: list[Event]) -> dict[str, float]:
+    """Each kernel's total GPU time (µs), by its name's first `KERNEL_NAME_CHARS`
+    characters."""
+    totals: dict[str, float] = defaultdict(float)
+    for event in work:
+        if event["cat"] == "kernel":
+            totals[event["name"][:KERNEL_NAME_CHARS]] += event["dur"]
+    return dict(totals)
+
+
 def split_steps(events: list[Event]) -> tuple[list[float], list[Event]]:
     """The CPU's ``ProfilerStep#`` durations (µs), and its other events."""
     steps, others = [], []
@@ -211,6 +227,7 @@ def rank_profile(trace: dict[str, Any], count: int = 8) -> RankProfile:
         kernels=sum(e["cat"] == "kernel" for e in work) / steps,
         cpu_self=top(self_times(cpu), count, steps),
         annotations=top(annotation_times(cpu), count, steps),
+        gpu_kernels=top(kernel_times(work), count, steps),
     )
 
 
@@ -219,7 +236,8 @@ def listed(pairs: list[tuple[str, float]]) -> str:
 
 
 def report(profile: RankProfile) -> str:
-    """Three lines: the step's times, the CPU's top self times, the top annotations."""
+    """Four lines: the step's times, the CPU's top self times, the top annotations, the
+    kernels with the most GPU time."""
     p = profile
     nccl = ", ".join(f"{kind} {ms:.2f}" for kind, ms in sorted(p.nccl.items())) or "none"
     return (
@@ -227,7 +245,8 @@ def report(profile: RankProfile) -> str:
         f"{p.busy:.2f}, compute {p.compute:.2f}, NCCL [{nccl}] exposed "
         f"{p.exposed_nccl:.2f}, GPU idle {p.idle:.2f}; {p.kernels:.0f} kernels\n"
         f"  CPU self: {listed(p.cpu_self)}\n"
-        f"  annotations: {listed(p.annotations)}"
+        f"  annotations: {listed(p.annotations)}\n"
+        f"  GPU kernels: {listed(p.gpu_kernels)}"
     )
 
 
@@ -240,12 +259,14 @@ __all__ = [
     "COLLECTIVES",
     "CPU_EVENTS",
     "GPU_WORK",
+    "KERNEL_NAME_CHARS",
     "STEP_PREFIX",
     "GpuTimes",
     "RankProfile",
     "annotation_times",
     "collective",
     "gpu_times",
+    "kernel_times",
     "load_trace",
     "profile_record",
     "rank_profile",

@@ -46,6 +46,13 @@ def test_log_every_is_passed_on_and_names_the_run(tmp_path) -> None:
     assert run_name(args) == "2gpu-replicate-reshard-never-log10"
 
 
+def test_the_pow2_case_passes_the_recipes_switch_and_nothing_else(tmp_path) -> None:
+    """``nvfp4_pow2`` is ``nvfp4``'s command line and the switch the CLI parses as JSON."""
+    args = parse_options(["--out", str(tmp_path)])
+    nvfp4 = command("nvfp4", args, tmp_path)
+    assert command("nvfp4_pow2", args, tmp_path) == [*nvfp4, "--switch", 'tensor_scale="pow2"']
+
+
 @pytest.mark.parametrize("flags", [["--log-every", "0"], ["--steps", "25", "--log-every", "10"]])
 def test_a_logging_interval_below_1_or_not_dividing_the_steps_is_refused(
     tmp_path, flags, capsys

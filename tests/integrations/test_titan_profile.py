@@ -15,6 +15,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from titan_profile import (  # noqa: E402
+    KERNEL_NAME_CHARS,
     collective,
     load_trace,
     rank_profile,
@@ -84,6 +85,12 @@ def test_a_trace_with_known_numbers_gives_them_per_step() -> None:
         ("cudaLaunchKernel", ms(0.025)),
     ]
     assert profile.annotations == [("FSDP::pre_forward", ms(0.3))]
+    # by name over the launches: the GEMM's two 300 µs, then NCCL's (names cut at 80)
+    assert profile.gpu_kernels == [
+        ("sm90_xmma_gemm_bf16", ms(0.3)),
+        (ALL_GATHER[:KERNEL_NAME_CHARS], ms(0.15)),
+        (REDUCE_SCATTER[:KERNEL_NAME_CHARS], ms(0.05)),
+    ]
 
 
 def test_the_lists_keep_the_largest_names() -> None:
@@ -98,6 +105,7 @@ def test_the_report_names_each_time() -> None:
     assert lines[0].endswith("; 2 kernels") and "GPU idle " in lines[0]
     assert lines[1].startswith("  CPU self: aten::mm ")
     assert lines[2] == "  annotations: FSDP::pre_forward 0.30"
+    assert lines[3].startswith("  GPU kernels: sm90_xmma_gemm_bf16 0.30, ncclDevKernel_AllGather")
 
 
 def test_a_trace_without_a_recorded_step_is_refused() -> None:
