@@ -15,10 +15,8 @@ QuantizedLinear step of bench_nn). Rows of case ``nvfp4_two_orientation``:
   ``..._amax<K>``: at the default tile, the amax launch's tiles K times its tokens
   (``--amax-tokens``; the default `two_orientation.AMAX_TOKENS`); ``..._unstaged``
   (``--unstaged``): the operands stored from each thread's own blocks, not as the
-  tile's matrices (`two_orientation.STAGED_STORES` off); ``..._coalesced_amax``
-  (``--coalesced-amax``): the amax launch's gather across the features
-  (`two_orientation.COALESCED_AMAX` on). Each is checked bit for
-  bit against the separate path before it is timed.
+  tile's matrices (`two_orientation.STAGED_STORES` off). Each is checked bit for bit
+  against the separate path before it is timed.
 - ``stochround_separate_dy``, ``stochround_separate_x``: the separate path a step takes
   while `orientations.SERVES_STEPS` is off (the row-wise operand, then the transpose kernel
   and the column-wise operand, each with its amax and quantize launches).
@@ -29,7 +27,7 @@ time over the separate path's.
     python benchmarks/bench_pair.py                                   # GPU, 8192 x 4096
     python benchmarks/bench_pair.py --tile 16x64 --tile 64x64 --warps 4 --warps 8
     python benchmarks/bench_pair.py --amax-tokens 1 --amax-tokens 4
-    python benchmarks/bench_pair.py --unstaged --coalesced-amax
+    python benchmarks/bench_pair.py --unstaged
     python benchmarks/bench_pair.py --device cpu --tokens 48 --features 64  # smoke test
 """
 
@@ -55,7 +53,7 @@ def pair_run(x: Tensor, name: str, **settings: object) -> Run:
     """Both operands of x as ``name``'s roles ("input", "grad_output") by the pair's
     launches (`PreparedPair`), prepared with `stochround.kernels.two_orientation`'s
     ``settings`` in place of its defaults (TILE_TOKENS, TILE_FEATURES, _NUM_WARPS,
-    AMAX_TOKENS, STAGED_STORES, COALESCED_AMAX), checked against the separate path."""
+    AMAX_TOKENS, STAGED_STORES), checked against the separate path."""
     from stochround.kernels import two_orientation
     from stochround.nn.orientations import PreparedPair
 
@@ -127,11 +125,6 @@ def main() -> int:
         action="store_true",
         help="time too the operands stored from each thread's blocks (STAGED_STORES off)",
     )
-    add(
-        "--coalesced-amax",
-        action="store_true",
-        help="time too the amax launch gathering across the features (COALESCED_AMAX on)",
-    )
     args = bench.parse_args()
     if args.tokens % 16 or args.features % 16:
         bench.parser.error(
@@ -160,8 +153,6 @@ def main() -> int:
             variants[f"amax{factor}"] = {"AMAX_TOKENS": factor}
         if args.unstaged:
             variants["unstaged"] = {"STAGED_STORES": False}
-        if args.coalesced_amax:
-            variants["coalesced_amax"] = {"COALESCED_AMAX": True}
         for suffix, settings in variants.items():
             build = partial(pair_run, x, name, **settings)
             bench.add(CASE, f"stochround_pair_{tensor}_{suffix}", build, ours=True)

@@ -7,8 +7,8 @@
 #   bash benchmarks/run_gpu_pair.sh model               # a second one
 #
 # - tests: their GPU tests (PAIR_TESTS: the kernels, the blocks, the layers' step routes);
-# - pair: benchmarks/bench_pair.py with its variants (PAIR_ARGS: the old stores, the amax
-#   launch's coalesced gather), the pair's floor and the separate path in the same run;
+# - pair: benchmarks/bench_pair.py with its variants (PAIR_ARGS: the unstaged stores), the
+#   pair's floor and the separate path in the same run;
 # - layer: benchmarks/bench_nn.py's 8192 x 4096 x 4096 layer step (bf16, nvfp4(), the
 #   pow2 flavour, torchao's compiled emulation);
 # - model: benchmarks/bench_model.py's GPT-2-small rows (MODEL_ROWS; reduce-overhead).
@@ -68,7 +68,7 @@ for part in "${PARTS[@]}"; do
     pair)
         PYTHONPATH=/tmp/site:src stage "bench_pair" "$OUT/bench.log" 90 \
             python3 benchmarks/bench_pair.py --results "$ROWS" --out "$OUT" \
-            ${PAIR_ARGS:---unstaged --coalesced-amax}
+            ${PAIR_ARGS:---unstaged}
         ;;
     layer | model)
         "$part" src "$ROWS"

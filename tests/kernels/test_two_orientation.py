@@ -94,9 +94,9 @@ def test_both_orientations_equal_separate_quantizations(
 @pytest.mark.parametrize("rht, tile_tokens", [(None, 16), (16, 16), (16, 32), (32, 32)])
 @pytest.mark.parametrize("dtype, flavour", [(torch.bfloat16, "te"), (torch.float16, "te"),
                                            (torch.bfloat16, "pow2")])  # fmt: skip
-@pytest.mark.parametrize("staged, coalesced", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("staged", [True, False])
 def test_many_tiles_equal_separate_quantizations(
-    mode, rht, tile_tokens, dtype, flavour, staged, coalesced, monkeypatch
+    mode, rht, tile_tokens, dtype, flavour, staged, monkeypatch
 ):
     """Tiles smaller than x (as the compiled kernel's): 70 tokens (padded to 80, the last
     token tile partly padding) by 80 features (the last 32-feature tile partly outside
@@ -104,9 +104,8 @@ def test_many_tiles_equal_separate_quantizations(
     streams at different offsets give the separate path's bits in every tile; RHT-32
     (signs by the token's place in its 32) pads to 96 tokens.  Both stores: the tiles as
     matrices (`STAGED_STORES`, masked at x's and the padding's ends) and each thread's
-    blocks; both gathers of the amax launch (`COALESCED_AMAX`)."""
+    blocks."""
     monkeypatch.setattr(two_orientation, "STAGED_STORES", staged)
-    monkeypatch.setattr(two_orientation, "COALESCED_AMAX", coalesced)
     monkeypatch.setattr(two_orientation, "TILE_TOKENS", tile_tokens)
     monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
     tokens, features, padded = 70, 80, 96 if rht == 32 else 80
@@ -207,10 +206,8 @@ def test_whole_tiles_equal_separate_quantizations(mode, special, dtype, staged, 
     """x's tokens and features filling whole tiles (no padding tokens) take the mask-free
     launch, which gives the separate path's bits: 32 x 64 in tiles of 16 x 32, a zero
     block, tiny blocks, and an infinity or a NaN (its blocks' products bf16's canonical
-    NaN, an infinity's blocks saturated); both stores (`STAGED_STORES`), and the amax
-    launch's gather across the features with the staged stores (`COALESCED_AMAX`)."""
+    NaN, an infinity's blocks saturated); both stores (`STAGED_STORES`)."""
     monkeypatch.setattr(two_orientation, "STAGED_STORES", staged)
-    monkeypatch.setattr(two_orientation, "COALESCED_AMAX", staged)
     monkeypatch.setattr(two_orientation, "TILE_TOKENS", 16)
     monkeypatch.setattr(two_orientation, "TILE_FEATURES", 32)
     generator = torch.Generator().manual_seed(32)

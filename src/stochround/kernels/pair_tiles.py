@@ -22,11 +22,7 @@ class PairTiling(NamedTuple):
     a constant: every element's offset from its thread's first is an immediate, and a
     program's tile a division by a constant); EVEN: x's tokens fill whole tiles with no
     padding tokens and its features whole tiles (no masks); STAGED: the operands stored
-    as tile matrices (`two_orientation.STAGED_STORES`); FEATURES_FIRST: the column-wise
-    blocks taken a token chunk at a time across the tile's features
-    (`two_orientation.COALESCED_AMAX`; the amax launch alone, under no rotation or
-    RHT-16: the quantize launch's staged column store and a larger rotation take them
-    feature by feature)."""
+    as tile matrices (`two_orientation.STAGED_STORES`)."""
 
     TOKENS: int
     FEATURES: int
@@ -34,7 +30,6 @@ class PairTiling(NamedTuple):
     X_FEATURES: int
     EVEN: bool
     STAGED: bool
-    FEATURES_FIRST: bool
 
 
 @triton.jit
@@ -47,22 +42,16 @@ def tile_start(program, TILING: tl.constexpr):
 
 
 @triton.jit
-def _block_places(
-    first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr, LINES_FIRST: tl.constexpr
-):
+def _block_places(first_line, first, LINES: tl.constexpr, LENGTH: tl.constexpr):
     """A LINES x LENGTH tile (its first line and element ``first_line``, ``first``) cut
     into blocks of 16 along its lines, as [LINES * LENGTH // 16, 4, 4] (block, group,
-    lane): each block's line ([blocks, 1, 1]) and each element's place along its line.
-    The blocks in the order of their lines' blocks, line by line, or (LINES_FIRST) the
-    tile's first block of each line, then its second, and so on."""
+    lane): each block's line ([blocks, 1, 1]) and each element's place along its line,
+    the blocks line by line."""
     CHUNKS: tl.constexpr = LENGTH // 16
     block = tl.arange(0, LINES * CHUNKS)[:, None, None]
     group = tl.arange(0, 4)[None, :, None]
     lane = tl.arange(0, 4)[None, None, :]
-    if LINES_FIRST:
-        line, chunk = block % LINES, block // LINES
-    else:
-        line, chunk = block // CHUNKS, block % CHUNKS
+    line, chunk = block // CHUNKS, block % CHUNKS
     return first_line + line, first + chunk * 16 + group * 4 + lane
 
 
@@ -72,9 +61,7 @@ def row_blocks(x_ptr, first_token, first_feature, tokens, TILING: tl.constexpr):
     zero beyond x), their places in x (and in the row-wise operand: the same layout) and
     whether they lie in x (not read where TILING.EVEN).  x's features are a multiple of 16:
     each group of four is one vector access."""
-    token, feature = _block_places(
-        first_token, first_feature, TILING.TOKENS, TILING.FEATURES, False
-    )
+    token, feature = _block_places(first_token, first_feature, TILING.TOKENS, TILING.FEATURES)
     position = token * TILING.X_FEATURES + feature
     inside = (token < tokens) & (feature < TILING.X_FEATURES)
     if TILING.EVEN:
@@ -110,9 +97,7 @@ def column_blocks(
     them (`rounded_to_bf16`: any NaN a NaN, which is all the quantization reads of one),
     else in fp32 as the butterfly leaves them.  Also returns the values before the
     rotation."""
-    feature, token = _block_places(
-        first_feature, first_token, TILING.FEATURES, TILING.TOKENS, TILING.FEATURES_FIRST
-    )
+    feature, token = _block_places(first_feature, first_token, TILING.FEATURES, TILING.TOKENS)
     features: tl.constexpr = TILING.X_FEATURES
     if TILING.EVEN:
         x = tl.load(x_ptr + token * features + feature)

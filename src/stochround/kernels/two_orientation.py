@@ -82,12 +82,6 @@ AMAX_TOKENS = 2
 # of bf16, which its vector stores fill a quarter at a time, so each store instruction
 # sends the L2 a partial write per thread
 STAGED_STORES = True
-# the amax launch's column-wise gather across the features (a warp's threads on
-# consecutive features, so Triton loads the tile as wide runs of x's rows and moves them
-# to the blocks' layout through shared memory), rather than feature by feature (16 narrow
-# loads a thread, each touching several rows): more instructions, fewer and wider loads;
-# off until timed (benchmarks/bench_pair.py --coalesced-amax)
-COALESCED_AMAX = False
 
 
 @triton.jit
@@ -220,8 +214,6 @@ def two_orientation_kernel(
     amax (2 fp32, raised by atomic maxima) where they record.  ``padded`` and
     X_FEATURES are multiples of 16, which Triton's specialization sees (``padded`` is not
     in do_not_specialize): the row-wise loads and both stores are vector accesses."""
-    # the staged column store reads the blocks feature by feature
-    tl.static_assert(not TILING.FEATURES_FIRST, "the quantize launch gathers feature by feature")
     first_token, first_feature = tile_start(tl.program_id(0), TILING)
     seed = tl.load(seed_ptr)
     bits, position, inside = row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
@@ -355,11 +347,8 @@ class PreparedTwoOrientations:
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
             # the amax launch's tiles: AMAX_TOKENS times the quantize launch's tokens
-            # across the features only where each block rotates alone (a larger rotation
-            # spans blocks of one feature, which must then follow one another)
-            across = COALESCED_AMAX and self.rotation.SIZE <= PAIR_BLOCK
             amax_tiling, self.amax_programs = pair_tiling(
-                tokens, features, padded, side * AMAX_TOKENS, across
+                tokens, features, padded, side * AMAX_TOKENS
             )
             self.amax = _amax_launch(
                 amax_tiling,
@@ -425,12 +414,10 @@ class PreparedTwoOrientations:
         return PairOperands(row, column, scales, None if self.folded else decodes)
 
 
-def pair_tiling(
-    tokens: int, features: int, padded: int, side: int, features_first: bool = False
-) -> tuple[PairTiling, int]:
+def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[PairTiling, int]:
     """The `PairTiling` of tiles of ``side`` tokens (a multiple of the rotation's size) and
     TILE_FEATURES features over x ``(tokens, features)`` padded to ``padded`` tokens, and
-    its programs; ``features_first``: its FEATURES_FIRST."""
+    its programs."""
     feature_tiles = cdiv(features, TILE_FEATURES)
     programs = cdiv(padded, side) * feature_tiles
     # the tiles' extents bound every place either orientation computes (masked or not)
@@ -443,7 +430,6 @@ def pair_tiling(
         X_FEATURES=features,
         EVEN=even,
         STAGED=STAGED_STORES,
-        FEATURES_FIRST=features_first,
     )
     return tiling, programs
 
