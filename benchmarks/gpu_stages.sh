@@ -1,10 +1,23 @@
-# Shared by the GPU machine's scripts (run_gpu.sh, run_gpu2.sh, run_gpu_pair.sh), which
-# source it: the carried wheels' install, and stages with time caps inside a deadline.
+# Shared by the GPU machine's scripts (run_gpu.sh, run_gpu2.sh, run_gpu_pair.sh,
+# run_gpu_titan.sh), which source it: the carried wheels' install (torchtitan's apart), and
+# stages with time caps inside a deadline.
 
 install_carried_wheels() {  # the peers' wheels carried in .whl, into /tmp/site
     if compgen -G ".whl/*.whl" >/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
             --upgrade --target /tmp/site .whl/*.whl || exit 1
+    fi
+}
+
+install_titan_wheels() {  # torchtitan carried in .whl/titan, into /tmp/titan, on PYTHONPATH
+    # (benchmarks/titan_wheels.txt), and the datasets stand-in where the machine has none
+    if compgen -G ".whl/titan/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target /tmp/titan .whl/titan/*.whl || exit 1
+        export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/titan
+    fi
+    if ! python3 -c "import datasets" 2>/dev/null; then
+        export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/benchmarks/stand_ins
     fi
 }
 
