@@ -47,7 +47,8 @@ steps is another measurement of tokens/s than one logging every step, and the de
 keeps its names): ``<case>-RUN/rows.jsonl`` (torchtitan's dump folder: one row per logged
 step, its ``step``, loss and tokens/s per device), ``summary-RUN.json`` (per case, by the
 rows' steps: the last loss, the mean loss of the rows in the last tenth of the steps, the
-median tokens/s per device of the rows after the first tenth, and its ratio to bf16's;
+median tokens/s per device of the rows after the first tenth, and its ratio to bf16's,
+the step graphs captured while those rows were timed (``timed_captures``);
 with several GPUs and a one-GPU run's summary in the same folder, also ``over_one_gpu``,
 the tokens/s a GPU over the one-GPU run's, and ``scaling``, the total over the one GPU's:
 the issue's target is ``scaling`` within 10% of the GPUs' count) and ``loss-RUN.png``
@@ -181,16 +182,21 @@ def summary(rows: list[dict[str, float]], profiled: int = 0) -> dict[str, float]
     over the steps since the previous row): the last step and its loss, the mean loss of
     the rows in the last tenth of the steps, and the median tokens/s of the rows after the
     first tenth (start-up, compilation) whose steps all precede the last ``profiled`` steps
-    (the profiler slows those).  With one row a step, a row's figures are its step's."""
+    (the profiler slows those).  With one row a step, a row's figures are its step's.
+    Where the rows count the step graphs' captures, ``timed_captures``: those between the
+    first and the last of the rows timed (layers whose graphs had not settled)."""
     last = int(rows[-1]["step"])
     tenth = max(1, last // 10)
     later = [r for r in rows if tenth < r["step"] <= last - profiled] or rows
-    return {
+    figures = {
         "steps": last,
         "last_loss": rows[-1]["loss"],
         "tail_loss": statistics.fmean(r["loss"] for r in rows if r["step"] > last - tenth),
         "tps": statistics.median(r["tps"] for r in later),
     }
+    if "graph_captures" in rows[-1]:
+        figures["timed_captures"] = later[-1]["graph_captures"] - later[0]["graph_captures"]
+    return figures
 
 
 def profiles(folder: Path) -> list[dict[str, Any]]:

@@ -88,6 +88,16 @@ def test_a_row_every_tenth_step_is_summarized_by_its_steps() -> None:
     }
 
 
+def test_the_graphs_captured_while_timed_are_counted_where_the_rows_have_them() -> None:
+    """Rows counting the step graphs' captures: ``timed_captures`` are those between the
+    first and the last timed row (steps 3 and 17 here: 9 - 4)."""
+    rows = [
+        {"step": step, "loss": 1.0, "tps": 1.0, "graph_captures": min(step, 9) + 1}
+        for step in range(1, 21)
+    ]
+    assert summary(rows, profiled=3)["timed_captures"] == 10 - 4
+
+
 def test_several_gpus_are_compared_with_the_one_gpu_run_of_the_same_options(tmp_path) -> None:
     """``scaling``: the total tokens/s over the one-GPU run's (2 GPUs at 0.9x a GPU: 1.8x),
     against the one-GPU run with the same policy and interval, else the default policy's;

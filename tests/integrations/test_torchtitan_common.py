@@ -158,6 +158,27 @@ def test_titan_command_trains_a_tiny_model_on_the_cpu(tmp_path, steps, flags, lo
     assert rows[0]["recipe"] == "int8" and rows[0]["optimizer"] == "SRAdamW"
     assert all(row["loss"] > 0 and row["tps"] > 0 for row in rows)
     assert f"step {logged[-1]}: loss" in result.output
+    # no step graph on the CPU
+    assert all(row["graph_captures"] == row["graph_replays"] == 0 for row in rows)
+
+
+def test_a_row_counts_the_step_graphs_captures_and_replays_so_far(tmp_path, monkeypatch) -> None:
+    """Each row holds the process's step-graph counts at its step (`STEP_GRAPHS`), so that
+    captures going on while the steps are timed show in the rows."""
+    from stochround.integrations.torchtitan.rows import RowsLogger
+    from stochround.nn.step_graphs import STEP_GRAPHS
+
+    logger = RowsLogger(tmp_path / "rows.jsonl", {"recipe": "nvfp4"})
+    metrics = {"loss_metrics/global_avg_loss": 2.5, "throughput(tps)": 100.0}
+    monkeypatch.setattr(STEP_GRAPHS, "captures", 3)
+    monkeypatch.setattr(STEP_GRAPHS, "replays", 7)
+    logger.log(metrics, 1)
+    monkeypatch.setattr(STEP_GRAPHS, "captures", 4)
+    monkeypatch.setattr(STEP_GRAPHS, "replays", 19)
+    logger.log(metrics, 2)
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [(row["graph_captures"], row["graph_replays"]) for row in rows] == [(3, 7), (4, 19)]
+    assert rows[0]["recipe"] == "nvfp4" and rows[1]["loss"] == 2.5
 
 
 def test_titan_command_bad_recipe_is_a_bad_input_exit(tmp_path) -> None:

@@ -1,9 +1,12 @@
 """The rows of a stochround torchtitan run: one JSON line per logged step in ``rows.jsonl``.
 
-``{"step", "loss", "tps", "recipe", "optimizer", "flavor", "device", "world_size"}``,
-``tps`` being tokens per second per device.  `RowsLogger` takes the place of torchtitan's
-metric logger in its trainer (both APIs name the metrics ``loss_metrics/global_avg_loss``
-and ``throughput(tps)``).
+``{"step", "loss", "tps", "graph_captures", "graph_replays", "recipe", "optimizer",
+"flavor", "device", "world_size"}``, ``tps`` being tokens per second per device and the
+graph counts the process's layers' CUDA step graphs captured and replayed so far
+(`stochround.nn.step_graphs`; 0 on the CPU): captures that go on step after step are
+layers whose graphs have not settled, each capture costing the step a warm-up run.
+`RowsLogger` takes the place of torchtitan's metric logger in its trainer (both APIs name
+the metrics ``loss_metrics/global_avg_loss`` and ``throughput(tps)``).
 
 torchtitan logs step 1 and every step that its ``metrics.log_freq`` divides
 (``titan_config(log_every=N)``; 1, every step, by default).  A row's ``step`` is the step
@@ -21,6 +24,8 @@ import json
 import numbers
 from pathlib import Path
 from typing import Any
+
+from ...nn.step_graphs import STEP_GRAPHS
 
 
 class RowsLogger:
@@ -41,7 +46,14 @@ class RowsLogger:
             self.write(step, metrics["loss_metrics/global_avg_loss"], metrics["throughput(tps)"])
 
     def write(self, step: int, loss: float, tps: float) -> None:
-        row = {"step": step, "loss": float(loss), "tps": float(tps), **self.fields}
+        row = {
+            "step": step,
+            "loss": float(loss),
+            "tps": float(tps),
+            "graph_captures": STEP_GRAPHS.captures,
+            "graph_replays": STEP_GRAPHS.replays,
+            **self.fields,
+        }
         with self.path.open("a") as file:
             file.write(json.dumps(row) + "\n")
 
