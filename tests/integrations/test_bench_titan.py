@@ -111,3 +111,26 @@ def test_several_gpus_are_compared_with_the_one_gpu_run_of_the_same_options(tmp_
     assert results["bf16"]["over_one_gpu"] == pytest.approx(0.9)
     assert results["bf16"]["scaling"] == pytest.approx(1.8)
     assert "scaling" not in results["nvfp4"] and "scaling" not in results["fp8"]
+
+
+def test_the_datasets_stand_in_holds_torchtitans_names_and_refuses_them() -> None:
+    """benchmarks/stand_ins/datasets (for a GPU machine without Hugging Face datasets):
+    the names torchtitan 0.2.2 imports from ``datasets`` and ``datasets.distributed``
+    (loaded under names of their own: a test process may have the real package)."""
+    import importlib.util
+
+    def loaded(name: str, path: Path) -> object:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    folder = BENCHMARKS / "stand_ins" / "datasets"
+    package = loaded("datasets_stand_in", folder / "__init__.py")
+    distributed = loaded("datasets_stand_in_distributed", folder / "distributed.py")
+    assert isinstance(package.Dataset, type) and isinstance(package.IterableDataset, type)
+    with pytest.raises(RuntimeError, match="the datasets stand-in loads nothing"):
+        package.load_dataset("c4")
+    with pytest.raises(RuntimeError, match="the datasets stand-in splits nothing"):
+        distributed.split_dataset_by_node(None, rank=0, world_size=1)
