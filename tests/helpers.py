@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
+import sys
+import types
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,6 +36,17 @@ TEST_FORMATS = [
     "cfloat8_e4m3_b20",
     "cfloat8_e5m2_b40",
 ]
+
+
+def module_from_file(name: str, path: Path) -> types.ModuleType:
+    """The Python file at ``path`` imported as module ``name`` (registered in
+    ``sys.modules`` under that name, as an imported module is)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def assert_same_tensors(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:

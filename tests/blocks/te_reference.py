@@ -22,6 +22,7 @@ from unittest import mock
 
 import pytest
 import torch
+from helpers import module_from_file
 
 RECIPES = ("transformer_engine", "pytorch", "custom_recipes")
 TE_VERSION = "2.20.2"
@@ -34,15 +35,6 @@ def recipes_folder() -> Path | None:
         return None
     folder = Path(next(iter(spec.submodule_search_locations))).joinpath(*RECIPES[1:])
     return folder if (folder / "reference_nvfp4.py").is_file() else None
-
-
-def _module_from_file(name: str, path: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _stub(name: str, **attributes: Any) -> types.ModuleType:
@@ -88,10 +80,10 @@ def load() -> types.ModuleType:
     }
     # the stand-ins live in sys.modules only while the files load
     with mock.patch.dict(sys.modules, stubs):
-        utils = _module_from_file(f"{package}.reference_utils", folder / "reference_utils.py")
+        utils = module_from_file(f"{package}.reference_utils", folder / "reference_utils.py")
         stubs[package].reference_utils = utils
-        stubs[package].gemm = _module_from_file(f"{package}.gemm", folder / "gemm.py")
-        return _module_from_file(f"{package}.reference_nvfp4", folder / "reference_nvfp4.py")
+        stubs[package].gemm = module_from_file(f"{package}.gemm", folder / "gemm.py")
+        return module_from_file(f"{package}.reference_nvfp4", folder / "reference_nvfp4.py")
 
 
 def te_global_amax(x: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import module_from_file
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -117,18 +118,9 @@ def test_the_datasets_stand_in_holds_torchtitans_names_and_refuses_them() -> Non
     """benchmarks/stand_ins/datasets (for a GPU machine without Hugging Face datasets):
     the names torchtitan 0.2.2 imports from ``datasets`` and ``datasets.distributed``
     (loaded under names of their own: a test process may have the real package)."""
-    import importlib.util
-
-    def loaded(name: str, path: Path) -> object:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
     folder = BENCHMARKS / "stand_ins" / "datasets"
-    package = loaded("datasets_stand_in", folder / "__init__.py")
-    distributed = loaded("datasets_stand_in_distributed", folder / "distributed.py")
+    package = module_from_file("datasets_stand_in", folder / "__init__.py")
+    distributed = module_from_file("datasets_stand_in_distributed", folder / "distributed.py")
     assert isinstance(package.Dataset, type) and isinstance(package.IterableDataset, type)
     with pytest.raises(RuntimeError, match="the datasets stand-in loads nothing"):
         package.load_dataset("c4")
