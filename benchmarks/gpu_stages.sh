@@ -2,18 +2,20 @@
 # run_gpu_titan.sh), which source it: the carried wheels' install (torchtitan's apart), and
 # stages with time caps inside a deadline.
 
+install_wheels() {  # install_wheels FOLDER TARGET: FOLDER's wheels into TARGET, if any;
+    # false where there are none
+    compgen -G "$1/*.whl" >/dev/null || return 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target "$2" "$1"/*.whl || exit 1
+}
+
 install_carried_wheels() {  # the peers' wheels carried in .whl, into /tmp/site
-    if compgen -G ".whl/*.whl" >/dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --upgrade --target /tmp/site .whl/*.whl || exit 1
-    fi
+    install_wheels .whl /tmp/site || true
 }
 
 install_titan_wheels() {  # torchtitan carried in .whl/titan, into /tmp/titan, on PYTHONPATH
     # (benchmarks/titan_wheels.txt), and the datasets stand-in where the machine has none
-    if compgen -G ".whl/titan/*.whl" >/dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --upgrade --target /tmp/titan .whl/titan/*.whl || exit 1
+    if install_wheels .whl/titan /tmp/titan; then
         export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}/tmp/titan
     fi
     if ! python3 -c "import datasets" 2>/dev/null; then

@@ -32,13 +32,9 @@ while IFS= read -r options; do
     # shellcheck disable=SC2086  # each line's options are words
     PYTHONPATH=/tmp/site:src:${PYTHONPATH:-} stage "run$run: $options" "$OUT/titan.log" \
         "${CAP:-240}" python3 benchmarks/bench_titan.py --gpus 1 --out "$OUT/run$run" $options
+    # each run's summary, as bench_titan wrote it
     for summary in "$OUT/run$run"/summary-*.json; do
-        [ -f "$summary" ] && python3 - "$summary" <<'PY'
-import json, sys
-for case, row in json.load(open(sys.argv[1])).items():
-    print(f"  {case}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-                                    for k, v in row.items()))
-PY
+        [ -f "$summary" ] && cat "$summary"
     done | tee -a "$SUMMARY"
 done <<<"$RUNS"
 exit "$status"
