@@ -38,7 +38,7 @@ import gzip
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -171,14 +171,22 @@ def gpu_times(work: list[Event]) -> GpuTimes:
     )
 
 
+def times_by_name(
+    events: Iterable[Event], category: str, name: Callable[[str], str]
+) -> dict[str, float]:
+    """The total duration (µs) of the ``events`` of ``category``, by ``name`` of their
+    names."""
+    totals: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event["cat"] == category:
+            totals[name(event["name"])] += event["dur"]
+    return dict(totals)
+
+
 def kernel_times(work: list[Event]) -> dict[str, float]:
     """Each kernel's total GPU time (µs), by its name's first `KERNEL_NAME_CHARS`
     characters."""
-    totals: dict[str, float] = defaultdict(float)
-    for event in work:
-        if event["cat"] == "kernel":
-            totals[event["name"][:KERNEL_NAME_CHARS]] += event["dur"]
-    return dict(totals)
+    return times_by_name(work, "kernel", lambda full: full[:KERNEL_NAME_CHARS])
 
 
 def split_steps(events: list[Event]) -> tuple[list[float], list[Event]]:
@@ -196,11 +204,7 @@ def split_steps(events: list[Event]) -> tuple[list[float], list[Event]]:
 
 def annotation_times(cpu: list[Event]) -> dict[str, float]:
     """Each annotation's total time (µs), by its short name."""
-    totals: dict[str, float] = defaultdict(float)
-    for event in cpu:
-        if event["cat"] == "user_annotation":
-            totals[short_name(event["name"])] += event["dur"]
-    return dict(totals)
+    return times_by_name(cpu, "user_annotation", short_name)
 
 
 def rank_profile(trace: dict[str, Any], count: int = 8) -> RankProfile:
@@ -274,6 +278,7 @@ __all__ = [
     "self_times",
     "short_name",
     "split_steps",
+    "times_by_name",
     "top",
     "union_length",
 ]
