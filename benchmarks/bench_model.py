@@ -69,10 +69,12 @@ HOWS = ("eager", "compiled", "compiled_cudagraphs", "graphed")
 COMPILE_MODES = {"compiled": None, "compiled_cudagraphs": "reduce-overhead"}
 
 
-def uses_step_graphs(variant: str) -> bool:
-    """Whether ``variant``'s rows run with the layers' step graphs on (the library's
-    default): all but ``nvfp4_no_step_graphs``."""
-    return variant != "nvfp4_no_step_graphs"
+def uses_step_graphs(variant: str, how: str) -> bool:
+    """Whether ``variant``'s rows run ``how`` with the layers' step graphs on (the
+    library's default): all but ``nvfp4_no_step_graphs`` and ``compiled_cudagraphs``
+    (reduce-overhead captures the whole step: with the step graphs off the trace keeps the
+    forward's operands, as the recipes guide, "torch.compile", advises)."""
+    return variant != "nvfp4_no_step_graphs" and how != "compiled_cudagraphs"
 
 
 def build_model(shape: tuple[int, int, int, int], variant: str, device: torch.device) -> GPT:
@@ -116,10 +118,7 @@ def row(
     call = step(runner, inputs)  # type: ignore[arg-type]
     if how == "graphed":
         call = harness.graph_of(call)
-    # reduce-overhead captures the whole step: the layers' step graphs off, so that the
-    # trace keeps the forward's operands (recipes guide, "torch.compile")
-    step_graphs = uses_step_graphs(variant) and how != "compiled_cudagraphs"
-    call = harness.with_step_graphs(call, step_graphs)
+    call = harness.with_step_graphs(call, uses_step_graphs(variant, how))
 
     def check(loss: object) -> str:
         value = float(loss)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ three steps) against the wall time of ten, and the kernels that take most of it.
 The model is `bench_model.py`'s GPT (``--preset gpt2-small``: 12 blocks, d = 768, 8 x
 1024 tokens) under a variant, eager, compiled (inductor, default mode) or
 ``compiled_cudagraphs`` (``mode="reduce-overhead"``: the whole step replayed as CUDA
-graphs, inside which the layers' step graphs stand aside):
+graphs, with the layers' step graphs off, as `bench_model.py`'s rows run it):
 
     python benchmarks/profile_model.py --variant nvfp4 --how compiled --steps 24
     python benchmarks/profile_model.py --variant bf16 --how compiled
@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least 1 and --top at least 0")
     d_model, layers, heads, context, batch = PRESETS[args.preset]
     device = torch.device("cuda")
-    use_step_graphs(False)  # drops any graphs, then on unless the variant says off
-    use_step_graphs(uses_step_graphs(args.variant))
+    use_step_graphs(False)  # drops any graphs, then on as bench_model's rows run
+    use_step_graphs(uses_step_graphs(args.variant, args.how))
     model = build_model((d_model, layers, heads, context), args.variant, device)
     runner = model if args.how == "eager" else torch.compile(model, mode=COMPILE_MODES[args.how])
     call = step(runner, Inputs(batch, context, device))  # type: ignore[arg-type]

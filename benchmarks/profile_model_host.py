@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--warmup and --top must be at least 0, --steps at least 1")
     d_model, layers, heads, context, batch = PRESETS[args.preset]
     device = torch.device(args.device)
-    use_step_graphs(False)  # drops any graphs, then on unless the variant says off
-    use_step_graphs(uses_step_graphs(args.variant))
+    use_step_graphs(False)  # drops any graphs, then on as bench_model's rows run
+    use_step_graphs(uses_step_graphs(args.variant, args.how))
     shape = (d_model, args.layers or layers, heads, context)
     model = build_model(shape, args.variant, device)
     runner = model if args.how == "eager" else torch.compile(model, mode=COMPILE_MODES[args.how])
