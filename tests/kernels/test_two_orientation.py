@@ -453,3 +453,40 @@ def test_given_scales_and_records_give_the_separate_bits_and_the_amaxes(
     )  # fmt: skip
     assert torch.equal(pair.row, row_values) and torch.equal(pair.column, column_values)
     assert torch.equal(pair.decodes[0], given[0]) and torch.equal(pair.decodes[1], given[2])
+
+
+@pytest.mark.parametrize("dtype, rht_bf16", [(torch.bfloat16, False), (torch.float16, True)])
+@pytest.mark.parametrize("special", [None, float("inf"), float("nan")])
+def test_the_amax_launch_alone_gives_the_specs_amaxes(dtype, rht_bf16, special):
+    """`PreparedTwoOrientations.amaxes` (the amax launch alone, as a delayed layer's device
+    route takes it): x's max |x| and the rotated, padded x^T's, bit for bit the spec's
+    pass over each orientation (`amax_history.operand_amax`), infinity included, a NaN
+    as a NaN; refused where the orientations have no tensor scales."""
+    from types import SimpleNamespace
+
+    from stochround.nn.amax_history import operand_amax
+
+    tokens, features, padded = 40, 32, 48
+    generator = torch.Generator().manual_seed(5)
+    x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, dtype)
+    if special is not None:
+        x[9, 3] = special
+    signs = random_signs(16, 4, offset=2, device=DEVICE)
+    row = orientation(E2M1, "rne", 32, "c", 2, record=True)
+    column = orientation(E2M1, "sr", 32, "c", 2, record=True)
+    prepared = PreparedTwoOrientations(
+        x, padded, row, column, rht=16, rht_signs=signs, rht_bf16=rht_bf16
+    )
+    got = prepared.amaxes(x, signs)
+    plain = SimpleNamespace(rht=None, rht_bf16=False)
+    rotated = SimpleNamespace(rht=16, rht_bf16=rht_bf16)
+    x_t = functional.pad(x.T.contiguous(), (0, padded - tokens))
+    expected = torch.stack([operand_amax(x, plain, None), operand_amax(x_t, rotated, signs)])
+    # a NaN amax is NaN (its payload the kernels' canonical one: the spec's fp16 amax
+    # reduction leaves another), every other amax bit for bit
+    both_nan = got.isnan() & expected.isnan()
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got[~both_nan].view(torch.int32), expected[~both_nan].view(torch.int32))
+    bare = (orientation(E2M1, "rne", 32, "c", 0) for _ in range(2))
+    with pytest.raises(ValueError, match="without tensor scales"):
+        PreparedTwoOrientations(x, padded, *bare).amaxes(x, None)

@@ -351,8 +351,8 @@ def routed_operands(
     for its first ``eager_steps`` steps; ``captured_at``: from that step on the ops' bodies
     run as inside a CUDA-graph capture (`amax_history.stream_capturing` says so).
     Operands are keyed by the step their stream offset is drawn at; amax passes (the
-    kernels' tensor-scale launch, the pair's amax launch, the spec's `operand_amax`) by the
-    layer's step."""
+    kernels' tensor-scale launch, the pair's amax launch, alone or before its quantize
+    launch, the spec's `operand_amax`) by the layer's step."""
     torch.manual_seed(0)
     device, context = cuda_route(route)
     layer = model_of("delayed")[0].to(device)
@@ -411,7 +411,14 @@ def routed_operands(
             count_pass()  # the pair's amax launch runs
         return pair_kernel(self, *args)  # type: ignore[arg-type]
 
+    pair_amaxes = two_orientation.PreparedTwoOrientations.amaxes
+
+    def pair_amax_pass(self: two_orientation.PreparedTwoOrientations, *args: object) -> Tensor:
+        count_pass()  # the pair's amax launch alone (the device's delayed scales)
+        return pair_amaxes(self, *args)  # type: ignore[arg-type]
+
     capturing = [False]
+    monkeypatch.setattr(two_orientation.PreparedTwoOrientations, "amaxes", pair_amax_pass)
     monkeypatch.setattr(opaque_matmul, "warm_up", warm_up_unseen)
     monkeypatch.setattr(delayed_ops, "warm_up", warm_up_unseen)
     monkeypatch.setattr(matmul, "quantize_operand", spy)

@@ -398,13 +398,8 @@ class PreparedTwoOrientations:
             row_decode, _, column_decode, _ = scales.unbind(0)
             decodes = (row_decode, column_decode)
         elif self.tensor_scales:
-            programs = self.amax_programs
             scales, decodes = self.own_scales or pair_scales(x)
-            partial, counter = self.tickets
-            self.amax(
-                self.device_index, programs, x, partial, rht_signs, tokens, self.padded, programs,
-                counter, self.amax_sink, scales,
-            )  # fmt: skip
+            self.launch_amax(x, rht_signs, self.amax_sink, scales)
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
         self.quantize(
@@ -412,6 +407,34 @@ class PreparedTwoOrientations:
             row_offset, column_offset, tokens, self.padded,
         )  # fmt: skip
         return PairOperands(row, column, scales, None if self.folded else decodes)
+
+    def amaxes(self, x: Tensor, rht_signs: Tensor | None) -> Tensor:
+        """Both orientations' current amaxes (2 fp32: x's, then the rotated and padded
+        x^T's, each rounded as the quantize launch rounds the rotated values) by the amax
+        launch alone: what a delayed tensor scale records, and takes where its window is
+        empty.  ValueError where the orientations have no tensor scales (no amax
+        launch)."""
+        self.check(x)
+        if not self.tensor_scales:
+            raise ValueError("amaxes of orientations without tensor scales (no amax launch)")
+        if self.device_index >= 0 and current_device() != self.device_index:
+            with torch.cuda.device(self.device):
+                return self.amaxes(x, rht_signs)
+        amax = x.new_empty(2, dtype=torch.float32)
+        self.launch_amax(x, rht_signs, amax, pair_scales(x).scales)  # (scales not read)
+        return amax
+
+    def launch_amax(
+        self, x: Tensor, rht_signs: Tensor | None, amax: Tensor, scales: Tensor
+    ) -> None:
+        """The amax launch: both orientations' amaxes into ``amax`` (2 fp32) and their
+        tensor scales into ``scales`` (4 fp32)."""
+        partial, counter = self.tickets
+        programs = self.amax_programs
+        self.amax(
+            self.device_index, programs, x, partial, rht_signs, x.shape[0], self.padded,
+            programs, counter, amax, scales,
+        )  # fmt: skip
 
 
 def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[PairTiling, int]:

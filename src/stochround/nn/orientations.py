@@ -26,12 +26,15 @@ from ..kernels.availability import use_kernel
 from .amax_history import (
     AmaxHistory,
     KernelScale,
-    delayed_operand_scale,
+    delayed_tensor_scale,
     launched_window_scales,
     record_kernel_amaxes,
 )
 from .operands import Operand, one_element, seed_on
 from .step_graphs import kept_by_graphs
+
+if typing.TYPE_CHECKING:  # the kernel module imports Triton
+    from ..kernels.two_orientation import PreparedTwoOrientations
 
 # what the pair quantizer reads
 PAIR_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -147,7 +150,7 @@ class PreparedPair:
                 return None
             given = delayed_pair_scales(history, *self.roles)
             if given is None:  # the spec's scales, recorded by it
-                given, by_launch = device_pair_scales(x, self.roles, self.padded, rotation, history)
+                given, by_launch = device_pair_scales(x, self.roles, self.kernel, rotation, history)
         key = seed_on(seed, self.device)
         offsets = (one_element(row_offset), one_element(column_offset))
         pair = self.kernel(x, key, *offsets, rotation, *(given or (None, None)))
@@ -187,25 +190,26 @@ def delayed_pair_scales(history: AmaxHistory, row: Operand, column: Operand) -> 
 def device_pair_scales(
     x: Tensor,
     roles: tuple[Operand, Operand],
-    padded: int,
+    kernel: PreparedTwoOrientations,
     signs: Tensor | None,
     history: AmaxHistory,
 ) -> tuple[KernelScale, bool]:
-    """Both roles' tensor scales at the history's step as the spec's route computes them
-    (`stochround.nn.amax_history.delayed_operand_scale`: the window's on the device, or
-    the current amax's, a pass over each orientation: x, and ``pad_tokens(x^T)`` rotated
-    by ``signs``), each current amax recorded by it, given to the pair's launch (4 fp32)
-    with a record no one reads; and False: the launch's record is not to be written.  So
-    the pair serves every step of a delayed layer, its operands laid out alike whatever
-    the host knows (a compiled forward op declares x's wgrad operand's layout at trace
-    time, `stochround.nn.opaque_matmul.kept_layouts`), the same bits as each orientation
-    quantized on its own with these scales."""
-    row, column = roles
-    transposed = torch.nn.functional.pad(x.t(), (0, padded - x.shape[0])).contiguous()
-    scales = [
-        delayed_operand_scale(x, row.role, row.spec, None, history),
-        delayed_operand_scale(transposed, column.role, column.spec, signs, history),
-    ]
+    """Both roles' tensor scales at the history's step as the spec computes them
+    (`stochround.nn.amax_history.delayed_tensor_scale`: the window's on the device, or the
+    current amax's), each current amax recorded, given to the pair's launch (4 fp32) with
+    a record no one reads; and False: the launch's record is not to be written.  The
+    current amaxes, of x and of ``pad_tokens(x^T)`` rotated by ``signs``, come from the
+    pair's amax launch (`PreparedTwoOrientations.amaxes`: one read of x), the values the
+    spec's own pass over each orientation gives (`delayed_operand_scale`; tested equal, a
+    NaN amax as a NaN).  So the pair serves every step of a delayed layer, its operands
+    laid out alike whatever the host knows (a compiled forward op declares x's wgrad
+    operand's layout at trace time, `stochround.nn.opaque_matmul.kept_layouts`), the same
+    bits as each orientation quantized on its own with these scales."""
+    current = kernel.amaxes(x, signs)
+    scales = []
+    for entry, amax in zip(roles, current.unbind(0), strict=True):
+        scales.append(delayed_tensor_scale(history, entry.role, entry.spec.amax_history, amax))
+        record_kernel_amaxes(history, (entry.role,), amax)
     given = torch.cat([torch.stack(tuple(scale)) for scale in scales])
     return KernelScale(given, history.amaxes.new_zeros(2)), False
 
