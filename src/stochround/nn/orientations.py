@@ -206,10 +206,12 @@ def device_pair_scales(
     operand's layout at trace time, `stochround.nn.opaque_matmul.kept_layouts`), the same
     bits as each orientation quantized on its own with these scales."""
     current = kernel.amaxes(x, signs)
-    scales = []
-    for entry, amax in zip(roles, current.unbind(0), strict=True):
-        scales.append(delayed_tensor_scale(history, entry.role, entry.spec.amax_history, amax))
-        record_kernel_amaxes(history, (entry.role,), amax)
+    scales = [
+        delayed_tensor_scale(history, entry.role, entry.spec.amax_history, amax)
+        for entry, amax in zip(roles, current.unbind(0), strict=True)
+    ]
+    # (each role records in its own row, which the other's scale does not read)
+    record_kernel_amaxes(history, tuple(entry.role for entry in roles), current)
     given = torch.cat([torch.stack(tuple(scale)) for scale in scales])
     return KernelScale(given, history.amaxes.new_zeros(2)), False
 
