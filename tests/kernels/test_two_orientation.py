@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from stochround.kernels.blocks import gemm_blocks, nvfp4_tensor_scale
 from stochround.kernels.pair_records import orientation
 from stochround.kernels.two_orientation import PreparedTwoOrientations
 from stochround.nn import orientations
+from stochround.nn.amax_history import operand_amax
 
 E2M1 = find_format("e2m1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -462,10 +464,6 @@ def test_the_amax_launch_alone_gives_the_specs_amaxes(dtype, rht_bf16, special):
     route takes it): x's max |x| and the rotated, padded x^T's, bit for bit the spec's
     pass over each orientation (`amax_history.operand_amax`), infinity included, a NaN
     as a NaN; refused where the orientations have no tensor scales."""
-    from types import SimpleNamespace
-
-    from stochround.nn.amax_history import operand_amax
-
     tokens, features, padded = 40, 32, 48
     generator = torch.Generator().manual_seed(5)
     x = (torch.randn(tokens, features, generator=generator) * 3).to(DEVICE, dtype)
