@@ -359,8 +359,10 @@ class PreparedTwoOrientations:
             )
             # both orientations' partial maxima and the counter, made once
             self.tickets = own_tickets(x, 2 * self.amax_programs)
-            # both amaxes, which no caller reads: written by every launch
+            # both amaxes, which no caller reads: written by every launch; and the tensor
+            # scales of a launch wanted for its amaxes alone (`amaxes`), read by no one
             self.amax_sink = x.new_empty(2, dtype=torch.float32)
+            self.scale_sink = x.new_empty(4, dtype=torch.float32)
         self.own_scales: PairScales | None = None
         if self.tensor_scales and transient:
             self.own_scales = pair_scales(x)
@@ -421,7 +423,7 @@ class PreparedTwoOrientations:
             with torch.cuda.device(self.device):
                 return self.amaxes(x, rht_signs)
         amax = x.new_empty(2, dtype=torch.float32)
-        self.launch_amax(x, rht_signs, amax, pair_scales(x).scales)  # (scales not read)
+        self.launch_amax(x, rht_signs, amax, self.scale_sink)
         return amax
 
     def launch_amax(
