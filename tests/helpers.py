@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import stochround as sr
 from stochround.kernels import availability
-from stochround.nn import graph_copies, linear, opaque_matmul, step_graphs
+from stochround.nn import graph_copies, graph_notes, linear, opaque_matmul, step_graphs
 from stochround.nn.layer_plan import running_gemms
 
 # Every registered format, plus P3109 and CFloat8 formats that exercise p = 1, unsigned
@@ -219,13 +219,13 @@ class RunningGraph:
     """A stand-in CUDA graph for the CPU: each replay runs the captured function on the
     graph's inputs (the call's own tensors in place, else its static copies) and writes
     its results into the graph's outputs, as a replay of the real graph would; its notes
-    (`step_graphs.host_note`) dropped, as a replay runs no Python."""
+    (`graph_notes.host_note`) dropped, as a replay runs no Python."""
 
     def __init__(self, function: Callable, inputs: tuple, rest: tuple, outputs: tuple) -> None:
         self.function, self.inputs, self.rest, self.outputs = function, inputs, rest, outputs
 
     def replay(self) -> None:
-        with step_graphs.noting():
+        with graph_notes.noting():
             result, _ = step_graphs.graph_outputs(self.function(*self.inputs, *self.rest))
         graph_copies.copy_grouped(self.outputs, result)
 
@@ -243,7 +243,7 @@ def graphs_on_the_cpu(patched: pytest.MonkeyPatch, graphs: step_graphs.StepGraph
         keys.append(graph_key)
         in_place = graph_key[1] is not None
         inputs = tuple(t if in_place or t is None else t.clone() for t in tensors)
-        with step_graphs.noting() as notes:
+        with graph_notes.noting() as notes:
             outputs, single = step_graphs.graph_outputs(function(*inputs, *rest))
         made = step_graphs.captured_call(
             RunningGraph(function, inputs, rest, outputs),  # type: ignore[arg-type]

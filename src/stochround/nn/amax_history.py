@@ -39,9 +39,9 @@ from ..blocks.reference import absolute_max, rht_rotated
 from ..blocks.request import default_signs
 from ..blocks.scales import TensorScale, nvfp4_tensor_scales
 from ..kernels.availability import on_kernel_device
+from .graph_notes import host_note
 from .quant_spec import QuantSpec
 from .recipes import ROLES
-from .step_graphs import host_note
 from .streams import column_step as device_column_step
 
 if TYPE_CHECKING:  # the kernel module imports Triton: only its type here
@@ -210,7 +210,7 @@ Phase = Literal["forward", "recomputed", "backward"]
 
 
 class Recorded(NamedTuple):
-    """A step function's note (`stochround.nn.step_graphs.host_note`) that ``roles`` recorded
+    """A step function's note (`stochround.nn.graph_notes.host_note`) that ``roles`` recorded
     their amaxes at the call's step on the kernels' route: the caller marks them in the
     host's copy (`HostStep.mark`), after the call, run or replayed."""
 

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .amax_history import HostStep, Phase, history_at, host_step
+from .graph_notes import noting
 from .opaque_matmul import (
     backward_step,
     forward_step,
@@ -37,7 +38,7 @@ from .opaque_matmul import (
     save_step,
     wanted,
 )
-from .step_graphs import STEP_GRAPHS, noting
+from .step_graphs import STEP_GRAPHS
 
 Outputs = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
 
@@ -150,7 +151,7 @@ def run_decided(
     terms = graph_terms(x, weight, registered_plan(plan_index, -1))
     rest = (plan_index, *options, record, windows)
     with noting() as notes:
-        outputs = STEP_GRAPHS.run(function, tensors, rest, *terms, mutates=writes)
+        outputs = STEP_GRAPHS.run(function, tensors, rest, *terms, mutates=writes, layer=weight)
     if host is not None:
         host.mark(notes)
     return outputs

@@ -51,9 +51,10 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from ..blocks.tensor import gemm_factor
 from .amax_history import AmaxHistory, warming_up
+from .graph_notes import kept_by_graphs
 from .layer_plan import Plan
 from .matmul import QuantizedMatmul
-from .step_graphs import STEP_GRAPHS, kept_by_graphs
+from .step_graphs import STEP_GRAPHS
 from .step_plan import StepPlan, StepSignature, make_step_plan, step_signature
 from .tensor_parallel import rank_key
 
@@ -226,7 +227,7 @@ def _forward(
     tensors = (x, weight, bias, column)
     rest = (plan_index, rank, wgrad, dgrad)
     terms = graph_terms(x, weight, _PLANS[plan_index])  # (the rank keys words only)
-    outputs = STEP_GRAPHS.run(forward_step, tensors, rest, *terms)
+    outputs = STEP_GRAPHS.run(forward_step, tensors, rest, *terms, layer=weight)
     return typing.cast(tuple[Tensor, Tensor, Tensor, Tensor, Tensor], tuple(outputs))
 
 
@@ -331,7 +332,8 @@ def _backward(
     tensors = (grad, x, weight, column, weight_values, weight_scale, x_t_values, x_t_scale)
     rest = (plan_index, rank, needs, bias_dtype)
     terms = graph_terms(x, weight, _PLANS[plan_index])
-    return typing.cast(list[Tensor], STEP_GRAPHS.run(backward_step, tensors, rest, *terms))
+    grads = STEP_GRAPHS.run(backward_step, tensors, rest, *terms, layer=weight)
+    return typing.cast(list[Tensor], grads)
 
 
 def backward_step(

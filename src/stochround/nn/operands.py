@@ -28,8 +28,8 @@ from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
 from .amax_history import AmaxHistory, delayed_operand_scale, kernel_scale, record_kernel_amaxes
+from .graph_notes import kept_by_graphs
 from .quant_spec import TENSOR_FORMATS, QuantSpec
-from .step_graphs import kept_by_graphs
 from .step_ops import transposed
 
 if TYPE_CHECKING:  # the kernel module imports triton: only its type here

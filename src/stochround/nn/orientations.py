@@ -30,8 +30,8 @@ from .amax_history import (
     launched_window_scales,
     record_kernel_amaxes,
 )
+from .graph_notes import kept_by_graphs
 from .operands import Operand, one_element, seed_on
-from .step_graphs import kept_by_graphs
 
 if typing.TYPE_CHECKING:  # the kernel module imports Triton
     from ..kernels.two_orientation import PreparedTwoOrientations

@@ -21,7 +21,9 @@ inputs, which each replay copies the call's tensors into (one grouped launch).  
 a call whose tensors lie where a call of its key had them before (a training loop's
 allocations repeat step after step) gets a graph of its own that reads them in place, with
 no copy in: each layer of a shape then replays its own graph, and the key's graph of copies
-serves the calls whose addresses do not repeat.  The outputs live in the graphs' shared
+serves the calls whose addresses do not repeat, and a layer's calls once it has
+`IN_PLACE_PER_LAYER` graphs of its own (a model whose allocations do not settle would
+otherwise capture at every step).  The outputs live in the graphs' shared
 pool, which the next replay overwrites: a call returns copies (one grouped launch).
 
 A graph keeps what its replays read: its static inputs, its pool, the cached objects its
@@ -48,21 +50,18 @@ that fails inside CUDA leaves PyTorch's allocator and generator in their capture
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from .graph_copies import CopyPlan, copy_from, copy_into, copy_plan, fresh_copies
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
+from .graph_notes import KEEPING, host_note, noting
 
 # tokens * in_features * out_features of a step above which its layer runs eagerly: the
 # step's device time then exceeds its host time, and a graph would only add its copies
@@ -72,6 +71,11 @@ GRAPHED_MAX_WORK = 2**35
 MAX_GRAPHS = 256
 MAX_GRAPH_BYTES = 2**32
 MAX_SEEN = 1024
+# in-place graphs captured for one layer and key (one set of its tensors' addresses each):
+# a model whose allocations have not settled (each capture moves those of the steps after
+# it) gives a layer's activations new addresses step after step, each of which would be
+# captured in turn; past this many its key's graph of copies serves it
+IN_PLACE_PER_LAYER = 3
 
 
 class Captured(NamedTuple):
@@ -96,71 +100,6 @@ class Captured(NamedTuple):
     copy_out: CopyPlan = CopyPlan(())
     notes: tuple[object, ...] = ()
     copy_back: CopyPlan | None = None
-
-
-class _Keeping(threading.local):
-    """The objects the cached functions return while a graph is captured in this thread
-    (None while none is)."""
-
-    objects: list[object] | None = None
-
-
-KEEPING = _Keeping()
-
-
-class _Notes(threading.local):
-    """The host notes of the step functions called in this thread inside `noting` (None
-    outside it)."""
-
-    notes: list[object] | None = None
-
-
-NOTES = _Notes()
-
-
-def host_note(value: object) -> None:
-    """Tell the caller of a step function, inside `noting`, something the host must know
-    of the call (a delayed layer's roles that recorded their amaxes).  A graph keeps the
-    notes its capture made and gives them again at each replay (the function's Python does
-    not run then): a note must be a function of the call's key, as its launches are."""
-    notes = NOTES.notes
-    if notes is not None:
-        notes.append(value)
-
-
-@contextlib.contextmanager
-def noting() -> Iterator[list[object]]:
-    """The notes (`host_note`) of the step functions called, run or replayed, inside the block,
-    in order."""
-    before = NOTES.notes
-    collected: list[object] = []
-    NOTES.notes = collected
-    try:
-        yield collected
-    finally:
-        NOTES.notes = before
-
-
-def kept_by_graphs(function: Callable[_P, _R]) -> Callable[_P, _R]:
-    """``function`` (a bounded cache of objects that hold device memory the kernels read:
-    prepared launches' scratch, Philox keys, step plans) with each result it returns while
-    a step graph is captured kept by that graph.  The graph reads that memory at every
-    replay; a cache that dropped the object would free it under the graph (a wrong key
-    read, or a fault).  The cache's own methods (``cache_clear``) stay reachable."""
-
-    @functools.wraps(function)
-    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        result = function(*args, **kwargs)
-        objects = KEEPING.objects
-        if objects is not None:
-            objects.append(result)
-        return result
-
-    for name in ("cache_clear", "cache_info"):  # an lru_cache's methods, kept reachable
-        method = getattr(function, name, None)
-        if method is not None:
-            call.__dict__[name] = method
-    return call
 
 
 def call_key(tensors: Sequence[Tensor | None], rest: tuple[object, ...]) -> tuple:
@@ -189,6 +128,9 @@ class StepGraphs:
         self.failed: set[tuple] = set()
         self.replays = 0
         self.captures = 0  # graphs captured and kept, ever (a model's churn shows here)
+        # in-place captures by (key, layer address), the least recently counted forgotten
+        # beyond `MAX_SEEN` (`layer_has_room`)
+        self.in_place_by_layer: OrderedDict[tuple, int] = OrderedDict()
         self.crowded = False  # an in-place graph did not fit: no more are captured
         self.bytes = 0  # held by the kept graphs' copies (`captured_bytes`)
         self.lock = threading.Lock()  # forwards and the autograd engine's backward thread
@@ -203,6 +145,7 @@ class StepGraphs:
             self.bytes = 0
             self.seen.clear()
             self.failed.clear()
+            self.in_place_by_layer.clear()
             self.crowded = False
             self.pools.clear()
 
@@ -214,6 +157,7 @@ class StepGraphs:
         work: int,
         host_bound: bool = False,
         mutates: tuple[int, ...] = (),
+        layer: Tensor | None = None,
     ) -> Any:
         """``function(*tensors, *rest)``, replayed from a graph captured for the call's key
         where one is kept, run eagerly otherwise (outside the lock: the forward's and the
@@ -224,14 +168,16 @@ class StepGraphs:
         each replay copies back into the call's (`captured_call`), so that any graph serves
         the call as its run would (a graph reading in place writes them where they lie);
         what a capture's own runs write is undone before its first replay
-        (`capture_call`).
+        (`capture_call`); ``layer``: the tensor whose address names the calling layer (its
+        weight), whose key takes at most `IN_PLACE_PER_LAYER` in-place graphs.
 
         A key has a graph of copies, captured at its second call, which serves any call;
         and a graph reading the call's tensors in place for each set of addresses seen
         twice (a training loop's allocations repeat step after step, so each layer of a
         shape finds its own), until one would not fit under `MAX_GRAPHS` and
         `MAX_GRAPH_BYTES` (`keep`; from then on the graphs of copies serve: in-place
-        graphs evicting each other would capture at every step)."""
+        graphs evicting each other would capture at every step), and up to
+        `IN_PLACE_PER_LAYER` for one layer (`layer_has_room`)."""
         if not self.serves(tensors, work, host_bound):
             return function(*tensors, *rest)
         # above the bound, in place only (no copy of the inputs)
@@ -239,12 +185,13 @@ class StepGraphs:
         # the host setting the captured fp32 products were made under (TF32 or not)
         key = (call_key(tensors, rest), torch.get_float32_matmul_precision())
         here, anywhere = (key, tensor_addresses(tensors)), (key, None)
+        owner = None if layer is None else (key, layer.data_ptr())
         with self.lock:
             captured = None if key in self.failed else self.graphs.get(here)
             if captured is not None:
                 self.graphs.move_to_end(here)
             elif key not in self.failed:
-                if here in self.seen and self.room_in_place():
+                if here in self.seen and self.room_in_place() and self.layer_has_room(owner):
                     captured = self.capture_call(function, tensors, rest, here, mutates)
                 else:
                     self.remember(here)
@@ -299,6 +246,23 @@ class StepGraphs:
         fewer than `MAX_GRAPHS` are kept and their copies hold less than
         `MAX_GRAPH_BYTES`."""
         return not self.crowded and len(self.graphs) < MAX_GRAPHS and self.bytes < MAX_GRAPH_BYTES
+
+    def layer_has_room(self, owner: tuple | None) -> bool:
+        """Whether the layer ``owner`` names (its call's key and its weight's address; None:
+        no layer, no bound) may have one more in-place graph: fewer than
+        `IN_PLACE_PER_LAYER` captured for it so far.  Counts the capture it allows (the
+        count stays when a graph is dropped: a layer whose graphs evict each other would
+        otherwise capture at every step)."""
+        if owner is None:
+            return True
+        count = self.in_place_by_layer.get(owner, 0)
+        if count >= IN_PLACE_PER_LAYER:
+            return False
+        self.in_place_by_layer[owner] = count + 1
+        self.in_place_by_layer.move_to_end(owner)
+        if len(self.in_place_by_layer) > MAX_SEEN:
+            self.in_place_by_layer.popitem(last=False)
+        return True
 
     def remember(self, graph_key: tuple) -> None:
         """Note ``graph_key`` (a key and its tensors' addresses, or None for any) as seen
@@ -572,9 +536,6 @@ __all__ = [
     "call_key",
     "captured_call",
     "enabled_by_environment",
-    "host_note",
-    "kept_by_graphs",
-    "noting",
     "on_default_stream",
     "tensor_addresses",
     "use_step_graphs",
