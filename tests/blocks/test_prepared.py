@@ -12,6 +12,7 @@ from stochround.blocks.quantize import gemm_operand
 from stochround.blocks.request import BlockArguments
 from stochround.kernels.availability import INTERPRETED
 from stochround.nn import linear, operands
+from stochround.nn.amax_history import operand_amax
 from stochround.nn.recipes import TENSOR_FORMATS
 from stochround.random import seed_tensor
 
@@ -114,3 +115,34 @@ def test_the_layers_cache_prepares_each_shape_once() -> None:
         operands.prepared_operand(row.spec, row.fmt, shape, torch.float32, torch.device(DEVICE))
         is None
     )
+
+
+@pytest.mark.parametrize("role", ["fprop_weight", "fprop_input", "wgrad_grad_output"])
+def test_decide_takes_the_current_amax_of_the_pass_the_call_makes(role: str) -> None:
+    """``decide`` gets x's current amax from the launch the call makes anyway (the 2-D
+    tiles' amax launch for W, the tensor-scale pass, rotated where the role is), the
+    spec's `operand_amax` bit for bit, and the operand is quantized with the scales it
+    returns, as given scales are; the record it returns is the one the launch raises."""
+    entry = linear.make_plan(srnn.nvfp4(), 0).operands[role]
+    spec, fmt = entry.spec, entry.fmt
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(64, 128, generator=g) * 3).to(torch.bfloat16).to(DEVICE)
+    prepared = PreparedGemmOperand(x, arguments(spec, fmt, None, 0, 0), record=True)
+    seed, offset = seed_tensor(9, "seed", x.device), torch.tensor([4], device=DEVICE)
+    given = torch.tensor([0.25, 4.0], device=DEVICE)
+    seen: list[torch.Tensor] = []
+
+    def decide(current: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        seen.append(current.clone())
+        return given, record
+
+    record = torch.zeros(1, device=DEVICE)
+    got = prepared(x, seed, offset, decide=decide)
+    expected = prepared(x, seed, offset, None, given, torch.zeros(1, device=DEVICE))
+    (current,) = seen
+    spec_amax = operand_amax(x, spec, prepared.signs).reshape(1)
+    assert torch.equal(current.view(torch.int32), spec_amax.view(torch.int32))
+    assert torch.equal(got.values.view(torch.int16), expected.values.view(torch.int16))
+    assert torch.equal(record, spec_amax)
+    with pytest.raises(ValueError, match="decide takes an operand whose scales are computed"):
+        prepared(x, seed, offset, None, given, record, decide)

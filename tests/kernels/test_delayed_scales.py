@@ -13,7 +13,13 @@ import torch
 from torch import Tensor
 
 from stochround.kernels.delayed_scales import HistoryRoles, record_amaxes, window_tensor_scales
-from stochround.nn.amax_history import EMPTY, AmaxHistory, record_amax, window_scales
+from stochround.nn.amax_history import (
+    EMPTY,
+    AmaxHistory,
+    delayed_tensor_scale,
+    record_amax,
+    window_scales,
+)
 from stochround.nn.recipes import ROLES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -91,6 +97,51 @@ def test_record_launch_gives_the_pytorch_routes_buffers(seed: int) -> None:
     record_amaxes(history.amaxes, history.steps, history.step, roles, record)
     assert torch.equal(bits(history.amaxes), bits(spec.amaxes))
     assert torch.equal(history.steps, spec.steps)
+
+
+@pytest.mark.parametrize("record", [True, False], ids=["records", "records_nothing"])
+@pytest.mark.parametrize("seed", range(24))
+def test_decided_launch_gives_the_device_routes_scales_and_buffers(seed: int, record: bool) -> None:
+    """Given each role's current amax (a launch's magnitudes: 0, subnormals, inf, NaN
+    among them), one launch gives `delayed_tensor_scale`'s S_dec, S_enc of each role (its
+    window's, the current amax's where the window is empty: some rows have no step in
+    it) and zeroed records, and leaves the buffers `record_amax` of each role leaves
+    (nothing where the history records nothing; the step's column kept where it holds the
+    step already)."""
+    width = 2 + seed % 11
+    step = 5 + seed * 3
+    history = random_history(width, step, seed)
+    history = history._replace(record=record)
+    history.steps[seed % len(ROLES)] = EMPTY  # an empty window
+    history.steps[(seed + 1) % len(ROLES), step % width] = step  # recorded this step already
+    lengths = tuple(1 + (seed + 3 * row) % (width - 1) for row in range(len(ROLES)))
+    values = [3.5, 0.0, 2.0**-140, float("inf"), float("nan"), 7e30, 1.0, 2.0**-126]
+    current = torch.tensor([values[(seed + i) % len(values)] for i in range(len(ROLES))])
+    current = current.to(DEVICE)
+    spec = history._replace(amaxes=history.amaxes.clone(), steps=history.steps.clone())
+    expected = []
+    for role, length, amax in zip(ROLES, lengths, current.unbind(), strict=True):
+        expected += list(delayed_tensor_scale(spec, role, length, amax))
+    for role, amax in zip(ROLES, current.unbind(), strict=True):
+        record_amax(spec, role, amax)
+    roles = HistoryRoles(tuple(range(len(ROLES))), lengths)
+    out = window_tensor_scales(history.amaxes, history.steps, history.step, roles, current, record)
+    assert torch.equal(bits(out[: 2 * len(ROLES)]), bits(torch.stack(expected)))
+    assert torch.equal(bits(out[2 * len(ROLES) :]), bits(torch.zeros(len(ROLES), device=DEVICE)))
+    assert torch.equal(bits(history.amaxes), bits(spec.amaxes))
+    assert torch.equal(history.steps, spec.steps)
+
+
+def test_the_decided_launch_refuses_current_amaxes_it_cannot_read() -> None:
+    """ValueError naming what the current amaxes must be (one fp32 a role, contiguous), and
+    that a record needs them."""
+    history = random_history(5, step=3, seed=0)
+    roles = HistoryRoles((0, 1), (2, 2))
+    for bad in (torch.zeros(3, device=DEVICE), torch.zeros(2, device=DEVICE).double()):
+        with pytest.raises(ValueError, match="current must hold 2 contiguous fp32 values"):
+            window_tensor_scales(history.amaxes, history.steps, history.step, roles, bad)
+    with pytest.raises(ValueError, match="record needs the current amaxes"):
+        window_tensor_scales(history.amaxes, history.steps, history.step, roles, record=True)
 
 
 def test_the_launches_refuse_a_history_of_another_layout() -> None:

@@ -422,7 +422,8 @@ def test_given_scales_and_records_give_the_separate_bits_and_the_amaxes(
     """Orientations that record (a delayed tensor scale's pair): without given scales, the
     bits of the pair that records nothing and its amaxes recorded (the first step's current
     scaling); given both operands' tensor scales, no amax launch and each operand
-    `gemm_blocks`' with its scales, the same amaxes recorded."""
+    `gemm_blocks`' with its scales, the same amaxes recorded, or none (no record given:
+    the launch without the atomic maxima), the same bits."""
     x = (torch.randn(40, 32, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)
     x = x.to(DEVICE)
     signs = random_signs(16, 3, device=DEVICE)
@@ -455,6 +456,13 @@ def test_given_scales_and_records_give_the_separate_bits_and_the_amaxes(
     )  # fmt: skip
     assert torch.equal(pair.row, row_values) and torch.equal(pair.column, column_values)
     assert torch.equal(pair.decodes[0], given[0]) and torch.equal(pair.decodes[1], given[2])
+    # given scales and no record (the device route's amaxes had already): the same bits
+    bare = recording(x, *stream, signs, given, None)
+    assert torch.equal(bare.row, row_values) and torch.equal(bare.column, column_values)
+    with pytest.raises(ValueError, match="take a record unless scales are given"):
+        recording(x, *stream, signs)
+    with pytest.raises(ValueError, match=r"record \(scales\) given where"):
+        plain(x, *stream, signs, None, record)
 
 
 @pytest.mark.parametrize("dtype, rht_bf16", [(torch.bfloat16, False), (torch.float16, True)])

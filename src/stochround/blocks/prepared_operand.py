@@ -22,7 +22,11 @@ from .request import (
 )
 from .tensor import GemmOperand, gemm_factor
 
-__all__ = ["PreparedGemmOperand"]
+__all__ = ["Decide", "PreparedGemmOperand"]
+
+# what decides a call's tensor scales from x's current amax (one fp32 on the device): the
+# scales (S_dec, S_enc) and the fp32 the quantize launch raises to the amax
+Decide = typing.Callable[[Tensor], tuple[Tensor, Tensor]]
 
 
 class PreparedGemmOperand:
@@ -94,21 +98,31 @@ class PreparedGemmOperand:
     def __call__(
         self, x: Tensor, seed: Tensor, offset: Tensor, rht_signs: Tensor | None = None,
         scales: Tensor | None = None, record: Tensor | None = None,
+        decide: Decide | None = None,
     ) -> GemmOperand:  # fmt: skip
         """The `GemmOperand` of x, as `kernel_gemm_operand` gives it for the prepared
         choices with this stream (one-element int64 tensors), these signs and these tensor
         scales (S_dec, S_enc; None: computed; none under the "pow2" flavour, whose values
-        hold the scale: ValueError), ``record`` (one fp32) raised to x's amax."""
+        hold the scale: ValueError), ``record`` (one fp32) raised to x's amax.
+        ``decide`` (no ``scales`` then): the scales and the record taken from x's current
+        amax (one fp32 on the device, of the values the scales are computed from), which
+        the tensor-scale or the tiles' launch gives: a delayed scale decided on the device
+        without a pass of its own."""
         if scales is not None and self.folded:
             raise ValueError("a 'pow2' operand computes its tensor scales; none can be given")
+        if decide is not None and (scales is not None or self.choice != "amax" or self.folded):
+            raise ValueError("decide takes an operand whose scales are computed, none given")
         self.kernel.check(x)  # before any launch reads x
         if x.is_cuda and x.device.index != torch.cuda.current_device():
             with torch.cuda.device(x.device):  # Triton launches on the current device
-                return self(x, seed, offset, rht_signs, scales, record)
+                return self(x, seed, offset, rht_signs, scales, record, decide)
         signs = self.signs if rht_signs is None else rht_signs
         amax, computed = (None, None) if self.tiles is None else self.tiles(x)
         if scales is None:  # computed: by the tiles' launch, or the tensor-scale pass
             scales = computed if self.scale is None else self.scale(x, signs)
+        if decide is not None:
+            current = self.scale.amax if self.tiles is None else self.tiles.sink  # type: ignore[union-attr]
+            scales, record = decide(current.reshape(1))
         kernel, stream = self.kernel, (seed, offset)
         if kernel.rows is None:  # x checked above
             values, unshift = kernel.launch(x, scales, signs, amax, *stream, None, record), None

@@ -1,7 +1,8 @@
 """A delayed layer's tensor scales and its amax record on the device, one launch each for
 one or two roles: the window's NVFP4 tensor scales from the layer's amax history
-(`window_tensor_scales`), and the record of the amaxes a step's quantize launches raised
-(`record_amaxes`).  The spec is `stochround.nn.amax_history`'s PyTorch route
+(`window_tensor_scales`; with the step's current amaxes, taken where a window is empty and
+recorded, all decided on the device), and the record of the amaxes a step's quantize
+launches raised (`record_amaxes`).  The spec is `stochround.nn.amax_history`'s PyTorch route
 (``window_amax`` then ``nvfp4_tensor_scales``; ``record_amax``), which takes a dozen small
 operations a role for each; these take one launch for all of a call's roles
 (docs/guide/recipes.md, "Delayed scaling").
@@ -42,14 +43,20 @@ def _window_scales_kernel(
     steps_ptr,
     step_ptr,
     out_ptr,
+    current_ptr,
     WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
     ROLES: tl.constexpr,
+    CURRENT: tl.constexpr,
+    RECORD: tl.constexpr,
 ):
     """One program: for each role ``i`` of ROLES, the largest amax recorded at steps
     ``step - length .. step - 1`` (-1 where none is; NaN where one is NaN), its NVFP4
     tensor scales ("te") at ``out[2 i]`` (S_dec) and ``out[2 i + 1]`` (S_enc), and a 0 at
-    ``out[2 n + i]`` (n roles): the record the step's quantize launch raises to its amax."""
+    ``out[2 n + i]`` (n roles): the record the step's quantize launch raises to its amax.
+    CURRENT: ``current[i]`` (fp32, the role's amax at the step: a NaN's sign bit clear)
+    taken where the window's amax is below 0 (none recorded); RECORD: then recorded
+    (`_record_role`)."""
     step = tl.load(step_ptr)
     columns = tl.arange(0, BLOCK)
     inside_row = columns < WIDTH
@@ -68,29 +75,43 @@ def _window_scales_kernel(
         # positive (torch.amax gives NaN where one value is NaN)
         bits = tl.where(best == 0.0, 0, bits)
         bits = tl.where(has_nan, _CANONICAL_NAN_BITS, bits)
+        if CURRENT:
+            current = tl.load(current_ptr + i)
+            # the spec's test, ``recorded < 0``: no amax in the window (-1), or a negative
+            # one recorded
+            below = (best < 0.0) & (has_nan == 0)
+            bits = tl.where(below, current.to(tl.int32, bitcast=True), bits)
         scale, encode = tensor_scales_of(bits, "te")
         tl.store(out_ptr + 2 * i, scale)
         tl.store(out_ptr + 2 * i + 1, encode)
         tl.store(out_ptr + 2 * len(ROWS) + i, 0.0)
+        if RECORD:
+            _record_role(amaxes_ptr, steps_ptr, step, row, current, WIDTH)
+
+
+@triton.jit
+def _record_role(amaxes_ptr, steps_ptr, step, row, current, WIDTH: tl.constexpr):
+    """``current`` stored as row ``row``'s amax at ``step``, in column ``step mod WIDTH``,
+    with the step, unless the column holds this step's amax already (a recomputation's
+    record: the first one is kept)."""
+    column = ((step % WIDTH) + WIDTH) % WIDTH  # the floor modulo PyTorch's ``%`` takes
+    where = row * WIDTH + column
+    recorded = tl.load(steps_ptr + where) == step
+    kept = tl.where(recorded, tl.load(amaxes_ptr + where), current)
+    tl.store(amaxes_ptr + where, kept)
+    tl.store(steps_ptr + where, step)
 
 
 @triton.jit
 def _record_kernel(
     amaxes_ptr, steps_ptr, step_ptr, record_ptr, WIDTH: tl.constexpr, ROLES: tl.constexpr
 ):
-    """One program: for each role ``i`` of ROLES, ``record[i]`` stored as its amax at the
-    step, in column ``step mod WIDTH``, with the step, unless the column holds this step's
-    amax already (a recomputation's record: the first one is kept)."""
+    """One program: for each role ``i`` of ROLES, ``record[i]`` recorded as its amax at
+    the step (`_record_role`)."""
     step = tl.load(step_ptr)
-    column = ((step % WIDTH) + WIDTH) % WIDTH  # the floor modulo PyTorch's ``%`` takes
     ROWS: tl.constexpr = ROLES.ROWS
     for i in tl.static_range(len(ROWS)):
-        where = ROWS[i] * WIDTH + column
-        recorded = tl.load(steps_ptr + where) == step
-        current = tl.load(record_ptr + i)
-        kept = tl.where(recorded, tl.load(amaxes_ptr + where), current)
-        tl.store(amaxes_ptr + where, kept)
-        tl.store(steps_ptr + where, step)
+        _record_role(amaxes_ptr, steps_ptr, step, ROWS[i], tl.load(record_ptr + i), WIDTH)
 
 
 def _launch_one(launch: Launch, amaxes: Tensor, *args: Tensor) -> None:
@@ -106,9 +127,16 @@ def _launch_one(launch: Launch, amaxes: Tensor, *args: Tensor) -> None:
 
 
 @functools.cache
-def _window_launch(width: int, roles: HistoryRoles) -> Launch:
-    """`_window_scales_kernel` bound for ``width`` columns and ``roles`` (once for each)."""
-    constants = {"WIDTH": width, "BLOCK": next_power_of_2(width), "ROLES": roles}
+def _window_launch(width: int, roles: HistoryRoles, current: bool, record: bool) -> Launch:
+    """`_window_scales_kernel` bound for ``width`` columns, ``roles``, whether it takes the
+    current amaxes and whether it records them (once for each)."""
+    constants = {
+        "WIDTH": width,
+        "BLOCK": next_power_of_2(width),
+        "ROLES": roles,
+        "CURRENT": current,
+        "RECORD": record,
+    }
     return bound_launch(_window_scales_kernel, tuple(constants.items()))
 
 
@@ -132,16 +160,32 @@ def _checked(amaxes: Tensor, steps: Tensor, step: Tensor) -> None:
 
 
 def window_tensor_scales(
-    amaxes: Tensor, steps: Tensor, step: Tensor, roles: HistoryRoles
+    amaxes: Tensor,
+    steps: Tensor,
+    step: Tensor,
+    roles: HistoryRoles,
+    current: Tensor | None = None,
+    record: bool = False,
 ) -> Tensor:
     """Each role's window tensor scales, S_dec and S_enc (2 n fp32 for n roles, in the
     roles' order), then n zeroed fp32 (each role's record for the step's quantize launch),
     in one launch (`_window_scales_kernel`; `stochround.nn.amax_history.window_scales` is
-    its spec)."""
+    its spec).  ``current`` (n fp32, each role's amax at the step, from a launch of
+    magnitudes): taken where a role's window is empty and, where ``record``, recorded in
+    the history, in the same launch (`stochround.nn.amax_history.delayed_tensor_scale`
+    then `record_amax` of each role is the spec): a delayed step's scales decided on the
+    device."""
     _checked(amaxes, steps, step)
-    launch = _window_launch(amaxes.shape[1], roles)
-    out = torch.empty(3 * len(roles.ROWS), dtype=torch.float32, device=amaxes.device)
-    _launch_one(launch, amaxes, steps, step, out)
+    n = len(roles.ROWS)
+    if current is not None and (
+        current.dtype != torch.float32 or current.numel() != n or not current.is_contiguous()
+    ):
+        raise ValueError(f"current must hold {n} contiguous fp32 values")
+    if record and current is None:
+        raise ValueError("record needs the current amaxes")
+    launch = _window_launch(amaxes.shape[1], roles, current is not None, record)
+    out = torch.empty(3 * n, dtype=torch.float32, device=amaxes.device)
+    _launch_one(launch, amaxes, steps, step, out, current)
     return out
 
 

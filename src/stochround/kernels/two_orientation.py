@@ -344,6 +344,11 @@ class PreparedTwoOrientations:
         tiling, self.programs = pair_tiling(tokens, features, padded, side)
         nan16 = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}.get(x.dtype, 0)
         self.quantize = _quantize_launch(tiling, row, column, self.rotation, nan16)
+        # the launch for a call that records nothing (its amaxes had from `amaxes`)
+        self.unrecorded = self.quantize
+        if self.record:
+            bare = (row._replace(RECORD=False), column._replace(RECORD=False))
+            self.unrecorded = _quantize_launch(tiling, *bare, self.rotation, nan16)
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
             # the amax launch's tiles: AMAX_TOKENS times the quantize launch's tokens
@@ -387,13 +392,18 @@ class PreparedTwoOrientations:
         """Both operands of x with this stream (one-element int64 tensors: the seed, each
         orientation's offset) and the rotation's signs (fp32, on x's device); ``scales``:
         the tensor scales given (4 fp32 as `PairOperands.scales`; None: computed);
-        ``record``: where the orientations record, 2 fp32 raised to their amaxes."""
+        ``record``: where the orientations record, 2 fp32 raised to their amaxes, or None
+        for a call with given scales that records nothing (a caller that had the amaxes
+        from `amaxes`: no atomic maxima in the launch)."""
         self.check(x)
         if self.device_index >= 0 and current_device() != self.device_index:
             with torch.cuda.device(self.device):
                 return self(x, seed, row_offset, column_offset, rht_signs, scales, record)
-        if (record is not None) != self.record or (scales is not None and not self.tensor_scales):
+        recorded = record is not None
+        if (recorded and not self.record) or (scales is not None and not self.tensor_scales):
             raise ValueError("record (scales) given where the orientations record (have them)")
+        if self.record and not recorded and scales is None:
+            raise ValueError("orientations that record take a record unless scales are given")
         tokens, features = x.shape
         decodes = None
         if scales is not None:
@@ -404,7 +414,8 @@ class PreparedTwoOrientations:
             self.launch_amax(x, rht_signs, self.amax_sink, scales)
         row = x.new_empty((tokens, features), dtype=torch.bfloat16)
         column = x.new_empty((features, self.padded), dtype=torch.bfloat16)
-        self.quantize(
+        quantize = self.quantize if recorded or not self.record else self.unrecorded
+        quantize(
             self.device_index, self.programs, x, row, column, scales, record, rht_signs, seed,
             row_offset, column_offset, tokens, self.padded,
         )  # fmt: skip

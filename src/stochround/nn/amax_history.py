@@ -457,6 +457,29 @@ def launched_window_scales(history: AmaxHistory, windows: tuple[tuple[str, int],
     return window_tensor_scales(history.amaxes, history.steps, history.step, roles)
 
 
+def device_decided_scales(
+    history: AmaxHistory, windows: tuple[tuple[str, int], ...], current: Tensor
+) -> KernelScale:
+    """Each role's tensor scales at the history's step as `delayed_tensor_scale` gives
+    them (its window's, or its ``current`` amax's where the window is empty: ``current``,
+    one fp32 a role in ``windows``' order, from a launch of magnitudes), each current amax
+    recorded where the history records (`record_amax`), in one launch
+    (`stochround.kernels.delayed_scales.window_tensor_scales` given the current amaxes):
+    a delayed step's scales decided on the device, where the spec's route takes a dozen
+    small operations a role.  On the kernels' route (the host's decisions given) the
+    recorded roles are noted for the host's copy (`Recorded`).  The scales (2 fp32 a
+    role, in the launch's order) and a zeroed record for each role, which no one reads."""
+    from ..kernels.delayed_scales import window_tensor_scales  # imports Triton
+
+    roles = history_roles(windows)
+    out = window_tensor_scales(
+        history.amaxes, history.steps, history.step, roles, current, history.record
+    )
+    if history.record and history.windows is not None:  # the host's copy told, as
+        host_note(Recorded(tuple(role for role, _ in windows)))  # `record_kernel_amaxes`
+    return KernelScale(out[: 2 * len(windows)], out[2 * len(windows) :])
+
+
 def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: Tensor) -> None:
     """`record_amax` of each role in ``roles`` with the amax a launch raised ``record[i]``
     to: on the kernels' route (the host's decisions given) in one launch
@@ -475,6 +498,17 @@ def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: T
     host_note(Recorded(roles))
 
 
+def checked_history(role: str, history: AmaxHistory | None) -> AmaxHistory:
+    """``history``; ValueError naming ``role`` where there is none (a delayed tensor scale
+    needs its layer's: no silent fall back to current scaling)."""
+    if history is None:
+        raise ValueError(
+            f"{role} has tensor_scale='delayed', which needs its layer's amax history; none "
+            "was given (stochround.nn.QuantizedLinear passes its own)"
+        )
+    return history
+
+
 def delayed_operand_scale(
     operand: Tensor,
     role: str,
@@ -487,11 +521,7 @@ def delayed_operand_scale(
     without a history (no silent fall back to current scaling).  The spec's route: the amax
     a pass of its own (on a CUDA tensor, the PyTorch path's ops, where no prepared kernel
     serves the operand)."""
-    if history is None:
-        raise ValueError(
-            f"{role} has tensor_scale='delayed', which needs its layer's amax history; none "
-            "was given (stochround.nn.QuantizedLinear passes its own)"
-        )
+    history = checked_history(role, history)
     current = operand_amax(operand, spec, signs)
     scale = delayed_tensor_scale(history, role, spec.amax_history, current)
     record_kernel_amaxes(history, (role,), current)
@@ -511,8 +541,10 @@ __all__ = [
     "KernelScale",
     "Phase",
     "Recorded",
+    "checked_history",
     "delayed_operand_scale",
     "delayed_tensor_scale",
+    "device_decided_scales",
     "empty_history",
     "forget_windows",
     "history_at",

@@ -27,7 +27,14 @@ from ..kernels.availability import on_kernel_device, triton_missing, use_kernel
 from ..random import random_words, seed_tensor
 from ..rounding import cast
 from ..rounding import round as round_values
-from .amax_history import AmaxHistory, delayed_operand_scale, kernel_scale, record_kernel_amaxes
+from .amax_history import (
+    AmaxHistory,
+    checked_history,
+    delayed_operand_scale,
+    device_decided_scales,
+    kernel_scale,
+    record_kernel_amaxes,
+)
 from .graph_notes import kept_by_graphs
 from .quant_spec import TENSOR_FORMATS, QuantSpec
 from .step_ops import transposed
@@ -339,13 +346,13 @@ def quantize_operand(
             result = prepared(operand, *stream, given.scales, given.record)
             record_kernel_amaxes(history, (entry.role,), given.record)
         elif delayed:
-            # the launch's fixed signs where there are no per-step ones: made with it, outside
-            # torch.compile's CUDA-graph pool (the spec's route under ``mode="reduce-overhead"``)
-            rotation = prepared.signs if signs is None else signs
-            tensor_scale = delayed_operand_scale(operand, entry.role, spec, rotation, history)
-            result = prepared(
-                operand, *stream, torch.stack(tuple(tensor_scale)), record_sink(operand)
-            )
+            # the device's decision (under ``mode="reduce-overhead"``, a capture): the
+            # scales from the current amax the tensor-scale or tiles' launch gives, and the
+            # record, in one launch
+            checked = checked_history(entry.role, history)
+            windows = ((entry.role, spec.amax_history),)
+            decide = functools.partial(device_decided_scales, checked, windows)
+            result = prepared(operand, *stream, decide=decide)
         else:
             result = prepared(operand, *stream)
     else:
@@ -359,12 +366,6 @@ def quantize_operand(
         # a bf16 GEMM instead of an fp32 one: the same products, exactly
         return exact_bf16_operand(result, fmt.element.mbits)
     return result
-
-
-def record_sink(operand: Tensor) -> Tensor:
-    """A zeroed fp32 on the operand's device for a recording launch whose amax no one
-    reads (the scales given by the spec's route, which recorded its own)."""
-    return operand.new_zeros(1, dtype=torch.float32)
 
 
 def one_element(offset: Tensor) -> Tensor:
@@ -498,7 +499,6 @@ __all__ = [
     "prepared_operand",
     "prepared_row_operand",
     "quantize_operand",
-    "record_sink",
     "row_kernel_operand_of",
     "row_noise_operand",
     "row_words",

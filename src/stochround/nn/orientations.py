@@ -26,7 +26,7 @@ from ..kernels.availability import use_kernel
 from .amax_history import (
     AmaxHistory,
     KernelScale,
-    delayed_tensor_scale,
+    device_decided_scales,
     launched_window_scales,
     record_kernel_amaxes,
 )
@@ -153,7 +153,9 @@ class PreparedPair:
                 given, by_launch = device_pair_scales(x, self.roles, self.kernel, rotation, history)
         key = seed_on(seed, self.device)
         offsets = (one_element(row_offset), one_element(column_offset))
-        pair = self.kernel(x, key, *offsets, rotation, *(given or (None, None)))
+        scales, record = given or (None, None)
+        # (the device route's amaxes are recorded already: the launch records nothing)
+        pair = self.kernel(x, key, *offsets, rotation, scales, record if by_launch else None)
         if given is not None and history is not None and by_launch:
             record_kernel_amaxes(history, tuple(entry.role for entry in self.roles), given.record)
         row_scale, column_scale = (None, None) if pair.decodes is None else pair.decodes
@@ -196,8 +198,9 @@ def device_pair_scales(
 ) -> tuple[KernelScale, bool]:
     """Both roles' tensor scales at the history's step as the spec computes them
     (`stochround.nn.amax_history.delayed_tensor_scale`: the window's on the device, or the
-    current amax's), each current amax recorded, given to the pair's launch (4 fp32) with
-    a record no one reads; and False: the launch's record is not to be written.  The
+    current amax's), each current amax recorded, in one launch
+    (`stochround.nn.amax_history.device_decided_scales`), given to the pair's launch (4
+    fp32); and False: the pair's launch is to record nothing.  The
     current amaxes, of x and of ``pad_tokens(x^T)`` rotated by ``signs``, come from the
     pair's amax launch (`PreparedTwoOrientations.amaxes`: one read of x), the values the
     spec's own pass over each orientation gives (`delayed_operand_scale`; tested equal, a
@@ -206,14 +209,8 @@ def device_pair_scales(
     operand's layout at trace time, `stochround.nn.opaque_matmul.kept_layouts`), the same
     bits as each orientation quantized on its own with these scales."""
     current = kernel.amaxes(x, signs)
-    scales = [
-        delayed_tensor_scale(history, entry.role, entry.spec.amax_history, amax)
-        for entry, amax in zip(roles, current.unbind(0), strict=True)
-    ]
-    # (each role records in its own row, which the other's scale does not read)
-    record_kernel_amaxes(history, tuple(entry.role for entry in roles), current)
-    given = torch.cat([torch.stack(tuple(scale)) for scale in scales])
-    return KernelScale(given, history.amaxes.new_zeros(2)), False
+    windows = tuple((entry.role, entry.spec.amax_history) for entry in roles)
+    return device_decided_scales(history, windows, current), False
 
 
 @kept_by_graphs
