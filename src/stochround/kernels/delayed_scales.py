@@ -114,7 +114,7 @@ def _record_kernel(
         _record_role(amaxes_ptr, steps_ptr, step, ROWS[i], tl.load(record_ptr + i), WIDTH)
 
 
-def _launch_one(launch: Launch, amaxes: Tensor, *args: Tensor) -> None:
+def _launch_one(launch: Launch, amaxes: Tensor, *args: Tensor | None) -> None:
     """One program of ``launch`` over the history ``amaxes`` and ``args``, on the history's
     device (made current for the launch where it is not: Triton launches on the current
     one; device 0 off CUDA, the interpreter's)."""

@@ -459,7 +459,7 @@ def launched_window_scales(history: AmaxHistory, windows: tuple[tuple[str, int],
 
 def device_decided_scales(
     history: AmaxHistory, windows: tuple[tuple[str, int], ...], current: Tensor
-) -> KernelScale:
+) -> tuple[Tensor, Tensor]:
     """Each role's tensor scales at the history's step as `delayed_tensor_scale` gives
     them (its window's, or its ``current`` amax's where the window is empty: ``current``,
     one fp32 a role in ``windows``' order, from a launch of magnitudes), each current amax
@@ -477,7 +477,7 @@ def device_decided_scales(
     )
     if history.record and history.windows is not None:  # the host's copy told, as
         host_note(Recorded(tuple(role for role, _ in windows)))  # `record_kernel_amaxes`
-    return KernelScale(out[: 2 * len(windows)], out[2 * len(windows) :])
+    return out[: 2 * len(windows)], out[2 * len(windows) :]
 
 
 def record_kernel_amaxes(history: AmaxHistory, roles: tuple[str, ...], record: Tensor) -> None:

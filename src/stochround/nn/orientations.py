@@ -210,7 +210,7 @@ def device_pair_scales(
     bits as each orientation quantized on its own with these scales."""
     current = kernel.amaxes(x, signs)
     windows = tuple((entry.role, entry.spec.amax_history) for entry in roles)
-    return device_decided_scales(history, windows, current), False
+    return KernelScale(*device_decided_scales(history, windows, current)), False
 
 
 @kept_by_graphs
