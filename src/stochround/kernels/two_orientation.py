@@ -35,6 +35,8 @@ masks.  The stream contract is unchanged: the words of each element as
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -49,7 +51,7 @@ from .block_math import (
 )
 from .block_rotation import NO_ROTATION, Rotation, checked_rotation, rotation_rounded
 from .e2m1_operand import e2m1_value, exact_bf16
-from .grid import cdiv
+from .grid import cdiv, next_power_of_2
 from .pair_records import Orientation, PairOperands, PairScales, pair_scales
 from .pair_tiles import PairTiling, column_blocks, row_blocks, tile_start
 from .philox import four_words
@@ -77,6 +79,14 @@ _NUM_WARPS = 4
 # fixed work (the tile's reduction) is then spread over twice the elements, at 32 elements
 # a thread and few registers (it holds no operands)
 AMAX_TOKENS = 2
+# the amax launch's programs: about this many a multiprocessor (resident at once at its
+# registers), each taking up to AMAX_MAX_STEPS tiles where x has more (`amax_steps`), so
+# that a program's fixed work (the reduction over its threads, the ticket) is paid once
+# for all of its tiles; the interpreter, which runs programs one after another, takes
+# INTERPRETED_AMAX_PROGRAMS (a tensor of a few tiles then loops, as tests want)
+AMAX_PROGRAMS_PER_SM = 8
+AMAX_MAX_STEPS = 8
+INTERPRETED_AMAX_PROGRAMS = 2
 # the operands stored as tile matrices, which Triton stores coalesced (through shared
 # memory), rather than from each thread's blocks: a thread's block is one 32-byte sector
 # of bf16, which its vector stores fill a quarter at a time, so each store instruction
@@ -236,7 +246,7 @@ def two_orientation_kernel(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["tokens", "programs"])
+@triton.jit(do_not_specialize=["tokens", "programs", "tiles"])
 def two_orientation_amax_kernel(
     x_ptr,
     partial_ptr,
@@ -244,6 +254,7 @@ def two_orientation_amax_kernel(
     tokens,
     padded,
     programs,
+    tiles,
     counter_ptr,
     amax_ptr,
     scale_ptr,
@@ -253,19 +264,50 @@ def two_orientation_amax_kernel(
     NAN16: tl.constexpr,
     PARTIALS: tl.constexpr,
     FLAVOUR: tl.constexpr,
+    STEPS: tl.constexpr,
 ):
-    """Each program's max |x| over its tile (``partial[program]``) and max |RHT(x^T)| over
-    the tile's transpose rotated along the tokens as the quantize kernels rotate it
+    """Each program's max |x| over its tiles (``partial[program]``) and max |RHT(x^T)| over
+    the tiles' transposes rotated along the tokens as the quantize kernels rotate them
     (``partial[programs + program]``), as fp32 bits (int32): integer maxima of the
-    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  BUTTERFLY: ROTATION
-    without its normalization, which a block's maximum takes instead of each element (a
-    product by a positive constant is monotone: the largest product is the largest
-    magnitude's).  The program that finishes last (`last_program_scales`: a ticket from
-    ``counter``) reduces both orientations' partial maxima to their amaxes (``amax[0]``,
-    ``amax[1]``) and NVFP4's tensor scales of the FLAVOUR (``scale``: S_dec, S_enc of x's,
-    then of the rotated x^T's)."""
+    magnitudes' bits, so a NaN anywhere gives a NaN pattern.  A program takes STEPS of the
+    ``tiles`` tiles, ``programs`` apart (the last tile again where they run out: a max is
+    the same twice), each thread's blocks' maxima kept across them and reduced over the
+    program once.  BUTTERFLY: ROTATION without its normalization, which a block's maximum
+    takes instead of each element (a product by a positive constant is monotone: the
+    largest product is the largest magnitude's).  The program that finishes last
+    (`last_program_scales`: a ticket from ``counter``) reduces both orientations' partial
+    maxima to their amaxes (``amax[0]``, ``amax[1]``) and NVFP4's tensor scales of the
+    FLAVOUR (``scale``: S_dec, S_enc of x's, then of the rotated x^T's)."""
     program = tl.program_id(0)
-    first_token, first_feature = tile_start(program, TILING)
+    # each thread's blocks' maxima (magnitudes' bits: 0 is the least)
+    BLOCKS: tl.constexpr = TILING.TOKENS * TILING.FEATURES // 16
+    row = tl.zeros((BLOCKS,), dtype=tl.int32)
+    column = tl.zeros((BLOCKS,), dtype=tl.int32)
+    # a loop the compiler keeps (not unrolled: unrolled, every tile's loads were held at
+    # once, in several times the registers)
+    for step in range(STEPS):
+        more_row, more_column = _tile_maxima(
+            x_ptr, signs_ptr, program + step * programs, tiles, tokens, padded, TILING,
+            ROTATION, BUTTERFLY, NAN16,
+        )  # fmt: skip
+        row = tl.maximum(row, more_row)
+        column = tl.maximum(column, more_column)
+    tl.store(partial_ptr + program, tl.max(row, axis=0))
+    tl.store(partial_ptr + programs + program, tl.max(column, axis=0))
+    last_program_scales(
+        partial_ptr, programs, counter_ptr, amax_ptr, scale_ptr, FLAVOUR, PARTIALS, 2
+    )
+
+
+@triton.jit
+def _tile_maxima(
+    x_ptr, signs_ptr, tile, tiles, tokens, padded, TILING: tl.constexpr,
+    ROTATION: tl.constexpr, BUTTERFLY: tl.constexpr, NAN16: tl.constexpr,
+):  # fmt: skip
+    """The blocks' maxima of tile ``tile`` (the last of ``tiles`` beyond them): each
+    block's max |x| and max |RHT(x^T)| (`two_orientation_amax_kernel`) as fp32 bits
+    (int32, [blocks] each), reduced within each thread's own blocks only."""
+    first_token, first_feature = tile_start(tl.minimum(tile, tiles - 1), TILING)
     if ROTATION.SIZE > 0:
         # one read, the column-wise blocks' gather: x's maximum does not depend on the
         # blocks' layout
@@ -273,23 +315,19 @@ def two_orientation_amax_kernel(
             x_ptr, signs_ptr, first_token, first_feature, tokens, padded, TILING, BUTTERFLY,
             NAN16, False,
         )  # fmt: skip
-        row = tl.max(tl.max(tl.max(raw & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+        row = tl.max(tl.max(raw & 0x7FFFFFFF, axis=2), axis=1)
         # the rounding to x's dtype (and bf16) is monotone and odd, so the largest rounded
         # magnitude is the largest magnitude rounded (a NaN too: the canonical NaN): a
         # block's maximum is rounded, not each element
         block_max = tl.max(tl.max(column & 0x7FFFFFFF, axis=2), axis=1)
         normalized = block_max.to(tl.float32, bitcast=True) * ROTATION.NORM
         rounded = rotation_rounded(normalized, NAN16, x_ptr.dtype.element_ty, ROTATION)
-        column_max = tl.max(rounded.to(tl.int32, bitcast=True), axis=0)
+        column_max = rounded.to(tl.int32, bitcast=True)
     else:  # x^T's values are x's
         bits, _, _ = row_blocks(x_ptr, first_token, first_feature, tokens, TILING)
-        row = tl.max(tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1), axis=0)
+        row = tl.max(tl.max(bits & 0x7FFFFFFF, axis=2), axis=1)
         column_max = row
-    tl.store(partial_ptr + program, row)
-    tl.store(partial_ptr + programs + program, column_max)
-    last_program_scales(
-        partial_ptr, programs, counter_ptr, amax_ptr, scale_ptr, FLAVOUR, PARTIALS, 2
-    )
+    return row, column_max
 
 
 class PreparedTwoOrientations:
@@ -352,15 +390,16 @@ class PreparedTwoOrientations:
         self.tensor_scales = row.SCALE.TENSOR_SCALE > 0
         if self.tensor_scales:
             # the amax launch's tiles: AMAX_TOKENS times the quantize launch's tokens
-            amax_tiling, self.amax_programs = pair_tiling(
-                tokens, features, padded, side * AMAX_TOKENS
-            )
+            amax_tiling, self.amax_tiles = pair_tiling(tokens, features, padded, side * AMAX_TOKENS)
+            steps = amax_steps(self.amax_tiles, x.device)
+            self.amax_programs = cdiv(self.amax_tiles, steps)
             self.amax = _amax_launch(
                 amax_tiling,
                 self.rotation,
                 nan16,
                 partials_tiling(self.amax_programs),
                 row.SCALE.FLAVOUR,
+                steps,
             )
             # both orientations' partial maxima and the counter, made once
             self.tickets = own_tickets(x, 2 * self.amax_programs)
@@ -446,7 +485,7 @@ class PreparedTwoOrientations:
         programs = self.amax_programs
         self.amax(
             self.device_index, programs, x, partial, rht_signs, x.shape[0], self.padded,
-            programs, counter, amax, scales,
+            programs, self.amax_tiles, counter, amax, scales,
         )  # fmt: skip
 
 
@@ -470,6 +509,24 @@ def pair_tiling(tokens: int, features: int, padded: int, side: int) -> tuple[Pai
     return tiling, programs
 
 
+def amax_steps(tiles: int, device: torch.device) -> int:
+    """The tiles a program of the amax launch takes (a power of two, at most
+    AMAX_MAX_STEPS) for ``tiles`` tiles on ``device``: enough that the programs number
+    about AMAX_PROGRAMS_PER_SM a multiprocessor (INTERPRETED_AMAX_PROGRAMS in all under
+    the interpreter), one where the tiles are fewer."""
+    if device.type == "cuda":
+        at_once = AMAX_PROGRAMS_PER_SM * multiprocessors(device)
+    else:
+        at_once = INTERPRETED_AMAX_PROGRAMS
+    return min(next_power_of_2(cdiv(tiles, at_once)), AMAX_MAX_STEPS)
+
+
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The CUDA device's multiprocessor count (read once)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _quantize_launch(
     tiling: PairTiling, row: Orientation, column: Orientation, rotation: Rotation, nan16: int
 ) -> Launch:
@@ -488,11 +545,17 @@ def _quantize_launch(
 
 
 def _amax_launch(
-    tiling: PairTiling, rotation: Rotation, nan16: int, partials: PartialsTiling, flavour: str
+    tiling: PairTiling,
+    rotation: Rotation,
+    nan16: int,
+    partials: PartialsTiling,
+    flavour: str,
+    steps: int,
 ) -> Launch:
-    """`two_orientation_amax_kernel` bound for these choices and its last program's
-    reading of the partial maxima into the flavour's tensor scales."""
+    """`two_orientation_amax_kernel` bound for these choices, its last program's reading of
+    the partial maxima into the flavour's tensor scales and ``steps`` tiles a program."""
     constants = {
+        "STEPS": steps,
         "TILING": tiling,
         "ROTATION": rotation,
         "BUTTERFLY": rotation._replace(NORM=1.0),
