@@ -129,7 +129,7 @@ class StepGraphs:
         self.replays = 0
         self.captures = 0  # graphs captured and kept, ever (a model's churn shows here)
         # in-place captures by (key, layer address), the least recently counted forgotten
-        # beyond `MAX_SEEN` (`layer_has_room`)
+        # beyond `MAX_SEEN` (`claim_in_place`)
         self.in_place_by_layer: OrderedDict[tuple, int] = OrderedDict()
         self.crowded = False  # an in-place graph did not fit: no more are captured
         self.bytes = 0  # held by the kept graphs' copies (`captured_bytes`)
@@ -177,7 +177,7 @@ class StepGraphs:
         shape finds its own), until one would not fit under `MAX_GRAPHS` and
         `MAX_GRAPH_BYTES` (`keep`; from then on the graphs of copies serve: in-place
         graphs evicting each other would capture at every step), and up to
-        `IN_PLACE_PER_LAYER` for one layer (`layer_has_room`)."""
+        `IN_PLACE_PER_LAYER` for one layer (`claim_in_place`)."""
         if not self.serves(tensors, work, host_bound):
             return function(*tensors, *rest)
         # above the bound, in place only (no copy of the inputs)
@@ -191,7 +191,7 @@ class StepGraphs:
             if captured is not None:
                 self.graphs.move_to_end(here)
             elif key not in self.failed:
-                if here in self.seen and self.room_in_place() and self.layer_has_room(owner):
+                if here in self.seen and self.room_in_place() and self.claim_in_place(owner):
                     captured = self.capture_call(function, tensors, rest, here, mutates)
                 else:
                     self.remember(here)
@@ -247,7 +247,7 @@ class StepGraphs:
         `MAX_GRAPH_BYTES`."""
         return not self.crowded and len(self.graphs) < MAX_GRAPHS and self.bytes < MAX_GRAPH_BYTES
 
-    def layer_has_room(self, owner: tuple | None) -> bool:
+    def claim_in_place(self, owner: tuple | None) -> bool:
         """Whether the layer ``owner`` names (its call's key and its weight's address; None:
         no layer, no bound) may have one more in-place graph: fewer than
         `IN_PLACE_PER_LAYER` captured for it so far.  Counts the capture it allows (the
