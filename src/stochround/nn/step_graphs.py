@@ -258,20 +258,14 @@ class StepGraphs:
         count = self.in_place_by_layer.get(owner, 0)
         if count >= IN_PLACE_PER_LAYER:
             return False
-        self.in_place_by_layer[owner] = count + 1
-        self.in_place_by_layer.move_to_end(owner)
-        if len(self.in_place_by_layer) > MAX_SEEN:
-            self.in_place_by_layer.popitem(last=False)
+        put_newest(self.in_place_by_layer, owner, count + 1)
         return True
 
     def remember(self, graph_key: tuple) -> None:
         """Note ``graph_key`` (a key and its tensors' addresses, or None for any) as seen
         once, as the newest (the least recently seen forgotten beyond `MAX_SEEN`: a key seen
         at every step stays while fewer than `MAX_SEEN` others come between)."""
-        self.seen[graph_key] = None
-        self.seen.move_to_end(graph_key)
-        if len(self.seen) > MAX_SEEN:
-            self.seen.popitem(last=False)
+        put_newest(self.seen, graph_key, None)
 
     def capture_call(
         self,
@@ -418,6 +412,15 @@ class StepGraphs:
         failed."""
         if all(each.device != device for each in self.graphs.values()):
             self.pools.pop(device, None)
+
+
+def put_newest(entries: OrderedDict[tuple, Any], key: tuple, value: object) -> None:
+    """``entries[key] = value``, the key made the newest, the oldest forgotten beyond
+    `MAX_SEEN` (the graphs' bounded memory of keys seen and of each layer's captures)."""
+    entries[key] = value
+    entries.move_to_end(key)
+    if len(entries) > MAX_SEEN:
+        entries.popitem(last=False)
 
 
 def captured_call(
