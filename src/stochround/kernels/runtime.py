@@ -375,11 +375,17 @@ def current_stream(stream_data: tuple[int, int, int]) -> torch.cuda.Stream:
 
 
 @functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """A CUDA device's multiprocessor count (read once)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
 def persistent_programs(device: torch.device) -> int:
     """Programs of a grid that walks a list: four per multiprocessor (four in all on CPU)."""
     if device.type != "cuda":
         return 4
-    return 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 4 * multiprocessors(device)
 
 
 class Scratch(threading.local):

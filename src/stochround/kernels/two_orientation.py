@@ -35,8 +35,6 @@ masks.  The stream contract is unchanged: the words of each element as
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -55,7 +53,7 @@ from .grid import cdiv, next_power_of_2
 from .pair_records import Orientation, PairOperands, PairScales, pair_scales
 from .pair_tiles import PairTiling, column_blocks, row_blocks, tile_start
 from .philox import four_words
-from .runtime import Launch, bound_launch, check_prepared, current_device
+from .runtime import Launch, bound_launch, check_prepared, current_device, multiprocessors
 from .tensor_scales import (
     PartialsTiling,
     last_program_scales,
@@ -519,12 +517,6 @@ def amax_steps(tiles: int, device: torch.device) -> int:
     else:
         at_once = INTERPRETED_AMAX_PROGRAMS
     return min(next_power_of_2(cdiv(tiles, at_once)), AMAX_MAX_STEPS)
-
-
-@functools.cache
-def multiprocessors(device: torch.device) -> int:
-    """The CUDA device's multiprocessor count (read once)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _quantize_launch(
