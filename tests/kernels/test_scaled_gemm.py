@@ -289,3 +289,163 @@ def test_a_prepared_gemm_reads_b_given_transposed_as_it_is(shape: tuple[int, int
     got = prepared(c.a.values, b_t, epilogue, transposed=True)
     assert_same_bits(got, prepared(c.a.values, b_t.T, epilogue))
     assert_same_bits(got, torch_scaled_mm(c.a, c.b, c.bias, torch.bfloat16))
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="cuBLASLt runs on CUDA")
+
+
+def test_cublas_reads_each_operand_as_it_lies() -> None:
+    """Row-major memory is the column-major transpose, column-major memory the tensor
+    itself; the operation asked for follows; a tensor with no unit stride is refused."""
+    from stochround.kernels.cublaslt import (
+        CUBLAS_OP_N,
+        CUBLAS_OP_T,
+        StoredOperand,
+        has_unit_stride,
+        stored_operand,
+    )
+
+    rows = torch.empty(3, 5)
+    assert stored_operand(rows, wanted_transposed=True) == StoredOperand(5, 3, 5, CUBLAS_OP_N)
+    assert stored_operand(rows, wanted_transposed=False) == StoredOperand(5, 3, 5, CUBLAS_OP_T)
+    columns = torch.empty(5, 3).T  # (3, 5), column-major
+    assert stored_operand(columns, wanted_transposed=False) == StoredOperand(3, 5, 3, CUBLAS_OP_N)
+    assert stored_operand(columns, wanted_transposed=True) == StoredOperand(3, 5, 3, CUBLAS_OP_T)
+    padded = torch.empty(3, 8)[:, :5]
+    assert stored_operand(padded, wanted_transposed=True) == StoredOperand(5, 3, 8, CUBLAS_OP_N)
+    assert not has_unit_stride(torch.empty(4, 6)[:, ::2])
+
+
+def test_cublaslt_applies_tensor_scales_alone() -> None:
+    """The device-alpha route takes an epilogue of one or two tensor scales and a bf16 or
+    fp32 result on CUDA; every other step, dtype or device is refused, with the reason."""
+    from stochround.kernels.cublaslt import cublaslt_missing
+    from stochround.kernels.scaled_gemm import alpha_refusal, cublas_route
+
+    values_a, values_b = exact_operands(8, 16, 32, seed=9)
+    for index, present in enumerate(STEPS):
+        c = to_device(case(values_a, values_b, present, seed=index))
+        only_scales = not any(present[:2] + present[4:]) and any(present[2:4])
+        for out_dtype in OUT_DTYPES:
+            refusal = alpha_refusal(c.a.values, c.b.values, epilogue_of(c, out_dtype))
+            served = DEVICE == "cuda" and only_scales and out_dtype != torch.float16
+            assert (refusal is None) == (served and cublaslt_missing() is None), refusal
+            route = cublas_route(c.a.values, c.b.values, epilogue_of(c, out_dtype))
+            assert route == ("device_alpha" if refusal is None else "fused_epilogue")
+    if DEVICE == "cpu":
+        assert "CUDA" in str(alpha_refusal(values_a, values_b, epilogue_of(c, torch.float32)))
+
+
+# tensor scales: ordinary, one that overflows bf16, one that makes results subnormal,
+# and zero, infinity and NaN
+ALPHA_SCALES = [
+    (0.7 * 2.0**-20, None),
+    (None, 3.3 * 2.0**10),
+    (0.7 * 2.0**-20, 3.3 * 2.0**10),
+    (1.3 * 2.0**60, 1.1 * 2.0**60),
+    (1.7 * 2.0**-70, 1.3 * 2.0**-60),
+    (0.0, 5.0),
+    (float("inf"), 1.0),
+    (float("nan"), None),
+]
+
+
+@CUDA
+@pytest.mark.parametrize("layout", ["plain", "b_transposed", "a_column_major"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_cublaslt_scales_exact_sums_as_the_spec_does(out_dtype: torch.dtype, layout: str) -> None:
+    """Exact partial sums (any order gives the spec's product): cuBLASLt's epilogue gives
+    the spec's bits for every scale, overflow, subnormal results, zero, infinity and NaN
+    included, whatever the output's memory held (beta is zero: never read); b given
+    transposed (dgrad) and a column-major (wgrad's views); K whose rows are 8-byte
+    aligned."""
+    from stochround.kernels.scaled_gemm import alpha_scaled_gemm
+
+    m, n, k = 96, 136, 100
+    values_a, values_b = exact_operands(m, n, k, seed=11)
+    for scale_a, scale_b in ALPHA_SCALES:
+        a = GemmOperand(values_a, None if scale_a is None else torch.tensor(scale_a), None, 1.0)
+        b = GemmOperand(values_b, None if scale_b is None else torch.tensor(scale_b), None, 1.0)
+        expected = torch_scaled_mm(a, b, None, out_dtype)
+        c = to_device(Case(a, b, None))
+        x, w = c.a.values, c.b.values
+        transposed = layout == "b_transposed"
+        if transposed:
+            w = w.T.contiguous()
+        if layout == "a_column_major":
+            x = x.T.contiguous().T
+        torch.full((m, n), float("nan"), dtype=out_dtype, device=DEVICE)  # freed: reused
+        got = alpha_scaled_gemm(x, w, epilogue_of(c, out_dtype), transposed)
+        assert_same_bits(got, expected)
+
+
+@CUDA
+def test_cublaslt_is_within_fp32_accumulations_bound_on_random_operands() -> None:
+    """Sums in cuBLAS's order: within K 2**-24 sum |a_k b_k| of the exact product, then the
+    one rounding of the scaling (to fp32)."""
+    from stochround.kernels.scaled_gemm import alpha_scaled_gemm
+
+    m, n, k = 256, 384, 4096
+    g = generator(13)
+    values_a = torch.randn(m, k, generator=g).bfloat16()
+    values_b = torch.randn(n, k, generator=g).bfloat16()
+    a = GemmOperand(values_a, torch.tensor(0.37), None, 1.0)
+    b = GemmOperand(values_b, torch.tensor(5.1), None, 1.0)
+    c = to_device(Case(a, b, None))
+    got = alpha_scaled_gemm(c.a.values, c.b.values, epilogue_of(c, torch.float32))
+    a64, b64 = values_a.double(), values_b.double()
+    scale = float(torch.tensor(0.37) * torch.tensor(5.1))
+    exact = (a64 @ b64.T) * scale
+    bound = k * 2**-24 * (a64.abs() @ b64.abs().T) * scale + exact.abs() * 2**-23
+    assert bool(((got.cpu().double() - exact).abs() <= bound).all())
+
+
+@CUDA
+def test_a_captured_cublaslt_gemm_replays_eagers_bits() -> None:
+    """cuBLASLt's GEMM under CUDA-graph capture: the replay over new operands and scales
+    gives the eager call's bits."""
+    from stochround.kernels.scaled_gemm import alpha_scaled_gemm
+
+    m, n, k = 128, 256, 512
+    g = generator(17)
+    draw = [torch.randn(rows, k, generator=g).bfloat16().to(DEVICE) for rows in (m, n) * 2]
+    scales = [torch.tensor(s, device=DEVICE) for s in (0.3, 7.0, 1.9, 0.01)]
+    static = (
+        GemmOperand(draw[0].clone(), scales[0].clone(), None, 1.0),
+        GemmOperand(draw[1].clone(), scales[1].clone(), None, 1.0),
+    )
+    epilogue = epilogue_of(Case(*static, None), torch.bfloat16)
+    alpha_scaled_gemm(static[0].values, static[1].values, epilogue)  # warm-up: the plan
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = alpha_scaled_gemm(static[0].values, static[1].values, epilogue)
+    for operand, values, scale in zip(static, draw[2:], scales[2:], strict=True):
+        operand.values.copy_(values)
+        operand.tensor_scale.copy_(scale)
+    graph.replay()
+    fresh = Case(
+        GemmOperand(draw[2], scales[2], None, 1.0), GemmOperand(draw[3], scales[3], None, 1.0), None
+    )
+    assert_same_bits(out, alpha_scaled_gemm(draw[2], draw[3], epilogue_of(fresh, torch.bfloat16)))
+
+
+@CUDA
+def test_scaled_mm_and_its_prepared_gemm_take_cublaslt_for_tensor_scales() -> None:
+    """A product that cuBLAS serves (its shape not of whole tiles) with tensor scales alone
+    goes to cuBLASLt's epilogue, eager and prepared alike, with the spec's bits on exact
+    sums; b given transposed too."""
+    from stochround.blocks.gemm import fp32_matmul
+    from stochround.kernels.scaled_gemm import PreparedScaledGemm, gemm_kernel
+
+    m, n, k = 40, 72, 104
+    assert gemm_kernel(m, n, k) == "fused_epilogue"
+    values_a, values_b = exact_operands(m, n, k, seed=19)
+    c = to_device(case(values_a, values_b, (False, False, True, True, False, False, False), 19))
+    expected = torch_scaled_mm(c.a, c.b, None, torch.bfloat16)
+    assert_same_bits(scaled_mm(c.a, c.b, backend="triton", out_dtype=torch.bfloat16), expected)
+    epilogue = epilogue_of(c, torch.bfloat16)
+    prepared = PreparedScaledGemm(c.a.values, c.b.values, epilogue, fp32_matmul)
+    assert prepared.alpha and not prepared.fused
+    assert_same_bits(prepared(c.a.values, c.b.values, epilogue), expected)
+    b_t = c.b.values.T.contiguous()
+    assert_same_bits(prepared(c.a.values, b_t, epilogue, transposed=True), expected)

@@ -218,9 +218,10 @@ def kernel_scaled_mm(
 ) -> Tensor | None:
     """`scaled_mm` by the kernels (`stochround.kernels.scaled_gemm`), or None where
     `use_kernel` leaves it to the PyTorch path: bf16 operands, the GEMM with the scales in
-    its epilogue or cuBLAS's fp32 product and one epilogue pass, as
-    `stochround.kernels.scaled_gemm.gemm_kernel` chooses; an `unscaled` product taken by
-    cuBLAS alone (`rounded_matmul`) where the GEMM is not the kernels'."""
+    its epilogue, or cuBLAS: cuBLASLt's GEMM scaled in its own epilogue where tensor scales
+    are all there is, else its fp32 product and one epilogue pass, as
+    `stochround.kernels.scaled_gemm.gemm_kernel` and ``cublas_route`` choose; an `unscaled`
+    product taken by cuBLAS alone (`rounded_matmul`) where the GEMM is not the kernels'."""
     on_cuda = a.values.is_cuda
     missing = triton_missing()
     if missing is not None:
@@ -237,6 +238,8 @@ def kernel_scaled_mm(
         return kernels.scaled_gemm(a.values, b.values, epilogue)
     if unscaled(a, b, bias) and out_dtype in ROUNDED_OUT_DTYPES:
         return rounded_matmul(a.values, b.values.T, out_dtype)
+    if kernels.cublas_route(a.values, b.values, epilogue) == "device_alpha":
+        return kernels.alpha_scaled_gemm(a.values, b.values, epilogue)
     return kernels.fused_epilogue(fp32_product(a.values, b.values), epilogue)
 
 

@@ -1,6 +1,8 @@
 """`stochround.blocks.scaled_mm`'s scaling of the product in one pass: a bf16 GEMM with the
-scales in its epilogue (`scaled_gemm`), or cuBLAS's fp32 product then one elementwise
-kernel (`fused_epilogue`); `gemm_kernel` chooses between them.
+scales in its epilogue (`scaled_gemm`), cuBLASLt's bf16 GEMM scaled in its own epilogue
+where the tensor scales are all there is to apply (`alpha_scaled_gemm`), or cuBLAS's fp32
+product then one elementwise kernel (`fused_epilogue`); `gemm_kernel` and `cublas_route`
+choose.
 
 The spec is `scaled_mm`'s PyTorch sequence over the fp32 product ``P = A B^T``, each
 operation rounded in fp32, in this order::
@@ -31,6 +33,7 @@ from torch import Tensor
 
 from .availability import INTERPRETED
 from .common import fp32_bits_of, narrow_to_16_bits
+from .cublaslt import ALPHA_OUT_DTYPES, alpha_gemm, cublaslt_missing
 from .runtime import bound_launch, current_device
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -62,9 +65,11 @@ EPILOGUE_BLOCK_M = 16
 EPILOGUE_BLOCK_N = 256
 EPILOGUE_WARPS = 8
 
-# which kernel serves a call: the bf16 GEMM with the scales fused, or cuBLAS's fp32 product
-# and the epilogue pass
+# which kernel serves a call: the bf16 GEMM with the scales fused, or cuBLAS (`CUBLAS_ROUTES`)
 GEMM_KERNELS = ("triton_gemm", "fused_epilogue")
+# how cuBLAS serves a product: its bf16 GEMM scaled by a device-side alpha, or its fp32
+# product and the epilogue pass
+CUBLAS_ROUTES = ("device_alpha", "fused_epilogue")
 
 
 class Epilogue(NamedTuple):
@@ -140,6 +145,40 @@ def gemm_kernel(m: int, n: int, k: int) -> str:
     tiled = m % config.block_m == 0 and n % config.block_n == 0 and k % config.block_k == 0
     small = m * n * k <= FUSED_GEMM_LIMIT
     return "triton_gemm" if tiled and k > 0 and small else "fused_epilogue"
+
+
+def alpha_refusal(a: Tensor, b: Tensor, epilogue: Epilogue) -> str | None:
+    """Why cuBLASLt cannot apply ``epilogue`` itself to the product of ``a`` and ``b`` (None
+    if it can): non-empty CUDA operands, one or two tensor scales and nothing else (no row
+    scales, no bias, factors 1: one multiplication by their fp32 product, as the spec's),
+    a bf16 or fp32 result, cuBLASLt loaded (`stochround.kernels.cublaslt`)."""
+    if not a.is_cuda or not a.numel() or not b.numel():
+        return "the operands are empty or not on a CUDA device"
+    if epilogue.out_dtype not in ALPHA_OUT_DTYPES:
+        return f"out_dtype must be one of {tuple(ALPHA_OUT_DTYPES)}; got {epilogue.out_dtype}"
+    rows = (epilogue.row_a, epilogue.row_b, epilogue.bias)
+    if any(t is not None for t in rows) or epilogue.factor_a != 1.0 or epilogue.factor_b != 1.0:
+        return "row scales, a bias and factors other than 1 need the epilogue pass"
+    if epilogue.scale_a is None and epilogue.scale_b is None:
+        return "an unscaled product is cuBLAS's plain GEMM"
+    return cublaslt_missing()
+
+
+def cublas_route(a: Tensor, b: Tensor, epilogue: Epilogue) -> str:
+    """The route (one of `CUBLAS_ROUTES`) of a product that `gemm_kernel` leaves to cuBLAS:
+    "device_alpha" where cuBLASLt applies the epilogue (`alpha_refusal`), else
+    "fused_epilogue"."""
+    return "device_alpha" if alpha_refusal(a, b, epilogue) is None else "fused_epilogue"
+
+
+def alpha_scaled_gemm(a: Tensor, b: Tensor, epilogue: Epilogue, transposed: bool = False) -> Tensor:
+    """``a @ b.T`` of bf16 CUDA ``a`` (M, K) and ``b`` (N, K) (b^T (K, N) where
+    ``transposed``) times the epilogue's tensor scales (their fp32 product where there are
+    two, as the spec rounds it) in cuBLASLt's epilogue, rounded once to ``out_dtype``: the
+    spec's bits over cuBLAS's sums (`alpha_refusal` says where it serves)."""
+    present = [s for s in (epilogue.scale_a, epilogue.scale_b) if s is not None]
+    alpha = present[0] if len(present) == 1 else torch.mul(present[0], present[1])
+    return alpha_gemm(a, b, alpha, epilogue.out_dtype, transposed)
 
 
 @triton.jit
@@ -461,9 +500,10 @@ class PreparedScaledGemm:
     """`scaled_gemm` or `fused_epilogue` (as `gemm_kernel` chooses) of operands of one
     signature: the shapes, the dtypes and which epilogue steps are present, as the example
     ``a``, ``b`` and ``epilogue`` have them, checked (`scaled_gemm_refusal`) and the choice,
-    the tile and the bound launch made once, so that a call assembles the pointers alone.
-    ``product``: the fp32 product ``a @ b_t`` of the fused-epilogue route (the caller's
-    cuBLAS GEMM), given b transposed (K, N)."""
+    the tile and the bound launch made once, so that a call assembles the pointers alone;
+    where cuBLAS serves the product, `cublas_route` chooses once too.  ``product``: the
+    fp32 product ``a @ b_t`` of the fused-epilogue route (the caller's cuBLAS GEMM), given
+    b transposed (K, N)."""
 
     def __init__(
         self, a: Tensor, b: Tensor, epilogue: Epilogue, product: Callable[[Tensor, Tensor], Tensor]
@@ -476,6 +516,7 @@ class PreparedScaledGemm:
         self.out_dtype = epilogue.out_dtype
         self.product = product
         self.fused = gemm_kernel(m, n, k) == "triton_gemm"
+        self.alpha = not self.fused and cublas_route(a, b, epilogue) == "device_alpha"
         self.presence = tuple(t is None for t in epilogue if not isinstance(t, (float, int)))
         _, constants = _epilogue_arguments(epilogue, a)
         if self.fused:
@@ -510,6 +551,8 @@ class PreparedScaledGemm:
                 f"a prepared scaled GEMM takes the {self.sizes} (m, n, k) product and the "
                 f"epilogue it was made for; got {(m, n, k)}"
             )
+        if self.alpha:
+            return alpha_scaled_gemm(a, b, epilogue, transposed)
         if self.fused:
             source = a
             out = a.new_empty((m, n), dtype=self.out_dtype)
@@ -532,6 +575,7 @@ class PreparedScaledGemm:
 
 
 __all__ = [
+    "CUBLAS_ROUTES",
     "FUSED_GEMM_LIMIT",
     "GEMM_KERNELS",
     "OUT_DTYPES",
@@ -541,6 +585,9 @@ __all__ = [
     "Epilogue",
     "GemmConfig",
     "PreparedScaledGemm",
+    "alpha_refusal",
+    "alpha_scaled_gemm",
+    "cublas_route",
     "epilogue_refusal",
     "fused_epilogue",
     "gemm_config",
