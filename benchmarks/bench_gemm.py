@@ -13,6 +13,9 @@ MXFP8's bf16 operands), "all" (row scales, tensor scales, a factor of 4/3). Rows
   PyTorch passes (today's path);
 - ``fused_epilogue``: cuBLAS to fp32, then `stochround.kernels.scaled_gemm.fused_epilogue`;
 - ``triton_gemm``: `stochround.kernels.scaled_gemm.scaled_gemm` (the scales in the GEMM);
+- ``device_alpha``: `stochround.kernels.scaled_gemm.alpha_scaled_gemm` (cuBLASLt's bf16
+  GEMM scaled in its own epilogue), where it serves the case: tensor scales alone, so
+  dgrad and wgrad under "tensor" (fprop carries a bias);
 - ``scaled_mm``: ``scaled_mm(..., backend="auto")`` (what the routing chooses);
 - ``triton_<tile>``: the Triton GEMM at each tile of ``--configs`` (to tune
   `stochround.kernels.scaled_gemm.gemm_config`), e.g. ``128x256x64w8s3``: a 128 x 256
@@ -41,7 +44,14 @@ from torch import Tensor
 
 from stochround.blocks import GemmOperand
 from stochround.blocks.gemm import fp32_product, scaled_mm
-from stochround.kernels.scaled_gemm import Epilogue, GemmConfig, fused_epilogue, scaled_gemm
+from stochround.kernels.scaled_gemm import (
+    Epilogue,
+    GemmConfig,
+    alpha_refusal,
+    alpha_scaled_gemm,
+    fused_epilogue,
+    scaled_gemm,
+)
 
 EPILOGUES = ("tensor", "rows", "all")
 PROVIDERS = ("torch_epilogue", "fused_epilogue", "triton_gemm", "scaled_mm")
@@ -95,6 +105,8 @@ class Gemm:
             return lambda: fused_epilogue(fp32_product(self.a, self.b), self.epilogue)
         if provider == "triton_gemm":
             return lambda: scaled_gemm(self.a, self.b, self.epilogue)
+        if provider == "device_alpha":
+            return lambda: alpha_scaled_gemm(self.a, self.b, self.epilogue)
         backend = "torch" if provider == "torch_epilogue" else "auto"
         return partial(
             scaled_mm,
@@ -174,7 +186,8 @@ def main() -> int:
                 first = False
             cublas = partial(row, operands, "cublas_bf16", None)
             bench.add(case, "cublas_bf16", cublas, reference=True)
-            for provider in (*PROVIDERS, *tiles):
+            alpha = alpha_refusal(operands.a, operands.b, operands.epilogue) is None
+            for provider in (*PROVIDERS, *(["device_alpha"] if alpha else []), *tiles):
                 checked = None if provider == "torch_epilogue" else spec
                 bench.add(case, provider, partial(row, operands, provider, checked), ours=True)
     return bench.run()
