@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
+from helpers import cuda_route
 from torch import Tensor
 
 from stochround.blocks import GemmOperand, scaled_mm
@@ -350,7 +351,6 @@ ALPHA_SCALES = [
 ]
 
 
-@CUDA
 @pytest.mark.parametrize("layout", ["plain", "b_transposed", "a_column_major"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_cublaslt_scales_exact_sums_as_the_spec_does(out_dtype: torch.dtype, layout: str) -> None:
@@ -358,9 +358,15 @@ def test_cublaslt_scales_exact_sums_as_the_spec_does(out_dtype: torch.dtype, lay
     the spec's bits for every scale, overflow, subnormal results, zero, infinity and NaN
     included, whatever the output's memory held (beta is zero: never read); b given
     transposed (dgrad) and a column-major (wgrad's views); K whose rows are 8-byte
-    aligned."""
+    aligned.  On the CPU, the stand-in that `cpu_as_cuda` routes to."""
     from stochround.kernels.scaled_gemm import alpha_scaled_gemm
 
+    _, route = cuda_route()
+    with route:
+        check_alpha_scaling(alpha_scaled_gemm, out_dtype, layout)
+
+
+def check_alpha_scaling(alpha_scaled_gemm, out_dtype: torch.dtype, layout: str) -> None:  # type: ignore[no-untyped-def]
     m, n, k = 96, 136, 100
     values_a, values_b = exact_operands(m, n, k, seed=11)
     for scale_a, scale_b in ALPHA_SCALES:
@@ -429,11 +435,16 @@ def test_a_captured_cublaslt_gemm_replays_eagers_bits() -> None:
     assert_same_bits(out, alpha_scaled_gemm(draw[2], draw[3], epilogue_of(fresh, torch.bfloat16)))
 
 
-@CUDA
 def test_scaled_mm_and_its_prepared_gemm_take_cublaslt_for_tensor_scales() -> None:
     """A product that cuBLAS serves (its shape not of whole tiles) with tensor scales alone
     goes to cuBLASLt's epilogue, eager and prepared alike, with the spec's bits on exact
-    sums; b given transposed too."""
+    sums; b given transposed too (on the CPU: `cpu_as_cuda`'s stand-in)."""
+    _, route = cuda_route()
+    with route:
+        check_alpha_routes()
+
+
+def check_alpha_routes() -> None:
     from stochround.blocks.gemm import fp32_matmul
     from stochround.kernels.scaled_gemm import PreparedScaledGemm, gemm_kernel
 

@@ -34,14 +34,17 @@ pytestmark = pytest.mark.usefixtures("no_step_graphs")
 # reading it once for both tensor amaxes, whose last program writes both tensor scales, and
 # one launch writing both operands, so no transpose launch.  fprop's W in 16 x 16 tiles reads
 # its tiles' amaxes and its tensor scales in one launch (the tile-amax kernel) and is quantized
-# by the block kernel; dgrad's W^T is fprop's Q(W), read transposed.  Three GEMMs, each a product
-# and the epilogue launch that scales it (cuBLAS's mm with an fp32 output at this size).
+# by the block kernel; dgrad's W^T is fprop's Q(W), read transposed.  Three GEMMs: fprop's,
+# which adds the bias, a product and the epilogue launch that scales it (cuBLAS's mm with an
+# fp32 output at this size); dgrad's and wgrad's, which take their tensor scales alone,
+# cuBLASLt's GEMM scaled in its own epilogue (`stochround.kernels.cublaslt`: no launch of
+# ours, no ATen op but the output's allocation and alpha, the tensor scales' product).
 NVFP4_LAUNCHES = {
     "two_orientation_amax_kernel": 2,
     "two_orientation_kernel": 2,
     "_tile_amax_kernel": 1,
     "quantize_blocks_kernel": 1,
-    "_epilogue_kernel": 3,
+    "_epilogue_kernel": 1,
 }
 NVFP4_ATEN = {
     # the step: the offsets of the layer's 16 slots as one column (one add) read from the
@@ -56,13 +59,15 @@ NVFP4_ATEN = {
     # ticket counter are kept by the prepared pair) and W's tensor scales (its tiles'
     # amaxes, which its quantize launch alone reads, kept by the prepared tile amax)
     "aten::new_empty": 2 + 1 + 2 + 1,
-    "aten::empty_like": 1 + 3,  # + the three epilogues' outputs
+    "aten::empty_like": 1 + 1,  # + fprop's epilogue's output
     # W's S_dec
     "aten::select.int": 1,
-    # the GEMMs: b transposed (a view; not dgrad's Q(W^T), whose transpose, fprop's Q(W),
-    # the GEMM reads as it is) and cuBLAS's bf16 product with an fp32 output
-    "aten::permute": 2,
-    "aten::mm.dtype": 3,
+    # fprop's GEMM: b transposed (a view) and cuBLAS's bf16 product with an fp32 output;
+    # dgrad's and wgrad's: alpha and the output (cuBLASLt reads b as it lies)
+    "aten::permute": 1,
+    "aten::mm.dtype": 1,
+    "aten::mul.Tensor": 2,
+    "aten::empty.memory_format": 2,
     # db, and the autograd engine's detach of each gradient it accumulates
     "aten::sum.dim_IntList": 1,
     "aten::detach": 3,
@@ -71,11 +76,14 @@ NVFP4_ATEN = {
 
 # nvfp4(tensor_scale="pow2"): the operands' values hold their power-of-two tensor scales, so
 # no GEMM scales its result but fprop's, which adds the bias (the epilogue launch), and W's
-# S_dec is not selected for the GEMM
-NVFP4_POW2_LAUNCHES = {**NVFP4_LAUNCHES, "_epilogue_kernel": 1}
+# S_dec is not selected for the GEMM; dgrad's and wgrad's products are cuBLAS's mm to fp32
+# (cast: `rounded_matmul`), with b transposed
+NVFP4_POW2_LAUNCHES = NVFP4_LAUNCHES
+ALPHA_ONLY = ("aten::select.int", "aten::mul.Tensor", "aten::empty.memory_format")
 NVFP4_POW2_ATEN = {
-    **{name: n for name, n in NVFP4_ATEN.items() if name != "aten::select.int"},
-    "aten::empty_like": 1 + 1,
+    **{name: n for name, n in NVFP4_ATEN.items() if name not in ALPHA_ONLY},
+    "aten::permute": 2,
+    "aten::mm.dtype": 3,
 }
 
 
@@ -83,11 +91,11 @@ NVFP4_POW2_ATEN = {
 # dgrad's dy; dgrad's W^T, wgrad's dy^T and x^T are their Q(.) transposed, bit for bit), each
 # by two launches (the amax's partial maxima; `stochround.kernels.tensor_round`'s one pass,
 # which multiplies, rounds, stores the bf16 values and their transpose: no transpose
-# launches); three GEMMs (the product and the epilogue that scales it).
+# launches); three GEMMs as nvfp4()'s (fprop's product and epilogue, then cuBLASLt's).
 FP8_LAUNCHES = {
     "_amax_kernel": 3,
     "_tensor_round_kernel": 3,
-    "_epilogue_kernel": 3,
+    "_epilogue_kernel": 1,
 }
 FP8_ATEN = {
     # the step: the slots' offsets (one add) read from the counter before it advances,
@@ -107,11 +115,13 @@ FP8_ATEN = {
     "aten::detach": 3 + 3,  # + the autograd engine's detach of each gradient
     "aten::div.Tensor": 3 * 2,
     "aten::maximum": 3,
-    # the GEMMs: b transposed (a view), cuBLAS's bf16 product with an fp32 output, the
-    # epilogue's output
-    "aten::permute": 3,
-    "aten::mm.dtype": 3,
-    "aten::empty_like": 3,
+    # fprop's GEMM: b transposed (a view), cuBLAS's bf16 product with an fp32 output, the
+    # epilogue's output; dgrad's and wgrad's: alpha and the output
+    "aten::permute": 1,
+    "aten::mm.dtype": 1,
+    "aten::empty_like": 1,
+    "aten::mul.Tensor": 2,
+    "aten::empty.memory_format": 2,
     # db
     "aten::sum.dim_IntList": 1,
 }
@@ -176,16 +186,16 @@ def counts_of(case: str) -> bench_ops.Counts:
 @pytest.mark.parametrize(
     ("case", "launches", "aten", "totals"),
     [
-        ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (9, 24, 0)),
+        ("linear_nvfp4", NVFP4_LAUNCHES, NVFP4_ATEN, (7, 23, 0)),
         ("linear_nvfp4_pow2", NVFP4_POW2_LAUNCHES, NVFP4_POW2_ATEN, (7, 21, 0)),
-        ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (9, 43, 0)),
+        ("linear_fp8", FP8_LAUNCHES, FP8_ATEN, (7, 41, 0)),
     ],
 )
 def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
     case: str, launches: dict[str, int], aten: dict[str, int], totals: tuple[int, int, int]
 ) -> None:
-    """nvfp4(): nine launches and twenty-four ATen ops (with power-of-two tensor scales,
-    seven and twenty-one); fp8(): nine and forty-three."""
+    """nvfp4(): seven launches and twenty-three ATen ops (with power-of-two tensor scales,
+    seven and twenty-one); fp8(): seven and forty-one."""
     counts = counts_of(case)
     names = Counter(counts.names)
     launched = {name.removeprefix("launch:"): n for name, n in names.items() if "launch:" in name}
@@ -200,7 +210,7 @@ def test_a_layer_step_dispatches_its_pinned_launches_and_aten_ops(
 # step graphs serve it (an eager graphed step; a compiled step traced with them on) its
 # forward keeps nothing, as before the twelfth session: it quantizes x for fprop alone,
 # and its backward quantizes x^T for wgrad and W for dgrad again (their amaxes,
-# transposes and quantizations): 15 launches, not the kept step's 9 ...
+# transposes and quantizations): 13 launches, not the kept step's 7 ...
 GRAPHED_UNKEPT_LAUNCHES = {
     "linear_nvfp4": {
         "two_orientation_amax_kernel": 1,  # dy's pair alone
@@ -209,17 +219,17 @@ GRAPHED_UNKEPT_LAUNCHES = {
         "_transpose_kernel": 2,
         "quantize_blocks_kernel": 4,
         "_tile_amax_kernel": 2,  # W's tiles in the forward and again in the backward
-        "_epilogue_kernel": 3,
+        "_epilogue_kernel": 1,
     },
     "linear_fp8": {
         "_amax_kernel": 5,  # x^T and W^T quantized again: no transposed Q(x), Q(W) kept
         "_tensor_round_kernel": 5,
         "_transpose_kernel": 2,
-        "_epilogue_kernel": 3,
+        "_epilogue_kernel": 1,
     },
 }
-# ... and dispatches this many ATen ops (the kept step's 26 and 44)
-GRAPHED_UNKEPT_ATEN = {"linear_nvfp4": 37, "linear_fp8": 64}
+# ... and dispatches this many ATen ops (the kept step's 25 and 42)
+GRAPHED_UNKEPT_ATEN = {"linear_nvfp4": 35, "linear_fp8": 62}
 # ... where they will not serve it (a compiled step traced with them off, on the CPU or
 # above the work bound: `keeps_operands`), its forward keeps Q(W) and x's wgrad operand
 # (from x's pair) for its backward, as the eager forward does, so its backward quantizes

@@ -100,7 +100,9 @@ def cpu_as_cuda(cuda_only_ops: bool = True) -> Iterator[None]:
     (benchmarks/bench_ops.py).  The one operation only CUDA has (``torch.mm`` with an
     ``out_dtype``) is supplied for CPU tensors meanwhile (by a CPU kernel, which
     torch.compile traces and which costs no other operation host time), unless
-    ``cuda_only_ops`` is False.  ValueError outside the interpreter.
+    ``cuda_only_ops`` is False; cuBLASLt's scaled GEMM (`stochround.kernels.cublaslt`),
+    which dispatches no ATen operation on CUDA, by a stand-in that dispatches none either.
+    ValueError outside the interpreter.
 
     torch.compile's caches are keyed apart meanwhile (`ROUTE_CACHE_TAG`,
     `stochround.compile_cache.caches_keyed_apart`): the route changes what a layer's opaque ops

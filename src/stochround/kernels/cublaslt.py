@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 # cuBLASLt's enumerations (cublasLt.h, library_types.h, cublas_api.h)
 CUBLAS_STATUS_SUCCESS = 0
@@ -355,6 +356,8 @@ def alpha_gemm(
     and ``b`` (N, K) (or b^T (K, N), ``b_transposed``), ``alpha`` an fp32 element on the
     same device: one cuBLASLt GEMM, its plan made once per signature.  Operands without a
     stride of 1 are copied first."""
+    if not a.is_cuda:  # a CPU tensor routed as a CUDA one (`cpu_as_cuda`)
+        return _cpu_stand_in(a, b, alpha, out_dtype, b_transposed)
     if not has_unit_stride(a):
         a = a.contiguous()
     if not has_unit_stride(b):
@@ -369,6 +372,23 @@ def alpha_gemm(
     m, n = a.shape[0], b.shape[1 if b_transposed else 0]
     out = torch.empty((m, n), dtype=out_dtype, device=a.device)
     plan(a, b, alpha, out, device)
+    return out
+
+
+def _cpu_stand_in(
+    a: Tensor, b: Tensor, alpha: Tensor, out_dtype: torch.dtype, b_transposed: bool
+) -> Tensor:
+    """`alpha_gemm` of CPU tensors inside `stochround.kernels.availability.cpu_as_cuda`:
+    the output allocated as the CUDA route allocates it, then filled outside any dispatch
+    mode (a CUDA call dispatches no ATen operation for the GEMM, so a count of a step's
+    operations on the CPU stays the GPU's) with the widened operands' fp32 product times
+    alpha, rounded once."""
+    m, n = a.shape[0], b.shape[1 if b_transposed else 0]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    with _disable_current_modes():
+        b_t = b if b_transposed else b.T
+        product = torch.mm(a.to(torch.float32), b_t.to(torch.float32))
+        out.copy_(product * alpha.to(torch.float32).reshape(()))
     return out
 
 

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .availability import INTERPRETED
+from .availability import INTERPRETED, on_kernel_device
 from .common import fp32_bits_of, narrow_to_16_bits
 from .cublaslt import ALPHA_OUT_DTYPES, alpha_gemm, cublaslt_missing
 from .runtime import bound_launch, current_device
@@ -67,8 +67,7 @@ EPILOGUE_WARPS = 8
 
 # which kernel serves a call: the bf16 GEMM with the scales fused, or cuBLAS (`CUBLAS_ROUTES`)
 GEMM_KERNELS = ("triton_gemm", "fused_epilogue")
-# how cuBLAS serves a product: its bf16 GEMM scaled by a device-side alpha, or its fp32
-# product and the epilogue pass
+# cuBLAS's: its bf16 GEMM scaled by a device-side alpha, or its fp32 product and the pass
 CUBLAS_ROUTES = ("device_alpha", "fused_epilogue")
 
 
@@ -151,8 +150,9 @@ def alpha_refusal(a: Tensor, b: Tensor, epilogue: Epilogue) -> str | None:
     """Why cuBLASLt cannot apply ``epilogue`` itself to the product of ``a`` and ``b`` (None
     if it can): non-empty CUDA operands, one or two tensor scales and nothing else (no row
     scales, no bias, factors 1: one multiplication by their fp32 product, as the spec's),
-    a bf16 or fp32 result, cuBLASLt loaded (`stochround.kernels.cublaslt`)."""
-    if not a.is_cuda or not a.numel() or not b.numel():
+    a bf16 or fp32 result, cuBLASLt loaded (`stochround.kernels.cublaslt`; CPU tensors
+    inside `cpu_as_cuda` take its stand-in)."""
+    if not on_kernel_device(a) or not a.numel() or not b.numel():
         return "the operands are empty or not on a CUDA device"
     if epilogue.out_dtype not in ALPHA_OUT_DTYPES:
         return f"out_dtype must be one of {tuple(ALPHA_OUT_DTYPES)}; got {epilogue.out_dtype}"
@@ -161,7 +161,7 @@ def alpha_refusal(a: Tensor, b: Tensor, epilogue: Epilogue) -> str | None:
         return "row scales, a bias and factors other than 1 need the epilogue pass"
     if epilogue.scale_a is None and epilogue.scale_b is None:
         return "an unscaled product is cuBLAS's plain GEMM"
-    return cublaslt_missing()
+    return cublaslt_missing() if a.is_cuda else None
 
 
 def cublas_route(a: Tensor, b: Tensor, epilogue: Epilogue) -> str:
