@@ -16,7 +16,7 @@ A plan (`AlphaGemmPlan`) is made once per shapes, strides and alignments; a call
 ``cublasLtMatmul`` on the current stream, captured by CUDA graphs like any launch.  Its
 workspace (`WORKSPACE_BYTES`) is one buffer per device, made once in PyTorch's regular
 memory, outside every graph's pool (`outside_graph_pools`).
-Guide: docs/guide/recipes.md ("The GEMMs' scaling").
+Guide: docs/guide/blocks.md ("GEMM operands and the emulated GEMM").
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ CUBLAS_STATUS_SUCCESS = 0
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
 CUBLAS_COMPUTE_32F = 68
 CUDA_R_32F, CUDA_R_16BF = 0, 14
-DESC_COMPUTE_TYPE, DESC_SCALE_TYPE, DESC_POINTER_MODE, DESC_TRANSA, DESC_TRANSB = 0, 1, 2, 3, 4
+DESC_POINTER_MODE, DESC_TRANSA, DESC_TRANSB = 2, 3, 4
 POINTER_MODE_DEVICE = 1
 PREF_MAX_WORKSPACE_BYTES, PREF_REDUCTION_SCHEME_MASK = 1, 3
 PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
@@ -45,7 +45,7 @@ PREF_MIN_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
 # the output's type (bf16 partial sums would round more than once)
 REDUCTION_SCHEME_NONE, REDUCTION_SCHEME_COMPUTE_TYPE = 0, 2
 REDUCTION_SCHEMES = REDUCTION_SCHEME_NONE | REDUCTION_SCHEME_COMPUTE_TYPE
-# the workspace of a stream's GEMMs (what PyTorch gives cuBLASLt on Hopper)
+# the workspace of a device's GEMMs (what PyTorch gives cuBLASLt on Hopper)
 WORKSPACE_BYTES = 32 * 1024 * 1024
 # the output dtypes cuBLAS writes from the fp32 scaled sums
 ALPHA_OUT_DTYPES = {torch.bfloat16: CUDA_R_16BF, torch.float32: CUDA_R_32F}
