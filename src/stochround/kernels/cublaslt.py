@@ -336,7 +336,7 @@ def has_unit_stride(t: Tensor) -> bool:
     return stored_operand(t, wanted_transposed=False) is not None
 
 
-def plan_key(a: Tensor, b: Tensor, b_transposed: bool, out_dtype: torch.dtype) -> tuple:
+def alpha_plan_key(a: Tensor, b: Tensor, b_transposed: bool, out_dtype: torch.dtype) -> tuple:
     """What a plan depends on: shapes, strides, alignments, output dtype, device."""
     return (
         a.shape, a.stride(), alignment(a), b.shape, b.stride(), alignment(b),
@@ -362,7 +362,7 @@ def alpha_gemm(
         a = a.contiguous()
     if not has_unit_stride(b):
         b = b.contiguous()
-    key = plan_key(a, b, b_transposed, out_dtype)
+    key = alpha_plan_key(a, b, b_transposed, out_dtype)
     plan = _PLANS.get(key)
     device = a.get_device()
     if plan is None:
@@ -401,9 +401,9 @@ __all__ = [
     "StoredOperand",
     "alignment",
     "alpha_gemm",
+    "alpha_plan_key",
     "cublaslt_missing",
     "has_unit_stride",
     "outside_graph_pools",
-    "plan_key",
     "stored_operand",
 ]
