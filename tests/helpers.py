@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import re
 import sys
 import types
@@ -96,6 +97,54 @@ def row(output: str, first_cell: str) -> list[str]:
         if cells and cells[0] == first_cell:
             return cells
     raise AssertionError(f"no row starting with {first_cell!r} in:\n{output}")
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def assert_demo_report(output: str, out: Path) -> None:
+    """What `stochround demo` printed (``output``, 200 columns wide) and wrote to ``out``:
+    the numbers of the quick experiments with the default seed, in the experiments' own
+    bands (tests/experiments/test_experiments.py derives them), and every registered
+    experiment, in order, in results.json and report.md with its figures as PNG files.
+    Checked on the demo run in-process (tests/cli/test_experiments.py) and on the
+    README's main job in a fresh environment (tests/test_packaging.py, CI's first run)."""
+    from stochround.experiments import EXPERIMENTS
+
+    assert row(output, "sr")[3] == "+0.000000"  # exact SR is unbiased
+    assert row(output, "rne")[1] == "1.25"
+    # stagnation: 1 + 0.001, 1000 times, bf16 (the first "bf16" row)
+    stagnation = row(output, "bf16")
+    assert stagnation[1] == "1.0"
+    mean, std = (float(v) for v in stagnation[2].split(" ± "))
+    assert 1.9 <= mean <= 2.1
+    assert 0 < std < 0.2  # per-step variance <= ulp^2 / 4, ulp <= 2^-6: std <= 0.25
+    # summation: rne's slope ~1 (n u), SR's ~0.5 (sqrt(n) u)
+    assert 0.9 <= float(row(output, "bf16 rne")[2]) <= 1.35
+    assert 0.35 <= float(row(output, "bf16 sr")[2]) <= 0.65
+    # hardware units: documented exact SR, zero bias
+    assert row(output, "amd-mi300-fp8")[3] == "0"
+    # the time is printed, not asserted: speed goals live in benchmarks, and a loaded CI
+    # machine runs the demo several times slower than an idle one
+    assert re.search(r"demo took \d+\.\d s", output)
+    payload = json.loads((out / "results.json").read_text())
+    # gradient descent (from the JSON: its wide table wraps in a narrow terminal): SR's
+    # final loss at least 10x below rne's in bf16
+    descent = payload["gradient-descent"]["key_numbers"]
+    assert descent["bf16_sr_final_loss"] * 10 <= descent["bf16_rne_final_loss"]
+    assert list(payload) == list(EXPERIMENTS)
+    assert payload["stagnation"]["key_numbers"]["add_bf16_sr_mean"] == pytest.approx(mean, 1e-4)
+    report = (out / "report.md").read_text()
+    assert report.startswith("# stochround demo")
+    assert "## Some formats" in report
+    assert f"| bf16 | 1.0 | {stagnation[2]} |" in report
+    assert "| e4m3fn | 8 | 4 | 3 | 7 | 4 | -6 | 8 | 448 |" in report
+    for name in EXPERIMENTS:
+        assert f"## {payload[name]['title']}\n" in report, name
+        assert payload[name]["figures"], name
+        for figure in payload[name]["figures"]:
+            assert (out / figure).read_bytes()[:8] == PNG_SIGNATURE, figure
+            assert f"({figure})" in report, figure
 
 
 def kahan_sum(x: torch.Tensor) -> torch.Tensor:

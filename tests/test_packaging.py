@@ -15,7 +15,11 @@ that runs pytest, so they work whether pytest runs in a virtual environment or n
   minutes on two cores.  It is marked ``firstrun`` and left out of the default run (the
   ``-m "not firstrun"`` in pyproject.toml's addopts); ``.ci/run`` runs it on its own,
   before the suite, with ``python -m pytest -m firstrun tests/test_packaging.py``.  It
-  reads the command from README.md, so the README and CI cannot drift.
+  reads the command from README.md, so the README and CI cannot drift.  It is the one
+  whole demo of a CI run: it checks the tables the demo printed and the report it wrote
+  (`helpers.assert_demo_report`: every quick experiment in results.json and report.md,
+  its figures, the key numbers), which tests/cli/test_experiments.py checks on a demo
+  whose slow experiments are stood in for.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import assert_demo_report
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGING_INPUTS = ("pyproject.toml", "README.md", "LICENSE")
@@ -145,12 +150,14 @@ def test_the_readme_names_the_main_job_that_ci_runs() -> None:
 def test_the_readme_main_job_runs_in_a_fresh_environment(tmp_path: Path) -> None:
     """The README's main job, as written, in a copy of the project and a fresh virtual
     environment (no system site-packages, no extras): it installs the CPU build of torch
-    that the constraints pin (no CUDA wheels), no Triton, and writes the whole report."""
+    that the constraints pin (no CUDA wheels), no Triton, and writes the whole report:
+    every quick experiment, with the numbers and files `assert_demo_report` checks."""
     project = copy_project(PROJECT_INPUTS, tmp_path / "project")
     scripts = fresh_venv(tmp_path / "venv")
     env = {**os.environ, "PATH": f"{scripts}{os.pathsep}{os.environ['PATH']}"}
     env.pop("PYTHONPATH", None)  # the checkout must not leak into the environment's imports
     env.pop("TRITON_INTERPRET", None)  # as on a fresh machine
+    env["COLUMNS"] = "200"  # a wide terminal's: the demo's tables are read back unwrapped
     result = subprocess.run(
         ["bash", "-c", README_MAIN_JOB], cwd=project, env=env, capture_output=True, text=True
     )
@@ -165,6 +172,4 @@ def test_the_readme_main_job_runs_in_a_fresh_environment(tmp_path: Path) -> None
     versions, no_triton = run(python, "-c", probe).splitlines()
     assert versions.endswith("+cpu None"), versions
     assert no_triton == "True"
-    report = project / "stochround-report"
-    assert (report / "report.md").is_file()
-    assert (report / "results.json").is_file()
+    assert_demo_report(result.stdout, project / "stochround-report")
