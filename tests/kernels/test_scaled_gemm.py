@@ -435,6 +435,26 @@ def test_a_captured_cublaslt_gemm_replays_eagers_bits() -> None:
     assert_same_bits(out, alpha_scaled_gemm(draw[2], draw[3], epilogue_of(fresh, torch.bfloat16)))
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cublaslt_runs_on_its_operands_device_when_another_is_current() -> None:
+    """Operands on the second GPU while the first is current: the GEMM runs there, with
+    the bits it gives when that GPU is current."""
+    from stochround.kernels.scaled_gemm import alpha_scaled_gemm
+
+    m, n, k = 128, 256, 512
+    values_a, values_b = exact_operands(m, n, k, seed=19)
+    a = GemmOperand(values_a.to("cuda:1"), torch.tensor(0.3, device="cuda:1"), None, 1.0)
+    b = GemmOperand(values_b.to("cuda:1"), torch.tensor(7.0, device="cuda:1"), None, 1.0)
+    epilogue = epilogue_of(Case(a, b, None), torch.bfloat16)
+    with torch.cuda.device(1):
+        expected = alpha_scaled_gemm(a.values, b.values, epilogue)
+    with torch.cuda.device(0):
+        got = alpha_scaled_gemm(a.values, b.values, epilogue)
+        torch.cuda.synchronize(1)
+    assert got.device == torch.device("cuda:1")
+    assert_same_bits(got, expected)
+
+
 def test_scaled_mm_and_its_prepared_gemm_take_cublaslt_for_tensor_scales() -> None:
     """A product that cuBLAS serves (its shape not of whole tiles) with tensor scales alone
     goes to cuBLASLt's epilogue, eager and prepared alike, with the spec's bits on exact

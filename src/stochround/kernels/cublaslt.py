@@ -260,6 +260,8 @@ class AlphaGemmPlan:
             self._layout(ALPHA_OUT_DTYPES[out_dtype], n, m, n),
         ]
         self.algo = self._choose(lib, {"a": alignment(b), "b": alignment(a)}, out_dtype)
+        self.algo_ref = ctypes.byref(self.algo)
+        self.matmul = lib.cublasLtMatmul
 
     @staticmethod
     def _layout(dtype: int, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
@@ -307,9 +309,10 @@ class AlphaGemmPlan:
         return result.algo
 
     def __del__(self) -> None:
-        """Free the plan's cuBLASLt objects (while the library is still loaded)."""
-        found = _library()
-        if isinstance(found, str):
+        """Free the plan's cuBLASLt objects (while the library is still loaded: at the
+        interpreter's exit this module's names may already be None)."""
+        found = _library() if callable(_library) else None
+        if found is None or isinstance(found, str):
             return
         for layout in getattr(self, "layouts", ()):
             found.cublasLtMatrixLayoutDestroy(layout)
@@ -317,14 +320,23 @@ class AlphaGemmPlan:
             found.cublasLtMatmulDescDestroy(self.desc)
 
     def __call__(self, a: Tensor, b: Tensor, alpha: Tensor, out: Tensor, device: int) -> None:
-        """Write ``alpha * a b^T`` into ``out`` (the plan's signature: not checked here)."""
+        """Write ``alpha * a b^T`` into ``out`` (the plan's signature: not checked here) on
+        ``device``'s current stream, with ``device`` made current for the launch where it
+        is not."""
+        if torch.cuda.current_device() != device:
+            with torch.cuda.device(device):
+                self._launch(a, b, alpha, out, device)
+        else:
+            self._launch(a, b, alpha, out, device)
+
+    def _launch(self, a: Tensor, b: Tensor, alpha: Tensor, out: Tensor, device: int) -> None:
         stream = torch._C._cuda_getCurrentRawStream(device)
         layout_b, layout_a, layout_out = self.layouts
         _checked(
-            _lib().cublasLtMatmul(
+            self.matmul(
                 self.handle, self.desc, alpha.data_ptr(), b.data_ptr(), layout_b,
                 a.data_ptr(), layout_a, self.zero, out.data_ptr(), layout_out,
-                out.data_ptr(), layout_out, ctypes.byref(self.algo), self.workspace,
+                out.data_ptr(), layout_out, self.algo_ref, self.workspace,
                 WORKSPACE_BYTES, stream,
             ),
             "cublasLtMatmul",
