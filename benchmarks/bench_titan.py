@@ -56,6 +56,15 @@ the issue's target is ``scaling`` within 10% of the GPUs' count) and ``loss-RUN.
 the same reshard policy and logging interval, else the default policy's
 (`one_gpu_runs`).
 
+``--cudagraphs`` (with ``--compile``) runs each case with inductor's CUDA graph trees over
+each compiled block, forward and backward (``TORCHINDUCTOR_CUDAGRAPHS=1`` in the runs'
+environment: what ``torch.compile(mode="reduce-overhead")`` turns on; torchtitan 0.2.2
+takes no compile mode), and the layers' step graphs off (``STOCHROUND_STEP_GRAPHS=0``, as
+the recipes guide advises under ``reduce-overhead``: a step captured whole has nothing for
+them to save), bf16's case too; its files take ``-cudagraphs``.  A compiled step that
+the host cannot keep up with replays its launches from graphs there, as GPT-2 small's
+``compiled_cudagraphs`` rows do (`bench_model.py`).
+
 ``--profile-steps K`` has torchtitan's profiler record each run's last K steps (left out of
 the tokens/s median: the profiler slows them) and prints, per case and rank, where a step's
 time goes (`titan_profile`): the step's wall time, the GPU's busy time, its compute
@@ -73,6 +82,8 @@ them in Perfetto).
         --reshard-after-forward never --cases bf16 nvfp4 --out "$OUT"   # no backward all-gather
     python benchmarks/bench_titan.py --gpus 1 --flavor 100M --compile --log-every 10 \\
         --cases bf16 nvfp4 --out "$OUT"                               # the host running ahead
+    python benchmarks/bench_titan.py --gpus 1 --flavor 100M --compile --cudagraphs \\
+        --log-every 10 --cases bf16 nvfp4 --out "$OUT"                # blocks as CUDA graphs
     python benchmarks/bench_titan.py --device cpu --flavor tiny --steps 2 --seq-len 32 \\
         --batch 1 --cases bf16 nvfp4 --out /tmp/titan                 # smoke test
 """
@@ -81,6 +92,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -148,12 +160,24 @@ def option(name: str, value: object, default: object) -> list[str]:
 
 def run_name(args: argparse.Namespace) -> str:
     """The run's part of the folder and file names:
-    ``<N>gpu[-replicate][-reshard-POLICY][-logK]`` (no policy part for the default, no
-    logging part for K = 1)."""
+    ``<N>gpu[-replicate][-reshard-POLICY][-logK][-cudagraphs]`` (no policy part for the
+    default, no logging part for K = 1)."""
     name = f"{args.gpus}gpu" + ("-replicate" if args.replicate else "")
     policy = args.reshard_after_forward
     name += "" if policy == "default" else f"-reshard-{policy}"
-    return name + ("" if args.log_every == 1 else f"-log{args.log_every}")
+    name += "" if args.log_every == 1 else f"-log{args.log_every}"
+    return name + ("-cudagraphs" if args.cudagraphs else "")
+
+
+# the runs' environment under ``--cudagraphs``: inductor's CUDA graph trees on, the
+# layers' step graphs off
+CUDAGRAPHS_ENVIRONMENT = {"TORCHINDUCTOR_CUDAGRAPHS": "1", "STOCHROUND_STEP_GRAPHS": "0"}
+
+
+def environment(args: argparse.Namespace) -> dict[str, str]:
+    """The environment each case runs in: this process's, with `CUDAGRAPHS_ENVIRONMENT`
+    under ``--cudagraphs``."""
+    return {**os.environ, **(CUDAGRAPHS_ENVIRONMENT if args.cudagraphs else {})}
 
 
 def one_gpu_runs(args: argparse.Namespace) -> list[str]:
@@ -269,8 +293,16 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
         help="a row at step 1 and every K steps (a logged step syncs the host with the GPU: "
         "10, torchtitan's default, to measure throughput; 1 for every step's loss)",
     )
+    parser.add_argument(
+        "--cudagraphs",
+        action="store_true",
+        help="inductor's CUDA graph trees over each compiled block, the layers' step graphs "
+        "off (needs --compile)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.cudagraphs and not args.compile:
+        parser.error("--cudagraphs captures the compiled blocks: it needs --compile")
     if args.device == "cpu" and args.gpus != 1:
         parser.error("--device cpu runs one process: --gpus 1")
     if args.replicate and args.gpus == 1:
@@ -291,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out / f"{case}-{run}"
         line = command(case, args, folder)
         print(" ".join(line), flush=True)
-        done = subprocess.run(line, check=False)
+        done = subprocess.run(line, check=False, env=environment(args))
         if done.returncode != 0:
             results[case] = {"returncode": done.returncode}
             continue
