@@ -1,6 +1,7 @@
 """Test session set-up: the Triton interpreter where there is no GPU, one torch thread per
-xdist worker, an Inductor cache of its own per process, and GPU tests deselected where
-there is no GPU.  Shared helpers live in `helpers.py`."""
+xdist worker, an Inductor cache of its own per process, Inductor's dtype rules built once
+(`_dtype_rules_built_once`), and GPU tests deselected where there is no GPU.  Shared
+helpers live in `helpers.py`."""
 
 from __future__ import annotations
 
@@ -34,6 +35,40 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _inductor_cache, ignore_errors=True)
 
 import pytest
+
+
+def _dtype_rules_built_once() -> None:
+    """Inductor's `DtypePropagationOpsHandler` is a singleton whose ``__init__`` sets one
+    attribute per registered op rule at every construction, and code generation constructs
+    it for every operation it emits (torch 2.13 on the CPU: about a third of a compile).
+    Here it runs again only where the rule registries have grown since its last run, so
+    the singleton holds the same attributes as it would; nothing else changes.  Skipped
+    where this torch has no such class."""
+    try:
+        from torch._inductor import dtype_propagation, utils
+        from torch._inductor.codegen import common
+    except ImportError:
+        return
+    handler = getattr(dtype_propagation, "DtypePropagationOpsHandler", None)
+    registries = (
+        getattr(utils, "op_dtype_propagation_rules", None),
+        getattr(common, "pointwise_overrides_data", None),
+    )
+    if handler is None or "_instance" not in vars(handler) or None in registries:
+        return
+    build = handler.__init__
+    built: list[tuple[int, ...]] = []
+
+    def init_once(self: object) -> None:
+        sizes = tuple(len(registry) for registry in registries)
+        if built[-1:] != [sizes]:
+            build(self)
+            built.append(sizes)
+
+    handler.__init__ = init_once
+
+
+_dtype_rules_built_once()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -89,10 +89,13 @@ def test_the_one_launch_scales_equal_the_two_launch_and_pytorch_paths(
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_the_last_of_many_programs_reduces_every_partial_maximum(flavour: str) -> None:
     """1030 programs (two steps of the last program's reads); the largest magnitude, a NaN
-    or an infinity in the first, a middle or the last program."""
+    or an infinity in the first, a middle or the last program.  The reduction is the same
+    for every flavour (each then maps the amax to its scales): those three placements
+    under the first flavour, the ordinary tensor under each."""
     count = 1030 * MANY_PROGRAMS.CHUNK - 5
     base, *_ = special_cases(count)
-    for position, value in [(0, 1e6), (count // 2, math.nan), (count - 1, -math.inf)]:
+    placements = [(0, 1e6), (count // 2, math.nan), (count - 1, -math.inf)]
+    for position, value in placements if flavour == FLAVOURS[0] else []:
         x = base.clone()
         x[position] = value
         check_one_launch(x, flavour, MANY_PROGRAMS)
