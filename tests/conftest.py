@@ -59,10 +59,10 @@ def _dtype_rules_built_once() -> None:
     build = handler.__init__
     built: list[tuple[int, ...]] = []
 
-    def init_once(self: object) -> None:
+    def init_once(self: object, *args: object, **kwargs: object) -> None:
         sizes = tuple(len(registry) for registry in registries)
-        if built[-1:] != [sizes]:
-            build(self)
+        if args or kwargs or built[-1:] != [sizes]:  # (a torch whose rules take arguments)
+            build(self, *args, **kwargs)
             built.append(sizes)
 
     handler.__init__ = init_once
