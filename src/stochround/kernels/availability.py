@@ -5,7 +5,9 @@ The kernels run where Triton is importable and the call's tensors lie on a CUDA 
 anywhere under Triton's interpreter (``TRITON_INTERPRET=1``, read once, as Triton reads it
 when a kernel is defined).  What else a kernel needs (input dtypes, formats, layouts) its
 own module says (`kernels.rounding.rounding_refusal`, `kernels.matmul.matmul_refusal`, and the
-optimizers' own checks of a parameter).
+optimizers' own checks of a parameter).  Also the current CUDA device's getter that every
+launch reads before it runs (`current_device`), here where no Triton import is needed, so
+that cuBLASLt's route (`kernels.cublaslt`) reads the same one.
 """
 
 from __future__ import annotations
@@ -157,11 +159,18 @@ __all__ = [
     "ROUTE_CACHE_TAG",
     "check_backend",
     "cpu_as_cuda",
+    "current_device",
     "kernels_refusal",
     "on_kernel_device",
     "triton_missing",
     "use_kernel",
 ]
+
+
+def current_device() -> int:
+    """The index of the current CUDA device (PyTorch's own getter, without building a
+    `torch.device`: this runs on every kernel call)."""
+    return torch._C._cuda_getDevice()
 
 
 @functools.cache  # Format is frozen; fits_in works in exact fractions

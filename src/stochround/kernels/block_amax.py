@@ -19,11 +19,11 @@ from torch import Tensor
 
 from ..block_constants import NVFP4_FLAVOURS
 from ..reference import check_choice
-from .availability import INTERPRETED
+from .availability import INTERPRETED, current_device
 from .block_rotation import Rotation, checked_rotation, rotated, rotation_rounded
 from .common import INPUT_DTYPES, NAN16_BITS, fp32_bits_of
 from .grid import cdiv, next_power_of_2
-from .runtime import Launch, PartialLaunch, Varying, bound_launch, check_prepared, current_device
+from .runtime import Launch, PartialLaunch, Varying, bound_launch, check_prepared
 from .tensor_scales import (
     PartialsTiling,
     Tickets,

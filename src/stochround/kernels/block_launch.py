@@ -16,6 +16,7 @@ from ..formats import Format
 from ..formats import format as find_format
 from ..random import seed_tensor
 from ..reference import MODES, VARIANTS, check_choice, check_rbits
+from .availability import current_device
 from .block_kernel import (
     BlockOutput,
     BlockStream,
@@ -29,7 +30,7 @@ from .block_math import BlockScale, element_format, element_rounding
 from .block_rotation import checked_rotation
 from .common import INPUT_DTYPES, NAN16_BITS, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
-from .runtime import Launch, PartialLaunch, Varying, bound_launch, current_device
+from .runtime import Launch, PartialLaunch, Varying, bound_launch
 
 
 def check_block_call(

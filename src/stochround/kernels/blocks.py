@@ -11,6 +11,7 @@ from torch import Tensor
 from ..block_constants import POWER_OF_TWO_RULES
 from ..formats import Format
 from ..random import seed_tensor
+from .availability import current_device
 from .block_amax import (
     AmaxTiling,
     PreparedTensorScale,
@@ -37,7 +38,7 @@ from .block_math import fast_bits
 from .block_rotation import rht_normalization
 from .common import as_int64
 from .operand_bf16 import FlaggedRows, flag_bits
-from .runtime import check_prepared, current_device
+from .runtime import check_prepared
 from .single_launch import (
     SINGLE_LAUNCH_COUNTERS,
     SingleLaunchGrid,

@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .availability import current_device
+
 # cuBLASLt's enumerations (cublasLt.h, library_types.h, cublas_api.h)
 CUBLAS_STATUS_SUCCESS = 0
 CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
@@ -323,13 +325,9 @@ class AlphaGemmPlan:
         """Write ``alpha * a b^T`` into ``out`` (the plan's signature: not checked here) on
         ``device``'s current stream, with ``device`` made current for the launch where it
         is not."""
-        if torch.cuda.current_device() != device:
+        if current_device() != device:
             with torch.cuda.device(device):
-                self._launch(a, b, alpha, out, device)
-        else:
-            self._launch(a, b, alpha, out, device)
-
-    def _launch(self, a: Tensor, b: Tensor, alpha: Tensor, out: Tensor, device: int) -> None:
+                return self(a, b, alpha, out, device)
         stream = torch._C._cuda_getCurrentRawStream(device)
         layout_b, layout_a, layout_out = self.layouts
         _checked(

@@ -21,8 +21,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .availability import current_device
 from .grid import next_power_of_2
-from .runtime import Launch, bound_launch, current_device
+from .runtime import Launch, bound_launch
 from .tensor_scales import tensor_scales_of
 
 _CANONICAL_NAN_BITS = tl.constexpr(0x7FC00000)

@@ -59,7 +59,7 @@ from torch import Tensor
 from ..formats import Format
 from ..formats import format as find_format
 from ..random import check_index_offset, check_seed, seed_tensor
-from .availability import INTERPRETED, kernels_refusal
+from .availability import INTERPRETED, current_device, kernels_refusal
 from .common import (
     INPUT_DTYPES,
     NAN16_BITS,
@@ -71,7 +71,7 @@ from .common import (
     store_block_tile,
 )
 from .grid import cdiv, next_power_of_2
-from .runtime import Launch, bound_launch, check_prepared, current_device
+from .runtime import Launch, bound_launch, check_prepared
 
 # elements a program handles (a power of two; a program takes at least one whole block):
 # enough to hide the memory latency; the interpreter runs programs one after another, so

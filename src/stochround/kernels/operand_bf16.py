@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .availability import current_device
 from .grid import next_power_of_2
-from .runtime import bound_launch, current_device
+from .runtime import bound_launch
 
 # values a program reads at a time (a power of two)
 CHUNK = 1024

@@ -31,7 +31,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..formats import format_of_dtype
-from .availability import INTERPRETED
+from .availability import INTERPRETED, current_device
 from .common import (
     as_int64,
     bf16_sr,
@@ -42,7 +42,7 @@ from .common import (
     tile_words,
 )
 from .grid import cdiv
-from .runtime import Launch, current_device
+from .runtime import Launch
 
 ALGORITHMS = ("adamw", "sgd", "lion")
 # a program updates BLOCKS blocks of ROWS x 4 elements (one Philox block a row) with WARPS

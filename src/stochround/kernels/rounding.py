@@ -13,6 +13,7 @@ from torch import Tensor
 from ..formats import Format
 from ..random import seed_tensor
 from ..torch_path import checks_nan, nan_without_code, output_shape, refuse_capture
+from .availability import current_device
 from .common import INPUT_DTYPES, as_int64, kernel_supports
 from .grid import cdiv, next_power_of_2
 from .round_kernel import round_launch
@@ -22,7 +23,6 @@ from .runtime import (
     Launch,
     PartialLaunch,
     Varying,
-    current_device,
     current_stream,
     persistent_programs,
 )

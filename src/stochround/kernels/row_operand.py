@@ -19,7 +19,7 @@ from torch import Tensor
 from ..block_constants import ABSMAX_FLOORS, ROW_WORDS
 from ..formats import Format
 from ..random import seed_tensor
-from .availability import INTERPRETED, kernel_supports
+from .availability import INTERPRETED, current_device, kernel_supports
 from .block_math import (
     ElementRounding,
     element_format,
@@ -41,7 +41,7 @@ from .common import (
 )
 from .grid import cdiv, next_power_of_2
 from .philox import random_word
-from .runtime import Launch, bound_launch, check_prepared, current_device
+from .runtime import Launch, bound_launch, check_prepared
 
 # whose word each element's SR draws: its own (the word of its row-major index), its
 # row's (the word of the row's index), or its column's (the word of the column's index)

@@ -332,12 +332,6 @@ def bound_launch(kernel: triton.JITFunction, constants: tuple[tuple[str, object]
     return Launch(kernel, dict(constants))
 
 
-def current_device() -> int:
-    """The index of the current CUDA device (PyTorch's own getter, without building a
-    `torch.device`: this runs on every kernel call)."""
-    return torch._C._cuda_getDevice()
-
-
 def check_prepared(
     x: Tensor, name: str, shape: torch.Size, dtype: torch.dtype, device: torch.device
 ) -> None:

@@ -23,9 +23,10 @@ import triton.language as tl
 from torch import Tensor
 
 from ..formats import Format
+from .availability import current_device
 from .grid import cdiv
 from .philox import random_word
-from .runtime import bound_launch, current_device
+from .runtime import bound_launch
 
 _BLOCK = 512
 _WORD = tl.constexpr(4294967296.0)  # 2**32: the words' range

@@ -31,10 +31,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .availability import INTERPRETED, on_kernel_device
+from .availability import INTERPRETED, current_device, on_kernel_device
 from .common import fp32_bits_of, narrow_to_16_bits
 from .cublaslt import ALPHA_OUT_DTYPES, alpha_gemm, cublaslt_missing
-from .runtime import bound_launch, current_device
+from .runtime import bound_launch
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

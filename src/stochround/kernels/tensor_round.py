@@ -22,6 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..formats import Format
+from .availability import current_device
 from .common import (
     block_tile_words,
     encode_bits,
@@ -31,7 +32,7 @@ from .common import (
     rounded_fp32_bits,
 )
 from .grid import cdiv
-from .runtime import Launch, current_device
+from .runtime import Launch
 from .transpose import TILE, tile_places  # the side of a tile stored both ways, its places
 
 _NUM_WARPS = 4

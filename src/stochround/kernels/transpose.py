@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .availability import INTERPRETED, on_kernel_device
+from .availability import INTERPRETED, current_device, on_kernel_device
 from .grid import cdiv
-from .runtime import bound_launch, current_device
+from .runtime import bound_launch
 
 # the tile's side: a power of two, large enough for full memory transactions on both sides
 TILE = 64

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .availability import INTERPRETED
+from .availability import INTERPRETED, current_device
 from .block_kernel import raise_record
 from .block_math import (
     fast_round,
@@ -53,7 +53,7 @@ from .grid import cdiv, next_power_of_2
 from .pair_records import Orientation, PairOperands, PairScales, pair_scales
 from .pair_tiles import PairTiling, column_blocks, row_blocks, tile_start
 from .philox import four_words
-from .runtime import Launch, bound_launch, check_prepared, current_device, multiprocessors
+from .runtime import Launch, bound_launch, check_prepared, multiprocessors
 from .tensor_scales import (
     PartialsTiling,
     last_program_scales,
