@@ -14,12 +14,12 @@ that runs pytest, so they work whether pytest runs in a virtual environment or n
   extras (no Triton) from the package index and runs every quick experiment: a few
   minutes on two cores.  It is marked ``firstrun`` and left out of the default run (the
   ``-m "not firstrun"`` in pyproject.toml's addopts); ``.ci/run`` runs it on its own,
-  before the suite, with ``python -m pytest -m firstrun tests/test_packaging.py``.  It
-  reads the command from README.md, so the README and CI cannot drift.  It is the one
-  whole demo of a CI run: it checks the tables the demo printed and the report it wrote
-  (`helpers.assert_demo_report`: every quick experiment in results.json and report.md,
-  its figures, the key numbers), which tests/cli/test_experiments.py checks on a demo
-  whose slow experiments are stood in for.
+  beside the static checks and the docs build and before the suite, with ``python -m
+  pytest -m firstrun tests/test_packaging.py``.  It reads the command from README.md, so
+  the README and CI cannot drift.  It is the one whole demo of a CI run: it checks the
+  tables the demo printed and the report it wrote (`helpers.assert_demo_report`: every
+  quick experiment in results.json and report.md, its figures, the key numbers), which
+  tests/cli/test_experiments.py checks on a demo whose slow experiments are stood in for.
 """
 
 from __future__ import annotations
