@@ -56,14 +56,13 @@ the issue's target is ``scaling`` within 10% of the GPUs' count) and ``loss-RUN.
 the same reshard policy and logging interval, else the default policy's
 (`one_gpu_runs`).
 
-``--cudagraphs`` (with ``--compile``) runs each case with inductor's CUDA graph trees over
-each compiled block, forward and backward (``TORCHINDUCTOR_CUDAGRAPHS=1`` in the runs'
-environment: what ``torch.compile(mode="reduce-overhead")`` turns on; torchtitan 0.2.2
-takes no compile mode), and the layers' step graphs off (``STOCHROUND_STEP_GRAPHS=0``, as
-the recipes guide advises under ``reduce-overhead``: a step captured whole has nothing for
-them to save), bf16's case too; its files take ``-cudagraphs``.  A compiled step that
-the host cannot keep up with replays its launches from graphs there, as GPT-2 small's
-``compiled_cudagraphs`` rows do (`bench_model.py`).
+``--cudagraphs`` (with ``--compile``) runs each case, bf16's too, with ``stochround titan
+--cudagraphs``: inductor's CUDA graph trees over each compiled block, forward and backward
+(what ``torch.compile(mode="reduce-overhead")`` turns on; torchtitan 0.2.2 takes no compile
+mode), and the layers' step graphs off (as the recipes guide advises under
+``reduce-overhead``: a step captured whole has nothing for them to save); its files take
+``-cudagraphs``.  A compiled step that the host cannot keep up with replays its launches
+from graphs there, as GPT-2 small's ``compiled_cudagraphs`` rows do (`bench_model.py`).
 
 ``--profile-steps K`` has torchtitan's profiler record each run's last K steps (left out of
 the tokens/s median: the profiler slows them) and prints, per case and rank, where a step's
@@ -92,7 +91,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -149,6 +147,7 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         *(["--replicate"] if args.replicate else []),
         *option("--reshard-after-forward", args.reshard_after_forward, "default"),
         *option("--log-every", args.log_every, 1),
+        *(["--cudagraphs"] if args.cudagraphs else []),
     ]
 
 
@@ -167,17 +166,6 @@ def run_name(args: argparse.Namespace) -> str:
     name += "" if policy == "default" else f"-reshard-{policy}"
     name += "" if args.log_every == 1 else f"-log{args.log_every}"
     return name + ("-cudagraphs" if args.cudagraphs else "")
-
-
-# the runs' environment under ``--cudagraphs``: inductor's CUDA graph trees on, the
-# layers' step graphs off
-CUDAGRAPHS_ENVIRONMENT = {"TORCHINDUCTOR_CUDAGRAPHS": "1", "STOCHROUND_STEP_GRAPHS": "0"}
-
-
-def environment(args: argparse.Namespace) -> dict[str, str]:
-    """The environment each case runs in: this process's, with `CUDAGRAPHS_ENVIRONMENT`
-    under ``--cudagraphs``."""
-    return {**os.environ, **(CUDAGRAPHS_ENVIRONMENT if args.cudagraphs else {})}
 
 
 def one_gpu_runs(args: argparse.Namespace) -> list[str]:
@@ -323,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = args.out / f"{case}-{run}"
         line = command(case, args, folder)
         print(" ".join(line), flush=True)
-        done = subprocess.run(line, check=False, env=environment(args))
+        done = subprocess.run(line, check=False)
         if done.returncode != 0:
             results[case] = {"returncode": done.returncode}
             continue

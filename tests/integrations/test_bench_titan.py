@@ -4,7 +4,6 @@ a row every step or every Kth (``--log-every K``)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -15,10 +14,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 from bench_titan import (  # noqa: E402
-    CUDAGRAPHS_ENVIRONMENT,
     add_scaling,
     command,
-    environment,
     one_gpu_runs,
     parse_options,
     run_name,
@@ -57,22 +54,17 @@ def test_the_pow2_case_passes_the_recipes_switch_and_nothing_else(tmp_path) -> N
     assert command("nvfp4_pow2", args, tmp_path) == [*nvfp4, "--switch", 'tensor_scale="pow2"']
 
 
-def test_cudagraphs_set_the_runs_environment_and_name_the_run(tmp_path) -> None:
-    """``--cudagraphs``: the cases' command lines unchanged, their environment with
-    inductor's CUDA graph trees on and the step graphs off, the run's files named apart;
-    without it the environment is this process's."""
+def test_cudagraphs_pass_the_option_on_and_name_the_run(tmp_path) -> None:
+    """``--cudagraphs``: each case's command line is the plain one with ``stochround titan
+    --cudagraphs`` added (bf16's too), and the run's files are named apart."""
     plain = parse_options(["--compile", "--log-every", "10", "--out", str(tmp_path)])
     graphed = parse_options(
         ["--compile", "--log-every", "10", "--cudagraphs", "--out", str(tmp_path)]
     )
-    assert command("nvfp4", graphed, tmp_path) == command("nvfp4", plain, tmp_path)
+    for case in ("bf16", "nvfp4"):
+        assert command(case, graphed, tmp_path) == [*command(case, plain, tmp_path), "--cudagraphs"]
+    assert "--cudagraphs" not in command("nvfp4", plain, tmp_path)
     assert run_name(graphed) == "1gpu-log10-cudagraphs"
-    assert environment(graphed) == {**os.environ, **CUDAGRAPHS_ENVIRONMENT}
-    assert CUDAGRAPHS_ENVIRONMENT == {
-        "TORCHINDUCTOR_CUDAGRAPHS": "1",
-        "STOCHROUND_STEP_GRAPHS": "0",
-    }
-    assert environment(plain) == dict(os.environ)
 
 
 def test_cudagraphs_without_compile_is_refused(tmp_path, capsys) -> None:

@@ -224,6 +224,58 @@ def test_titan_command_leaves_the_step_graphs_to_the_library_unless_told(
         use_step_graphs(previous)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--device", "cpu", "--compile"], "--cudagraphs replays CUDA launches: it needs "),
+        (["--device", "cuda"], "--cudagraphs captures the compiled blocks: it needs --compile"),
+        (
+            ["--device", "cuda", "--compile", "--step-graphs"],
+            "the layers' step graphs are off under it (with them on the backward quantizes "
+            "again); drop --step-graphs",
+        ),
+    ],
+    ids=["cpu", "uncompiled", "step-graphs"],
+)
+def test_titan_command_cudagraphs_without_its_preconditions_is_a_bad_input_exit(
+    tmp_path, flags, message
+) -> None:
+    args = ["titan", "--cudagraphs", *flags, "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_titan_command_cudagraphs_runs_with_graph_trees_on_and_step_graphs_off(
+    tmp_path, monkeypatch
+) -> None:
+    """``--cudagraphs``: the run sees inductor's CUDA graph trees on (what
+    ``mode="reduce-overhead"`` sets) and the layers' step graphs off; both settings are
+    restored after it.  The trainer is stood in for (no GPU here)."""
+    import torch._inductor.config as inductor_config
+
+    from stochround.integrations import torchtitan
+    from stochround.nn.step_graphs import STEP_GRAPHS, use_step_graphs
+
+    seen = []
+
+    def run_training(config, device, fields) -> Path:
+        seen.append((device, inductor_config.triton.cudagraphs, STEP_GRAPHS.enabled))
+        return tmp_path / "rows.jsonl"
+
+    monkeypatch.setattr(torchtitan, "run_training", run_training)
+    monkeypatch.setattr(inductor_config.triton, "cudagraphs", False)
+    previous = use_step_graphs(True)
+    try:
+        args = ["titan", "--device", "cuda", "--compile", "--cudagraphs", "--out", str(tmp_path)]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert seen == [("cuda", True, False)]
+        assert (inductor_config.triton.cudagraphs, STEP_GRAPHS.enabled) == (False, True)
+    finally:
+        use_step_graphs(previous)
+
+
 def test_titan_command_bad_activation_checkpoint_is_a_bad_input_exit(tmp_path) -> None:
     args = ["titan", "--activation-checkpoint", "offload", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)

@@ -22,14 +22,20 @@ run (0.2.2 on one rank or with ``--replicate``: `stochround.integrations.torchti
 ``--log-every N`` writes a row at step 1 and every Nth step only (torchtitan's
 ``metrics.log_freq``; default 1, every step): each logged step waits on the host for the
 device to finish it, so ``--log-every 10`` (torchtitan's own default) lets the host run
-ahead to measure throughput (`stochround.integrations.torchtitan.rows`).  Bad options, and
+ahead to measure throughput (`stochround.integrations.torchtitan.rows`).
+``--cudagraphs`` (with ``--compile``, on CUDA) replays each compiled block's forward and
+backward from CUDA graphs (inductor's CUDA graph trees, what ``torch.compile``'s
+``mode="reduce-overhead"`` turns on; torchtitan takes no compile mode) with the layers'
+step graphs off (a block captured whole has nothing for them to save).  Bad options, and
 a missing torchtitan, are bad-input exits (``error: ...``, status 2).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,7 +52,8 @@ TITAN_EPILOG = (
     "stochround titan --recipe nvfp4 --compile --no-step-graphs ; "
     "stochround titan --recipe bf16 --steps 20 --profile-steps 3 ; "
     "torchrun --nproc_per_node 2 -m stochround titan --reshard-after-forward never ; "
-    "stochround titan --recipe nvfp4 --compile --log-every 10"
+    "stochround titan --recipe nvfp4 --compile --log-every 10 ; "
+    "stochround titan --recipe nvfp4 --compile --cudagraphs --log-every 10"
 )
 
 
@@ -132,6 +139,15 @@ def titan_command(
             "loss."
         ),
     ] = 1,
+    cudagraphs: Annotated[
+        bool,
+        typer.Option(
+            "--cudagraphs",
+            help="Replay each compiled block's forward and backward as CUDA graphs "
+            "(inductor's CUDA graph trees, torch.compile's reduce-overhead); needs "
+            "--compile and CUDA; the layers' step graphs are off under it.",
+        ),
+    ] = False,
     out: Annotated[
         Path, typer.Option(help="Dump folder (rows.jsonl, checkpoints, traces).")
     ] = Path("titan-run"),
@@ -146,6 +162,8 @@ def titan_command(
     chosen = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if step_graphs is True and chosen != "cuda":
         output.fail(f"--step-graphs replays CUDA launches: it needs --device cuda, got {chosen}")
+    if cudagraphs:
+        output.checked(lambda: check_cudagraphs(chosen, compile_model, step_graphs))
     switches = output.checked(lambda: parse_switches(switch or []))
     # the head's path differs between torchtitan releases: its default comes from the config
     kept: dict[str, Any] = {} if keep is None else {"keep": tuple(keep)}
@@ -173,15 +191,46 @@ def titan_command(
     )
     note_reshard_without_fsdp2(reshard_after_forward, replicate)
     fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
-    previous = None if step_graphs is None else use_step_graphs(step_graphs)
-    try:
+    with graph_settings(False if cudagraphs else step_graphs, cudagraphs):
         rows = output.checked(lambda: run_training(config, chosen, fields))
-    finally:
-        if previous is not None:
-            use_step_graphs(previous)
     if rows.exists() and rows.read_text().strip():
         last = json.loads(rows.read_text().splitlines()[-1])
         print(f"step {last['step']}: loss {last['loss']:.4f} ({rows})")
+
+
+def check_cudagraphs(device: str, compile_model: bool, step_graphs: bool | None) -> None:
+    """``--cudagraphs``'s preconditions (ValueError naming the one that fails): CUDA, the
+    compiled model, and no ``--step-graphs`` (a block captured whole has nothing for them to
+    save, and a step traced with them on keeps no operand for its backward, which then
+    quantizes again: the recipes guide, "torch.compile")."""
+    if device != "cuda":
+        raise ValueError(
+            f"--cudagraphs replays CUDA launches: it needs --device cuda, got {device}"
+        )
+    if not compile_model:
+        raise ValueError("--cudagraphs captures the compiled blocks: it needs --compile")
+    if step_graphs:
+        raise ValueError(
+            "--cudagraphs captures each compiled block whole: the layers' step graphs are off "
+            "under it (with them on the backward quantizes again); drop --step-graphs"
+        )
+
+
+@contextlib.contextmanager
+def graph_settings(step_graphs: bool | None, cudagraphs: bool) -> Iterator[None]:
+    """The run's CUDA graph settings, restored after it: the layers' step graphs as
+    ``step_graphs`` says (None: the process's setting), and inductor's CUDA graph trees
+    (``torch._inductor.config.triton.cudagraphs``, what ``TORCHINDUCTOR_CUDAGRAPHS=1`` and
+    ``mode="reduce-overhead"`` set) on under ``cudagraphs``."""
+    import torch._inductor.config as inductor_config
+
+    previous = None if step_graphs is None else use_step_graphs(step_graphs)
+    try:
+        with inductor_config.patch({"triton.cudagraphs": True} if cudagraphs else {}):
+            yield
+    finally:
+        if previous is not None:
+            use_step_graphs(previous)
 
 
 def world_size() -> int:
@@ -220,6 +269,8 @@ def parse_switches(items: list[str]) -> dict[str, object]:
 
 __all__ = [
     "TITAN_EPILOG",
+    "check_cudagraphs",
+    "graph_settings",
     "note_reshard_without_fsdp2",
     "parse_switches",
     "titan_command",
