@@ -27,7 +27,12 @@ nothing (one all-gather a block a step less, fewer FSDP2 hooks with work to do, 
 unsharded model held in memory).  It acts where torchtitan applies FSDP2: above one GPU
 without ``--replicate``, and under 0.3.0 also on one GPU and with ``--replicate`` (FSDP2 on
 a one-rank shard), so a scaling ratio's one-GPU run takes the same policy; under 0.2.2 the
-command notes that it has no effect there.
+command notes that it has no effect there.  ``--tensor-parallel T`` (T dividing N) shards
+each layer's weight over T GPUs (``stochround titan --tensor-parallel``, torchtitan's
+``parallelism.tensor_parallel_degree``: each GPU quantizes its own shard), the other
+factor of the GPUs data parallel; its tokens/s are torchtitan's per device (a
+tensor-parallel group's tokens over its GPUs), so ``scaling`` compares the run's total
+with one GPU's as for data parallelism.
 
 ``--log-every K`` (default 1) has each run write a row at step 1 and every Kth step only
 (``stochround titan --log-every``, torchtitan's ``metrics.log_freq``; the steps a multiple
@@ -40,8 +45,9 @@ with the host running ahead nine steps in ten.  A row's tokens/s is torchtitan's
 tokens since the previous row over the time since, the K steps up to the row's taken
 together (step 1's row: step 1 alone); its loss is its step's only.
 
-Written under ``--out``, ``RUN`` being ``<N>gpu``, then ``-replicate`` with
-``--replicate``, then ``-reshard-<policy>`` with a policy other than the default, then
+Written under ``--out``, ``RUN`` being ``<N>gpu``, then ``-tp<T>`` with T above 1, then
+``-replicate`` with ``--replicate``, then ``-reshard-<policy>`` with a policy other than
+the default, then
 ``-log<K>`` with K above 1 (so no run overwrites another's files; a run logging every K
 steps is another measurement of tokens/s than one logging every step, and the default run
 keeps its names): ``<case>-RUN/rows.jsonl`` (torchtitan's dump folder: one row per logged
@@ -146,6 +152,7 @@ def command(case: str, args: argparse.Namespace, folder: Path) -> list[str]:
         *option("--profile-steps", args.profile_steps, 0),
         *(["--replicate"] if args.replicate else []),
         *option("--reshard-after-forward", args.reshard_after_forward, "default"),
+        *option("--tensor-parallel", args.tensor_parallel, 1),
         *option("--log-every", args.log_every, 1),
         *(["--cudagraphs"] if args.cudagraphs else []),
     ]
@@ -159,9 +166,10 @@ def option(name: str, value: object, default: object) -> list[str]:
 
 def run_name(args: argparse.Namespace) -> str:
     """The run's part of the folder and file names:
-    ``<N>gpu[-replicate][-reshard-POLICY][-logK][-cudagraphs]`` (no policy part for the
-    default, no logging part for K = 1)."""
-    name = f"{args.gpus}gpu" + ("-replicate" if args.replicate else "")
+    ``<N>gpu[-tpT][-replicate][-reshard-POLICY][-logK][-cudagraphs]`` (no tensor-parallel
+    part for T = 1, no policy part for the default, no logging part for K = 1)."""
+    name = f"{args.gpus}gpu" + ("" if args.tensor_parallel == 1 else f"-tp{args.tensor_parallel}")
+    name += "-replicate" if args.replicate else ""
     policy = args.reshard_after_forward
     name += "" if policy == "default" else f"-reshard-{policy}"
     name += "" if args.log_every == 1 else f"-log{args.log_every}"
@@ -173,7 +181,9 @@ def one_gpu_runs(args: argparse.Namespace) -> list[str]:
     first: the one-GPU run with the same reshard policy and logging interval, then with the
     default policy (under torchtitan 0.2.2 one GPU has no FSDP2, so no policy): their
     `run_name`s."""
-    alone = argparse.Namespace(**{**vars(args), "gpus": 1, "replicate": False})
+    alone = argparse.Namespace(
+        **{**vars(args), "gpus": 1, "replicate": False, "tensor_parallel": 1}
+    )
     default = argparse.Namespace(**{**vars(alone), "reshard_after_forward": "default"})
     return list(dict.fromkeys((run_name(alone), run_name(default))))
 
@@ -275,6 +285,13 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
         "the backward, parameters unsharded from forward to backward)",
     )
     parser.add_argument(
+        "--tensor-parallel",
+        type=int,
+        default=1,
+        help="GPUs each layer's weight is sharded over (torchtitan's tensor-parallel "
+        "degree; it divides --gpus, the other factor data parallel)",
+    )
+    parser.add_argument(
         "--log-every",
         type=int,
         default=1,
@@ -293,6 +310,8 @@ def parse_options(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--cudagraphs captures the compiled blocks: it needs --compile")
     if args.device == "cpu" and args.gpus != 1:
         parser.error("--device cpu runs one process: --gpus 1")
+    if args.tensor_parallel < 1 or args.gpus % args.tensor_parallel:
+        parser.error("--tensor-parallel must be at least 1 and divide --gpus")
     if args.replicate and args.gpus == 1:
         parser.error("--replicate spreads replicas over GPUs: --gpus above 1")
     if args.log_every < 1 or args.steps % args.log_every:

@@ -67,6 +67,31 @@ def test_cudagraphs_pass_the_option_on_and_name_the_run(tmp_path) -> None:
     assert run_name(graphed) == "1gpu-log10-cudagraphs"
 
 
+def test_tensor_parallel_passes_the_degree_on_names_the_run_and_compares_one_gpu(
+    tmp_path,
+) -> None:
+    """``--tensor-parallel 2`` on two GPUs: ``stochround titan --tensor-parallel 2`` under
+    torchrun, the run named ``2gpu-tp2``, compared with the plain one-GPU run."""
+    args = parse_options(["--gpus", "2", "--tensor-parallel", "2", "--out", str(tmp_path)])
+    line = command("nvfp4", args, tmp_path)
+    assert line[line.index("--tensor-parallel") + 1] == "2"
+    assert "--tensor-parallel" not in command(
+        "nvfp4", parse_options(["--out", str(tmp_path)]), tmp_path
+    )
+    assert run_name(args) == "2gpu-tp2"
+    assert one_gpu_runs(args) == ["1gpu"]
+
+
+@pytest.mark.parametrize(
+    "flags", [["--tensor-parallel", "0"], ["--gpus", "2", "--tensor-parallel", "3"]]
+)
+def test_a_tensor_parallel_degree_not_dividing_the_gpus_is_refused(tmp_path, flags, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_options([*flags, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--tensor-parallel must be at least 1 and divide --gpus" in capsys.readouterr().err
+
+
 def test_cudagraphs_without_compile_is_refused(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse_options(["--cudagraphs", "--out", str(tmp_path)])

@@ -1,9 +1,10 @@
 """torchtitan's profiler, data parallelism by replicas, torch's deterministic algorithms,
-FSDP2's reshard-after-forward policy and the logging interval in a stochround run,
-whichever supported release is installed: ``titan_config(profile_steps=...,
-data_parallel_replicate_degree=..., deterministic=..., reshard_after_forward=...,
-log_every=...)`` in each release's config, ``stochround titan --profile-steps N
---replicate --deterministic --reshard-after-forward POLICY --log-every N``, and real traces
+FSDP2's reshard-after-forward policy, the logging interval and the tensor-parallel degree
+in a stochround run, whichever supported release is installed: ``titan_config(
+profile_steps=..., data_parallel_replicate_degree=..., deterministic=...,
+reshard_after_forward=..., log_every=..., tensor_parallel_degree=...)`` in each release's
+config, ``stochround titan --profile-steps N --replicate --deterministic
+--reshard-after-forward POLICY --log-every N --tensor-parallel N``, and real traces
 of torchtitan's trainer (the CPU; one and two GPUs) summarized by
 benchmarks/titan_profile.py (a run's rows every Nth step: test_torchtitan_common.py)."""
 
@@ -214,6 +215,61 @@ def test_titan_command_passes_the_policy_on_without_fsdp2_with_a_note_where_it_d
     assert config.parallelism.fsdp_reshard_after_forward == "always"
     note = "note: --reshard-after-forward always has no effect in this run: torchtitan 0.2.2"
     assert (note in printed) is (TITAN_API == "0.2")
+
+
+@pytest.mark.parametrize(
+    ("flags", "degrees"),
+    [
+        ([], (1, 1)),
+        (["--tensor-parallel", "2"], (1, 2)),
+        (["--tensor-parallel", "2", "--replicate"], (2, 2)),
+    ],
+)
+def test_titan_command_tensor_parallel_reaches_the_config(
+    tmp_path, monkeypatch, flags, degrees
+) -> None:
+    """On four ranks: ``--tensor-parallel 2`` is torchtitan's tensor-parallel degree (the
+    other factor FSDP2's shards, which torchtitan resolves), and with ``--replicate`` the
+    replicas are the ranks over the degree."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    parallelism = captured_config(tmp_path, monkeypatch, ["--recipe", "bf16", *flags]).parallelism
+    assert (
+        parallelism.data_parallel_replicate_degree,
+        parallelism.tensor_parallel_degree,
+    ) == degrees
+
+
+@pytest.mark.parametrize(
+    ("world", "degree", "message"),
+    [
+        ("1", "0", "tensor_parallel_degree must be an int >= 1; got 0"),
+        ("2", "3", "tensor_parallel_degree=3 does not divide the run's 2 processes"),
+    ],
+)
+def test_titan_command_bad_tensor_parallel_degree_is_a_bad_input_exit(
+    tmp_path, monkeypatch, world, degree, message
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", world)
+    args = ["titan", "--tensor-parallel", degree, "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_titan_config_refuses_a_tensor_parallel_degree_below_1() -> None:
+    with pytest.raises(ValueError, match="tensor_parallel_degree must be an int >= 1; got 0"):
+        titan_config("bf16", tensor_parallel_degree=0)
+
+
+def test_titan_command_notes_a_policy_without_effect_when_tensor_parallel_leaves_one_shard(
+    tmp_path, monkeypatch
+) -> None:
+    """Two ranks, both one tensor-parallel group: one data-parallel shard, no FSDP2 under
+    0.2.2 (a note), FSDP2 over one rank under 0.3.0 (no note)."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = ["--recipe", "bf16", "--reshard-after-forward", "never", "--tensor-parallel", "2"]
+    printed = captured_run(tmp_path, monkeypatch, args)[1]
+    assert ("note: --reshard-after-forward never has no effect" in printed) is (TITAN_API == "0.2")
 
 
 def test_titan_command_log_every_reaches_the_config(tmp_path, monkeypatch) -> None:

@@ -17,9 +17,8 @@ from stochround.integrations.torchtitan import run_training, titan_config
 def main(dump_folder: str, recipe: str, steps: str, tp: str, batch: str, backend: str = "") -> None:
     config = titan_config(
         recipe, flavor="tiny", steps=int(steps), seq_len=32, local_batch_size=int(batch),
-        dump_folder=dump_folder,
+        tensor_parallel_degree=int(tp), dump_folder=dump_folder,
     )  # fmt: skip
-    config.parallelism.tensor_parallel_degree = int(tp)
     if backend:
         config.parallelism.spmd_backend = backend  # type: ignore[attr-defined]
     run_training(config, "cpu", {})

@@ -6,7 +6,10 @@ One command, offline: ``stochround titan --recipe nvfp4 --steps 200``, with torc
 ``torchrun --nproc_per_node N -m stochround titan ...``, one process per GPU with FSDP2);
 on the CPU, the same trainer with gloo (slow: choose a small ``--flavor`` and
 ``--seq-len``).  ``--replicate`` makes the data parallelism replicas instead of FSDP2's
-shards (torchtitan's ``data_parallel_replicate_degree`` = the world size).  Each logged
+shards (torchtitan's ``data_parallel_replicate_degree`` = the world size over the
+tensor-parallel degree); ``--tensor-parallel N`` shards each layer's weight over N ranks
+(torchtitan's ``parallelism.tensor_parallel_degree``; each rank quantizes its own shard:
+`stochround.nn.tensor_parallel`), the other factor of the ranks data parallel.  Each logged
 step's loss and tokens/s go to ``OUT/rows.jsonl``; the last logged loss is printed.
 ``--profile-steps N`` has torchtitan's profiler record the last N steps: each rank's
 Chrome trace goes to ``OUT/profile_traces/iteration_STEPS/``
@@ -52,6 +55,7 @@ TITAN_EPILOG = (
     "stochround titan --recipe nvfp4 --compile --no-step-graphs ; "
     "stochround titan --recipe bf16 --steps 20 --profile-steps 3 ; "
     "torchrun --nproc_per_node 2 -m stochround titan --reshard-after-forward never ; "
+    "torchrun --nproc_per_node 2 -m stochround titan --tensor-parallel 2 ; "
     "stochround titan --recipe nvfp4 --compile --log-every 10 ; "
     "stochround titan --recipe nvfp4 --compile --cudagraphs --log-every 10"
 )
@@ -139,6 +143,14 @@ def titan_command(
             "loss."
         ),
     ] = 1,
+    tensor_parallel: Annotated[
+        int,
+        typer.Option(
+            help="Ranks each layer's weight is sharded over (torchtitan's "
+            "parallelism.tensor_parallel_degree); it divides the ranks, the other factor "
+            "data parallel.",
+        ),
+    ] = 1,
     cudagraphs: Annotated[
         bool,
         typer.Option(
@@ -155,6 +167,7 @@ def titan_command(
     """Train Llama 3 on the standard library's source with a stochround recipe."""
     try:
         from ..integrations.torchtitan import run_training, titan_config
+        from ..integrations.torchtitan.ranks import check_tensor_parallel_degree
     except ImportError as error:
         output.fail(str(error))
     if steps < 1:
@@ -164,6 +177,7 @@ def titan_command(
         output.fail(f"--step-graphs replays CUDA launches: it needs --device cuda, got {chosen}")
     if cudagraphs:
         output.checked(lambda: check_cudagraphs(chosen, compile_model, step_graphs))
+    tp = output.checked(lambda: check_tensor_parallel_degree(tensor_parallel, world_size()))
     switches = output.checked(lambda: parse_switches(switch or []))
     # the head's path differs between torchtitan releases: its default comes from the config
     kept: dict[str, Any] = {} if keep is None else {"keep": tuple(keep)}
@@ -181,15 +195,16 @@ def titan_command(
             compile_model=compile_model,
             activation_checkpoint=activation_checkpoint,
             profile_steps=profile_steps,
-            data_parallel_replicate_degree=world_size() if replicate else 1,
+            data_parallel_replicate_degree=world_size() // tp if replicate else 1,
             deterministic=deterministic,
             reshard_after_forward=reshard_after_forward,
             log_every=log_every,
+            tensor_parallel_degree=tp,
             dump_folder=str(out),
             **kept,
         )
     )
-    note_reshard_without_fsdp2(reshard_after_forward, replicate)
+    note_reshard_without_fsdp2(reshard_after_forward, replicate, tp)
     fields = {"recipe": recipe, "optimizer": optimizer, "flavor": flavor}
     with graph_settings(False if cudagraphs else step_graphs, cudagraphs):
         rows = output.checked(lambda: run_training(config, chosen, fields))
@@ -238,18 +253,19 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def note_reshard_without_fsdp2(policy: str, replicate: bool) -> None:
+def note_reshard_without_fsdp2(policy: str, replicate: bool, tensor_parallel: int = 1) -> None:
     """A note on stderr where ``--reshard-after-forward POLICY`` (not the default) has no
     effect: the installed torchtitan applies no FSDP2 to the run (`applies_fsdp2`: 0.2.2 on
-    one rank, or with ``--replicate``, DDP); the run goes on, as torchtitan's would."""
+    one data-parallel shard: one rank, one rank a tensor-parallel group, or with
+    ``--replicate``, DDP); the run goes on, as torchtitan's would."""
     from ..integrations.torchtitan import TITAN_API, TITAN_VERSION
     from ..integrations.torchtitan.fsdp import applies_fsdp2
 
-    shard_degree = 1 if replicate else world_size()
+    shard_degree = 1 if replicate else world_size() // tensor_parallel
     if policy != "default" and not applies_fsdp2(TITAN_API, shard_degree):
         output.note(
             f"--reshard-after-forward {policy} has no effect in this run: torchtitan "
-            f"{TITAN_VERSION} applies no FSDP2 on one rank or with --replicate (DDP)"
+            f"{TITAN_VERSION} applies no FSDP2 to one data-parallel shard or with --replicate (DDP)"
         )
 
 

@@ -55,6 +55,7 @@ from .fsdp import check_reshard_after_forward
 from .launch import DETERMINISTIC_WARN_ONLY
 from .optimizers import SROptimizersContainer, sr_optimizer
 from .profiling import TRACES_FOLDER, profile_schedule
+from .ranks import check_tensor_parallel_degree
 from .rows import check_log_every
 from .sr_optimizers import OPTIMIZERS, check_optimizer
 from .stages import recording_pipeline
@@ -144,6 +145,7 @@ def titan_config(
     deterministic: bool = False,
     reshard_after_forward: str = "default",
     log_every: int = 1,
+    tensor_parallel_degree: int = 1,
     dump_folder: str = "titan-run",
 ) -> Trainer.Config:
     """The trainer config (module docstring): ``recipe`` a name of
@@ -162,9 +164,12 @@ def titan_config(
     `RESHARD_AFTER_FORWARD`, torchtitan's ``parallelism.fsdp_reshard_after_forward`` (FSDP2
     applies it to every group, on one rank too: `stochround.integrations.torchtitan.fsdp`);
     ``log_every`` torchtitan's ``metrics.log_freq``, a row every that many steps and at step
-    1 (each logged step syncs the host with the device: `check_log_every`); the rows,
-    checkpoints and traces go to ``dump_folder``."""
+    1 (each logged step syncs the host with the device: `check_log_every`);
+    ``tensor_parallel_degree`` torchtitan's (`check_tensor_parallel_degree`: each layer's
+    weight sharded over that many ranks, the rest data parallel); the rows, checkpoints and
+    traces go to ``dump_folder``."""
     check_optimizer(optimizer)
+    check_tensor_parallel_degree(tensor_parallel_degree)
     check_reshard_after_forward(reshard_after_forward)
     check_log_every(log_every)
     checkpointing = activation_checkpoint_config(activation_checkpoint)
@@ -197,6 +202,7 @@ def titan_config(
         parallelism=ParallelismConfig(
             data_parallel_replicate_degree=data_parallel_replicate_degree,
             fsdp_reshard_after_forward=reshard_after_forward,
+            tensor_parallel_degree=tensor_parallel_degree,
         ),
         profiler=profiler,
         activation_checkpoint=checkpointing,  # type: ignore[arg-type]

@@ -1,5 +1,6 @@
-"""The data-parallel rank of a torchtitan process, which keys the words of its layers' x
-and dy (`stochround.nn.streams` says why): both torchtitan APIs.
+"""The ranks of a torchtitan run, both torchtitan APIs: the data-parallel rank of a
+process, which keys the words of its layers' x and dy (`stochround.nn.streams` says why),
+and the tensor-parallel degree a config asks for (`check_tensor_parallel_degree`).
 
 torchtitan lays its ranks out as ``(pp, dp_replicate, dp_shard, cp, tp)`` and flattens the
 data-parallel and context-parallel axes into its ``loss`` mesh: the ranks that hold other
@@ -11,6 +12,7 @@ layers.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch.distributed as dist
@@ -37,4 +39,19 @@ def data_parallel_rank(parallel_dims: Any) -> int:
     return 0 if mesh is None else int(mesh.get_local_rank())
 
 
-__all__ = ["data_parallel_rank", "process_rank"]
+def check_tensor_parallel_degree(degree: object, world_size: int | None = None) -> int:
+    """``degree``, torchtitan's ``parallelism.tensor_parallel_degree`` (the ranks each
+    layer's weight is sharded over, colwise or rowwise: `stochround.nn.tensor_parallel`),
+    as an int; ValueError where it is not an int >= 1, or where given ``world_size`` (the
+    run's processes) is not a multiple of it (the other factor is data parallelism)."""
+    if isinstance(degree, bool) or not isinstance(degree, numbers.Integral) or degree < 1:
+        raise ValueError(f"tensor_parallel_degree must be an int >= 1; got {degree!r}")
+    if world_size is not None and world_size % int(degree):
+        raise ValueError(
+            f"tensor_parallel_degree={degree} does not divide the run's {world_size} "
+            "processes (the rest of the ranks are data parallel)"
+        )
+    return int(degree)
+
+
+__all__ = ["check_tensor_parallel_degree", "data_parallel_rank", "process_rank"]

@@ -24,6 +24,7 @@ from ..flavors import check_flavor
 from ..fsdp import check_reshard_after_forward
 from ..launch import DETERMINISTIC_WARN_ONLY
 from ..profiling import TRACES_FOLDER, profile_schedule
+from ..ranks import check_tensor_parallel_degree
 from ..recipe_rules import make_recipe
 from ..rows import check_log_every
 from ..sr_optimizers import check_optimizer
@@ -53,6 +54,7 @@ def titan_config(
     deterministic: bool = False,
     reshard_after_forward: str = "default",
     log_every: int = 1,
+    tensor_parallel_degree: int = 1,
     dump_folder: str = "titan-run",
 ) -> JobConfig:
     """`TOML` with these settings: ``recipe`` a name of `stochround.nn.RECIPES` ("bf16":
@@ -68,13 +70,16 @@ def titan_config(
     only where an op has none: `DETERMINISTIC_WARN_ONLY`), ``reshard_after_forward`` one of
     `RESHARD_AFTER_FORWARD` (``parallelism.fsdp_reshard_after_forward``; without effect
     where 0.2.2 applies no FSDP2: one rank, or replicas by DDP), ``log_every``
-    ``metrics.log_freq`` (a row every that many steps and at step 1: `check_log_every`);
-    ValueError naming a bad flavour, optimizer, checkpointing, reshard policy, logging
-    interval, profiling or recipe."""
+    ``metrics.log_freq`` (a row every that many steps and at step 1: `check_log_every`),
+    ``tensor_parallel_degree`` ``parallelism.tensor_parallel_degree``
+    (`check_tensor_parallel_degree`); ValueError naming a bad flavour, optimizer,
+    checkpointing, reshard policy, logging interval, tensor-parallel degree, profiling or
+    recipe."""
     check_flavor(flavor)
     check_activation_checkpoint(activation_checkpoint)
     check_reshard_after_forward(reshard_after_forward)
     check_log_every(log_every)
+    check_tensor_parallel_degree(tensor_parallel_degree)
     check_optimizer(optimizer)
     make_recipe(recipe, switches, seed=seed, keep=keep)  # its errors, before torchtitan's
     args = ["--job.config_file", str(TOML), "--job.dump_folder", dump_folder]
@@ -91,6 +96,7 @@ def titan_config(
     args += ["--parallelism.data_parallel_replicate_degree", str(data_parallel_replicate_degree)]
     args += ["--parallelism.fsdp_reshard_after_forward", reshard_after_forward]
     args += ["--metrics.log_freq", str(log_every)]
+    args += ["--parallelism.tensor_parallel_degree", str(tensor_parallel_degree)]
     config = ConfigManager().parse_args(args)
     # lists set here: torchtitan's command line splits a list at commas, which regexes hold
     config.stochround.keep = list(keep)
