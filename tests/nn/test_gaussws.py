@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from helpers import OpCounter, cuda_route
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
@@ -393,6 +394,25 @@ def test_a_training_forward_samples_with_its_layers_step_offset() -> None:
     raw_second = second.parametrizations.weight.original  # type: ignore[union-attr]
     expected = gaussws_noise.sample_weight_torch(raw_second, "e3m2", seed=key(11), offset=offset)
     assert torch.equal(second.weight, expected)
+
+
+def test_an_eager_forward_makes_its_offset_by_one_add_on_the_cuda_route() -> None:
+    """On the CUDA route (the prepared kernel) a training forward dispatches one add for
+    its stream offset (from the step before it advances) and one in-place add for the
+    step: no copy of the step, no shift or ``or``; the weight is the one sampled at
+    ``stream_offset(0, 0, 12)``, and the step advances."""
+    device, route = cuda_route()
+    model = srnn.gaussws_(nn.Sequential(nn.Linear(64, 32).to(torch.bfloat16)), "e3m2", seed=5)
+    layer = model.to(device)[0]
+    raw = layer.parametrizations.weight.original  # type: ignore[union-attr]
+    with route, OpCounter() as counter:
+        got = layer.weight
+    assert counter.ops["aten.add.Tensor"] == 1 and counter.ops["aten.add_.Tensor"] == 1
+    left_out = {"aten.clone.default", "aten.__lshift__.Scalar", "aten.bitwise_or.Scalar"}
+    assert not left_out & set(counter.ops)
+    offset = linear.stream_offset(0, 0, gaussws.GAUSSWS_SLOT)
+    expected = gaussws_noise.sample_weight_torch(raw, "e3m2", seed=key(5), offset=offset)
+    assert torch.equal(got, expected) and int(sampling_of(layer).step) == 1
 
 
 def test_the_slot_is_one_quantized_linear_leaves_free() -> None:

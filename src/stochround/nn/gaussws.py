@@ -35,6 +35,7 @@ from .gaussws_noise import (
 )
 from .linear import MAX_LAYERS, next_layer_index, stream_offset
 from .recompute import read_step
+from .streams import bases_column
 
 # the stream slot of the sampled weight (`stream_offset`); the domain (`StreamDomain.GAUSSWS`)
 # is what keeps its words apart from QuantizedLinear's, the slot only keeps the offsets of
@@ -214,6 +215,7 @@ class GaussWS(nn.Module):
         # the eager kernel path's launch and seed tensors (not state: remade on demand)
         self.prepared: Any = None
         self.seeds: dict[torch.device, Tensor] = {}
+        self.offset_bases: dict[torch.device, Tensor] = {}  # `_offset_at`'s, a device each
 
     def _settings(self) -> tuple[Sampler, int, str]:
         """What the sampling draws, all but the layer's stream: the `Sampler` (target,
@@ -227,11 +229,16 @@ class GaussWS(nn.Module):
     def forward(self, w: Tensor) -> Tensor:
         if not self.training:
             return w
-        # one step a training forward, which a checkpoint's recomputation reads again
-        step = read_step(self.step, self.step_reads)
-        if step is None:
+        # one draw a training forward, which a checkpoint's recomputation reads again:
+        # eagerly its stream offset, made from the step before the step advances (one add,
+        # no copy of the step: `_offset_at`); traced, from the step op's value
+        if torch.compiler.is_compiling():
+            step = read_step(self.step, self.step_reads)
+            offset = None if step is None else stream_offset(step, self.layer_index, GAUSSWS_SLOT)
+        else:
+            offset = read_step(self.step, self.step_reads, derive=self._offset_at)
+        if offset is None:
             return w
-        offset = stream_offset(step, self.layer_index, GAUSSWS_SLOT)
         prepared = None if torch.compiler.is_compiling() else self._prepared_for(w)
         if prepared is not None:
             seed = self._seed_on(w.device)
@@ -239,6 +246,18 @@ class GaussWS(nn.Module):
         else:
             out = _StraightThroughSample.apply(w, self.sampler, self.key, offset, 0, self.backend)
         return typing.cast(Tensor, out)
+
+    def _offset_at(self, step: Tensor) -> Tensor:
+        """``stream_offset(step, layer_index, GAUSSWS_SLOT)`` of the 0-d int64 ``step`` by
+        one add (`streams.bases_column`) to the offset's low half, a 0-d tensor made once a
+        device: an eager forward's offset in one launch, where the step's copy and the
+        offset's shift and ``or`` were three."""
+        base = self.offset_bases.get(step.device)
+        if base is None:
+            low = stream_offset(0, self.layer_index, GAUSSWS_SLOT)
+            base = torch.tensor(low, dtype=torch.int64, device=step.device)
+            self.offset_bases[step.device] = base
+        return bases_column(step, base)
 
     def _prepared_for(self, w: Tensor) -> Any:
         """The kernel's launch prepared for ``w`` (`stochround.kernels.gaussws.
@@ -263,11 +282,12 @@ class GaussWS(nn.Module):
         return self.prepared
 
     def __getstate__(self) -> dict[str, Any]:
-        """The module's state without the prepared launch and seed tensors (remade on
+        """The module's state without the prepared launch, seed and offset tensors (remade on
         demand): copies and pickles carry no compiled kernel."""
         state = dict(self.__dict__)
         state["prepared"] = None
         state["seeds"] = {}
+        state["offset_bases"] = {}
         return state
 
     def _seed_on(self, device: torch.device) -> Tensor:
