@@ -38,6 +38,7 @@ from stochround.integrations.torchtitan import (
 )
 from stochround.integrations.torchtitan.attention import dense_attention
 from stochround.integrations.torchtitan.config_registry import (
+    TENSOR_PARALLEL_SPMD_BACKEND,
     adamw,
     stochround_debugmodel_nvfp4,
 )
@@ -327,6 +328,16 @@ def test_tensor_parallelism_with_torchtitans_llama3_sharding_on_two_gloo_ranks()
             mine = result[f"tp.{name}"]
             expected = shard_of(whole, mine.shape, rank, len(results))
             torch.testing.assert_close(mine, expected, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_tensor_parallel_config_takes_the_partial_dtensor_backend() -> None:
+    """torchtitan 0.3.0's default SPMD backend stops its trainer in FSDP2's wrapping under
+    tensor parallelism (a bf16 model too): `titan_config` sets `TENSOR_PARALLEL_SPMD_BACKEND`
+    there, and leaves torchtitan's default without it."""
+    assert titan_config("bf16", flavor="tiny").parallelism.spmd_backend == "spmd_types"
+    parallel = titan_config("nvfp4", flavor="tiny", tensor_parallel_degree=2).parallelism
+    assert parallel.tensor_parallel_degree == 2
+    assert parallel.spmd_backend == TENSOR_PARALLEL_SPMD_BACKEND == "partial_dtensor"
 
 
 def test_torchtitans_trainer_runs_tensor_parallel_on_two_gloo_ranks(tmp_path) -> None:

@@ -162,6 +162,31 @@ def test_titan_command_trains_a_tiny_model_on_the_cpu(tmp_path, steps, flags, lo
     assert all(row["graph_captures"] == row["graph_replays"] == 0 for row in rows)
 
 
+def test_titan_command_trains_tensor_parallel_on_two_gloo_ranks(tmp_path) -> None:
+    """``torchrun --nproc_per_node 2 -m stochround titan --tensor-parallel 2`` on the CPU:
+    torchtitan's trainer shards each layer over both ranks (under 0.3.0 with
+    `TENSOR_PARALLEL_SPMD_BACKEND`: its default backend stops in FSDP2's wrapping), int8,
+    two steps: a row a step, each counting two ranks."""
+    out = tmp_path / "tp"
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args = ["-m", "stochround", "titan", "--recipe", "int8", "--flavor", "tiny", "--device"]
+    args += ["cpu", "--steps", "2", "--seq-len", "32", "--batch", "1", "--tensor-parallel", "2"]
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    done = subprocess.run(
+        [*launch, *args, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["world_size"]) for row in rows] == [(1, 2), (2, 2)]
+    assert all(row["loss"] > 0 for row in rows)
+
+
 def test_a_row_counts_the_step_graphs_captures_and_replays_so_far(tmp_path, monkeypatch) -> None:
     """Each row holds the process's step-graph counts at its step (`STEP_GRAPHS`), so that
     captures going on while the steps are timed show in the rows."""

@@ -13,8 +13,9 @@ block's recomputation reads the step its forward read, eager or compiled, so the
 the un-checkpointed one bit for bit (`stochround.nn.recompute`, docs/guide/recipes.md);
 torchtitan's profiler over the run's last steps (`stochround.integrations.torchtitan.profiling`);
 data parallelism by FSDP2's sharding over every rank (torchtitan's default) or by replicas,
-FSDP2's reshard-after-forward policy (`stochround.integrations.torchtitan.fsdp`), and the
-steps between two logged rows (`stochround.integrations.torchtitan.rows`).
+FSDP2's reshard-after-forward policy (`stochround.integrations.torchtitan.fsdp`), the
+steps between two logged rows (`stochround.integrations.torchtitan.rows`), and tensor
+parallelism (`TENSOR_PARALLEL_SPMD_BACKEND`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ from .ranks import check_tensor_parallel_degree
 from .rows import check_log_every
 from .sr_optimizers import OPTIMIZERS, check_optimizer
 from .stages import recording_pipeline
+
+# The SPMD backend of a config with tensor parallelism: torchtitan 0.3.0's default,
+# "spmd_types", stops its trainer in FSDP2's wrapping under tensor parallelism (the
+# parameters FSDP2 finds are not DTensors on the full mesh), a bf16 model too; with
+# "partial_dtensor" (DTensor on the model-parallel axes only) it trains, each rank's
+# `QuantizedLinear` on its own DTensor path.
+TENSOR_PARALLEL_SPMD_BACKEND = "partial_dtensor"
 
 
 def activation_checkpoint_config(mode: str) -> ActivationCheckpointingConfig | None:
@@ -105,6 +113,12 @@ def llama3_model(dim: int, n_layers: int, n_heads: int) -> Llama3Model.Config:
             attn_backend="flex",
         ),
     )
+
+
+def spmd_backend(tensor_parallel_degree: int) -> dict[str, str]:
+    """The config's SPMD backend setting: `TENSOR_PARALLEL_SPMD_BACKEND` under tensor
+    parallelism, torchtitan's default (nothing set) without it."""
+    return {"spmd_backend": TENSOR_PARALLEL_SPMD_BACKEND} if tensor_parallel_degree > 1 else {}
 
 
 def model_spec(flavor: str, converter: StochroundConverter.Config | None) -> ModelSpec:
@@ -166,8 +180,9 @@ def titan_config(
     ``log_every`` torchtitan's ``metrics.log_freq``, a row every that many steps and at step
     1 (each logged step syncs the host with the device: `check_log_every`);
     ``tensor_parallel_degree`` torchtitan's (`check_tensor_parallel_degree`: each layer's
-    weight sharded over that many ranks, the rest data parallel); the rows, checkpoints and
-    traces go to ``dump_folder``."""
+    weight sharded over that many ranks, the rest data parallel; above 1 with
+    `TENSOR_PARALLEL_SPMD_BACKEND`); the rows, checkpoints and traces go to
+    ``dump_folder``."""
     check_optimizer(optimizer)
     check_tensor_parallel_degree(tensor_parallel_degree)
     check_reshard_after_forward(reshard_after_forward)
@@ -203,6 +218,9 @@ def titan_config(
             data_parallel_replicate_degree=data_parallel_replicate_degree,
             fsdp_reshard_after_forward=reshard_after_forward,
             tensor_parallel_degree=tensor_parallel_degree,
+            **(
+                {"spmd_backend": TENSOR_PARALLEL_SPMD_BACKEND} if tensor_parallel_degree > 1 else {}
+            ),
         ),
         profiler=profiler,
         activation_checkpoint=checkpointing,  # type: ignore[arg-type]
@@ -282,10 +300,12 @@ __all__ = [
     "FLAVORS",
     "OPTIMIZERS",
     "SIZES",
+    "TENSOR_PARALLEL_SPMD_BACKEND",
     "adamw",
     "llama3_model",
     "model_spec",
     "profiler_config",
+    "spmd_backend",
     "stochround_100m_nvfp4",
     "stochround_debugmodel",
     "stochround_debugmodel_fp8",
