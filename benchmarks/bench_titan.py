@@ -89,6 +89,8 @@ them in Perfetto).
         --cases bf16 nvfp4 --out "$OUT"                               # the host running ahead
     python benchmarks/bench_titan.py --gpus 1 --flavor 100M --compile --cudagraphs \\
         --log-every 10 --cases bf16 nvfp4 --out "$OUT"                # blocks as CUDA graphs
+    python benchmarks/bench_titan.py --gpus 2 --tensor-parallel 2 --compile --log-every 10 \\
+        --cases bf16 nvfp4 --out "$OUT"                               # tensor parallel
     python benchmarks/bench_titan.py --device cpu --flavor tiny --steps 2 --seq-len 32 \\
         --batch 1 --cases bf16 nvfp4 --out /tmp/titan                 # smoke test
 """
