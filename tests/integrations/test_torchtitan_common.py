@@ -5,6 +5,7 @@ data, the recipe names, ``stochround titan`` and a bit-exact resume from a DCP c
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -165,12 +166,14 @@ def test_titan_command_trains_a_tiny_model_on_the_cpu(tmp_path, steps, flags, lo
 def test_titan_command_trains_tensor_parallel_on_two_gloo_ranks(tmp_path) -> None:
     """``torchrun --nproc_per_node 2 -m stochround titan --tensor-parallel 2`` on the CPU:
     torchtitan's trainer shards each layer over both ranks (under 0.3.0 with
-    `TENSOR_PARALLEL_SPMD_BACKEND`: its default backend stops in FSDP2's wrapping), int8,
-    two steps: a row a step, each counting two ranks."""
+    `TENSOR_PARALLEL_SPMD_BACKEND`, the weights DTensors and `QuantizedLinear` on its own
+    tensor-parallel path: the default backend stops in FSDP2's wrapping), mxfp8, three
+    steps: a row a step, each counting two ranks, each loss finite.  (Not a one-rank run's
+    losses: torchtitan initialises DTensor weights by DTensor's random generator.)"""
     out = tmp_path / "tp"
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    args = ["-m", "stochround", "titan", "--recipe", "int8", "--flavor", "tiny", "--device"]
-    args += ["cpu", "--steps", "2", "--seq-len", "32", "--batch", "1", "--tensor-parallel", "2"]
+    args = ["-m", "stochround", "titan", "--recipe", "mxfp8", "--flavor", "tiny", "--device"]
+    args += ["cpu", "--steps", "3", "--seq-len", "32", "--batch", "2", "--tensor-parallel", "2"]
     env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
     env["PYTHONPATH"] = f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     done = subprocess.run(
@@ -183,8 +186,8 @@ def test_titan_command_trains_tensor_parallel_on_two_gloo_ranks(tmp_path) -> Non
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
-    assert [(row["step"], row["world_size"]) for row in rows] == [(1, 2), (2, 2)]
-    assert all(row["loss"] > 0 for row in rows)
+    assert [(row["step"], row["world_size"]) for row in rows] == [(1, 2), (2, 2), (3, 2)]
+    assert all(math.isfinite(row["loss"]) and row["loss"] > 0 for row in rows)
 
 
 def test_a_row_counts_the_step_graphs_captures_and_replays_so_far(tmp_path, monkeypatch) -> None:
