@@ -35,7 +35,7 @@ from .gaussws_noise import (
 )
 from .linear import MAX_LAYERS, next_layer_index, stream_offset
 from .recompute import read_step
-from .streams import bases_column
+from .streams import step_column
 
 # the stream slot of the sampled weight (`stream_offset`); the domain (`StreamDomain.GAUSSWS`)
 # is what keeps its words apart from QuantizedLinear's, the slot only keeps the offsets of
@@ -215,7 +215,6 @@ class GaussWS(nn.Module):
         # the eager kernel path's launch and seed tensors (not state: remade on demand)
         self.prepared: Any = None
         self.seeds: dict[torch.device, Tensor] = {}
-        self.offset_bases: dict[torch.device, Tensor] = {}  # `_offset_at`'s, a device each
 
     def _settings(self) -> tuple[Sampler, int, str]:
         """What the sampling draws, all but the layer's stream: the `Sampler` (target,
@@ -248,16 +247,11 @@ class GaussWS(nn.Module):
         return typing.cast(Tensor, out)
 
     def _offset_at(self, step: Tensor) -> Tensor:
-        """``stream_offset(step, layer_index, GAUSSWS_SLOT)`` of the 0-d int64 ``step`` by
-        one add (`streams.bases_column`) to the offset's low half, a 0-d tensor made once a
-        device: an eager forward's offset in one launch, where the step's copy and the
-        offset's shift and ``or`` were three."""
-        base = self.offset_bases.get(step.device)
-        if base is None:
-            low = stream_offset(0, self.layer_index, GAUSSWS_SLOT)
-            base = torch.tensor(low, dtype=torch.int64, device=step.device)
-            self.offset_bases[step.device] = base
-        return bases_column(step, base)
+        """``stream_offset(step, layer_index, GAUSSWS_SLOT)`` of the 0-d int64 ``step``: the
+        layer's row of `streams.step_column`, one add from its slot bases (made once per
+        layer and device), where the step's copy and the offset's shift and ``or`` were
+        three launches."""
+        return step_column(step, self.layer_index)[GAUSSWS_SLOT, 0]
 
     def _prepared_for(self, w: Tensor) -> Any:
         """The kernel's launch prepared for ``w`` (`stochround.kernels.gaussws.
@@ -282,12 +276,11 @@ class GaussWS(nn.Module):
         return self.prepared
 
     def __getstate__(self) -> dict[str, Any]:
-        """The module's state without the prepared launch, seed and offset tensors (remade on
+        """The module's state without the prepared launch and seed tensors (remade on
         demand): copies and pickles carry no compiled kernel."""
         state = dict(self.__dict__)
         state["prepared"] = None
         state["seeds"] = {}
-        state["offset_bases"] = {}
         return state
 
     def _seed_on(self, device: torch.device) -> Tensor:
